@@ -1,0 +1,249 @@
+"""Layer modes and layouts: the one place that knows what dense, ladder and spd mean.
+
+This file depends only on the standard library, because it travels inside every
+converted checkpoint (``auto_map`` remote code) next to the modeling file.
+
+Every consumer (the model's layer loop, the converter, the trainer's choice of
+trainable parameters, the runtime's communication plan) asks the ``LayerMode`` for its
+properties instead of re-deriving them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+
+class LayoutError(ValueError):
+    """A layout or layer range that cannot be applied to the model."""
+
+
+class LayerMode(str, enum.Enum):
+    """How one decoder layer reads the residual stream and where it communicates."""
+
+    DENSE = "dense"
+    LADDER = "ladder"
+    SPD = "spd"
+
+    @property
+    def reads_stale_residual(self) -> bool:
+        """Both modules of the layer read the residual one module late (r_{k-2})."""
+        return self is LayerMode.LADDER
+
+    @property
+    def allreduces_per_layer(self) -> int:
+        """All-reduces per token this layer needs under tensor parallelism."""
+        return 1 if self is LayerMode.SPD else 2
+
+    @property
+    def overlappable_allreduces(self) -> int:
+        """All-reduces of this layer that can run while the next module computes."""
+        return 2 if self is LayerMode.LADDER else 0
+
+    @property
+    def syncs_attention(self) -> bool:
+        """Whether the attention output is all-reduced before the MLP."""
+        return self is not LayerMode.SPD
+
+    @property
+    def is_converted(self) -> bool:
+        """The layer's function differs from the dense source layer."""
+        return self is not LayerMode.DENSE
+
+
+def parse_layer_ranges(spec: str | None, num_layers: int) -> list[int]:
+    """Parse ``"16:32"``, ``"-8:"``, ``"0:4,10"``, ``"all"`` or ``"none"`` into sorted layer indices.
+
+    Slices are half-open and 0-based, like Python's. A bare integer selects one layer.
+    Raises ``LayoutError`` on syntax errors and on indices outside ``[0, num_layers)``.
+    """
+    text = (spec or "none").strip().lower()
+    if text in ("", "none"):
+        return []
+    if text == "all":
+        return list(range(num_layers))
+    chosen: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise LayoutError(f"empty item in layer ranges {spec!r}")
+        try:
+            if ":" in part:
+                start_text, _, stop_text = part.partition(":")
+                if ":" in stop_text:
+                    raise ValueError
+                start = int(start_text) if start_text.strip() else 0
+                stop = int(stop_text) if stop_text.strip() else num_layers
+            else:
+                start = int(part)
+                stop = start + 1 if start >= 0 else (start + 1 or num_layers)
+        except ValueError:
+            raise LayoutError(
+                f"cannot parse layer range {part!r}: use half-open slices like '16:32', '-8:', a layer index, 'all' or 'none'"
+            ) from None
+        for bound in (start, stop):
+            if not -num_layers <= bound <= num_layers:
+                raise LayoutError(
+                    f"layer range {part!r} is outside the model's {num_layers} layers (valid indices 0..{num_layers - 1})"
+                )
+        start, stop = start % num_layers if start < 0 else start, stop % num_layers if stop < 0 else stop
+        if start >= stop:
+            raise LayoutError(f"layer range {part!r} selects no layers of the model's {num_layers}")
+        chosen.update(range(start, stop))
+    return sorted(chosen)
+
+
+def format_layer_ranges(layers: Iterable[int]) -> str:
+    """Inverse of ``parse_layer_ranges``: ``[15, 16, 17, 20]`` -> ``"15:18,20:21"``."""
+    ordered = sorted(set(layers))
+    if not ordered:
+        return "none"
+    runs: list[str] = []
+    start = prev = ordered[0]
+    for index in ordered[1:] + [None]:
+        if index is not None and index == prev + 1:
+            prev = index
+            continue
+        runs.append(f"{start}:{prev + 1}")
+        if index is not None:
+            start = prev = index
+    return ",".join(runs)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The mode of every decoder layer, plus the TP degree SPD layers were converted for.
+
+    ``spd_head_order[i]`` (optional) is a permutation of layer i's key/value heads: rank r
+    of an SPD layer owns the KV heads ``order[r*K/N:(r+1)*K/N]`` and their query heads.
+    """
+
+    modes: tuple[LayerMode, ...]
+    spd_tp_size: int = 1
+    spd_head_order: tuple[tuple[int, ...] | None, ...] | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.modes)
+
+    @classmethod
+    def dense(cls, num_layers: int) -> "Layout":
+        return cls(tuple([LayerMode.DENSE] * num_layers))
+
+    @classmethod
+    def from_ranges(
+        cls, num_layers: int, ladder: str | None = None, spd: str | None = None, spd_tp_size: int = 1
+    ) -> "Layout":
+        """Build a layout from range specs (see ``parse_layer_ranges``); the rest stays dense."""
+        ladder_layers = set(parse_layer_ranges(ladder, num_layers))
+        spd_layers = set(parse_layer_ranges(spd, num_layers))
+        both = ladder_layers & spd_layers
+        if both:
+            raise LayoutError(
+                f"layers {format_layer_ranges(both)} are selected for both ladder and spd; a layer has one mode"
+            )
+        if spd_tp_size < 1:
+            raise LayoutError(f"spd TP degree must be at least 1, got {spd_tp_size}")
+        modes = tuple(
+            LayerMode.LADDER if i in ladder_layers else LayerMode.SPD if i in spd_layers else LayerMode.DENSE
+            for i in range(num_layers)
+        )
+        return cls(modes, spd_tp_size=spd_tp_size)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Layout":
+        """Read the layout stored on a (ladder_llama or plain) config; plain configs are all dense."""
+        num_layers = int(config.num_hidden_layers)
+        raw = getattr(config, "layer_modes", None) or ["dense"] * num_layers
+        if len(raw) != num_layers:
+            raise LayoutError(f"config lists {len(raw)} layer modes for {num_layers} layers")
+        try:
+            modes = tuple(LayerMode(m) for m in raw)
+        except ValueError as exc:
+            raise LayoutError(f"unknown layer mode in config: {exc}") from None
+        order = getattr(config, "spd_head_order", None)
+        head_order = tuple(tuple(o) if o is not None else None for o in order) if order else None
+        return cls(modes, int(getattr(config, "spd_tp_size", 1) or 1), head_order)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The config entries that store this layout."""
+        return {
+            "layer_modes": [m.value for m in self.modes],
+            "spd_tp_size": self.spd_tp_size,
+            "spd_head_order": [list(o) if o is not None else None for o in self.spd_head_order]
+            if self.spd_head_order
+            else None,
+        }
+
+    def layers(self, mode: LayerMode) -> list[int]:
+        return [i for i, m in enumerate(self.modes) if m is mode]
+
+    @property
+    def converted_layers(self) -> list[int]:
+        return [i for i, m in enumerate(self.modes) if m.is_converted]
+
+    def ranges(self) -> dict[str, str]:
+        """Range spec of each converted mode, e.g. ``{"ladder": "15:30", "spd": "none"}``."""
+        return {m.value: format_layer_ranges(self.layers(m)) for m in (LayerMode.LADDER, LayerMode.SPD)}
+
+    def describe(self) -> str:
+        """Short human-readable name such as ``ladder 15:30 + spd@tp3 0:4`` or ``dense``."""
+        parts = []
+        for mode, spec in self.ranges().items():
+            if spec != "none":
+                parts.append(f"{mode}{'@tp' + str(self.spd_tp_size) if mode == 'spd' else ''} {spec}")
+        return " + ".join(parts) or "dense"
+
+    def allreduces_per_token(self) -> dict[str, int]:
+        """All-reduces per token per forward under TP: total, and how many ladder can overlap."""
+        return {
+            "total": sum(m.allreduces_per_layer for m in self.modes),
+            "overlappable": sum(m.overlappable_allreduces for m in self.modes),
+        }
+
+    def head_order(self, layer: int, num_kv_heads: int) -> list[int]:
+        """KV-head order of a layer (identity when none was recorded)."""
+        order = self.spd_head_order[layer] if self.spd_head_order else None
+        return list(order) if order is not None else list(range(num_kv_heads))
+
+    def validate(self, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int) -> None:
+        """Check that SPD layers can be split over ``spd_tp_size`` ranks; raise ``LayoutError``."""
+        if self.spd_head_order is not None and len(self.spd_head_order) != self.num_layers:
+            raise LayoutError(f"spd_head_order has {len(self.spd_head_order)} entries for {self.num_layers} layers")
+        for layer in range(self.num_layers):
+            order = self.head_order(layer, num_key_value_heads)
+            if sorted(order) != list(range(num_key_value_heads)):
+                raise LayoutError(f"spd_head_order of layer {layer} is not a permutation of {num_key_value_heads} KV heads")
+        if not self.layers(LayerMode.SPD):
+            return
+        check_tp_divides(self.spd_tp_size, num_attention_heads, num_key_value_heads, intermediate_size, what="SPD TP degree")
+
+
+def check_tp_divides(
+    tp: int, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int, what: str = "TP degree"
+) -> None:
+    """Raise ``LayoutError`` unless ``tp`` divides the query heads, KV heads and MLP width."""
+    for count, name in (
+        (num_attention_heads, "query heads"),
+        (num_key_value_heads, "key/value heads"),
+        (intermediate_size, "MLP intermediate size"),
+    ):
+        if count % tp:
+            raise LayoutError(f"{what} {tp} does not divide the model's {count} {name}")
+
+
+def rank_kv_heads(order: Sequence[int], tp: int, rank: int) -> list[int]:
+    """KV heads owned by ``rank`` when ``order`` is split into ``tp`` contiguous groups."""
+    per_rank = len(order) // tp
+    return list(order[rank * per_rank : (rank + 1) * per_rank])
+
+
+def rank_query_heads(kv_heads: Sequence[int], num_attention_heads: int, num_key_value_heads: int) -> list[int]:
+    """Query heads that attend with the given KV heads (GQA groups stay together)."""
+    group = num_attention_heads // num_key_value_heads
+    return [kv * group + j for kv in kv_heads for j in range(group)]
+
+
+def mode_counts(layout: Layout) -> Mapping[str, int]:
+    return {m.value: len(layout.layers(m)) for m in LayerMode}

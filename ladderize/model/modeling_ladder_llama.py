@@ -1,0 +1,328 @@
+"""Ladder / Sync-Point-Drop Llama: one causal LM whose decoder layers each have a mode.
+
+The layer loop carries two residual states: ``residual`` (r_{k-1}, the complete stream)
+and ``stale`` (r_{k-2}, the stream one module earlier). Module k of a layer reads
+
+    dense:  norm_k(residual)          r_k = r_{k-1} + f_k(norm_k(r_{k-1}))
+    ladder: norm_k(stale)             r_k = r_{k-1} + f_k(norm_k(r_{k-2})),  r_{-1} = r_0
+
+and then ``stale, residual = residual, residual + f_k(...)``. An SPD block (TP degree N,
+rank r owning head group r and MLP shard r) computes, from its input X = r_{k-1}:
+
+    Y_r = Attn_r(LN1(X)) @ W_O[r]
+    Z_r = MLP_r(LN2(X + Y_r))
+    out = X + sum_r (Y_r + Z_r)
+
+and leaves ``stale = X``: a ladder module after an SPD block reads the state that exists
+before the block's single all-reduce completes. Parameter names are Llama's, so a dense
+Llama checkpoint loads unchanged. This file is self-contained apart from transformers, so
+it can travel with a checkpoint (``auto_map``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+
+from .configuration_ladder_llama import LadderLlamaConfig
+from .layout import LayerMode, Layout, rank_kv_heads, rank_query_heads
+
+
+class LadderAttention(nn.Module):
+    """Grouped-query self-attention that can stop before ``o_proj`` (SPD needs the per-head outputs)."""
+
+    def __init__(self, config: LadderLlamaConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        qkv_bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(
+            config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias
+        )
+
+    def heads(
+        self,
+        hidden_states: torch.Tensor,  # [B, S, D]
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Attention output of every head before ``o_proj``: ``[B, S, H * head_dim]``."""
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, S, hd]
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, K, S, hd]
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, _ = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return output.reshape(*input_shape, -1).contiguous()
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.o_proj(self.heads(hidden_states, **kwargs))
+
+
+class LadderMLP(nn.Module):
+    """SwiGLU MLP; ``partial`` evaluates one column shard of the intermediate dimension."""
+
+    def __init__(self, config: LadderLlamaConfig):
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def partial(self, x: torch.Tensor, shard: slice) -> torch.Tensor:
+        """This shard's contribution to ``down_proj`` (without its bias): one TP rank's MLP."""
+        gate = F.linear(x, self.gate_proj.weight[shard], _bias_rows(self.gate_proj, shard))
+        up = F.linear(x, self.up_proj.weight[shard], _bias_rows(self.up_proj, shard))
+        return F.linear(self.act_fn(gate) * up, self.down_proj.weight[:, shard])
+
+
+def _bias_rows(linear: nn.Linear, rows: slice | torch.Tensor) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias[rows]
+
+
+class LadderDecoderLayer(GradientCheckpointingLayer):
+    """A Llama decoder layer whose ``mode`` decides which residual each module reads."""
+
+    def __init__(self, config: LadderLlamaConfig, layer_idx: int):
+        super().__init__()
+        layout = config.layout
+        self.mode = layout.modes[layer_idx]
+        self.layer_idx = layer_idx
+        self.self_attn = LadderAttention(config, layer_idx)
+        self.mlp = LadderMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if self.mode is LayerMode.SPD:
+            self.spd_groups = _spd_groups(config, layout, layer_idx)
+
+    def forward(
+        self,
+        residual: torch.Tensor,  # r_{k-1}, [B, S, D]
+        stale: torch.Tensor,  # r_{k-2}, [B, S, D]
+        **attn_kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the new ``(residual, stale)`` pair after this layer's two modules."""
+        if self.mode is LayerMode.SPD:
+            return self._spd(residual, **attn_kwargs), residual
+        ladder = self.mode.reads_stale_residual
+        attn_out = self.self_attn(self.input_layernorm(stale if ladder else residual), **attn_kwargs)
+        stale, residual = residual, residual + attn_out
+        mlp_out = self.mlp(self.post_attention_layernorm(stale if ladder else residual))
+        return residual + mlp_out, residual
+
+    def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, slice]]:
+        cached = getattr(self, "_spd_groups_cache", None)
+        if cached is None or cached[0] != device:
+            groups = [(torch.tensor(cols, dtype=torch.long, device=device), shard) for cols, shard in self.spd_groups]
+            self._spd_groups_cache = cached = (device, groups)
+        return cached[1]
+
+    def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
+        heads = self.self_attn.heads(self.input_layernorm(x), **attn_kwargs)  # [B, S, H*hd]
+        o_proj, out = self.self_attn.o_proj, x
+        for columns, shard in self._spd_groups_on(heads.device):
+            y_r = F.linear(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
+            y_local = y_r if o_proj.bias is None else y_r + o_proj.bias
+            z_r = self.mlp.partial(self.post_attention_layernorm(x + y_local), shard)
+            out = out + (y_r + z_r)
+        for bias in (o_proj.bias, self.mlp.down_proj.bias):
+            if bias is not None:
+                out = out + bias
+        return out
+
+
+def _spd_groups(config: LadderLlamaConfig, layout: Layout, layer: int) -> list[tuple[list[int], slice]]:
+    """Per SPD rank: the o_proj input columns of its heads and its MLP intermediate slice."""
+    tp, head_dim = layout.spd_tp_size, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    order = layout.head_order(layer, config.num_key_value_heads)
+    inner = config.intermediate_size // tp
+    groups = []
+    for rank in range(tp):
+        q_heads = rank_query_heads(rank_kv_heads(order, tp, rank), config.num_attention_heads, config.num_key_value_heads)
+        columns = [h * head_dim + d for h in q_heads for d in range(head_dim)]
+        groups.append((columns, slice(rank * inner, (rank + 1) * inner)))
+    return groups
+
+
+class LadderLlamaPreTrainedModel(PreTrainedModel):
+    config_class = LadderLlamaConfig
+    config: LadderLlamaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["LadderDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+
+class LadderLlamaModel(LadderLlamaPreTrainedModel):
+    """Embeddings, the mode-aware layer loop, and the final norm."""
+
+    def __init__(self, config: LadderLlamaConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList([LadderDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # [B, S, D]
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if position_ids is None:
+            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen).unsqueeze(0)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+        attn_kwargs = dict(
+            position_embeddings=self.rotary_emb(inputs_embeds, position_ids=position_ids),
+            attention_mask=causal_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        residual = stale = inputs_embeds  # r_0 and r_{-1} = r_0
+        all_hidden = [residual] if output_hidden_states else None
+        for layer in self.layers:
+            residual, stale = layer(residual, stale, **attn_kwargs)
+            if all_hidden is not None:
+                all_hidden.append(residual)
+        hidden = self.norm(residual)
+        if all_hidden is not None:
+            all_hidden[-1] = hidden
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+        )
+
+
+class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
+    """Causal LM head over ``LadderLlamaModel``; drop-in for ``LlamaForCausalLM``."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LadderLlamaConfig):
+        super().__init__(config)
+        self.model = LadderLlamaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @property
+    def layout(self) -> Layout:
+        return self.config.layout
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        kwargs.pop("output_attentions", None)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden[:, keep, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+        )
+
+
+__all__ = ["LadderLlamaForCausalLM", "LadderLlamaModel", "LadderLlamaPreTrainedModel"]
