@@ -132,7 +132,9 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: LadderLlamaConfig, layer_idx: int):
         super().__init__()
         layout = config.layout
-        self.mode = layout.modes[layer_idx]
+        # Re-wrap in this module's enum: under trust_remote_code, transformers may load the config's
+        # copy of layout.py as a different module than ours, and enum identity checks would fail.
+        self.mode = LayerMode(layout.modes[layer_idx].value)
         self.layer_idx = layer_idx
         self.self_attn = LadderAttention(config, layer_idx)
         self.mlp = LadderMLP(config)

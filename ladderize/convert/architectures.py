@@ -1,0 +1,142 @@
+"""Which source architectures convert, how their config maps to ``LadderLlamaConfig``, and their tensor names.
+
+Tensor names are templates (``${layer}`` is the layer index), mergekit-style: the converter
+checks a checkpoint against this table instead of scattering names through functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from typing import Any
+
+from ..errors import LadderizeError
+
+LAYER_TENSORS: tuple[str, ...] = (
+    "model.layers.${layer}.input_layernorm.weight",
+    "model.layers.${layer}.self_attn.q_proj.weight",
+    "model.layers.${layer}.self_attn.k_proj.weight",
+    "model.layers.${layer}.self_attn.v_proj.weight",
+    "model.layers.${layer}.self_attn.o_proj.weight",
+    "model.layers.${layer}.post_attention_layernorm.weight",
+    "model.layers.${layer}.mlp.gate_proj.weight",
+    "model.layers.${layer}.mlp.up_proj.weight",
+    "model.layers.${layer}.mlp.down_proj.weight",
+)
+QKV_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.self_attn.{p}_proj.bias" for p in "qkv")
+O_BIAS_TENSORS = ("model.layers.${layer}.self_attn.o_proj.bias",)
+MLP_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.mlp.{p}_proj.bias" for p in ("gate", "up", "down"))
+GLOBAL_TENSORS: tuple[str, ...] = ("model.embed_tokens.weight", "model.norm.weight")
+LM_HEAD = "lm_head.weight"
+# Buffers some exporters save that carry no information (recomputed from the config).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+# Config keys copied from the source config into LadderLlamaConfig.
+SHARED_CONFIG_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "initializer_range",
+    "rms_norm_eps",
+    "use_cache",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_dropout",
+    "dtype",
+)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A source architecture the Ladder/SPD model reproduces exactly."""
+
+    name: str  # the HF ``architectures`` entry
+    model_type: str
+    qkv_bias_key: str | None  # config key that turns on q/k/v biases
+    o_bias_key: str | None  # config key that turns on the o_proj bias
+    mlp_bias_key: str | None
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("LlamaForCausalLM", "llama", "attention_bias", "attention_bias", "mlp_bias"),
+    "ladder_llama": Architecture("LadderLlamaForCausalLM", "ladder_llama", "attention_bias", "attention_out_bias", "mlp_bias"),
+    "mistral": Architecture("MistralForCausalLM", "mistral", None, None, None),
+    # Qwen2 has q/k/v biases (always on) and none on o_proj.
+    "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", "__always__", None, None),
+}
+
+
+def architecture_for(config: dict[str, Any]) -> Architecture:
+    """Return the supported architecture of a source config dict, or raise a one-line error."""
+    model_type = config.get("model_type")
+    arch = ARCHITECTURES.get(model_type or "")
+    if arch is None:
+        names = ", ".join(a.name for a in ARCHITECTURES.values() if a.model_type != "ladder_llama")
+        declared = ",".join(config.get("architectures") or []) or model_type or "unknown"
+        raise LadderizeError(f"unsupported architecture {declared!r} (model_type {model_type!r}); ladderize converts {names}")
+    _check_no_sliding_window(config)
+    return arch
+
+
+def _check_no_sliding_window(config: dict[str, Any]) -> None:
+    # Mistral/Qwen2 with an active sliding window attend differently from Llama: refuse rather than be wrong.
+    if config.get("model_type") == "qwen2" and not config.get("use_sliding_window", False):
+        return
+    window = config.get("sliding_window")
+    if window is not None and window < config.get("max_position_embeddings", 0):
+        raise LadderizeError(
+            f"{config.get('model_type')} with sliding_window={window} is not supported (ladderize models use full attention)"
+        )
+
+
+def _flag(config: dict[str, Any], key: str | None) -> bool:
+    return key == "__always__" or bool(key and config.get(key, False))
+
+
+def ladder_config_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``LadderLlamaConfig`` that reproduce the source model exactly."""
+    arch = architecture_for(config)
+    kwargs = {key: config[key] for key in SHARED_CONFIG_KEYS if key in config}
+    if "dtype" not in kwargs and config.get("torch_dtype"):  # transformers 4.x name
+        kwargs["dtype"] = config["torch_dtype"]
+    if "rope_parameters" not in kwargs and "rope_theta" in config:  # transformers 4.x configs
+        scaling = dict(config.get("rope_scaling") or {"rope_type": "default"})
+        scaling.setdefault("rope_type", scaling.pop("type", "default"))
+        kwargs["rope_parameters"] = {**scaling, "rope_theta": config["rope_theta"]}
+    kwargs["attention_bias"] = _flag(config, arch.qkv_bias_key)
+    kwargs["attention_out_bias"] = _flag(config, arch.o_bias_key)
+    kwargs["mlp_bias"] = _flag(config, arch.mlp_bias_key)
+    for key in ("layer_modes", "spd_tp_size", "spd_head_order"):
+        if key in config:
+            kwargs[key] = config[key]
+    return kwargs
+
+
+def expected_tensors(config_kwargs: dict[str, Any]) -> list[str]:
+    """Every tensor name a checkpoint of this shape must contain, in a stable order."""
+    templates = list(LAYER_TENSORS)
+    if config_kwargs.get("attention_bias"):
+        templates += QKV_BIAS_TENSORS
+    if config_kwargs.get("attention_out_bias"):
+        templates += O_BIAS_TENSORS
+    if config_kwargs.get("mlp_bias"):
+        templates += MLP_BIAS_TENSORS
+    names = list(GLOBAL_TENSORS)
+    for layer in range(int(config_kwargs["num_hidden_layers"])):
+        names += [Template(t).substitute(layer=layer) for t in templates]
+    if not config_kwargs.get("tie_word_embeddings", False):
+        names.append(LM_HEAD)
+    return names
+
+
+def is_ignored_tensor(name: str) -> bool:
+    return name.endswith(IGNORED_SUFFIXES)

@@ -1,0 +1,251 @@
+"""Checkpoint surgery: stream a dense checkpoint into the Ladder/SPD format, and load/save that format.
+
+A converted checkpoint is a normal Hugging Face directory:
+
+- ``model*.safetensors`` (+ index): Llama tensor names, unchanged;
+- ``config.json``: ``model_type: ladder_llama`` with ``layer_modes``/``spd_tp_size`` and an
+  ``auto_map`` pointing at the modeling files copied beside it;
+- tokenizer files and ``generation_config.json``;
+- ``ladderize.json``: the provenance record (source, ranges, tool version, source hashes, history).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..errors import LadderizeError
+from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
+from ..model import configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
+from .architectures import architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
+from .atomic import atomic_directory, check_output_free
+from .shards import ShardWriter
+from .sources import Source, resolve_source
+
+PROVENANCE_FILE = "ladderize.json"
+MODELING_MODULES = (layout_module, configuration_ladder_llama, modeling_ladder_llama)
+AUTO_MAP = {
+    "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
+    "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
+
+ProgressFn = Callable[[int, int, str], None]  # (done, total, tensor name)
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """``auto``/``None`` keep the source dtype; otherwise one of float32, bfloat16, float16."""
+    if name in (None, "auto"):
+        return None
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    key = aliases.get(name, name)
+    if key not in DTYPES:
+        raise LadderizeError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return DTYPES[key]
+
+
+def build_config(source_config: dict[str, Any], layout: Layout) -> LadderLlamaConfig:
+    """The ``LadderLlamaConfig`` of a source config with ``layout`` applied (validated)."""
+    kwargs = ladder_config_kwargs(source_config)
+    kwargs.update(layout.config_fields())
+    config = LadderLlamaConfig(**kwargs)
+    config.architectures = ["LadderLlamaForCausalLM"]
+    config.auto_map = dict(AUTO_MAP)
+    return config
+
+
+def source_layout(source_config: dict[str, Any], ladder: str | None, spd: str | None, spd_tp_size: int) -> Layout:
+    """Parse range specs against the source's layer count; a converted source keeps its own layout otherwise."""
+    num_layers = int(source_config["num_hidden_layers"])
+    if ladder in (None, "none") and spd in (None, "none") and source_config.get("layer_modes"):
+        return Layout.from_config(_Namespace(source_config))
+    return Layout.from_ranges(num_layers, ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)
+
+
+class _Namespace:
+    def __init__(self, mapping: dict[str, Any]):
+        self.__dict__.update(mapping)
+
+
+def convert_checkpoint(
+    src: str,
+    out: Path | str,
+    *,
+    ladder: str | None = "none",
+    spd: str | None = "none",
+    spd_tp_size: int = 1,
+    layout: Layout | None = None,
+    dtype: str | None = "auto",
+    force: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: ProgressFn | None = None,
+    extra_provenance: dict[str, Any] | None = None,
+) -> Path:
+    """Convert SRC (local dir, hub id or .gguf) into a Ladder/SPD checkpoint at OUT, atomically.
+
+    Layer ranges are half-open slices (see ``parse_layer_ranges``); ``layout`` overrides them.
+    Tensors stream one at a time into shards of at most ``max_shard_bytes``.
+    """
+    out = Path(out).expanduser().absolute()
+    check_output_free(out, force)
+    target_dtype = parse_dtype(dtype)
+    source = resolve_source(src)
+    if Path(src).expanduser().absolute() == out:
+        raise LadderizeError("OUT must differ from SRC")
+    architecture_for(source.config)
+    layout = layout or source_layout(source.config, ladder, spd, spd_tp_size)
+    config = build_config(source.config, layout)
+    expected = expected_tensors(config.to_dict())
+    _check_tensor_names(source, expected, config.tie_word_embeddings)
+
+    with atomic_directory(out, force=force) as tmp:
+        writer = ShardWriter(tmp, max_shard_bytes=max_shard_bytes)
+        wanted, done = set(expected), 0
+        for name, tensor in source.iter_tensors():
+            if name not in wanted:
+                continue
+            if target_dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(target_dtype)
+            writer.add(name, tensor)
+            done += 1
+            if progress:
+                progress(done, len(expected), name)
+        files = writer.finish()
+        written_dtype = target_dtype or _first_dtype(source)
+        config.dtype = str(written_dtype).removeprefix("torch.")
+        _write_metadata(tmp, config, source)
+        provenance = {
+            "ladderize_version": __version__,
+            "created": _now(),
+            "source": {
+                "spec": src,
+                "kind": source.kind,
+                "path": str(source.path / source.gguf_file if source.gguf_file else source.path),
+                "architecture": (source.config.get("architectures") or [source.config.get("model_type")])[0],
+                "files_sha256": source.hashed_files(),
+            },
+            "layout": {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()},
+            "dtype": config.dtype,
+            "weight_files": files,
+            "history": [{"step": "convert", "at": _now(), "layout": layout.describe()}],
+            **(extra_provenance or {}),
+        }
+        write_provenance(tmp, provenance)
+    return out
+
+
+def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None:
+    present = set(source.tensor_names())
+    missing = [n for n in expected if n not in present]
+    if missing:
+        raise LadderizeError(f"source {source.spec} is missing tensor {missing[0]} ({len(missing)} missing in all)")
+    allowed = set(expected) | ({"lm_head.weight"} if tied else set())
+    unexpected = sorted(n for n in present - allowed if not is_ignored_tensor(n))
+    if unexpected:
+        raise LadderizeError(
+            f"source {source.spec} has tensor {unexpected[0]} that a Llama-family model does not use "
+            f"({len(unexpected)} unexpected in all)"
+        )
+
+
+def _first_dtype(source: Source) -> torch.dtype:
+    for _, tensor in source.iter_tensors():
+        return tensor.dtype
+    return torch.float32
+
+
+def _write_metadata(tmp: Path, config: LadderLlamaConfig, source: Source | None, tokenizer=None) -> None:
+    config.save_pretrained(tmp)
+    copy_modeling_files(tmp)
+    if source is not None:
+        tokenizer = source.load_tokenizer()
+        source.load_generation_config().save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+
+
+def copy_modeling_files(directory: Path) -> None:
+    """Copy the self-contained modeling code beside a checkpoint (for ``trust_remote_code`` users)."""
+    for module in MODELING_MODULES:
+        shutil.copyfile(module.__file__, Path(directory) / Path(module.__file__).name)
+
+
+def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:
+    (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+
+
+def read_provenance(path: Path | str) -> dict[str, Any]:
+    """The ``ladderize.json`` provenance of a checkpoint (empty dict for a non-ladderize checkpoint)."""
+    file = Path(path) / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"corrupt provenance file {file}: {exc}") from None
+
+
+def load_config(path: Path | str) -> LadderLlamaConfig:
+    """The ``LadderLlamaConfig`` of a converted or plain Llama-family checkpoint directory."""
+    path = Path(path).expanduser()
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
+    try:
+        raw = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"cannot read {config_file}: {exc}") from None
+    kwargs = ladder_config_kwargs(raw)
+    return LadderLlamaConfig(**kwargs)
+
+
+def load_model(path: Path | str, dtype: str | torch.dtype | None = None) -> LadderLlamaForCausalLM:
+    """Load a converted checkpoint, or a plain Llama/Mistral/Qwen2 safetensors directory, as a ladderize model."""
+    path = Path(path).expanduser()
+    config = load_config(path)
+    if not any(path.glob("*.safetensors")):
+        raise LadderizeError(f"{path} has no .safetensors weights")
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
+    try:
+        model = LadderLlamaForCausalLM.from_pretrained(
+            str(path), config=config, dtype=torch_dtype or "auto", use_safetensors=True
+        )
+    except Exception as exc:
+        raise LadderizeError(f"cannot load model weights from {path}: {str(exc).strip().splitlines()[0][:300]}") from None
+    return model.eval()
+
+
+def save_model_checkpoint(
+    model: LadderLlamaForCausalLM,
+    tokenizer,
+    out: Path | str,
+    *,
+    provenance: dict[str, Any],
+    force: bool = False,
+    generation_config=None,
+) -> Path:
+    """Write ``model`` atomically in the converted format (weights, config, code, tokenizer, provenance)."""
+    out = Path(out).expanduser().absolute()
+    with atomic_directory(out, force=force) as tmp:
+        model.config.architectures = ["LadderLlamaForCausalLM"]
+        model.config.auto_map = dict(AUTO_MAP)
+        model.save_pretrained(tmp, safe_serialization=True)
+        copy_modeling_files(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if generation_config is not None:
+            generation_config.save_pretrained(tmp)
+        write_provenance(tmp, {**provenance, "ladderize_version": __version__})
+    return out
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

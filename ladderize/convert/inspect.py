@@ -1,0 +1,56 @@
+"""What a checkpoint is: its per-layer layout, size and the communication its layout needs under TP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from ..errors import LadderizeError
+from .checkpoint import load_config, read_provenance
+
+
+def count_parameters(path: Path) -> int:
+    """Number of stored parameters, read from safetensors headers (nothing is loaded)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise LadderizeError(f"{path} has no .safetensors weights")
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                numel = 1
+                for dim in handle.get_slice(name).get_shape():
+                    numel *= dim
+                total += numel
+    return total
+
+
+def inspect_checkpoint(path: Path | str) -> dict[str, Any]:
+    """A JSON-ready description of a converted (or plain Llama-family) checkpoint."""
+    path = Path(path).expanduser()
+    config = load_config(path)
+    layout = config.layout
+    provenance = read_provenance(path)
+    return {
+        "path": str(path.absolute()),
+        "layout": layout.describe(),
+        "layers": [{"layer": i, "mode": m.value} for i, m in enumerate(layout.modes)],
+        "ranges": layout.ranges(),
+        "spd_tp_size": layout.spd_tp_size,
+        "head_grouping": bool(layout.spd_head_order),
+        "num_layers": layout.num_layers,
+        "parameters": count_parameters(path),
+        "dtype": str(getattr(config, "dtype", None) or "unknown").removeprefix("torch."),
+        "shape": {
+            "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads,
+            "intermediate_size": config.intermediate_size,
+            "vocab_size": config.vocab_size,
+        },
+        "allreduces_per_token": layout.allreduces_per_token(),
+        "source": provenance.get("source", {}).get("spec"),
+        "history": [h.get("step") for h in provenance.get("history", [])],
+    }

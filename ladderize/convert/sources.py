@@ -1,0 +1,218 @@
+"""Where a source checkpoint comes from: a local HF directory, a hub id, or a ``.gguf`` file.
+
+A ``Source`` yields its tensors one at a time (one safetensors shard open at a time), so
+conversion memory stays near one shard. GGUF files are dequantized by transformers as a
+whole; they are small (quantized) by nature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import LadderizeError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja"]
+
+
+@dataclass
+class Source:
+    """A resolved source checkpoint."""
+
+    spec: str  # what the user passed
+    kind: str  # "local" | "hub" | "gguf"
+    path: Path  # the directory holding the files (for gguf: the file's directory)
+    config: dict[str, Any]
+    weight_files: list[Path]
+    gguf_file: str | None = None
+    _gguf_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def tensor_names(self) -> list[str]:
+        if self.kind == "gguf":
+            return list(self._load_gguf())
+        names: list[str] = []
+        for file in self.weight_files:
+            with _open_safetensors(file) as handle:
+                names.extend(handle.keys())
+        return names
+
+    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(name, tensor)`` pairs, keeping at most one shard open."""
+        if self.kind == "gguf":
+            yield from self._load_gguf().items()
+            return
+        for file in self.weight_files:
+            with _open_safetensors(file) as handle:
+                for name in handle.keys():
+                    yield name, handle.get_tensor(name)
+
+    def hashed_files(self) -> dict[str, str]:
+        """sha256 of every source file the conversion reads (weights, config, tokenizer)."""
+        files = {p.name: p for p in self.weight_files}
+        for name in ("config.json", "model.safetensors.index.json", *TOKENIZER_FILES):
+            if (self.path / name).is_file():
+                files[name] = self.path / name
+        return {name: sha256_file(path) for name, path in sorted(files.items())}
+
+    def load_tokenizer(self):
+        """The source tokenizer, or ``None`` when the source has none."""
+        from transformers import AutoTokenizer
+
+        try:
+            if self.kind == "gguf":
+                return AutoTokenizer.from_pretrained(str(self.path), gguf_file=self.gguf_file)
+            if not any((self.path / n).is_file() for n in TOKENIZER_FILES[:5]):
+                return None
+            return AutoTokenizer.from_pretrained(str(self.path))
+        except Exception as exc:  # a broken tokenizer is a corrupt source
+            raise LadderizeError(f"cannot load the tokenizer of {self.spec}: {_one_line(exc)}") from None
+
+    def load_generation_config(self):
+        from transformers import GenerationConfig
+
+        if (self.path / "generation_config.json").is_file():
+            return GenerationConfig.from_pretrained(str(self.path))
+        keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+        return GenerationConfig(**{k: self.config[k] for k in keys if self.config.get(k) is not None})
+
+    def _load_gguf(self) -> dict[str, torch.Tensor]:
+        if self._gguf_state is None:
+            from transformers import AutoModelForCausalLM
+
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(self.path), gguf_file=self.gguf_file, dtype=torch.float32
+                )
+            except Exception as exc:
+                raise LadderizeError(f"cannot read GGUF file {self.path / self.gguf_file}: {_one_line(exc)}") from None
+            self._gguf_state = dict(model.state_dict())
+        return self._gguf_state
+
+
+def resolve_source(spec: str) -> Source:
+    """Resolve SRC to a ``Source``: an existing path is local; otherwise it is tried as a hub id."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise LadderizeError(f"{spec} is a file but not a .gguf file; pass a checkpoint directory or a .gguf file")
+            return _gguf_source(spec, path)
+        return _local_source(spec, path, kind="local")
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".gguf"):
+        raise LadderizeError(f"source {spec} does not exist")
+    return _local_source(spec, _download_from_hub(spec), kind="hub")
+
+
+def _local_source(spec: str, path: Path, kind: str) -> Source:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise LadderizeError(f"{spec} is not a model checkpoint: it has no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LadderizeError(f"cannot read {config_path}: {_one_line(exc)}") from None
+    weight_files = _safetensors_files(path)
+    if not weight_files:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise LadderizeError(
+                f"{spec} holds only pickle weights ({pickles[0]}...); ladderize loads safetensors only, never pickles"
+            )
+        raise LadderizeError(f"{spec} has no .safetensors weights")
+    for file in weight_files:
+        with _open_safetensors(file):
+            pass  # validates every header up front, before any output is written
+    return Source(spec=spec, kind=kind, path=path, config=config, weight_files=weight_files)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as exc:
+            raise LadderizeError(f"cannot read {index}: {_one_line(exc)}") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise LadderizeError(f"{path} is missing shard {missing[0]} named in its index")
+        return files
+    return sorted(path.glob("*.safetensors"))
+
+
+def _gguf_source(spec: str, path: Path) -> Source:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    except Exception as exc:
+        raise LadderizeError(f"cannot read GGUF file {path}: {_one_line(exc)}") from None
+    config.pop("quantization_config", None)
+    config.setdefault("architectures", [])
+    return Source(spec=spec, kind="gguf", path=path.parent, config=config, weight_files=[path], gguf_file=path.name)
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "15")
+        os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:
+        raise LadderizeError(
+            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {_one_line(exc)}); "
+            "when offline, pass a local checkpoint directory or a .gguf file"
+        ) from None
+
+
+class _open_safetensors:
+    """``safe_open`` with corrupt files turned into a one-line ``LadderizeError``."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def __enter__(self):
+        from safetensors import safe_open
+
+        try:
+            self._cm = safe_open(str(self.file), framework="pt")
+            return self._cm.__enter__()
+        except Exception as exc:
+            raise LadderizeError(f"corrupt safetensors file {self.file}: {_one_line(exc)}") from None
+
+    def __exit__(self, *exc_info):
+        return self._cm.__exit__(*exc_info)
+
+
+def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

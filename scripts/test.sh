@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite. CI runs exactly this (see .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec python -m pytest -q -ra --durations=15 "$@"

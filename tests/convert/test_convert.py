@@ -1,0 +1,130 @@
+"""convert_checkpoint: exact dense reproduction, layouts in the config, sharding, provenance, dtypes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+from ladderize.convert.architectures import expected_tensors
+from ladderize.convert.checkpoint import PROVENANCE_FILE, convert_checkpoint, load_model, read_provenance
+from ladderize.convert.sources import sha256_file
+from ladderize.model import LadderLlamaForCausalLM
+
+TOL = 1e-4
+
+
+def _ids(vocab: int, shape=(2, 11), seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_no_layers_changed_reproduces_llama(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out")
+    reference = LlamaForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    converted = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert isinstance(converted, LadderLlamaForCausalLM)
+    ids = _ids(reference.config.vocab_size)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):
+            diff = (reference(ids, **kwargs).logits - converted(ids, **kwargs).logits).abs().max().item()
+            assert diff <= TOL, kwargs
+
+
+def test_layout_lands_in_config_and_changes_function(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    dense = load_model(convert_checkpoint(str(tiny_llama_dir), tmp_path / "dense"))
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "hybrid", ladder="-2:", spd="0:1", spd_tp_size=3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "ladder_llama"
+    assert config["layer_modes"] == ["spd", "dense", "ladder", "ladder"]
+    assert config["spd_tp_size"] == 3
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_ladder_llama.LadderLlamaForCausalLM"
+    for name in ("layout.py", "configuration_ladder_llama.py", "modeling_ladder_llama.py"):
+        assert (out / name).is_file()
+    hybrid = load_model(out)
+    ids = _ids(dense.config.vocab_size)
+    with torch.no_grad():
+        assert (dense(ids).logits - hybrid(ids).logits).abs().max() > 1e-3
+    # the weights themselves are untouched: conversion is a config edit
+    for (name, a), (_, b) in zip(dense.state_dict().items(), hybrid.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_sharded_output_and_sharded_source(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    sharded = convert_checkpoint(str(tiny_llama_dir), tmp_path / "sharded", max_shard_bytes=40_000)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and all((sharded / s).is_file() for s in shards)
+    assert shards[0].startswith("model-00001-of-")
+    config = json.loads((sharded / "config.json").read_text())
+    names = set(index["weight_map"])
+    assert names == set(expected_tensors(config))
+    for shard in shards:
+        with safe_open(str(sharded / shard), framework="pt") as handle:
+            for name in handle.keys():
+                assert torch.isfinite(handle.get_tensor(name)).all(), name
+    # a sharded source converts again, to the same function
+    again = convert_checkpoint(str(sharded), tmp_path / "again", ladder="1:3")
+    a, b = load_model(sharded), load_model(again)
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key])
+
+
+def test_provenance_records_source_ranges_version_and_hashes(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import ladderize
+
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", ladder="2:4", spd="0:1", spd_tp_size=3)
+    record = read_provenance(out)
+    assert (out / PROVENANCE_FILE).is_file()
+    assert record["ladderize_version"] == ladderize.__version__
+    assert record["layout"]["ladder"] == "2:4" and record["layout"]["spd"] == "0:1"
+    assert record["layout"]["spd_tp_size"] == 3
+    assert record["source"]["path"] == str(tiny_llama_dir)
+    hashes = record["source"]["files_sha256"]
+    assert hashes["model.safetensors"] == sha256_file(tiny_llama_dir / "model.safetensors")
+    assert hashes["config.json"] == sha256_file(tiny_llama_dir / "config.json")
+
+
+@pytest.mark.parametrize("dtype,expected", [("bfloat16", torch.bfloat16), ("float16", torch.float16)])
+def test_dtype_conversion(tiny_llama_dir: Path, tmp_path: Path, dtype: str, expected: torch.dtype) -> None:
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / dtype, dtype=dtype)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        assert {handle.get_tensor(n).dtype for n in handle.keys()} == {expected}
+    model = load_model(out)
+    assert model.dtype == expected
+    assert json.loads((out / "config.json").read_text())["dtype"] == dtype
+
+
+def test_force_replaces_existing_output(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", ladder="all")
+    convert_checkpoint(str(tiny_llama_dir), out, spd="all", spd_tp_size=3, force=True)
+    assert json.loads((out / "config.json").read_text())["layer_modes"] == ["spd"] * 4
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_remote_code_loads_without_ladderize(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Users without ladderize load the checkpoint through auto_map + trust_remote_code."""
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", ladder="2:", spd="0:1", spd_tp_size=3)
+    ids = _ids(128, (1, 7))
+    with torch.no_grad():
+        expected = load_model(out)(ids).logits
+    torch.save(ids, tmp_path / "ids.pt")
+    script = f"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+assert "ladderize" not in sys.modules, "the remote-code path must not need ladderize"
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+with torch.no_grad():
+    torch.save(model(torch.load({str(tmp_path / 'ids.pt')!r})).logits, {str(tmp_path / 'logits.pt')!r})
+"""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
+    assert (torch.load(tmp_path / "logits.pt") - expected).abs().max() <= TOL
