@@ -1,0 +1,44 @@
+"""Small helpers shared by the model tests (inputs, layouts, comparisons)."""
+
+from __future__ import annotations
+
+import torch
+
+ATOL = 1e-4  # fp32 parity tolerance: max abs difference of logits
+
+# Named layouts for the 4-layer tiny model. SPD at TP 3 uses the TINY shape (6 heads, 3 KV heads).
+DENSE = dict(layer_modes=["dense"] * 4)
+LADDER = dict(layer_modes=["ladder"] * 4)
+LADDER_UPPER = dict(layer_modes=["dense", "dense", "ladder", "ladder"])  # dense -> ladder transition
+LADDER_LOWER = dict(layer_modes=["ladder", "ladder", "dense", "dense"])  # ladder -> dense transition
+SPD_TP3 = dict(layer_modes=["spd"] * 4, spd_tp_size=3)
+HYBRID = dict(layer_modes=["dense", "ladder", "spd", "ladder"], spd_tp_size=3)
+
+
+def token_ids(batch: int = 2, seq: int = 10, seed: int = 1, vocab: int = 128) -> torch.Tensor:
+    """Random token ids that avoid the special ids 0 (pad), 1 (bos) and 2 (eos)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, seq), generator=generator)
+
+
+def left_padded(ids: torch.Tensor, pads: list[int], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad row i with ``pads[i]`` pad tokens (overwriting its first tokens); return (ids, mask)."""
+    ids, mask = ids.clone(), torch.ones_like(ids)
+    for row, count in enumerate(pads):
+        ids[row, :count] = pad_id
+        mask[row, :count] = 0
+    return ids, mask
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as HF generate builds them for left padding: cumsum(mask) - 1, pads set to 1."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+@torch.no_grad()
+def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    return model(ids, use_cache=False, **kwargs).logits

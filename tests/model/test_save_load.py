@@ -1,0 +1,80 @@
+"""save_pretrained / from_pretrained round trips, Auto-class registration and tied embeddings."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import transformers
+from tests.conftest import tiny_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import ladderize
+from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM, LayerMode
+
+from .helpers import ATOL, logits, max_diff, token_ids
+
+HYBRID_WITH_ORDER = dict(
+    layer_modes=["ladder", "spd", "dense", "spd"],
+    spd_tp_size=3,
+    spd_head_order=[None, [2, 0, 1], None, [1, 2, 0]],
+)
+
+
+def test_round_trip_is_exact_and_keeps_the_layout(tmp_path):
+    model = tiny_model(**HYBRID_WITH_ORDER)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "ladder_llama"
+    assert saved["layer_modes"] == HYBRID_WITH_ORDER["layer_modes"]
+
+    loaded = LadderLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.layer_modes == HYBRID_WITH_ORDER["layer_modes"]
+    assert loaded.config.spd_tp_size == 3
+    assert loaded.config.spd_head_order == HYBRID_WITH_ORDER["spd_head_order"]
+    assert loaded.layout == model.layout
+    assert [layer.mode for layer in loaded.model.layers] == [LayerMode(m) for m in HYBRID_WITH_ORDER["layer_modes"]]
+
+    ids = token_ids()
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_auto_model_resolves_after_import(tmp_path):
+    assert ladderize.LadderLlamaForCausalLM is LadderLlamaForCausalLM  # `import ladderize` registered the Auto classes
+    model = tiny_model(**HYBRID_WITH_ORDER)
+    model.save_pretrained(tmp_path)
+    assert isinstance(transformers.AutoConfig.from_pretrained(tmp_path), LadderLlamaConfig)
+    auto = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(auto) is LadderLlamaForCausalLM
+    ids = token_ids()
+    assert torch.equal(logits(auto, ids), logits(model, ids))
+
+
+def test_tied_embeddings_survive_a_round_trip(tmp_path):
+    model = tiny_model(tie_word_embeddings=True, layer_modes=["dense", "ladder", "ladder", "spd"], spd_tp_size=3)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    loaded = LadderLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.tie_word_embeddings
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = token_ids()
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    with torch.no_grad():  # still one tensor: editing the embedding moves the head
+        loaded.model.embed_tokens.weight[5] += 1.0
+    assert torch.equal(loaded.lm_head.weight[5], loaded.model.embed_tokens.weight[5])
+
+
+def test_dense_llama_checkpoint_loads_unchanged(tiny_llama_dir):
+    """Parameter names are Llama's: a plain checkpoint loads into any layout with no missing keys."""
+    base = LlamaConfig.from_pretrained(tiny_llama_dir).to_dict()
+    config = LadderLlamaConfig(**{**base, "layer_modes": ["dense", "dense", "ladder", "ladder"]})
+    model, info = LadderLlamaForCausalLM.from_pretrained(tiny_llama_dir, config=config, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    llama = LlamaForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    for name, tensor in llama.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    dense = LadderLlamaForCausalLM.from_pretrained(tiny_llama_dir, config=LadderLlamaConfig(**base)).eval()
+    ids = token_ids()
+    assert max_diff(logits(dense, ids), logits(llama, ids)) <= ATOL
