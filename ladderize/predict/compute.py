@@ -1,0 +1,496 @@
+"""Compute time of one rank's modules: measured on the local device, or a roofline estimate.
+
+A module is one rank's shard of an attention block (norm, fused QKV projection of its heads, rotary,
+attention over ``kv_len`` keys, output projection) or of an MLP block (norm, gate/up projection of its
+slice, SiLU gate, down projection), or the LM head (norm and the full vocabulary projection of the last
+position, replicated on every rank as in gpt-fast, the Ladder authors' runtime). The all-reduce that
+ends a module is not part of it: ``ladderize.predict.interconnect`` models it.
+
+Two ways to get a module's time:
+
+* ``RooflineCompute``: ``max(flops / achievable FLOP/s, bytes / achievable bytes/s) + module overhead``
+  with a ``GPUProfile`` (published peaks, calibrated efficiencies).
+* ``MeasuredCompute``: builds the module's tensors on the local device and times them (CUDA events over
+  a CUDA-graph replay on a GPU, ``perf_counter`` on the CPU), median of repeats, cached in a JSON file
+  keyed by device and per-rank shape. A shape too big for the device's budget (a 70B layer on a laptop
+  CPU) is timed as a proxy: tokens (compute-bound shapes) or KV length and width (memory-bound ones)
+  are halved until it fits, and the proxy's time above the device's fixed per-module floor (the time
+  of the smallest such module) is scaled by the ratio of the two shapes' roofline times under this
+  device's own measured matmul FLOP/s and streaming bytes/s. Such entries say so in their ``source``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Literal, Protocol
+
+from ..errors import LadderizeError
+from .gpus import GPUProfile
+from .presets import ModelShape
+
+ModuleKind = Literal["attention", "mlp", "head"]
+DEFAULT_CACHE_DIR = Path("~/.cache/ladderize/predict")
+
+
+@dataclass(frozen=True)
+class ModuleWork:
+    """One module of one rank's shard for one step, in per-rank dimensions.
+
+    ``q_len`` is the number of new tokens per sequence (the prompt in prefill, 1 in decode), ``kv_len``
+    the keys each sequence attends over (including the new ones).
+    """
+
+    kind: ModuleKind
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    batch: int
+    q_len: int
+    kv_len: int
+    dtype_bytes: int = 2
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.q_len
+
+    @property
+    def weight_params(self) -> int:
+        d, hd = self.hidden_size, self.head_dim
+        if self.kind == "attention":
+            return d * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * d + d
+        if self.kind == "mlp":
+            return 3 * d * self.intermediate_size + d
+        return d * self.vocab_size + d
+
+    @property
+    def flops(self) -> float:
+        """Multiply-adds counted as 2 FLOPs; causal attention counts the keys each query really sees."""
+        dense = 2.0 * self.tokens * self.weight_params
+        if self.kind != "attention":
+            return dense
+        mean_keys = self.kv_len - (self.q_len - 1) / 2.0
+        return dense + 4.0 * self.batch * self.heads * self.q_len * mean_keys * self.head_dim
+
+    @property
+    def bytes(self) -> float:
+        """HBM traffic: weights once, activations in and out, and the KV cache read once per step."""
+        e, d, t = self.dtype_bytes, self.hidden_size, self.tokens
+        if self.kind == "attention":
+            qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+            activations = t * (2 * d + 2 * qkv + 2 * self.heads * self.head_dim)
+            kv_cache = self.batch * self.kv_len * 2 * self.kv_heads * self.head_dim
+            return e * (self.weight_params + activations + kv_cache)
+        if self.kind == "mlp":
+            return e * (self.weight_params + t * (2 * d + 6 * self.intermediate_size))
+        return e * (self.weight_params + t * (d + self.vocab_size))
+
+    def key(self) -> str:
+        fields = asdict(self)
+        return "|".join(f"{name}={value}" for name, value in fields.items())
+
+
+def module_work(model: ModelShape, kind: ModuleKind, tp: int, batch: int, q_len: int, kv_len: int) -> ModuleWork:
+    """The per-rank work of ``kind`` at tensor-parallel degree ``tp`` (the LM head is replicated)."""
+    return ModuleWork(
+        kind=kind,
+        hidden_size=model.hidden_size,
+        heads=model.num_attention_heads // tp,
+        kv_heads=model.num_key_value_heads // tp,
+        head_dim=model.head_dim,
+        intermediate_size=model.intermediate_size // tp,
+        vocab_size=model.vocab_size,
+        batch=batch,
+        q_len=q_len if kind != "head" else 1,
+        kv_len=kv_len if kind == "attention" else 0,
+        dtype_bytes=model.dtype_bytes,
+    )
+
+
+def roofline_s(work: ModuleWork, flops_per_s: float, bytes_per_s: float, overhead_s: float = 0.0) -> float:
+    """Roofline time: the slower of compute and memory traffic, plus a fixed per-module overhead."""
+    return max(work.flops / flops_per_s, work.bytes / bytes_per_s) + overhead_s
+
+
+class ComputeModel(Protocol):
+    """Anything that prices a module: ``label`` names the method and device for the output."""
+
+    label: str
+    device_name: str
+    is_gpu: bool
+    memory_bytes: float  # one device's memory; 0 when unknown (CPU)
+
+    def module_s(self, work: ModuleWork) -> float: ...
+
+    def source(self, work: ModuleWork) -> str: ...
+
+
+class RooflineCompute:
+    """Estimate modules from a GPU profile's peaks and calibrated efficiencies."""
+
+    def __init__(self, gpu: GPUProfile):
+        self.gpu = gpu
+        self.device_name = gpu.name
+        self.is_gpu = False  # nothing ran on a GPU
+        self.memory_bytes = gpu.memory_bytes
+        self.label = f"roofline estimate for {gpu.name} (efficiencies fitted on H100)"
+
+    def module_s(self, work: ModuleWork) -> float:
+        g = self.gpu
+        return roofline_s(
+            work, g.peak_flops_per_s * g.flops_efficiency, g.hbm_bytes_per_s * g.bandwidth_efficiency, g.module_overhead_s
+        )
+
+    def source(self, work: ModuleWork) -> str:
+        return f"roofline {self.gpu.name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# measured
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _rms_norm(x, weight, eps: float = 1e-6):
+    import torch
+
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def _rotate(x, cos, sin):
+    import torch
+
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class MeasuredCompute:
+    """Time modules on the local device (GPU if present, else CPU) and cache the medians.
+
+    ``max_call_s`` and ``max_bytes`` bound what is timed directly (defaults: 0.25 s and 8 GiB on a GPU,
+    0.1 s and 512 MiB on a CPU); larger shapes are timed as scaled proxies (see module docstring).
+    """
+
+    def __init__(
+        self,
+        cache_dir: Path | str | None = None,
+        device: str | None = None,
+        repeats: int = 5,
+        max_call_s: float | None = None,
+        max_bytes: float | None = None,
+    ):
+        import torch
+
+        self.torch = torch
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.is_gpu = self.device.type == "cuda"
+        if self.is_gpu and not torch.cuda.is_available():
+            raise LadderizeError("--compute measured asked for CUDA, but torch sees no GPU")
+        self.dtype = torch.bfloat16 if self.is_gpu else torch.float32
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.memory_bytes = 0.0
+        if self.is_gpu:
+            self.device_name = torch.cuda.get_device_name(self.device)
+            self.memory_bytes = float(torch.cuda.get_device_properties(self.device).total_memory)
+            self.label = f"measured on {self.device_name} (CUDA graphs, {dtype_name})"
+        else:
+            self.device_name = f"CPU {_cpu_name()} ({torch.get_num_threads()} threads)"
+            self.label = f"measured on {self.device_name}, {dtype_name}; a CPU, not a GPU"
+        self.dtype_bytes = torch.finfo(self.dtype).bits // 8
+        self.repeats = max(1, repeats)
+        self.max_call_s = max_call_s if max_call_s is not None else (0.25 if self.is_gpu else 0.1)
+        self.max_bytes = max_bytes if max_bytes is not None else (8 * 2**30 if self.is_gpu else 512 * 2**20)
+        self.cache_path = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser() / "measurements.json"
+        self._device_key = f"{self.device_name}|{dtype_name}|torch {torch.__version__}"
+        self._cache = self._load_cache()
+        self._sources: dict[str, str] = {}
+        self.measured_count = 0  # modules timed by this instance (cache hits excluded)
+
+    # ---- cache -----------------------------------------------------------------------------------
+
+    def _load_cache(self) -> dict:
+        try:
+            data = json.loads(self.cache_path.read_text())
+            if isinstance(data, dict) and data.get("format") == 1:
+                return data
+        except (OSError, json.JSONDecodeError):
+            pass
+        return {"format": 1, "entries": {}, "rates": {}}
+
+    def _save_cache(self) -> None:
+        """Merge with what other processes wrote meanwhile, then replace the file atomically."""
+        on_disk = self._load_cache()
+        for section in ("entries", "rates"):
+            on_disk[section].update(self._cache[section])
+        self._cache = on_disk
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.cache_path.parent, prefix=".measurements.", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(on_disk, handle, indent=1, sort_keys=True)
+        os.replace(tmp, self.cache_path)
+
+    # ---- device rates (for budgets and proxy scaling) --------------------------------------------
+
+    def device_rates(self) -> tuple[float, float]:
+        """This device's achieved matmul FLOP/s and streaming bytes/s, measured once and cached."""
+        cached = self._cache["rates"].get(self._device_key)
+        if cached:
+            return float(cached[0]), float(cached[1])
+        torch = self.torch
+        n = 4096 if self.is_gpu else 512
+        a = torch.full((n, n), 0.01, device=self.device, dtype=self.dtype)
+        b = torch.full((n, n), 0.01, device=self.device, dtype=self.dtype)
+        flops_per_s = 2.0 * n**3 / self._time(lambda: a @ b)
+        rows = 16384 if self.is_gpu else 4096
+        w = torch.full((rows, rows), 0.01, device=self.device, dtype=self.dtype)
+        x = torch.full((1, rows), 0.01, device=self.device, dtype=self.dtype)
+        bytes_per_s = w.numel() * self.dtype_bytes / self._time(lambda: x @ w)
+        del a, b, w, x
+        self._cache["rates"][self._device_key] = [flops_per_s, bytes_per_s]
+        self._save_cache()
+        return flops_per_s, bytes_per_s
+
+    def _estimate_s(self, work: ModuleWork) -> float:
+        flops_per_s, bytes_per_s = self.device_rates()
+        return roofline_s(self._local(work), flops_per_s, bytes_per_s)
+
+    def _local(self, work: ModuleWork) -> ModuleWork:
+        return replace(work, dtype_bytes=self.dtype_bytes)
+
+    def _footprint_bytes(self, work: ModuleWork) -> float:
+        w = self._local(work)
+        widest = max(w.hidden_size, 2 * w.intermediate_size if w.kind == "mlp" else 0,
+                     w.vocab_size if w.kind == "head" else 0,
+                     (w.heads + 2 * w.kv_heads) * w.head_dim if w.kind == "attention" else 0)
+        kv = 2 * w.batch * w.kv_len * w.kv_heads * w.head_dim if w.kind == "attention" else 0
+        scores = w.batch * w.heads * w.q_len * w.kv_len if w.kind == "attention" else 0
+        return w.dtype_bytes * (w.weight_params + kv + 4 * w.tokens * widest + scores)
+
+    def _affordable(self, work: ModuleWork) -> bool:
+        return self._estimate_s(work) <= self.max_call_s and self._footprint_bytes(work) <= self.max_bytes
+
+    def proxy_for(self, work: ModuleWork) -> ModuleWork:
+        """The largest shape within budget, shrinking whatever makes it expensive.
+
+        Compute-bound shapes lose tokens first (batch, then prompt), so the proxy stays compute-bound;
+        memory-bound ones lose KV length when the cache dominates, else width (hidden, MLP, vocabulary),
+        so the proxy keeps the real token count and stays memory-bound.
+        """
+        flops_per_s, bytes_per_s = self.device_rates()
+        proxy = work
+        for _ in range(64):
+            if self._affordable(proxy):
+                break
+            local = self._local(proxy)
+            compute_bound = local.flops / flops_per_s >= local.bytes / bytes_per_s
+            kv_params = 2 * proxy.batch * proxy.kv_len * proxy.kv_heads * proxy.head_dim if proxy.kind == "attention" else 0
+            if compute_bound and proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif compute_bound and proxy.q_len > 64:
+                q_len = proxy.q_len // 2
+                proxy = replace(proxy, q_len=q_len, kv_len=max(q_len, proxy.kv_len - (proxy.q_len - q_len)))
+            elif kv_params > proxy.weight_params and proxy.kv_len > max(256, proxy.q_len):
+                proxy = replace(proxy, kv_len=max(proxy.q_len, proxy.kv_len // 2))
+            elif kv_params > proxy.weight_params and proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif proxy.hidden_size > 256:
+                proxy = replace(
+                    proxy,
+                    hidden_size=proxy.hidden_size // 2,
+                    intermediate_size=max(1, proxy.intermediate_size // 2),
+                    vocab_size=max(1, proxy.vocab_size // 2),
+                )
+            elif proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif proxy.q_len > 64:
+                q_len = proxy.q_len // 2
+                proxy = replace(proxy, q_len=q_len, kv_len=max(q_len, proxy.kv_len - (proxy.q_len - q_len)))
+            else:
+                break
+        return proxy
+
+    # ---- timing ----------------------------------------------------------------------------------
+
+    def _time(self, fn: Callable[[], object]) -> float:
+        with self.torch.inference_mode():
+            return self._time_cuda(fn) if self.is_gpu else self._time_cpu(fn)
+
+    def _time_cpu(self, fn: Callable[[], object]) -> float:
+        fn()  # warm-up
+        begin = time.perf_counter()
+        fn()
+        single = max(time.perf_counter() - begin, 1e-7)
+        inner = max(1, min(50, int(2e-3 / single)))
+        repeats = self.repeats if single < 0.05 else min(self.repeats, 3)  # slow CPU calls: fewer repeats
+        samples = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - begin) / inner)
+        return statistics.median(samples)
+
+    def _time_cuda(self, fn: Callable[[], object]) -> float:
+        torch = self.torch
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up (also what CUDA-graph capture requires)
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        run: Callable[[], object] = fn
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            run = graph.replay
+        except RuntimeError:  # an op that cannot be captured: time eager launches instead
+            torch.cuda.synchronize(self.device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(self.device)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        single = max(start.elapsed_time(end) / 1e3, 1e-7)
+        inner = max(1, min(200, int(2e-3 / single)))
+        samples = []
+        for _ in range(self.repeats):
+            start.record()
+            for _ in range(inner):
+                run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / inner)
+        return statistics.median(samples)
+
+    # ---- building one rank's module --------------------------------------------------------------
+
+    def _build(self, work: ModuleWork) -> Callable[[], object]:
+        torch = self.torch
+        F = torch.nn.functional
+        dev, dt = self.device, self.dtype
+        b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
+
+        def filled(*shape: int):
+            # Constant fill: values do not change the timing, and filling is much faster than randn.
+            return torch.full(shape, 0.01, device=dev, dtype=dt)
+
+        x = filled(b, s, d)
+        norm = torch.ones(d, device=dev, dtype=dt)
+        if work.kind == "mlp":
+            w_gate_up, w_down = filled(d, 2 * work.intermediate_size), filled(work.intermediate_size, d)
+
+            def run():
+                gate, up = (_rms_norm(x, norm) @ w_gate_up).chunk(2, dim=-1)
+                return (F.silu(gate) * up) @ w_down  # [B, S, D], partial sum before the all-reduce
+
+            return run
+        if work.kind == "head":
+            w_head = filled(d, work.vocab_size)
+            return lambda: _rms_norm(x, norm) @ w_head  # [B, 1, V]
+
+        nq, nkv, kv_len = work.heads, work.kv_heads, work.kv_len
+        w_qkv, w_o = filled(d, (nq + 2 * nkv) * hd), filled(nq * hd, d)
+        k_cache, v_cache = filled(b, nkv, kv_len, hd), filled(b, nkv, kv_len, hd)
+        cos, sin = filled(s, hd), filled(s, hd)
+        causal = s == kv_len and s > 1
+
+        def run_attention():
+            qkv = _rms_norm(x, norm) @ w_qkv  # [B, S, (nq + 2 nkv) hd]
+            q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+            q = _rotate(q.view(b, s, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, S, hd]
+            k = _rotate(k.view(b, s, nkv, hd).transpose(1, 2), cos, sin)
+            k_cache[:, :, kv_len - s:] = k
+            v_cache[:, :, kv_len - s:] = v.view(b, s, nkv, hd).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, k_cache, v_cache, is_causal=causal, enable_gqa=nq != nkv)
+            return out.transpose(1, 2).reshape(b, s, nq * hd) @ w_o  # [B, S, D] partial sum
+
+        return run_attention
+
+    def _measure(self, work: ModuleWork) -> float:
+        local = self._local(work)
+        run = self._build(local)
+        seconds = self._time(run)
+        del run
+        if self.is_gpu:
+            self.torch.cuda.empty_cache()
+        self.measured_count += 1
+        return seconds
+
+    # ---- public ----------------------------------------------------------------------------------
+
+    def fixed_overhead_s(self, kind: ModuleKind) -> float:
+        """Time of the smallest module of this kind: the launch/dispatch floor that does not scale."""
+        key = f"{self._device_key}|overhead|{kind}"
+        entry = self._cache["entries"].get(key)
+        if entry is None:
+            smallest = ModuleWork(kind, hidden_size=64, heads=1, kv_heads=1, head_dim=64, intermediate_size=64,
+                                  vocab_size=64, batch=1, q_len=1, kv_len=16 if kind == "attention" else 0)
+            entry = {"seconds": self._measure(smallest), "source": "measured"}
+            self._cache["entries"][key] = entry
+            self._save_cache()
+        return float(entry["seconds"])
+
+    def module_s(self, work: ModuleWork) -> float:
+        key = f"{self._device_key}|{self._local(work).key()}"
+        entry = self._cache["entries"].get(key)
+        if entry is None:
+            proxy = self.proxy_for(work)
+            if proxy == work:
+                entry = {"seconds": self._measure(work), "source": "measured"}
+            else:
+                # Scale only what grows with the shape: the proxy's time above the fixed floor.
+                flops_per_s, bytes_per_s = self.device_rates()
+                scale = roofline_s(self._local(work), flops_per_s, bytes_per_s) / roofline_s(
+                    self._local(proxy), flops_per_s, bytes_per_s
+                )
+                floor = self.fixed_overhead_s(work.kind)
+                measured = self._measure(proxy)
+                seconds = floor + max(0.0, measured - floor) * scale
+                changes = [
+                    f"{name} {getattr(proxy, name)}"
+                    for name in ("batch", "q_len", "kv_len", "hidden_size")
+                    if getattr(proxy, name) != getattr(work, name)
+                ]
+                entry = {"seconds": seconds, "source": f"measured proxy ({', '.join(changes)}) x{scale:.3g}"}
+            self._cache["entries"][key] = entry
+            self._save_cache()
+        self._sources[work.key()] = entry["source"]
+        return float(entry["seconds"])
+
+    def source(self, work: ModuleWork) -> str:
+        return self._sources.get(work.key(), "measured")
+
+
+def make_compute(mode: str, gpu: GPUProfile | None = None, cache_dir: Path | str | None = None) -> ComputeModel:
+    """``measured`` (local device) or ``roofline`` (needs a GPU profile)."""
+    if mode == "roofline":
+        if gpu is None:
+            raise LadderizeError("--compute roofline needs a GPU profile (--gpu h100|h200|a100)")
+        return RooflineCompute(gpu)
+    if mode == "measured":
+        return MeasuredCompute(cache_dir=cache_dir)
+    raise LadderizeError(f"unknown compute mode {mode!r}: choose 'measured' or 'roofline'")

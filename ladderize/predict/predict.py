@@ -1,0 +1,316 @@
+"""``ladderize predict``: per (TP degree, batch, schedule) latency and throughput from module costs.
+
+For every TP degree and batch size it prices one rank's modules (``compute``), the all-reduces that end
+them (``interconnect``), and simulates the prefill step and an average decode step under each schedule
+(``schedule``). Returned values only; the CLI prints.
+
+Conventions (those of the Ladder authors' gpt-fast benchmark, so that the calibration is like for like):
+
+* prefill runs the whole prompt and yields the first new token; then ``new_tokens - 1`` decode steps;
+  ``tokens_per_s = batch * new_tokens / (prefill_s + (new_tokens - 1) * decode_s_per_token)``;
+* a decode step is priced at the mean KV length over the generation, ``prompt + new_tokens / 2``
+  (attention cost is linear in the KV length, so the mean step has the mean cost);
+* activations and all-reduces are bf16; the LM head is replicated on every rank and applied to the
+  last position only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import LadderizeError
+from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides
+from .compute import ComputeModel, ModuleWork, module_work
+from .interconnect import InterconnectProfile
+from .presets import ModelShape
+from .schedule import ModuleCost, StepTiming, simulate_step
+
+SCHEDULES = ("dense", "ladder", "spd", "domino", "upper-bound", "layout")
+SCHEDULE_HELP = {
+    "dense": "every layer dense; each all-reduce blocks",
+    "ladder": "every layer ladder: module k's all-reduce hidden behind module k+1",
+    "spd": "every layer SPD: attention all-reduces removed (what SPD buys at most)",
+    "domino": "dense model, batch (or prompt) split into chunks whose all-reduces overlap the next chunk",
+    "upper-bound": "no communication at all",
+    "layout": "the given layout (--layout, or --ladder/--spd ranges)",
+}
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    model: ModelShape
+    tps: tuple[int, ...]
+    batches: tuple[int, ...]
+    prompt_tokens: int
+    new_tokens: int
+    interconnect: InterconnectProfile
+    layout: Layout | None = None
+    schedules: tuple[str, ...] = SCHEDULES
+    domino_chunks: int = 2
+
+    def validate(self) -> None:
+        if not self.tps or not self.batches:
+            raise LadderizeError("give at least one TP degree and one batch size")
+        if min(self.tps) < 1 or min(self.batches) < 1:
+            raise LadderizeError("TP degrees and batch sizes must be positive")
+        if self.prompt_tokens < 1 or self.new_tokens < 1:
+            raise LadderizeError("--prompt and --gen must be at least 1 token")
+        if self.domino_chunks < 1:
+            raise LadderizeError("--domino-chunks must be at least 1")
+        unknown = [s for s in self.schedules if s not in SCHEDULES]
+        if unknown:
+            raise LadderizeError(f"unknown schedule(s) {', '.join(unknown)}: choose from {', '.join(SCHEDULES)}")
+        if self.layout is not None and self.layout.num_layers != self.model.num_hidden_layers:
+            raise LayoutError(
+                f"the layout has {self.layout.num_layers} layers but {self.model.name} has {self.model.num_hidden_layers}"
+            )
+        for tp in self.tps:
+            check_tp_divides(tp, self.model.num_attention_heads, self.model.num_key_value_heads, self.model.intermediate_size)
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    tp: int
+    batch: int
+    schedule: str
+    layout: str
+    prefill_s: float
+    decode_s_per_token: float
+    tokens_per_s: float
+    speedup_vs_dense: float
+    prefill_exposed_comm_s: float
+    decode_exposed_comm_s: float
+    decode_allreduces_per_step: int
+    note: str = ""
+
+
+@dataclass
+class Prediction:
+    request: PredictRequest
+    compute_label: str
+    compute_device: str
+    compute_on_gpu: bool
+    rows: list[PredictionRow] = field(default_factory=list)
+    module_timings: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.request
+        layout = None
+        if r.layout is not None:
+            layout = {"describe": r.layout.describe(), **r.layout.ranges(), "spd_tp_size": r.layout.spd_tp_size}
+        return {
+            "model": r.model.to_dict(),
+            "interconnect": r.interconnect.to_dict(),
+            "compute": {"label": self.compute_label, "device": self.compute_device, "on_gpu": self.compute_on_gpu},
+            "prompt_tokens": r.prompt_tokens,
+            "new_tokens": r.new_tokens,
+            "decode_kv_len": decode_kv_len(r.prompt_tokens, r.new_tokens),
+            "domino_chunks": r.domino_chunks,
+            "layout": layout,
+            "schedules": {s: SCHEDULE_HELP[s] for s in r.schedules},
+            "rows": [asdict(row) for row in self.rows],
+            "module_timings": self.module_timings,
+        }
+
+
+def decode_kv_len(prompt_tokens: int, new_tokens: int) -> int:
+    """Mean keys per decode step over a generation of ``new_tokens`` after a ``prompt_tokens`` prompt."""
+    return prompt_tokens + max(1, round(new_tokens / 2))
+
+
+def rank_memory_bytes(model: ModelShape, tp: int, batch: int, context_tokens: int) -> float:
+    """One rank's weights (replicated embedding and LM head included) plus its KV cache, in bytes."""
+    d, hd = model.hidden_size, model.head_dim
+    heads, kv_heads = model.num_attention_heads // tp, model.num_key_value_heads // tp
+    layer = d * (heads + 2 * kv_heads) * hd + heads * hd * d + 3 * d * model.intermediate_size // tp
+    weights = model.num_hidden_layers * layer + 2 * model.vocab_size * d
+    kv_cache = model.num_hidden_layers * batch * context_tokens * 2 * kv_heads * hd
+    return model.dtype_bytes * (weights + kv_cache)
+
+
+def tokens_per_s(batch: int, new_tokens: int, prefill_s: float, decode_s_per_token: float) -> float:
+    return batch * new_tokens / (prefill_s + (new_tokens - 1) * decode_s_per_token)
+
+
+@dataclass(frozen=True)
+class _PhaseCosts:
+    attention: ModuleCost
+    mlp: ModuleCost
+    head_s: float
+
+
+class _Pricer:
+    """Prices modules and all-reduces for one request, recording every module timing once."""
+
+    def __init__(self, request: PredictRequest, compute: ComputeModel):
+        self.request = request
+        self.compute = compute
+        self.records: dict[tuple, dict[str, Any]] = {}
+
+    def _module_s(self, phase: str, tp: int, work: ModuleWork) -> float:
+        seconds = self.compute.module_s(work)
+        key = (phase, tp, work.key())
+        if key not in self.records:
+            self.records[key] = {
+                "phase": phase, "kind": work.kind, "tp": tp, "batch": work.batch, "q_len": work.q_len,
+                "kv_len": work.kv_len, "seconds": seconds, "source": self.compute.source(work),
+            }
+        return seconds
+
+    def phase(self, phase: str, tp: int, batch: int, q_len: int, kv_len: int, chunks: int = 1) -> _PhaseCosts:
+        """Per-chunk module costs; ``chunks`` > 1 prices one of that many chunks (no head: it runs once)."""
+        m = self.request.model
+        ar_bytes = batch * q_len * m.hidden_size * m.dtype_bytes
+        allreduce_s = self.request.interconnect.allreduce_s(ar_bytes, tp)
+        costs = {}
+        for kind in ("attention", "mlp"):
+            work = module_work(m, kind, tp, batch, q_len, kv_len)
+            costs[kind] = ModuleCost(self._module_s(phase, tp, work), allreduce_s)
+        head_s = 0.0 if chunks > 1 else self._module_s(phase, tp, module_work(m, "head", tp, batch, 1, 0))
+        return _PhaseCosts(costs["attention"], costs["mlp"], head_s)
+
+
+def _domino_split(batch: int, q_len: int, kv_len: int, chunks: int) -> tuple[int, int, int, str] | None:
+    """Chunk shape (batch, q_len, kv_len) and what was split, or None when nothing can be split."""
+    if chunks <= 1:
+        return None
+    if batch % chunks == 0:
+        return batch // chunks, q_len, kv_len, "batch"
+    if q_len >= chunks and q_len == kv_len:
+        # Sequence chunks of a causal prompt: chunk i attends over i/n of it; price the mean chunk.
+        return batch, q_len // chunks, round(kv_len * (chunks + 1) / (2 * chunks)), "prompt"
+    return None
+
+
+def _modes_of(request: PredictRequest) -> dict[str, tuple[LayerMode, ...]]:
+    """The per-layer modes each schedule runs: whole-model what-ifs, plus the given layout."""
+    layers = request.model.num_hidden_layers
+    modes = {
+        "dense": (LayerMode.DENSE,) * layers,
+        "ladder": (LayerMode.LADDER,) * layers,
+        "spd": (LayerMode.SPD,) * layers,
+        "domino": (LayerMode.DENSE,) * layers,
+        "upper-bound": (LayerMode.DENSE,) * layers,
+    }
+    if request.layout is not None:
+        modes["layout"] = request.layout.modes
+    return modes
+
+
+def _simulate_schedule(
+    request: PredictRequest, pricer: _Pricer, schedule: str, modes: Sequence[LayerMode], tp: int, batch: int,
+    shapes: dict[str, tuple[int, int]], costs: dict[str, _PhaseCosts],
+) -> tuple[dict[str, StepTiming], str]:
+    """Prefill and decode timings of one schedule, and a note when something needs saying."""
+    timings: dict[str, StepTiming] = {}
+    note = ""
+    for phase, (q_len, kv_len) in shapes.items():
+        cost, chunks = costs[phase], 1
+        if schedule == "domino":
+            split = _domino_split(batch, q_len, kv_len, request.domino_chunks)
+            if split is not None:
+                chunks = request.domino_chunks
+                chunk = pricer.phase(phase, tp, *split[:3], chunks=chunks)
+                cost = _PhaseCosts(chunk.attention, chunk.mlp, cost.head_s)
+            elif phase == "decode":
+                note = f"batch {batch} does not split into {request.domino_chunks} chunks: decode as dense"
+        timings[phase] = simulate_step(
+            modes, cost.attention, cost.mlp, head_s=cost.head_s, overlap_slowdown=request.interconnect.overlap_slowdown,
+            chunks=chunks, communicate=schedule != "upper-bound" and tp > 1,
+        )
+    layout = request.layout
+    if schedule == "layout" and layout is not None and layout.layers(LayerMode.SPD) and layout.spd_tp_size != tp:
+        note = (f"SPD layers were converted for TP={layout.spd_tp_size}; at TP={tp} their outputs differ "
+                "(speed is still as shown)")
+    return timings, note
+
+
+def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
+    """Price every (TP, batch, schedule) of ``request`` with ``compute`` and the request's interconnect."""
+    request.validate()
+    modes_of = _modes_of(request)
+    schedules = [s for s in request.schedules if s in modes_of]
+    if "dense" not in schedules:
+        schedules.insert(0, "dense")  # speed-ups are relative to it
+    pricer = _Pricer(request, compute)
+    prediction = Prediction(request, compute.label, compute.device_name, compute.is_gpu)
+    prompt, gen = request.prompt_tokens, request.new_tokens
+    shapes = {"prefill": (prompt, prompt), "decode": (1, decode_kv_len(prompt, gen))}
+
+    for tp in request.tps:
+        for batch in request.batches:
+            costs = {phase: pricer.phase(phase, tp, batch, q, kv) for phase, (q, kv) in shapes.items()}
+            results = {
+                s: _simulate_schedule(request, pricer, s, modes_of[s], tp, batch, shapes, costs) for s in schedules
+            }
+            fit_note = ""
+            needed = rank_memory_bytes(request.model, tp, batch, prompt + gen)
+            if compute.memory_bytes and needed > compute.memory_bytes:
+                fit_note = (f"needs {needed / 1e9:.0f} GB per rank (weights + KV cache), more than the "
+                            f"{compute.memory_bytes / 1e9:.0f} GB of {compute.device_name}")
+            dense = results["dense"][0]
+            dense_rate = tokens_per_s(batch, gen, dense["prefill"].total_s, dense["decode"].total_s)
+            for schedule in schedules:
+                timings, note = results[schedule]
+                if schedule == "domino" and not note and timings["decode"].total_s > dense["decode"].total_s:
+                    note = "each decode chunk re-reads the weights, so chunked decode is slower than dense"
+                prefill, decode = timings["prefill"], timings["decode"]
+                rate = tokens_per_s(batch, gen, prefill.total_s, decode.total_s)
+                prediction.rows.append(
+                    PredictionRow(
+                        tp=tp, batch=batch, schedule=schedule,
+                        layout=request.layout.describe() if schedule == "layout" and request.layout else schedule,
+                        prefill_s=prefill.total_s, decode_s_per_token=decode.total_s, tokens_per_s=rate,
+                        speedup_vs_dense=rate / dense_rate,
+                        prefill_exposed_comm_s=prefill.exposed_comm_s, decode_exposed_comm_s=decode.exposed_comm_s,
+                        decode_allreduces_per_step=decode.num_allreduces,
+                        note="; ".join(n for n in (fit_note, note) if n),
+                    )
+                )
+    prediction.module_timings = list(pricer.records.values())
+    return prediction
+
+
+def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
+    """The layout and shape stored in a converted checkpoint's config.json (read through AutoConfig)."""
+    import ladderize  # noqa: F401  (registers the ladder_llama config with AutoConfig)
+    from transformers import AutoConfig
+
+    folder = Path(path).expanduser()
+    if folder.is_file():
+        folder = folder.parent
+    if not (folder / "config.json").is_file():
+        raise LadderizeError(f"--layout {path}: no config.json in {folder}")
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LadderizeError(f"--layout {path}: cannot load its config: {exc}") from None
+    layout = Layout.from_config(config)
+    shape = ModelShape.from_config_dict(config.to_dict(), folder.name)
+    return layout, shape
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8); raises ``LadderizeError`` on anything else."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise LadderizeError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise LadderizeError(f"{what} is empty")
+    return values
+
+
+def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:
+    if not text:
+        return tuple(s for s in SCHEDULES if s != "layout" or has_layout)
+    chosen = tuple(s.strip() for s in text.split(",") if s.strip())
+    if "layout" in chosen and not has_layout:
+        raise LadderizeError("schedule 'layout' needs --layout or --ladder/--spd")
+    return chosen
+
+
+def rows_for(prediction: Prediction, schedules: Sequence[str] | None = None) -> list[PredictionRow]:
+    return [r for r in prediction.rows if schedules is None or r.schedule in schedules]

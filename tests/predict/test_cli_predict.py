@@ -1,0 +1,82 @@
+"""``ladderize predict`` end to end through Typer."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ladderize import cli
+
+runner = CliRunner()
+
+
+def test_help_documents_every_option():
+    result = runner.invoke(cli.app, ["predict", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in ("--model", "--tp", "--batch", "--prompt", "--gen", "--interconnect", "--layout", "--ladder", "--spd",
+                   "--spd-tp", "--compute", "--gpu", "--schedules", "--domino-chunks", "--json", "--cache-dir",
+                   "--show-modules"):
+        assert option in result.output
+    command = next(c for c in cli.app.registered_commands if c.name == "predict")
+    import inspect
+
+    for parameter in inspect.signature(command.callback).parameters.values():
+        assert parameter.default.help, parameter.name
+
+
+def test_roofline_prediction_writes_json(tmp_path):
+    out = tmp_path / "p.json"
+    result = runner.invoke(cli.app, ["predict", "--model", "llama-3.1-70b", "--tp", "1,8", "--batch", "1", "--compute",
+                                     "roofline", "--ladder", "40:80", "--json", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "ladder 40:80" in result.output and "upper-bound" in result.output
+    data = json.loads(out.read_text())
+    assert {r["schedule"] for r in data["rows"]} == {"dense", "ladder", "spd", "domino", "upper-bound", "layout"}
+    assert data["interconnect"]["name"] == "h100-nvlink" and data["compute"]["on_gpu"] is False
+
+
+def test_measured_prediction_on_a_tiny_config(tmp_path):
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = runner.invoke(cli.app, ["predict", "--model", str(tmp_path), "--tp", "2", "--batch", "2", "--prompt",
+                                     "16", "--gen", "8", "--cache-dir", str(tmp_path / "cache"), "--show-modules",
+                                     "--interconnect", "pcie-gen5"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "a CPU, not a GPU" in result.output and "no GPU here" in result.output
+    assert (tmp_path / "cache" / "measurements.json").is_file()
+
+
+def test_layout_from_a_checkpoint_folder(tmp_path):
+    from tests.conftest import tiny_config
+
+    tiny_config(num_attention_heads=8, num_key_value_heads=4, hidden_size=64, intermediate_size=128,
+                layer_modes=["dense", "dense", "ladder", "ladder"]).save_pretrained(tmp_path)
+    out = tmp_path / "p.json"
+    result = runner.invoke(cli.app, ["predict", "--layout", str(tmp_path), "--tp", "2", "--batch", "1", "--compute",
+                                     "roofline", "--schedules", "layout", "--json", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["layout"] for r in rows] == ["dense", "ladder 2:4"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama-9"], "unknown model"),
+        (["--model", "llama-3.1-8b", "--interconnect", "smoke-signals"], "unknown interconnect"),
+        (["--model", "llama-3.1-8b", "--tp", "3"], "does not divide"),
+        (["--model", "llama-3.1-8b", "--ladder", "40:80"], "outside the model"),
+        (["--tp", "2"], "--model is required"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(monkeypatch, capsys, args, message):
+    monkeypatch.setattr(sys, "argv", ["ladderize", "predict", "--compute", "roofline", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1

@@ -1,0 +1,82 @@
+"""Module work accounting, the roofline, and measured timing (tiny shapes, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.errors import LadderizeError
+from ladderize.predict.compute import MeasuredCompute, RooflineCompute, make_compute, module_work, roofline_s
+from ladderize.predict.gpus import GPU_PROFILES, load_gpu_profile
+from ladderize.predict.presets import ModelShape, load_model_shape
+
+TINY = ModelShape("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=8, vocab_size=128)
+
+
+def test_work_of_a_70b_rank_at_tp8():
+    shape = load_model_shape("llama-3.1-70b")
+    attention = module_work(shape, "attention", 8, 1, 1, 1280)
+    mlp = module_work(shape, "mlp", 8, 1, 1, 0)
+    assert (attention.heads, attention.kv_heads, mlp.intermediate_size) == (8, 1, 3584)
+    weights_mb = (attention.weight_params + mlp.weight_params) * 2 / 1e6
+    assert weights_mb == pytest.approx(213.9, abs=0.1)  # one layer's bf16 shard per rank
+    assert attention.bytes - attention.weight_params * 2 == pytest.approx(1280 * 2 * 128 * 2, rel=0.1)  # KV read
+    assert mlp.flops == pytest.approx(2 * mlp.weight_params)
+    head = module_work(shape, "head", 8, 4, 1024, 0)
+    assert head.q_len == 1 and head.weight_params == 8192 * 128256 + 8192  # replicated, last position only
+
+
+def test_causal_prefill_counts_half_the_attention_matrix():
+    prefill = module_work(TINY, "attention", 1, 1, 100, 100)
+    dense_part = 2 * prefill.tokens * prefill.weight_params
+    assert prefill.flops - dense_part == pytest.approx(4 * 8 * 100 * 50.5 * 8)
+
+
+def test_roofline_takes_the_slower_bound_plus_overhead():
+    gpu = GPU_PROFILES["h100"]
+    shape = load_model_shape("llama-3.1-70b")
+    decode = module_work(shape, "mlp", 8, 1, 1, 0)
+    prefill = module_work(shape, "mlp", 8, 16, 1024, 0)
+    model = RooflineCompute(gpu)
+    bw = gpu.hbm_bytes_per_s * gpu.bandwidth_efficiency
+    flops = gpu.peak_flops_per_s * gpu.flops_efficiency
+    assert model.module_s(decode) == pytest.approx(decode.bytes / bw + gpu.module_overhead_s)
+    assert model.module_s(prefill) == pytest.approx(prefill.flops / flops + gpu.module_overhead_s)
+    assert roofline_s(decode, 1.0, 1.0) == max(decode.flops, decode.bytes)
+    assert load_gpu_profile("H100-SXM").name == gpu.name
+    with pytest.raises(LadderizeError):
+        load_gpu_profile("tpu-v5")
+
+
+def test_measured_times_modules_and_caches_them(tmp_path):
+    first = MeasuredCompute(cache_dir=tmp_path, repeats=2)
+    assert not first.is_gpu and "CPU" in first.label
+    works = [module_work(TINY, "attention", 2, 2, 1, 24), module_work(TINY, "attention", 2, 2, 16, 16),
+             module_work(TINY, "mlp", 2, 2, 1, 0), module_work(TINY, "head", 2, 2, 1, 0)]
+    seconds = [first.module_s(w) for w in works]
+    assert all(0 < s < 0.5 for s in seconds)
+    assert first.measured_count == len(works) and all(first.source(w) == "measured" for w in works)
+    cache = json.loads((tmp_path / "measurements.json").read_text())
+    assert len(cache["entries"]) == len(works) and cache["rates"]
+
+    second = MeasuredCompute(cache_dir=tmp_path, repeats=2)
+    assert [second.module_s(w) for w in works] == seconds
+    assert second.measured_count == 0  # every module came from the cache
+
+
+def test_measured_uses_a_scaled_proxy_when_over_budget(tmp_path):
+    compute = MeasuredCompute(cache_dir=tmp_path, repeats=1, max_bytes=8 * 2**20)
+    big = module_work(ModelShape("wide", 1024, 2048, 2, 8, 8, 128, 256), "mlp", 1, 1, 1, 0)
+    proxy = compute.proxy_for(big)
+    assert proxy.hidden_size < big.hidden_size and proxy.batch == big.batch  # memory-bound: width shrinks
+    assert compute.module_s(big) > 0
+    assert compute.source(big).startswith("measured proxy (hidden_size")
+
+
+def test_make_compute_modes(tmp_path):
+    assert isinstance(make_compute("roofline", GPU_PROFILES["a100"]), RooflineCompute)
+    assert isinstance(make_compute("measured", cache_dir=tmp_path), MeasuredCompute)
+    with pytest.raises(LadderizeError, match="unknown compute mode"):
+        make_compute("guessed")

@@ -1,0 +1,70 @@
+"""The all-reduce cost model and the shipped profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.errors import LadderizeError
+from ladderize.predict.interconnect import PROFILES, InterconnectProfile, load_interconnect
+
+
+def _profile(**overrides) -> InterconnectProfile:
+    fields = dict(name="t", description="test", algorithm="ring", launch_s=2e-6, latency_s=1e-6,
+                  bus_bytes_per_s=100e9, overlap_slowdown=0.0)
+    return InterconnectProfile(**{**fields, **overrides})
+
+
+def test_ring_allreduce_is_latency_steps_plus_volume_over_bandwidth():
+    ring = _profile()
+    nbytes = 8e6
+    expected = 2e-6 + 2 * 7 * 1e-6 + 2 * 7 / 8 * nbytes / 100e9
+    assert ring.allreduce_s(nbytes, 8) == pytest.approx(expected)
+    assert ring.steps(8) == 14 and ring.steps(2) == 2
+    assert ring.allreduce_s(nbytes, 1) == 0.0 and ring.allreduce_s(0, 8) == 0.0
+
+
+def test_tree_has_logarithmic_steps():
+    tree = _profile(algorithm="tree")
+    assert tree.steps(8) == 6 and tree.steps(16) == 8 and tree.steps(3) == 4
+    assert tree.allreduce_s(1.0, 16) < _profile().allreduce_s(1.0, 16)
+
+
+def test_small_messages_pay_latency_large_ones_bandwidth():
+    nvlink = PROFILES["h100-nvlink"]
+    small, large = 16 * 1024, 256 * 2**20
+    assert nvlink.allreduce_s(small, 8) == pytest.approx(nvlink.launch_s + 14 * nvlink.latency_s, rel=0.01)
+    assert nvlink.allreduce_s(large, 8) == pytest.approx(1.75 * large / nvlink.bus_bytes_per_s, rel=0.05)
+
+
+def test_profiles_cite_every_parameter_and_order_sensibly():
+    for profile in PROFILES.values():
+        for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown"):
+            assert profile.sources.get(parameter), (profile.name, parameter)
+    decode = 16 * 1024
+    nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
+    assert nvlink.allreduce_s(decode, 8) < PROFILES["pcie-gen5"].allreduce_s(decode, 8) < no_p2p.allreduce_s(decode, 8)
+    assert "fitted" in nvlink.sources["latency_s"] and "1.43" in nvlink.sources["latency_s"]
+    assert "1.60" in no_p2p.sources["latency_s"]
+
+
+def test_load_by_name_alias_and_json(tmp_path):
+    assert load_interconnect("NVLink") is PROFILES["h100-nvlink"]
+    assert load_interconnect("h100-host").name == "h100-no-p2p"
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"algorithm": "tree", "launch_s": 0, "latency_s": 3e-6, "bus_bytes_per_s": 25e9,
+                                "overlap_slowdown": 0.1}))
+    custom = load_interconnect(path)
+    assert custom.name == "mine" and custom.steps(4) == 4
+
+
+def test_bad_profiles_are_user_errors(tmp_path):
+    with pytest.raises(LadderizeError, match="unknown interconnect"):
+        load_interconnect("carrier-pigeon")
+    with pytest.raises(LadderizeError):
+        _profile(algorithm="butterfly")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"latency_s": 1e-6}))
+    with pytest.raises(LadderizeError, match="cannot read interconnect"):
+        load_interconnect(bad)

@@ -1,0 +1,90 @@
+"""Rows per (TP, batch, schedule), layouts, validation errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.errors import LadderizeError
+from ladderize.model.layout import Layout, LayoutError
+from ladderize.predict import PredictRequest, RooflineCompute, layout_from_checkpoint, load_model_shape, predict
+from ladderize.predict.gpus import GPU_PROFILES
+from ladderize.predict.interconnect import PROFILES
+from ladderize.predict.predict import decode_kv_len, parse_int_list, rank_memory_bytes, select_schedules, tokens_per_s
+
+from tests.conftest import tiny_config
+
+H100 = RooflineCompute(GPU_PROFILES["h100"])
+MODEL = load_model_shape("llama-3.1-70b")
+
+
+def _rows(**overrides):
+    fields = dict(model=MODEL, tps=(1, 8), batches=(1, 16), prompt_tokens=1024, new_tokens=512,
+                  interconnect=PROFILES["h100-nvlink"])
+    request = PredictRequest(**{**fields, **overrides})
+    return predict(request, H100)
+
+
+def test_one_row_per_tp_batch_schedule_and_sane_ordering():
+    prediction = _rows()
+    rows = {(r.tp, r.batch, r.schedule): r for r in prediction.rows}
+    assert len(prediction.rows) == 2 * 2 * 5  # no layout: dense, ladder, spd, domino, upper-bound
+    for batch in (1, 16):
+        for schedule in ("dense", "ladder", "spd", "upper-bound"):
+            assert rows[1, batch, schedule].speedup_vs_dense == pytest.approx(1.0)  # TP1: nothing to sync
+        dense, ladder, spd, upper = (rows[8, batch, s] for s in ("dense", "ladder", "spd", "upper-bound"))
+        assert 1.0 < spd.speedup_vs_dense < ladder.speedup_vs_dense < upper.speedup_vs_dense
+        assert upper.decode_exposed_comm_s == 0 and dense.decode_exposed_comm_s > ladder.decode_exposed_comm_s
+        assert dense.decode_allreduces_per_step == 160 and spd.decode_allreduces_per_step == 80
+        assert dense.tokens_per_s == pytest.approx(tokens_per_s(batch, 512, dense.prefill_s, dense.decode_s_per_token))
+    assert "does not split" in rows[8, 1, "domino"].note
+    assert rows[8, 16, "domino"].prefill_s < rows[8, 16, "dense"].prefill_s  # compute-bound prefill overlaps
+    assert rows[8, 16, "domino"].decode_s_per_token > rows[8, 16, "dense"].decode_s_per_token  # re-reads weights
+    json.dumps(prediction.to_dict())  # serialisable
+    timings = prediction.module_timings
+    assert {t["kind"] for t in timings} == {"attention", "mlp", "head"}
+    assert {t["phase"] for t in timings} == {"prefill", "decode"}
+    assert all(t["source"] == "roofline H100-SXM5-80GB" for t in timings)
+
+
+def test_memory_note_when_a_rank_cannot_hold_the_model():
+    rows = {(r.tp, r.schedule): r for r in _rows(batches=(1,)).rows}
+    assert "needs 142 GB per rank" in rows[1, "dense"].note and "80 GB of H100" in rows[1, "dense"].note
+    assert "GB per rank" not in rows[8, "dense"].note
+    assert rank_memory_bytes(MODEL, 8, 1, 1536) / 1e9 == pytest.approx(21.4, abs=0.1)  # logs: 22.4 GB used
+
+
+def test_layout_row_and_spd_note():
+    layout = Layout.from_ranges(80, ladder="40:80", spd="0:20", spd_tp_size=4)
+    rows = [r for r in _rows(layout=layout, tps=(4, 8), batches=(1,)).rows if r.schedule == "layout"]
+    assert [r.layout for r in rows] == ["ladder 40:80 + spd@tp4 0:20"] * 2
+    assert rows[0].note == "" and "converted for TP=4" in rows[1].note
+    assert rows[1].decode_allreduces_per_step == 160 - 20
+
+
+def test_bad_requests_raise_user_errors():
+    with pytest.raises(LayoutError, match="does not divide"):
+        _rows(tps=(3,))  # 8 KV heads
+    with pytest.raises(LayoutError, match="layers"):
+        _rows(layout=Layout.dense(32))
+    with pytest.raises(LadderizeError, match="unknown schedule"):
+        _rows(schedules=("dense", "pipeline"))
+    with pytest.raises(LadderizeError):
+        _rows(prompt_tokens=0)
+    with pytest.raises(LadderizeError):
+        parse_int_list("1,two", "--tp")
+    with pytest.raises(LadderizeError, match="needs --layout"):
+        select_schedules("dense,layout", has_layout=False)
+    assert decode_kv_len(1024, 512) == 1280
+
+
+def test_layout_from_a_converted_checkpoint(tmp_path):
+    config = tiny_config(num_attention_heads=8, num_key_value_heads=4, hidden_size=64, intermediate_size=128,
+                         layer_modes=["dense", "spd", "ladder", "ladder"], spd_tp_size=2)
+    config.save_pretrained(tmp_path)
+    layout, shape = layout_from_checkpoint(tmp_path)
+    assert layout.describe() == "ladder 2:4 + spd@tp2 1:2"
+    assert shape.num_hidden_layers == 4 and shape.num_key_value_heads == 4
+    with pytest.raises(LadderizeError, match="no config.json"):
+        layout_from_checkpoint(tmp_path / "missing")
