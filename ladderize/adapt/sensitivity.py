@@ -1,0 +1,164 @@
+"""Per-block sensitivity to SPD (or ladder), and layer selection under a perplexity budget.
+
+The SPD paper's procedure: convert blocks from the last one backwards; block i is measured
+given that blocks i+1..L-1 are already converted. Its sensitivity is the perplexity
+increase this adds, relative to the dense perplexity:
+
+    delta_i = (ppl(converted i..L-1) - ppl(converted i+1..L-1)) / ppl(dense)
+
+Blocks are then classified (thresholds on ``delta_i``, documented in docs/adapt.md):
+
+- insensitive:          delta_i <  1%   -> zero-shot conversion is fine;
+- sensitive:            1% <= delta_i < 5%  -> block-to-block distillation;
+- extremely sensitive:  delta_i >= 5%   -> head grouping, then distillation.
+
+The same ranking is offered for ladder layers (the layers' modes are all that changes).
+Cost: the dense states entering each block are computed once per batch; each suffix is then
+run from its first block, about L/2 forwards per batch instead of L.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM, LayerMode, Layout
+from .relayout import with_layout
+from .stream import embed, logits_from, run_layers, token_nll
+
+INSENSITIVE_BELOW = 0.01
+EXTREMELY_SENSITIVE_FROM = 0.05
+CATEGORIES = ("insensitive", "sensitive", "extremely sensitive")
+
+
+def classify(delta: float) -> str:
+    if delta < INSENSITIVE_BELOW:
+        return CATEGORIES[0]
+    if delta < EXTREMELY_SENSITIVE_FROM:
+        return CATEGORIES[1]
+    return CATEGORIES[2]
+
+
+@dataclass
+class BlockSensitivity:
+    layer: int
+    ppl_suffix: float  # perplexity with this block and every later candidate converted
+    delta: float  # perplexity increase this block adds, relative to dense
+    category: str
+
+
+@dataclass
+class SensitivityReport:
+    mode: str
+    spd_tp_size: int
+    dense_ppl: float
+    samples: int
+    seq_len: int
+    data: str
+    blocks: list[BlockSensitivity] = field(default_factory=list)
+    thresholds: dict[str, float] = field(
+        default_factory=lambda: {"insensitive_below": INSENSITIVE_BELOW, "extremely_sensitive_from": EXTREMELY_SENSITIVE_FROM}
+    )
+
+    def ranking(self) -> list[int]:
+        """Layers from least to most sensitive."""
+        return [b.layer for b in sorted(self.blocks, key=lambda b: (b.delta, -b.layer))]
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ranking": self.ranking()}
+
+    def save(self, path: Path | str) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path | str) -> "SensitivityReport":
+        try:
+            raw = json.loads(Path(path).read_text())
+            blocks = [BlockSensitivity(**b) for b in raw["blocks"]]
+            fields = {k: raw[k] for k in ("mode", "spd_tp_size", "dense_ppl", "samples", "seq_len", "data", "thresholds")}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LadderizeError(f"cannot read sensitivity report {path}: {exc}") from None
+        return cls(blocks=blocks, **fields)
+
+
+@torch.no_grad()
+def measure_sensitivity(
+    model: LadderLlamaForCausalLM,
+    ids: torch.Tensor,
+    mode: LayerMode = LayerMode.SPD,
+    spd_tp_size: int = 1,
+    layers: list[int] | None = None,
+    batch_size: int = 1,
+    data: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> SensitivityReport:
+    """Measure every candidate block's sensitivity on token ids ``[N, S]`` (see the module docstring)."""
+    if model.layout.converted_layers:
+        raise LadderizeError(f"sensitivity needs the dense source; this checkpoint is {model.layout.describe()}")
+    if mode not in (LayerMode.SPD, LayerMode.LADDER):
+        raise LadderizeError(f"sensitivity ranks spd or ladder blocks, not {mode.value}")
+    num_layers = model.config.num_hidden_layers
+    candidates = sorted(layers) if layers is not None else list(range(num_layers))
+    if not candidates:
+        raise LadderizeError("no candidate layers to rank")
+    converted = with_layout(model, Layout(tuple([mode] * num_layers), spd_tp_size if mode is LayerMode.SPD else 1))
+    order = candidates[::-1]  # last block first
+    nll = torch.zeros(len(order) + 1, dtype=torch.float64)  # [dense, suffix from order[0], ...]
+    count = 0
+    batches = list(range(0, ids.shape[0], batch_size))
+    for done, start in enumerate(batches):
+        batch = ids[start : start + batch_size]
+        state, attn_kwargs = embed(model, batch)
+        entering = [state]
+        for index in range(num_layers):
+            state = run_layers(model, state, attn_kwargs, index, index + 1)
+            entering.append(state)
+        nll[0] += token_nll(logits_from(model, state[0]), batch).double()
+        chosen: set[int] = set()
+        for position, layer in enumerate(order, start=1):
+            chosen.add(layer)
+            first = min(chosen)
+            state = entering[first]
+            for index in range(first, num_layers):
+                source = converted if index in chosen else model
+                state = run_layers(source, state, attn_kwargs, index, index + 1)
+            nll[position] += token_nll(logits_from(model, state[0]), batch).double()
+        count += batch[:, 1:].numel()
+        if progress:
+            progress(done + 1, len(batches))
+    ppl = [math.exp(v / count) for v in nll.tolist()]
+    report = SensitivityReport(mode.value, spd_tp_size if mode is LayerMode.SPD else 1, ppl[0], int(ids.shape[0]), int(ids.shape[1]), data)
+    for position, layer in enumerate(order, start=1):
+        delta = (ppl[position] - ppl[position - 1]) / ppl[0]
+        report.blocks.append(BlockSensitivity(layer, ppl[position], delta, classify(delta)))
+    return report
+
+
+def select_layers(report: SensitivityReport, budget: float) -> list[int]:
+    """Layers to convert: the least sensitive first, until the budget is spent.
+
+    ``budget < 1`` is a relative perplexity increase (0.03 = +3%), estimated as the sum of the
+    chosen blocks' deltas (exact for a suffix of layers, an estimate otherwise). ``budget >= 1``
+    is a layer count.
+    """
+    if budget <= 0:
+        raise LadderizeError(f"budget must be positive, got {budget}")
+    ranking = sorted(report.blocks, key=lambda b: (b.delta, -b.layer))
+    if budget >= 1:
+        if budget != int(budget):
+            raise LadderizeError(f"a layer-count budget must be a whole number, got {budget}")
+        return sorted(b.layer for b in ranking[: int(budget)])
+    chosen, spent = [], 0.0
+    for block in ranking:
+        cost = max(block.delta, 0.0)
+        if spent + cost > budget:
+            break
+        chosen.append(block.layer)
+        spent += cost
+    return sorted(chosen)

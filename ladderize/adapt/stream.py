@@ -1,0 +1,60 @@
+"""Run a ladderize model one decoder layer at a time: the residual-stream states adaptation needs.
+
+``LadderLlamaModel.forward`` runs every layer; adaptation, sensitivity and head grouping need
+the ``(residual, stale)`` pair that enters a given layer, to run a layer on someone else's
+states, or to run a suffix of the layers. These helpers rebuild exactly the keyword
+arguments that the model's own forward hands to its layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.masking_utils import create_causal_mask
+
+from ..model import LadderLlamaForCausalLM
+
+State = tuple[torch.Tensor, torch.Tensor]  # (residual r_{k-1}, stale r_{k-2}), each [B, S, D]
+
+
+def embed(model: LadderLlamaForCausalLM, input_ids: torch.Tensor) -> tuple[State, dict[str, Any]]:
+    """Token embeddings as the initial state ``(r_0, r_{-1} = r_0)`` and the layers' attention kwargs."""
+    inner = model.model
+    embeds = inner.embed_tokens(input_ids)  # [B, S, D]
+    position_ids = torch.arange(input_ids.shape[1], device=embeds.device).unsqueeze(0)
+    mask = create_causal_mask(
+        config=model.config,
+        inputs_embeds=embeds,
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
+    attn_kwargs = dict(
+        position_embeddings=inner.rotary_emb(embeds, position_ids=position_ids),
+        attention_mask=mask,
+        past_key_values=None,
+    )
+    return (embeds, embeds), attn_kwargs
+
+
+def run_layers(
+    model: LadderLlamaForCausalLM, state: State, attn_kwargs: dict[str, Any], start: int, stop: int
+) -> State:
+    """Apply layers ``start..stop-1`` of ``model`` to ``state``."""
+    residual, stale = state
+    for layer in model.model.layers[start:stop]:
+        residual, stale = layer(residual, stale, **attn_kwargs)
+    return residual, stale
+
+
+def logits_from(model: LadderLlamaForCausalLM, residual: torch.Tensor) -> torch.Tensor:
+    """Final norm and LM head over the complete residual stream: ``[B, S, V]``."""
+    return model.lm_head(model.model.norm(residual))
+
+
+def token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Summed next-token negative log-likelihood of ``input_ids`` (predicting positions 1..S-1)."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1), reduction="sum"
+    )

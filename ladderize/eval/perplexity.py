@@ -1,0 +1,91 @@
+"""Perplexity on packed sequences: the quick accuracy measure used by adapt, sensitivity and benchmarks.
+
+The default matches the project's reference numbers (MISSION.md): WikiText-2 valid (v1
+tokenized text), tokenized as one stream, cut into the first 16 sequences of 512 tokens,
+each scored independently (no sliding context), perplexity = exp(mean NLL) over the
+511 predicted tokens of every sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+
+WIKITEXT2_VALID = Path("wikitext-2") / "valid.txt"
+LAMBADA_TEST = Path("lambada_openai") / "lambada_test.jsonl"
+
+
+def shared_data_dir() -> Path:
+    """Where the offline evaluation data lives: ``$LADDERIZE_DATA_DIR``, else ``../shared/data`` beside the repo."""
+    env = os.environ.get("LADDERIZE_DATA_DIR")
+    candidates = [Path(env)] if env else []
+    repo_root = Path(__file__).resolve().parents[2]
+    candidates += [repo_root.parent / "shared" / "data", Path("/work/shared/data")]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise LadderizeError(
+        "evaluation data not found: set LADDERIZE_DATA_DIR to a folder holding wikitext-2/valid.txt"
+    )
+
+
+def packed_token_ids(tokenizer, text: str, seq_len: int, num_sequences: int) -> torch.Tensor:
+    """Tokenize ``text`` as one stream and cut its start into ``[num_sequences, seq_len]``."""
+    ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    needed = seq_len * num_sequences
+    if len(ids) < needed:
+        raise LadderizeError(f"evaluation text has {len(ids)} tokens, fewer than {num_sequences} x {seq_len}")
+    return torch.tensor(ids[:needed], dtype=torch.long).view(num_sequences, seq_len)
+
+
+def wikitext2_ids(tokenizer, seq_len: int = 512, num_sequences: int = 16) -> torch.Tensor:
+    """The reference evaluation batch: the first ``num_sequences`` x ``seq_len`` tokens of WikiText-2 valid."""
+    path = shared_data_dir() / WIKITEXT2_VALID
+    if not path.is_file():
+        raise LadderizeError(f"WikiText-2 validation text not found at {path}")
+    return packed_token_ids(tokenizer, path.read_text(encoding="utf-8"), seq_len, num_sequences)
+
+
+@torch.no_grad()
+def perplexity(
+    model: torch.nn.Module,
+    tokens,
+    seq_len: int = 512,
+    num_sequences: int = 16,
+    batch_size: int = 4,
+) -> float:
+    """Perplexity of ``model`` on packed sequences.
+
+    ``tokens`` is either a tokenizer (then WikiText-2 valid is used) or a LongTensor of
+    token ids, ``[N, S]`` (used as is, at most ``num_sequences`` rows) or 1-D (packed here).
+    """
+    if isinstance(tokens, torch.Tensor):
+        ids = tokens.long()
+        if ids.dim() == 1:
+            usable = (ids.numel() // seq_len) * seq_len
+            ids = ids[:usable].view(-1, seq_len)
+        ids = ids[:num_sequences]
+        if ids.numel() == 0:
+            raise LadderizeError("no complete sequence to evaluate")
+    else:
+        ids = wikitext2_ids(tokens, seq_len, num_sequences)
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    nll, count = 0.0, 0
+    try:
+        for start in range(0, ids.shape[0], batch_size):
+            batch = ids[start : start + batch_size].to(device)
+            logits = model(input_ids=batch, use_cache=False).logits  # [B, S, V]
+            nll += torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum"
+            ).item()
+            count += batch[:, 1:].numel()
+    finally:
+        model.train(was_training)
+    return math.exp(nll / count)

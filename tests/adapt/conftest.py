@@ -1,0 +1,80 @@
+"""Fixtures for adaptation tests: a tiny dense checkpoint with a character tokenizer, its conversions, text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from threads; one avoids oversubscribing a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TEXT = (
+    "Now is the winter of our discontent made glorious summer by this sun of York; "
+    "and all the clouds that lour'd upon our house in the deep bosom of the ocean buried. "
+    "Now are our brows bound with victorious wreaths, our bruised arms hung up for monuments. "
+)
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer whose ids fit TINY's vocabulary of 128."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for code in range(32, 127):
+        vocab[chr(code)] = code - 32 + 4
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+@pytest.fixture(scope="session")
+def dense_dir(tmp_path_factory) -> Path:
+    """A tiny trained-looking dense Llama checkpoint (random weights) with a tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("dense") / "tiny-dense"
+    model.save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+def convert(dense_dir: Path, out: Path, **layout) -> Path:
+    from ladderize.convert.checkpoint import convert_checkpoint
+
+    return convert_checkpoint(str(dense_dir), out, **layout)
+
+
+@pytest.fixture(scope="session")
+def ladder_dir(dense_dir, tmp_path_factory) -> Path:
+    return convert(dense_dir, tmp_path_factory.mktemp("ladder") / "tiny-ladder", ladder="2:4")
+
+
+@pytest.fixture(scope="session")
+def spd_dir(dense_dir, tmp_path_factory) -> Path:
+    return convert(dense_dir, tmp_path_factory.mktemp("spd") / "tiny-spd", spd="1:4", spd_tp_size=3)
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.txt"
+    path.write_text(TEXT * 40)
+    return path

@@ -1,0 +1,67 @@
+"""Bad data and a missing teacher give one clear LadderizeError line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.adapt.data import pack_tokens
+from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.errors import LadderizeError
+from tests.adapt.conftest import char_tokenizer
+
+
+def _message(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens(str(tmp_path / "empty.txt"), char_tokenizer(), 16)
+    assert "is empty" in _message(excinfo)
+
+
+def test_file_shorter_than_one_sequence(tmp_path):
+    (tmp_path / "short.txt").write_text("too short")
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens(str(tmp_path / "short.txt"), char_tokenizer(), 64)
+    assert "fewer than 1 sequence(s) of 64 tokens" in _message(excinfo)
+
+
+def test_missing_file_and_offline_hub(tmp_path, monkeypatch):
+    with pytest.raises(LadderizeError, match="does not exist"):
+        pack_tokens(str(tmp_path / "nope.jsonl"), char_tokenizer(), 8)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens("wikitext", char_tokenizer(), 8)
+    assert "offline" in _message(excinfo)
+
+
+def test_jsonl_and_packing(tmp_path):
+    lines = [json.dumps({"text": "abcdefgh" * 3}), "", json.dumps({"body": "ijklmnop" * 3})]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines))
+    ids = pack_tokens(str(tmp_path / "d.jsonl"), char_tokenizer(), 8)
+    assert ids.shape == (6, 8)  # 24 + 1 separator + 24 = 49 tokens -> 6 full sequences
+    assert pack_tokens(str(tmp_path / "d.jsonl"), char_tokenizer(), 8, max_tokens=10).shape == (2, 8)
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(LadderizeError, match="bad.jsonl:1"):
+        pack_tokens(str(tmp_path / "bad.jsonl"), char_tokenizer(), 8)
+
+
+def test_missing_teacher(ladder_dir, text_file, tmp_path):
+    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
+                         teacher=str(tmp_path / "gone"), tokens=64, seq_len=32)
+    with pytest.raises(LadderizeError) as excinfo:
+        adapt(config)
+    assert "teacher checkpoint" in _message(excinfo)
+
+
+def test_teacher_must_be_dense(ladder_dir, text_file, tmp_path):
+    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
+                         teacher=str(ladder_dir), tokens=64, seq_len=32)
+    with pytest.raises(LadderizeError, match="not dense"):
+        adapt(config)

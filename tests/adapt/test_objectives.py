@@ -1,0 +1,103 @@
+"""Each objective lowers its own loss; scopes train exactly the parameters they promise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladderize.adapt.objectives import AdaptLoss, kd_loss, parse_objectives
+from ladderize.adapt.trainer import AdaptConfig, adapt, select_trainable
+from ladderize.adapt.lora import LoraSpec
+from ladderize.convert.checkpoint import load_model
+from ladderize.errors import LadderizeError
+from tests.conftest import tiny_model
+
+
+def _dense_and(modes, **kw):
+    teacher = tiny_model(seed=0)
+    student = tiny_model(seed=0, layer_modes=modes, **kw)
+    student.load_state_dict(teacher.state_dict())
+    return teacher, student
+
+
+def _train(loss_module, params, steps=25, lr=3e-3):
+    ids = torch.randint(3, 128, (4, 32), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.Adam(params, lr=lr)
+    first = loss_module(ids)["total"].item()
+    for _ in range(steps):
+        loss = loss_module(ids)["total"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return first, loss_module(ids)["total"].item()
+
+
+@pytest.mark.parametrize(
+    "objective,modes,local_inputs",
+    [
+        ("local", ["dense", "dense", "ladder", "ladder"], "teacher"),
+        ("local", ["dense", "dense", "ladder", "ladder"], "student"),
+        ("local", ["dense", "spd", "spd", "spd"], "teacher"),
+        ("kd", ["dense", "dense", "ladder", "ladder"], "teacher"),
+        ("lm", ["dense", "dense", "ladder", "spd"], "teacher"),
+        ("kd,local", ["dense", "spd", "ladder", "ladder"], "teacher"),
+    ],
+)
+def test_each_objective_lowers_its_loss(objective, modes, local_inputs):
+    torch.manual_seed(0)
+    teacher, student = _dense_and(modes, spd_tp_size=3)
+    params = select_trainable(student, "converted", LoraSpec())
+    module = AdaptLoss(student, teacher, parse_objectives(objective), local_inputs, share_prefix=True)
+    first, last = _train(module, params, lr={"lm": 3e-3, "kd": 1e-4}.get(objective, 3e-4))
+    assert last < (0.7 if objective == "local" else 0.9) * first, (objective, first, last)
+
+
+def test_local_loss_is_zero_for_an_unconverted_function():
+    """SPD at TP=1 is exact, so its block-to-block error starts at zero."""
+    teacher, student = _dense_and(["dense", "spd", "spd", "dense"], spd_tp_size=1)
+    module = AdaptLoss(student, teacher, {"local": 1.0})
+    assert module(torch.randint(3, 128, (2, 16)))["local"].item() < 1e-10
+
+
+def test_kd_loss_is_zero_for_identical_logits():
+    logits = torch.randn(2, 5, 11)
+    assert kd_loss(logits, logits).abs().item() < 1e-6
+
+
+def test_scopes_choose_converted_layers_only():
+    model = tiny_model(layer_modes=["dense", "ladder", "dense", "spd"], spd_tp_size=3)
+    params = select_trainable(model, "converted", LoraSpec())
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("model.layers.1.", "model.layers.3.")) for n in trained)
+    assert len(params) == len(trained)
+    select_trainable(model, "all", LoraSpec())
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_objective_spec_errors():
+    assert parse_objectives("kd=0.5, local") == {"kd": 0.5, "local": 1.0}
+    for bad in ("", "mse", "kd=x", "lm=-1"):
+        with pytest.raises(LadderizeError):
+            parse_objectives(bad)
+
+
+@pytest.mark.parametrize("scope", ["converted", "lora", "all"])
+def test_adapt_end_to_end_writes_a_converted_checkpoint(scope, ladder_dir, dense_dir, text_file, tmp_path):
+    out = tmp_path / "adapted"
+    result = adapt(
+        AdaptConfig(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="local,kd",
+                    train=scope, tokens=32 * 2 * 6, seq_len=32, batch_size=2, lr=1e-3, save_every=4)
+    )
+    assert result.steps == 6 and (out / "adapt_curve.json").is_file()
+    model = load_model(out)
+    assert model.layout.describe() == "ladder 2:4"
+    from ladderize.convert.checkpoint import read_provenance
+
+    provenance = read_provenance(out)
+    assert provenance["source"]["path"] == str(dense_dir)
+    assert provenance["history"][-1]["step"] == "adapt" and provenance["history"][-1]["train"] == scope
+    assert not any("lora" in name or "parametrizations" in name for name in model.state_dict())
+    original = load_model(ladder_dir)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, original.state_dict()[n])}
+    if scope != "all":
+        assert changed and all(n.startswith(("model.layers.2.", "model.layers.3.")) for n in changed)

@@ -1,0 +1,53 @@
+"""A resumed run is bit-identical to an uninterrupted one; a LoRA merge equals the unmerged model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladderize.adapt.lora import LoraSpec, add_lora, merge_lora
+from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.convert.checkpoint import load_model
+from ladderize.errors import LadderizeError
+from tests.conftest import tiny_model
+
+
+@pytest.mark.parametrize("scope,objectives", [("converted", "local,lm"), ("lora", "kd")])
+def test_resume_after_interruption_is_bit_identical(scope, objectives, spd_dir, text_file, tmp_path):
+    common = dict(checkpoint=str(spd_dir), data=str(text_file), objectives=objectives, train=scope,
+                  tokens=32 * 2 * 7, seq_len=32, batch_size=2, lr=1e-3, save_every=2)
+    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
+    interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **common)
+    partial = adapt(interrupted, stop_after_steps=5)  # "killed" during step 6; the last state is step 4
+    assert partial.steps == 5 and not (tmp_path / "resumed").exists()
+    with pytest.raises(LadderizeError, match="--resume"):
+        adapt(interrupted)
+    resumed = adapt(interrupted, resume=True)
+    assert resumed.resumed_from_step == 4 and resumed.steps == whole.steps == 7
+    assert [r["loss_total"] for r in resumed.curve] == [r["loss_total"] for r in whole.curve]
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
+    common = dict(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file), tokens=32 * 2 * 3, seq_len=32, batch_size=2, save_every=1)
+    adapt(AdaptConfig(**common), stop_after_steps=2)
+    with pytest.raises(LadderizeError, match="lr"):
+        adapt(AdaptConfig(**{**common, "lr": 1e-2}), resume=True)
+
+
+@pytest.mark.parametrize("modes", [["dense", "ladder", "ladder", "dense"], ["dense", "spd", "dense", "spd"]])
+def test_lora_merge_equals_unmerged_model(modes):
+    model = tiny_model(layer_modes=modes, spd_tp_size=3)
+    ids = torch.randint(3, 128, (2, 24))
+    before = model(ids).logits
+    adapters = add_lora(model, model.layout.converted_layers, LoraSpec(rank=4, alpha=8))
+    assert torch.allclose(model(ids).logits, before)  # B starts at zero: exactly the converted model
+    with torch.no_grad():
+        for param in adapters:
+            param.normal_(0, 0.1)
+    unmerged = model(ids).logits
+    assert (unmerged - before).abs().max() > 1e-3  # the adapters act, SPD's per-rank weight slices included
+    merge_lora(model)
+    assert not any("lora" in name for name in model.state_dict())
+    assert torch.allclose(model(ids).logits, unmerged, atol=1e-5)
