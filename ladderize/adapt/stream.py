@@ -2,8 +2,8 @@
 
 ``LadderLlamaModel.forward`` runs every layer; adaptation, sensitivity and head grouping need
 the ``(residual, stale)`` pair that enters a given layer, to run a layer on someone else's
-states, or to run a suffix of the layers. These helpers rebuild exactly the keyword
-arguments that the model's own forward hands to its layers.
+states, or to run a suffix of the layers. The layer keyword arguments come from
+the model's own ``layer_kwargs``, so they are exactly what its forward hands to its layers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.masking_utils import create_causal_mask
 
 from ..model import LadderLlamaForCausalLM
 
@@ -20,21 +19,8 @@ State = tuple[torch.Tensor, torch.Tensor]  # (residual r_{k-1}, stale r_{k-2}), 
 
 def embed(model: LadderLlamaForCausalLM, input_ids: torch.Tensor) -> tuple[State, dict[str, Any]]:
     """Token embeddings as the initial state ``(r_0, r_{-1} = r_0)`` and the layers' attention kwargs."""
-    inner = model.model
-    embeds = inner.embed_tokens(input_ids)  # [B, S, D]
-    position_ids = torch.arange(input_ids.shape[1], device=embeds.device).unsqueeze(0)
-    mask = create_causal_mask(
-        config=model.config,
-        inputs_embeds=embeds,
-        attention_mask=None,
-        past_key_values=None,
-        position_ids=position_ids,
-    )
-    attn_kwargs = dict(
-        position_embeddings=inner.rotary_emb(embeds, position_ids=position_ids),
-        attention_mask=mask,
-        past_key_values=None,
-    )
+    embeds = model.model.embed_tokens(input_ids)  # [B, S, D]
+    attn_kwargs = model.model.layer_kwargs(embeds)
     return (embeds, embeds), attn_kwargs
 
 

@@ -219,6 +219,32 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def layer_kwargs(
+        self,
+        inputs_embeds: torch.Tensor,  # [B, S, D]
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> dict:
+        """The keyword arguments every decoder layer receives: rotary embeddings, causal mask, cache."""
+        if position_ids is None:
+            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen).unsqueeze(0)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
+        return dict(
+            position_embeddings=self.rotary_emb(inputs_embeds, position_ids=position_ids),
+            attention_mask=causal_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -240,22 +266,7 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)  # [B, S, D]
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        if position_ids is None:
-            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
-            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen).unsqueeze(0)
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
-        )
-        attn_kwargs = dict(
-            position_embeddings=self.rotary_emb(inputs_embeds, position_ids=position_ids),
-            attention_mask=causal_mask,
-            past_key_values=past_key_values,
-            **kwargs,
-        )
+        attn_kwargs = self.layer_kwargs(inputs_embeds, attention_mask, position_ids, past_key_values, **kwargs)
         residual = stale = inputs_embeds  # r_0 and r_{-1} = r_0
         all_hidden = [residual] if output_hidden_states else None
         for layer in self.layers:
