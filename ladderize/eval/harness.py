@@ -1,0 +1,199 @@
+"""Evaluate a model with lm-eval: lm-eval's own ``HFLM`` wraps our model instance, unchanged.
+
+``LadderLlamaForCausalLM`` is a real ``PreTrainedModel`` returning ``CausalLMOutputWithPast``,
+so ``HFLM(pretrained=model)`` drives it exactly as it drives any transformers model; the
+tasks come from lm-eval's registry plus the local task folder of ``local_tasks``.
+The eval record (``evaluate_checkpoint``) keeps lm-eval's results dict unchanged under
+``"results"`` and adds the model's layout, for ``ladderize report``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+from ..errors import LadderizeError
+from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, plan_tasks, resolve_data_dir
+
+log = logging.getLogger(__name__)
+
+EVAL_KIND = "ladderize-eval"
+EVAL_FORMAT_VERSION = 1
+DEFAULT_BOOTSTRAP_ITERS = 1000  # lm-eval's CLI uses 100000; only standard errors depend on it
+
+
+def load_tokenizer(path: Path | str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:
+        raise LadderizeError(f"cannot load a tokenizer from {path}: {_first_line(exc)}") from None
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    tasks: str | list[str],
+    *,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    data_dir: Path | str | None = None,
+    max_length: int | None = None,
+    bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+    chunk_chars: int = DEFAULT_CHUNK_CHARS,
+    seed: int = 1234,
+) -> dict[str, Any]:
+    """Run lm-eval's ``simple_evaluate`` on ``model`` (any ``PreTrainedModel``); return lm-eval's output dict.
+
+    ``tasks`` are task specs (see ``local_tasks``). ``max_length`` caps HFLM's context (and
+    so the rolling-perplexity window); by default HFLM reads it from the model config.
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    specs = parse_task_list(tasks)
+    if limit is not None and limit <= 0:
+        raise LadderizeError(f"--limit must be positive, got {limit}")
+    if batch_size < 1:
+        raise LadderizeError(f"--batch-size must be at least 1, got {batch_size}")
+    plan = plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
+    with tempfile.TemporaryDirectory(prefix="ladderize-tasks-") as folder:
+        include = plan.write(Path(folder))
+        manager = TaskManager(include_path=str(include) if include else None)
+        check_task_names(plan, manager.all_tasks)
+        loaded = _load_tasks(manager, plan.names)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length)
+        output = simple_evaluate(
+            model=lm,
+            tasks=loaded,
+            task_manager=manager,
+            limit=limit,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    if output is None:
+        raise LadderizeError("lm-eval returned no results")
+    output["ladderize_sources"] = plan.sources
+    return output
+
+
+def _load_tasks(manager, names: list[str]) -> list:
+    """Build the task objects now, so that a task whose data is unreachable fails with one line."""
+    objects: list = []
+    for name in names:
+        try:
+            loaded = manager.load([name])
+        except Exception as exc:
+            raise LadderizeError(
+                f"cannot load the data of task {name!r}: {_first_line(exc)} "
+                f"(offline? local tasks read --data-dir; see 'ladderize eval --help')"
+            ) from None
+        if name in loaded["groups"]:
+            objects.append(loaded["groups"][name])
+        else:
+            objects.extend(loaded["tasks"].values())
+    return objects
+
+
+def evaluate_checkpoint(
+    ckpt: Path | str,
+    tasks: str | list[str],
+    *,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    data_dir: Path | str | None = None,
+    max_length: int | None = None,
+    dtype: str | None = None,
+    bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+    chunk_chars: int = DEFAULT_CHUNK_CHARS,
+) -> dict[str, Any]:
+    """Load a checkpoint, evaluate it with lm-eval, and return the eval record (see module docstring)."""
+    from ..convert.checkpoint import load_model, read_provenance
+    from ..model import Layout
+
+    ckpt = Path(ckpt).expanduser().absolute()
+    if not ckpt.is_dir():
+        raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
+    specs = parse_task_list(tasks)
+    plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
+    model = load_model(ckpt, dtype=dtype)
+    tokenizer = load_tokenizer(ckpt)
+    started = time.perf_counter()
+    output = evaluate_model(
+        model, tokenizer, specs, limit=limit, batch_size=batch_size, data_dir=data_dir,
+        max_length=max_length, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars,
+    )  # fmt: skip
+    layout = Layout.from_config(model.config)
+    provenance = read_provenance(ckpt)
+    return {
+        "kind": EVAL_KIND,
+        "format_version": EVAL_FORMAT_VERSION,
+        "checkpoint": str(ckpt),
+        "layout": layout.describe(),
+        "layout_ranges": {**layout.ranges(), "spd_tp_size": layout.spd_tp_size},
+        "num_layers": layout.num_layers,
+        "layers_converted": len(layout.converted_layers),
+        "allreduces_per_token": layout.allreduces_per_token(),
+        "history": [step.get("step") for step in provenance.get("history", []) if isinstance(step, dict)],
+        "tasks": specs,
+        "limit": limit,
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "data": output.get("ladderize_sources", {}),
+        "eval_s": round(time.perf_counter() - started, 3),
+        "ladderize_version": _version("ladderize"),
+        "lm_eval": {
+            "version": _version("lm_eval"),
+            "versions": output.get("versions", {}),
+            "n-shot": output.get("n-shot", {}),
+            "n-samples": output.get("n-samples", {}),
+            "higher_is_better": output.get("higher_is_better", {}),
+            "bootstrap_iters": bootstrap_iters,
+        },
+        "results": output["results"],
+    }
+
+
+def write_json(record: dict[str, Any], path: Path | str) -> Path:
+    """Write a JSON record atomically (as lm-eval does, a NaN metric is written as NaN)."""
+    path = Path(path).expanduser().absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def headline_metrics(results: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """``(task, metric, value)`` for every numeric metric of lm-eval's results (standard errors left out)."""
+    rows = []
+    for task, metrics in results.items():
+        for key, value in metrics.items():
+            metric, _, _filter = key.partition(",")
+            if metric.endswith("_stderr") or metric in ("alias", "sample_len") or not isinstance(value, (int, float)):
+                continue
+            rows.append((task, metric, float(value)))
+    return rows
+
+
+def _version(package: str) -> str:
+    try:
+        return package_version(package)
+    except Exception:
+        return "unknown"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0][:300] if text else type(exc).__name__)

