@@ -1,0 +1,309 @@
+"""Benchmarks of the runtime: prefill and decode timings per (schedule, tp, batch).
+
+Each configuration runs ``warmup`` untimed passes, then ``repeats`` timed passes of one
+prefill (``prompt_len`` tokens per row) followed by ``gen_len`` decode steps; the row
+reports medians. The schedules of one batch size run in interleaved rounds (one pass of
+each per round), so that load changes on a shared machine hit them alike.
+``decode_s_per_token`` is the time of one decode step (one new token per row),
+``tokens_per_s = batch / decode_s_per_token`` is the decode throughput.
+``allreduce_count`` is the number of all-reduces a rank issues per decode step, and
+``allreduce_share`` the share of decode time the ranks spent blocked in communication:
+measured (host time inside all-reduce calls and waits, averaged over ranks) on CPU; on
+CUDA, where those calls only enqueue work, it is estimated as ``1 - upper_bound/decode``.
+
+Rows of the same (tp, batch) are compared with the ``dense`` schedule:
+``speedup_vs_dense = dense.decode_s_per_token / decode_s_per_token`` and
+``gap_closed = (dense - this) / (dense - upper_bound)`` in decode time per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import LadderizeError
+from ..model.layout import Layout
+from .engine import Decoder, RankModel
+from .generate import RuntimeOptions, parse_dtype
+from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
+from .plan import Schedule, build_plan, domino_chunks_for
+from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, random_rank_weights, validate_tp
+
+_LLAMA_COMMON = dict(hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192)
+
+# Shapes for --synthetic (random weights). Head counts split for the TP degrees noted.
+PRESETS: dict[str, dict[str, Any]] = {
+    # TP 1, 2, 4: a toy for smoke tests.
+    "tiny": dict(_LLAMA_COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=8, vocab_size=128),
+    # TP 1, 2, 4: on a 2-core CPU at TP=2, communication is a third to a half of decode time (like TP on GPUs).
+    "cpu-512": dict(_LLAMA_COMMON, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=64, vocab_size=4096),
+    # TP 1, 2, 4, 8: memory-bound on a 2-core CPU; communication is a smaller share.
+    "cpu-1024": dict(_LLAMA_COMMON, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=64, vocab_size=8192),
+    # SmolLM2-135M's shape (TP 1, 3).
+    "smollm2-135m": dict(_LLAMA_COMMON, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0),
+    # Llama-3.2-1B, Llama-3.1-8B and Llama-3.1-70B shapes (TP 1, 2, 4, 8): for GPUs.
+    "llama-1b": dict(_LLAMA_COMMON, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0),
+    "llama-8b": dict(_LLAMA_COMMON, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0),
+    "llama-70b": dict(_LLAMA_COMMON, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                      num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0),
+}
+
+ROW_KEYS = ("schedule", "tp", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token", "tokens_per_s",
+            "allreduce_count", "allreduce_share")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A checkpoint directory, or a synthetic shape (config dict) with random weights."""
+
+    checkpoint: str | None = None
+    synthetic: dict[str, Any] | None = None
+    synthetic_name: str = ""
+    layout_override: Layout | None = None  # native layout for a synthetic model (--ladder/--spd)
+
+    @property
+    def name(self) -> str:
+        return self.checkpoint or f"synthetic:{self.synthetic_name}"
+
+    def config_and_layout(self) -> tuple[Any, Layout]:
+        if self.checkpoint is not None:
+            return load_config(self.checkpoint)
+        values = dict(self.synthetic)
+        if values.get("layer_modes"):
+            from ..model import LadderLlamaConfig
+
+            config = LadderLlamaConfig(**{k: v for k, v in values.items() if k != "model_type"})
+            layout = Layout.from_config(config)
+        else:
+            from transformers import LlamaConfig
+
+            layout_keys = ("model_type", "layer_modes", "spd_tp_size", "spd_head_order")
+            known = {k: v for k, v in values.items() if k not in layout_keys}
+            if "rope_theta" in known:  # transformers 5 keeps rope settings in rope_parameters
+                known.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": known.pop("rope_theta")})
+            config = LlamaConfig(**known)
+            layout = Layout.dense(config.num_hidden_layers)
+        return config, self.layout_override or layout
+
+
+def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = None, spd_tp_size: int = 1) -> ModelSource:
+    """``shape`` is a preset name (see ``PRESETS``) or a path to a config.json."""
+    if shape in PRESETS:
+        values, name = dict(PRESETS[shape]), shape
+    else:
+        path = Path(shape)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json")
+        values, name = json.loads(path.read_text()), str(path)
+    override = None
+    if ladder or spd:
+        override = Layout.from_ranges(int(values["num_hidden_layers"]), ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)
+    return ModelSource(synthetic=values, synthetic_name=name, layout_override=override)
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    schedules: tuple[str, ...] = ("native", "dense", "upper-bound", "domino")
+    batches: tuple[int, ...] = (1, 4, 16)
+    prompt_len: int = 128
+    gen_len: int = 32
+    warmup: int = 2
+    repeats: int = 5
+    seed: int = 0
+
+
+@dataclass
+class BenchResult:
+    meta: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"meta": self.meta, "rows": self.rows}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_once(
+    context: RankContext, decoder: Decoder, prompt: torch.Tensor, gen_len: int
+) -> tuple[float, float, float, float]:
+    """One timed pass on this rank: ``(prefill_s, decode_s, exposed_comm_s, allreduces)``, the last two over decode."""
+    comm, device = context.comm, context.device
+    prompt_len = prompt.shape[1]
+    context.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    token = decoder.prefill(prompt)[:, -1].argmax(-1)
+    _sync(device)
+    prefilled = time.perf_counter()
+    comm.stats.reset()
+    for index in range(gen_len):
+        token = decoder.extend(token[:, None], prompt_len + index)[:, -1].argmax(-1)
+    _sync(device)
+    done = time.perf_counter()
+    return prefilled - start, done - prefilled, comm.stats.exposed_s, comm.stats.allreduce_count
+
+
+def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[dict[str, Any]]:
+    config, layout = source.config_and_layout()
+    dims = ModelDims.from_config(config)
+    dtype = parse_dtype(options.dtype, context.device.type)
+    if source.checkpoint is not None:
+        weights = load_rank_weights(
+            SafetensorsSource(source.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
+        )
+    else:
+        weights = random_rank_weights(dims, context.world_size, context.rank, spec.seed, dtype, context.device)
+    max_len = spec.prompt_len + spec.gen_len + 1
+    model = RankModel(weights, config, context.comm, max_positions=max_len, compile_modules=options.compile)
+    generator = torch.Generator().manual_seed(spec.seed)
+    rows = []
+    for batch in spec.batches:
+        prompt = torch.randint(0, dims.vocab_size, (batch, spec.prompt_len), generator=generator).to(context.device)
+        cache = model.new_cache(batch, max_len)  # shared: every run starts writing at position 0
+        plans = [build_plan(layout, schedule, domino_chunks_for(batch, options.domino_chunks)) for schedule in spec.schedules]
+        decoders = [
+            Decoder(model, plan, batch, max_len, cuda_graphs=options.cuda_graphs,
+                    static=options.static_decode or options.compile, cache=cache)
+            for plan in plans
+        ]
+        runs: list[list[tuple[float, float, float, float]]] = [[] for _ in plans]
+        # rounds interleave the schedules, so that a change of machine load hits all of them alike
+        for round_index in range(spec.warmup + spec.repeats):
+            for index, decoder in enumerate(decoders):
+                timing = _time_once(context, decoder, prompt, spec.gen_len)
+                if round_index >= spec.warmup:
+                    runs[index].append(timing)
+        for plan, timings in zip(plans, runs):
+            decode_s = statistics.median(t[1] for t in timings)
+            rows.append(
+                {
+                    "schedule": plan.schedule.value,
+                    "tp": context.world_size,
+                    "batch": batch,
+                    "prompt_len": spec.prompt_len,
+                    "gen_len": spec.gen_len,
+                    "prefill_s": statistics.median(t[0] for t in timings),
+                    "decode_s_per_token": decode_s / spec.gen_len,
+                    "tokens_per_s": batch * spec.gen_len / decode_s,
+                    "allreduce_count": int(round(statistics.median(t[3] for t in timings) / spec.gen_len)),
+                    "allreduce_share": statistics.median(t[2] / t[1] for t in timings),
+                    "layout": plan.layout.describe(),
+                    "domino_chunks": plan.chunks if plan.schedule is Schedule.DOMINO else None,
+                    "overlapped_allreduces": plan.overlapped_allreduces,
+                    "decode_s_per_token_runs": [t[1] / spec.gen_len for t in timings],
+                }
+            )
+        del decoders, cache
+    if context.world_size > 1:  # average the measured communication share over ranks (outside timing)
+        shares = [None] * context.world_size
+        dist.all_gather_object(shares, [row["allreduce_share"] for row in rows])
+        for index, row in enumerate(rows):
+            row["allreduce_share"] = statistics.fmean(rank_shares[index] for rank_shares in shares)
+    return rows
+
+
+def add_comparisons(rows: list[dict[str, Any]], estimate_share: bool = False) -> None:
+    """Add ``speedup_vs_dense`` and ``gap_closed`` (and, on CUDA, the estimated share) in place."""
+    by_key = {(r["schedule"], r["tp"], r["batch"]): r for r in rows}
+    for row in rows:
+        dense = by_key.get(("dense", row["tp"], row["batch"]))
+        upper = by_key.get(("upper-bound", row["tp"], row["batch"]))
+        this = row["decode_s_per_token"]
+        row["speedup_vs_dense"] = dense["decode_s_per_token"] / this if dense else None
+        row["gap_closed"] = None
+        if dense and upper and dense["decode_s_per_token"] > upper["decode_s_per_token"]:
+            gap = dense["decode_s_per_token"] - upper["decode_s_per_token"]
+            row["gap_closed"] = (dense["decode_s_per_token"] - this) / gap
+        if estimate_share:
+            row["allreduce_share"] = max(0.0, 1 - upper["decode_s_per_token"] / this) if upper else None
+
+
+def run_bench(
+    source: ModelSource,
+    tps: list[int],
+    spec: BenchSpec = BenchSpec(),
+    launch: LaunchSpec = LaunchSpec(),
+    options: RuntimeOptions = RuntimeOptions(),
+) -> BenchResult | None:
+    """Run every (schedule, batch) at each TP degree (one process group per degree).
+
+    Under torchrun only rank 0 gets the result; the other ranks get ``None``.
+    """
+    config, layout = source.config_and_layout()
+    dims = ModelDims.from_config(config)
+    schedules = tuple(Schedule.parse(s).value for s in spec.schedules)
+    if not schedules or not spec.batches:
+        raise LadderizeError("bench needs at least one schedule and one batch size")
+    if spec.gen_len < 1 or spec.prompt_len < 1 or spec.repeats < 1:
+        raise LadderizeError("--prompt, --gen and --repeats must be at least 1")
+    spec = BenchSpec(schedules, spec.batches, spec.prompt_len, spec.gen_len, spec.warmup, spec.repeats, spec.seed)
+    for tp in tps:
+        check_machine(dataclasses.replace(launch, tp=tp))
+        validate_tp(dims, layout, tp, options.allow_spd_mismatch or "native" not in schedules)
+    rows: list[dict[str, Any]] = []
+    device_type = launch.device_type
+    for tp in tps:
+        tp_launch = dataclasses.replace(launch, tp=tp)
+        tp_rows = run_ranks(functools.partial(_bench_job, source=source, spec=spec, options=options), tp_launch)
+        if tp_rows is None:  # a torchrun rank other than 0
+            return None
+        rows += tp_rows
+    add_comparisons(rows, estimate_share=device_type == "cuda")
+    meta = {
+        "model": source.name,
+        "layout": layout.describe(),
+        "params": dims.param_count(),
+        "device": device_type,
+        "device_name": torch.cuda.get_device_name() if device_type == "cuda" else platform.processor() or platform.machine(),
+        "cpu_cores": cpu_cores(),
+        "dtype": str(parse_dtype(options.dtype, device_type)).removeprefix("torch."),
+        "backend": launch.backend_name,
+        "threads_per_rank": launch.threads_per_rank or None,
+        "pin_cores": launch.pin_cores,
+        "comm_nice": launch.comm_nice,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "warmup": spec.warmup,
+        "repeats": spec.repeats,
+        "domino_chunks": options.domino_chunks,
+        "cuda_graphs": options.cuda_graphs,
+        "compile": options.compile,
+        "torch": torch.__version__,
+        "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    return BenchResult(meta, rows)
+
+
+__all__ = [
+    "PRESETS",
+    "ROW_KEYS",
+    "BenchResult",
+    "BenchSpec",
+    "ModelSource",
+    "add_comparisons",
+    "run_bench",
+    "synthetic_source",
+]

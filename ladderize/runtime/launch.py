@@ -1,0 +1,252 @@
+"""Starting the ranks: ``torch.multiprocessing`` on one machine, or whatever ``torchrun`` started.
+
+``run_ranks(job, spec)`` runs ``job(RankContext)`` on every rank and returns rank 0's
+result. Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment) the
+current process *is* a rank: the group is initialised from the environment and the
+other ranks return ``None``. Otherwise ladderize spawns ``tp`` processes itself on
+127.0.0.1 with a free port. One rank needs no process group at all.
+
+Backends: gloo on CPU, NCCL on CUDA (``backend="auto"`` picks by device).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import socket
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..errors import LadderizeError
+from .allreduce import Communicator
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How many ranks, on what, and how strictly to check the machine."""
+
+    tp: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    backend: str = "auto"  # auto | gloo | nccl
+    oversubscribe: bool = False
+    timeout_s: float = 600.0
+    threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
+    pin_cores: bool = False  # CPU: bind each local rank (and its gloo threads) to its own cores
+    comm_nice: int | None = None  # CPU: nice value of gloo's threads (experiment; < 0 needs privileges)
+
+    @property
+    def device_type(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    @property
+    def backend_name(self) -> str:
+        if self.backend == "auto":
+            return "nccl" if self.device_type == "cuda" else "gloo"
+        return self.backend
+
+
+@dataclass
+class RankContext:
+    """What a job gets on its rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    comm: Communicator = field(default_factory=Communicator)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def in_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def check_machine(spec: LaunchSpec) -> None:
+    """Refuse a rank count the machine cannot host (one line, ``LadderizeError``)."""
+    if spec.tp < 1:
+        raise LadderizeError(f"--tp must be at least 1, got {spec.tp}")
+    if spec.device_type not in ("cpu", "cuda"):
+        raise LadderizeError(f"unknown device {spec.device!r}; use cpu, cuda or auto")
+    if spec.backend_name not in ("gloo", "nccl"):
+        raise LadderizeError(f"unknown backend {spec.backend!r}; use gloo, nccl or auto")
+    if spec.backend_name == "nccl" and spec.device_type != "cuda":
+        raise LadderizeError("the nccl backend needs --device cuda; use gloo on CPU")
+    if spec.device_type == "cuda" and not torch.cuda.is_available():
+        raise LadderizeError("--device cuda was asked for but torch sees no CUDA device")
+    if in_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != spec.tp:
+            raise LadderizeError(f"--tp {spec.tp} does not match torchrun's WORLD_SIZE={world}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    else:
+        local = spec.tp
+    if spec.device_type == "cuda":
+        if local > torch.cuda.device_count():
+            raise LadderizeError(f"{local} ranks on this node but only {torch.cuda.device_count()} CUDA devices")
+    elif local > cpu_cores() and not spec.oversubscribe:
+        raise LadderizeError(
+            f"--tp {spec.tp} starts {local} processes on this machine but it has only {cpu_cores()} CPU cores; "
+            "pass --oversubscribe to run anyway (timings will not mean much)"
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _init_rank(spec: LaunchSpec, rank: int, world: int, local_rank: int, local_world: int) -> RankContext:
+    if spec.device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        threads = spec.threads_per_rank or max(1, cpu_cores() // max(1, local_world))
+        if spec.pin_cores:  # before the process group exists, so gloo's threads inherit the mask
+            cores = sorted(os.sched_getaffinity(0))
+            mine = [cores[(local_rank * threads + i) % len(cores)] for i in range(threads)]
+            os.sched_setaffinity(0, mine)
+        torch.set_num_threads(threads)
+    if world > 1:
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        threads_before = _thread_ids()
+        dist.init_process_group(
+            spec.backend_name, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s), **kwargs
+        )
+        if spec.comm_nice is not None and device.type == "cpu":
+            # gloo's worker and transport threads appear during init. A lower nice value should let them
+            # preempt this rank's compute sooner; on the 2-core test machine nice -10 measured slower.
+            for tid in _thread_ids() - threads_before:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, spec.comm_nice)
+                except OSError:  # not permitted (negative values need privileges): keep the default
+                    pass
+    return RankContext(rank, world, local_rank, device, spec.backend_name, Communicator(world))
+
+
+def _thread_ids() -> set[int]:
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:  # pragma: no cover - not Linux
+        return set()
+
+
+def _finish_rank() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _spawned(local_rank: int, job: Callable[[RankContext], Any], spec: LaunchSpec, port: int, results) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    if spec.device_type == "cpu":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from ..model.layout import LayoutError
+
+    try:
+        context = _init_rank(spec, local_rank, spec.tp, local_rank, spec.tp)
+        with torch.inference_mode():
+            result = job(context)
+        if local_rank == 0:
+            results.put(("ok", result))
+    except (LadderizeError, LayoutError) as exc:
+        results.put(("error", str(exc)))
+        raise SystemExit(1)
+    except BaseException:
+        results.put(("crash", f"rank {local_rank}: {traceback.format_exc()}"))
+        raise
+    finally:
+        _finish_rank()
+
+
+def run_ranks(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
+    """Run ``job`` on every rank; return rank 0's result (``None`` on other torchrun ranks).
+
+    ``job`` must be picklable (a module-level function or a ``functools.partial`` of one)
+    when ladderize spawns the ranks.
+    """
+    check_machine(spec)
+    if in_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        context = _init_rank(spec, rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        try:
+            with torch.inference_mode():
+                result = job(context)
+        finally:
+            _finish_rank()
+        return result if rank == 0 else None
+    if spec.tp == 1:  # in this process: put its thread count and CPU mask back afterwards
+        threads, mask = torch.get_num_threads(), os.sched_getaffinity(0)
+        try:
+            context = _init_rank(spec, 0, 1, 0, 1)
+            with torch.inference_mode():
+                return job(context)
+        finally:
+            torch.set_num_threads(threads)
+            os.sched_setaffinity(0, mask)
+    return _spawn(job, spec)
+
+
+def _spawn(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    processes = mp.start_processes(
+        _spawned, args=(job, spec, free_port(), results), nprocs=spec.tp, join=False, start_method="spawn"
+    )
+    messages: list[tuple[str, Any]] = []
+    failure: Exception | None = None
+    while True:
+        try:  # drain while the ranks run, so a large result never blocks a rank's exit
+            messages.append(results.get(timeout=0.05))
+        except queue_module.Empty:
+            pass
+        try:
+            if processes.join(timeout=0.05):
+                break
+        except Exception as exc:  # a rank failed; join() has stopped the others
+            failure = exc
+            break
+    while True:
+        try:
+            messages.append(results.get(timeout=0.2))
+        except queue_module.Empty:
+            break
+    for kind, payload in messages:
+        if kind == "error":
+            raise LadderizeError(payload)
+    for kind, payload in messages:
+        if kind == "crash":
+            raise RuntimeError(f"a rank crashed:\n{payload}")
+    if failure is not None:
+        raise RuntimeError(f"a rank failed: {failure}") from failure
+    for kind, payload in messages:
+        if kind == "ok":
+            return payload
+    raise RuntimeError("the ranks finished without a result")
+
+
+__all__ = ["LaunchSpec", "RankContext", "check_machine", "cpu_cores", "free_port", "in_torchrun", "run_ranks"]

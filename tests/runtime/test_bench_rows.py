@@ -1,0 +1,55 @@
+"""Benchmark bookkeeping that needs no processes: comparisons against dense, synthetic shapes, one-rank runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.errors import LadderizeError
+from ladderize.runtime.bench import PRESETS, BenchSpec, add_comparisons, run_bench, synthetic_source
+from ladderize.runtime.launch import LaunchSpec
+
+
+def row(schedule: str, decode_s: float, batch: int = 1) -> dict:
+    return {"schedule": schedule, "tp": 2, "batch": batch, "decode_s_per_token": decode_s, "allreduce_share": 0.5}
+
+
+def test_speedup_and_gap_closed():
+    rows = [row("dense", 0.010), row("upper-bound", 0.006), row("native", 0.007), row("domino", 0.011)]
+    add_comparisons(rows)
+    by = {r["schedule"]: r for r in rows}
+    assert by["native"]["speedup_vs_dense"] == pytest.approx(10 / 7)
+    assert by["native"]["gap_closed"] == pytest.approx(0.75)
+    assert by["domino"]["gap_closed"] == pytest.approx(-0.25)
+    assert by["upper-bound"]["gap_closed"] == pytest.approx(1.0) and by["dense"]["gap_closed"] == 0.0
+
+
+def test_comparisons_without_dense_or_on_cuda():
+    rows = [row("native", 0.007), row("upper-bound", 0.006)]
+    add_comparisons(rows, estimate_share=True)
+    assert rows[0]["speedup_vs_dense"] is None and rows[0]["gap_closed"] is None
+    assert rows[0]["allreduce_share"] == pytest.approx(1 - 6 / 7)
+
+
+def test_synthetic_shapes(tmp_path):
+    source = synthetic_source("cpu-512", ladder="4:8")
+    config, layout = source.config_and_layout()
+    assert config.hidden_size == 512 and layout.describe() == "ladder 4:8"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(PRESETS["tiny"], layer_modes=["dense", "spd", "spd", "dense"], spd_tp_size=2)))
+    config, layout = synthetic_source(str(path)).config_and_layout()
+    assert layout.describe() == "spd@tp2 1:3"
+    with pytest.raises(LadderizeError, match="neither a preset"):
+        synthetic_source("nope")
+
+
+def test_single_rank_bench_runs_in_process():
+    result = run_bench(
+        synthetic_source("tiny"), [1], BenchSpec(("native", "upper-bound", "domino"), (1, 2), 4, 2, 0, 1), LaunchSpec(tp=1)
+    )
+    assert [(r["schedule"], r["batch"]) for r in result.rows] == [
+        ("native", 1), ("upper-bound", 1), ("domino", 1), ("native", 2), ("upper-bound", 2), ("domino", 2)
+    ]
+    assert all(r["allreduce_count"] == 0 for r in result.rows)  # one rank has nothing to sum
+    assert result.meta["params"] > 0 and result.meta["layout"] == "dense"
