@@ -49,6 +49,34 @@ def tiny_model(seed: int = 0, **overrides) -> LadderLlamaForCausalLM:
     return model
 
 
+def char_tokenizer():
+    """A character-level fast tokenizer (<pad>=0, <s>=1, </s>=2, <unk>=3, then newline and printable ASCII).
+
+    Its 100 ids fit TINY's vocabulary of 128, so tiny models can read real text.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "\n": 4}
+    for code in range(32, 127):
+        vocab[chr(code)] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from threads; one thread avoids oversubscribing a small CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_llama_dir(tmp_path: Path) -> Path:
     """A plain transformers LlamaForCausalLM checkpoint (safetensors) with the TINY shape."""

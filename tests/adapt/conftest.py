@@ -7,37 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads; one avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+from tests.conftest import TINY, char_tokenizer  # noqa: F401  (re-exported for the tests here)
 
 TEXT = (
     "Now is the winter of our discontent made glorious summer by this sun of York; "
     "and all the clouds that lour'd upon our house in the deep bosom of the ocean buried. "
     "Now are our brows bound with victorious wreaths, our bruised arms hung up for monuments. "
 )
-
-
-def char_tokenizer():
-    """A character-level fast tokenizer whose ids fit TINY's vocabulary of 128."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for code in range(32, 127):
-        vocab[chr(code)] = code - 32 + 4
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 @pytest.fixture(scope="session")

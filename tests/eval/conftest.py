@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY
+from tests.conftest import TINY, char_tokenizer  # noqa: F401  (re-exported for the tests here)
 
 PASSAGES = [
     "the cat sat on the mat and looked at the dog",
@@ -21,30 +21,6 @@ PASSAGES = [
 TEXT = "\n\n".join(
     f"{p.capitalize()}.\nAnd then {p}, said the player once more." for p in PASSAGES * 3
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads; one avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def char_tokenizer():
-    """A character-level fast tokenizer (printable ASCII and newline) whose ids fit TINY's vocabulary."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "\n": 4}
-    for code in range(32, 127):
-        vocab[chr(code)] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def tiny_llama(seed: int = 0):

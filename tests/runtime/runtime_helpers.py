@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import torch
@@ -46,19 +45,10 @@ def save_tiny(path: Path, seed: int = 0, **overrides):
 
 
 def save_char_tokenizer(path: Path) -> None:
-    """A character-level tokenizer (99 ids, fits TINY's vocab of 128): <pad>=0, <s>=1, </s>=2."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """Save the shared character-level tokenizer (fits TINY's vocabulary) beside a checkpoint."""
+    from tests.conftest import char_tokenizer
 
-    vocab = {token: index for index, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"])}
-    for char in string.printable[:95]:
-        vocab.setdefault(char, len(vocab))
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    ).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
 
 
 def hf_greedy(model, input_ids: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
