@@ -132,7 +132,13 @@ def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
         if not source:
             raise LadderizeError(f"{checkpoint} records no dense source in its provenance; pass --teacher SRC")
         teacher = source
-    if not Path(teacher).expanduser().is_dir():
+    path = Path(teacher).expanduser()
+    if path.is_file():
+        raise LadderizeError(
+            f"teacher {teacher} is a file, not a checkpoint directory; convert it with 'ladderize convert' "
+            "or pass --teacher with a dense checkpoint directory"
+        )
+    if not path.is_dir():
         raise LadderizeError(f"teacher checkpoint {teacher} not found; pass --teacher with a dense checkpoint directory")
     return teacher
 
