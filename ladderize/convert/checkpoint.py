@@ -108,18 +108,18 @@ def convert_checkpoint(
 
     with atomic_directory(out, force=force) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes=max_shard_bytes)
-        wanted, done = set(expected), 0
+        wanted, done, written_dtype = set(expected), 0, target_dtype
         for name, tensor in source.iter_tensors():
             if name not in wanted:
                 continue
             if target_dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(target_dtype)
+            written_dtype = written_dtype or tensor.dtype
             writer.add(name, tensor)
             done += 1
             if progress:
                 progress(done, len(expected), name)
         files = writer.finish()
-        written_dtype = target_dtype or _first_dtype(source)
         config.dtype = str(written_dtype).removeprefix("torch.")
         _write_metadata(tmp, config, source)
         provenance = {
@@ -154,12 +154,6 @@ def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None
             f"source {source.spec} has tensor {unexpected[0]} that a Llama-family model does not use "
             f"({len(unexpected)} unexpected in all)"
         )
-
-
-def _first_dtype(source: Source) -> torch.dtype:
-    for _, tensor in source.iter_tensors():
-        return tensor.dtype
-    return torch.float32
 
 
 def _write_metadata(tmp: Path, config: LadderLlamaConfig, source: Source | None, tokenizer=None) -> None:

@@ -141,7 +141,7 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if self.mode is LayerMode.SPD:
-            self.spd_groups = _spd_groups(config, layout, layer_idx)
+            self.spd_groups = _spd_groups(config, layout, layer_idx, self.self_attn.head_dim)
 
     def forward(
         self,
@@ -179,9 +179,11 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         return out
 
 
-def _spd_groups(config: LadderLlamaConfig, layout: Layout, layer: int) -> list[tuple[list[int], slice]]:
+def _spd_groups(
+    config: LadderLlamaConfig, layout: Layout, layer: int, head_dim: int
+) -> list[tuple[list[int], slice]]:
     """Per SPD rank: the o_proj input columns of its heads and its MLP intermediate slice."""
-    tp, head_dim = layout.spd_tp_size, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    tp = layout.spd_tp_size
     order = layout.head_order(layer, config.num_key_value_heads)
     inner = config.intermediate_size // tp
     groups = []
