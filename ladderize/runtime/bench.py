@@ -177,7 +177,8 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
     else:
         weights = random_rank_weights(dims, context.world_size, context.rank, spec.seed, dtype, context.device)
     max_len = spec.prompt_len + spec.gen_len + 1
-    model = RankModel(weights, config, context.comm, max_positions=max_len, compile_modules=options.compile)
+    model = RankModel(weights, config, context.comm, max_positions=max_len, compile_modules=options.compile,
+                      prepack_weights=options.prepack)
     generator = torch.Generator().manual_seed(spec.seed)
     rows = []
     for batch in spec.batches:
@@ -290,6 +291,7 @@ def run_bench(
         "domino_chunks": options.domino_chunks,
         "cuda_graphs": options.cuda_graphs,
         "compile": options.compile,
+        "prepack": options.prepack,
         "torch": torch.__version__,
         "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

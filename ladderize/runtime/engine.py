@@ -21,13 +21,14 @@ position *tensor*), which CUDA graphs and ``torch.compile`` need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from .allreduce import Communicator, InFlight
+from .kernels import can_prepack, linear_kernel, prepack
 from .plan import CommPlan, StepKind
 from .sharding import LayerWeights, RankWeights
 
@@ -171,8 +172,16 @@ class RankModel:
         comm: Communicator,
         max_positions: int = 2048,
         compile_modules: bool = False,
+        prepack_weights: bool = True,
     ):
-        self.w, self.dims, self.comm = weights, weights.dims, comm
+        """``prepack_weights``: store the projections packed for oneDNN where it can run them (CPU; see ``kernels.py``).
+
+        It is off under ``compile_modules``, where inductor chooses its own kernels.
+        """
+        self.packed = prepack_weights and not compile_modules and can_prepack(weights.embed.device, weights.embed.dtype)
+        self.w = _packed(weights) if self.packed else weights
+        self.linear = linear_kernel(self.packed)
+        self.dims, self.comm = weights.dims, comm
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.heads, self.kv_heads = weights.heads_local, weights.kv_heads_local
         self.head_dim, self.eps = self.dims.head_dim, self.dims.rms_norm_eps
@@ -199,7 +208,7 @@ class RankModel:
         """q [B, S, Hl, hd], k and v [B, S, Kl, hd], with rotary applied to q and k together."""
         batch, seq, _ = h.shape
         hl, kl = self.heads, self.kv_heads
-        qkv = F.linear(h, w_qkv, b_qkv).view(batch, seq, hl + 2 * kl, self.head_dim)
+        qkv = self.linear(h, w_qkv, b_qkv).view(batch, seq, hl + 2 * kl, self.head_dim)
         q, k = rotate(qkv[:, :, : hl + kl], cos, sin).split((hl, kl), dim=2)
         return q, k, qkv[:, :, hl + kl :]
 
@@ -222,7 +231,7 @@ class RankModel:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=start == 0, enable_gqa=self.group > 1
             ).transpose(1, 2)  # [B, S, Hl, hd]
-        return F.linear(out.reshape(batch, seq, self.heads * self.head_dim), w_o)
+        return self.linear(out.reshape(batch, seq, self.heads * self.head_dim), w_o, None)
 
     def _attention_partial_static(self, h, w_qkv, b_qkv, w_o, keys, values, cos, sin, position) -> torch.Tensor:
         """Decode (S = 1) with the position as a 1-element tensor: fixed shapes, capturable in a CUDA graph."""
@@ -233,11 +242,11 @@ class RankModel:
         visible = torch.arange(keys.shape[2], device=h.device) <= position  # [T]
         q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None, None, :])
-        return F.linear(out.reshape(batch, 1, self.heads * self.head_dim), w_o)
+        return self.linear(out.reshape(batch, 1, self.heads * self.head_dim), w_o, None)
 
     def _mlp_partial(self, h, w_gate_up, b_gate_up, w_down) -> torch.Tensor:
-        gate, up = F.linear(h, w_gate_up, b_gate_up).chunk(2, dim=-1)
-        return F.linear(self.act(gate) * up, w_down)
+        gate, up = self.linear(h, w_gate_up, b_gate_up).chunk(2, dim=-1)
+        return self.linear(self.act(gate) * up, w_down, None)
 
     def _attention(self, lw: LayerWeights, h, keys, values, position):
         if isinstance(position, torch.Tensor):
@@ -283,7 +292,7 @@ class RankModel:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.w.final_norm, self.eps), self.w.lm_head)
+        return self.linear(rms_norm(hidden, self.w.final_norm, self.eps), self.w.lm_head, None)
 
     def forward(
         self, tokens: torch.Tensor, position: int | torch.Tensor, cache: KVCache, plan: CommPlan, last_only: bool = False
@@ -291,6 +300,13 @@ class RankModel:
         """Logits [B, S, V] (or [B, 1, V] with ``last_only``) and the cache filled for these tokens."""
         hidden = self.hidden(tokens, position, cache, plan)
         return self.logits(hidden[:, -1:] if last_only else hidden)
+
+
+def _packed(weights: RankWeights) -> RankWeights:
+    """``weights`` with every projection and the LM head prepacked (the embedding stays dense for lookups)."""
+    layers = [replace(lw, qkv=prepack(lw.qkv), o=prepack(lw.o), gate_up=prepack(lw.gate_up), down=prepack(lw.down))
+              for lw in weights.layers]
+    return replace(weights, layers=layers, lm_head=prepack(weights.lm_head))
 
 
 def _chunk_bounds(batch: int, chunks: int) -> list[tuple[int, int]]:

@@ -46,6 +46,7 @@ class RuntimeOptions:
     cuda_graphs: bool = False  # GPU only: capture each decode step in a CUDA graph
     compile: bool = False  # torch.compile the module computations (static decode shapes)
     static_decode: bool = False  # shape-static decode path without graphs (testing the graph path on CPU)
+    prepack: bool = True  # CPU: projections packed once for oneDNN (see kernels.py); ignored elsewhere
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def _serve(context: RankContext, requests: tuple[Request, ...], options: Runtime
             weights = load_rank_weights(
                 SafetensorsSource(request.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
             )
-            model = RankModel(weights, config, context.comm, compile_modules=options.compile)
+            model = RankModel(weights, config, context.comm, compile_modules=options.compile, prepack_weights=options.prepack)
             models[request.checkpoint] = (model, config, layout)
         model, config, layout = models[request.checkpoint]
         ids = torch.tensor(request.input_ids, dtype=torch.long, device=context.device)
