@@ -334,8 +334,8 @@ class Sampling:
 
 def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
     """Next token per row of ``logits`` [B, V]. Every rank holds identical logits and the same seed."""
-    if sampling.greedy:
-        return logits.argmax(dim=-1)
+    if sampling.greedy:  # in float32, as transformers does: exact, and a bfloat16 argmax is slow on CPU
+        return logits.float().argmax(dim=-1)
     scores = logits.float() / sampling.temperature
     if sampling.top_k > 0:
         kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
