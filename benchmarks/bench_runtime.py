@@ -139,7 +139,8 @@ def stock_llama(path: Path, dtype: torch.dtype):
 
 def bench_single_device(args) -> dict:
     from ladderize.runtime.allreduce import Communicator
-    from ladderize.runtime.engine import Decoder, RankModel
+    from ladderize.runtime.engine import Decoder, RankModel, generate_on_rank
+    from ladderize.runtime.kernels import packed_linear
     from ladderize.runtime.plan import build_plan
     from ladderize.runtime.sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights
 
@@ -155,19 +156,19 @@ def bench_single_device(args) -> dict:
 
     with torch.inference_mode():
         weights = load_rank_weights(SafetensorsSource(path), dims, layout, 1, 0, dtype)
-        model = RankModel(weights, config, Communicator(1), max_positions=args.prompt + gen + 1)
+        model = RankModel(weights, config, Communicator(1), max_positions=args.prompt + gen + 1,
+                          prepack_weights=not args.no_prepack)
         decoder = Decoder(model, build_plan(layout), args.batch, args.prompt + gen + 1)
 
+        # both sides are timed alike: one new token (prefill + pick), then `gen` tokens; decode = the difference
         def runtime_once():
             start = time.perf_counter()
-            token = decoder.prefill(prompt)[:, -1].argmax(-1)
-            prefilled = time.perf_counter()
-            tokens = [token]
-            for index in range(gen - 1):
-                token = decoder.extend(token[:, None], args.prompt + index)[:, -1].argmax(-1)
-                tokens.append(token)
-            done = time.perf_counter()
-            return prefilled - start, (done - prefilled) / (gen - 1), torch.stack(tokens, 1)
+            generate_on_rank(decoder, prompt, 1)
+            one = time.perf_counter() - start
+            start = time.perf_counter()
+            out = generate_on_rank(decoder, prompt, gen)  # no EOS ids: exactly `gen` tokens, like min_new_tokens
+            total = time.perf_counter() - start
+            return one, (total - one) / (gen - 1), out
 
         hf = stock_llama(path, dtype)
         hf.generation_config.pad_token_id = hf.generation_config.eos_token_id
@@ -198,22 +199,31 @@ def bench_single_device(args) -> dict:
                 "tokens_per_s": args.batch / decode_s,
                 "decode_s_per_token_runs": [v[1] for v in values],
             }
-        # the floor: one decode step's matrix-vector products alone (every weight byte read once, nothing else)
+        # the floor: one decode step's matrix-vector products alone (every weight byte read once, nothing else),
+        # with F.linear on the dense weights (transformers' kernel) and with the runtime's own kernel and weights
         matrices = [m for lw in weights.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [weights.lm_head]
+        kernel_matrices = [m for lw in model.w.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [model.w.lm_head]
         inputs = [torch.randn(args.batch, 1, m.shape[1], dtype=dtype) for m in matrices]
-        floor_runs = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            for _ in range(8):
-                for m, x in zip(matrices, inputs):
-                    torch.nn.functional.linear(x, m)
-            floor_runs.append((time.perf_counter() - start) / 8)
+        floors = {"F.linear": (torch.nn.functional.linear, matrices)}
+        if model.packed:
+            floors["packed"] = (packed_linear, kernel_matrices)
+        floor_runs: dict[str, list[float]] = {name: [] for name in floors}
+        for _ in range(args.repeats):  # interleaved, like the decode runs
+            for name, (linear, ms) in floors.items():
+                start = time.perf_counter()
+                for _ in range(8):
+                    for m, x in zip(ms, inputs):
+                        linear(x, m)
+                floor_runs[name].append((time.perf_counter() - start) / 8)
         weight_bytes = sum(m.numel() * m.element_size() for m in matrices)
     speedup = results["runtime"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
     same = torch.equal(tokens["runtime"], tokens["transformers"])
-    floor_s = statistics.median(floor_runs)
-    print(f"floor: the matrix-vector products alone take {floor_s * 1e3:.2f} ms per step "
-          f"({weight_bytes / 1e6:.0f} MB of weights, {weight_bytes / floor_s / 1e9:.1f} GB/s)")
+    floor_by_kernel = {name: statistics.median(runs) for name, runs in floor_runs.items()}
+    floor_s = floor_by_kernel["F.linear"]
+    runtime_floor_s = floor_by_kernel["packed" if model.packed else "F.linear"]
+    for name, value in floor_by_kernel.items():
+        print(f"floor ({name}): the matrix-vector products alone take {value * 1e3:.2f} ms per step "
+              f"({weight_bytes / 1e6:.0f} MB of weights, {weight_bytes / value / 1e9:.1f} GB/s)")
     for name, r in results.items():
         print(f"{name:<13} prefill {r['prefill_s'] * 1e3:8.1f} ms   decode {r['decode_s_per_token'] * 1e3:7.2f} ms/token   "
               f"{r['tokens_per_s']:7.1f} tokens/s")
@@ -222,8 +232,11 @@ def bench_single_device(args) -> dict:
         "model": str(path), "dtype": args.dtype, "threads": args.threads, "batch": args.batch, "prompt_len": args.prompt,
         "gen_len": gen, "warmup": args.warmup, "repeats": args.repeats, "results": results,
         "runtime_speedup_vs_transformers": speedup, "identical_greedy_tokens": same, "torch": torch.__version__,
+        "prepacked_weights": model.packed,
         "gemv_floor_s_per_token": floor_s, "weight_bytes_per_token": weight_bytes,
-        "runtime_overhead_above_floor_s": results["runtime"]["decode_s_per_token"] - floor_s,
+        "runtime_gemv_floor_s_per_token": runtime_floor_s,
+        "gemv_floor_s_per_token_by_kernel": floor_by_kernel,
+        "runtime_overhead_above_floor_s": results["runtime"]["decode_s_per_token"] - runtime_floor_s,
         "transformers_overhead_above_floor_s": results["transformers"]["decode_s_per_token"] - floor_s,
         "load_average_before": before, "load_average_after": load(), "command": " ".join(sys.argv),
     }
@@ -416,6 +429,7 @@ def main() -> None:
     single.add_argument("--gen", type=int, default=64)
     single.add_argument("--warmup", type=int, default=1)
     single.add_argument("--repeats", type=int, default=5)
+    single.add_argument("--no-prepack", action="store_true", help="runtime: plain F.linear instead of packed weights")
     single.add_argument("--out", default=None)
     overlap = sub.add_parser("overlap", help="gloo all-reduce latency and how much compute hides it")
     overlap.add_argument("--hidden", type=int, default=512)
