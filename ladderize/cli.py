@@ -448,7 +448,9 @@ def adapt_cmd(
     batch_size: int = typer.Option(4, help="Sequences per micro-batch per process."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
     lr: float = typer.Option(3e-4, help="Peak learning rate (warm-up, then cosine to 10%)."),
-    local_inputs: str = typer.Option("teacher", help="Inputs of the local objective: teacher (block-local) or student (its own states)."),
+    local_inputs: Optional[str] = typer.Option(None, help="Inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),
+    local_schedule: str = typer.Option("joint", help="local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
+    epochs: float = typer.Option(2.0, help="Sequential schedule: passes over the calibration set per layer."),
     lora_rank: int = typer.Option(16, help="LoRA rank for --train lora."),
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training."),
     save_every: int = typer.Option(50, help="Save the training state every N optimizer steps."),
@@ -466,6 +468,7 @@ def adapt_cmd(
     config = AdaptConfig(
         checkpoint=str(ckpt), out=str(out), data=data, teacher=teacher, objectives=objective, train=train,
         tokens=tokens, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, local_inputs=local_inputs,
+        local_schedule=local_schedule, epochs=epochs,
         lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, head_grouping=head_grouping, save_every=save_every,
         mixed_precision=mixed_precision, seed=seed, run_dir=str(run_dir) if run_dir else None, force=force,
     )

@@ -33,7 +33,8 @@ from torch import nn
 
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
-from .stream import embed, logits_from, run_layers
+from ..model.layout import LayerMode
+from .stream import State, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
 LOCAL_INPUTS = ("teacher", "student")
@@ -166,7 +167,7 @@ class AdaptLoss(nn.Module):
             for index in self.converted:
                 t_in, t_out = teacher.inputs[index], teacher.outputs[index]
                 s_out = layers[index](t_in[0], t_in[1], **attn_kwargs)
-                total = total + self._layer_error(index, t_in, s_out, t_out)
+                total = total + layer_error(self.modes[index], t_in, s_out, t_out, self.local_inputs)
             return total / len(self.converted)
         # student inputs: run the student from its first converted layer, cutting the graph between layers
         if not self.share_prefix:
@@ -176,29 +177,31 @@ class AdaptLoss(nn.Module):
             state_in = (state[0].detach(), state[1].detach())
             if index in self.converted:
                 state = layers[index](state_in[0], state_in[1], **attn_kwargs)
-                total = total + self._layer_error(index, teacher.inputs[index], state, teacher.outputs[index])
+                total = total + layer_error(self.modes[index], teacher.inputs[index], state, teacher.outputs[index], self.local_inputs)
             else:
                 with torch.no_grad():
                     state = layers[index](state_in[0], state_in[1], **attn_kwargs)
         return total / len(self.converted)
 
-    def _layer_error(self, index, t_in, s_out, t_out) -> torch.Tensor:
-        """Relative squared error of one layer: per module where the layer syncs its attention, else per block."""
-        if self.modes[index].syncs_attention:
-            # the returned stale state of a synced layer is its post-attention residual
-            attn_update = t_out[1] - t_in[0]
-            mlp_update = t_out[0] - t_out[1]
-            if self.local_inputs == "teacher":
-                s_attn = s_out[1] - t_in[0]
-                s_mlp = s_out[0] - s_out[1]
-                return relative_sq_error(s_attn, attn_update, attn_update) + relative_sq_error(
-                    s_mlp, mlp_update, mlp_update
-                )
-            return relative_sq_error(s_out[1], t_out[1], attn_update) + relative_sq_error(
-                s_out[0], t_out[0], mlp_update
-            )
-        update = t_out[0] - t_in[0]
-        return relative_sq_error(s_out[0], t_out[0], update)
+
+def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_inputs: str) -> torch.Tensor:
+    """Relative squared error of one layer: per module where the layer syncs its attention, else per block.
+
+    ``t_in``/``t_out`` are the teacher's ``(residual, stale)`` entering and leaving the layer,
+    ``s_out`` the student's leaving it. With teacher inputs the student's module *updates* are
+    compared; with student inputs, its residual stream after each module.
+    """
+    if mode.syncs_attention:
+        # the returned stale state of a synced layer is its post-attention residual
+        attn_update = t_out[1] - t_in[0]
+        mlp_update = t_out[0] - t_out[1]
+        if local_inputs == "teacher":
+            s_attn = s_out[1] - t_in[0]
+            s_mlp = s_out[0] - s_out[1]
+            return relative_sq_error(s_attn, attn_update, attn_update) + relative_sq_error(s_mlp, mlp_update, mlp_update)
+        return relative_sq_error(s_out[1], t_out[1], attn_update) + relative_sq_error(s_out[0], t_out[0], mlp_update)
+    update = t_out[0] - t_in[0]
+    return relative_sq_error(s_out[0], t_out[0], update)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

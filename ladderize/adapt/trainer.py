@@ -40,6 +40,7 @@ from .objectives import LOCAL_INPUTS, AdaptLoss, parse_objectives
 log = logging.getLogger(__name__)
 
 SCOPES = ("converted", "all", "lora")
+SCHEDULES = ("joint", "sequential")
 STATE_DIR = "state"
 TRAINER_STATE = "trainer_state.json"
 CURVE_FILE = "adapt_curve.json"
@@ -64,7 +65,9 @@ class AdaptConfig:
     warmup_steps: int = 5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    local_inputs: str = "teacher"
+    local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
+    local_schedule: str = "joint"
+    epochs: float = 2.0  # sequential schedule: passes over the calibration set per layer
     kd_temperature: float = 1.0
     lora_rank: int = 16
     lora_alpha: float = 32.0
@@ -113,14 +116,30 @@ def _validate(config: AdaptConfig) -> dict[str, float]:
     weights = parse_objectives(config.objectives)
     if config.train not in SCOPES:
         raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
-    if config.local_inputs not in LOCAL_INPUTS:
+    if config.local_inputs is not None and config.local_inputs not in LOCAL_INPUTS:
         raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
+    if config.local_schedule not in SCHEDULES:
+        raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if config.local_schedule == "sequential":
+        if set(weights) != {"local"}:
+            raise LadderizeError("--local-schedule sequential trains with the local objective alone; run lm/kd as a second adapt pass")
+        if config.train != "converted":
+            raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
+        if config.epochs <= 0:
+            raise LadderizeError(f"epochs must be positive, got {config.epochs}")
     for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
         if getattr(config, name) < 1:
             raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     if config.lr <= 0:
         raise LadderizeError(f"learning rate must be positive, got {config.lr}")
     return weights
+
+
+def local_inputs_of(config: AdaptConfig) -> str:
+    """The local objective's inputs: as given, else the schedule's default."""
+    if config.local_inputs is not None:
+        return config.local_inputs
+    return "student" if config.local_schedule == "sequential" else "teacher"
 
 
 def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
@@ -217,7 +236,7 @@ def adapt(
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer
 
-    from ..convert.checkpoint import load_model, read_provenance, save_model_checkpoint
+    from ..convert.checkpoint import load_model
 
     say = on_message or (lambda _m: None)
     weights = _validate(config)
@@ -254,10 +273,14 @@ def adapt(
     teacher = load_teacher(teacher_path, student) if needs_teacher else None
 
     world = accelerator.num_processes
+    sequential = config.local_schedule == "sequential"
+    if sequential and world > 1:
+        raise LadderizeError("--local-schedule sequential runs in one process; use the joint schedule under accelerate launch")
     sequences_per_step = config.batch_size * config.grad_accum * world
     tokens_per_step = sequences_per_step * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
-    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
+    # sequential: --tokens is the calibration set, passed over --epochs times per layer
+    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=config.tokens if sequential else total_steps * tokens_per_step)
 
     if config.head_grouping:
         from .head_grouping import group_heads_for_spd
@@ -266,10 +289,18 @@ def adapt(
         student, orders = group_heads_for_spd(student, teacher, calibration)
         say(f"head grouping: {orders}")
 
+    if sequential:
+        if not _prefix_shared(student, teacher, config.train):
+            raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
+        run, finished = _run_sequential(config, out, student, teacher, data, state_dir, resume, on_step, say, stop_after_steps)
+        if finished:  # else stopped early, as a kill would
+            _write_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
+        return run
+
     spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
     params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
-    loss_module = AdaptLoss(student, teacher, weights, config.local_inputs, config.kd_temperature, share_prefix)
+    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix)
     if teacher is not None:
         teacher.to(accelerator.device)
 
@@ -283,9 +314,7 @@ def adapt(
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     if resume and state_dir.is_dir():
         saved = json.loads((state_dir / TRAINER_STATE).read_text())
-        if saved["fingerprint"] != json.loads(json.dumps(config.fingerprint())):
-            changed = sorted(k for k, v in config.fingerprint().items() if saved["fingerprint"].get(k) != v)
-            raise LadderizeError(f"cannot resume {run_dir}: the run was started with different {', '.join(changed)}")
+        _check_fingerprint(saved, config, run_dir)
         accelerator.load_state(str(state_dir))
         step, tokens_done, train_s, curve = saved["step"], saved["tokens"], saved["train_s"], saved["curve"]
         cpu_s = saved.get("cpu_s", 0.0)
@@ -330,37 +359,123 @@ def adapt(
             _save_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
 
     accelerator.wait_for_everyone()
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(loss_module).student
         if has_lora(final):
             merge_lora(final)
-        final.requires_grad_(False)
-        provenance = read_provenance(checkpoint)
-        if not provenance.get("source") and teacher_path:
-            provenance["source"] = {"path": str(teacher_path)}
-        provenance.setdefault("history", []).append(
-            {
-                "step": "adapt",
-                "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "from": checkpoint,
-                "teacher": teacher_path,
-                "objectives": weights,
-                "train": config.train,
-                "data": config.data,
-                "tokens": tokens_done,
-                "seq_len": config.seq_len,
-                "steps": step,
-                "train_s": round(train_s, 1),
-                "final_loss": curve[-1] if curve else None,
-                "head_grouping": config.head_grouping,
-                "layout": final.layout.describe(),
-            }
-        )
-        provenance["layout"] = {**final.layout.ranges(), "spd_tp_size": final.layout.spd_tp_size, "describe": final.layout.describe()}
-        save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
-        (out / CURVE_FILE).write_text(json.dumps(curve, indent=1) + "\n")
+        _write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out)
     accelerator.wait_for_everyone()
-    return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+    return result
+
+
+def _write_output(
+    final: LadderLlamaForCausalLM, tokenizer, checkpoint: str, teacher_path: str | None,
+    config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path,
+) -> None:
+    """Save the adapted model as a converted checkpoint, its provenance extended by an ``adapt`` record."""
+    from ..convert.checkpoint import read_provenance, save_model_checkpoint
+
+    final.requires_grad_(False)
+    provenance = read_provenance(checkpoint)
+    if not provenance.get("source") and teacher_path:
+        provenance["source"] = {"path": str(teacher_path)}
+    provenance.setdefault("history", []).append(
+        {
+            "step": "adapt",
+            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "from": checkpoint,
+            "teacher": teacher_path,
+            "objectives": weights,
+            "local_schedule": config.local_schedule,
+            "train": config.train,
+            "data": config.data,
+            "tokens": result.tokens,
+            "seq_len": config.seq_len,
+            "steps": result.steps,
+            "train_s": round(result.train_s, 1),
+            "final_loss": result.curve[-1] if result.curve else None,
+            "head_grouping": config.head_grouping,
+            "layout": final.layout.describe(),
+        }
+    )
+    provenance["layout"] = {**final.layout.ranges(), "spd_tp_size": final.layout.spd_tp_size, "describe": final.layout.describe()}
+    save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
+    (out / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+
+
+class _Stop(Exception):
+    """Raised inside the sequential schedule when ``stop_after_steps`` is reached."""
+
+
+def _run_sequential(
+    config: AdaptConfig, out: Path, student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausalLM, data: torch.Tensor,
+    state_dir: Path, resume: bool, on_step, say: Callable[[str], None], stop_after_steps: int | None,
+) -> tuple[AdaptResult, bool]:
+    """The sequential local schedule (``sequential.py``), saved after every converted layer and resumable there."""
+    from safetensors.torch import load_file, save_file
+
+    from .sequential import StateCache, steps_per_layer, train_layer
+
+    converted = student.layout.converted_layers
+    per_layer = steps_per_layer(data.shape[0], config.epochs, config.batch_size)
+    total_steps = per_layer * len(converted)
+    tokens_per_step = config.batch_size * config.seq_len
+    step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
+    if resume and state_dir.is_dir():
+        saved = json.loads((state_dir / TRAINER_STATE).read_text())
+        _check_fingerprint(saved, config, state_dir.parent)
+        student.load_state_dict(load_file(str(state_dir / "layers.safetensors")), strict=False)
+        step, train_s, cpu_s, curve, done = saved["step"], saved["train_s"], saved["cpu_s"], saved["curve"], saved["layer_done"]
+        say(f"resumed after layer {done} (step {step})")
+    elif resume:
+        say(f"nothing to resume in {state_dir.parent}; starting a new run")
+    resumed_from = step
+    started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
+    inputs = local_inputs_of(config)
+
+    def record(info) -> None:
+        nonlocal step
+        step += 1
+        elapsed = time.perf_counter() - started
+        curve.append({"step": step, "tokens": step * tokens_per_step, "train_s": round(elapsed, 3),
+                      "cpu_s": round(time.process_time() - cpu_started, 3), "lr": info.lr, "layer": info.layer,
+                      "loss_local": info.loss, "loss_total": info.loss})
+        if on_step is not None:
+            losses = {"local": info.loss, "total": info.loss}
+            on_step(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
+                             elapsed, step * tokens_per_step / max(elapsed, 1e-9)), student)
+        if stop_after_steps is not None and step >= stop_after_steps:
+            raise _Stop
+
+    cache = StateCache(teacher, student, data, min(converted))
+    try:
+        for index in range(min(converted), max(converted) + 1):
+            teacher_out = cache.teacher_output()
+            if index in converted and index > done:
+                train_layer(cache, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=config.batch_size,
+                            lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
+                            max_grad_norm=config.max_grad_norm, seed=config.seed, on_step=record)
+                layers = {k: v for k, v in student.state_dict().items() if _layer_of(k) in converted and _layer_of(k) <= index}
+                tmp = state_dir.parent / f".{state_dir.name}.tmp"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                save_file({k: v.contiguous() for k, v in layers.items()}, str(tmp / "layers.safetensors"))
+                payload = {"step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
+                           "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": index,
+                           "fingerprint": config.fingerprint()}
+                _replace_state(tmp, state_dir, payload)
+            if index < max(converted):
+                cache.advance(teacher_out)
+    except _Stop:
+        return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
+    return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), True
+
+
+def _layer_of(name: str) -> int:
+    """``model.layers.12.mlp.up_proj.weight`` -> 12 (-1 for tensors outside the layers)."""
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else -1
 
 
 def _has_accelerator() -> bool:
@@ -389,12 +504,24 @@ def _save_state(
     accelerator.save_state(str(tmp), safe_serialization=False)
     if accelerator.is_main_process:
         payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
-        (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
-        (state_dir.parent / "curve.json").write_text(json.dumps(curve, indent=1) + "\n")
-        old = state_dir.parent / f".{state_dir.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if state_dir.exists():
-            os.replace(state_dir, old)
-        os.replace(tmp, state_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        _replace_state(tmp, state_dir, payload)
     accelerator.wait_for_everyone()
+
+
+def _replace_state(tmp: Path, state_dir: Path, payload: dict[str, Any]) -> None:
+    """Add the trainer state to the written ``tmp`` dir and swap it in for ``state_dir``; keep ``curve.json`` beside it."""
+    (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
+    (state_dir.parent / "curve.json").write_text(json.dumps(payload["curve"], indent=1) + "\n")
+    old = state_dir.parent / f".{state_dir.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if state_dir.exists():
+        os.replace(state_dir, old)
+    os.replace(tmp, state_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path) -> None:
+    """Refuse to resume a run that was started with other settings, naming them."""
+    if saved["fingerprint"] != json.loads(json.dumps(config.fingerprint())):
+        changed = sorted(k for k, v in config.fingerprint().items() if saved["fingerprint"].get(k) != v)
+        raise LadderizeError(f"cannot resume {run_dir}: the run was started with different {', '.join(changed)}")

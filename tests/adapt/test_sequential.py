@@ -1,0 +1,73 @@
+"""The sequential local schedule: layer by layer on cached states, exact resume, clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladderize.adapt.stream import embed, run_layers
+from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.convert.checkpoint import load_model
+from ladderize.errors import LadderizeError
+from tests.adapt.conftest import convert
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(dense_dir, tmp_path_factory):
+    """SPD at TP=3 on layer 1, dense layer 2 in between, ladder on layer 3."""
+    return convert(dense_dir, tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", ladder="3:4", spd="1:2", spd_tp_size=3)
+
+
+def _final_state_error(student_dir, dense_dir, text_ids) -> float:
+    """Mean squared difference of the final residual stream, student vs dense teacher."""
+    student, teacher = load_model(student_dir), load_model(dense_dir)
+    with torch.no_grad():
+        s = run_layers(student, *embed(student, text_ids), 0, student.config.num_hidden_layers)[0]
+        t = run_layers(teacher, *embed(teacher, text_ids), 0, teacher.config.num_hidden_layers)[0]
+    return (s - t).pow(2).mean().item()
+
+
+def _config(checkpoint, out, text_file, **kw):
+    settings = dict(checkpoint=str(checkpoint), out=str(out), data=str(text_file), objectives="local",
+                    local_schedule="sequential", tokens=32 * 8, seq_len=32, batch_size=2, epochs=3, lr=3e-4, warmup_steps=1)
+    return AdaptConfig(**{**settings, **kw})
+
+
+def test_sequential_trains_each_layer_in_order_and_lowers_the_output_error(hybrid_dir, dense_dir, text_file, tmp_path):
+    result = adapt(_config(hybrid_dir, tmp_path / "seq", text_file))
+    layers = [record["layer"] for record in result.curve]
+    assert layers == sorted(layers) and set(layers) == {1, 3}  # the dense layer 2 is not trained
+    assert result.steps == 2 * 12  # 8 sequences x 3 epochs / batch 2, per converted layer
+    for index in (1, 3):
+        losses = [r["loss_local"] for r in result.curve if r["layer"] == index]
+        assert sum(losses[-3:]) / 3 < 0.8 * losses[0], (index, losses)
+    from ladderize.adapt.data import pack_tokens
+    from transformers import AutoTokenizer
+
+    ids = pack_tokens(str(text_file), AutoTokenizer.from_pretrained(dense_dir), 32, max_tokens=32 * 8)
+    before = _final_state_error(hybrid_dir, dense_dir, ids)
+    after = _final_state_error(tmp_path / "seq", dense_dir, ids)
+    assert after < 0.5 * before, (before, after)
+    changed = {n for n, p in load_model(tmp_path / "seq").state_dict().items() if not torch.equal(p, load_model(hybrid_dir).state_dict()[n])}
+    assert changed and all(n.startswith(("model.layers.1.", "model.layers.3.")) for n in changed)
+
+
+def test_sequential_resume_after_interruption_is_bit_identical(hybrid_dir, text_file, tmp_path):
+    whole = adapt(_config(hybrid_dir, tmp_path / "whole", text_file))
+    interrupted = _config(hybrid_dir, tmp_path / "resumed", text_file)
+    partial = adapt(interrupted, stop_after_steps=17)  # killed inside layer 3; layer 1 was saved
+    assert partial.steps == 17 and not (tmp_path / "resumed").exists()
+    resumed = adapt(interrupted, resume=True)
+    assert resumed.resumed_from_step == 12 and resumed.steps == whole.steps
+    assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [({"objectives": "local,kd"}, "local objective alone"), ({"train": "all"}, "converted layers"), ({"epochs": 0}, "epochs")],
+)
+def test_sequential_refuses_what_it_cannot_do(change, message, hybrid_dir, text_file, tmp_path):
+    with pytest.raises(LadderizeError, match=message):
+        adapt(_config(hybrid_dir, tmp_path / "x", text_file, **change))
