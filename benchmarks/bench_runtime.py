@@ -138,9 +138,10 @@ def stock_llama(path: Path, dtype: torch.dtype):
 
 
 def bench_single_device(args) -> dict:
+    from ladderize.errors import LadderizeError
     from ladderize.runtime.allreduce import Communicator
     from ladderize.runtime.engine import Decoder, RankModel, generate_on_rank
-    from ladderize.runtime.kernels import packed_linear
+    from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
     from ladderize.runtime.plan import build_plan
     from ladderize.runtime.sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights
 
@@ -156,8 +157,7 @@ def bench_single_device(args) -> dict:
 
     with torch.inference_mode():
         weights = load_rank_weights(SafetensorsSource(path), dims, layout, 1, 0, dtype)
-        model = RankModel(weights, config, Communicator(1), max_positions=args.prompt + gen + 1,
-                          prepack_weights=not args.no_prepack)
+        model = RankModel(weights, config, Communicator(1), max_positions=args.prompt + gen + 1, linear=args.linear)
         decoder = Decoder(model, build_plan(layout), args.batch, args.prompt + gen + 1)
 
         # both sides are timed alike: one new token (prefill + pick), then `gen` tokens; decode = the difference
@@ -200,13 +200,17 @@ def bench_single_device(args) -> dict:
                 "decode_s_per_token_runs": [v[1] for v in values],
             }
         # the floor: one decode step's matrix-vector products alone (every weight byte read once, nothing else),
-        # with F.linear on the dense weights (transformers' kernel) and with the runtime's own kernel and weights
-        matrices = [m for lw in weights.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [weights.lm_head]
-        kernel_matrices = [m for lw in model.w.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [model.w.lm_head]
+        # per kernel that can run here; aten (F.linear on the dense weights) is transformers' kernel
+        floors = {}
+        for kernel in (LinearKernel.ATEN, LinearKernel.ONEDNN, LinearKernel.GEMV):
+            try:
+                resolve_kernel(kernel, torch.device("cpu"), dtype)
+            except LadderizeError:
+                continue
+            w = model.w if kernel is model.kernel else prepare_weights(weights, kernel)
+            floors[kernel.value] = (linear_fn(kernel), [m for lw in w.layers for m in (lw.qkv, lw.o, lw.gate_up, lw.down)] + [w.lm_head])
+        matrices = floors["aten"][1]
         inputs = [torch.randn(args.batch, 1, m.shape[1], dtype=dtype) for m in matrices]
-        floors = {"F.linear": (torch.nn.functional.linear, matrices)}
-        if model.packed:
-            floors["packed"] = (packed_linear, kernel_matrices)
         floor_runs: dict[str, list[float]] = {name: [] for name in floors}
         for _ in range(args.repeats):  # interleaved, like the decode runs
             for name, (linear, ms) in floors.items():
@@ -219,20 +223,21 @@ def bench_single_device(args) -> dict:
     speedup = results["runtime"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
     same = torch.equal(tokens["runtime"], tokens["transformers"])
     floor_by_kernel = {name: statistics.median(runs) for name, runs in floor_runs.items()}
-    floor_s = floor_by_kernel["F.linear"]
-    runtime_floor_s = floor_by_kernel["packed" if model.packed else "F.linear"]
+    floor_s = floor_by_kernel["aten"]
+    runtime_floor_s = floor_by_kernel[model.kernel.value]
     for name, value in floor_by_kernel.items():
         print(f"floor ({name}): the matrix-vector products alone take {value * 1e3:.2f} ms per step "
               f"({weight_bytes / 1e6:.0f} MB of weights, {weight_bytes / value / 1e9:.1f} GB/s)")
     for name, r in results.items():
         print(f"{name:<13} prefill {r['prefill_s'] * 1e3:8.1f} ms   decode {r['decode_s_per_token'] * 1e3:7.2f} ms/token   "
               f"{r['tokens_per_s']:7.1f} tokens/s")
+    print(f"runtime linear kernel: {model.kernel.value}")
     print(f"runtime vs transformers generate: {speedup:.2f}x decode tokens/s; identical greedy tokens: {same}")
     payload = {
         "model": str(path), "dtype": args.dtype, "threads": args.threads, "batch": args.batch, "prompt_len": args.prompt,
         "gen_len": gen, "warmup": args.warmup, "repeats": args.repeats, "results": results,
         "runtime_speedup_vs_transformers": speedup, "identical_greedy_tokens": same, "torch": torch.__version__,
-        "prepacked_weights": model.packed,
+        "linear_kernel": model.kernel.value,
         "gemv_floor_s_per_token": floor_s, "weight_bytes_per_token": weight_bytes,
         "runtime_gemv_floor_s_per_token": runtime_floor_s,
         "gemv_floor_s_per_token_by_kernel": floor_by_kernel,
@@ -429,7 +434,7 @@ def main() -> None:
     single.add_argument("--gen", type=int, default=64)
     single.add_argument("--warmup", type=int, default=1)
     single.add_argument("--repeats", type=int, default=5)
-    single.add_argument("--no-prepack", action="store_true", help="runtime: plain F.linear instead of packed weights")
+    single.add_argument("--linear", default="auto", help="runtime's linear kernel: auto, gemv, onednn or aten")
     single.add_argument("--out", default=None)
     overlap = sub.add_parser("overlap", help="gloo all-reduce latency and how much compute hides it")
     overlap.add_argument("--hidden", type=int, default=512)

@@ -195,7 +195,7 @@ def generate_cmd(
     ),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
     compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    prepack: bool = typer.Option(True, "--prepack/--no-prepack", help="CPU: pack the weights once for oneDNN (faster decode)."),
+    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
     from transformers import AutoTokenizer
@@ -214,7 +214,7 @@ def generate_cmd(
     else:
         ids = tokenizer(prompt)["input_ids"]
     options = RuntimeOptions(
-        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, prepack=prepack
+        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     launch = _runtime_launch(tp, device, backend, oversubscribe)
@@ -260,7 +260,7 @@ def bench_cmd(
     allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
     compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    prepack: bool = typer.Option(True, "--prepack/--no-prepack", help="CPU: pack the weights once for oneDNN (faster decode)."),
+    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
     seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
 ) -> None:
     """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
@@ -288,7 +288,7 @@ def bench_cmd(
     )
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
-        compile=compile_modules, prepack=prepack,
+        compile=compile_modules, linear=linear,
     )
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores), options)

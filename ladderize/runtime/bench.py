@@ -36,6 +36,7 @@ from ..errors import LadderizeError
 from ..model.layout import Layout
 from .engine import Decoder, RankModel
 from .generate import RuntimeOptions, parse_dtype
+from .kernels import resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, random_rank_weights, validate_tp
@@ -178,7 +179,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
         weights = random_rank_weights(dims, context.world_size, context.rank, spec.seed, dtype, context.device)
     max_len = spec.prompt_len + spec.gen_len + 1
     model = RankModel(weights, config, context.comm, max_positions=max_len, compile_modules=options.compile,
-                      prepack_weights=options.prepack)
+                      linear=options.linear)
     generator = torch.Generator().manual_seed(spec.seed)
     rows = []
     for batch in spec.batches:
@@ -264,8 +265,11 @@ def run_bench(
     for tp in tps:
         check_machine(dataclasses.replace(launch, tp=tp))
         validate_tp(dims, layout, tp, options.allow_spd_mismatch or "native" not in schedules)
-    rows: list[dict[str, Any]] = []
     device_type = launch.device_type
+    model_kernel = "aten" if options.compile else resolve_kernel(
+        options.linear, torch.device(device_type), parse_dtype(options.dtype, device_type)
+    ).value
+    rows: list[dict[str, Any]] = []
     for tp in tps:
         tp_launch = dataclasses.replace(launch, tp=tp)
         tp_rows = run_ranks(functools.partial(_bench_job, source=source, spec=spec, options=options), tp_launch)
@@ -291,7 +295,7 @@ def run_bench(
         "domino_chunks": options.domino_chunks,
         "cuda_graphs": options.cuda_graphs,
         "compile": options.compile,
-        "prepack": options.prepack,
+        "linear": model_kernel,
         "torch": torch.__version__,
         "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

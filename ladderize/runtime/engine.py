@@ -21,14 +21,14 @@ position *tensor*), which CUDA graphs and ``torch.compile`` need.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from .allreduce import Communicator, InFlight
-from .kernels import can_prepack, linear_kernel, prepack
+from .kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
 from .plan import CommPlan, StepKind
 from .sharding import LayerWeights, RankWeights
 
@@ -172,15 +172,15 @@ class RankModel:
         comm: Communicator,
         max_positions: int = 2048,
         compile_modules: bool = False,
-        prepack_weights: bool = True,
+        linear: str | LinearKernel = LinearKernel.AUTO,
     ):
-        """``prepack_weights``: store the projections packed for oneDNN where it can run them (CPU; see ``kernels.py``).
-
-        It is off under ``compile_modules``, where inductor chooses its own kernels.
+        """``linear``: the kernel of the projections and the LM head (``kernels.py``); under
+        ``compile_modules`` it is always ``aten``, because inductor chooses its own kernels.
         """
-        self.packed = prepack_weights and not compile_modules and can_prepack(weights.embed.device, weights.embed.dtype)
-        self.w = _packed(weights) if self.packed else weights
-        self.linear = linear_kernel(self.packed)
+        device, dtype = weights.embed.device, weights.embed.dtype
+        self.kernel = LinearKernel.ATEN if compile_modules else resolve_kernel(linear, device, dtype)
+        self.w = prepare_weights(weights, self.kernel)
+        self.linear = linear_fn(self.kernel)
         self.dims, self.comm = weights.dims, comm
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.heads, self.kv_heads = weights.heads_local, weights.kv_heads_local
@@ -300,13 +300,6 @@ class RankModel:
         """Logits [B, S, V] (or [B, 1, V] with ``last_only``) and the cache filled for these tokens."""
         hidden = self.hidden(tokens, position, cache, plan)
         return self.logits(hidden[:, -1:] if last_only else hidden)
-
-
-def _packed(weights: RankWeights) -> RankWeights:
-    """``weights`` with every projection and the LM head prepacked (the embedding stays dense for lookups)."""
-    layers = [replace(lw, qkv=prepack(lw.qkv), o=prepack(lw.o), gate_up=prepack(lw.gate_up), down=prepack(lw.down))
-              for lw in weights.layers]
-    return replace(weights, layers=layers, lm_head=prepack(weights.lm_head))
 
 
 def _chunk_bounds(batch: int, chunks: int) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import LadderizeError
 from .engine import Decoder, RankModel, Sampling, generate_on_rank
+from .kernels import resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, validate_tp
@@ -46,7 +47,7 @@ class RuntimeOptions:
     cuda_graphs: bool = False  # GPU only: capture each decode step in a CUDA graph
     compile: bool = False  # torch.compile the module computations (static decode shapes)
     static_decode: bool = False  # shape-static decode path without graphs (testing the graph path on CPU)
-    prepack: bool = True  # CPU: projections packed once for oneDNN (see kernels.py); ignored elsewhere
+    linear: str = "auto"  # kernel of the linears: auto, gemv, onednn or aten (see kernels.py)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,13 @@ def _check_request(request: Request, spec: LaunchSpec, options: RuntimeOptions) 
         raise LadderizeError("score_pieces must add up to the prompt length")
     if options.cuda_graphs and spec.device_type != "cuda":
         raise LadderizeError("--cuda-graphs needs a CUDA device")
+    check_linear(options, spec.device_type)
+
+
+def check_linear(options: RuntimeOptions, device_type: str) -> None:
+    """Refuse, in one line, a ``--linear`` kernel that the ranks could not run."""
+    if not options.compile:
+        resolve_kernel(options.linear, torch.device(device_type), parse_dtype(options.dtype, device_type))
 
 
 def _serve(context: RankContext, requests: tuple[Request, ...], options: RuntimeOptions) -> list[Response]:
@@ -115,7 +123,7 @@ def _serve(context: RankContext, requests: tuple[Request, ...], options: Runtime
             weights = load_rank_weights(
                 SafetensorsSource(request.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
             )
-            model = RankModel(weights, config, context.comm, compile_modules=options.compile, prepack_weights=options.prepack)
+            model = RankModel(weights, config, context.comm, compile_modules=options.compile, linear=options.linear)
             models[request.checkpoint] = (model, config, layout)
         model, config, layout = models[request.checkpoint]
         ids = torch.tensor(request.input_ids, dtype=torch.long, device=context.device)

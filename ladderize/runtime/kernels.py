@@ -1,24 +1,49 @@
-"""Linear kernels: weights prepacked once for oneDNN on CPU, or plain ``F.linear``.
+"""Which kernel runs the runtime's linears, and the weights in the form each kernel wants.
 
-On CPU, ``F.linear`` in bfloat16 runs through oneDNN and converts the ``[out, in]`` weight
-to oneDNN's blocked layout on *every* call; in decode (one row per step) that conversion
-costs about as much as the product itself. ``prepack`` does the conversion once, at load
-time (``torch.ops.mkldnn._reorder_linear_weight``), and ``packed_linear`` then runs the
-product on the packed weight (``torch.ops.mkldnn._linear_pointwise``, the kernel inductor
-uses for frozen CPU linears). In bfloat16 the result is bit-identical to ``F.linear``; in
-float32 it replaces MKL's sgemv by oneDNN's, which sums in another order (differences of
-order 1e-7 relative). The packed weight is an opaque ``torch._mkldnn`` tensor: it serves
-only ``packed_linear``, so the dense weights stay where anything else needs them.
+- ``gemv``: ``gemv.c`` for inputs of at most 8 rows (decode), ``F.linear`` for longer ones
+  (prefill); dense weights. It streams the weights in order and is the fastest decode on
+  CPU (see ``gemv.py``). It sums in another order than torch's kernels, so bfloat16 outputs
+  can differ from ``F.linear``'s in the last bit.
+- ``onednn``: the projections and the LM head converted once, at load time, to oneDNN's
+  blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
+  ``torch.ops.mkldnn._linear_pointwise``, the kernel inductor uses for frozen CPU linears.
+  ``F.linear`` in bfloat16 runs on oneDNN too but converts the weight on *every* call,
+  which in decode costs about as much as the product; packed, the products are
+  bit-identical to ``F.linear``'s in bfloat16. The packed weights are opaque
+  ``torch._mkldnn`` tensors and the embedding stays dense, so a tied LM head is held twice.
+- ``aten``: plain ``F.linear`` (GPU, ``torch.compile``, and wherever the others cannot run).
+
+``auto`` picks the first of gemv, onednn, aten that can run on the device and dtype.
 """
 
 from __future__ import annotations
 
+import enum
+from dataclasses import replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import LadderizeError
+from . import gemv as gemv_kernel
+from .sharding import RankWeights
+
 LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+class LinearKernel(str, enum.Enum):
+    AUTO = "auto"
+    GEMV = "gemv"
+    ONEDNN = "onednn"
+    ATEN = "aten"
+
+    @classmethod
+    def parse(cls, text: "str | LinearKernel") -> "LinearKernel":
+        try:
+            return cls(text.strip().lower() if isinstance(text, str) else text)
+        except ValueError:
+            raise LadderizeError(f"unknown linear kernel {text!r}; choose from {', '.join(k.value for k in cls)}") from None
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -28,6 +53,31 @@ def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:
     if dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return dtype == torch.float32
+
+
+def _unavailable(kernel: LinearKernel, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``kernel`` cannot run ``dtype`` on ``device``; None when it can."""
+    if kernel is LinearKernel.ATEN:
+        return None
+    if device.type != "cpu":
+        return f"--linear {kernel.value} runs on CPU only"
+    if kernel is LinearKernel.ONEDNN:
+        return None if can_prepack(device, dtype) else f"oneDNN cannot pack {dtype} linears here"
+    return None if gemv_kernel.available(dtype) else f"gemv is unavailable: {gemv_kernel.unavailable_reason()}"
+
+
+def resolve_kernel(requested: "str | LinearKernel", device: torch.device, dtype: torch.dtype) -> LinearKernel:
+    """The kernel to use: ``auto`` becomes the first of gemv, onednn, aten that can run; others are checked."""
+    kernel = LinearKernel.parse(requested)
+    if kernel is LinearKernel.AUTO:
+        for candidate in (LinearKernel.GEMV, LinearKernel.ONEDNN):
+            if _unavailable(candidate, device, dtype) is None:
+                return candidate
+        return LinearKernel.ATEN
+    reason = _unavailable(kernel, device, dtype)
+    if reason is not None:
+        raise LadderizeError(reason)
+    return kernel
 
 
 def prepack(weight: torch.Tensor) -> torch.Tensor:
@@ -40,9 +90,35 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def linear_kernel(packed: bool) -> LinearFn:
-    """The linear that matches how the weights are stored."""
-    return packed_linear if packed else F.linear
+def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, through ``gemv.c`` when ``x`` has at most ``gemv.MAX_ROWS`` rows."""
+    if x.numel() <= gemv_kernel.MAX_ROWS * x.shape[-1]:
+        return gemv_kernel.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
-__all__ = ["LinearFn", "can_prepack", "linear_kernel", "packed_linear", "prepack"]
+def linear_fn(kernel: LinearKernel) -> LinearFn:
+    """The linear of a resolved kernel (weights as ``prepare_weights`` left them)."""
+    return {LinearKernel.GEMV: gemv_linear, LinearKernel.ONEDNN: packed_linear}.get(kernel, F.linear)
+
+
+def prepare_weights(weights: RankWeights, kernel: LinearKernel) -> RankWeights:
+    """``weights`` as ``kernel`` wants them: onednn packs every projection and the LM head (not the embedding)."""
+    if kernel is not LinearKernel.ONEDNN:
+        return weights
+    layers = [replace(lw, qkv=prepack(lw.qkv), o=prepack(lw.o), gate_up=prepack(lw.gate_up), down=prepack(lw.down))
+              for lw in weights.layers]
+    return replace(weights, layers=layers, lm_head=prepack(weights.lm_head))
+
+
+__all__ = [
+    "LinearFn",
+    "LinearKernel",
+    "can_prepack",
+    "gemv_linear",
+    "linear_fn",
+    "packed_linear",
+    "prepack",
+    "prepare_weights",
+    "resolve_kernel",
+]

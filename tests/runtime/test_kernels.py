@@ -1,4 +1,5 @@
-"""Prepacked oneDNN linears give F.linear's products (bit-identical in bfloat16)."""
+"""The linear kernels give F.linear's products: gemv.c (any row count up to 8, ragged widths, bias,
+threads) and oneDNN's packed weights (bit-identical in bfloat16 decode)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,80 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ladderize.runtime.kernels import can_prepack, linear_kernel, packed_linear, prepack
+from ladderize.errors import LadderizeError
+from ladderize.runtime import gemv
+from ladderize.runtime.kernels import LinearKernel, gemv_linear, linear_fn, packed_linear, prepack, resolve_kernel
+
+CPU = torch.device("cpu")
+
+
+def _needs(kernel: LinearKernel, dtype: torch.dtype) -> None:
+    try:
+        resolve_kernel(kernel, CPU, dtype)
+    except LadderizeError as exc:
+        pytest.skip(str(exc))
+
+
+def _operands(rows: int, out: int, width: int, dtype: torch.dtype):
+    generator = torch.Generator().manual_seed(rows * 1000 + width)
+    weight = torch.randn(out, width, generator=generator).to(dtype)
+    bias = torch.randn(out, generator=generator).to(dtype)
+    return torch.randn(1, rows, width, generator=generator).to(dtype), weight, bias
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> bool:
+    # float32: another summation order; bfloat16: the same fp32 sums can round to neighbouring bf16 values
+    tolerance = 1e-4 if dtype == torch.float32 else 2 ** -7 * expected.abs().max().item()
+    return got.shape == expected.shape and got.dtype == dtype and bool((got.float() - expected.float()).abs().max() <= tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9])
+@pytest.mark.parametrize("width", [64, 100, 577])
+def test_gemv_matches_f_linear(dtype, rows, width):
+    _needs(LinearKernel.GEMV, dtype)
+    x, weight, bias = _operands(rows, 37, width, dtype)
+    for b in (None, bias):
+        expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
+        assert _close(gemv_linear(x, weight, b), expected, dtype)
+    if rows > gemv.MAX_ROWS:  # longer inputs (prefill) go to F.linear itself
+        assert torch.equal(gemv_linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+def test_gemv_threads_split_rows_without_changing_results():
+    _needs(LinearKernel.GEMV, torch.float32)
+    x, weight, _ = _operands(2, 1000, 96, torch.float32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = gemv.gemv(x, weight)
+        torch.set_num_threads(2)
+        assert torch.equal(gemv.gemv(x, weight), one)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 7])
 def test_packed_linear_matches_f_linear(dtype, rows):
-    if not can_prepack(torch.device("cpu"), dtype):
-        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU")
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(96, 64, generator=generator).to(dtype)
-    bias = torch.randn(96, generator=generator).to(dtype)
-    x = torch.randn(2, rows, 64, generator=generator).to(dtype)
+    _needs(LinearKernel.ONEDNN, dtype)
+    x, weight, bias = _operands(rows, 96, 64, dtype)
     packed = prepack(weight)
     for b in (None, bias):
         got, expected = packed_linear(x, packed, b), F.linear(x, weight, b)
-        assert got.shape == expected.shape and got.dtype == dtype
         if dtype == torch.bfloat16 and rows == 1:  # decode: the same oneDNN kernel, only the weight layout differs
             assert torch.equal(got, expected)
         else:
-            assert torch.allclose(got.float(), expected.float(), atol=1e-4 if dtype == torch.float32 else 0.1, rtol=1e-2)
+            assert _close(got, expected.float(), dtype)
 
 
-def test_linear_kernel_and_where_packing_applies():
-    assert linear_kernel(False) is F.linear and linear_kernel(True) is packed_linear
-    assert not can_prepack(torch.device("cpu"), torch.float16)
-    assert not can_prepack(torch.device("meta"), torch.float32)
+def test_kernel_choice():
+    assert linear_fn(LinearKernel.ATEN) is F.linear and linear_fn(LinearKernel.ONEDNN) is packed_linear
+    assert resolve_kernel("auto", torch.device("meta"), torch.float32) is LinearKernel.ATEN
+    assert resolve_kernel("auto", CPU, torch.float16) in (LinearKernel.ATEN, LinearKernel.ONEDNN)
+    if gemv.available(torch.float32):
+        assert resolve_kernel("auto", CPU, torch.float32) is LinearKernel.GEMV
+    with pytest.raises(LadderizeError, match="runs on CPU only"):
+        resolve_kernel("gemv", torch.device("meta"), torch.float32)
+    with pytest.raises(LadderizeError, match="unknown linear kernel 'fast'"):
+        resolve_kernel("fast", CPU, torch.float32)

@@ -76,13 +76,13 @@ def test_plain_llama_checkpoint_reads_as_dense(tiny_llama_dir):
 
 @pytest.mark.parametrize("case", ["dense", "ladder", "hybrid", "hybrid2"])
 @pytest.mark.parametrize("static", [False, True])
-@pytest.mark.parametrize("prepack", [True, False])
-def test_single_rank_matches_the_model(case, static, prepack):
+@pytest.mark.parametrize("linear", ["auto", "onednn", "aten"])
+def test_single_rank_matches_the_model(case, static, linear):
     overrides = dict(case_overrides(1)[case])
     model = tiny_model(**overrides)
     dims, layout = ModelDims.from_config(model.config), model.config.layout
     weights = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, 1, 0)
-    rank_model = RankModel(weights, model.config, Communicator(1), prepack_weights=prepack)
+    rank_model = RankModel(weights, model.config, Communicator(1), linear=linear)
     ids = torch.randint(3, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         reference = model(ids).logits
