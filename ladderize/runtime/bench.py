@@ -35,8 +35,7 @@ import torch.distributed as dist
 from ..errors import LadderizeError
 from ..model.layout import Layout
 from .engine import Decoder, RankModel
-from .generate import RuntimeOptions, parse_dtype
-from .kernels import resolve_kernel
+from .generate import RuntimeOptions, parse_dtype, resolve_linear
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, random_rank_weights, validate_tp
@@ -266,9 +265,7 @@ def run_bench(
         check_machine(dataclasses.replace(launch, tp=tp))
         validate_tp(dims, layout, tp, options.allow_spd_mismatch or "native" not in schedules)
     device_type = launch.device_type
-    model_kernel = "aten" if options.compile else resolve_kernel(
-        options.linear, torch.device(device_type), parse_dtype(options.dtype, device_type)
-    ).value
+    linear = resolve_linear(options, device_type)
     rows: list[dict[str, Any]] = []
     for tp in tps:
         tp_launch = dataclasses.replace(launch, tp=tp)
@@ -295,7 +292,7 @@ def run_bench(
         "domino_chunks": options.domino_chunks,
         "cuda_graphs": options.cuda_graphs,
         "compile": options.compile,
-        "linear": model_kernel,
+        "linear": linear.value,
         "torch": torch.__version__,
         "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

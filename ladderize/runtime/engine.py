@@ -174,15 +174,12 @@ class RankModel:
         compile_modules: bool = False,
         linear: str | LinearKernel = LinearKernel.AUTO,
     ):
-        """``linear``: the kernel of the projections and the LM head (``kernels.py``); under
-        ``compile_modules`` it is always ``aten``, because inductor chooses its own kernels.
-        """
-        device, dtype = weights.embed.device, weights.embed.dtype
-        self.kernel = LinearKernel.ATEN if compile_modules else resolve_kernel(linear, device, dtype)
+        """``linear``: the kernel of the projections and the LM head (``kernels.py``)."""
+        self.device, self.dtype = weights.embed.device, weights.embed.dtype
+        self.kernel = resolve_kernel(linear, self.device, self.dtype, compiled=compile_modules)
         self.w = prepare_weights(weights, self.kernel)
         self.linear = linear_fn(self.kernel)
         self.dims, self.comm = weights.dims, comm
-        self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.heads, self.kv_heads = weights.heads_local, weights.kv_heads_local
         self.head_dim, self.eps = self.dims.head_dim, self.dims.rms_norm_eps
         self.group = self.dims.num_heads // self.dims.num_kv_heads

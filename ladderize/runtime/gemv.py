@@ -3,7 +3,7 @@
 Decoding one token reads every weight once, so its speed is the speed of streaming the
 weights. ``gemv.c`` walks each ``[out, in]`` weight row after row (one memory stream) and
 multiplies each loaded chunk with all (at most 8) input rows. On the 2-core EPYC this
-streams SmolLM2-135M's bfloat16 weights at about 17 GB/s per core, where oneDNN's packed
+streams SmolLM2-135M's bfloat16 weights at 17-21 GB/s on one core, where oneDNN's packed
 linear reaches about 12 GB/s and ``F.linear`` about 8 GB/s.
 
 The library is compiled on first use (a second or two) into ``$LADDERIZE_HOME/kernels``

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import LadderizeError
 from .engine import Decoder, RankModel, Sampling, generate_on_rank
-from .kernels import resolve_kernel
+from .kernels import LinearKernel, resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, validate_tp
@@ -103,13 +103,13 @@ def _check_request(request: Request, spec: LaunchSpec, options: RuntimeOptions) 
         raise LadderizeError("score_pieces must add up to the prompt length")
     if options.cuda_graphs and spec.device_type != "cuda":
         raise LadderizeError("--cuda-graphs needs a CUDA device")
-    check_linear(options, spec.device_type)
+    resolve_linear(options, spec.device_type)
 
 
-def check_linear(options: RuntimeOptions, device_type: str) -> None:
-    """Refuse, in one line, a ``--linear`` kernel that the ranks could not run."""
-    if not options.compile:
-        resolve_kernel(options.linear, torch.device(device_type), parse_dtype(options.dtype, device_type))
+def resolve_linear(options: RuntimeOptions, device_type: str) -> LinearKernel:
+    """The linear kernel the ranks will use; refuses, in one line, one they could not run."""
+    device, dtype = torch.device(device_type), parse_dtype(options.dtype, device_type)
+    return resolve_kernel(options.linear, device, dtype, compiled=options.compile)
 
 
 def _serve(context: RankContext, requests: tuple[Request, ...], options: RuntimeOptions) -> list[Response]:
@@ -199,4 +199,4 @@ def score(
     return None if responses is None else responses[0].logits
 
 
-__all__ = ["Request", "Response", "RuntimeOptions", "generate", "parse_dtype", "run_requests", "score"]
+__all__ = ["Request", "Response", "RuntimeOptions", "generate", "parse_dtype", "resolve_linear", "run_requests", "score"]

@@ -66,9 +66,16 @@ def _unavailable(kernel: LinearKernel, device: torch.device, dtype: torch.dtype)
     return None if gemv_kernel.available(dtype) else f"gemv is unavailable: {gemv_kernel.unavailable_reason()}"
 
 
-def resolve_kernel(requested: "str | LinearKernel", device: torch.device, dtype: torch.dtype) -> LinearKernel:
-    """The kernel to use: ``auto`` becomes the first of gemv, onednn, aten that can run; others are checked."""
+def resolve_kernel(
+    requested: "str | LinearKernel", device: torch.device, dtype: torch.dtype, compiled: bool = False
+) -> LinearKernel:
+    """The kernel to use: ``auto`` becomes the first of gemv, onednn, aten that can run; others are checked.
+
+    Under ``torch.compile`` (``compiled``) it is always aten: inductor chooses its own kernels.
+    """
     kernel = LinearKernel.parse(requested)
+    if compiled:
+        return LinearKernel.ATEN
     if kernel is LinearKernel.AUTO:
         for candidate in (LinearKernel.GEMV, LinearKernel.ONEDNN):
             if _unavailable(candidate, device, dtype) is None:
