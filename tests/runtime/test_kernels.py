@@ -84,3 +84,18 @@ def test_kernel_choice():
         resolve_kernel("gemv", torch.device("meta"), torch.float32)
     with pytest.raises(LadderizeError, match="unknown linear kernel 'fast'"):
         resolve_kernel("fast", CPU, torch.float32)
+
+
+def test_gemv_build_failure_falls_back(monkeypatch, tmp_path):
+    """No working compiler: gemv says why, and auto takes the next kernel."""
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path))  # nothing cached there
+    gemv._library.cache_clear()
+    try:
+        assert not gemv.available(torch.float32)
+        assert "building gemv.c failed" in gemv.unavailable_reason() or "lacks" in gemv.unavailable_reason()
+        assert resolve_kernel("auto", CPU, torch.float32) is not LinearKernel.GEMV
+        with pytest.raises(LadderizeError, match="gemv is unavailable"):
+            resolve_kernel("gemv", CPU, torch.float32)
+    finally:
+        gemv._library.cache_clear()
