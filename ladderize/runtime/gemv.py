@@ -118,6 +118,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     x = x.contiguous()
     rows = x.numel() // in_features
     y = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype)
+    if not 0 < rows <= MAX_ROWS or weight.dtype != x.dtype or not weight.is_contiguous():
+        if rows == 0:
+            return y
+        raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows and a contiguous weight of the input's dtype")
     kernel = library.ladderize_gemv_bf16 if x.dtype == torch.bfloat16 else library.ladderize_gemv_f32
     kernel(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
            rows, out_features, in_features, torch.get_num_threads())

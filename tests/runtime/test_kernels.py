@@ -43,8 +43,10 @@ def test_gemv_matches_f_linear(dtype, rows, width):
     for b in (None, bias):
         expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
         assert _close(gemv_linear(x, weight, b), expected, dtype)
-    if rows > gemv.MAX_ROWS:  # longer inputs (prefill) go to F.linear itself
+    if rows > gemv.MAX_ROWS:  # longer inputs (prefill) go to F.linear itself; gemv itself refuses them
         assert torch.equal(gemv_linear(x, weight, bias), F.linear(x, weight, bias))
+        with pytest.raises(ValueError, match="1 to 8 rows"):
+            gemv.gemv(x, weight)
 
 
 def test_gemv_threads_split_rows_without_changing_results():
