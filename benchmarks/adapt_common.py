@@ -123,7 +123,7 @@ def plot(results: list[dict], dense: dict, zero_shot_ppl: float, path: Path, tit
     axes[0].axhline(dense["wikitext2_ppl"], color="k", ls="--", label="dense")
     axes[0].axhline(dense["wikitext2_ppl"] + 0.05 * (zero_shot_ppl - dense["wikitext2_ppl"]), color="g", ls=":", label="95% of gap closed")
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("adaptation wall time on 2 CPU cores (min)")
+    axes[0].set_xlabel("adaptation wall time (min; threads and cores in the JSON)")
     axes[0].set_ylabel("WikiText-2 valid perplexity (16 x 512)")
     axes[1].axhline(100 * dense["lambada_acc"], color="k", ls="--", label="dense")
     axes[1].set_xlabel("adaptation wall time (min)")

@@ -96,7 +96,7 @@ def main() -> None:
             point["gap_closed"] = (zero - point["wikitext2_ppl"]) / (zero - dense["wikitext2_ppl"])
         report["results"] = [r for r in report["results"] if r["recipe"] != name] + [result]
         out_file.write_text(json.dumps(report, indent=1) + "\n")
-        plot(report["results"], dense, zero, RESULTS / f"adapt_{tag}.png", f"SmolLM2-135M, {tag}: adaptation on 2 CPU cores")
+        plot(report["results"], dense, zero, RESULTS / f"adapt_{tag}.png", f"SmolLM2-135M, {tag}: adaptation on the 2-core CPU")
         print("final", name, result["points"][-1], flush=True)
 
 
