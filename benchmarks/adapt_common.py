@@ -68,7 +68,7 @@ def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dic
     return result
 
 
-def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict) -> dict:
+def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict, work: Path = WORK) -> dict:
     """Run adaptation phases one after another, evaluating every ``eval_every_tokens`` and at the end of each phase."""
     from ladderize.convert.checkpoint import load_model
 
@@ -80,7 +80,7 @@ def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_token
     offset_tokens, offset_s, offset_cpu = 0, 0.0, 0.0
     current = checkpoint
     for number, phase in enumerate(phases):
-        out = WORK / f"{name}-phase{number}"
+        out = work / f"{name}-phase{number}"  # one folder per benchmark tag: recipes of other tags keep theirs
         next_eval = [eval_every_tokens]
 
         def on_step(info, model, phase=phase, next_eval=next_eval):

@@ -89,7 +89,7 @@ def main() -> None:
     for name in args.recipes.split(","):
         phases = table[name]
         started = time.perf_counter()
-        result = run_recipe(name, converted, phases, args.eval_every, args.lambada, tokenizer, base)
+        result = run_recipe(name, converted, phases, args.eval_every, args.lambada, tokenizer, base, WORK / tag)
         result["wall_s_including_eval"] = round(time.perf_counter() - started, 1)
         zero = result["points"][0]["wikitext2_ppl"]
         for point in result["points"]:

@@ -83,7 +83,7 @@ def main() -> None:
         "seq_local_teacher": [{**seq, "local_inputs": "teacher"}],
         "seq_local_then_kd": [seq, {"objectives": "kd", "tokens": args.kd_tokens, "lr": args.kd_lr}],
     }[args.recipe]
-    result = run_recipe(args.recipe, converted, phases, 0, args.lambada, tokenizer, base)
+    result = run_recipe(args.recipe, converted, phases, 0, args.lambada, tokenizer, base, WORK / tag)
     zero = result["points"][0]["wikitext2_ppl"]
     for point in result["points"]:
         point["ppl_increase_vs_dense"] = point["wikitext2_ppl"] / dense["wikitext2_ppl"] - 1
