@@ -127,7 +127,7 @@ def train_layer(
     on_step: Callable[[LayerStep], None] | None = None,
 ) -> list[float]:
     """Train the student's current layer on the cached states; return its losses per step."""
-    from .trainer import _lr_lambda
+    from .trainer import warmup_cosine
 
     index = cache.layer
     layer = cache.student.model.layers[index]
@@ -137,7 +137,7 @@ def train_layer(
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps_per_layer(cache.data.shape[0], epochs, batch_size)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(total, warmup_steps, min_lr_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
     losses = []

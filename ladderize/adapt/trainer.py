@@ -208,7 +208,8 @@ def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausa
     return True
 
 
-def _lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
+def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
+    """Learning-rate factor per step: linear warm-up, then cosine decay to ``min_ratio``."""
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
@@ -306,7 +307,7 @@ def adapt(
 
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(total_steps, config.warmup_steps, config.min_lr_ratio)
+        optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
     )
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
     accelerator.register_for_checkpointing(scheduler)
