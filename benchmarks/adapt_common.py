@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -18,6 +19,16 @@ from ladderize.eval.perplexity import LAMBADA_TEST, perplexity, shared_data_dir,
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench"))
+
+
+def parse_args(parser) -> "argparse.Namespace":
+    """Add ``--threads``, parse, seed torch and set its thread count (0 keeps torch's default)."""
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); pin with taskset to share the CPU")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
 
 
 def dense_source() -> Path:

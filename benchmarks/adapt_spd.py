@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from adapt_common import RESULTS, WORK, dense_source, plot, run_recipe
+from adapt_common import RESULTS, WORK, dense_source, parse_args, plot, run_recipe
 
 
 def main() -> None:
@@ -38,11 +38,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--kd-tokens", type=int, default=16384)
     parser.add_argument("--kd-lr", type=float, default=1e-4)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); pin with taskset to share the CPU")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(parser)
 
     from transformers import AutoTokenizer
 

@@ -65,36 +65,43 @@ def rows_table(rows: list[dict]) -> None:
 # --- (a) ladder vs dense at TP=2 --------------------------------------------------------------
 
 
-def bench_ladder(args) -> dict:
+def _bench_tp2(args, source, schedules: tuple[str, ...], options=None):
+    """Run ``schedules`` at TP=2 on ``source`` and print the table; return the result and the load before."""
+    from ladderize.runtime.generate import RuntimeOptions
+
     before = load()
-    source = synthetic_source(args.shape, ladder="all")
-    spec = BenchSpec(("native", "dense", "upper-bound"), tuple(args.batch), args.prompt, args.gen, args.warmup, args.repeats)
-    result = run_bench(source, [2], spec, launch_spec(args))
+    spec = BenchSpec(schedules, tuple(args.batch), args.prompt, args.gen, args.warmup, args.repeats)
+    result = run_bench(source, [2], spec, launch_spec(args), options or RuntimeOptions())
     rows_table(result.rows)
+    return result, before
+
+
+def _save_tp2(args, result, summary: dict, before: list[float], default_name: str) -> dict:
+    payload = {**result.to_json(), "summary": summary, "load_average_before": before, "load_average_after": load(),
+               "command": " ".join(sys.argv)}
+    save(args.out or default_name, payload)
+    return payload
+
+
+def bench_ladder(args) -> dict:
+    result, before = _bench_tp2(args, synthetic_source(args.shape, ladder="all"), ("native", "dense", "upper-bound"))
     summary = {}
     for batch in args.batch:
         native = next(r for r in result.rows if r["schedule"] == "native" and r["batch"] == batch)
         summary[f"batch{batch}"] = {"ladder_speedup_vs_dense": native["speedup_vs_dense"], "gap_closed": native["gap_closed"]}
         print(f"batch {batch}: ladder decode speed-up vs dense {native['speedup_vs_dense']:.3f}x, "
               f"dense->upper-bound gap closed {percent(native['gap_closed'])}")
-    payload = {**result.to_json(), "summary": summary, "load_average_before": before, "load_average_after": load(),
-               "command": " ".join(sys.argv)}
-    save(args.out or "runtime_cpu_tp2_ladder.json", payload)
-    return payload
+    return _save_tp2(args, result, summary, before, "runtime_cpu_tp2_ladder.json")
 
 
 # --- (c) domino vs dense at TP=2 --------------------------------------------------------------
 
 
 def bench_domino(args) -> dict:
-    before = load()
-    source = synthetic_source(args.shape)
-    spec = BenchSpec(("dense", "upper-bound", "domino"), tuple(args.batch), args.prompt, args.gen, args.warmup, args.repeats)
     from ladderize.runtime.generate import RuntimeOptions
 
-    result = run_bench(source, [2], spec, launch_spec(args),
-                       RuntimeOptions(domino_chunks=args.chunks))
-    rows_table(result.rows)
+    result, before = _bench_tp2(args, synthetic_source(args.shape), ("dense", "upper-bound", "domino"),
+                                RuntimeOptions(domino_chunks=args.chunks))
     summary = {}
     for batch in args.batch:
         row = next(r for r in result.rows if r["schedule"] == "domino" and r["batch"] == batch)
@@ -104,10 +111,7 @@ def bench_domino(args) -> dict:
                                     ) / row["prefill_s"]}
         print(f"batch {batch}: domino x{args.chunks} decode speed-up vs dense {row['speedup_vs_dense']:.3f}x "
               f"(gap closed {percent(row['gap_closed'])}), prefill {summary[f'batch{batch}']['prefill_speedup_vs_dense']:.3f}x")
-    payload = {**result.to_json(), "summary": summary, "load_average_before": before, "load_average_after": load(),
-               "command": " ".join(sys.argv)}
-    save(args.out or "runtime_cpu_tp2_domino.json", payload)
-    return payload
+    return _save_tp2(args, result, summary, before, "runtime_cpu_tp2_domino.json")
 
 
 # --- (b) single device: runtime vs transformers generate ---------------------------------------

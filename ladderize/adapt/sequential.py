@@ -31,7 +31,7 @@ import torch
 from ..model import LadderLlamaForCausalLM
 from .data import batch_order
 from .objectives import layer_error
-from .stream import State, embed
+from .stream import State, embed, run_layers
 
 CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
 
@@ -69,7 +69,7 @@ class StateCache:
         self._kwargs: dict[int, dict] = {}
         self.layer = first
         with torch.no_grad():
-            prefix = self._map(lambda state, rows: _run(teacher, state, rows, self, range(0, first)), None)
+            prefix = self._map(lambda _none, rows: run_layers(teacher, *embed(teacher, data[rows]), 0, first), None)
         self.teacher_state = prefix
         self.student_state = prefix  # the layers below ``first`` are shared, frozen and identical
 
@@ -87,29 +87,21 @@ class StateCache:
             outs.append(fn(part, rows))
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
+    def _through(self, model: LadderLlamaForCausalLM, state: State) -> State:
+        """``model``'s current layer applied to ``state``, chunk by chunk."""
+        return self._map(lambda s, rows: run_layers(model, s, self.kwargs(len(rows)), self.layer, self.layer + 1), state)
+
     @torch.no_grad()
     def teacher_output(self) -> State:
         """The teacher's states leaving the current layer."""
-        layer = self.teacher.model.layers[self.layer]
-        return self._map(lambda s, rows: layer(s[0], s[1], **self.kwargs(len(rows))), self.teacher_state)
+        return self._through(self.teacher, self.teacher_state)
 
     @torch.no_grad()
     def advance(self, teacher_out: State) -> None:
         """Move both state sets past the current layer (the student through its adapted layer)."""
-        layer = self.student.model.layers[self.layer]
-        self.student_state = self._map(lambda s, rows: layer(s[0], s[1], **self.kwargs(len(rows))), self.student_state)
+        self.student_state = self._through(self.student, self.student_state)
         self.teacher_state = teacher_out
         self.layer += 1
-
-
-def _run(model: LadderLlamaForCausalLM, state: State | None, rows: torch.Tensor, cache: StateCache, layers: range) -> State:
-    if state is None:
-        state, kwargs = embed(model, cache.data[rows])
-    else:
-        kwargs = cache.kwargs(len(rows))
-    for index in layers:
-        state = model.model.layers[index](state[0], state[1], **kwargs)
-    return state
 
 
 def train_layer(

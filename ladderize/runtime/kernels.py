@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, parse_choice
 from . import gemv as gemv_kernel
 from .sharding import RankWeights
 
@@ -40,10 +40,7 @@ class LinearKernel(str, enum.Enum):
 
     @classmethod
     def parse(cls, text: "str | LinearKernel") -> "LinearKernel":
-        try:
-            return cls(text.strip().lower() if isinstance(text, str) else text)
-        except ValueError:
-            raise LadderizeError(f"unknown linear kernel {text!r}; choose from {', '.join(k.value for k in cls)}") from None
+        return parse_choice(cls, text, "linear kernel")
 
 
 def can_prepack(device: torch.device, dtype: torch.dtype) -> bool:

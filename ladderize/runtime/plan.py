@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, parse_choice
 from ..model.layout import Layout
 
 
@@ -42,11 +42,7 @@ class Schedule(str, enum.Enum):
 
     @classmethod
     def parse(cls, text: str) -> "Schedule":
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            names = ", ".join(s.value for s in cls)
-            raise LadderizeError(f"unknown schedule {text!r}; choose from {names}") from None
+        return parse_choice(cls, text, "schedule")
 
 
 class StepKind(str, enum.Enum):

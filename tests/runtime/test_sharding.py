@@ -58,15 +58,20 @@ def test_rank_shards_reassemble_the_full_weights(tp):
     assert all(torch.equal(w.layers[layer].o_bias, state[f"model.layers.{layer}.self_attn.o_proj.bias"]) for w in ranks)
 
 
-def test_safetensors_slices_match_the_state_dict(tmp_path):
-    model = save_tiny(tmp_path / "ckpt", **case_overrides(3)["spd"])
-    config, layout = load_config(tmp_path / "ckpt")
+def _assert_disk_slices_equal_memory(path, model, tp: int, rank: int) -> None:
+    """The rank's weights sliced from the safetensors files equal those cut from the in-memory state dict."""
+    config, layout = load_config(path)
     dims = ModelDims.from_config(config)
-    from_disk = load_rank_weights(SafetensorsSource(tmp_path / "ckpt"), dims, layout, 3, 1)
-    in_memory = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, 3, 1)
+    from_disk = load_rank_weights(SafetensorsSource(path), dims, layout, tp, rank)
+    in_memory = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, tp, rank)
     for a, b in zip(from_disk.layers, in_memory.layers):
         assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()) if x is not None)
     assert torch.equal(from_disk.lm_head, in_memory.lm_head)
+
+
+def test_safetensors_slices_match_the_state_dict(tmp_path):
+    model = save_tiny(tmp_path / "ckpt", **case_overrides(3)["spd"])
+    _assert_disk_slices_equal_memory(tmp_path / "ckpt", model, tp=3, rank=1)
 
 
 def test_plain_llama_checkpoint_reads_as_dense(tiny_llama_dir):
@@ -108,12 +113,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
     model = tiny_model(**case_overrides(3)["hybrid"])
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    config, layout = load_config(tmp_path / "sharded")
-    dims = ModelDims.from_config(config)
-    from_disk = load_rank_weights(SafetensorsSource(tmp_path / "sharded"), dims, layout, 3, 2)
-    in_memory = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, 3, 2)
-    for a, b in zip(from_disk.layers, in_memory.layers):
-        assert all(torch.equal(x, y) for x, y in zip(vars(a).values(), vars(b).values()) if x is not None)
+    _assert_disk_slices_equal_memory(tmp_path / "sharded", model, tp=3, rank=2)
 
 
 def test_missing_checkpoint_is_one_line(tmp_path):
