@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--phase", required=True)
     parser.add_argument("--command", default="")
+    parser.add_argument("--settings", default="", help="the phase's settings for the tables, k=v,k=v (e.g. lr=2e-4,batch_size=2)")
     parser.add_argument("--lambada", type=int, default=100)
     parser.add_argument("--from-zero-shot", action="store_true", help="the phase started from the zero-shot checkpoint, not from the base recipe's end")
     args = parser.parse_args()
@@ -47,6 +48,8 @@ def main() -> None:
     result = copy.deepcopy(base)
     result.update({"recipe": args.name, "final_checkpoint": args.checkpoint, "extra_phase_command": args.command})
     result["points"].append(point)
+    settings = dict(item.split("=", 1) for item in args.settings.split(",") if item)
+    result["phases"] = result["phases"] + [{"objectives": args.phase, "tokens": curve[-1]["tokens"], **settings}]
     report["results"] = [r for r in report["results"] if r["recipe"] != args.name] + [result]
     path.write_text(json.dumps(report, indent=1) + "\n")
     plot(report["results"], report["dense"], zero, path.with_suffix(".png"), f"SmolLM2-135M, {path.stem.removeprefix('adapt_')}: adaptation on 2 CPU cores")
