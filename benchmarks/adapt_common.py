@@ -31,6 +31,13 @@ def parse_args(parser) -> "argparse.Namespace":
     return args
 
 
+def named_checkpoints(items: list[str]) -> list[tuple[str, str]]:
+    """``NAME=CKPT`` command-line items as (name, path) pairs; a one-line exit on any other form."""
+    if any("=" not in item for item in items):
+        raise SystemExit("checkpoints are given as NAME=CKPT")
+    return [tuple(item.split("=", 1)) for item in items]
+
+
 def dense_source() -> Path:
     """The dense SmolLM2-135M checkpoint: $ADAPT_BENCH_DENSE, else ``ladderize pull``'s cache."""
     if os.environ.get("ADAPT_BENCH_DENSE"):

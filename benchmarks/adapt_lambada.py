@@ -16,7 +16,7 @@ import json
 import math
 import time
 
-from adapt_common import RESULTS, dense_source, lambada_hits, parse_args
+from adapt_common import RESULTS, dense_source, lambada_hits, named_checkpoints, parse_args
 
 
 def main() -> None:
@@ -37,9 +37,7 @@ def main() -> None:
     report = json.loads(out.read_text()) if out.exists() else {"limit": args.limit, "rows": {}}
     if report["limit"] != args.limit:
         raise SystemExit(f"{out.name} holds --limit {report['limit']}, not {args.limit}")
-    if any("=" not in item for item in args.checkpoints):
-        raise SystemExit("checkpoints are given as NAME=CKPT")
-    named = ([] if "dense" in report["rows"] else [("dense", dense)]) + [tuple(item.split("=", 1)) for item in args.checkpoints]
+    named = ([] if "dense" in report["rows"] else [("dense", dense)]) + named_checkpoints(args.checkpoints)
     for name, path in named:
         started = time.perf_counter()
         hits = lambada_hits(load_model(path), tokenizer, args.limit)

