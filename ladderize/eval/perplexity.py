@@ -51,10 +51,14 @@ def packed_token_ids(tokenizer, text: str, seq_len: int, num_sequences: int) -> 
 
 def wikitext2_ids(tokenizer, seq_len: int = 512, num_sequences: int = 16) -> torch.Tensor:
     """The reference evaluation batch: the first ``num_sequences`` x ``seq_len`` tokens of WikiText-2 valid."""
+    return packed_token_ids(tokenizer, _wikitext2_valid_text(), seq_len, num_sequences)
+
+
+def _wikitext2_valid_text() -> str:
     path = shared_data_dir() / WIKITEXT2_VALID
     if not path.is_file():
         raise LadderizeError(f"WikiText-2 validation text not found at {path}")
-    return packed_token_ids(tokenizer, path.read_text(encoding="utf-8"), seq_len, num_sequences)
+    return path.read_text(encoding="utf-8")
 
 
 def wikitext2_heldout_articles() -> list[str]:
@@ -63,7 +67,7 @@ def wikitext2_heldout_articles() -> list[str]:
     Whole articles (split at top-level `` = Title = `` lines) that start after the first
     ``WIKITEXT2_HELDOUT_FRACTION`` of the file, in file order.
     """
-    text = (shared_data_dir() / WIKITEXT2_VALID).read_text(encoding="utf-8")
+    text = _wikitext2_valid_text()
     starts = [m.start() for m in _ARTICLE_TITLE.finditer(text)] + [len(text)]
     boundary = len(text) * WIKITEXT2_HELDOUT_FRACTION
     return [text[a:b] for a, b in zip(starts, starts[1:]) if a >= boundary]

@@ -92,3 +92,9 @@ def test_wikitext2_heldout_text_is_disjoint_from_the_evaluation_window(smollm2_d
     window = tokenizer.decode(wikitext2_ids(tokenizer, 512, 16).flatten())
     assert text.startswith(window) and len(window) < first
     assert not any(window[-200:] in doc for doc in documents)
+
+
+def test_wikitext2_heldout_without_the_text_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("LADDERIZE_DATA_DIR", str(tmp_path))  # a data folder without wikitext-2/valid.txt
+    with pytest.raises(LadderizeError, match="WikiText-2 validation text not found"):
+        pack_tokens("wikitext2-heldout", char_tokenizer(), 16)
