@@ -1,8 +1,16 @@
-"""Atomic output directories: write into a temp dir beside the target, then rename."""
+"""Atomic output directories: write into a temp dir beside the target, then rename.
+
+Temp dirs are named ``.OUT.tmp-<pid>-<random>`` (and ``.OUT.old-<pid>-<random>`` while an
+existing OUT is being replaced). The ``finally`` of ``atomic_directory`` removes them on any
+exception, ``Interrupted`` (SIGINT/SIGTERM, see ``ladderize.errors``) included; a process killed
+outright (SIGKILL, power loss) leaves them behind, and the next write of the same OUT removes
+those whose pid no longer runs (``sweep_stale``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -10,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import LadderizeError
+
+TEMP_KINDS = ("tmp", "old")
 
 
 def check_output_free(out: Path, force: bool) -> None:
@@ -20,28 +30,105 @@ def check_output_free(out: Path, force: bool) -> None:
         raise LadderizeError(f"output {out} exists and is not a directory")
 
 
+def current_umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def apply_umask(path: Path | str, umask: int | None = None) -> None:
+    """Give ``path`` (a file, or a directory and everything under it) the modes a new file gets.
+
+    Files become ``0o666 & ~umask`` (``0o777 & ~umask`` if executable), directories ``0o777 & ~umask``:
+    safetensors (and ``tempfile``) create files readable by their owner only (0600), unlike every
+    other file of a checkpoint.
+    """
+    umask = current_umask() if umask is None else umask
+    path = Path(path)
+    entries = [path] + (sorted(path.rglob("*")) if path.is_dir() else [])
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        if entry.is_dir():
+            os.chmod(entry, 0o777 & ~umask)
+        elif entry.is_file():
+            executable = os.stat(entry).st_mode & 0o111
+            os.chmod(entry, (0o777 if executable else 0o666) & ~umask)
+
+
+def _temp_prefix(out: Path, kind: str) -> str:
+    return f".{out.name}.{kind}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True  # unknown: keep the folder
+    return True
+
+
+def sweep_stale(out: Path | str) -> list[Path]:
+    """Remove ``.OUT.tmp-<pid>-*`` / ``.OUT.old-<pid>-*`` folders beside OUT whose process is gone; return them."""
+    out = Path(out).expanduser().absolute()
+    removed = []
+    for kind in TEMP_KINDS:
+        prefix = _temp_prefix(out, kind)
+        for entry in out.parent.glob(glob.escape(prefix) + "*"):
+            pid_text = entry.name[len(prefix):].split("-", 1)[0]
+            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue  # no pid recorded (older ladderize), or its writer still runs
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _make_temp(out: Path, kind: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(out, kind)}{os.getpid()}-", dir=out.parent))
+
+
 @contextlib.contextmanager
 def atomic_directory(out: Path | str, force: bool = False) -> Iterator[Path]:
     """Yield a temp dir that becomes ``out`` only if the block finishes without an exception.
 
-    Nothing is left behind on failure; an existing ``out`` is replaced only with ``force``
-    and only after the new content is complete.
+    Nothing is left behind on failure or interruption; an existing ``out`` is replaced only
+    with ``force`` and only after the new content is complete. Stale temp dirs of dead
+    earlier writers of ``out`` are removed first. The result's files get the modes the
+    umask gives new files (safetensors writes 0600).
     """
     out = Path(out).expanduser().absolute()
     check_output_free(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like any new directory
+    sweep_stale(out)
+    umask = current_umask()
+    tmp = _make_temp(out, "tmp")
     try:
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like any new directory
         yield tmp
+        apply_umask(tmp, umask)
         check_output_free(out, force)  # someone may have created it meanwhile
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "replaced")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
+            old = _make_temp(out, "old")
+            try:
+                os.replace(out, old / "replaced")
+                os.replace(tmp, out)
+            finally:
+                if not out.exists() and (old / "replaced").exists():  # interrupted between the renames
+                    os.replace(old / "replaced", out)
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
     finally:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LadderizeError
-from .checkpoint import PROVENANCE_FILE, convert_checkpoint
+
+PROVENANCE_FILE = "ladderize.json"  # = checkpoint.PROVENANCE_FILE (not imported: a cached pull answers without torch)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ def pull_model(
         return target
     if target.exists() and not force:
         raise LadderizeError(f"{target} exists but is not a complete checkpoint; pass --force to replace it")
+    from .checkpoint import convert_checkpoint
+
     say = status or (lambda _msg: None)
     gguf = _fetch_gguf(spec, say)
     say(f"converting {gguf.name} to a dense safetensors checkpoint")

@@ -9,8 +9,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .atomic import apply_umask
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` with the file mode the umask gives (safetensors itself writes 0600)."""
+    save_file(tensors, str(path), metadata=metadata)
+    apply_umask(path)
 
 
 class ShardWriter:
@@ -34,7 +42,7 @@ class ShardWriter:
 
     def _flush(self) -> None:
         path = self.out_dir / f".shard-{len(self._shards):05d}.safetensors"
-        save_file(self._buffer, str(path), metadata={"format": "pt"})
+        save_safetensors(self._buffer, path, metadata={"format": "pt"})
         self._shards.append((path, list(self._buffer)))
         self._buffer, self._buffer_bytes = {}, 0
 
