@@ -11,12 +11,22 @@ properties instead of re-deriving them.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 
 class LayoutError(ValueError):
     """A layout or layer range that cannot be applied to the model."""
+
+
+@dataclass(frozen=True)
+class ModeTraits:
+    """What a layer mode means, as data: the one table every consumer reads (see ``MODE_TRAITS``)."""
+
+    reads_stale: bool  # both modules read the residual one module late, r_{k-2}
+    attention_allreduce: bool  # the attention module ends in its own all-reduce (SPD drops it)
+    converted: bool  # the layer's function differs from the dense source layer
+    tp_dependent: bool  # the function depends on the TP degree it was converted for
 
 
 class LayerMode(str, enum.Enum):
@@ -27,29 +37,93 @@ class LayerMode(str, enum.Enum):
     SPD = "spd"
 
     @property
+    def traits(self) -> ModeTraits:
+        return MODE_TRAITS[self.value]
+
+    @property
     def reads_stale_residual(self) -> bool:
         """Both modules of the layer read the residual one module late (r_{k-2})."""
-        return self is LayerMode.LADDER
+        return self.traits.reads_stale
 
     @property
     def allreduces_per_layer(self) -> int:
         """All-reduces per token this layer needs under tensor parallelism."""
-        return 1 if self is LayerMode.SPD else 2
-
-    @property
-    def overlappable_allreduces(self) -> int:
-        """All-reduces of this layer that can run while the next module computes."""
-        return 2 if self is LayerMode.LADDER else 0
+        return 1 + int(self.traits.attention_allreduce)
 
     @property
     def syncs_attention(self) -> bool:
         """Whether the attention output is all-reduced before the MLP."""
-        return self is not LayerMode.SPD
+        return self.traits.attention_allreduce
 
     @property
     def is_converted(self) -> bool:
         """The layer's function differs from the dense source layer."""
-        return self is not LayerMode.DENSE
+        return self.traits.converted
+
+
+# The mode table. Adding a mode: one row here, plus its branch in the model's decoder layer
+# and in the runtime's rank model; the program below, inspect, the plan and predict follow.
+MODE_TRAITS: dict[str, ModeTraits] = {
+    "dense": ModeTraits(reads_stale=False, attention_allreduce=True, converted=False, tp_dependent=False),
+    "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False),
+    "spd": ModeTraits(reads_stale=False, attention_allreduce=False, converted=True, tp_dependent=True),
+}
+
+
+class ModuleKind(str, enum.Enum):
+    ATTENTION = "attention"
+    MLP = "mlp"
+
+
+@dataclass(frozen=True)
+class ModuleOp:
+    """One module of the forward pass: the unit of the mode program.
+
+    Modules are numbered ``k = 1..2L`` (attention, MLP, attention, ...); ``r_k`` is the residual
+    stream after module k and ``r_0`` the embeddings. ``reads = j`` means the module's norm reads
+    the complete state ``r_j``. An SPD attention adds nothing to the shared stream by itself (its
+    partial travels with the MLP's all-reduce), so ``r_k`` after an SPD attention is its input,
+    and the SPD MLP also reads its own rank's unreduced attention partial (``reads_local_partial``).
+    """
+
+    k: int
+    layer: int
+    kind: ModuleKind
+    mode: LayerMode
+    reads: int
+    reads_local_partial: bool  # SPD MLP: LN2(X + Y_r), the rank's own attention partial
+    allreduce: bool  # the module ends in an all-reduce under TP
+    overlaps_next: bool  # that all-reduce may still run while module k+1 computes
+
+    @property
+    def reads_stale(self) -> bool:
+        """Reads the stale slot (``r_{k-2}``, ``r_0`` for the first module) instead of the previous output."""
+        return self.mode.traits.reads_stale
+
+
+def module_program(modes: Sequence[LayerMode]) -> tuple[ModuleOp, ...]:
+    """The per-module program of a layer-mode sequence (see ``ModuleOp``).
+
+    A module reads ``r_{k-1}``, or ``r_{k-2}`` when its layer reads the stale residual. The
+    all-reduce of module k overlaps module k+1 exactly when module k+1 reads a state from
+    before module k's output; the last module's never does (the final norm reads ``r_{2L}``).
+    """
+    kinds = [(layer, kind, LayerMode(mode.value)) for layer, mode in enumerate(modes) for kind in ModuleKind]
+    local_only = {  # SPD attentions: their output exists only as each rank's partial
+        k for k, (_, kind, mode) in enumerate(kinds, start=1)
+        if kind is ModuleKind.ATTENTION and not mode.traits.attention_allreduce
+    }
+
+    def visible(j: int) -> int:  # the complete state that stands for r_j
+        return max(0, j - 1 if j in local_only else j)
+
+    ops: list[ModuleOp] = []
+    for k, (layer, kind, mode) in enumerate(kinds, start=1):
+        local = kind is ModuleKind.MLP and (k - 1) in local_only
+        lag = 2 if mode.traits.reads_stale else 1
+        allreduce = kind is ModuleKind.MLP or mode.traits.attention_allreduce
+        ops.append(ModuleOp(k, layer, kind, mode, visible(k - lag), local, allreduce, False))
+    return tuple(replace(op, overlaps_next=op.allreduce and op.k < len(ops) and ops[op.k].reads < op.k) for op in ops)
 
 
 def parse_layer_ranges(spec: str | None, num_layers: int) -> list[int]:
@@ -195,12 +269,14 @@ class Layout:
                 parts.append(f"{mode}{'@tp' + str(self.spd_tp_size) if mode == 'spd' else ''} {spec}")
         return " + ".join(parts) or "dense"
 
+    def program(self) -> tuple[ModuleOp, ...]:
+        """The per-module program: what each module reads, and where its all-reduce goes."""
+        return module_program(self.modes)
+
     def allreduces_per_token(self) -> dict[str, int]:
-        """All-reduces per token per forward under TP: total, and how many ladder can overlap."""
-        return {
-            "total": sum(m.allreduces_per_layer for m in self.modes),
-            "overlappable": sum(m.overlappable_allreduces for m in self.modes),
-        }
+        """All-reduces per token per forward under TP: total, and how many can overlap the next module."""
+        program = self.program()
+        return {"total": sum(op.allreduce for op in program), "overlappable": sum(op.overlaps_next for op in program)}
 
     def head_order(self, layer: int, num_kv_heads: int) -> list[int]:
         """KV-head order of a layer (identity when none was recorded)."""

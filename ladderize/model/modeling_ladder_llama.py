@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_ladder_llama import LadderLlamaConfig
-from .layout import LayerMode, Layout, rank_kv_heads, rank_query_heads
+from .layout import LayerMode, Layout, module_program, rank_kv_heads, rank_query_heads
 
 
 class LadderAttention(nn.Module):
@@ -135,12 +135,14 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         # Re-wrap in this module's enum: under trust_remote_code, transformers may load the config's
         # copy of layout.py as a different module than ours, and enum identity checks would fail.
         self.mode = LayerMode(layout.modes[layer_idx].value)
+        # This layer's two modules of the mode program: what each reads, whether attention syncs.
+        self.attn_op, self.mlp_op = module_program(layout.modes)[2 * layer_idx : 2 * layer_idx + 2]
         self.layer_idx = layer_idx
         self.self_attn = LadderAttention(config, layer_idx)
         self.mlp = LadderMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        if self.mode is LayerMode.SPD:
+        if self.mlp_op.reads_local_partial:
             self.spd_groups = _spd_groups(config, layout, layer_idx, self.self_attn.head_dim)
 
     def forward(
@@ -150,12 +152,11 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         **attn_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the new ``(residual, stale)`` pair after this layer's two modules."""
-        if self.mode is LayerMode.SPD:
+        if self.mlp_op.reads_local_partial:  # SPD: one block, one all-reduce
             return self._spd(residual, **attn_kwargs), residual
-        ladder = self.mode.reads_stale_residual
-        attn_out = self.self_attn(self.input_layernorm(stale if ladder else residual), **attn_kwargs)
+        attn_out = self.self_attn(self.input_layernorm(stale if self.attn_op.reads_stale else residual), **attn_kwargs)
         stale, residual = residual, residual + attn_out
-        mlp_out = self.mlp(self.post_attention_layernorm(stale if ladder else residual))
+        mlp_out = self.mlp(self.post_attention_layernorm(stale if self.mlp_op.reads_stale else residual))
         return residual + mlp_out, residual
 
     def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, slice]]:

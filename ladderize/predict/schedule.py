@@ -1,12 +1,13 @@
 """The schedule simulator: one forward step of a TP model as two streams, compute and communication.
 
 Pure functions, no torch. Inputs are per-module compute times and per-all-reduce times; the output is
-the step's latency. The layer modes decide the dependencies, through the ``LayerMode`` properties:
+the step's latency. The layout's mode program (``module_program``, the same one the model, the runtime and ``inspect``
+read) decides the dependencies:
 
-* a module reads the residual one module back (dense, spd) or two modules back
-  (``reads_stale_residual``: ladder), so it waits for the all-reduces up to that module;
-* an attention module ends in an all-reduce only if ``syncs_attention`` (spd drops it);
-* every MLP module ends in an all-reduce.
+* a module waits for the all-reduces up to the state it reads (``ModuleOp.reads``: one module back
+  for dense and spd, two for ladder);
+* a module ends in an all-reduce when the program says so (``ModuleOp.allreduce``: spd's attention
+  does not).
 
 Streams are in-order queues, like a CUDA compute stream and an NCCL stream: a module starts when the
 compute stream is free and the all-reduces it depends on have finished; an all-reduce starts when its
@@ -33,7 +34,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..model.layout import LayerMode
+from ..model.layout import LayerMode, ModuleKind, module_program
 
 
 @dataclass(frozen=True)
@@ -78,21 +79,15 @@ def plan_modules(
 ) -> list[PlannedModule]:
     """Lay out 2 * len(modes) modules per chunk in issue order (module-major, chunk-minor).
 
-    Within a chunk, module k of layer i waits for the all-reduces up to module ``k - lag``, where lag is
-    2 when the layer reads the stale residual (ladder) and 1 otherwise. Chunks are independent slices of
+    Within a chunk, module k waits for the all-reduces up to the state the mode program says it reads
+    (``r_{k-2}`` for ladder, ``r_{k-1}`` otherwise). Chunks are independent slices of
     the batch or the sequence, each with its own residual stream.
     """
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
-    has_allreduce: list[bool] = []
-    lags: list[int] = []
-    costs: list[ModuleCost] = []
-    for mode in modes:
-        lag = 2 if mode.reads_stale_residual else 1
-        has_allreduce += [communicate and mode.syncs_attention, communicate]
-        lags += [lag, lag]
-        costs += [attention, mlp]
-    # Index of the latest module at or before k that ends in an all-reduce.
+    program = module_program(modes)
+    has_allreduce = [communicate and op.allreduce for op in program]
+    # Index (0-based) of the latest module at or before k that ends in an all-reduce.
     last_sync: list[int | None] = []
     latest: int | None = None
     for k, syncs in enumerate(has_allreduce):
@@ -101,9 +96,9 @@ def plan_modules(
         last_sync.append(latest)
 
     planned: list[PlannedModule] = []
-    for k, cost in enumerate(costs):
-        source = k - lags[k]
-        waits_for = last_sync[source] if source >= 0 else None
+    for k, op in enumerate(program):
+        cost = attention if op.kind is ModuleKind.ATTENTION else mlp
+        waits_for = last_sync[op.reads - 1] if op.reads >= 1 else None  # r_j is complete after module j's all-reduce
         for chunk in range(chunks):
             planned.append(
                 PlannedModule(cost.compute_s, cost.allreduce_s if has_allreduce[k] else 0.0, waits_for, chunk)

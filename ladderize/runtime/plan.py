@@ -1,19 +1,15 @@
 """The communication plan: which modules run, what residual each reads, and how each all-reduce is issued.
 
-This is the runtime's one place that turns a ``Layout`` (per-layer ``LayerMode``) and a
-benchmark *schedule* into steps. It branches only on the mode's properties:
+This is the runtime's one place that turns a ``Layout`` and a benchmark *schedule* into
+steps. It reads the layout's mode program (``Layout.program()``, one ``ModuleOp`` per
+module), and re-derives nothing:
 
-- ``LayerMode.syncs_attention``: ``False`` fuses attention and MLP into one SPD block step
-  with a single all-reduce; ``True`` gives two steps (attention, MLP), one all-reduce each.
-- ``LayerMode.reads_stale_residual``: the step reads ``r_{k-2}`` instead of ``r_{k-1}``.
-
-From those the rule for overlap follows: the all-reduce of step k may still be in flight
-while step k+1 computes exactly when step k+1 reads the stale residual. So it is issued
-with ``async_op=True`` and waited on one step later; every other all-reduce is blocking.
-In a ladder layer both all-reduces but the very last one overlap; the MLP all-reduce of
-the last dense layer before a ladder layer overlaps too (the first ladder attention reads
-that layer's post-attention state), and so does the SPD block's all-reduce before a
-ladder layer (the ladder attention reads the SPD block's input).
+- an attention module without an all-reduce (SPD) is fused with its MLP into one SPD block
+  step with a single all-reduce; every other module is a step of its own;
+- a step reads ``r_{k-2}`` when its module reads the stale residual;
+- a step's all-reduce is issued with ``async_op=True`` and waited on one step later exactly
+  when the program says it overlaps the next module (``ModuleOp.overlaps_next``); every other
+  all-reduce is blocking. So ``inspect``'s overlappable count is this plan's by construction.
 
 Schedules (applicable to any checkpoint):
 
@@ -31,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from ..errors import LadderizeError, parse_choice
-from ..model.layout import Layout
+from ..model.layout import Layout, ModuleKind
 
 
 class Schedule(str, enum.Enum):
@@ -89,16 +85,14 @@ class CommPlan:
         return f"{self.schedule.value} ({self.layout.describe()}{extra})"
 
 
-def layer_steps(layout: Layout) -> list[tuple[int, StepKind, bool]]:
-    """``(layer, kind, reads_stale)`` of every module, in order; SPD layers give one fused block."""
+def layer_steps(layout: Layout) -> list[tuple[int, StepKind, bool, bool]]:
+    """``(layer, kind, reads_stale, overlaps_next)`` of every step, in order; SPD layers give one fused block."""
     steps = []
-    for layer, mode in enumerate(layout.modes):
-        stale = mode.reads_stale_residual
-        if mode.syncs_attention:
-            steps.append((layer, StepKind.ATTENTION, stale))
-            steps.append((layer, StepKind.MLP, stale))
-        else:
-            steps.append((layer, StepKind.SPD_BLOCK, stale))
+    for op in layout.program():
+        if op.kind is ModuleKind.ATTENTION and not op.allreduce:
+            continue  # fused into the SPD block step that its MLP ends
+        kind = StepKind.SPD_BLOCK if op.reads_local_partial else StepKind(op.kind.value)
+        steps.append((op.layer, kind, op.reads_stale, op.overlaps_next))
     return steps
 
 
@@ -106,12 +100,11 @@ def build_plan(layout: Layout, schedule: Schedule | str = Schedule.NATIVE, chunk
     """The communication plan of ``layout`` under ``schedule`` (``chunks`` applies to domino only)."""
     schedule = Schedule.parse(schedule) if isinstance(schedule, str) else schedule
     math_layout = layout if schedule is Schedule.NATIVE else Layout.dense(layout.num_layers)
-    raw = layer_steps(math_layout)
     domino = schedule is Schedule.DOMINO
     steps = tuple(
         # domino: every all-reduce is async; a chunk waits for its own result when it next needs it
-        Step(layer, kind, stale, overlapped=domino or (index + 1 < len(raw) and raw[index + 1][2]))
-        for index, (layer, kind, stale) in enumerate(raw)
+        Step(layer, kind, stale, overlapped=domino or overlaps)
+        for layer, kind, stale, overlaps in layer_steps(math_layout)
     )
     if chunks < 1:
         raise LadderizeError(f"domino needs at least 1 chunk, got {chunks}")

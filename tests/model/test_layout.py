@@ -144,16 +144,17 @@ def test_bad_head_order_rejected():
 
 def test_allreduces_per_token():
     assert Layout.dense(32).allreduces_per_token() == {"total": 64, "overlappable": 0}
-    assert Layout.from_ranges(32, ladder="all").allreduces_per_token() == {"total": 64, "overlappable": 64}
+    # The last module's all-reduce has no next module to hide behind: the final norm reads r_2L.
+    assert Layout.from_ranges(32, ladder="all").allreduces_per_token() == {"total": 64, "overlappable": 63}
     assert Layout.from_ranges(32, spd="all", spd_tp_size=8).allreduces_per_token() == {"total": 32, "overlappable": 0}
     mixed = Layout.from_ranges(32, ladder="16:32", spd="0:4", spd_tp_size=8)
-    # 12 dense * 2 + 16 ladder * 2 + 4 spd * 1; ladder overlaps both of its all-reduces.
+    # 12 dense * 2 + 16 ladder * 2 + 4 spd * 1; ladder overlaps all but the very last all-reduce,
+    # and the MLP all-reduce of dense layer 15 overlaps the first ladder attention (it reads r_{k-2}).
     assert mixed.allreduces_per_token() == {"total": 12 * 2 + 16 * 2 + 4, "overlappable": 16 * 2}
 
 
 def test_layer_mode_properties():
     assert [m.allreduces_per_layer for m in LayerMode] == [2, 2, 1]
-    assert [m.overlappable_allreduces for m in LayerMode] == [0, 2, 0]
     assert [m.reads_stale_residual for m in LayerMode] == [False, True, False]
     assert [m.syncs_attention for m in LayerMode] == [True, True, False]
     assert [m.is_converted for m in LayerMode] == [False, True, True]
@@ -182,3 +183,22 @@ def test_layout_config_round_trip():
     # A plain Llama config has no layout fields: all dense.
     assert Layout.from_config(LlamaConfig(**TINY)) == Layout.dense(TINY["num_hidden_layers"])
     assert tiny_config().layer_modes == ["dense"] * 4
+
+
+def test_mode_program_reads_and_allreduces():
+    from ladderize.model.layout import ModuleKind
+
+    program = Layout.from_ranges(3, ladder="1:2", spd="2:3", spd_tp_size=2).program()
+    got = [(op.k, op.layer, op.kind, op.reads, op.reads_local_partial, op.allreduce, op.overlaps_next) for op in program]
+    A, M = ModuleKind.ATTENTION, ModuleKind.MLP
+    assert got == [
+        (1, 0, A, 0, False, True, False),  # dense reads r_{k-1}
+        (2, 0, M, 1, False, True, True),  # overlaps: the ladder attention reads r_1
+        (3, 1, A, 1, False, True, True),  # ladder reads r_{k-2}
+        (4, 1, M, 2, False, True, False),  # the SPD attention after it reads the complete r_4
+        (5, 2, A, 4, False, False, False),  # SPD attention: no all-reduce of its own
+        (6, 2, M, 4, True, True, False),  # LN2(X + Y_r): the block input plus the rank's own partial
+    ]
+    # After an SPD block, a ladder attention reads the block's input (r after the SPD attention is its input).
+    after_spd = Layout.from_ranges(2, ladder="1:2", spd="0:1", spd_tp_size=2).program()
+    assert after_spd[2].reads == 0 and after_spd[1].overlaps_next

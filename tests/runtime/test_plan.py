@@ -68,3 +68,22 @@ def test_domino_chunks_and_bad_schedule():
     assert domino_chunks_for(1, 2) == 1 and domino_chunks_for(16, 4) == 4 and domino_chunks_for(3, 4) == 3
     with pytest.raises(LadderizeError, match="unknown schedule"):
         build_plan(Layout.dense(2), "fastest")
+
+
+def test_inspect_overlappable_count_equals_the_runtime_plan_for_every_layout(tmp_path):
+    """Every layout of 4 layers over {dense, ladder, spd}: inspect's counts are the plan's."""
+    import itertools
+
+    from ladderize.convert.inspect import inspect_checkpoint
+    from tests.conftest import tiny_model
+
+    all_ladder = Layout.from_ranges(4, ladder="all")
+    tiny_model(layer_modes=["ladder"] * 4).save_pretrained(tmp_path / "ladder")
+    reported = inspect_checkpoint(tmp_path / "ladder")["allreduces_per_token"]
+    assert reported == {"total": 8, "overlappable": build_plan(all_ladder).overlapped_allreduces} == {"total": 8, "overlappable": 7}
+    for modes in itertools.product(list(LayerMode), repeat=4):
+        native = Layout(tuple(modes), spd_tp_size=2)
+        plan = build_plan(native)
+        counts = native.allreduces_per_token()
+        assert counts["total"] == plan.allreduces_per_forward, native.describe()
+        assert counts["overlappable"] == plan.overlapped_allreduces, native.describe()
