@@ -72,7 +72,32 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture("MistralForCausalLM", "mistral", None, None, None),
     # Qwen2 has q/k/v biases (always on) and none on o_proj.
     "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", "__always__", None, None),
+    # The Ladder authors' hybrid checkpoints: Llama tensors, with ``ladder_layers`` naming the ladder layers.
+    "llamaLadder": Architecture("LlamaForCausalLM", "llamaLadder", "attention_bias", "attention_bias", "mlp_bias"),
 }
+
+
+def authors_layer_modes(config: dict[str, Any]) -> list[str] | None:
+    """The Ladder authors' ``ladder_layers`` as ``layer_modes``; ``None`` for any other config.
+
+    Their format (``model_type: llamaLadder``) stores an int N for the last N layers, or a list
+    of layer indices.
+    """
+    if config.get("model_type") != "llamaLadder":
+        return None
+    layers = int(config["num_hidden_layers"])
+    raw = config.get("ladder_layers", 0)
+    if isinstance(raw, bool) or not isinstance(raw, (int, list)):
+        raise LadderizeError(f"ladder_layers must be an int (the last N layers) or a list of layer indices, got {raw!r}")
+    if isinstance(raw, int):
+        if not 0 <= raw <= layers:
+            raise LadderizeError(f"ladder_layers={raw} is outside the model's {layers} layers")
+        chosen = set(range(layers - raw, layers))
+    else:
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in raw):
+            raise LadderizeError(f"ladder_layers {raw} names layers outside 0..{layers - 1}")
+        chosen = set(raw)
+    return ["ladder" if i in chosen else "dense" for i in range(layers)]
 
 
 def architecture_for(config: dict[str, Any]) -> Architecture:
@@ -80,7 +105,9 @@ def architecture_for(config: dict[str, Any]) -> Architecture:
     model_type = config.get("model_type")
     arch = ARCHITECTURES.get(model_type or "")
     if arch is None:
-        names = ", ".join(a.name for a in ARCHITECTURES.values() if a.model_type != "ladder_llama")
+        names = ", ".join(
+            f"{a.name} ({a.model_type})" for a in ARCHITECTURES.values() if a.model_type != "ladder_llama"
+        )
         declared = ",".join(config.get("architectures") or []) or model_type or "unknown"
         raise LadderizeError(f"unsupported architecture {declared!r} (model_type {model_type!r}); ladderize converts {names}")
     _check_no_sliding_window(config)
@@ -118,6 +145,9 @@ def ladder_config_kwargs(config: dict[str, Any]) -> dict[str, Any]:
     for key in ("layer_modes", "spd_tp_size", "spd_head_order"):
         if key in config:
             kwargs[key] = config[key]
+    authors = authors_layer_modes(config)
+    if authors is not None:
+        kwargs["layer_modes"] = authors
     return kwargs
 
 

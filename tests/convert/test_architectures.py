@@ -42,3 +42,50 @@ def test_mistral_sliding_window_refused(tmp_path: Path) -> None:
     with pytest.raises(LadderizeError, match="sliding_window"):
         convert_checkpoint(str(tmp_path / "src"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("ladder_layers,expected", [(2, ["dense", "dense", "ladder", "ladder"]), ([0, 2], ["ladder", "dense", "ladder", "dense"])])
+def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expected, tmp_path: Path) -> None:
+    """A checkpoint in the Ladder authors' format (model_type llamaLadder, ladder_layers) keeps their layout."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY
+    from tests.model.reference import reference_logits
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(tmp_path / "authors")
+    config_path = tmp_path / "authors" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(  # the shape of their published configs: a Llama architecture name and their own model type
+        model_type="llamaLadder",
+        ladder_layers=ladder_layers,
+        architectures=["LlamaForCausalLM"],
+        auto_map={"AutoConfig": "modeling_llama_ladder.LlamaLadderConfig",
+                  "AutoModelForCausalLM": "modeling_llama_ladder.LlamaLadderForCausalLM"},
+    )  # fmt: skip
+    config_path.write_text(json.dumps(config))
+    model = load_model(convert_checkpoint(str(tmp_path / "authors"), tmp_path / "out"))
+    assert model.config.layer_modes == expected
+    ids = torch.randint(0, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the plainly written reference of the ladder equations, on their meaning of ladder_layers
+        want = reference_logits(model, ids, config=model.config)
+        assert (model(ids).logits - want).abs().max() <= 1e-5
+        dense = LlamaForCausalLM.from_pretrained(tmp_path / "authors", config=LlamaConfig(**TINY)).eval()
+        assert (dense(ids).logits - want).abs().max() > 1e-3  # the ladder layers really change the function
+
+
+@pytest.mark.parametrize("bad", [7, -1, [0, 9], "2"])
+def test_ladder_authors_format_with_bad_ladder_layers_is_one_line(bad, tmp_path: Path) -> None:
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY
+
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(tmp_path / "authors")
+    config_path = tmp_path / "authors" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model_type": "llamaLadder", "ladder_layers": bad}))
+    with pytest.raises(LadderizeError, match="ladder_layers"):
+        convert_checkpoint(str(tmp_path / "authors"), tmp_path / "out")

@@ -128,3 +128,34 @@ with torch.no_grad():
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
     assert (torch.load(tmp_path / "logits.pt") - expected).abs().max() <= TOL
+
+
+def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):
+    """``plain=True`` (what ``pull`` writes): model_type llama, no custom code, same function."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+
+    from ladderize.convert.checkpoint import convert_checkpoint, load_model
+
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "plain", plain=True)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "auto_map" not in config and "layer_modes" not in config
+    assert not list(out.glob("*.py"))  # no modeling code travels with it
+    assert AutoConfig.from_pretrained(out).model_type == "llama"
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        auto = AutoModelForCausalLM.from_pretrained(out).eval()
+        assert type(auto) is LlamaForCausalLM
+        source = LlamaForCausalLM.from_pretrained(tiny_llama_dir).eval()
+        assert torch.equal(auto(ids).logits, source(ids).logits)
+        assert (load_model(out)(ids).logits - source(ids).logits).abs().max() <= 1e-5  # ladderize reads it too
+
+
+def test_plain_output_of_a_converted_layout_is_refused(tiny_llama_dir, tmp_path):
+    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.errors import LadderizeError
+
+    with pytest.raises(LadderizeError, match="plain Llama checkpoint cannot hold"):
+        convert_checkpoint(str(tiny_llama_dir), tmp_path / "x", ladder="2:4", plain=True)

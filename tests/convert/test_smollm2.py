@@ -22,12 +22,16 @@ def test_pulled_model_reproduces_transformers_gguf_load(smollm2_dir: Path) -> No
     gguf = Path(read_provenance(smollm2_dir)["source"]["path"])
     reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     assert isinstance(reference, LlamaForCausalLM)
-    ours = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
+    ours = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()  # no trust_remote_code: a plain Llama checkpoint
+    assert type(ours) is LlamaForCausalLM and json.loads((smollm2_dir / "config.json").read_text())["model_type"] == "llama"
+    plain = LlamaForCausalLM.from_pretrained(smollm2_dir).eval()
+    ladderized = load_model(smollm2_dir)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     batch = tokenizer(["The capital of France is", "def fibonacci(n):\n    "], return_tensors="pt", padding=True)
     with torch.no_grad():
-        diff = (reference(**batch).logits - ours(**batch).logits).abs().max().item()
-    assert diff <= 1e-4
+        want = reference(**batch).logits
+        for model in (ours, plain, ladderized):
+            assert (want - model(**batch).logits).abs().max().item() <= 1e-4
 
 
 def test_converted_none_reproduces_llama_on_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
