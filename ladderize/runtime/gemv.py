@@ -52,19 +52,34 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _compile(compiler: str) -> Path:
-    """Build ``gemv.c`` unless a library of this source and command is cached; return its path."""
-    command = [compiler, *FLAGS]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(command).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"gemv-{key}.so"
+def find_compiler() -> str | None:
+    """The C compiler to build ladderize's kernels with: ``$CC``, else ``cc`` or ``gcc`` on the PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def compile_library(source: Path, flags: tuple[str, ...], compiler: str, libs: tuple[str, ...] = ()) -> Path:
+    """Build ``source`` into a shared library unless one of this source and command is cached; return its path.
+
+    Libraries live in ``$LADDERIZE_HOME/kernels`` (default ``~/.cache/ladderize/kernels``), named
+    ``<source stem>-<hash of source and command>.so``. Raises ``subprocess.CalledProcessError``
+    (with the compiler's stderr) when the build fails. Shared by ``gemv.c`` and ``shm.c``.
+    """
+    command = [compiler, *flags]
+    key = hashlib.sha256(source.read_bytes() + " ".join([*command, *libs]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"{source.stem}-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # build aside, then rename: ranks may race
         built = Path(tmp) / target.name
-        subprocess.run([*command, "-o", str(built), str(SOURCE)], check=True, capture_output=True, text=True)
+        subprocess.run([*command, "-o", str(built), str(source), *libs], check=True, capture_output=True, text=True)
         os.replace(built, target)
     return target
+
+
+def _compile(compiler: str) -> Path:
+    """Build ``gemv.c`` unless a library of this source and command is cached; return its path."""
+    return compile_library(SOURCE, FLAGS, compiler)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,7 +88,7 @@ def _library() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         _reason = f"gemv.c targets Linux x86-64, not {platform.system()} {platform.machine()}"
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler()
     if compiler is None:
         _reason = "no C compiler found (set CC)"
         return None
@@ -128,4 +143,4 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return y
 
 
-__all__ = ["MAX_ROWS", "available", "gemv", "unavailable_reason"]
+__all__ = ["MAX_ROWS", "available", "compile_library", "find_compiler", "gemv", "unavailable_reason"]

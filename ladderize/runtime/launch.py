@@ -6,7 +6,11 @@ current process *is* a rank: the group is initialised from the environment and t
 other ranks return ``None``. Otherwise ladderize spawns ``tp`` processes itself on
 127.0.0.1 with a free port. One rank needs no process group at all.
 
-Backends: gloo on CPU, NCCL on CUDA (``backend="auto"`` picks by device).
+Backends: gloo on CPU, NCCL on CUDA (``backend="auto"`` picks by device). The all-reduces of
+the model go through ``comm`` (``--comm auto|shm|gloo|nccl``): ``auto`` is NCCL on CUDA, and on
+CPU the shared-memory all-reduce of ``shm.py`` when every rank runs on this host (the host
+names are gathered at start-up), else gloo. The gloo group stays up beside ``shm`` for
+set-up and barriers. ``--comm shm`` across hosts is refused in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import torch.multiprocessing as mp
 from ..errors import LadderizeError
 from .allreduce import Communicator
 
+COMMS = ("auto", "shm", "gloo", "nccl")
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -33,7 +39,8 @@ class LaunchSpec:
 
     tp: int = 1
     device: str = "auto"  # auto | cpu | cuda
-    backend: str = "auto"  # auto | gloo | nccl
+    backend: str = "auto"  # auto | gloo | nccl: the process group
+    comm: str = "auto"  # auto | shm | gloo | nccl: what carries the model's all-reduces (see shm.py)
     oversubscribe: bool = False
     timeout_s: float = 600.0
     threads_per_rank: int = 0  # 0: the machine's cores divided among the local ranks
@@ -49,6 +56,10 @@ class LaunchSpec:
     @property
     def backend_name(self) -> str:
         if self.backend == "auto":
+            if self.comm in ("gloo", "shm"):
+                return "gloo"
+            if self.comm == "nccl":
+                return "nccl"
             return "nccl" if self.device_type == "cuda" else "gloo"
         return self.backend
 
@@ -63,6 +74,7 @@ class RankContext:
     device: torch.device
     backend: str
     comm: Communicator = field(default_factory=Communicator)
+    transport: str = "none"  # what carries the all-reduces: shm, gloo, nccl (none: one rank)
 
     @property
     def is_main(self) -> bool:
@@ -92,8 +104,14 @@ def check_machine(spec: LaunchSpec) -> None:
         raise LadderizeError(f"unknown device {spec.device!r}; use cpu, cuda or auto")
     if spec.backend_name not in ("gloo", "nccl"):
         raise LadderizeError(f"unknown backend {spec.backend!r}; use gloo, nccl or auto")
+    if spec.comm not in COMMS:
+        raise LadderizeError(f"unknown --comm {spec.comm!r}; use auto, shm, gloo or nccl")
+    if spec.comm in ("shm", "gloo", "nccl") and spec.backend_name != ("nccl" if spec.comm == "nccl" else "gloo"):
+        raise LadderizeError(f"--comm {spec.comm} does not go with --backend {spec.backend_name}")
     if spec.backend_name == "nccl" and spec.device_type != "cuda":
         raise LadderizeError("the nccl backend needs --device cuda; use gloo on CPU")
+    if spec.comm == "shm" and spec.device_type != "cpu":
+        raise LadderizeError("--comm shm reduces CPU tensors; on CUDA use --comm nccl (or auto)")
     if spec.device_type == "cuda" and not torch.cuda.is_available():
         raise LadderizeError("--device cuda was asked for but torch sees no CUDA device")
     if in_torchrun():
@@ -145,7 +163,26 @@ def _init_rank(spec: LaunchSpec, rank: int, world: int, local_rank: int, local_w
                     os.setpriority(os.PRIO_PROCESS, tid, spec.comm_nice)
                 except OSError:  # not permitted (negative values need privileges): keep the default
                     pass
-    return RankContext(rank, world, local_rank, device, spec.backend_name, Communicator(world))
+    comm, transport = Communicator(world), "none"
+    if world > 1:
+        comm, transport = _communicator(spec, rank, world, device, local_world)
+    return RankContext(rank, world, local_rank, device, spec.backend_name, comm, transport)
+
+
+def _communicator(
+    spec: LaunchSpec, rank: int, world: int, device: torch.device, local_world: int
+) -> tuple[Communicator, str]:
+    """The all-reduce path of this run (``--comm``); gathers the ranks' host names on CPU."""
+    if device.type != "cpu" or spec.comm in ("gloo", "nccl"):
+        return Communicator(world), spec.backend_name
+    from .shm import SPIN_US, SPIN_US_OVERSUBSCRIBED, ShmCommunicator, choose_comm, hostname
+
+    hostnames: list = [None] * world
+    dist.all_gather_object(hostnames, hostname())
+    if choose_comm(spec.comm, device.type, hostnames) == "shm":
+        spin_us = SPIN_US if local_world <= cpu_cores() else SPIN_US_OVERSUBSCRIBED
+        return ShmCommunicator(world, rank, spin_us=spin_us, timeout_s=spec.timeout_s), "shm"
+    return Communicator(world), spec.backend_name
 
 
 def _thread_ids() -> set[int]:
@@ -155,7 +192,10 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-def _finish_rank() -> None:
+def _finish_rank(context: RankContext | None = None) -> None:
+    close = getattr(context.comm, "close", None) if context is not None else None
+    if close is not None:
+        close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -166,6 +206,7 @@ def _spawned(local_rank: int, job: Callable[[RankContext], Any], spec: LaunchSpe
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from ..model.layout import LayoutError
 
+    context = None
     try:
         context = _init_rank(spec, local_rank, spec.tp, local_rank, spec.tp)
         with torch.inference_mode():
@@ -179,7 +220,7 @@ def _spawned(local_rank: int, job: Callable[[RankContext], Any], spec: LaunchSpe
         results.put(("crash", f"rank {local_rank}: {traceback.format_exc()}"))
         raise
     finally:
-        _finish_rank()
+        _finish_rank(context)
 
 
 def run_ranks(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
@@ -192,12 +233,16 @@ def run_ranks(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
     if in_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        context = _init_rank(spec, rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        try:
+            context = _init_rank(spec, rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        except BaseException:
+            _finish_rank()
+            raise
         try:
             with torch.inference_mode():
                 result = job(context)
         finally:
-            _finish_rank()
+            _finish_rank(context)
         return result if rank == 0 else None
     if spec.tp == 1:  # in this process: put its thread count and CPU mask back afterwards
         threads, mask = torch.get_num_threads(), os.sched_getaffinity(0)
