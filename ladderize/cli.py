@@ -152,12 +152,14 @@ def _print_inspection(path: Path) -> None:
 
 
 def _runtime_launch(
-    tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False
+    tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
+    comm: str = "auto",
 ):
     from .runtime.launch import LaunchSpec
 
     return LaunchSpec(
-        tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank, pin_cores=pin_cores
+        tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank, pin_cores=pin_cores,
+        comm=comm,
     )
 
 
@@ -189,6 +191,9 @@ def generate_cmd(
     dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
+    comm: str = typer.Option(
+        "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+    ),
     oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
     allow_spd_mismatch: bool = typer.Option(
         False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
@@ -217,7 +222,7 @@ def generate_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    launch = _runtime_launch(tp, device, backend, oversubscribe)
+    launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
     if json_output:
         response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
     else:
@@ -254,6 +259,9 @@ def bench_cmd(
     dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
+    comm: str = typer.Option(
+        "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+    ),
     oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
     threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
@@ -291,7 +299,7 @@ def bench_cmd(
         compile=compile_modules, linear=linear,
     )
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
-        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores), options)
+        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
     table = Table(title=f"{source.name}: {result.meta['layout']}, {result.meta['device']} {result.meta['dtype']}, "
