@@ -98,7 +98,11 @@ def measure_sensitivity(
     data: str = "",
     progress: Callable[[int, int], None] | None = None,
 ) -> SensitivityReport:
-    """Measure every candidate block's sensitivity on token ids ``[N, S]`` (see the module docstring)."""
+    """Measure every candidate block's sensitivity on token ids ``[N, S]`` (see the module docstring).
+
+    ``progress(done, total)`` is called after each perplexity measured: per batch, the dense
+    model and then each suffix of converted blocks (``total = batches * (candidates + 1)``).
+    """
     if model.layout.converted_layers:
         raise LadderizeError(f"sensitivity needs the dense source; this checkpoint is {model.layout.describe()}")
     if mode not in (LayerMode.SPD, LayerMode.LADDER):
@@ -112,7 +116,8 @@ def measure_sensitivity(
     nll = torch.zeros(len(order) + 1, dtype=torch.float64)  # [dense, suffix from order[0], ...]
     count = 0
     batches = list(range(0, ids.shape[0], batch_size))
-    for done, start in enumerate(batches):
+    units, done_units = len(batches) * (len(order) + 1), 0
+    for start in batches:
         batch = ids[start : start + batch_size]
         state, attn_kwargs = embed(model, batch)
         entering = [state]
@@ -120,6 +125,9 @@ def measure_sensitivity(
             state = run_layers(model, state, attn_kwargs, index, index + 1)
             entering.append(state)
         nll[0] += token_nll(logits_from(model, state[0]), batch).double()
+        done_units += 1
+        if progress:
+            progress(done_units, units)
         chosen: set[int] = set()
         for position, layer in enumerate(order, start=1):
             chosen.add(layer)
@@ -129,9 +137,10 @@ def measure_sensitivity(
                 source = converted if index in chosen else model
                 state = run_layers(source, state, attn_kwargs, index, index + 1)
             nll[position] += token_nll(logits_from(model, state[0]), batch).double()
+            done_units += 1
+            if progress:
+                progress(done_units, units)
         count += batch[:, 1:].numel()
-        if progress:
-            progress(done + 1, len(batches))
     ppl = [math.exp(v / count) for v in nll.tolist()]
     report = SensitivityReport(mode.value, spd_tp_size if mode is LayerMode.SPD else 1, ppl[0], int(ids.shape[0]), int(ids.shape[1]), data)
     for position, layer in enumerate(order, start=1):

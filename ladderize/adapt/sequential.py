@@ -52,6 +52,24 @@ def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
     return max(1, math.ceil(epochs * num_sequences / batch_size))
 
 
+def layer_summary(curve: list[dict]) -> list[dict]:
+    """Per trained layer of a sequential curve: its steps and its loss before and after training.
+
+    ``before`` is the loss of the layer's first step (computed before its first update, so
+    it is the unadapted layer's error on that batch); ``after`` is its last step's loss.
+    """
+    layers: dict[int, dict] = {}
+    for record in curve:
+        layer = record.get("layer")
+        if layer is None:
+            continue
+        loss = record.get("loss_local", record.get("loss_total"))
+        entry = layers.setdefault(layer, {"layer": layer, "steps": 0, "before": loss, "after": loss})
+        entry["steps"] += 1
+        entry["after"] = loss
+    return [layers[k] for k in sorted(layers)]
+
+
 def layer_rows(num_sequences: int, layer: int, step: int, batch_size: int, seed: int) -> torch.Tensor:
     """Calibration rows of ``step`` within ``layer``'s training: a pure function, so resume is exact."""
     rows = []

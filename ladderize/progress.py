@@ -1,0 +1,195 @@
+"""Progress of long steps, on a terminal and in a log.
+
+On a terminal, a long step (adapt, sensitivity, eval) shows a rich progress bar. When the
+output is not a terminal (a log file, a pipe, CI), a bar prints nothing useful, so the same
+updates become plain lines instead, one every ``LADDERIZE_PROGRESS_INTERVAL`` seconds
+(default 15), plus the first and the last one::
+
+    adapt 12/64 (19%)  layer 23  loss 0.0123  1,234 tok/s  elapsed 1m02s  ETA 4m30s
+
+``ProgressLine`` decides when a line is due and formats it (no I/O: the demo hands its lines
+to its own event callback); ``Progress`` prints them, or drives the bar on a terminal.
+``make_console`` builds the consoles of the command line: off a terminal they are wide, so
+that tables keep their full width in logs instead of cutting headers to ``sche…``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+ENV_INTERVAL = "LADDERIZE_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL = 15.0
+LOG_WIDTH = 200  # console width when the output is not a terminal
+
+
+def progress_interval() -> float:
+    """Seconds between two plain progress lines: ``$LADDERIZE_PROGRESS_INTERVAL``, else 15."""
+    raw = os.environ.get(ENV_INTERVAL, "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return value if value >= 0 else DEFAULT_INTERVAL
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``4m10s``, ``1h02m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def make_console(stderr: bool = False):
+    """A rich Console; off a terminal it is ``LOG_WIDTH`` wide (or ``$COLUMNS`` when wider) so tables are not cut."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if terminal:
+        return Console(stderr=stderr)
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    return Console(stderr=stderr, width=max(LOG_WIDTH, columns))
+
+
+class ProgressLine:
+    """When a plain progress line is due, and its text. No I/O.
+
+    ``update`` returns the line for the first update, for the last (``done == total``), when
+    ``interval`` seconds have passed since the previous line, or when forced; else ``None``.
+    Tokens per second are measured between two lines when ``tokens`` is given (else the
+    caller's ``tokens_per_s``); the ETA is ``elapsed / done * (total - done)``, with
+    ``elapsed`` the caller's (e.g. training time without loading) or the time since the
+    first update.
+    """
+
+    def __init__(self, label: str, total: int | None = None, *, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.label = label
+        self.total = total
+        self.interval = progress_interval() if interval is None else interval
+        self.clock = clock
+        self.started = clock()
+        self._last_time: float | None = None
+        self._last_tokens: int | None = None
+
+    def update(
+        self,
+        done: int,
+        total: int | None = None,
+        *,
+        loss: float | None = None,
+        tokens: int | None = None,
+        tokens_per_s: float | None = None,
+        layer: int | str | None = None,
+        elapsed: float | None = None,
+        extra: str | None = None,
+        force: bool = False,
+    ) -> str | None:
+        if total is not None:
+            self.total = total
+        now = self.clock()
+        final = self.total is not None and done >= self.total
+        due = self._last_time is None or now - self._last_time >= self.interval
+        if not (due or final or force):
+            return None
+        if tokens is not None and self._last_tokens is not None and now > self._last_time:
+            tokens_per_s = (tokens - self._last_tokens) / (now - self._last_time)  # since the previous line
+        elif tokens is not None and tokens_per_s is None and now > self.started:
+            tokens_per_s = tokens / (now - self.started)
+        self._last_time, self._last_tokens = now, tokens
+        spent = elapsed if elapsed is not None else now - self.started
+        return self.format(done, loss=loss, tokens_per_s=tokens_per_s, layer=layer, elapsed=spent, extra=extra)
+
+    def format(self, done: int, *, loss: float | None = None, tokens_per_s: float | None = None,
+               layer: int | str | None = None, elapsed: float = 0.0, extra: str | None = None) -> str:
+        parts = [f"{self.label} {done}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {done}"]
+        details = self.details(loss=loss, tokens_per_s=tokens_per_s, layer=layer, extra=extra)
+        if details:
+            parts.append(details)
+        parts.append(f"elapsed {format_duration(elapsed)}")
+        if self.total and 0 < done < self.total:
+            parts.append(f"ETA {format_duration(elapsed / done * (self.total - done))}")
+        elif self.total and done >= self.total:
+            parts.append("done")
+        return "  ".join(parts)
+
+    @staticmethod
+    def details(*, loss: float | None = None, tokens_per_s: float | None = None, layer: int | str | None = None,
+                extra: str | None = None) -> str:
+        """The fields of a line after its count: layer, loss, tokens/s and any extra text."""
+        parts = []
+        if layer is not None:
+            parts.append(f"layer {layer}")
+        if loss is not None:
+            parts.append(f"loss {loss:.4f}")
+        if tokens_per_s is not None:
+            parts.append(f"{tokens_per_s:,.0f} tok/s")
+        if extra:
+            parts.append(extra)
+        return "  ".join(parts)
+
+
+class Progress:
+    """A progress bar on a terminal, plain ``ProgressLine`` lines on ``console`` otherwise.
+
+    Use as a context manager; ``update`` takes ``ProgressLine.update``'s arguments and
+    ``message`` prints a line above the bar (or in the log).
+    """
+
+    def __init__(self, label: str, console, *, total: int | None = None, interval: float | None = None,
+                 terminal: bool | None = None):
+        self.console = console
+        self.label = label
+        self.terminal = console.is_terminal if terminal is None else terminal
+        self.line = ProgressLine(label, total, interval=interval)
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> "Progress":
+        if self.terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+            self._bar = RichProgress(
+                TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}"), console=self.console, transient=True,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task("", total=self.line.total)
+        else:
+            self.message(f"{self.label}: started")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc_info)
+            self._bar = None
+
+    def message(self, text: str) -> None:
+        target = self._bar.console if self._bar is not None else self.console
+        target.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def update(self, done: int, total: int | None = None, **fields: Any) -> None:
+        if self._bar is not None:
+            if total is not None:
+                self.line.total = total
+            details = ProgressLine.details(**{k: v for k, v in fields.items() if k in ("loss", "tokens_per_s", "layer", "extra")})
+            self._bar.update(self._task, completed=done, total=self.line.total, description=details)
+            return
+        text = self.line.update(done, total, **fields)
+        if text is not None:
+            self.message(text)

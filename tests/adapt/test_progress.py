@@ -1,0 +1,108 @@
+"""Progress in a log: periodic plain lines from adapt (joint and sequential) and sensitivity, wide tables off a terminal."""
+
+from __future__ import annotations
+
+import re
+
+from ladderize.adapt.sequential import layer_summary
+from ladderize.progress import LOG_WIDTH, ProgressLine, format_duration, make_console, progress_interval
+from tests.cli_helpers import run_cli
+
+LINE = re.compile(r"^adapt (\d+)/(\d+) \(\d+%\)")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_line_is_periodic_with_step_loss_rate_and_eta():
+    clock = FakeClock()
+    line = ProgressLine("adapt", 20, interval=10.0, clock=clock)
+    printed = {}
+    for step in range(1, 21):
+        clock.now += 3.0  # a step every 3 s: lines at steps 1, 5 (12 s after), 9, 13, 17 and the last
+        text = line.update(step, loss=1.0 / step, tokens=step * 600, elapsed=3.0 * step)
+        if text is not None:
+            printed[step] = text
+    assert sorted(printed) == [1, 5, 9, 13, 17, 20]
+    assert printed[5].startswith("adapt 5/20 (25%)")
+    assert "loss 0.2000" in printed[5]
+    assert "200 tok/s" in printed[5]  # 2,400 tokens in the 12 s since the previous line
+    assert "ETA 45s" in printed[5]  # 15 s for 5 steps, 15 to go
+    assert printed[20].endswith("done")
+    assert line.update(20, force=True) is not None
+
+
+def test_progress_interval_from_environment(monkeypatch):
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "2.5")
+    assert progress_interval() == 2.5
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "soon")
+    assert progress_interval() == 15.0
+    assert [format_duration(s) for s in (4.4, 250, 3725)] == ["4s", "4m10s", "1h02m"]
+
+
+def test_consoles_off_a_terminal_are_wide_enough_for_tables(capsys):
+    from rich.table import Table
+
+    console = make_console()
+    assert not console.is_terminal and console.width >= LOG_WIDTH
+    table = Table()
+    for name in ("schedule", "decode ms/token", "tokens/s", "speed-up vs dense", "prefill ms", "tp", "batch", "layout"):
+        table.add_column(name)
+    table.add_row("upper-bound", "12.5", "80", "1.10x", "40.0", "3", "16", "ladder 15:30 + spd@tp3 0:3")
+    console.print(table)
+    out = capsys.readouterr().out
+    assert "schedule" in out and "decode ms/token" in out and "…" not in out
+
+
+def test_adapt_prints_periodic_progress_lines_when_not_a_terminal(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "0")  # a line per step
+    args = ["adapt", ladder_dir, tmp_path / "joint", "--data", text_file, "--tokens", 256, "--seq-len", 32, "--batch-size", 2]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = [line for line in stderr.splitlines() if LINE.match(line)]
+    assert [LINE.match(line).groups() for line in lines] == [(str(i), "4") for i in range(1, 5)]
+    for line in lines[:-1]:
+        assert re.search(r"loss \d+\.\d{4}", line) and re.search(r"[\d,]+ tok/s", line) and " ETA " in line
+    assert lines[-1].endswith("done")
+    assert "adapt: started" in stderr and "data: 8 sequences of 32 tokens" in stderr
+
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "3600")  # only the first and the last step
+    code, _, stderr = run_cli([*args[:2], tmp_path / "joint2", *args[3:]], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert [LINE.match(line).group(1) for line in stderr.splitlines() if LINE.match(line)] == ["1", "4"]
+
+
+def test_sequential_adapt_names_the_layer_and_ends_with_a_per_layer_table(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "0")
+    args = ["adapt", ladder_dir, tmp_path / "seq", "--data", text_file, "--local-schedule", "sequential", "--epochs", 1,
+            "--tokens", 128, "--seq-len", 32, "--batch-size", 2]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = [line for line in stderr.splitlines() if LINE.match(line)]
+    layers = [re.search(r"layer (\d+)", line).group(1) for line in lines]
+    assert layers == ["2", "2", "3", "3"]  # ladder layers 2 and 3, 2 steps each
+    table = stdout[stdout.index("sequential adaptation, per layer"):]
+    assert "loss before" in table and "loss after" in table
+    rows = [[cell.strip() for cell in line.split("│")] for line in table.splitlines() if re.match(r"^\s*[23]\s", line)]
+    assert [row[0] for row in rows] == ["2", "3"] and all(row[1] == "2" for row in rows)
+
+
+def test_layer_summary_takes_first_and_last_loss_of_each_layer():
+    curve = [{"layer": 5, "loss_local": 4.0}, {"layer": 5, "loss_local": 2.0}, {"layer": 5, "loss_local": 1.0},
+             {"layer": 7, "loss_local": 3.0}]
+    assert layer_summary(curve) == [{"layer": 5, "steps": 3, "before": 4.0, "after": 1.0},
+                                    {"layer": 7, "steps": 1, "before": 3.0, "after": 3.0}]
+
+
+def test_sensitivity_reports_progress_per_measured_suffix(dense_dir, text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "0")
+    code, _, stderr = run_cli(["sensitivity", dense_dir, "--spd-tp", 3, "--data", text_file, "--samples", 2, "--seq-len", 32,
+                               "--json", tmp_path / "s.json"], capsys, monkeypatch)
+    assert code == 0, stderr
+    counts = re.findall(r"^sensitivity (\d+)/(\d+)", stderr, flags=re.M)
+    assert counts == [(str(i), "10") for i in range(1, 11)]  # 2 samples x (dense + 4 suffixes)
