@@ -18,8 +18,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def main() -> None:
@@ -469,9 +471,8 @@ def adapt_cmd(
     force: bool = typer.Option(False, "--force", help="Replace OUT and any earlier run state."),
 ) -> None:
     """Adapt converted layers (local / kd / lm distillation) with Accelerate; resumable."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from .adapt.trainer import AdaptConfig, adapt
+    from .progress import Progress
 
     config = AdaptConfig(
         checkpoint=str(ckpt), out=str(out), data=data, teacher=teacher, objectives=objective, train=train,
@@ -480,23 +481,35 @@ def adapt_cmd(
         lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, head_grouping=head_grouping, save_every=save_every,
         mixed_precision=mixed_precision, seed=seed, run_dir=str(run_dir) if run_dir else None, force=force,
     )
-    with Progress(
-        TextColumn("[bold]adapt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=err_console, transient=True,
-    ) as progress:
-        task = progress.add_task("loading", total=None)
-
+    with Progress("adapt", err_console) as progress:
         def on_step(info, _model) -> None:
-            losses = " ".join(f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total" or len(info.losses) > 2)
-            progress.update(task, completed=info.step, total=info.total_steps,
-                            description=f"{losses}  {info.tokens_per_s:,.0f} tok/s  {info.tokens:,}/{info.total_tokens:,} tokens")
+            parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
+            progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
+                            tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
+                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
 
-        result = adapt(config, resume=resume, on_step=on_step, on_message=lambda m: progress.console.print(m))
+        result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
+    if local_schedule == "sequential" and result.curve:
+        _print_layer_summary(result.curve)
     last = result.curve[-1] if result.curve else {}
     console.print(
         f"adapted {result.steps} steps, {result.tokens:,} tokens, {result.train_s / 60:.1f} min; "
         f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"
     )
+
+
+def _print_layer_summary(curve: list[dict]) -> None:
+    """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
+    from .adapt.sequential import layer_summary
+
+    table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
+    for name in ("layer", "steps", "loss before", "loss after", "change"):
+        table.add_column(name, justify="right")
+    for entry in layer_summary(curve):
+        before, after = entry["before"], entry["after"]
+        change = f"{100 * (after - before) / before:+.1f}%" if before else ""
+        table.add_row(str(entry["layer"]), str(entry["steps"]), f"{before:.4f}", f"{after:.4f}", change)
+    console.print(table)
 
 
 @app.command("sensitivity")
@@ -511,7 +524,6 @@ def sensitivity_cmd(
     layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
     from .adapt.data import pack_tokens
@@ -519,6 +531,7 @@ def sensitivity_cmd(
     from .convert.checkpoint import load_model
     from .errors import LadderizeError
     from .model import LayerMode, parse_layer_ranges
+    from .progress import Progress
 
     if ladder == (spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
@@ -530,10 +543,9 @@ def sensitivity_cmd(
     ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=samples)
     candidates = parse_layer_ranges(layers, model.config.num_hidden_layers)
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
-    with Progress(TextColumn("[bold]sensitivity"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True) as progress:
-        task = progress.add_task("", total=len(ids))
+    with Progress("sensitivity", err_console) as progress:
         report = measure_sensitivity(model, ids, mode=mode, spd_tp_size=max(spd_tp, 1), layers=candidates, data=data,
-                                     progress=lambda done, total: progress.update(task, completed=done, total=total))
+                                     progress=lambda done, total: progress.update(done, total))
     report.save(json_out)
     table = Table(title=f"{mode.value} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
     for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
