@@ -42,13 +42,32 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
-def install_interrupt_handlers() -> None:
-    """Make SIGINT and SIGTERM raise ``Interrupted`` in the main thread (once); a second signal kills at once."""
+def install_interrupt_handlers() -> dict:
+    """Make SIGINT and SIGTERM raise ``Interrupted`` (once; a second signal kills at once).
+
+    Returns the previous handlers for ``restore_handlers``. Outside the main thread (where
+    Python allows no handlers) it does nothing.
+    """
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
 
     def handler(signum, _frame):
         signal.signal(signum, signal.SIG_DFL)  # a second one while cleaning up ends the process
         raise Interrupted(signum)
 
+    previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.getsignal(signum)
         signal.signal(signum, handler)
+    return previous
+
+
+def restore_handlers(previous: dict) -> None:
+    """Put back the handlers ``install_interrupt_handlers`` replaced."""
+    import signal
+
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)

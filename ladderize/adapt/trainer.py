@@ -17,6 +17,7 @@ Files written:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -77,6 +78,7 @@ class AdaptConfig:
     mixed_precision: str = "no"
     run_dir: str | None = None
     force: bool = False
+    keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
 
     def resolved_run_dir(self) -> Path:
         out = Path(self.out).expanduser().absolute()
@@ -84,7 +86,7 @@ class AdaptConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one."""
-        skip = {"out", "run_dir", "force", "save_every"}
+        skip = {"out", "run_dir", "force", "save_every", "keep_state"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -100,7 +102,6 @@ class StepInfo:
     lr: float
     train_s: float
     tokens_per_s: float
-    layer: int | None = None  # the layer being trained (sequential schedule)
 
 
 @dataclass
@@ -111,6 +112,8 @@ class AdaptResult:
     train_s: float
     curve: list[dict[str, Any]] = field(default_factory=list)
     resumed_from_step: int = 0
+    calibration_tokens: int | None = None  # sequential schedule: the calibration set (``tokens`` is what was trained)
+    state_dir: Path | None = None  # the training state left behind (``keep_state``, or an unfinished run)
 
 
 def _validate(config: AdaptConfig) -> dict[str, float]:
@@ -246,8 +249,10 @@ def adapt(
     if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     checkpoint = str(Path(config.checkpoint).expanduser())
-    if not Path(checkpoint).is_dir():
+    if not Path(checkpoint).exists():
         raise LadderizeError(f"checkpoint {checkpoint} not found")
+    if not Path(checkpoint).is_dir():
+        raise LadderizeError(f"{checkpoint} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
     if state_dir.exists() and not resume and not config.force:
@@ -266,6 +271,11 @@ def adapt(
     set_seed(config.seed)
 
     student = load_model(checkpoint, dtype=torch.float32)
+    if not student.layout.converted_layers:
+        raise LadderizeError(
+            f"{checkpoint} has no converted layers (all {student.config.num_hidden_layers} are dense), so there is nothing to "
+            "adapt; convert some first, e.g. ladderize convert SRC OUT --ladder 16:32"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     except Exception:
@@ -281,9 +291,11 @@ def adapt(
     sequences_per_step = config.batch_size * config.grad_accum * world
     tokens_per_step = sequences_per_step * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
+    if not sequential and total_steps * tokens_per_step != config.tokens:
+        say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
+            f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
     # sequential: --tokens is the calibration set, passed over --epochs times per layer
     data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=config.tokens if sequential else total_steps * tokens_per_step)
-    say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
 
     if config.head_grouping:
         from .head_grouping import group_heads_for_spd
@@ -296,8 +308,13 @@ def adapt(
         if not _prefix_shared(student, teacher, config.train):
             raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
         run, finished = _run_sequential(config, out, student, teacher, data, state_dir, resume, on_step, say, stop_after_steps)
+        run.calibration_tokens = int(data.numel())
+        if run.calibration_tokens != config.tokens:
+            say(f"--tokens {config.tokens:,} is the calibration set: {data.shape[0]} whole sequence(s) of {config.seq_len} tokens "
+                f"= {run.calibration_tokens:,} tokens")
         if finished:  # else stopped early, as a kill would
             _write_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
+        run.state_dir = _finish_state(run_dir, state_dir, config.keep_state or not finished)
         return run
 
     spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
@@ -331,7 +348,7 @@ def adapt(
     rank = accelerator.process_index
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
-            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None)
         started, cpu_started = time.perf_counter(), time.process_time()
         sums: dict[str, float] = {}
         for micro in range(config.grad_accum):
@@ -368,8 +385,25 @@ def adapt(
         if has_lora(final):
             merge_lora(final)
         _write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out)
+        result.state_dir = _finish_state(run_dir, state_dir, config.keep_state)
     accelerator.wait_for_everyone()
     return result
+
+
+def _finish_state(run_dir: Path, state_dir: Path, keep: bool) -> Path | None:
+    """After a finished run, remove its training state (it can be as large as the model and optimizer) unless ``keep``.
+
+    Only ladderize's own files go: ``state/``, ``curve.json`` (the curve is also in OUT) and
+    their temp dirs; the run dir itself only if that leaves it empty. Returns the state kept, if any.
+    """
+    if keep:
+        return state_dir if state_dir.exists() else None
+    for name in (STATE_DIR, f".{STATE_DIR}.tmp", f".{STATE_DIR}.old"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / "curve.json").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()  # only when empty
+    return None
 
 
 def _write_output(
@@ -416,7 +450,9 @@ def _run_sequential(
     state_dir: Path, resume: bool, on_step, say: Callable[[str], None], stop_after_steps: int | None,
 ) -> tuple[AdaptResult, bool]:
     """The sequential local schedule (``sequential.py``), saved after every converted layer and resumable there."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from ..convert.shards import save_safetensors
 
     from .sequential import StateCache, steps_per_layer, train_layer
 
@@ -447,11 +483,10 @@ def _run_sequential(
         if on_step is not None:
             losses = {"local": info.loss, "total": info.loss}
             on_step(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
-                             elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student)
+                             elapsed, step * tokens_per_step / max(elapsed, 1e-9)), student)
         if stop_after_steps is not None and step >= stop_after_steps:
             raise _Stop
 
-    say(f"sequential: layers {', '.join(map(str, converted))}, {per_layer} steps each; caching the states entering layer {min(converted)}")
     cache = StateCache(teacher, student, data, min(converted))
     try:
         for index in range(min(converted), max(converted) + 1):
@@ -464,7 +499,7 @@ def _run_sequential(
                 tmp = state_dir.parent / f".{state_dir.name}.tmp"
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
-                save_file({k: v.contiguous() for k, v in layers.items()}, str(tmp / "layers.safetensors"))
+                save_safetensors({k: v.contiguous() for k, v in layers.items()}, tmp / "layers.safetensors")
                 payload = {"step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": index,
                            "fingerprint": config.fingerprint()}

@@ -161,6 +161,11 @@ def build_report(paths: list[Path | str]) -> Report:
     """Collect the runs, join them per layout, and compute differences and speed-ups."""
     runs: dict[str, LayoutRun] = {}
     for file, record in load_records(paths):
+        if _is_predict(record):
+            raise LadderizeError(
+                f"{file} is a 'ladderize predict' JSON (predicted, not measured); report joins eval records "
+                "(ladderize eval --json) and bench records (ladderize bench --json)"
+            )
         if isinstance(record, dict) and _is_eval(record):
             _add_eval(runs, file, record)
         elif bench_rows_of(record) is not None:
@@ -205,7 +210,14 @@ def _looks_like_run(path: Path) -> bool:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError, OSError):
         return False
+    if _is_predict(record):
+        return False
     return (isinstance(record, dict) and _is_eval(record)) or bench_rows_of(record) is not None
+
+
+def _is_predict(record: Any) -> bool:
+    """A ``ladderize predict --json`` file: rows of predicted times beside the interconnect and module timings used."""
+    return isinstance(record, dict) and "interconnect" in record and "module_timings" in record
 
 
 def _is_eval(record: dict[str, Any]) -> bool:

@@ -1,0 +1,137 @@
+"""CLI conventions: flags without value tags, --version, fast --help, one-line refusals of generate and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import error_lines, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_flags_show_no_value_tag(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    for command in ("convert", "adapt", "generate", "eval", "demo"):
+        code, stdout, _ = run_cli([command, "--help"], capsys, monkeypatch)
+        assert code == 0
+        flag_lines = [line for line in stdout.splitlines() if any(f in line for f in ("--force", "--help", "--json", "--keep-state"))]
+        assert flag_lines and not any("<bool>" in line or "BOOLEAN" in line for line in flag_lines), command
+    code, stdout, _ = run_cli(["adapt", "--help"], capsys, monkeypatch)
+    assert "--keep-state" in stdout and "<int>" in stdout  # valued options keep their tag
+
+
+def test_version(capsys, monkeypatch):
+    from ladderize import __version__
+
+    code, stdout, _ = run_cli(["--version"], capsys, monkeypatch)
+    assert code == 0 and stdout.strip() == f"ladderize {__version__}"
+
+
+def test_help_and_version_import_neither_torch_nor_transformers():
+    probe = (
+        "import sys; from ladderize import cli; sys.argv = ['ladderize', '--help']\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'lm_eval', 'matplotlib') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    assert seconds < 10  # < 2 s on an idle machine; this bound only catches a heavy import coming back
+
+
+def test_cached_pull_imports_no_torch(tmp_path):
+    home = tmp_path / "home"
+    model = home / "models" / "smollm2-135m"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model / "ladderize.json").write_text("{}")
+    probe = (
+        "import sys; from ladderize import cli; sys.argv = ['ladderize', 'pull']\n"
+        "try:\n    cli.main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LADDERIZE_HOME": str(home)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert str(model) in result.stdout and "HEAVY []" in result.stdout
+
+
+def test_pull_knows_the_provenance_file_name():
+    from ladderize.convert import checkpoint, pull
+
+    assert pull.PROVENANCE_FILE == checkpoint.PROVENANCE_FILE
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-0.5"], "--temperature must be 0 (greedy) or positive, got -0.5"),
+        (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+        (["--top-k", "-1"], "--top-k must be 0 (all tokens) or positive, got -1"),
+    ],
+)
+def test_generate_refuses_bad_sampling_in_one_line(args, message, tmp_path, capsys, monkeypatch):
+    code, _, stderr = run_cli(["generate", tmp_path, "--prompt", "hi", *args], capsys, monkeypatch)
+    lines = error_lines(stderr)
+    assert code == 2 and lines == [f"error: {message}"]
+
+
+def test_generate_text_file_is_not_a_checkpoint(tmp_path, capsys, monkeypatch):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    code, _, stderr = run_cli(["generate", notes, "--prompt", "hi"], capsys, monkeypatch)
+    lines = error_lines(stderr)
+    assert code == 2 and len(lines) == 1 and "is not a checkpoint" in lines[0] and "not found" not in lines[0]
+    code, _, stderr = run_cli(["generate", tmp_path / "missing", "--prompt", "hi"], capsys, monkeypatch)
+    assert code == 2 and "not found" in error_lines(stderr)[0]
+
+
+def test_generate_spd_checkpoint_without_tp_names_the_tp_it_needs(tmp_path, capsys, monkeypatch):
+    from tests.runtime.runtime_helpers import TINY_TP23, save_char_tokenizer, save_tiny
+
+    path = tmp_path / "spd3"
+    save_tiny(path, **TINY_TP23, layer_modes=["dense", "spd", "spd", "dense"], spd_tp_size=3)
+    save_char_tokenizer(path)
+    code, _, stderr = run_cli(["generate", path, "--prompt", "hi"], capsys, monkeypatch)
+    lines = error_lines(stderr)
+    assert code == 2 and len(lines) == 1
+    assert "has SPD layers converted for TP=3: it needs --tp 3" in lines[0] and "rank" not in lines[0]
+
+
+def test_generate_prints_tokens_per_second(tmp_path, capsys, monkeypatch):
+    from tests.runtime.runtime_helpers import save_char_tokenizer, save_tiny, shape_for
+
+    path = tmp_path / "dense"
+    save_tiny(path, **shape_for(1))
+    save_char_tokenizer(path)
+    code, stdout, stderr = run_cli(["generate", path, "--prompt", "hi", "--max-new-tokens", "4"], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert "tokens/s" in stderr and "tokens in" in stderr
+    code, stdout, stderr = run_cli(["generate", path, "--prompt", "hi", "--max-new-tokens", "4", "--json"], capsys, monkeypatch)
+    record = json.loads(stdout)
+    assert record["tokens_per_s"] > 0 and record["seconds"] > 0
+
+
+def test_report_refuses_a_predict_json(tmp_path, capsys, monkeypatch):
+    predicted = tmp_path / "predict.json"
+    code, _, stderr = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "1,2", "--batch", "1", "--compute", "roofline",
+                               "--json", predicted], capsys, monkeypatch)
+    assert code == 0, stderr
+    code, _, stderr = run_cli(["report", predicted, "--out", tmp_path / "report"], capsys, monkeypatch)
+    lines = error_lines(stderr)
+    assert code == 2 and len(lines) == 1 and "is a 'ladderize predict' JSON" in lines[0]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    code, _, stderr = run_cli(["report", other, "--out", tmp_path / "report"], capsys, monkeypatch)
+    assert code == 2 and "neither an eval record" in error_lines(stderr)[0]
