@@ -18,6 +18,42 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _hide_flag_types() -> None:
+    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
+    option = getattr(typer.core, "TyperOption", None)
+    original = getattr(option, "display_type_rich", None)
+    if original is None or getattr(original, "_ladderize", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+
+    display_type_rich._ladderize = True
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"ladderize {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print ladderize's version and exit."
+    ),
+) -> None:
+    """Convert Llama-family checkpoints to Ladder Residual / Sync-Point-Drop layouts, adapt, evaluate and benchmark them."""
+
+
 from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
 
 console = make_console()
@@ -25,22 +61,39 @@ err_console = make_console(stderr=True)
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one line on stderr and exit code 2."""
-    from .errors import LadderizeError
-    from .model.layout import LayoutError
+    """Console-script entry point: user errors become one line on stderr and exit code 2.
 
-    from transformers.utils import logging as hf_logging
+    SIGINT and SIGTERM raise ``Interrupted`` in every command, so ``finally`` blocks remove
+    temp folders; the exit code is 130 (SIGINT) or 143 (SIGTERM), with one line saying so.
+    """
+    import os
 
-    hf_logging.disable_progress_bar()  # our own rich progress bars report long work
-    hf_logging.set_verbosity_error()
+    from .errors import Interrupted, LadderizeError, install_interrupt_handlers, restore_handlers
+
+    previous_handlers = install_interrupt_handlers()
+    # transformers reads these when it is first imported (lazily, by the commands that need it)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     try:
         app()
-    except (LadderizeError, LayoutError) as exc:
+    except Exception as exc:
+        layout = sys.modules.get("ladderize.model.layout")  # not imported: no LayoutError can have come
+        if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
+            raise
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
-        sys.exit(130)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
+        hint = f"; {exc.hint}" if getattr(exc, "hint", "") else ""
+        err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
+        sys.exit(code)
+    finally:
+        restore_handlers(previous_handlers)
 
 
 # --- core: convert, pull, inspect -------------------------------------------------------------
@@ -153,6 +206,27 @@ def _print_inspection(path: Path) -> None:
 # --- runtime: generate, bench ------------------------------------------------------------------
 
 
+def _checkpoint_config(path: Path) -> dict:
+    """A checkpoint folder's config.json, or one line: not found, not a checkpoint (a file, no config.json), unreadable."""
+    from .errors import LadderizeError
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise LadderizeError(f"checkpoint {path} not found")
+    if not path.is_dir():
+        raise LadderizeError(f"{path} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"cannot read {config_file}: {exc}") from None
+    if not isinstance(config, dict):
+        raise LadderizeError(f"cannot read {config_file}: not a JSON object")
+    return config
+
+
 def _runtime_launch(
     tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
     comm: str = "auto",
@@ -205,9 +279,26 @@ def generate_cmd(
     linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
-    from transformers import AutoTokenizer
+    import time
 
     from .errors import LadderizeError
+
+    if temperature < 0:
+        raise LadderizeError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise LadderizeError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {top_k}")
+    config = _checkpoint_config(checkpoint)
+    spd_tp = int(config.get("spd_tp_size") or 1)
+    if "spd" in (config.get("layer_modes") or []) and tp == 1 < spd_tp and not allow_spd_mismatch and schedule == "native":
+        raise LadderizeError(  # without --tp; other TP degrees get the runtime's own check (heads, then SPD)
+            f"{checkpoint} has SPD layers converted for TP={spd_tp}: it needs --tp {spd_tp} "
+            f"(or --allow-spd-mismatch to run them on one device)"
+        )
+
+    from transformers import AutoTokenizer
+
     from .runtime.engine import Sampling
     from .runtime.generate import RuntimeOptions, generate
 
@@ -225,19 +316,26 @@ def generate_cmd(
     )
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
+    started = time.perf_counter()
     if json_output:
         response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
     else:
         with err_console.status(f"generating on {tp} rank(s)..."):
             response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
+    seconds = time.perf_counter() - started
     if response is None:  # a torchrun rank other than 0: rank 0 prints
         return
     tokens = response.tokens[0]
     text = tokenizer.decode(tokens, skip_special_tokens=True)
+    tokens_per_s = len(tokens) / seconds if seconds > 0 else 0.0
     if json_output:
-        typer.echo(json.dumps({"tokens": tokens, "text": text}))
+        typer.echo(json.dumps({"tokens": tokens, "text": text, "seconds": round(seconds, 4), "tokens_per_s": round(tokens_per_s, 2)}))
     else:
         console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + text, highlight=False, markup=True)
+        err_console.print(
+            f"[dim]{len(tokens)} tokens in {seconds:.2f} s: {tokens_per_s:,.1f} tokens/s "
+            f"(TP {tp}, start-up and prefill included)[/]", highlight=False,
+        )
 
 
 @app.command("bench")
@@ -469,6 +567,7 @@ def adapt_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly."),
     run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
     force: bool = typer.Option(False, "--force", help="Replace OUT and any earlier run state."),
+    keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state in the run dir after a finished run (removed by default)."),
 ) -> None:
     """Adapt converted layers (local / kd / lm distillation) with Accelerate; resumable."""
     from .adapt.trainer import AdaptConfig, adapt
@@ -480,7 +579,10 @@ def adapt_cmd(
         local_schedule=local_schedule, epochs=epochs,
         lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, head_grouping=head_grouping, save_every=save_every,
         mixed_precision=mixed_precision, seed=seed, run_dir=str(run_dir) if run_dir else None, force=force,
+        keep_state=keep_state,
     )
+    from .errors import Interrupted
+
     with Progress("adapt", err_console) as progress:
         def on_step(info, _model) -> None:
             parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
@@ -488,14 +590,23 @@ def adapt_cmd(
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
                             extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
 
-        result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
+        try:
+            result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
+        except Interrupted as exc:
+            state = config.resolved_run_dir() / "state"
+            exc.hint = (f"training state saved in {state}; run the same command with --resume to continue"
+                        if state.exists() else "no training state was saved yet; run the same command again to start over")
+            raise
     if local_schedule == "sequential" and result.curve:
         _print_layer_summary(result.curve)
     last = result.curve[-1] if result.curve else {}
+    calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     console.print(
-        f"adapted {result.steps} steps, {result.tokens:,} tokens, {result.train_s / 60:.1f} min; "
-        f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"
+        f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
+        f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}", highlight=False, soft_wrap=True,
     )
+    if result.state_dir is not None:
+        console.print(f"training state kept in {result.state_dir} (remove it when done)", highlight=False, soft_wrap=True)
 
 
 def _print_layer_summary(curve: list[dict]) -> None:

@@ -102,6 +102,7 @@ class StepInfo:
     lr: float
     train_s: float
     tokens_per_s: float
+    layer: int | None = None  # the layer being trained (sequential schedule)
 
 
 @dataclass
@@ -296,6 +297,7 @@ def adapt(
             f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
     # sequential: --tokens is the calibration set, passed over --epochs times per layer
     data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=config.tokens if sequential else total_steps * tokens_per_step)
+    say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
 
     if config.head_grouping:
         from .head_grouping import group_heads_for_spd
@@ -483,10 +485,11 @@ def _run_sequential(
         if on_step is not None:
             losses = {"local": info.loss, "total": info.loss}
             on_step(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
-                             elapsed, step * tokens_per_step / max(elapsed, 1e-9)), student)
+                             elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student)
         if stop_after_steps is not None and step >= stop_after_steps:
             raise _Stop
 
+    say(f"sequential: layers {', '.join(map(str, converted))}, {per_layer} steps each; caching the states entering layer {min(converted)}")
     cache = StateCache(teacher, student, data, min(converted))
     try:
         for index in range(min(converted), max(converted) + 1):
