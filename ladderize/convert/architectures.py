@@ -109,7 +109,9 @@ def architecture_for(config: dict[str, Any]) -> Architecture:
             f"{a.name} ({a.model_type})" for a in ARCHITECTURES.values() if a.model_type != "ladder_llama"
         )
         declared = ",".join(config.get("architectures") or []) or model_type or "unknown"
-        raise LadderizeError(f"unsupported architecture {declared!r} (model_type {model_type!r}); ladderize converts {names}")
+        raise LadderizeError(
+            f"unsupported architecture {declared!r} (model_type {model_type!r}) is not supported; ladderize reads {names}"
+        )
     _check_no_sliding_window(config)
     return arch
 

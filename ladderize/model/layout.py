@@ -297,28 +297,63 @@ class Layout:
 
 
 def check_tp_divides(
-    tp: int, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int, what: str = "TP degree"
+    tp: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    intermediate_size: int,
+    what: str = "TP degree",
+    replicate_kv: bool = False,
 ) -> None:
-    """Raise ``LayoutError`` unless ``tp`` divides the query heads, KV heads and MLP width."""
-    for count, name in (
-        (num_attention_heads, "query heads"),
-        (num_key_value_heads, "key/value heads"),
-        (intermediate_size, "MLP intermediate size"),
-    ):
+    """Raise ``LayoutError`` unless ``tp`` divides the query heads, KV heads and MLP width.
+
+    With ``replicate_kv`` a TP degree that is a multiple of the KV-head count is allowed too:
+    each KV head is then replicated on ``tp / K`` ranks (as vLLM and gpt-fast do).
+    """
+    checks = [(num_attention_heads, "query heads"), (intermediate_size, "MLP intermediate size")]
+    if not (replicate_kv and tp > num_key_value_heads and tp % num_key_value_heads == 0):
+        checks.insert(1, (num_key_value_heads, "key/value heads"))
+    for count, name in checks:
         if count % tp:
-            raise LayoutError(f"{what} {tp} does not divide the model's {count} {name}")
+            more = " (nor is it a multiple of them, for KV-head replication)" if replicate_kv and name == "key/value heads" else ""
+            raise LayoutError(f"{what} {tp} does not divide the model's {count} {name}{more}")
+
+
+def kv_replicas(tp: int, num_key_value_heads: int) -> int:
+    """On how many ranks each KV head lives: 1, or ``tp / K`` when ``tp`` exceeds the KV-head count."""
+    return tp // num_key_value_heads if tp > num_key_value_heads else 1
+
+
+def kv_heads_per_rank(tp: int, num_key_value_heads: int) -> int:
+    """KV heads each rank holds (at least one: replicated when ``tp`` exceeds the KV-head count)."""
+    return max(1, num_key_value_heads // tp)
 
 
 def rank_kv_heads(order: Sequence[int], tp: int, rank: int) -> list[int]:
-    """KV heads owned by ``rank`` when ``order`` is split into ``tp`` contiguous groups."""
+    """KV heads owned by ``rank`` when ``order`` is split into ``tp`` contiguous groups.
+
+    When ``tp`` exceeds the number of KV heads, each head is replicated on ``tp / K``
+    consecutive ranks, and rank r holds head ``order[r // (tp / K)]``.
+    """
+    replicas = kv_replicas(tp, len(order))
+    if replicas > 1:
+        return [order[rank // replicas]]
     per_rank = len(order) // tp
     return list(order[rank * per_rank : (rank + 1) * per_rank])
 
 
-def rank_query_heads(kv_heads: Sequence[int], num_attention_heads: int, num_key_value_heads: int) -> list[int]:
-    """Query heads that attend with the given KV heads (GQA groups stay together)."""
+def rank_query_heads(
+    kv_heads: Sequence[int], num_attention_heads: int, num_key_value_heads: int, tp: int = 1, rank: int = 0
+) -> list[int]:
+    """Query heads that attend with the given KV heads (GQA groups stay together).
+
+    Under KV replication (``tp`` above the KV-head count) a rank holds its share of one group:
+    the ``tp / K`` ranks that hold the same KV head split its query heads in order.
+    """
     group = num_attention_heads // num_key_value_heads
-    return [kv * group + j for kv in kv_heads for j in range(group)]
+    heads = [kv * group + j for kv in kv_heads for j in range(group)]
+    replicas = kv_replicas(tp, num_key_value_heads)
+    share = len(heads) // replicas
+    return heads[(rank % replicas) * share : (rank % replicas + 1) * share]
 
 
 def mode_counts(layout: Layout) -> Mapping[str, int]:

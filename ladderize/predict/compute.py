@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 from ..errors import LadderizeError
+from ..model.layout import kv_heads_per_rank
 from .gpus import GPUProfile
 from .presets import ModelShape
 
@@ -105,7 +106,7 @@ def module_work(model: ModelShape, kind: ModuleKind, tp: int, batch: int, q_len:
         kind=kind,
         hidden_size=model.hidden_size,
         heads=model.num_attention_heads // tp,
-        kv_heads=model.num_key_value_heads // tp,
+        kv_heads=kv_heads_per_rank(tp, model.num_key_value_heads),  # replicated when tp exceeds them
         head_dim=model.head_dim,
         intermediate_size=model.intermediate_size // tp,
         vocab_size=model.vocab_size,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
-from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides
+from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank
 from .compute import ComputeModel, ModuleWork, module_work
 from .interconnect import InterconnectProfile
 from .presets import ModelShape
@@ -67,7 +67,10 @@ class PredictRequest:
                 f"the layout has {self.layout.num_layers} layers but {self.model.name} has {self.model.num_hidden_layers}"
             )
         for tp in self.tps:
-            check_tp_divides(tp, self.model.num_attention_heads, self.model.num_key_value_heads, self.model.intermediate_size)
+            check_tp_divides(  # KV heads replicate when tp exceeds them, as in the runtime
+                tp, self.model.num_attention_heads, self.model.num_key_value_heads, self.model.intermediate_size,
+                replicate_kv=True,
+            )
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def decode_kv_len(prompt_tokens: int, new_tokens: int) -> int:
 def rank_memory_bytes(model: ModelShape, tp: int, batch: int, context_tokens: int) -> float:
     """One rank's weights (replicated embedding and LM head included) plus its KV cache, in bytes."""
     d, hd = model.hidden_size, model.head_dim
-    heads, kv_heads = model.num_attention_heads // tp, model.num_key_value_heads // tp
+    heads, kv_heads = model.num_attention_heads // tp, kv_heads_per_rank(tp, model.num_key_value_heads)
     layer = d * (heads + 2 * kv_heads) * hd + heads * hd * d + 3 * d * model.intermediate_size // tp
     weights = model.num_hidden_layers * layer + 2 * model.vocab_size * d
     kv_cache = model.num_hidden_layers * batch * context_tokens * 2 * kv_heads * hd

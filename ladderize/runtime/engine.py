@@ -182,7 +182,7 @@ class RankModel:
         self.dims, self.comm = weights.dims, comm
         self.heads, self.kv_heads = weights.heads_local, weights.kv_heads_local
         self.head_dim, self.eps = self.dims.head_dim, self.dims.rms_norm_eps
-        self.group = self.dims.num_heads // self.dims.num_kv_heads
+        self.group = self.heads // self.kv_heads  # query heads per local KV head (fewer under KV replication)
         self.act = activation(self.dims.hidden_act)
         self.rope = RotaryTable(config, max_positions, self.device, self.dtype)
         self.attention_partial = self._attention_partial

@@ -8,7 +8,9 @@ Rank r of an N-way group owns, in every layer:
 - MLP shard r, the contiguous slice ``[r*I/N, (r+1)*I/N)`` of the intermediate
   dimension: gate/up column-parallel, down row-parallel.
 
-These are the same head groups and MLP shards that define an SPD layer's single-device
+When ``N`` exceeds the KV-head count K (and is a multiple of it), each KV head is replicated
+on ``N / K`` consecutive ranks, which split its query heads, as vLLM and gpt-fast do (this
+is how Llama-3.1-70B runs at TP16). These are the same head groups and MLP shards that define an SPD layer's single-device
 function (``modeling_ladder_llama._spd_groups``), so a run at ``tp == spd_tp_size``
 reproduces the converted model exactly. Dense and ladder layers use the same order;
 their sum over ranks does not depend on it.
@@ -27,14 +29,21 @@ from typing import Any, Mapping, Protocol, Sequence
 import torch
 
 from ..errors import LadderizeError
-from ..model.layout import LayerMode, Layout, check_tp_divides, format_layer_ranges, rank_kv_heads, rank_query_heads
+from ..model.layout import (
+    LayerMode,
+    Layout,
+    check_tp_divides,
+    format_layer_ranges,
+    kv_heads_per_rank,
+    rank_kv_heads,
+    rank_query_heads,
+)
 
 # Tensor names (Llama's, kept by ladder_llama checkpoints).
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 LAYER = "model.layers.{layer}.{name}"
-SUPPORTED_MODEL_TYPES = ("llama", "ladder_llama")
 
 
 # --- config ----------------------------------------------------------------------------------
@@ -88,33 +97,24 @@ class ModelDims:
 
 
 def load_config(path: str | Path) -> tuple[Any, Layout]:
-    """Read ``config.json`` of a dense (``llama``) or converted (``ladder_llama``) checkpoint."""
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise LadderizeError(f"{path} is not a checkpoint directory: it has no config.json")
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise LadderizeError(
-            f"{path}: model_type {model_type!r} is not supported by the runtime (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    if model_type == "ladder_llama":
-        from ..model import LadderLlamaConfig
+    """The config and layout of a checkpoint, through the one config reader (``convert.checkpoint.load_config``).
 
-        config = LadderLlamaConfig.from_pretrained(path)
-        return config, Layout.from_config(config)
-    from transformers import LlamaConfig
+    Every architecture ``convert`` accepts runs: Llama, Mistral (full attention), Qwen2, the
+    Ladder authors' format and converted ``ladder_llama`` checkpoints.
+    """
+    from ..convert.checkpoint import load_config as read_config
 
-    config = LlamaConfig.from_pretrained(path)
-    return config, Layout.dense(config.num_hidden_layers)
+    config = read_config(path)
+    return config, config.layout
 
 
 def validate_tp(dims: ModelDims, layout: Layout, tp: int, allow_spd_mismatch: bool = False) -> None:
     """Check that ``tp`` ranks can run this model; raise ``LayoutError``/``LadderizeError`` with one line."""
     if tp < 1:
         raise LadderizeError(f"--tp must be at least 1, got {tp}")
-    check_tp_divides(tp, dims.num_heads, dims.num_kv_heads, dims.intermediate_size)
     spd_layers = layout.layers(LayerMode.SPD)
+    # Dense and ladder layers replicate KV heads when tp exceeds their count; SPD's head groups cannot.
+    check_tp_divides(tp, dims.num_heads, dims.num_kv_heads, dims.intermediate_size, replicate_kv=not spd_layers)
     if spd_layers and tp != layout.spd_tp_size and not allow_spd_mismatch:
         raise LadderizeError(
             f"SPD layers {format_layer_ranges(spd_layers)} were converted for TP={layout.spd_tp_size}; at --tp {tp} "
@@ -138,7 +138,7 @@ class LayerShard:
 def layer_shard(dims: ModelDims, layout: Layout, layer: int, tp: int, rank: int) -> LayerShard:
     order = layout.head_order(layer, dims.num_kv_heads)
     kv_heads = rank_kv_heads(order, tp, rank)
-    q_heads = rank_query_heads(kv_heads, dims.num_heads, dims.num_kv_heads)
+    q_heads = rank_query_heads(kv_heads, dims.num_heads, dims.num_kv_heads, tp, rank)
     inner = dims.intermediate_size // tp
     return LayerShard(tuple(kv_heads), tuple(q_heads), slice(rank * inner, (rank + 1) * inner))
 
@@ -261,7 +261,7 @@ class RankWeights:
 
     @property
     def kv_heads_local(self) -> int:
-        return self.dims.num_kv_heads // self.tp
+        return kv_heads_per_rank(self.tp, self.dims.num_kv_heads)
 
     @property
     def inner_local(self) -> int:
@@ -372,7 +372,7 @@ def random_rank_weights(
     """Random weights of ``dims``'s shape, generated shard by shard (for speed benchmarks only)."""
     generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
     d, hd = dims.hidden_size, dims.head_dim
-    hl, kl, il = dims.num_heads // tp, dims.num_kv_heads // tp, dims.intermediate_size // tp
+    hl, kl, il = dims.num_heads // tp, kv_heads_per_rank(tp, dims.num_kv_heads), dims.intermediate_size // tp
 
     def randn(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator, device=device) * std).to(dtype)
