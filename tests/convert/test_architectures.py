@@ -15,6 +15,18 @@ SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_lay
              num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
 
 
+def save_family_member(model_cls, config, path: Path):
+    """Save a random family model (every bias made non-zero) at ``path``; return it in eval mode."""
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    with torch.no_grad():  # qwen2's q/k/v biases start at zero; make them matter
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_()
+    model.save_pretrained(path)
+    return model
+
+
 @pytest.mark.parametrize(
     "model_cls,config",
     [
@@ -24,13 +36,7 @@ SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_lay
     ids=["mistral", "qwen2"],
 )
 def test_family_member_reproduced(model_cls, config, tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    reference = model_cls(config).eval()
-    with torch.no_grad():  # qwen2's q/k/v biases start at zero; make them matter
-        for name, param in reference.named_parameters():
-            if name.endswith("bias"):
-                param.normal_()
-    reference.save_pretrained(tmp_path / "src")
+    reference = save_family_member(model_cls, config, tmp_path / "src")
     model = load_model(convert_checkpoint(str(tmp_path / "src"), tmp_path / "out"))
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

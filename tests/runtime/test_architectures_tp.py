@@ -17,10 +17,11 @@ from ladderize.convert.checkpoint import convert_checkpoint, load_model
 from ladderize.errors import LadderizeError
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec
+from tests.convert.test_architectures import save_family_member
 from tests.runtime.runtime_helpers import hf_greedy, save_tiny
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+             num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip  (3 layers: a dense one, then ladder 1:3)
 PIECES = (5, 3, 1, 1)
 ATOL = 1e-4
 
@@ -39,13 +40,7 @@ def families(tmp_path_factory):
         ("qwen2", Qwen2ForCausalLM, Qwen2Config(**SHAPE)),
         ("mistral", MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=None)),
     ):
-        torch.manual_seed(0)
-        source = cls(config).eval()
-        with torch.no_grad():  # qwen2's q/k/v biases start at zero; make them matter
-            for pname, param in source.named_parameters():
-                if pname.endswith("bias"):
-                    param.normal_()
-        source.save_pretrained(root / name)
+        source = save_family_member(cls, config, root / name)
         converted = convert_checkpoint(str(root / name), root / f"{name}-ladder", ladder="1:3")
         with torch.no_grad():
             cases[name] = source(ids).logits.numpy()
