@@ -710,10 +710,26 @@ def eval_command(
 
     _quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
-    record = evaluate_checkpoint(
-        ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
-        max_length=max_length, bootstrap_iters=bootstrap_iters,
-    )  # fmt: skip
+    bars: dict = {}
+
+    def on_progress(kind: str, done: int, total: int, tokens: int) -> None:
+        from .progress import Progress
+
+        if bars.get("kind") != kind:  # lm-eval runs one request kind at a time
+            if bars.get("bar") is not None:
+                bars["bar"].__exit__(None, None, None)
+            label = "eval rolling windows" if kind == "loglikelihood_rolling" else "eval loglikelihood requests"
+            bars.update(kind=kind, bar=Progress(label, err_console).__enter__())
+        bars["bar"].update(done, total, tokens=tokens)
+
+    try:
+        record = evaluate_checkpoint(
+            ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
+            max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress,
+        )  # fmt: skip
+    finally:
+        if bars.get("bar") is not None:
+            bars["bar"].__exit__(None, None, None)
     _print_eval_results(record)
     if json_path is not None:
         console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)

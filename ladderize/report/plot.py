@@ -44,47 +44,165 @@ def choose_axes(report: "Report") -> tuple["Metric | None", tuple[int, int] | No
     return metric, config
 
 
+def short_names(runs: list["LayoutRun"]) -> dict[str, str]:
+    """Short point labels: the layout's kinds (``ladder``, ``spd@tp3``, ``ladder+spd@tp3``), numbered when
+    several distinct layouts share them, and ``, adapted`` for adapted checkpoints. Keyed by the run's label."""
+    layouts: list[str] = []
+    for run in runs:
+        if run.layout not in layouts:
+            layouts.append(run.layout)
+    base = {layout: "+".join(part.split(" ")[0] for part in layout.split(" + ")) for layout in layouts}
+    short: dict[str, str] = {}
+    for layout in layouts:
+        same = [other for other in layouts if base[other] == base[layout]]
+        short[layout] = base[layout] if len(same) == 1 else f"{base[layout]} #{same.index(layout) + 1}"
+    return {run.label: short[run.layout] + (", adapted" if run.adapted else "") for run in runs}
+
+
+def model_name(report: "Report") -> str:
+    """The model's name for the title: the dense checkpoint's folder, else any checkpoint's."""
+    runs = ([report.dense] if report.dense is not None else []) + list(report.runs)
+    for run in runs:
+        if run.checkpoint:
+            return Path(run.checkpoint).name
+    return "model"
+
+
+def spans_a_decade(values: list[float]) -> bool:
+    positive = [v for v in values if v > 0]
+    return len(positive) == len(values) and bool(positive) and max(positive) / min(positive) >= 10
+
+
 def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
-    """Write the plot to ``path``; return what was plotted (metric, config, points, front)."""
+    """Write the plot to ``path``; return what was plotted.
+
+    One panel per benched (TP, batch) that has layouts with both a quality metric and a
+    speed-up; points carry short names, and a legend below the panels gives each short
+    name's layer ranges. Error bars show the metric's standard error (lm-eval) and the
+    speed-up's over the bench rounds, where the data has them; the y axis is logarithmic when
+    the values span a decade. The returned ``config``, ``points`` and ``front`` are those of
+    the (TP, batch) covering the most layouts (``choose_axes``); ``panels`` has every panel.
+    """
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    metric, config = choose_axes(report)
-    runs: list[LayoutRun] = (
-        [r for r in report.runs if metric in r.metrics and config in r.speedups] if metric and config else []
-    )
-    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
-    info: dict[str, Any] = {"points": [], "front": [], "config": config, "y_label": metric.label if metric else None}
-    if not runs:
+    metric, main_config = choose_axes(report)
+    configs = [c for c in report.configs if metric is not None and any(metric in r.metrics and c in r.speedups for r in report.runs)]
+    info: dict[str, Any] = {"points": [], "front": [], "config": main_config, "y_label": metric.label if metric else None,
+                            "panels": [], "log_y": False, "short_names": {}, "title": None}
+    if not configs:
+        fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
         ax.text(0.5, 0.5, "no layout has both an accuracy and a speed-up measurement", ha="center", va="center", wrap=True)
         ax.set_axis_off()
-    else:
+        ax.set_title("accuracy vs speed-up")
+        _save(fig, path)
+        return info
+
+    runs_all = [r for r in report.runs if metric in r.metrics and any(c in r.speedups for c in configs)]
+    names = short_names(runs_all)
+    layouts = list(dict.fromkeys(r.layout for r in runs_all))
+    colors = {layout: plt.get_cmap("tab10")(i % 10) for i, layout in enumerate(layouts)}
+    values = [r.metrics[metric] for r in runs_all]
+    log_y = spans_a_decade(values)
+    columns = min(3, len(configs))
+    rows = math.ceil(len(configs) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.0 * columns + 0.6, 4.2 * rows + 0.4 + 0.28 * len(layouts)),
+                             dpi=120, squeeze=False, sharey=True)
+    for ax in axes.flat[len(configs):]:
+        ax.set_axis_off()
+    from matplotlib.ticker import FuncFormatter
+
+    panels = []
+    for ax, config in zip(axes.flat, configs):
+        runs = [r for r in runs_all if config in r.speedups]
         points = [(r.speedups[config], r.metrics[metric]) for r in runs]
         front = pareto_front(points, metric.higher_is_better)
-        on_front = set(front)
-        others = [i for i in range(len(points)) if i not in on_front]
-        ax.scatter([points[i][0] for i in others], [points[i][1] for i in others], s=45, color="tab:gray", label="layout", zorder=3)
-        ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=70, color="tab:red", label="Pareto front", zorder=4)
-        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="tab:red", linestyle="--", linewidth=1.2, zorder=2)
         for run, (x, y) in zip(runs, points):
-            ax.annotate(run.label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+            xerr = run.speedup_stderr.get(config)
+            yerr = run.metric_stderr.get(metric)
+            if xerr is not None or yerr is not None:
+                ax.errorbar([x], [y], xerr=[xerr] if xerr is not None else None, yerr=[yerr] if yerr is not None else None,
+                            fmt="none", ecolor=colors[run.layout], elinewidth=1, capsize=3, alpha=0.7, zorder=2)
+            ax.scatter([x], [y], s=55, color=colors[run.layout], marker="^" if run.adapted else "o",
+                       edgecolors="tab:red" if runs.index(run) in front else "none", linewidths=1.8, zorder=4)
+        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="tab:red", linestyle="--",
+                linewidth=1.1, zorder=3)
+        xs = [p[0] for p in points]
+        low, high = min(xs + [1.0]), max(xs + [1.0])
+        pad = max(0.02, 0.12 * (high - low))
+        ax.set_xlim(low - pad, high + pad)
         ax.axvline(1.0, color="black", linewidth=0.6, alpha=0.4)
-        ax.margins(x=0.25, y=0.1)  # room for the labels
-        ax.set_xlabel(f"speed-up against dense (TP={config[0]}, batch {config[1]})")
-        ylabel = metric.label + ("" if metric.higher_is_better else " (lower is better)")
+        if log_y:
+            ax.set_yscale("log")
+            plain = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 10 else f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        panels.append((ax, runs, points))
+        ax.set_title(f"TP={config[0]}, batch {config[1]}", fontsize=10)
+        ax.set_xlabel("decode speed-up against dense")
+        ax.grid(True, alpha=0.3, which="both")
+        info["panels"].append({"config": config, "points": [{"layout": r.label, "speedup": x, "quality": y} for r, (x, y) in zip(runs, points)],
+                               "front": [runs[i].label for i in front]})
+    ylabel = metric.label + ("" if metric.higher_is_better else " (lower is better)") + (", log scale" if log_y else "")
+    for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
-        if not metric.higher_is_better:
-            ax.invert_yaxis()  # better is up either way
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        info["points"] = [{"layout": r.label, "speedup": x, "quality": y} for r, (x, y) in zip(runs, points)]
-        info["front"] = [runs[i].label for i in front]
-    ax.set_title("accuracy vs speed-up")
-    fig.tight_layout()
+    if not metric.higher_is_better:
+        axes.flat[0].invert_yaxis()  # shared: better is up in every panel
+    ax0 = axes.flat[0]
+    y_low, y_high = sorted(ax0.get_ylim())
+    if log_y:
+        ax0.set_ylim(*(sorted((y_low / 1.15, y_high * 1.15), reverse=not metric.higher_is_better)))
+    else:
+        pad = 0.08 * (y_high - y_low or 1.0)
+        ax0.set_ylim(*(sorted((y_low - pad, y_high + pad), reverse=not metric.higher_is_better)))
+
+    fig.canvas.draw()  # final limits, so that labels can be placed apart in display space
+    for ax, runs, points in panels:
+        x_low, x_high = ax.get_xlim()
+        middle = (x_low + x_high) / 2
+        placed: list[tuple[float, float]] = []
+        for run, (x, y) in sorted(zip(runs, points), key=lambda item: (item[1][0], item[1][1])):
+            right = x <= middle  # labels point inwards, so they stay inside the panel
+            px, py = ax.transData.transform((x, y))
+            shift = 0
+            while any(abs(px - qx) < 90 and abs(py + shift - qy) < 11 for qx, qy in placed):
+                shift -= 12  # below a label already there
+            placed.append((px, py + shift))
+            ax.annotate(names[run.label], (x, y), textcoords="offset pixels", xytext=(8 if right else -8, 6 + shift),
+                        ha="left" if right else "right", fontsize=8, annotation_clip=False)
+
+    from matplotlib.lines import Line2D
+
+    first = {layout: next(r for r in runs_all if r.layout == layout) for layout in layouts}
+    handles = [Line2D([], [], marker="o", linestyle="none", color=colors[layout], markersize=7,
+                      label=_legend_label(names[first[layout].label].removesuffix(", adapted"), layout)) for layout in layouts]
+    handles += [Line2D([], [], marker="^", linestyle="none", color="gray", markersize=7, label="adapted checkpoint (triangle)"),
+                Line2D([], [], color="tab:red", linestyle="--", marker="o", markerfacecolor="none", markeredgecolor="tab:red",
+                       label="Pareto front (red ring)")]
+    tps = sorted({c[0] for c in configs})
+    title = f"{model_name(report)}: {metric.label} vs decode speed-up, TP={','.join(map(str, tps))}"
+    fig.suptitle(title, fontsize=11)
+    fig.legend(handles=handles, loc="lower center", ncol=1, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.03 + 0.05 * (len(layouts) + 2) / rows / 1.5, 1, 1))
+    main = next((panel for panel in info["panels"] if panel["config"] == main_config), info["panels"][0])
+    info.update(points=main["points"], front=main["front"], config=main["config"], log_y=log_y,
+                short_names={label: names[label] for label in names}, title=title)
+    _save(fig, path)
+    return info
+
+
+def _legend_label(short: str, layout: str) -> str:
+    return layout if short == layout else f"{short}: {layout}"
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png")
+    fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.15)  # everything drawn stays inside the image
     plt.close(fig)
     tmp.replace(path)
-    return info

@@ -60,6 +60,9 @@ class LayoutRun:
     metrics: dict[Metric, float] = field(default_factory=dict)
     bench_rows: list[dict[str, Any]] = field(default_factory=list)
     speedups: dict[tuple[int, int], float] = field(default_factory=dict)  # (tp, batch) -> x
+    speedup_spread: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)  # (min, max) over the rounds
+    speedup_stderr: dict[tuple[int, int], float] = field(default_factory=dict)
+    metric_stderr: dict[Metric, float] = field(default_factory=dict)
     tokens_per_s: dict[tuple[int, int], float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     adapted: bool = False  # the checkpoint's provenance records an adapt step
@@ -109,8 +112,11 @@ class Report:
                 else:
                     row += [_fmt_value(value), _fmt_delta(delta, run.is_dense)]
             for config in self.configs:
-                speed = run.speedups.get(config)
-                row.append(speed if numeric else (f"{speed:.2f}x" if speed is not None else "–"))
+                speed, spread = run.speedups.get(config), run.speedup_spread.get(config)
+                if numeric:
+                    row += [speed, *(spread or (None, None))]
+                else:
+                    row.append(_fmt_speedup(speed, spread))
             out.append(row)
         return out
 
@@ -127,7 +133,9 @@ class Report:
         for metric in self.metrics:
             name = f"{metric.task}/{metric.name}"
             cols += [name, f"{name}/delta_vs_dense"]
-        cols += [f"speedup_vs_dense/tp{tp}/batch{batch}" for tp, batch in self.configs]
+        for tp, batch in self.configs:
+            name = f"speedup_vs_dense/tp{tp}/batch{batch}"
+            cols += [name, f"{name}/min", f"{name}/max"]
         writer.writerow(cols)
         for row in self.rows(numeric=True):
             writer.writerow(["" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for v in row])
@@ -268,7 +276,11 @@ def _add_eval(runs: dict[str, LayoutRun], file: Path, record: dict[str, Any]) ->
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 continue
             better = (higher.get(task) or {}).get(name)
-            run.metrics[Metric(task, name, bool(better) if better is not None else name in ACCURACY_METRICS)] = float(value)
+            metric = Metric(task, name, bool(better) if better is not None else name in ACCURACY_METRICS)
+            run.metrics[metric] = float(value)
+            stderr = values.get(key.replace(name, f"{name}_stderr", 1))
+            if isinstance(stderr, (int, float)) and not isinstance(stderr, bool) and math.isfinite(stderr):
+                run.metric_stderr[metric] = float(stderr)
     run.sources.append(str(file))
 
 
@@ -353,6 +365,8 @@ def _share_speedups(runs: list[LayoutRun]) -> None:
         donor = next((r for r in runs if r is not run and r.layout == run.layout and r.speedups and not r.speed_shared_from), None)
         if donor is not None:
             run.speedups = dict(donor.speedups)
+            run.speedup_spread = dict(donor.speedup_spread)
+            run.speedup_stderr = dict(donor.speedup_stderr)
             run.tokens_per_s = dict(donor.tokens_per_s)
             run.speed_shared_from = donor.label
 
@@ -383,11 +397,12 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
             if row.get("schedule") in NATIVE_SCHEDULES + ("dense",) and _tps(row) and _row_config(row):
                 dense_native.setdefault((_row_config(row), _lengths(row)), _tps(row))
     for run in runs:
-        own_dense = {
-            (_row_config(r), _lengths(r)): _tps(r)
+        own_dense_rows = {
+            (_row_config(r), _lengths(r)): r
             for r in run.bench_rows
             if r.get("schedule") == "dense" and _tps(r) and _row_config(r)
         }
+        own_dense = {key: _tps(r) for key, r in own_dense_rows.items()}
         for row in run.bench_rows:
             config = _row_config(row)
             if config is None or row.get("schedule") not in NATIVE_SCHEDULES:
@@ -402,8 +417,29 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
             else:
                 reference = own_dense.get((config, _lengths(row))) or dense_native.get((config, _lengths(row)))
                 speed = _tps(row) / reference if reference and _tps(row) else None
-            if speed is not None:
-                run.speedups.setdefault(config, speed)
+            if speed is not None and config not in run.speedups:
+                run.speedups[config] = speed
+                spread = _speedup_spread(row, own_dense_rows.get((config, _lengths(row))))
+                if spread is not None:
+                    run.speedup_spread[config] = spread[:2]
+                    if spread[2] is not None:
+                        run.speedup_stderr[config] = spread[2]
+
+
+def _speedup_spread(row: dict[str, Any], dense_row: dict[str, Any] | None) -> tuple[float, float, float | None] | None:
+    """(min, max, stderr) of a row's speed-up over the bench rounds: the row's own keys, else from both rows' runs."""
+    low, high = row.get("speedup_vs_dense_min"), row.get("speedup_vs_dense_max")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        stderr = row.get("speedup_vs_dense_stderr")
+        return float(low), float(high), float(stderr) if isinstance(stderr, (int, float)) else None
+    if dense_row is None:
+        return None
+    from ..runtime.bench import speedup_stats
+
+    stats = speedup_stats(dense_row.get("decode_s_per_token_runs"), row.get("decode_s_per_token_runs"))
+    if not stats:
+        return None
+    return stats["speedup_vs_dense_min"], stats["speedup_vs_dense_max"], stats["speedup_vs_dense_stderr"]
 
 
 def _metric_order(metrics: set[Metric]) -> list[Metric]:
@@ -426,6 +462,15 @@ def _fmt_allreduces(run: LayoutRun) -> str:
     if run.allreduces_overlappable:
         return f"{run.allreduces_total} ({run.allreduces_overlappable} overlapped)"
     return str(run.allreduces_total)
+
+
+def _fmt_speedup(speed: float | None, spread: tuple[float, float] | None) -> str:
+    """``1.13x``, with the min–max over the bench rounds when known: ``1.13x (1.08–1.17)``."""
+    if speed is None:
+        return "–"
+    if spread is None or spread[0] == spread[1]:
+        return f"{speed:.2f}x"
+    return f"{speed:.2f}x ({spread[0]:.2f}–{spread[1]:.2f})"
 
 
 def _fmt_value(value: float | None) -> str:
@@ -455,7 +500,8 @@ def _notes(report: Report, plot_info: dict[str, Any]) -> str:
     if report.configs:
         lines.append(
             "- Speed-up: tokens/s of the layout's own schedule over the dense schedule on the same weights, "
-            "per tensor-parallel degree (TP) and batch (b), from `ladderize bench`."
+            "per tensor-parallel degree (TP) and batch (b), from `ladderize bench`; in brackets the lowest and "
+            "highest speed-up over the bench's rounds (each round runs every schedule once)."
         )
     else:
         lines.append("- No bench run was given, so there are no speed-up columns.")

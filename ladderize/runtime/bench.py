@@ -14,6 +14,11 @@ CUDA, where those calls only enqueue work, it is estimated as ``1 - upper_bound/
 Rows of the same (tp, batch) are compared with the ``dense`` schedule:
 ``speedup_vs_dense = dense.decode_s_per_token / decode_s_per_token`` and
 ``gap_closed = (dense - this) / (dense - upper_bound)`` in decode time per token.
+
+The spread of the repeats: ``decode_s_per_token_{min,max}`` and ``tokens_per_s_{min,max}``
+beside the medians, and ``speedup_vs_dense_{min,median,max}`` and ``speedup_vs_dense_stderr``
+over the per-round ratios (round i of this schedule against round i of ``dense``, which ran
+next to it).
 """
 
 from __future__ import annotations
@@ -216,6 +221,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                     "domino_chunks": plan.chunks if plan.schedule is Schedule.DOMINO else None,
                     "overlapped_allreduces": plan.overlapped_allreduces,
                     "decode_s_per_token_runs": [t[1] / spec.gen_len for t in timings],
+                    **repeat_stats([t[1] / spec.gen_len for t in timings], batch),
                 }
             )
         del decoders, cache
@@ -227,14 +233,33 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
     return rows
 
 
+def repeat_stats(per_token: list[float], batch: int) -> dict[str, float]:
+    """Min, median and max over the repeats of the decode time per token, and the tokens/s they give."""
+    low, high = min(per_token), max(per_token)
+    return {"decode_s_per_token_min": low, "decode_s_per_token_median": statistics.median(per_token),
+            "decode_s_per_token_max": high, "tokens_per_s_min": batch / high, "tokens_per_s_max": batch / low}
+
+
+def speedup_stats(dense_runs: list[float] | None, runs: list[float] | None) -> dict[str, float | None]:
+    """Min, median, max and standard error of the per-round speed-ups (round i against dense's round i)."""
+    if not dense_runs or not runs or len(dense_runs) != len(runs):
+        return {}
+    ratios = [d / t for d, t in zip(dense_runs, runs)]
+    stderr = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
+    return {"speedup_vs_dense_min": min(ratios), "speedup_vs_dense_median": statistics.median(ratios),
+            "speedup_vs_dense_max": max(ratios), "speedup_vs_dense_stderr": stderr}
+
+
 def add_comparisons(rows: list[dict[str, Any]], estimate_share: bool = False) -> None:
-    """Add ``speedup_vs_dense`` and ``gap_closed`` (and, on CUDA, the estimated share) in place."""
+    """Add ``speedup_vs_dense`` (with its spread over rounds) and ``gap_closed`` (and, on CUDA, the estimated share) in place."""
     by_key = {(r["schedule"], r["tp"], r["batch"]): r for r in rows}
     for row in rows:
         dense = by_key.get(("dense", row["tp"], row["batch"]))
         upper = by_key.get(("upper-bound", row["tp"], row["batch"]))
         this = row["decode_s_per_token"]
         row["speedup_vs_dense"] = dense["decode_s_per_token"] / this if dense else None
+        if dense:
+            row.update(speedup_stats(dense.get("decode_s_per_token_runs"), row.get("decode_s_per_token_runs")))
         row["gap_closed"] = None
         if dense and upper and dense["decode_s_per_token"] > upper["decode_s_per_token"]:
             gap = dense["decode_s_per_token"] - upper["decode_s_per_token"]
@@ -309,6 +334,8 @@ __all__ = [
     "BenchSpec",
     "ModelSource",
     "add_comparisons",
+    "repeat_stats",
     "run_bench",
+    "speedup_stats",
     "synthetic_source",
 ]
