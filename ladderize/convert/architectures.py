@@ -6,7 +6,9 @@ checks a checkpoint against this table instead of scattering names through funct
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -98,6 +100,28 @@ def authors_layer_modes(config: dict[str, Any]) -> list[str] | None:
             raise LadderizeError(f"ladder_layers {raw} names layers outside 0..{layers - 1}")
         chosen = set(raw)
     return ["ladder" if i in chosen else "dense" for i in range(layers)]
+
+
+def read_config_json(path: Path | str) -> dict[str, Any]:
+    """A checkpoint folder's ``config.json``, or one line: not found, not a checkpoint (a file, no config.json), unreadable.
+
+    The one reader of checkpoint configs (light: no torch), under ``load_config`` and the CLI.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise LadderizeError(f"checkpoint {path} not found")
+    if not path.is_dir():
+        raise LadderizeError(f"{path} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"cannot read {config_file}: {exc}") from None
+    if not isinstance(config, dict):
+        raise LadderizeError(f"cannot read {config_file}: not a JSON object")
+    return config
 
 
 def architecture_for(config: dict[str, Any]) -> Architecture:

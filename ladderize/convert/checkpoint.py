@@ -24,7 +24,7 @@ from .. import __version__
 from ..errors import LadderizeError
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model import configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
-from .architectures import architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
+from .architectures import architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
 from .atomic import atomic_directory, check_output_free
 from .shards import ShardWriter
 from .sources import Source, resolve_source
@@ -208,16 +208,7 @@ def read_provenance(path: Path | str) -> dict[str, Any]:
 
 def load_config(path: Path | str) -> LadderLlamaConfig:
     """The ``LadderLlamaConfig`` of a converted or plain Llama-family checkpoint directory."""
-    path = Path(path).expanduser()
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
-    try:
-        raw = json.loads(config_file.read_text())
-    except ValueError as exc:
-        raise LadderizeError(f"cannot read {config_file}: {exc}") from None
-    kwargs = ladder_config_kwargs(raw)
-    return LadderLlamaConfig(**kwargs)
+    return LadderLlamaConfig(**ladder_config_kwargs(read_config_json(path)))
 
 
 def load_model(path: Path | str, dtype: str | torch.dtype | None = None) -> LadderLlamaForCausalLM:
