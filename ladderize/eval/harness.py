@@ -29,12 +29,9 @@ DEFAULT_BOOTSTRAP_ITERS = 1000  # lm-eval's CLI uses 100000; only standard error
 
 
 def load_tokenizer(path: Path | str):
-    from transformers import AutoTokenizer
+    from ..convert.checkpoint import load_tokenizer as load
 
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:
-        raise LadderizeError(f"cannot load a tokenizer from {path}: {_first_line(exc)}") from None
+    return load(path, "evaluation")
 
 
 def evaluate_model(

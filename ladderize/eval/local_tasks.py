@@ -76,9 +76,9 @@ def default_data_dirs() -> list[Path]:
     ladderize's cache (``$LADDERIZE_HOME/data``, by default ``~/.cache/ladderize/data``), then,
     when running from a source checkout, ``../shared/data`` beside the repository (the team's layout).
     """
-    from ..convert.pull import cache_dir
+    from ..paths import cache_path
 
-    candidates = [cache_dir() / "data"]
+    candidates = [cache_path("data")]
     repo_root = Path(__file__).resolve().parents[2]
     if (repo_root / "pyproject.toml").is_file():
         candidates.append(repo_root.parent / "shared" / "data")
@@ -228,11 +228,11 @@ def _add_rolling(plan: TaskPlan, name: str, text: str, source: str, chunk_chars:
 
 def _cached_jsonl(name: str, documents: list[str]) -> Path:
     """Write documents once to a content-addressed JSONL in ladderize's cache (atomic)."""
-    from ..convert.pull import cache_dir
+    from ..paths import cache_path
 
     body = "".join(json.dumps({"text": doc}, ensure_ascii=False) + "\n" for doc in documents)
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
-    path = cache_dir() / "eval-data" / f"{name}-{digest}.jsonl"
+    path = cache_path("eval-data") / f"{name}-{digest}.jsonl"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -33,11 +33,11 @@ from typing import Callable, Literal, Protocol
 
 from ..errors import LadderizeError
 from ..model.layout import kv_heads_per_rank
+from ..paths import cache_path
 from .gpus import GPUProfile
 from .presets import ModelShape
 
 ModuleKind = Literal["attention", "mlp", "head"]
-DEFAULT_CACHE_DIR = Path("~/.cache/ladderize/predict")
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class MeasuredCompute:
         self.repeats = max(1, repeats)
         self.max_call_s = max_call_s if max_call_s is not None else (0.25 if self.is_gpu else 0.1)
         self.max_bytes = max_bytes if max_bytes is not None else (8 * 2**30 if self.is_gpu else 512 * 2**20)
-        self.cache_path = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser() / "measurements.json"
+        self.cache_path = Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json"
         self._device_key = f"{self.device_name}|{dtype_name}|torch {torch.__version__}"
         self._cache = self._load_cache()
         self._sources: dict[str, str] = {}

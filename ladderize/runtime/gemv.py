@@ -36,9 +36,9 @@ _reason: str | None = None
 
 
 def _cache_dir() -> Path:
-    from ..convert.pull import cache_dir
+    from ..paths import cache_path
 
-    return cache_dir() / "kernels"
+    return cache_path("kernels")
 
 
 def _cpu_flags() -> set[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import dtypes
 from ..errors import LadderizeError
 from .engine import Decoder, RankModel, Sampling, generate_on_rank
 from .kernels import LinearKernel, resolve_kernel
@@ -24,17 +25,9 @@ from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, validate_tp
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
 def parse_dtype(name: str, device_type: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device_type == "cuda" else torch.float32
-    try:
-        return DTYPES[name.lower()]
-    except KeyError:
-        raise LadderizeError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16") from None
+    """The runtime's dtype: ``auto`` is bfloat16 on CUDA and float32 on CPU (names: ``ladderize.dtypes``)."""
+    return dtypes.parse_dtype(name, auto=torch.bfloat16 if device_type == "cuda" else torch.float32)
 
 
 @dataclass(frozen=True)
