@@ -36,21 +36,8 @@ MAX_EXHAUSTIVE_ORDERS = 720
 def attention_maps(model: LadderLlamaForCausalLM, layer: int, residual: torch.Tensor, attn_kwargs) -> torch.Tensor:
     """Mean causal attention probabilities of every query head of ``layer``: ``[H, S, S]``."""
     block = model.model.layers[layer]
-    attn = block.self_attn
     hidden = block.input_layernorm(residual)  # maps of the dense function: the layer reads r_{k-1}
-    shape = (*hidden.shape[:-1], -1, attn.head_dim)
-    query = attn.q_proj(hidden).view(shape).transpose(1, 2)  # [B, H, S, hd]
-    key = attn.k_proj(hidden).view(shape).transpose(1, 2)  # [B, K, S, hd]
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    cos, sin = attn_kwargs["position_embeddings"]
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
-    key = key.repeat_interleave(attn.num_key_value_groups, dim=1)
-    scores = query @ key.transpose(-1, -2) * attn.scaling  # [B, H, S, S]
-    length = scores.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
-    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-    return probs.mean(0)
+    return block.self_attn.attention_maps(hidden, attn_kwargs["position_embeddings"]).mean(0)
 
 
 def group_similarity(maps: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -74,12 +74,7 @@ class LadderAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention output of every head before ``o_proj``: ``[B, S, H * head_dim]``."""
         input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, H, S, hd]
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # [B, K, S, hd]
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        query, key, value = self.projections(hidden_states, position_embeddings)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -96,6 +91,33 @@ class LadderAttention(nn.Module):
             **kwargs,
         )
         return output.reshape(*input_shape, -1).contiguous()
+
+    def projections(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query ``[B, H, S, hd]`` and key ``[B, K, S, hd]`` with rotary applied, and value ``[B, K, S, hd]``."""
+        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        return query, key, value
+
+    def attention_maps(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Causal attention probabilities of every query head on a whole sequence: ``[B, H, S, S]``.
+
+        SPD head grouping compares heads by these maps; they come from the same projections
+        and rotary as the forward pass.
+        """
+        query, key, _ = self.projections(hidden_states, position_embeddings)
+        key = key.repeat_interleave(self.num_key_value_groups, dim=1)
+        scores = query @ key.transpose(-1, -2) * self.scaling
+        length = scores.shape[-1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(-1)
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
         return self.o_proj(self.heads(hidden_states, **kwargs))

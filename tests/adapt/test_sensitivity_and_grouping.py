@@ -78,3 +78,20 @@ def test_group_heads_picks_the_lowest_error_order():
     student.load_state_dict(teacher.state_dict())
     orders = group_heads(student, teacher, IDS)
     assert set(orders) == {1, 3} and all(sorted(o) == [0, 1, 2] for o in orders.values())
+
+
+def test_attention_maps_are_the_models_own_attention():
+    """Head grouping's maps come from the model's attention: maps @ V equals the heads' output."""
+    from ladderize.adapt.stream import embed
+
+    model = tiny_model()
+    with torch.no_grad():
+        state, attn_kwargs = embed(model, IDS[:2])
+        attn = model.model.layers[1].self_attn
+        hidden = model.model.layers[1].input_layernorm(state[0])
+        maps = attn.attention_maps(hidden, attn_kwargs["position_embeddings"])  # [B, H, S, S]
+        _, _, value = attn.projections(hidden, attn_kwargs["position_embeddings"])
+        mixed = maps @ value.repeat_interleave(attn.num_key_value_groups, dim=1)  # [B, H, S, hd]
+        heads = attn.heads(hidden, **{**attn_kwargs, "past_key_values": None})
+    assert torch.allclose(maps.sum(-1), torch.ones(()), atol=1e-6)
+    assert (mixed.transpose(1, 2).reshape(heads.shape) - heads).abs().max() <= 1e-5
