@@ -153,8 +153,12 @@ def _sync(device: torch.device) -> None:
 
 def _time_once(
     context: RankContext, decoder: Decoder, prompt: torch.Tensor, gen_len: int
-) -> tuple[float, float, float, float]:
-    """One timed pass on this rank: ``(prefill_s, decode_s, exposed_comm_s, allreduces)``, the last two over decode."""
+) -> tuple[float, float, float, float, float, float]:
+    """One timed pass on this rank: ``(prefill_s, decode_s, exposed_comm_s, allreduces, issue_s, wait_s)``.
+
+    All but the first are over decode; ``issue_s`` is the time inside the all-reduce calls (the
+    whole all-reduce when blocking), ``wait_s`` the time inside ``wait()`` of in-flight ones.
+    """
     comm, device = context.comm, context.device
     prompt_len = prompt.shape[1]
     context.barrier()
@@ -168,7 +172,8 @@ def _time_once(
         token = decoder.extend(token[:, None], prompt_len + index)[:, -1].argmax(-1)
     _sync(device)
     done = time.perf_counter()
-    return prefilled - start, done - prefilled, comm.stats.exposed_s, comm.stats.allreduce_count
+    stats = comm.stats
+    return prefilled - start, done - prefilled, stats.exposed_s, stats.allreduce_count, stats.issue_s, stats.wait_s
 
 
 def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[dict[str, Any]]:
@@ -195,7 +200,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                     static=options.static_decode or options.compile, cache=cache)
             for plan in plans
         ]
-        runs: list[list[tuple[float, float, float, float]]] = [[] for _ in plans]
+        runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
         # rounds interleave the schedules, so that a change of machine load hits all of them alike
         for round_index in range(spec.warmup + spec.repeats):
             for index, decoder in enumerate(decoders):
@@ -217,6 +222,9 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                     "allreduce_count": int(round(statistics.median(t[3] for t in timings) / spec.gen_len)),
                     "allreduce_share": statistics.median(t[2] / t[1] for t in timings),
                     "comm": context.transport,
+                    # per decode step, this rank: host time issuing all-reduces / waiting for in-flight ones
+                    "issue_s_per_token": statistics.median(t[4] for t in timings) / spec.gen_len,
+                    "wait_s_per_token": statistics.median(t[5] for t in timings) / spec.gen_len,
                     "layout": plan.layout.describe(),
                     "domino_chunks": plan.chunks if plan.schedule is Schedule.DOMINO else None,
                     "overlapped_allreduces": plan.overlapped_allreduces,
@@ -227,9 +235,11 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
         del decoders, cache
     if context.world_size > 1:  # average the measured communication share over ranks (outside timing)
         shares = [None] * context.world_size
-        dist.all_gather_object(shares, [row["allreduce_share"] for row in rows])
+        keys = ("allreduce_share", "issue_s_per_token", "wait_s_per_token")
+        dist.all_gather_object(shares, [[row[key] for key in keys] for row in rows])
         for index, row in enumerate(rows):
-            row["allreduce_share"] = statistics.fmean(rank_shares[index] for rank_shares in shares)
+            for k, key in enumerate(keys):
+                row[key] = statistics.fmean(rank_values[index][k] for rank_values in shares)
     return rows
 
 

@@ -1,7 +1,8 @@
-"""TP=2 and TP=3 on CPU/gloo reproduce the single-device model (logits <= 1e-4) and transformers' greedy tokens.
+"""TP=2 and TP=3 on CPU reproduce the single-device model (logits <= 1e-4) and transformers' greedy tokens.
 
-Each TP degree starts its ranks once (module-scoped fixture) and serves every request of
-that degree; the tests then check the responses.
+Every check runs over both all-reduce paths of one host: shared memory (``--comm shm``) and
+gloo (``--comm gloo``). Each (TP degree, path) starts its ranks once (module-scoped fixture)
+and serves every request; the tests then check the responses.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def _rows(ids: torch.Tensor) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(row) for row in ids.tolist())
 
 
-def _serve(tp: int, tmp_path_factory, static_decode: bool) -> dict:
-    root = tmp_path_factory.mktemp(f"tp{tp}")
+def _serve(tp: int, tmp_path_factory, static_decode: bool, comm: str) -> dict:
+    root = tmp_path_factory.mktemp(f"tp{tp}{comm}")
     shape = shape_for(tp)
     ids = torch.randint(3, shape["vocab_size"], (2, sum(PIECES)), generator=torch.Generator().manual_seed(tp))
     prompt = ids[:1, :6]
@@ -54,25 +55,30 @@ def _serve(tp: int, tmp_path_factory, static_decode: bool) -> dict:
     # sampling: every rank draws from identical logits with the same seed (no SPD: TP=1 is the same model)
     requests.append(Request(str(root / "ladder"), _rows(prompt), max_new_tokens=NEW_TOKENS, sampling=SAMPLING))
     options = RuntimeOptions(allow_spd_mismatch=True, static_decode=static_decode)
-    responses = run_requests(requests, LaunchSpec(tp=tp, oversubscribe=True), options)
+    responses = run_requests(requests, LaunchSpec(tp=tp, oversubscribe=True, comm=comm), options)
     # the same sampled request on one rank, in this process
     single = run_requests([requests[-1]], LaunchSpec(tp=1), RuntimeOptions(static_decode=static_decode))
-    return {"expected": expected, "responses": responses, "tp": tp, "sampled_single_rank": single[0].tokens}
+    return {"expected": expected, "responses": responses, "tp": tp, "comm": comm, "sampled_single_rank": single[0].tokens}
 
 
-@pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    return _serve(2, tmp_path_factory, static_decode=False)
+_SERVED: dict[tuple[int, str], dict] = {}
 
 
-@pytest.fixture(scope="module")
-def tp3(tmp_path_factory):
-    return _serve(3, tmp_path_factory, static_decode=True)  # also covers the shape-static decode path
+def _served(tp: int, comm: str, tmp_path_factory) -> dict:
+    """Each (TP, comm) is served once per test session, whichever fixture asks first."""
+    if (tp, comm) not in _SERVED:  # TP=3 also covers the shape-static decode path
+        _SERVED[tp, comm] = _serve(tp, tmp_path_factory, static_decode=tp == 3, comm=comm)
+    return _SERVED[tp, comm]
 
 
-@pytest.fixture(params=["tp2", "tp3"])
-def served(request):
-    return request.getfixturevalue(request.param)
+@pytest.fixture(params=["shm", "gloo"])
+def tp2(request, tmp_path_factory):
+    return _served(2, request.param, tmp_path_factory)
+
+
+@pytest.fixture(params=[(2, "shm"), (3, "shm"), (2, "gloo"), (3, "gloo")], ids=lambda p: f"tp{p[0]}-{p[1]}")
+def served(request, tmp_path_factory):
+    return _served(*request.param, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -81,7 +87,7 @@ def test_logits_match_single_device(served, case):
     logits = served["responses"][2 * index].logits
     reference = served["expected"][case][0]
     assert logits.shape == reference.shape
-    assert np.abs(logits - reference).max() <= ATOL, f"{case} at TP={served['tp']}"
+    assert np.abs(logits - reference).max() <= ATOL, f"{case} at TP={served['tp']} over {served['comm']}"
 
 
 @pytest.mark.parametrize("case", CASES)
