@@ -109,7 +109,7 @@ class ProgressLine:
             return None
         if tokens is not None and self._last_tokens is not None and now > self._last_time:
             tokens_per_s = (tokens - self._last_tokens) / (now - self._last_time)  # since the previous line
-        elif tokens is not None and tokens_per_s is None and now > self.started:
+        elif tokens and tokens_per_s is None and now > self.started:
             tokens_per_s = tokens / (now - self.started)
         self._last_time, self._last_tokens = now, tokens
         spent = elapsed if elapsed is not None else now - self.started
@@ -170,8 +170,6 @@ class Progress:
             )
             self._bar.__enter__()
             self._task = self._bar.add_task("", total=self.line.total)
-        else:
-            self.message(f"{self.label}: started")
         return self
 
     def __exit__(self, *exc_info) -> None:
