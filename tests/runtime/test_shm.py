@@ -243,3 +243,23 @@ def test_bad_comm_choices_are_one_line():
     with pytest.raises(LadderizeError, match="does not go with"):
         check_machine(LaunchSpec(tp=1, comm="shm", backend="nccl", device="cpu"))
     assert LaunchSpec(comm="shm", device="cpu").backend_name == "gloo"  # gloo still sets up the group
+
+
+def test_bench_cli_reports_the_comm_path(tmp_path, monkeypatch, capsys):
+    from tests.runtime.test_cli_runtime import run_cli
+
+    out_file = tmp_path / "bench.json"
+    code, out, err = run_cli(
+        monkeypatch, capsys, "bench", "--synthetic", "tiny", "--ladder", "all", "--tp", "2", "--batch", "1",
+        "--prompt", "4", "--gen", "3", "--warmup", "0", "--repeats", "1", "--schedules", "native,dense",
+        "--comm", "shm", "--json", out_file,
+    )
+    assert code == 0, err
+    import json
+
+    data = json.loads(out_file.read_text())
+    assert data["meta"]["comm"] == "shm" and {r["comm"] for r in data["rows"]} == {"shm"}
+    ladder = next(r for r in data["rows"] if r["schedule"] == "native")
+    dense = next(r for r in data["rows"] if r["schedule"] == "dense")
+    assert dense["wait_s_per_token"] == 0.0 and dense["issue_s_per_token"] > 0  # dense blocks inside the call
+    assert ladder["wait_s_per_token"] > 0  # ladder's all-reduces are waited on one module later
