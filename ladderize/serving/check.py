@@ -1,0 +1,98 @@
+"""Greedy tokens and log-probs of checkpoints under vLLM, as JSON (run inside the vLLM venv).
+
+    python -m ladderize.serving.check '{"runs": [{"model": DIR, "tp": 2, "eager": true}], "prompts": [[1, 2, 3]],
+                                        "max_tokens": 8}'
+
+Prints one ``RESULT {json}`` line: per run, the greedy token ids and the log-prob of each chosen
+token per prompt, whether vLLM compiled the model, the ladderize layout, and the seconds the
+engine took to start and to generate. Runs share one process (the imports are paid once); each
+run gets its own engine, shut down before the next. A run that fails reports its error's last
+line instead of stopping the others. The tests (tests/serving/) and benchmarks/bench_vllm_layouts.py
+drive this script; it is also a quick way to check a converted checkpoint by hand.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+
+def _threads_bind(tp: int) -> str:
+    """One core per rank, round-robin over this process's cores (vLLM's CPU backend wants it set for TP > 1)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return "|".join(str(cores[r % len(cores)]) for r in range(tp))
+
+
+def run_one(spec: dict, prompts: list[list[int]], max_tokens: int) -> dict:
+    from vllm import LLM, SamplingParams
+
+    tp = int(spec.get("tp", 1))
+    start = time.perf_counter()
+    llm = LLM(
+        model=spec["model"], tensor_parallel_size=tp, dtype=spec.get("dtype", "float32"), skip_tokenizer_init=True,
+        enforce_eager=bool(spec.get("eager", True)), max_model_len=int(spec.get("max_model_len", 256)),
+        max_num_seqs=max(len(prompts), 1), seed=0, disable_log_stats=True,
+        distributed_executor_backend="mp" if tp > 1 else None,
+    )
+    try:
+        ready = time.perf_counter()
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, logprobs=0)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        done = time.perf_counter()
+        results = []
+        for out in outputs:
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            results.append({"tokens": ids, "logprobs": [step[t].logprob for t, step in zip(ids, sample.logprobs)]})
+        model_config = llm.llm_engine.vllm_config.compilation_config
+        return {
+            "model": spec["model"], "tp": tp, "eager": bool(spec.get("eager", True)),
+            "compiled": _compiled(llm), "compilation_mode": str(model_config.mode),
+            "results": results, "startup_s": ready - start, "generate_s": done - ready,
+        }
+    finally:
+        del llm
+        gc.collect()
+
+
+def _compiled(llm) -> bool | None:
+    """Whether the ladderize model's forward went through torch.compile (asked of the engine's workers)."""
+    try:
+        flags = llm.collective_rpc(_worker_compiled)
+    except Exception:  # noqa: BLE001 - a model without the attribute or an engine without RPC
+        return None
+    return bool(flags and all(flags))
+
+
+def _worker_compiled(worker) -> bool:
+    model = worker.model_runner.model
+    inner = getattr(model, "model", model)
+    return bool(getattr(inner, "do_not_compile", True) is False)
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1] if len(argv) > 1 else sys.stdin.read())
+    tp_max = max(int(r.get("tp", 1)) for r in args["runs"])
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _threads_bind(tp_max))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    runs = []
+    for spec in args["runs"]:
+        if "VLLM_CPU_OMP_THREADS_BIND" not in args.get("keep_env", []):
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(int(spec.get("tp", 1)))
+        try:
+            runs.append(run_one(spec, args["prompts"], int(args.get("max_tokens", 8))))
+        except Exception as exc:  # noqa: BLE001 - reported per run, as one line
+            message = str(exc).strip().splitlines()
+            runs.append({"model": spec["model"], "tp": spec.get("tp", 1), "error": f"{type(exc).__name__}: {message[-1] if message else ''}"})
+    print("RESULT " + json.dumps({"runs": runs}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

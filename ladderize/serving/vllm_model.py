@@ -1,0 +1,366 @@
+"""vLLM model for ladderize checkpoints: dense, ladder, SPD and hybrid layouts under vLLM's tensor parallelism.
+
+The layer loop runs ``Layout.program()`` (``ladderize/model/layout.py``): one ``ModuleOp`` per
+module says which residual the module's norm reads (``reads_stale``: r_{k-2} instead of r_{k-1}),
+whether it is an SPD MLP that also reads its rank's own attention partial
+(``reads_local_partial``), and whether it ends in an all-reduce (``allreduce``) that may run while
+the next module computes (``overlaps_next``). Nothing here re-derives what a mode means.
+
+Every ``o_proj`` and ``down_proj`` is a ``RowParallelLinear`` with ``reduce_results=False`` and
+``skip_bias_add=True``: it returns this rank's partial sum, and the loop places the all-reduce
+(and adds the bias once) itself:
+
+    dense / ladder module:  r_k = r_{k-1} + AllReduce(f_k(norm_k(r_{reads}))) (+ bias)
+    SPD block (input X):    Y_r = Attn_r(LN1(X)) W_O[r];  Z_r = MLP_r(LN2(X + Y_r (+ o_bias)))
+                            out = X + AllReduce(Y_r + Z_r) (+ o_bias + down_bias): one all-reduce
+
+which is ``LadderDecoderLayer`` / ``_spd`` of ``modeling_ladder_llama.py`` with the sum over ranks
+done by the all-reduce. An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
+vLLM gives rank r the contiguous query/KV heads, so ``load_weights`` permutes the q/k/v rows and
+o_proj columns of a layer with an ``spd_head_order`` (a relabelling of heads, which leaves the
+layer's function unchanged) and the TP degree must equal the checkpoint's ``spd_tp_size``.
+
+Communication: synchronous all-reduce (vLLM's own, on CPU its shared-memory communicator) is the
+validated path. ``LADDERIZE_VLLM_OVERLAP=1`` on CUDA in eager mode enables an overlapped variant for
+the all-reduces the program marks ``overlaps_next`` (a side stream running vLLM's all-reduce while
+the next module computes). It is UNVALIDATED: it has never run on a GPU (none was available when it
+was written), and it is refused everywhere else.
+
+torch.compile: see ``COMPILED_LADDER_VALIDATED`` below and docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
+from vllm.model_executor.models.utils import (
+    AutoWeightsLoader,
+    extract_layer_index,
+    make_empty_intermediate_tensors_factory,
+)
+from vllm.sequence import IntermediateTensors
+
+from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp
+
+logger = logging.getLogger("ladderize.serving")
+
+# Whether a model with ladder layers may run under vLLM's torch.compile. Set True only together with
+# a test that proves compiled == eager for ladder layouts (tests/serving/test_vllm_parity.py checks
+# this flag against a compiled run on every CI run: the flag cannot be True while the outputs differ).
+COMPILED_LADDER_VALIDATED = True
+
+OVERLAP_ENV = "LADDERIZE_VLLM_OVERLAP"
+
+
+class SPDDegreeError(ValueError):
+    """An SPD checkpoint served at a TP degree other than the one it was converted for."""
+
+
+def layout_of(config) -> Layout:
+    return Layout.from_config(config)
+
+
+def check_tp(layout: Layout, tp: int, pp: int) -> None:
+    """Refuse what this model cannot serve exactly, with one readable line."""
+    spd = layout.layers(LayerMode.SPD)
+    if spd and tp != layout.spd_tp_size:
+        raise SPDDegreeError(
+            f"ladderize: SPD layers {layout.ranges()['spd']} were converted for TP={layout.spd_tp_size}; at "
+            f"tensor_parallel_size={tp} each rank would hold a different head group, which is a different model. "
+            f"Serve with tensor_parallel_size={layout.spd_tp_size}"
+        )
+    if pp != 1:
+        raise ValueError(f"ladderize: pipeline parallelism is not supported by the ladder/SPD layer loop (got {pp})")
+
+
+def compile_allowed(vllm_config: VllmConfig) -> bool:
+    """``support_torch_compile``'s ``enable_if``: ladder layouts compile only once validated."""
+    layout = layout_of(vllm_config.model_config.hf_config)
+    if layout.layers(LayerMode.LADDER) and not COMPILED_LADDER_VALIDATED:
+        logger.warning(
+            "ladderize: layout %s has ladder layers; they run eager (torch.compile is off for this model) because "
+            "the compiled ladder path is not validated",
+            layout.describe(),
+        )
+        return False
+    return True
+
+
+class LadderAttention(nn.Module):
+    """Llama attention that returns this rank's ``o_proj`` partial (no all-reduce, no bias)."""
+
+    def __init__(self, config, cache_config, quant_config, prefix: str):
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        hidden = config.hidden_size
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = config.num_key_value_heads
+        self.num_heads = self.total_num_heads // tp
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp)
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.total_num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        out_bias = getattr(config, "attention_out_bias", None)
+        self.qkv_proj = QKVParallelLinear(
+            hidden, self.head_dim, self.total_num_heads, self.total_num_kv_heads,
+            bias=bool(config.attention_bias), quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            self.total_num_heads * self.head_dim, hidden,
+            bias=bool(config.attention_bias if out_bias is None else out_bias), quant_config=quant_config,
+            reduce_results=False, skip_bias_add=True, prefix=f"{prefix}.o_proj",
+        )
+        self.rotary_emb = get_rope(
+            self.head_dim, max_position=getattr(config, "max_position_embeddings", 8192),
+            rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True,
+        )
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, num_kv_heads=self.num_kv_heads,
+            cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn",
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        partial, _ = self.o_proj(self.attn(q, k, v))
+        return partial
+
+
+class LadderMLP(nn.Module):
+    """SwiGLU MLP that returns this rank's ``down_proj`` partial (no all-reduce, no bias)."""
+
+    def __init__(self, config, quant_config, prefix: str):
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"ladderize: unsupported activation {config.hidden_act!r}; only silu is supported")
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, bias=bias, quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=bias, quant_config=quant_config,
+            reduce_results=False, skip_bias_add=True, prefix=f"{prefix}.down_proj",
+        )
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.gate_up_proj(x)
+        partial, _ = self.down_proj(self.act_fn(x))
+        return partial
+
+
+class LadderDecoderLayer(nn.Module):
+    """The parameters of one layer (Llama's names) and its two ``ModuleOp``s; the model runs them."""
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str, program: tuple[ModuleOp, ...]):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        layer = extract_layer_index(prefix)
+        self.attn_op, self.mlp_op = program[2 * layer : 2 * layer + 2]
+        self.self_attn = LadderAttention(config, vllm_config.cache_config, vllm_config.quant_config, f"{prefix}.self_attn")
+        self.mlp = LadderMLP(config, vllm_config.quant_config, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def attention(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.self_attn(positions, self.input_layernorm(x))
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(x))
+
+    @property
+    def attn_bias(self) -> torch.Tensor | None:
+        return self.self_attn.o_proj.bias
+
+    @property
+    def mlp_bias(self) -> torch.Tensor | None:
+        return self.mlp.down_proj.bias
+
+
+def _plus(x: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
+    for bias in biases:
+        if bias is not None:
+            x = x + bias
+    return x
+
+
+class _OverlappedAllReduce:
+    """UNVALIDATED (never run on a GPU): vLLM's all-reduce on a CUDA side stream, joined before its result is read."""
+
+    def __init__(self):
+        self.stream = torch.cuda.Stream()
+
+    def start(self, partial: torch.Tensor):
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            reduced = tensor_model_parallel_all_reduce(partial)
+        return reduced
+
+    def wait(self, reduced: torch.Tensor) -> torch.Tensor:
+        main = torch.cuda.current_stream()
+        main.wait_stream(self.stream)
+        reduced.record_stream(main)
+        return reduced
+
+
+def overlap_requested(vllm_config: VllmConfig) -> bool:
+    if os.environ.get(OVERLAP_ENV, "0") != "1":
+        return False
+    if not torch.cuda.is_available() or not vllm_config.model_config.enforce_eager:
+        raise ValueError(
+            f"ladderize: {OVERLAP_ENV}=1 needs CUDA (NCCL on a side stream) and enforce_eager=True; "
+            "on this platform the ladder all-reduces run synchronously (unset it)"
+        )
+    logger.warning("ladderize: %s=1: overlapped ladder all-reduce on a CUDA side stream is UNVALIDATED", OVERLAP_ENV)
+    return True
+
+
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": {0: "b"}, "positions": {0: "b"}, "intermediate_tensors": {0: "b"}, "inputs_embeds": {0: "b"},
+    },
+    enable_if=compile_allowed,
+)
+class LadderLlamaModel(nn.Module):
+    """Embeddings, the mode-program layer loop, the final norm."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **_):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.layout = layout_of(config)
+        self.tp = get_tensor_model_parallel_world_size()
+        check_tp(self.layout, self.tp, get_pp_group().world_size)
+        self.program = self.layout.program()
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config)
+        self.layers = nn.ModuleList(
+            [LadderDecoderLayer(vllm_config, f"{prefix}.layers.{i}", self.program) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size
+        )
+        self.overlap = _OverlappedAllReduce() if self.tp > 1 and overlap_requested(vllm_config) else None
+        counts = self.layout.allreduces_per_token()
+        logger.info(
+            "ladderize: serving layout %s at TP=%d: %d all-reduces per token (%d overlappable; %s)",
+            self.layout.describe(), self.tp, counts["total"], counts["overlappable"],
+            "overlapped on a side stream, UNVALIDATED" if self.overlap else "run synchronously",
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return tensor_model_parallel_all_reduce(partial) if self.tp > 1 else partial
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        residual = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        stale = residual  # r_{k-2}; r_{-1} = r_0
+        local = None  # an SPD attention's partial Y_r (this rank's only)
+        pending = None  # an overlapped all-reduce of the previous module: r_{k-1} = residual + pending
+        for layer in self.layers:
+            for op in (layer.attn_op, layer.mlp_op):
+                source = stale if op.reads_stale else residual
+                if op.kind is ModuleKind.ATTENTION:
+                    partial, biases = layer.attention(positions, source), (layer.attn_bias,)
+                    if not op.allreduce:  # SPD: Y_r stays on this rank until the MLP's all-reduce
+                        local = partial
+                        continue
+                elif op.reads_local_partial:  # SPD MLP: Z_r = MLP_r(LN2(X + Y_r (+ o_bias))); AR(Y_r + Z_r)
+                    partial = local + layer.feed_forward(_plus(source + local, layer.attn_bias))
+                    biases, local = (layer.attn_bias, layer.mlp_bias), None
+                else:
+                    partial, biases = layer.feed_forward(source), (layer.mlp_bias,)
+                if pending is not None:  # r_{k-1} is needed from here on
+                    residual, pending = residual + self.overlap.wait(pending), None
+                if self.overlap is not None and op.overlaps_next:
+                    # the next module reads r_{k-1} (= stale) while r_k = residual + AR(partial) is reduced
+                    stale, residual = residual, _plus(residual, *biases)
+                    pending = self.overlap.start(partial)
+                    continue
+                stale, residual = residual, residual + _plus(self._all_reduce(partial), *biases)
+        return self.norm(residual)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights, mapper=LlamaModel.hf_to_vllm_mapper)
+
+
+def permute_spd_heads(weights: Iterable[tuple[str, torch.Tensor]], config) -> Iterable[tuple[str, torch.Tensor]]:
+    """Reorder the heads of layers with an ``spd_head_order`` so vLLM's rank r holds SPD head group r.
+
+    New KV head p is source KV head ``order[p]``; its query heads follow it (GQA groups stay
+    together), and ``o_proj``'s input columns move with the query heads. A relabelling of heads:
+    the layer's function is unchanged, only which rank holds which head.
+    """
+    layout = layout_of(config)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    group = heads // kv_heads
+    orders = {}
+    for layer in range(layout.num_layers):
+        order = layout.head_order(layer, kv_heads)
+        if order != list(range(kv_heads)):
+            orders[layer] = (torch.tensor(order), torch.tensor([kv * group + j for kv in order for j in range(group)]))
+    for name, tensor in weights:
+        parts = name.split(".")
+        if orders and "layers" in parts and "self_attn" in parts:
+            layer = int(parts[parts.index("layers") + 1])
+            if layer in orders:
+                kv_order, q_order = orders[layer]
+                proj = parts[parts.index("self_attn") + 1]
+                if proj in ("q_proj", "k_proj", "v_proj"):
+                    index = q_order if proj == "q_proj" else kv_order
+                    shaped = tensor.reshape(-1, head_dim, *tensor.shape[1:])
+                    tensor = shaped.index_select(0, index).reshape(tensor.shape)
+                elif proj == "o_proj" and parts[-1] == "weight":
+                    shaped = tensor.reshape(tensor.shape[0], heads, head_dim)
+                    tensor = shaped.index_select(1, q_order).reshape(tensor.shape)
+        yield name, tensor
+
+
+class LadderLlamaForCausalLM(LlamaForCausalLM):
+    """``LlamaForCausalLM`` (LM head, logits, weight names) over the ladderize layer loop."""
+
+    def _init_model(self, vllm_config: VllmConfig, prefix: str = "", layer_type=None):
+        return LadderLlamaModel(vllm_config=vllm_config, prefix=prefix)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(permute_spd_heads(weights, self.config))

@@ -1,0 +1,97 @@
+"""Synthetic checkpoints, ladderize's HF reference and the vLLM driver for the serving tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+# vLLM's CPU attention wants a head size it has kernels for (32); 4 query heads over 2 KV heads split for TP 1 and 2.
+SERVE_SHAPE = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    initializer_range=0.08,  # peaked next-token distributions: no near-ties for greedy decoding to flip on
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# One set of weights, four layouts of it (6 layers). The hybrid has every mode and every transition:
+# SPD -> dense -> ladder, SPD directly before ladder, and a non-identity SPD head order.
+LAYOUTS = {
+    "dense": dict(layer_modes=["dense"] * 6),
+    "ladder": dict(layer_modes=["ladder"] * 6),
+    "spd": dict(layer_modes=["spd"] * 6, spd_tp_size=2),
+    "hybrid": dict(
+        layer_modes=["spd", "dense", "ladder", "spd", "ladder", "ladder"],
+        spd_tp_size=2,
+        spd_head_order=[[1, 0], None, None, [1, 0], None, None],
+    ),
+}
+PROMPTS = [[5, 17, 99, 3, 42, 7, 200, 11], [1, 250, 64, 64, 9]]
+
+
+def write_checkpoint(root: Path, name: str, seed: int = 0, **overrides) -> Path:
+    """A random ladderize checkpoint of SERVE_SHAPE with the layout ``LAYOUTS[name]`` (same weights for every name)."""
+    config = LadderLlamaConfig(**{**SERVE_SHAPE, **LAYOUTS[name], **overrides})
+    torch.manual_seed(seed)
+    model = LadderLlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if "norm" in pname:
+                param.uniform_(0.5, 1.5)
+    out = root / name
+    model.save_pretrained(out)
+    return out
+
+
+def hf_greedy(path: Path, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+    """ladderize's HF model: greedy tokens and the log-prob of each chosen token, at SPD's own TP degree."""
+    model = LadderLlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    results = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+            tokens = out.sequences[0, len(prompt):].tolist()
+            logprobs = [torch.log_softmax(step[0].double(), -1)[t].item() for step, t in zip(out.logits, tokens)]
+            results.append({"tokens": tokens, "logprobs": logprobs})
+    return results
+
+
+def vllm_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="1", OMP_NUM_THREADS="1")
+    env.update(extra or {})
+    return env
+
+
+def vllm_greedy(runs: list[dict], prompts: list[list[int]], max_tokens: int, timeout: int = 900,
+                env: dict | None = None) -> tuple[list[dict], str]:
+    """Run ladderize.serving.check in .venv-vllm; return its runs and the captured log."""
+    payload = json.dumps({"runs": runs, "prompts": prompts, "max_tokens": max_tokens})
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "ladderize.serving.check", payload], cwd=REPO, env=vllm_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+    log = done.stdout + done.stderr
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])["runs"], log
+    raise AssertionError(f"the vLLM driver printed no result (exit {done.returncode}):\n{log[-4000:]}")
