@@ -395,8 +395,9 @@ def bench_cmd(
         )
     console.print(table)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        from .convert.atomic import write_file_atomic
+
+        write_file_atomic(json_path, json.dumps(result.to_json(), indent=2) + "\n")
         console.print(f"wrote {json_path}")
 
 
@@ -512,8 +513,9 @@ def predict_cmd(
                             str(entry["kv_len"]), f"{entry['seconds'] * 1e3:.4f}", entry["source"])
         console.print(modules)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        from .convert.atomic import write_file_atomic
+
+        write_file_atomic(json_path, json.dumps(result.to_dict(), indent=2) + "\n")
         console.print(f"wrote {json_path}", highlight=False)
 
 

@@ -283,7 +283,11 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
     result = adapt(config, resume=True, on_step=on_step, on_message=lambda msg: say("note", msg))
-    say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)")
+    from .adapt.sequential import layer_summary
+
+    per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
+    say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"
+                + (f"; local loss per layer, first -> last step: {per_layer}" if per_layer else ""))
     return out
 
 
@@ -378,9 +382,9 @@ def _valid_json(path: Path, check: Callable[[dict], bool]) -> bool:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from .convert.atomic import write_file_atomic
+
+    write_file_atomic(path, text)
 
 
 def _jsonable(settings: DemoSettings) -> dict[str, Any]:

@@ -74,7 +74,9 @@ class SensitivityReport:
         return {**asdict(self), "ranking": self.ranking()}
 
     def save(self, path: Path | str) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        from ..convert.atomic import write_file_atomic
+
+        write_file_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path | str) -> "SensitivityReport":

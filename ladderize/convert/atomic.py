@@ -134,3 +134,23 @@ def atomic_directory(out: Path | str, force: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_file_atomic(path: Path | str, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through a temp file beside it and a rename (mode from the umask).
+
+    Readers see the old file or the new one, never a half-written one; concurrent writers
+    each rename a whole file. The single-file sibling of ``atomic_directory``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        apply_umask(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -173,12 +173,9 @@ def evaluate_checkpoint(
 
 def write_json(record: dict[str, Any], path: Path | str) -> Path:
     """Write a JSON record atomically (as lm-eval does, a NaN metric is written as NaN)."""
-    path = Path(path).expanduser().absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from ..convert.atomic import write_file_atomic
+
+    return write_file_atomic(Path(path).expanduser().absolute(), json.dumps(record, indent=2, default=str) + "\n")
 
 
 def headline_metrics(results: dict[str, Any]) -> list[tuple[str, str, float]]:

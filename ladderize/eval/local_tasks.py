@@ -234,10 +234,9 @@ def _cached_jsonl(name: str, documents: list[str]) -> Path:
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
     path = cache_path("eval-data") / f"{name}-{digest}.jsonl"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(body, encoding="utf-8")
-        os.replace(tmp, path)
+        from ..convert.atomic import write_file_atomic
+
+        write_file_atomic(path, body)
     return path
 
 

@@ -22,15 +22,14 @@ Two ways to get a module's time:
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
+from ..convert.atomic import write_file_atomic
 from ..errors import LadderizeError
 from ..model.layout import kv_heads_per_rank
 from ..paths import cache_path
@@ -245,11 +244,7 @@ class MeasuredCompute:
         for section in ("entries", "rates"):
             on_disk[section].update(self._cache[section])
         self._cache = on_disk
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_path.parent, prefix=".measurements.", suffix=".json")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(on_disk, handle, indent=1, sort_keys=True)
-        os.replace(tmp, self.cache_path)
+        write_file_atomic(self.cache_path, json.dumps(on_disk, indent=1, sort_keys=True))
 
     # ---- device rates (for budgets and proxy scaling) --------------------------------------------
 

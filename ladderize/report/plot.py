@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +203,9 @@ def _legend_label(short: str, layout: str) -> str:
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png", bbox_inches="tight", pad_inches=0.15)  # everything drawn stays inside the image
+    from ..convert.atomic import write_file_atomic
+
+    image = io.BytesIO()
+    fig.savefig(image, format="png", bbox_inches="tight", pad_inches=0.15)  # everything drawn stays inside the image
     plt.close(fig)
-    tmp.replace(path)
+    write_file_atomic(path, image.getvalue())

@@ -523,6 +523,6 @@ def _notes(report: Report, plot_info: dict[str, Any]) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from ..convert.atomic import write_file_atomic
+
+    write_file_atomic(path, text)

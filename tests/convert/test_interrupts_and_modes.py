@@ -125,3 +125,21 @@ def test_converted_and_saved_checkpoints_follow_the_umask(tiny_llama_dir: Path, 
         expected = {name: (0o777 if (folder / name).is_dir() or name == folder.name else 0o666) & ~umask for name in modes}
         assert modes == expected, folder
     assert len(list(sharded.glob("model-*.safetensors"))) > 1
+
+
+def test_write_file_atomic_replaces_whole_and_follows_the_umask(tmp_path):
+    """The one single-file writer: text or bytes, the old file or the new one, mode from the umask."""
+    import os
+
+    from ladderize.convert.atomic import write_file_atomic
+
+    target = tmp_path / "sub" / "record.json"
+    write_file_atomic(target, "old\n")
+    old_umask = os.umask(0o027)
+    try:
+        write_file_atomic(target, b"\x89PNG new")
+    finally:
+        os.umask(old_umask)
+    assert target.read_bytes() == b"\x89PNG new"
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in target.parent.iterdir()] == ["record.json"]  # no temp file left beside it
