@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ..convert.architectures import LINEAR_MODULES
 from ..model import LadderLlamaForCausalLM
 
-LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEAR_NAMES = LINEAR_MODULES  # the TP plan's linear modules (convert/architectures.py)
 
 
 @dataclass(frozen=True)

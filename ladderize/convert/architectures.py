@@ -14,17 +14,31 @@ from typing import Any
 
 from ..errors import LadderizeError
 
-LAYER_TENSORS: tuple[str, ...] = (
-    "model.layers.${layer}.input_layernorm.weight",
-    "model.layers.${layer}.self_attn.q_proj.weight",
-    "model.layers.${layer}.self_attn.k_proj.weight",
-    "model.layers.${layer}.self_attn.v_proj.weight",
-    "model.layers.${layer}.self_attn.o_proj.weight",
-    "model.layers.${layer}.post_attention_layernorm.weight",
-    "model.layers.${layer}.mlp.gate_proj.weight",
-    "model.layers.${layer}.mlp.up_proj.weight",
-    "model.layers.${layer}.mlp.down_proj.weight",
-)
+# The tensor-parallel plan as data (torchtitan style): each module of a decoder layer, and how
+# TP splits its weight. ``colwise`` keeps output rows, ``rowwise`` keeps input columns, of the
+# rank's ``query_heads``, ``kv_heads`` or MLP ``inner`` slice; norms are replicated. The
+# converter's tensor names, the runtime's sharding and the LoRA targets all derive from it.
+LAYER_PREFIX = "model.layers.${layer}."
+TP_PLAN: dict[str, tuple[str, str]] = {
+    "input_layernorm": ("replicate", ""),
+    "self_attn.q_proj": ("colwise", "query_heads"),
+    "self_attn.k_proj": ("colwise", "kv_heads"),
+    "self_attn.v_proj": ("colwise", "kv_heads"),
+    "self_attn.o_proj": ("rowwise", "query_heads"),
+    "post_attention_layernorm": ("replicate", ""),
+    "mlp.gate_proj": ("colwise", "inner"),
+    "mlp.up_proj": ("colwise", "inner"),
+    "mlp.down_proj": ("rowwise", "inner"),
+}
+LINEAR_MODULES: tuple[str, ...] = tuple(m for m, (style, _) in TP_PLAN.items() if style != "replicate")  # LoRA targets
+LAYER_TENSORS: tuple[str, ...] = tuple(f"{LAYER_PREFIX}{module}.weight" for module in TP_PLAN)
+
+
+def layer_tensor(layer: int, module: str, kind: str = "weight") -> str:
+    """The checkpoint name of one layer tensor, e.g. ``model.layers.3.self_attn.q_proj.weight``."""
+    return Template(f"{LAYER_PREFIX}{module}.{kind}").substitute(layer=layer)
+
+
 QKV_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.self_attn.{p}_proj.bias" for p in "qkv")
 O_BIAS_TENSORS = ("model.layers.${layer}.self_attn.o_proj.bias",)
 MLP_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.mlp.{p}_proj.bias" for p in ("gate", "up", "down"))

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
+from ..convert.architectures import TP_PLAN, layer_tensor
 from ..errors import LadderizeError
 from ..model.layout import (
     LayerMode,
@@ -43,7 +44,6 @@ from ..model.layout import (
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
-LAYER = "model.layers.{layer}.{name}"
 
 
 # --- config ----------------------------------------------------------------------------------
@@ -278,11 +278,11 @@ def shard_linear(
     source: TensorSource, name: str, parallel: str, parts: Sequence[slice]
 ) -> torch.Tensor:
     """One rank's slice of a linear weight: ``column`` keeps output rows, ``row`` keeps input columns."""
-    if parallel == "column":
+    if parallel in ("column", "colwise"):
         return source.read(name, rows=parts)
-    if parallel == "row":
+    if parallel in ("row", "rowwise"):
         return source.read(name, cols=parts)
-    raise ValueError(f"parallel must be 'column' or 'row', not {parallel!r}")
+    raise ValueError(f"parallel must be 'colwise' or 'rowwise', not {parallel!r}")
 
 
 def _optional(source: TensorSource, name: str, present: bool, rows: Sequence[slice] | None = None):
@@ -311,48 +311,36 @@ def load_rank_weights(
     layers = []
     for layer in range(dims.num_layers):
         shard = layer_shard(dims, layout, layer, tp, rank)
-        name = lambda n: LAYER.format(layer=layer, name=n)  # noqa: E731
-        q_rows, kv_rows = head_slices(shard.q_heads, hd), head_slices(shard.kv_heads, hd)
-        qkv = torch.cat(
-            [
-                shard_linear(source, name("self_attn.q_proj.weight"), "column", q_rows),
-                shard_linear(source, name("self_attn.k_proj.weight"), "column", kv_rows),
-                shard_linear(source, name("self_attn.v_proj.weight"), "column", kv_rows),
-            ]
-        )
-        qkv_bias = None
-        if dims.attention_bias:
-            qkv_bias = torch.cat(
-                [
-                    _optional(source, name("self_attn.q_proj.bias"), True, q_rows),
-                    _optional(source, name("self_attn.k_proj.bias"), True, kv_rows),
-                    _optional(source, name("self_attn.v_proj.bias"), True, kv_rows),
-                ]
-            )
-        inner = [shard.inner]
-        gate_up = torch.cat(
-            [
-                shard_linear(source, name("mlp.gate_proj.weight"), "column", inner),
-                shard_linear(source, name("mlp.up_proj.weight"), "column", inner),
-            ]
-        )
-        gate_up_bias = None
-        if dims.mlp_bias:
-            gate_up_bias = torch.cat(
-                [_optional(source, name("mlp.gate_proj.bias"), True, inner), _optional(source, name("mlp.up_proj.bias"), True, inner)]
-            )
+        parts = {"query_heads": head_slices(shard.q_heads, hd), "kv_heads": head_slices(shard.kv_heads, hd), "inner": [shard.inner]}
+
+        def weight(module: str) -> torch.Tensor:  # the rank's part of a weight, as the TP plan splits it
+            style, split = TP_PLAN[module]
+            name = layer_tensor(layer, module)
+            return source.read(name) if style == "replicate" else shard_linear(source, name, style, parts[split])
+
+        def bias(module: str, present: bool) -> torch.Tensor | None:  # column-parallel biases split like their rows
+            style, split = TP_PLAN[module]
+            return _optional(source, layer_tensor(layer, module, "bias"), present, parts[split] if style == "colwise" else None)
+
+        def fused(modules: tuple[str, ...], present: bool = True) -> torch.Tensor | None:
+            return torch.cat([weight(m) for m in modules]) if present else None
+
+        def fused_bias(modules: tuple[str, ...], present: bool) -> torch.Tensor | None:
+            return torch.cat([bias(m, True) for m in modules]) if present else None
+
+        qkv, gate_up = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")
         layers.append(
             LayerWeights(
-                qkv=put(qkv),
-                qkv_bias=put(qkv_bias),
-                o=put(shard_linear(source, name("self_attn.o_proj.weight"), "row", q_rows)),
-                o_bias=put(_optional(source, name("self_attn.o_proj.bias"), dims.attention_out_bias)),
-                gate_up=put(gate_up),
-                gate_up_bias=put(gate_up_bias),
-                down=put(shard_linear(source, name("mlp.down_proj.weight"), "row", inner)),
-                down_bias=put(_optional(source, name("mlp.down_proj.bias"), dims.mlp_bias)),
-                ln1=put(source.read(name("input_layernorm.weight"))),
-                ln2=put(source.read(name("post_attention_layernorm.weight"))),
+                qkv=put(fused(qkv)),
+                qkv_bias=put(fused_bias(qkv, dims.attention_bias)),
+                o=put(weight("self_attn.o_proj")),
+                o_bias=put(bias("self_attn.o_proj", dims.attention_out_bias)),
+                gate_up=put(fused(gate_up)),
+                gate_up_bias=put(fused_bias(gate_up, dims.mlp_bias)),
+                down=put(weight("mlp.down_proj")),
+                down_bias=put(bias("mlp.down_proj", dims.mlp_bias)),
+                ln1=put(weight("input_layernorm")),
+                ln2=put(weight("post_attention_layernorm")),
             )
         )
     embed = put(source.read(EMBED))
