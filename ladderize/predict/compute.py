@@ -10,8 +10,9 @@ Two ways to get a module's time:
 
 * ``RooflineCompute``: ``max(flops / achievable FLOP/s, bytes / achievable bytes/s) + module overhead``
   with a ``GPUProfile`` (published peaks, calibrated efficiencies).
-* ``MeasuredCompute``: builds the module's tensors on the local device and times them (CUDA events over
-  a CUDA-graph replay on a GPU, ``perf_counter`` on the CPU), median of repeats, cached in a JSON file
+* ``MeasuredCompute``: builds the module as the runtime runs it (a one-layer ``RankModel`` of the rank's
+  local shape, with the runtime's own kernels, norms, rotary and KV cache) on the local device and times
+  it (CUDA events over a CUDA-graph replay on a GPU, ``perf_counter`` on the CPU), median of repeats, cached in a JSON file
   keyed by device and per-rank shape. A shape too big for the device's budget (a 70B layer on a laptop
   CPU) is timed as a proxy: tokens (compute-bound shapes) or KV length and width (memory-bound ones)
   are halved until it fits, and the proxy's time above the device's fixed per-module floor (the time
@@ -168,19 +169,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
-def _rms_norm(x, weight, eps: float = 1e-6):
-    import torch
-
-    variance = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
-
-
-def _rotate(x, cos, sin):
-    import torch
-
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+CACHE_FORMAT = 2  # 2: modules timed through the runtime's RankModel and kernels (1: plain matmuls)
 
 
 class MeasuredCompute:
@@ -232,11 +221,11 @@ class MeasuredCompute:
     def _load_cache(self) -> dict:
         try:
             data = json.loads(self.cache_path.read_text())
-            if isinstance(data, dict) and data.get("format") == 1:
+            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT:
                 return data
         except (OSError, json.JSONDecodeError):
             pass
-        return {"format": 1, "entries": {}, "rates": {}}
+        return {"format": CACHE_FORMAT, "entries": {}, "rates": {}}
 
     def _save_cache(self) -> None:
         """Merge with what other processes wrote meanwhile, then replace the file atomically."""
@@ -385,46 +374,36 @@ class MeasuredCompute:
     # ---- building one rank's module --------------------------------------------------------------
 
     def _build(self, work: ModuleWork) -> Callable[[], object]:
+        """One rank's module as the runtime runs it: a one-layer ``RankModel`` of the rank's local shape
+        (its heads, KV heads and MLP slice), with the runtime's kernels (gemv/oneDNN/aten, as ``auto``
+        picks on this device), norms, rotary table and KV cache."""
         torch = self.torch
-        F = torch.nn.functional
-        dev, dt = self.device, self.dtype
+        from transformers import LlamaConfig
+
+        from ..runtime.allreduce import Communicator
+        from ..runtime.engine import RankModel
+        from ..runtime.plan import StepKind
+        from ..runtime.sharding import ModelDims, random_rank_weights
+
         b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
-
-        def filled(*shape: int):
-            # Constant fill: values do not change the timing, and filling is much faster than randn.
-            return torch.full(shape, 0.01, device=dev, dtype=dt)
-
-        x = filled(b, s, d)
-        norm = torch.ones(d, device=dev, dtype=dt)
-        if work.kind == "mlp":
-            w_gate_up, w_down = filled(d, 2 * work.intermediate_size), filled(work.intermediate_size, d)
-
-            def run():
-                gate, up = (_rms_norm(x, norm) @ w_gate_up).chunk(2, dim=-1)
-                return (F.silu(gate) * up) @ w_down  # [B, S, D], partial sum before the all-reduce
-
-            return run
+        heads, kv_heads, inner = max(1, work.heads), max(1, work.kv_heads), max(1, work.intermediate_size)
+        positions = max(work.kv_len, s) + 1
+        dims = ModelDims(d, 1, heads, kv_heads, hd, inner, max(1, work.vocab_size), 1e-5, "silu",
+                         False, False, False, False)  # fmt: skip
+        config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd,
+                             intermediate_size=inner, num_hidden_layers=1, vocab_size=dims.vocab_size,
+                             max_position_embeddings=positions)  # fmt: skip
+        weights = random_rank_weights(dims, 1, 0, dtype=self.dtype, device=self.device)
+        model = RankModel(weights, config, Communicator(1), max_positions=positions)
+        x = torch.full((b, s, d), 0.01, device=self.device, dtype=self.dtype)  # values do not change the timing
         if work.kind == "head":
-            w_head = filled(d, work.vocab_size)
-            return lambda: _rms_norm(x, norm) @ w_head  # [B, 1, V]
-
-        nq, nkv, kv_len = work.heads, work.kv_heads, work.kv_len
-        w_qkv, w_o = filled(d, (nq + 2 * nkv) * hd), filled(nq * hd, d)
-        k_cache, v_cache = filled(b, nkv, kv_len, hd), filled(b, nkv, kv_len, hd)
-        cos, sin = filled(s, hd), filled(s, hd)
-        causal = s == kv_len and s > 1
-
-        def run_attention():
-            qkv = _rms_norm(x, norm) @ w_qkv  # [B, S, (nq + 2 nkv) hd]
-            q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-            q = _rotate(q.view(b, s, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, S, hd]
-            k = _rotate(k.view(b, s, nkv, hd).transpose(1, 2), cos, sin)
-            k_cache[:, :, kv_len - s:] = k
-            v_cache[:, :, kv_len - s:] = v.view(b, s, nkv, hd).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, k_cache, v_cache, is_causal=causal, enable_gqa=nq != nkv)
-            return out.transpose(1, 2).reshape(b, s, nq * hd) @ w_o  # [B, S, D] partial sum
-
-        return run_attention
+            return lambda: model.logits(x)  # [B, 1, V]
+        layer = model.w.layers[0]
+        if work.kind == "mlp":
+            return lambda: model._step(StepKind.MLP, layer, x, None, None, 0)[0]  # [B, S, D] partial sum
+        cache = model.new_cache(b, positions)
+        start = max(0, work.kv_len - s)  # the new tokens follow kv_len - s cached ones
+        return lambda: model._step(StepKind.ATTENTION, layer, x, cache.keys[0], cache.values[0], start)[0]
 
     def _measure(self, work: ModuleWork) -> float:
         local = self._local(work)

@@ -80,3 +80,28 @@ def test_make_compute_modes(tmp_path):
     assert isinstance(make_compute("measured", cache_dir=tmp_path), MeasuredCompute)
     with pytest.raises(LadderizeError, match="unknown compute mode"):
         make_compute("guessed")
+
+
+def test_measured_times_the_runtimes_own_modules_and_kernels(tmp_path, monkeypatch):
+    """``--compute measured`` runs the runtime's RankModel modules (its kernels, norms, rotary, KV cache)."""
+    from ladderize.runtime import engine
+    from ladderize.runtime.plan import StepKind
+
+    ran: list[tuple[str, tuple]] = []
+    step, logits = engine.RankModel._step, engine.RankModel.logits
+
+    def counted_step(self, kind, lw, x, *rest):
+        ran.append((kind.value, tuple(x.shape)))
+        return step(self, kind, lw, x, *rest)
+
+    def counted_logits(self, hidden):
+        ran.append(("head", tuple(hidden.shape)))
+        return logits(self, hidden)
+
+    monkeypatch.setattr(engine.RankModel, "_step", counted_step)
+    monkeypatch.setattr(engine.RankModel, "logits", counted_logits)
+    compute = MeasuredCompute(cache_dir=tmp_path, repeats=1)
+    for kind, q_len, kv_len in (("attention", 1, 24), ("mlp", 1, 0), ("head", 1, 0)):
+        compute.module_s(module_work(TINY, kind, 2, 3, q_len, kv_len))
+    assert {(name, shape) for name, shape in ran} >= {
+        (StepKind.ATTENTION.value, (3, 1, 64)), (StepKind.MLP.value, (3, 1, 64)), ("head", (3, 1, 64))}  # fmt: skip
