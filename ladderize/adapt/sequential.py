@@ -137,7 +137,7 @@ def train_layer(
     on_step: Callable[[LayerStep], None] | None = None,
 ) -> list[float]:
     """Train the student's current layer on the cached states; return its losses per step."""
-    from .trainer import warmup_cosine
+    from .lr_schedule import warmup_cosine
 
     index = cache.layer
     layer = cache.student.model.layers[index]
