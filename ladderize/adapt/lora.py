@@ -1,29 +1,35 @@
-"""LoRA on the converted layers, merged into the weights on save.
+"""peft LoRA on the converted layers: a standard adapter in ``OUT/adapter/``, merged into the weights in ``OUT``.
 
-SPD layers read ``o_proj.weight`` and the MLP weights directly (each rank takes its own
-columns or rows) instead of calling the modules, so an adapter that only wraps
-``Linear.forward`` (peft's ``lora.Linear``) would be silently skipped there. Here the
-low-rank update is a ``torch.nn.utils.parametrize`` parametrization of the weight itself:
-every read of ``weight`` (forward, per-rank slices, the TP runtime's sharding) sees
-``W + (alpha / r) * B @ A``. Merging bakes the update in and removes the parametrization,
-so the saved checkpoint has plain Llama tensor names. The hyper-parameters follow peft's
-``LoraConfig`` (r, lora_alpha, target modules); the adapter is initialised as peft does
-(A Kaiming-uniform, B zero), so training starts at the converted model exactly.
+``add_lora`` applies ``peft.get_peft_model`` with a ``LoraConfig`` whose targets are the TP
+plan's linear modules (``convert/architectures.py``) of the converted layers only
+(``layers_to_transform``). peft replaces those ``nn.Linear`` modules in place with
+``lora.Linear`` wrappers, so the model object keeps its structure (``model.model.layers``)
+and the objectives run on it unchanged.
+
+SPD blocks read ``o_proj`` and the MLP weights per rank instead of calling the modules; they
+go through ``modeling_ladder_llama.effective_weight``, which returns the base weight plus the
+adapter's delta (peft's ``get_delta_weight``) for a LoRA layer, so the per-rank partial sums
+see the adapter exactly. ``lora_dropout`` is 0 for the same reason: a dropout on the input
+of the low-rank branch has no weight form.
+
+The saved adapter loads with ``PeftModel.from_pretrained(<converted base>, OUT/adapter)``;
+``merge_lora`` bakes it in (``merge_and_unload``) for the merged checkpoint.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from ..convert.architectures import LINEAR_MODULES
+from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
 LINEAR_NAMES = LINEAR_MODULES  # the TP plan's linear modules (convert/architectures.py)
+ADAPTER_DIR = "adapter"
 
 
 @dataclass(frozen=True)
@@ -33,43 +39,51 @@ class LoraSpec:
     targets: tuple[str, ...] = LINEAR_NAMES
 
 
-class LowRankDelta(nn.Module):
-    """Parametrization ``W -> W + scale * B @ A`` with trainable ``A [r, in]`` and ``B [out, r]``."""
+def lora_config(layers: list[int], spec: LoraSpec = LoraSpec(), base: str | None = None):
+    """peft's ``LoraConfig`` for the target linears of ``layers`` (no dropout: SPD reads the weights directly)."""
+    from peft import LoraConfig
 
-    def __init__(self, out_features: int, in_features: int, rank: int, alpha: float, dtype, device):
-        super().__init__()
-        self.lora_A = nn.Parameter(torch.empty(rank, in_features, dtype=dtype, device=device))
-        self.lora_B = nn.Parameter(torch.zeros(out_features, rank, dtype=dtype, device=device))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight + self.scale * (self.lora_B @ self.lora_A)
+    if not layers:
+        raise LadderizeError("the checkpoint has no converted layers; --train lora has nothing to adapt (use --train all)")
+    return LoraConfig(
+        r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+        target_modules=list(spec.targets), layers_to_transform=sorted(layers), layers_pattern="layers",
+        base_model_name_or_path=base,
+    )
 
 
-def add_lora(model: LadderLlamaForCausalLM, layers: list[int], spec: LoraSpec = LoraSpec()) -> list[nn.Parameter]:
-    """Attach low-rank deltas to the target linears of ``layers``; freeze everything else. Returns the adapter parameters."""
-    for param in model.parameters():
-        param.requires_grad_(False)
-    adapters: list[nn.Parameter] = []
-    for index in layers:
-        layer = model.model.layers[index]
-        for name in spec.targets:
-            linear = layer.get_submodule(name)
-            weight = linear.weight
-            delta = LowRankDelta(weight.shape[0], weight.shape[1], spec.rank, spec.alpha, weight.dtype, weight.device)
-            parametrize.register_parametrization(linear, "weight", delta)
-            adapters.extend([delta.lora_A, delta.lora_B])
-    return adapters
+def add_lora(model: LadderLlamaForCausalLM, layers: list[int], spec: LoraSpec = LoraSpec(), base: str | None = None):
+    """Wrap the target linears of ``layers`` with peft LoRA (in place); freeze everything else.
+
+    Returns ``(peft_model, adapter_parameters)``. ``model`` itself now holds the LoRA layers,
+    so it can be trained directly; ``peft_model`` saves the adapter and merges it.
+    """
+    from peft import get_peft_model
+
+    model.requires_grad_(False)
+    peft_model = get_peft_model(model, lora_config(layers, spec, base))
+    params = [p for n, p in model.named_parameters() if "lora_" in n]
+    for param in params:
+        param.requires_grad_(True)
+    return peft_model, params
 
 
 def has_lora(model: nn.Module) -> bool:
-    return any(parametrize.is_parametrized(module, "weight") for module in model.modules())
+    from peft.tuners.lora import LoraLayer
+
+    return any(isinstance(module, LoraLayer) for module in model.modules())
 
 
-def merge_lora(model: nn.Module) -> nn.Module:
-    """Bake every low-rank delta into its weight and drop the parametrization (in place)."""
-    for module in list(model.modules()):
-        if parametrize.is_parametrized(module, "weight"):
-            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+def save_adapter(peft_model, path: Path) -> Path:
+    """Write the standard adapter files (``adapter_config.json``, ``adapter_model.safetensors``) to ``path``."""
+    peft_model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def merge_lora(peft_model) -> LadderLlamaForCausalLM:
+    """Bake the adapter into the weights and return the plain model (peft's ``merge_and_unload``)."""
+    with torch.no_grad():
+        model = peft_model.merge_and_unload(progressbar=False, safe_merge=True)
+    if hasattr(model, "peft_config"):
+        del model.peft_config
     return model

@@ -35,7 +35,8 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from .data import batch_at, pack_tokens
-from .lora import LoraSpec, add_lora, has_lora, merge_lora
+from .lr_schedule import warmup_cosine
+from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .objectives import LOCAL_INPUTS, AdaptLoss, parse_objectives
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class AdaptConfig:
     run_dir: str | None = None
     force: bool = False
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
+    recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
 
     def resolved_run_dir(self) -> Path:
         out = Path(self.out).expanduser().absolute()
@@ -86,7 +88,7 @@ class AdaptConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one."""
-        skip = {"out", "run_dir", "force", "save_every", "keep_state"}
+        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -189,7 +191,7 @@ def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) 
     if not converted:
         raise LadderizeError(f"the checkpoint has no converted layers; --train {scope} has nothing to train (use --train all)")
     if scope == "lora":
-        return add_lora(model, converted, spec)
+        return add_lora(model, converted, spec)[1]
     model.requires_grad_(False)
     params = []
     for index in converted:
@@ -211,17 +213,6 @@ def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausa
             if a.shape != b.shape or not torch.equal(a, b.to(a.dtype)):
                 return False
     return True
-
-
-def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
-    """Learning-rate factor per step: linear warm-up, then cosine decay to ``min_ratio``."""
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 def adapt(
@@ -315,7 +306,11 @@ def adapt(
         return run
 
     spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
-    params = select_trainable(student, config.train, spec)
+    peft_model = None
+    if config.train == "lora":  # peft wraps the target linears of ``student`` in place
+        peft_model, params = add_lora(student, student.layout.converted_layers, spec, base=checkpoint)
+    else:
+        params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix)
     if teacher is not None:
@@ -379,9 +374,13 @@ def adapt(
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(loss_module).student
-        if has_lora(final):
-            merge_lora(final)
-        _write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out)
+        adapter = None
+        if peft_model is not None:
+            adapter = run_dir / f".{ADAPTER_DIR}.tmp"
+            shutil.rmtree(adapter, ignore_errors=True)
+            save_adapter(peft_model, adapter)
+            final = merge_lora(peft_model)
+        _write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out, adapter=adapter)
         result.state_dir = _finish_state(run_dir, state_dir, config.keep_state)
     accelerator.wait_for_everyone()
     return result
@@ -405,9 +404,12 @@ def _finish_state(run_dir: Path, state_dir: Path, keep: bool) -> Path | None:
 
 def _write_output(
     final: LadderLlamaForCausalLM, tokenizer, checkpoint: str, teacher_path: str | None,
-    config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path,
+    config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path, adapter: Path | None = None,
 ) -> None:
-    """Save the adapted model as a converted checkpoint, its provenance extended by an ``adapt`` record."""
+    """Save the adapted model as a converted checkpoint, its provenance extended by an ``adapt`` record.
+
+    ``adapter``: a saved peft adapter, moved to ``OUT/adapter/`` once the merged checkpoint is written.
+    """
     from ..convert.checkpoint import read_provenance, save_model_checkpoint
 
     final.requires_grad_(False)
@@ -431,11 +433,15 @@ def _write_output(
             "final_loss": result.curve[-1] if result.curve else None,
             "head_grouping": config.head_grouping,
             "layout": final.layout.describe(),
+            **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if adapter else {}),
+            **({"recipe": config.recipe} if config.recipe else {}),
         }
     )
     provenance["layout"] = {**final.layout.ranges(), "spd_tp_size": final.layout.spd_tp_size, "describe": final.layout.describe()}
     save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
     (out / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+    if adapter is not None:
+        os.replace(adapter, out / ADAPTER_DIR)
 
 
 class _Stop(Exception):
@@ -481,8 +487,8 @@ def _run_sequential(
             losses = {"local": info.loss, "total": info.loss}
             on_step(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
                              elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student)
-        if stop_after_steps is not None and step >= stop_after_steps:
-            raise _Stop
+        if stop_after_steps is not None and step >= stop_after_steps and step < total_steps:
+            raise _Stop  # as the joint loop: reaching the last step finishes the run
 
     say(f"sequential: layers {', '.join(map(str, converted))}, {per_layer} steps each; caching the states entering layer {min(converted)}")
     cache = StateCache(teacher, student, data, min(converted))

@@ -139,9 +139,26 @@ class LadderMLP(nn.Module):
 
     def partial(self, x: torch.Tensor, shard: slice) -> torch.Tensor:
         """This shard's contribution to ``down_proj`` (without its bias): one TP rank's MLP."""
-        gate = F.linear(x, self.gate_proj.weight[shard], _bias_rows(self.gate_proj, shard))
-        up = F.linear(x, self.up_proj.weight[shard], _bias_rows(self.up_proj, shard))
-        return F.linear(self.act_fn(gate) * up, self.down_proj.weight[:, shard])
+        gate = F.linear(x, effective_weight(self.gate_proj)[shard], _bias_rows(self.gate_proj, shard))
+        up = F.linear(x, effective_weight(self.up_proj)[shard], _bias_rows(self.up_proj, shard))
+        return F.linear(self.act_fn(gate) * up, effective_weight(self.down_proj)[:, shard])
+
+
+def effective_weight(linear: nn.Module) -> torch.Tensor:
+    """The weight ``linear`` applies: its own ``weight``, or, for a peft LoRA layer (which wraps
+    ``base_layer`` and adds its delta only in ``forward``), the base weight plus the delta of every
+    active, unmerged adapter. SPD slices weights per rank without calling the modules; this keeps
+    an adapter in effect there. Duck-typed, so this file needs no peft."""
+    base = getattr(linear, "base_layer", None)
+    if base is None or not hasattr(linear, "get_delta_weight"):
+        return linear.weight
+    weight = base.weight
+    if getattr(linear, "disable_adapters", False) or getattr(linear, "merged", False):
+        return weight
+    for name in linear.active_adapters:
+        if name in linear.lora_A:
+            weight = weight + linear.get_delta_weight(name).to(weight.dtype)
+    return weight
 
 
 def _bias_rows(linear: nn.Linear, rows: slice | torch.Tensor) -> torch.Tensor | None:
@@ -191,8 +208,9 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
     def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
         heads = self.self_attn.heads(self.input_layernorm(x), **attn_kwargs)  # [B, S, H*hd]
         o_proj, out = self.self_attn.o_proj, x
+        o_weight = effective_weight(o_proj)
         for columns, shard in self._spd_groups_on(heads.device):
-            y_r = F.linear(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
+            y_r = F.linear(heads.index_select(-1, columns), o_weight.index_select(1, columns))
             y_local = y_r if o_proj.bias is None else y_r + o_proj.bias
             z_r = self.mlp.partial(self.post_attention_layernorm(x + y_local), shard)
             out = out + (y_r + z_r)

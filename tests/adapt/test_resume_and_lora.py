@@ -41,13 +41,13 @@ def test_lora_merge_equals_unmerged_model(modes):
     model = tiny_model(layer_modes=modes, spd_tp_size=3)
     ids = torch.randint(3, 128, (2, 24))
     before = model(ids).logits
-    adapters = add_lora(model, model.layout.converted_layers, LoraSpec(rank=4, alpha=8))
+    peft_model, adapters = add_lora(model, model.layout.converted_layers, LoraSpec(rank=4, alpha=8))
     assert torch.allclose(model(ids).logits, before)  # B starts at zero: exactly the converted model
     with torch.no_grad():
         for param in adapters:
             param.normal_(0, 0.1)
     unmerged = model(ids).logits
     assert (unmerged - before).abs().max() > 1e-3  # the adapters act, SPD's per-rank weight slices included
-    merge_lora(model)
-    assert not any("lora" in name for name in model.state_dict())
+    model = merge_lora(peft_model)
+    assert not any("lora" in name or "base_layer" in name for name in model.state_dict())
     assert torch.allclose(model(ids).logits, unmerged, atol=1e-5)
