@@ -35,7 +35,7 @@ def run_one(spec: dict, prompts: list[list[int]], max_tokens: int) -> dict:
         model=spec["model"], tensor_parallel_size=tp, dtype=spec.get("dtype", "float32"), skip_tokenizer_init=True,
         enforce_eager=bool(spec.get("eager", True)), max_model_len=int(spec.get("max_model_len", 256)),
         max_num_seqs=max(len(prompts), 1), seed=0, disable_log_stats=True,
-        distributed_executor_backend="mp" if tp > 1 else None,
+        distributed_executor_backend="mp" if tp > 1 else None, **spec.get("engine_args", {}),
     )
     try:
         ready = time.perf_counter()

@@ -26,28 +26,29 @@ the all-reduces the program marks ``overlaps_next`` (a side stream running vLLM'
 the next module computes). It is UNVALIDATED: it has never run on a GPU (none was available when it
 was written), and it is refused everywhere else.
 
-torch.compile: see ``COMPILED_LADDER_VALIDATED`` below and docs/serving.md.
+torch.compile: see ``COMPILED_LADDER_VALIDATED`` and ``FUNCTIONAL_LINEARS_WHEN_COMPILED`` below, and
+docs/serving.md.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import VllmConfig
+from vllm.config import CompilationMode, VllmConfig
 from vllm.distributed import (
     get_pp_group,
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
+from vllm.logger import init_logger
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
@@ -56,16 +57,30 @@ from vllm.model_executor.models.utils import (
     extract_layer_index,
     make_empty_intermediate_tensors_factory,
 )
+from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp
 
-logger = logging.getLogger("ladderize.serving")
+logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it
 
-# Whether a model with ladder layers may run under vLLM's torch.compile. Set True only together with
-# a test that proves compiled == eager for ladder layouts (tests/serving/test_vllm_parity.py checks
-# this flag against a compiled run on every CI run: the flag cannot be True while the outputs differ).
+# Whether a model with ladder layers may run under vLLM's torch.compile. True only together with a test
+# that proves compiled == eager for ladder layouts: tests/serving/test_vllm_parity.py compiles a ladder
+# and a hybrid model on every CI run and fails if this flag is True while their outputs differ.
+# It holds because of the workaround below (FUNCTIONAL_LINEARS_WHEN_COMPILED).
 COMPILED_LADDER_VALIDATED = True
+
+# torch 2.13's inductor drops the dependency between a custom op that writes into a preallocated
+# output (vLLM's CPU GEMM ``_C.onednn_mm(Tensor(a!) c, ...)``, called on ``torch.empty``) and a fused
+# pointwise reader of that output: it may fuse the reader into a kernel that runs *before* the GEMM.
+# A dense layout never exposes it (the next norm needs r_k at once), but in the ladder flow the
+# residual update r_k = r_{k-1} + y_k is needed only a module later, gets fused into the kernel that
+# computes norm(r_{k-1}), and reads y_k's buffer before it is written: wrong tokens at TP=1.
+# Standalone reproducer (plain torch, no vLLM): benchmarks/repro_inductor_mutated_output_fusion.py;
+# details in docs/serving.md. Workaround: when this model is compiled on CPU with ladder or SPD
+# layers, its linear layers use vLLM's plain ``F.linear`` path (``_cpu_skip_gemm_dispatch``), which
+# inductor lowers to functional ``mm``/``addmm`` with correct dependencies.
+FUNCTIONAL_LINEARS_WHEN_COMPILED = True
 
 OVERLAP_ENV = "LADDERIZE_VLLM_OVERLAP"
 
@@ -262,6 +277,13 @@ class LadderLlamaModel(nn.Module):
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], config.hidden_size
         )
+        if self._compiled(vllm_config) and FUNCTIONAL_LINEARS_WHEN_COMPILED and self.layout.converted_layers:
+            if current_platform.is_cpu():
+                for module in self.layers.modules():
+                    if isinstance(module, LinearBase):
+                        module._cpu_skip_gemm_dispatch = True  # see FUNCTIONAL_LINEARS_WHEN_COMPILED
+                logger.info("ladderize: compiled on CPU: linear layers use F.linear (works around an inductor "
+                            "fusion bug with vLLM's out-variant oneDNN GEMM; see docs/serving.md)")
         self.overlap = _OverlappedAllReduce() if self.tp > 1 and overlap_requested(vllm_config) else None
         counts = self.layout.allreduces_per_token()
         logger.info(
@@ -269,6 +291,10 @@ class LadderLlamaModel(nn.Module):
             self.layout.describe(), self.tp, counts["total"], counts["overlappable"],
             "overlapped on a side stream, UNVALIDATED" if self.overlap else "run synchronously",
         )
+
+    @staticmethod
+    def _compiled(vllm_config: VllmConfig) -> bool:
+        return vllm_config.compilation_config.mode != CompilationMode.NONE and compile_allowed(vllm_config)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
