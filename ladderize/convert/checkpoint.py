@@ -205,7 +205,8 @@ def load_tokenizer(path: Path | str, needed_for: str = ""):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
+        # explicit False: never run a checkpoint's code, and never prompt for it (an auto_map asks otherwise)
+        return AutoTokenizer.from_pretrained(str(Path(path).expanduser()), trust_remote_code=False)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         need = f" ({needed_for} needs one)" if needed_for else ""

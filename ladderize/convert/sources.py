@@ -81,7 +81,8 @@ class Source:
                 return AutoTokenizer.from_pretrained(str(self.path), gguf_file=self.gguf_file)
             if not any((self.path / n).is_file() for n in TOKENIZER_FILES[:5]):
                 return None
-            return AutoTokenizer.from_pretrained(str(self.path))
+            # never run a checkpoint's own code, and never ask: the Ladder authors' configs carry an auto_map
+            return AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
         except Exception as exc:  # a broken tokenizer is a corrupt source
             raise LadderizeError(f"cannot load the tokenizer of {self.spec}: {_one_line(exc)}") from None
 

@@ -51,13 +51,14 @@ def test_mistral_sliding_window_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("ladder_layers,expected", [(2, ["dense", "dense", "ladder", "ladder"]), ([0, 2], ["ladder", "dense", "ladder", "dense"])])
-def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expected, tmp_path: Path) -> None:
+def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expected, tmp_path: Path, capfd) -> None:
     """A checkpoint in the Ladder authors' format (model_type llamaLadder, ladder_layers) keeps their layout."""
     import json
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import TINY
+    from ladderize.convert.checkpoint import load_tokenizer
+    from tests.conftest import TINY, char_tokenizer
     from tests.model.reference import reference_logits
 
     torch.manual_seed(0)
@@ -72,8 +73,15 @@ def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expe
                   "AutoModelForCausalLM": "modeling_llama_ladder.LlamaLadderForCausalLM"},
     )  # fmt: skip
     config_path.write_text(json.dumps(config))
-    model = load_model(convert_checkpoint(str(tmp_path / "authors"), tmp_path / "out"))
+    char_tokenizer().save_pretrained(tmp_path / "authors")  # its auto_map must not make the tokenizer load ask or run code
+    tokenizer_config = tmp_path / "authors" / "tokenizer_config.json"
+    tokenizer_config.write_text(json.dumps({k: v for k, v in json.loads(tokenizer_config.read_text()).items()
+                                            if k != "tokenizer_class"}))  # fmt: skip  (then transformers reads config.json)
+    out = convert_checkpoint(str(tmp_path / "authors"), tmp_path / "out")
+    assert "custom code" not in "".join(capfd.readouterr())  # no trust_remote_code prompt
+    model = load_model(out)
     assert model.config.layer_modes == expected
+    assert load_tokenizer(out)("ab").input_ids == char_tokenizer()("ab").input_ids
     ids = torch.randint(0, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # the plainly written reference of the ladder equations, on their meaning of ladder_layers
         want = reference_logits(model, ids, config=model.config)
