@@ -1,0 +1,59 @@
+"""``accelerate launch --num_processes 2 --cpu`` (gloo DDP) with the joint kd objective matches one process at the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.convert.checkpoint import load_model
+from tests.adapt.conftest import convert
+
+# Per-step relative tolerance of the averaged loss: the two runs see the same sequences and
+# differ only in the order of the fp32 sums (gloo all-reduce of the gradients, the mean of the
+# per-rank losses); measured: equal to 1e-7 relative (kd ~0.3), where one process with another batch
+# split (or the single process that ``accelerate launch --cpu`` starts, see docs/adapt.md) differs by ~10%.
+LOSS_RTOL = 1e-4
+
+
+def sharp_dense(path):
+    """A tiny dense checkpoint with larger weights than the shared one: peaked logits, so that kd's KL is O(0.1),
+    far above fp32 noise (with near-uniform logits it is ~1e-4 and Adam amplifies the noise of its tiny gradients)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY, char_tokenizer
+
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaConfig(**TINY, initializer_range=0.15)).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
+    ladder_dir = convert(sharp_dense(tmp_path / "dense"), tmp_path / "ladder", ladder="1:4")
+    steps, seq_len = 4, 32
+    common = ["--data", str(text_file), "--objective", "kd", "--tokens", str(steps * 2 * seq_len), "--seq-len", str(seq_len),
+              "--lr", "1e-3", "--save-every", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}  # never read a user's accelerate config
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--batch-size", "1", *common]
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"adapted {steps} steps, {steps * 2 * seq_len} tokens" in done.stdout
+
+    one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="kd",
+                            tokens=steps * 2 * seq_len, seq_len=seq_len, batch_size=2, lr=1e-3))
+    two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one.curve]
+    for a, b in zip(one.curve, two):
+        assert abs(a["loss_kd"] - b["loss_kd"]) <= LOSS_RTOL * abs(a["loss_kd"]), (a, b)
+    print("kd loss, 1 process:", [r["loss_kd"] for r in one.curve], "2 processes:", [r["loss_kd"] for r in two])
+    assert min(r["loss_kd"] for r in one.curve) > 1e-2  # a loss well above fp32 noise
+    w1, w2 = load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict()
+    base = load_model(ladder_dir).state_dict()
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5 < max((w1[k] - base[k]).abs().max().item() for k in w1)
