@@ -48,42 +48,65 @@ def run_one(spec: dict, prompts: list[list[int]], max_tokens: int) -> dict:
             ids = list(sample.token_ids)
             results.append({"tokens": ids, "logprobs": [step[t].logprob for t, step in zip(ids, sample.logprobs)]})
         model_config = llm.llm_engine.vllm_config.compilation_config
+        timing = _decode_timing(llm, prompts, spec["timing"]) if spec.get("timing") else None
         return {
             "model": spec["model"], "tp": tp, "eager": bool(spec.get("eager", True)),
             "compiled": _compiled(llm), "compilation_mode": str(model_config.mode),
             "results": results, "startup_s": ready - start, "generate_s": done - ready,
+            **({"timing": timing} if timing else {}),
         }
     finally:
         del llm
         gc.collect()
 
 
-def _compiled(llm) -> bool | None:
-    """Whether the ladderize model's forward went through torch.compile (asked of the engine's workers)."""
-    try:
-        flags = llm.collective_rpc(_worker_compiled)
-    except Exception:  # noqa: BLE001 - a model without the attribute or an engine without RPC
-        return None
-    return bool(flags and all(flags))
+def _decode_timing(llm, prompts: list[list[int]], cfg: dict) -> dict:
+    """Decode seconds per token: (generate G tokens - generate 1 token) / (G - 1), medians over repeats."""
+    import statistics
+
+    from vllm import SamplingParams
+
+    gen = int(cfg.get("gen", 64))
+
+    def run(n: int) -> float:
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    for _ in range(int(cfg.get("warmup", 1))):
+        run(gen), run(1)
+    full, one = [], []
+    for _ in range(int(cfg.get("repeats", 3))):
+        full.append(run(gen))
+        one.append(run(1))
+    return {"gen": gen, "full_s": full, "one_s": one,
+            "decode_s_per_token": (statistics.median(full) - statistics.median(one)) / (gen - 1),
+            "prefill_s": statistics.median(one)}
 
 
-def _worker_compiled(worker) -> bool:
-    model = worker.model_runner.model
-    inner = getattr(model, "model", model)
-    return bool(getattr(inner, "do_not_compile", True) is False)
+def _compiled(llm) -> bool:
+    """Whether vLLM compiles the ladderize model: compilation on, and the plugin's ``enable_if`` agrees."""
+    from vllm.config import CompilationMode
+
+    from ladderize.serving.vllm_model import compile_allowed
+
+    config = llm.llm_engine.vllm_config
+    return config.compilation_config.mode != CompilationMode.NONE and compile_allowed(config)
 
 
 def main(argv: list[str]) -> int:
     args = json.loads(argv[1] if len(argv) > 1 else sys.stdin.read())
-    tp_max = max(int(r.get("tp", 1)) for r in args["runs"])
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _threads_bind(tp_max))
+    # vLLM's CPU backend wants a thread binding for TP > 1: keep one from the environment ("nobind" lets the
+    # OS place the ranks, best on a shared machine), else bind one core per rank for each run
+    bind_from_env = "VLLM_CPU_OMP_THREADS_BIND" in os.environ
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
     runs = []
     for spec in args["runs"]:
-        if "VLLM_CPU_OMP_THREADS_BIND" not in args.get("keep_env", []):
+        if not bind_from_env:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(int(spec.get("tp", 1)))
         try:
             runs.append(run_one(spec, args["prompts"], int(args.get("max_tokens", 8))))

@@ -61,6 +61,7 @@ from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp
+from ladderize.serving.vllm_plugin import check_parallel
 
 logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it
 
@@ -85,25 +86,8 @@ FUNCTIONAL_LINEARS_WHEN_COMPILED = True
 OVERLAP_ENV = "LADDERIZE_VLLM_OVERLAP"
 
 
-class SPDDegreeError(ValueError):
-    """An SPD checkpoint served at a TP degree other than the one it was converted for."""
-
-
 def layout_of(config) -> Layout:
     return Layout.from_config(config)
-
-
-def check_tp(layout: Layout, tp: int, pp: int) -> None:
-    """Refuse what this model cannot serve exactly, with one readable line."""
-    spd = layout.layers(LayerMode.SPD)
-    if spd and tp != layout.spd_tp_size:
-        raise SPDDegreeError(
-            f"ladderize: SPD layers {layout.ranges()['spd']} were converted for TP={layout.spd_tp_size}; at "
-            f"tensor_parallel_size={tp} each rank would hold a different head group, which is a different model. "
-            f"Serve with tensor_parallel_size={layout.spd_tp_size}"
-        )
-    if pp != 1:
-        raise ValueError(f"ladderize: pipeline parallelism is not supported by the ladder/SPD layer loop (got {pp})")
 
 
 def compile_allowed(vllm_config: VllmConfig) -> bool:
@@ -266,7 +250,7 @@ class LadderLlamaModel(nn.Module):
         self.config = config
         self.layout = layout_of(config)
         self.tp = get_tensor_model_parallel_world_size()
-        check_tp(self.layout, self.tp, get_pp_group().world_size)
+        check_parallel(self.layout, self.tp, get_pp_group().world_size)  # also checked before start-up
         self.program = self.layout.program()
         self.vocab_size = config.vocab_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config)
@@ -287,9 +271,10 @@ class LadderLlamaModel(nn.Module):
         self.overlap = _OverlappedAllReduce() if self.tp > 1 and overlap_requested(vllm_config) else None
         counts = self.layout.allreduces_per_token()
         logger.info(
-            "ladderize: serving layout %s at TP=%d: %d all-reduces per token (%d overlappable; %s)",
+            "ladderize: serving layout %s at TP=%d: %d all-reduces per token (%d overlappable; %s); torch.compile %s",
             self.layout.describe(), self.tp, counts["total"], counts["overlappable"],
             "overlapped on a side stream, UNVALIDATED" if self.overlap else "run synchronously",
+            "on" if self._compiled(vllm_config) else "off",
         )
 
     @staticmethod

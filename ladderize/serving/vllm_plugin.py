@@ -11,15 +11,53 @@ exactly as ``import ladderize`` does for transformers, and the architecture with
 
 from __future__ import annotations
 
+from ladderize.model.layout import LayerMode, Layout
+
 ARCHITECTURE = "LadderLlamaForCausalLM"
 MODEL_PATH = "ladderize.serving.vllm_model:LadderLlamaForCausalLM"
+
+
+class SPDDegreeError(RuntimeError):
+    """An SPD checkpoint served at a TP degree other than the one it was converted for.
+
+    A RuntimeError, not a ValueError: vLLM's pydantic config would wrap a ValueError in a long report.
+    """
+
+
+def check_parallel(layout: Layout, tp: int, pp: int) -> None:
+    """Refuse what the ladderize model cannot serve exactly, with one readable line."""
+    spd = layout.layers(LayerMode.SPD)
+    if spd and tp != layout.spd_tp_size:
+        raise SPDDegreeError(
+            f"ladderize: SPD layers {layout.ranges()['spd']} were converted for TP={layout.spd_tp_size}; at "
+            f"tensor_parallel_size={tp} each rank would hold a different head group, which is a different model. "
+            f"Serve with tensor_parallel_size={layout.spd_tp_size}"
+        )
+    if pp != 1:
+        raise SPDDegreeError(f"ladderize: pipeline parallelism is not supported by the ladder/SPD layer loop (got {pp})")
+
+
+class LadderConfigCheck:
+    """vLLM's per-architecture config hook: runs in the front-end process, before any engine starts."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        parallel = vllm_config.parallel_config
+        check_parallel(Layout.from_config(vllm_config.model_config.hf_config), parallel.tensor_parallel_size,
+                       parallel.pipeline_parallel_size)
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        return None
 
 
 def register() -> None:
     """Register the config with transformers and the model with vLLM (idempotent, as vLLM requires)."""
     import ladderize
     from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     ladderize.register_auto_classes()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, LadderConfigCheck)  # the TP/SPD refusal, before workers start

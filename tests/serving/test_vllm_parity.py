@@ -62,24 +62,26 @@ def test_eager_equals_hf(vllm_venv, checkpoints, tp):
 
 
 def test_compiled_path_equals_eager_or_is_off(vllm_venv, checkpoints):
-    """Compiled (vLLM's default) runs must equal the HF model, or the plugin must not compile them.
+    """Compiled runs (vLLM's default) must equal the HF model, or the plugin must not compile them.
 
-    The dense layout compiles and must match. A layout with ladder layers is compiled only if
-    ``COMPILED_LADDER_VALIDATED`` is set; then it must match too, so the flag cannot be switched on
-    while the compiled ladder flow is wrong. Otherwise the plugin must say, at start, that it runs eager.
+    The dense layout compiles and must match. Layouts with ladder layers are compiled only while
+    ``COMPILED_LADDER_VALIDATED`` is set, and then they must match too (ladder at TP=1, the hybrid of
+    all modes at TP=2), so the flag cannot be on while the compiled ladder flow is wrong. With the
+    flag off, the plugin must say at start that ladder layers run eager, and the eager output must match.
     """
-    names = ["dense", "ladder"]
-    runs = [{"model": str(checkpoints[(name, 1)]), "tp": 1, "eager": False} for name in names]
+    cases = [("dense", 1), ("ladder", 1), ("hybrid", 2)]
+    runs = [{"model": str(checkpoints[(name, tp)]), "tp": tp, "eager": False} for name, tp in cases]
     results, log = vllm_greedy(runs, PROMPTS, MAX_TOKENS)
-    dense, ladder = results
-    assert dense.get("compiled") is True, dense
-    assert_same(dense, hf_greedy(checkpoints[("dense", 1)], PROMPTS, MAX_TOKENS), "dense compiled")
-    if ladder.get("compiled"):
-        assert_same(ladder, hf_greedy(checkpoints[("ladder", 1)], PROMPTS, MAX_TOKENS), "ladder compiled")
-    else:
-        assert "error" not in ladder, ladder
-        assert "ladder layers run eager" in log
-        assert_same(ladder, hf_greedy(checkpoints[("ladder", 1)], PROMPTS, MAX_TOKENS), "ladder (eager fallback)")
+    for (name, tp), run in zip(cases, results):
+        assert "error" not in run, run
+        if name == "dense":
+            assert run["compiled"] is True, run
+        elif not run["compiled"]:
+            assert "ladder layers run eager" in log
+        assert_same(run, hf_greedy(checkpoints[(name, tp)], PROMPTS, MAX_TOKENS),
+                    f"{name} at TP={tp} ({'compiled' if run['compiled'] else 'eager fallback'})")
+    # every rank of every compiled model said so at start
+    assert log.count("torch.compile on") == sum(tp for (_, tp), run in zip(cases, results) if run["compiled"])
 
 
 SMOLLM2_PROMPTS = [[1, 4093, 28, 2683, 314, 260, 2009, 282, 4649, 30], [1, 504, 3458, 314]]
