@@ -194,22 +194,6 @@ def build_report(paths: list[Path | str]) -> Report:
     return Report(ordered, metrics, configs, dense)
 
 
-def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderize: accuracy vs speed") -> dict[str, Any]:
-    """Write ``report.md``, ``report.csv`` and ``accuracy_vs_speedup.png`` into ``out``; return paths and the report."""
-    from .plot import plot_pareto
-
-    report = build_report(paths)
-    out = Path(out).expanduser().absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "accuracy_vs_speedup.png"
-    plot_info = plot_pareto(report, png)
-    markdown = f"# {title}\n\n" + report.markdown() + "\n" + _notes(report, plot_info)
-    md_path, csv_path = out / "report.md", out / "report.csv"
-    _atomic_write(md_path, markdown)
-    _atomic_write(csv_path, report.csv())
-    return {"markdown": md_path, "csv": csv_path, "png": png, "report": report, "plot": plot_info}
-
-
 # --- reading --------------------------------------------------------------------------------
 
 
@@ -491,7 +475,8 @@ def _fmt_delta(delta: float | None, is_dense: bool) -> str:
     return f"{delta:+.4f}" if abs(delta) < 1 else f"{delta:+.2f}"
 
 
-def _notes(report: Report, plot_info: dict[str, Any]) -> str:
+def notes(report: Report, plot_info: dict[str, Any]) -> str:
+    """The Markdown notes under the table: what dense is, where the speed-ups came from, the plot's front."""
     lines = []
     if report.dense is None:
         lines.append("- No dense run was given, so differences against dense are left blank.")
@@ -520,9 +505,3 @@ def _notes(report: Report, plot_info: dict[str, Any]) -> str:
         )
     lines.append("- Sources: " + ", ".join(sorted({Path(s).name for r in report.runs for s in r.sources})))
     return "\n".join(lines) + "\n"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    from ..convert.atomic import write_file_atomic
-
-    write_file_atomic(path, text)

@@ -1,0 +1,31 @@
+"""Writing a report folder: the table (Markdown, CSV) and the plot, side by side.
+
+The one place that joins ``table.py`` (rows and formatting) and ``plot.py`` (the figure), so
+neither imports the other at run time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..convert.atomic import write_file_atomic
+from .plot import plot_pareto
+from .table import build_report, notes
+
+
+def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderize: accuracy vs speed") -> dict[str, Any]:
+    """Write ``report.md``, ``report.csv`` and ``accuracy_vs_speedup.png`` into ``out``; return paths and the report."""
+    report = build_report(paths)
+    out = Path(out).expanduser().absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "accuracy_vs_speedup.png"
+    plot_info = plot_pareto(report, png)
+    markdown = f"# {title}\n\n" + report.markdown() + "\n" + notes(report, plot_info)
+    md_path, csv_path = out / "report.md", out / "report.csv"
+    write_file_atomic(md_path, markdown)
+    write_file_atomic(csv_path, report.csv())
+    return {"markdown": md_path, "csv": csv_path, "png": png, "report": report, "plot": plot_info}
+
+
+__all__ = ["write_report"]
