@@ -14,7 +14,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ladderize  # noqa: E402,F401
-from ladderize.adapt.trainer import AdaptConfig, adapt  # noqa: E402
 from ladderize.eval.perplexity import LAMBADA_TEST, perplexity, shared_data_dir, wikitext2_ids  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,44 +96,82 @@ def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dic
     return result
 
 
-def run_recipe(name: str, checkpoint: Path, phases: list[dict], eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict, work: Path = WORK) -> dict:
-    """Run adaptation phases one after another, evaluating every ``eval_every_tokens`` and at the end of each phase."""
+def stage_of(phase: dict):
+    """A benchmark phase (AdaptConfig overrides) as a stage of the product's recipes (``ladderize.adapt.recipe``)."""
+    from ladderize.adapt.recipe import Stage
+
+    if phase.get("local_schedule") == "sequential":
+        name = "seq-local"
+    else:
+        name = {"kd": "kd", "lm": "lm"}.get(phase.get("objectives", "local"), "local")
+    return Stage(name, dict(phase))
+
+
+def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict, work: Path = WORK) -> dict:
+    """Run a recipe with the product's staged runner (``ladderize.adapt.recipe.run_recipe``), evaluating every
+    ``eval_every_tokens`` and at the end of each stage.
+
+    ``phases``: the stages' settings (AdaptConfig overrides, on top of ``base``), or the name of a built-in
+    recipe (``"best"``: the stages and learning rates ``ladderize adapt`` runs by default).
+    """
+    from ladderize.adapt.recipe import Recipe, load_recipe
+    from ladderize.adapt.recipe import run_recipe as run_stages
     from ladderize.convert.checkpoint import load_model
 
+    if isinstance(phases, str):  # a built-in recipe keeps its own stage settings; the benchmark gives the data
+        recipe = load_recipe(phases)
+        base = {k: v for k, v in base.items() if k in ("data", "seq_len", "save_every")}
+    else:
+        recipe = Recipe(name, [stage_of(p) for p in phases])
     ppl_ids = wikitext2_ids(tokenizer, 512, 16)
     points = []
     start_model = load_model(checkpoint)
     points.append({"phase": "zero-shot", "tokens": 0, "train_s": 0.0, "cpu_s": 0.0, **evaluate(start_model, tokenizer, lambada_limit, ppl_ids)})
     del start_model
-    offset_tokens, offset_s, offset_cpu = 0, 0.0, 0.0
-    current = checkpoint
-    for number, phase in enumerate(phases):
-        out = work / f"{name}-phase{number}"  # one folder per benchmark tag: recipes of other tags keep theirs
-        next_eval = [eval_every_tokens]
+    offsets = {"tokens": 0, "train_s": 0.0, "cpu_s": 0.0}
+    stage_now: dict = {}
+    next_eval = [eval_every_tokens]
 
-        def on_step(info, model, phase=phase, next_eval=next_eval):
-            # a sequential phase is only meaningful once every layer is trained: no evaluation inside it
-            sequential = phase.get("local_schedule") == "sequential"
-            if eval_every_tokens and not sequential and info.tokens >= next_eval[0] and info.tokens < info.total_tokens:
-                next_eval[0] += eval_every_tokens
-                model.eval()
-                points.append({"phase": phase["objectives"], "tokens": offset_tokens + info.tokens, "train_s": offset_s + info.train_s, "cpu_s": None, "loss": info.losses["total"], **evaluate(model, tokenizer, 0, ppl_ids)})
-                model.train()
-                print(json.dumps(points[-1]), flush=True)
+    plan: list[dict] = []
 
-        config = AdaptConfig(checkpoint=str(current), out=str(out), force=True, **{**base, **phase})
-        result = adapt(config, on_step=on_step, on_message=print)
-        from ladderize.convert.checkpoint import load_model as _load
+    def on_stage_start(line: str) -> None:
+        print(line, flush=True)
+        next_eval[0] = eval_every_tokens
+        stage_now.clear()
+        stage_now.update(plan[len(stages_done)])
 
-        model = _load(out)
-        offset_tokens += result.tokens
-        offset_s += result.train_s
-        offset_cpu += result.curve[-1]["cpu_s"]
-        points.append({"phase": phase["objectives"], "tokens": offset_tokens, "train_s": offset_s, "cpu_s": offset_cpu, "loss": result.curve[-1]["loss_total"], **evaluate(model, tokenizer, lambada_limit, ppl_ids)})
+    def on_step(info, model):
+        # a sequential stage is only meaningful once every layer is trained: no evaluation inside it
+        if eval_every_tokens and info.layer is None and info.tokens >= next_eval[0] and info.tokens < info.total_tokens:
+            next_eval[0] += eval_every_tokens
+            model.eval()
+            points.append({"phase": stage_now.get("objectives"), "tokens": offsets["tokens"] + info.tokens, "train_s": offsets["train_s"] + info.train_s,
+                           "cpu_s": None, "loss": info.losses["total"], **evaluate(model, tokenizer, 0, ppl_ids)})
+            model.train()
+            print(json.dumps(points[-1]), flush=True)
+
+    def on_plan(steps):
+        plan.extend(steps)
+        for step in steps:
+            print("plan", json.dumps(step), flush=True)
+
+    stages_done: list[dict] = []
+
+    def on_stage_end(step, result, out):
+        model = load_model(out)
+        offsets["tokens"] += result.tokens
+        offsets["train_s"] += result.train_s
+        offsets["cpu_s"] += result.curve[-1]["cpu_s"]
+        points.append({"phase": step["objectives"], "tokens": offsets["tokens"], "train_s": offsets["train_s"], "cpu_s": offsets["cpu_s"],
+                       "loss": result.curve[-1]["loss_total"], **evaluate(model, tokenizer, lambada_limit, ppl_ids)})
         print(json.dumps(points[-1]), flush=True)
-        del model
-        current = out
-    return {"recipe": name, "phases": [{**base, **p} for p in phases], "points": points, "final_checkpoint": str(current)}
+        stages_done.append({**{k: v for k, v in step.items() if k not in ("stage", "name")}, "checkpoint": str(out)})
+
+    # one folder per benchmark tag: recipes of other tags keep theirs; the stage checkpoints stay in OUT.adapt-run
+    out = work / f"{name}-final"
+    outcome = run_stages(recipe, str(checkpoint), str(out), shared=base, force=True, keep_stages=True, on_step=on_step,
+                         on_message=print, on_plan=on_plan, on_stage_start=on_stage_start, on_stage_end=on_stage_end)
+    return {"recipe": name, "product_recipe": recipe.name, "phases": stages_done, "points": points, "final_checkpoint": str(outcome.out)}
 
 
 def plot(results: list[dict], dense: dict, zero_shot_ppl: float, path: Path, title: str) -> None:

@@ -18,11 +18,13 @@ import torch
 
 from adapt_common import RESULTS, WORK, dense_source, evaluate, parse_args, plot, run_recipe
 
-def recipes(args) -> dict[str, list[dict]]:
-    """name -> phases (AdaptConfig overrides), sized by the command-line budgets."""
+def recipes(args) -> dict[str, list[dict] | str]:
+    """name -> phases (AdaptConfig overrides), sized by the command-line budgets; or a built-in product recipe
+    ("best": what ``ladderize adapt CKPT OUT --data X`` runs, with its own budgets and learning rates)."""
     seq = {"objectives": "local", "local_schedule": "sequential", "tokens": args.calib_tokens, "epochs": args.epochs, "lr": args.seq_lr, "batch_size": args.seq_batch}
     kd = {"objectives": "kd", "tokens": args.kd_tokens, "lr": args.kd_lr}
     return {
+        "best": "best",
         "local_student": [{"objectives": "local", "local_inputs": "student", "tokens": args.tokens}],
         "local_teacher": [{"objectives": "local", "local_inputs": "teacher", "tokens": args.tokens}],
         "kd": [{"objectives": "kd", "tokens": args.tokens}],

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--lambada", type=int, default=100)
     parser.add_argument("--no-head-grouping", action="store_true")
-    parser.add_argument("--recipe", default="local_block", choices=["local_block", "seq_local", "seq_local_teacher", "seq_local_then_kd"])
+    parser.add_argument("--recipe", default="local_block", choices=["local_block", "seq_local", "seq_local_teacher", "seq_local_then_kd", "best"])
     parser.add_argument("--epochs", type=float, default=2.0, help="sequential schedule: passes per block")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--kd-tokens", type=int, default=16384)
@@ -83,6 +83,7 @@ def main() -> None:
         "seq_local": [seq],
         "seq_local_teacher": [{**seq, "local_inputs": "teacher"}],
         "seq_local_then_kd": [seq, {"objectives": "kd", "tokens": args.kd_tokens, "lr": args.kd_lr}],
+        "best": "best",  # the product's default recipe (ladderize adapt CKPT OUT), SPD learning rates
     }[args.recipe]
     result = run_recipe(args.recipe, converted, phases, 0, args.lambada, tokenizer, base, WORK / tag)
     zero = result["points"][0]["wikitext2_ppl"]

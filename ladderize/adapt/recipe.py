@@ -42,10 +42,12 @@ from typing import Any
 from ..errors import LadderizeError
 from .trainer import CURVE_FILE, AdaptConfig, AdaptResult, adapt
 
-# Stage presets (AdaptConfig overrides). Token budgets are those of the measured best recipe.
+# Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
+# 512-token sequences, 2 per step, 2 warm-up steps).
 STAGES: dict[str, dict[str, Any]] = {
-    "seq-local": {"objectives": "local", "local_schedule": "sequential", "tokens": 65_536, "epochs": 2.0, "batch_size": 2},
-    "kd": {"objectives": "kd", "tokens": 32_768, "batch_size": 2},
+    "seq-local": {"objectives": "local", "local_schedule": "sequential", "tokens": 65_536, "epochs": 2.0, "batch_size": 2,
+                  "warmup_steps": 2},
+    "kd": {"objectives": "kd", "tokens": 32_768, "batch_size": 2, "warmup_steps": 2},
     "local": {"objectives": "local", "local_schedule": "joint", "tokens": 131_072},
     "lm": {"objectives": "lm", "tokens": 131_072},
 }
@@ -217,6 +219,7 @@ def run_recipe(
     run_dir: str | None = None,
     force: bool = False,
     keep_state: bool = False,
+    keep_stages: bool = False,
     resume: bool = False,
     on_step=None,
     on_message: Callable[[str], None] | None = None,
@@ -228,7 +231,8 @@ def run_recipe(
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
     ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
-    kill would (tests of resume). ``on_stage_start(line)`` announces a stage (default
+    kill would (tests of resume). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
+    keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
     """
     say = on_message or (lambda _m: None)
@@ -288,12 +292,19 @@ def run_recipe(
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), on_step=on_step, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps)
         results.append(result)
-        if not stage_out.is_dir() or not (stage_out / CURVE_FILE).is_file():
+        written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
+        if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
             return RecipeResult(final, results, steps, False, top)  # stopped early, as a kill would
         done_steps += result.steps
         if on_stage_end is not None:
             on_stage_end(step, result, stage_out)
         current = str(stage_out)
-    if not keep_state:
+    if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
+        for path in top.iterdir():
+            if path.is_dir() and not (path / CURVE_FILE).is_file():
+                shutil.rmtree(path)
+            elif path.is_file():
+                path.unlink()
+    elif not keep_state:
         shutil.rmtree(top, ignore_errors=True)
     return RecipeResult(final, results, steps, True, top if top.exists() else None)
