@@ -516,7 +516,7 @@ def main() -> None:
     path = RESULTS / name
     path.write_text(json.dumps(payload, indent=2) + "\n")
     plot(rows, path.with_suffix(".png"), f"{model_name}, {args.dtype}, batch {args.batch}, prompt {args.prompt}, "
-         f"gen {args.gen}, {args.threads_per_rank} thread/rank; load {before[0]}")
+         f"gen {args.gen}\n{args.threads_per_rank} thread(s) per rank; load average {before[0]} -> {load()[0]}")
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
 
