@@ -205,6 +205,15 @@ def _print_inspection(path: Path) -> None:
 
 # --- runtime: generate, bench ------------------------------------------------------------------
 
+# Options that generate and bench share (one definition each).
+DTYPE_OPTION = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
+DEVICE_OPTION = typer.Option("auto", help="auto, cpu or cuda.")
+BACKEND_OPTION = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
+COMM_OPTION = typer.Option(
+    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+)
+OVERSUBSCRIBE_OPTION = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
+
 
 def _runtime_launch(
     tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
@@ -243,13 +252,11 @@ def generate_cmd(
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
     seed: int = typer.Option(0, help="Sampling seed (the same on every rank)."),
     schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
-    dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
-    comm: str = typer.Option(
-        "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
-    ),
-    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    backend: str = BACKEND_OPTION,
+    comm: str = COMM_OPTION,
+    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
     allow_spd_mismatch: bool = typer.Option(
         False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
     ),
@@ -333,13 +340,11 @@ def bench_cmd(
     ladder: Optional[str] = typer.Option(None, help="Synthetic only: layers that are ladder in the native layout."),
     spd: Optional[str] = typer.Option(None, help="Synthetic only: layers that are SPD in the native layout."),
     spd_tp: int = typer.Option(0, "--spd-tp", help="Synthetic only: TP degree of the SPD layers (default: the first --tp)."),
-    dtype: str = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    backend: str = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl."),
-    comm: str = typer.Option(
-        "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
-    ),
-    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    backend: str = BACKEND_OPTION,
+    comm: str = COMM_OPTION,
+    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
     threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
     allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
