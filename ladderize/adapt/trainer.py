@@ -248,7 +248,7 @@ def adapt(
     if state_dir.exists() and not resume and not config.force:
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
 
-    from accelerate.utils import DistributedDataParallelKwargs
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
     # training every parameter with only the local objective leaves the unconverted layers unused
     unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
@@ -259,6 +259,8 @@ def adapt(
         cpu=not _has_accelerator(),  # on CPU-only machines, torchrun / accelerate launch then give gloo DDP
     )
     set_seed(config.seed)
+    if config.train == "lora" and accelerator.distributed_type == DistributedType.FSDP:
+        raise LadderizeError("--train lora is not supported under FSDP yet; run it under DDP (accelerate launch --multi_gpu)")
 
     student = load_model(checkpoint, dtype=torch.float32)
     if not student.layout.converted_layers:
@@ -321,6 +323,10 @@ def adapt(
         optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
     )
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
+    if teacher is not None and accelerator.distributed_type == DistributedType.FSDP:
+        from .fsdp import shard_teacher
+
+        shard_teacher(teacher)  # FSDP2 units of its own: a rank holds 1/world of the frozen teacher (fsdp.py)
     accelerator.register_for_checkpointing(scheduler)
 
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
@@ -372,8 +378,14 @@ def adapt(
 
     accelerator.wait_for_everyone()
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+    full_state = None
+    if accelerator.distributed_type == DistributedType.FSDP:  # every rank takes part in gathering the full weights
+        full_state = accelerator.get_state_dict(loss_module)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(loss_module).student
+        if full_state is not None:  # the student's parameters are shards: write a plain copy
+            final = load_model(checkpoint, dtype=torch.float32)
+            final.load_state_dict({k.removeprefix("student."): v for k, v in full_state.items() if k.startswith("student.")})
         adapter = None
         if peft_model is not None:
             adapter = run_dir / f".{ADAPTER_DIR}.tmp"

@@ -1,0 +1,33 @@
+"""Run by tests/adapt/test_fsdp_teacher.py under torchrun (2 CPU processes, gloo): a sharded teacher computes what
+the whole teacher computes, and each rank holds half of it."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ladderize.adapt.fsdp import shard_teacher
+from ladderize.adapt.stream import embed, logits_from, run_layers
+from ladderize.convert.checkpoint import load_model
+
+
+def logits(model, ids):
+    state, kwargs = embed(model, ids)
+    state = run_layers(model, state, kwargs, 0, model.config.num_hidden_layers)
+    return logits_from(model, state[0])
+
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+whole, sharded = load_model(sys.argv[1]), load_model(sys.argv[1])
+full_numel = sum(p.numel() for p in sharded.parameters())
+shard_teacher(sharded)
+local_numel = sum(p.to_local().numel() for p in sharded.parameters())
+ids = torch.randint(3, 100, (2, 24), generator=torch.Generator().manual_seed(rank))
+with torch.no_grad():
+    diff = (logits(whole, ids) - logits(sharded, ids)).abs().max().item()
+kinds = sorted({type(p).__name__ for p in sharded.parameters()})
+if rank == 0:
+    print(json.dumps({"world": world, "diff": diff, "full": full_numel, "local": local_numel, "kinds": kinds}), flush=True)
+dist.destroy_process_group()
