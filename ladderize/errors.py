@@ -62,7 +62,33 @@ def install_interrupt_handlers() -> dict:
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous[signum] = signal.getsignal(signum)
         signal.signal(signum, handler)
+    _defaults_in_forked_children()
     return previous
+
+
+_FORK_HOOK_INSTALLED = False
+
+
+def _defaults_in_forked_children() -> None:
+    """Forked children (lm-eval's bootstrap ``Pool``, DataLoader workers) get the default SIGINT/SIGTERM.
+
+    A pool worker that raises ``Interrupted`` while holding the pool's queue lock, instead of dying
+    on ``Pool.terminate()``'s SIGTERM, leaves the other workers blocked on that lock and the parent
+    waiting forever in ``join()``. Only the command's own process turns signals into ``Interrupted``.
+    """
+    global _FORK_HOOK_INSTALLED
+    import os
+    import signal
+
+    if _FORK_HOOK_INSTALLED or not hasattr(os, "register_at_fork"):
+        return
+    _FORK_HOOK_INSTALLED = True
+
+    def reset() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    os.register_at_fork(after_in_child=reset)
 
 
 def restore_handlers(previous: dict) -> None:

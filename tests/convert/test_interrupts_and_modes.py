@@ -143,3 +143,25 @@ def test_write_file_atomic_replaces_whole_and_follows_the_umask(tmp_path):
     assert target.read_bytes() == b"\x89PNG new"
     assert target.stat().st_mode & 0o777 == 0o640
     assert [p.name for p in target.parent.iterdir()] == ["record.json"]  # no temp file left beside it
+
+
+def test_forked_pools_still_terminate_under_the_interrupt_handlers(tmp_path):
+    """lm-eval's bootstrap ``Pool`` (fork) ends: workers die on Pool.terminate()'s SIGTERM instead of raising
+    ``Interrupted`` while holding the queue lock (that hung ``ladderize eval`` forever)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "pools.py"
+    script.write_text(
+        "import multiprocessing as mp\n"
+        "from ladderize.errors import install_interrupt_handlers\n"
+        "install_interrupt_handlers()\n"
+        "def square(x):\n    return x * x\n"
+        "for _ in range(20):\n"
+        "    with mp.get_context('fork').Pool(2) as pool:\n"
+        "        assert pool.map(square, range(50)) == [x * x for x in range(50)]\n"
+        "print('done')\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]
+    assert "Interrupted" not in result.stderr
