@@ -58,15 +58,16 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layouts", default="dense,spd,ladder", help="which layouts, in run order")
     parser.add_argument("--out", type=Path, default=RESULTS / "vllm_layouts_tp2_cpu.json")
     args = parser.parse_args()
     prompts = [[(7 * i + 3 * b) % (SHAPE["vocab_size"] - 3) + 3 for i in range(args.prompt)] for b in range(args.batch)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
-        paths = {name: write(Path(tmp), name, args.tp) for name in LAYOUTS}
+        paths = {name: write(Path(tmp), name, args.tp) for name in args.layouts.split(",")}
         runs = [{"model": str(paths[name]), "tp": args.tp, "eager": mode == "eager", "max_model_len": args.prompt + args.gen + 8,
                  "timing": {"gen": args.gen, "warmup": args.warmup, "repeats": args.repeats}}
-                for mode in args.modes.split(",") for name in LAYOUTS]
+                for mode in args.modes.split(",") for name in paths]
         start = time.perf_counter()
         cores = sorted(os.sched_getaffinity(0))
         binds = "|".join(str(cores[r % len(cores)]) for r in range(args.tp))  # one core per rank
