@@ -55,6 +55,24 @@ VLLM_VERSION = "0.32.0"
 # The issue's shape: cpu-512 with 12 layers (hidden 512, 8 heads, 4 KV heads, intermediate 1536, vocab 4096).
 SHAPE = dict(PRESETS["cpu-512"], num_hidden_layers=12)
 
+# How both worker scripts end (``run(n)`` and ``args`` are each worker's own): warm-up, then the medians of
+# full generations and of one-token generations; decode = their difference per extra token.
+TIMED_RUNS = textwrap.dedent('''
+        for _ in range(args["warmup"]):
+            run(args["gen"]), run(1)
+        full, one, tokens = [], [], None
+        for _ in range(args["repeats"]):
+            elapsed, tokens = run(args["gen"])
+            full.append(elapsed)
+            one.append(run(1)[0])
+        decode = (statistics.median(full) - statistics.median(one)) / (args["gen"] - 1)
+        print("RESULT " + json.dumps({"decode_s_per_token": decode, "prefill_s": statistics.median(one),
+                                      "full_s": full, "one_s": one, "tokens": tokens}), flush=True)
+
+    if __name__ == "__main__":
+        main()
+''')[1:]
+
 VLLM_WORKER = textwrap.dedent('''
     """Run by bench_peers.py inside the vLLM venv: times offline greedy generation, prints one RESULT line."""
     import json, statistics, sys, time
@@ -74,20 +92,7 @@ VLLM_WORKER = textwrap.dedent('''
             out = llm.generate(prompts, params, use_tqdm=False)
             return time.perf_counter() - start, list(out[0].outputs[0].token_ids)
 
-        for _ in range(args["warmup"]):
-            run(args["gen"]), run(1)
-        full, one, tokens = [], [], None
-        for _ in range(args["repeats"]):
-            elapsed, tokens = run(args["gen"])
-            full.append(elapsed)
-            one.append(run(1)[0])
-        decode = (statistics.median(full) - statistics.median(one)) / (args["gen"] - 1)
-        print("RESULT " + json.dumps({"decode_s_per_token": decode, "prefill_s": statistics.median(one),
-                                      "full_s": full, "one_s": one, "tokens": tokens}), flush=True)
-
-    if __name__ == "__main__":
-        main()
-''')
+''') + TIMED_RUNS
 
 LLAMACPP_WORKER = textwrap.dedent('''
     """Run by bench_peers.py inside the llama.cpp venv: times greedy generation of a GGUF, prints one RESULT line."""
@@ -110,20 +115,7 @@ LLAMACPP_WORKER = textwrap.dedent('''
                     break
             return time.perf_counter() - start, out
 
-        for _ in range(args["warmup"]):
-            run(args["gen"]), run(1)
-        full, one, tokens = [], [], None
-        for _ in range(args["repeats"]):
-            elapsed, tokens = run(args["gen"])
-            full.append(elapsed)
-            one.append(run(1)[0])
-        decode = (statistics.median(full) - statistics.median(one)) / (args["gen"] - 1)
-        print("RESULT " + json.dumps({"decode_s_per_token": decode, "prefill_s": statistics.median(one),
-                                      "full_s": full, "one_s": one, "tokens": tokens}), flush=True)
-
-    if __name__ == "__main__":
-        main()
-''')
+''') + TIMED_RUNS
 
 
 def load() -> list[float]:
