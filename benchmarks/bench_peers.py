@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 import ladderize  # noqa: F401  (registers the model types)
-from ladderize.convert.pull import cache_dir
+from ladderize.paths import cache_dir
 from ladderize.runtime.bench import PRESETS, BenchSpec, ModelSource, run_bench
 from ladderize.runtime.generate import RuntimeOptions
 from ladderize.runtime.launch import LaunchSpec

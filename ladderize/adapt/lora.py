@@ -28,7 +28,6 @@ from ..convert.architectures import LINEAR_MODULES
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
-LINEAR_NAMES = LINEAR_MODULES  # the TP plan's linear modules (convert/architectures.py)
 ADAPTER_DIR = "adapter"
 
 
@@ -36,7 +35,7 @@ ADAPTER_DIR = "adapter"
 class LoraSpec:
     rank: int = 16
     alpha: float = 32.0
-    targets: tuple[str, ...] = LINEAR_NAMES
+    targets: tuple[str, ...] = LINEAR_MODULES  # the TP plan's linear modules (convert/architectures.py)
 
 
 def lora_config(layers: list[int], spec: LoraSpec = LoraSpec(), base: str | None = None):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LadderizeError
-from ..paths import cache_dir, cache_path  # noqa: F401  (cache_dir: re-exported for older imports)
+from ..paths import cache_path
 
 PROVENANCE_FILE = "ladderize.json"  # = checkpoint.PROVENANCE_FILE (not imported: a cached pull answers without torch)
 
