@@ -47,8 +47,11 @@ def evaluate_model(
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     seed: int = 1234,
     progress: Callable[[str, int, int, int], None] | None = None,
+    log_samples: bool = False,
 ) -> dict[str, Any]:
     """Run lm-eval's ``simple_evaluate`` on ``model`` (any ``PreTrainedModel``); return lm-eval's output dict.
+
+    ``log_samples`` keeps lm-eval's per-document records under ``output["samples"]`` (for paired comparisons).
 
     ``tasks`` are task specs (see ``local_tasks``). ``max_length`` caps HFLM's context (and
     so the rolling-perplexity window); by default HFLM reads it from the model config.
@@ -81,7 +84,7 @@ def evaluate_model(
             task_manager=manager,
             limit=limit,
             bootstrap_iters=bootstrap_iters,
-            log_samples=False,
+            log_samples=log_samples,
             random_seed=seed,
             numpy_random_seed=seed,
             torch_random_seed=seed,
