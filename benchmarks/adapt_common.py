@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ladderize  # noqa: E402,F401
-from ladderize.eval.perplexity import LAMBADA_TEST, perplexity, shared_data_dir, wikitext2_ids  # noqa: E402
+from ladderize.eval.perplexity import perplexity, shared_data_dir, wikitext2_ids  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench"))
@@ -46,38 +46,19 @@ def dense_source() -> Path:
     return pull_model("smollm2-135m")
 
 
-@torch.no_grad()
 def lambada_hits(model, tokenizer, limit: int | None = 500, batch_size: int = 16) -> list[bool]:
-    """Per passage of LAMBADA (OpenAI), whether greedy decoding gets every token of the last word (lm-eval's ``lambada_openai``).
+    """Per passage of LAMBADA (OpenAI), lm-eval's ``lambada_openai`` ``acc`` (greedy decoding gets every token of the
+    last word), through the product's evaluation (``ladderize eval``'s ``evaluate_model``); hits are in file order.
 
-    The first ``limit`` passages (all with None), scored in batches of similar length; hits are in file order.
+    The first ``limit`` passages (all with None).
     """
-    lines = (shared_data_dir() / LAMBADA_TEST).read_text().splitlines()[:limit]
-    items = []
-    for line in lines:
-        text = json.loads(line)["text"]
-        context, word = text.rsplit(" ", 1)
-        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
-        tgt = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
-        items.append((ctx, tgt))
+    from ladderize.eval.harness import evaluate_model
+
     model.eval()
-    order = sorted(range(len(items)), key=lambda i: len(items[i][0]) + len(items[i][1]))  # less padding
-    hits = [False] * len(items)
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        chunk = [items[i] for i in rows]
-        length = max(len(c) + len(t) for c, t in chunk)
-        ids = torch.zeros(len(chunk), length, dtype=torch.long)
-        mask = torch.zeros(len(chunk), length, dtype=torch.long)
-        for row, (c, t) in enumerate(chunk):
-            seq = c + t
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        for row, (c, t) in enumerate(chunk):
-            predicted = logits[row, len(c) - 1 : len(c) + len(t) - 1].argmax(-1)
-            hits[rows[row]] = predicted.tolist() == t
-    return hits
+    output = evaluate_model(model, tokenizer, "lambada_openai", limit=limit, batch_size=batch_size,
+                            data_dir=shared_data_dir(), bootstrap_iters=0, log_samples=True)
+    samples = sorted(output["samples"]["lambada_openai"], key=lambda sample: sample["doc_id"])
+    return [bool(sample["acc"]) for sample in samples]
 
 
 def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -> float:

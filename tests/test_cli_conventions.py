@@ -66,12 +66,6 @@ def test_cached_pull_imports_no_torch(tmp_path):
     assert str(model) in result.stdout and "HEAVY []" in result.stdout
 
 
-def test_pull_knows_the_provenance_file_name():
-    from ladderize.convert import checkpoint, pull
-
-    assert pull.PROVENANCE_FILE == checkpoint.PROVENANCE_FILE
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -116,6 +116,9 @@ def authors_layer_modes(config: dict[str, Any]) -> list[str] | None:
     return ["ladder" if i in chosen else "dense" for i in range(layers)]
 
 
+PROVENANCE_FILE = "ladderize.json"  # what ladderize did to a checkpoint, beside its config.json
+
+
 def read_config_json(path: Path | str) -> dict[str, Any]:
     """A checkpoint folder's ``config.json``, or one line: not found, not a checkpoint (a file, no config.json), unreadable.
 

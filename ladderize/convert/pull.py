@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..paths import cache_path
+from .architectures import PROVENANCE_FILE
 
-PROVENANCE_FILE = "ladderize.json"  # = checkpoint.PROVENANCE_FILE (not imported: a cached pull answers without torch)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,6 @@ WIKITEXT2_VALID = Path("wikitext-2") / "valid.txt"
 # SmolLM2's tokenizer, far inside that eighth (140,024 characters), so the two never overlap.
 WIKITEXT2_HELDOUT_FRACTION = 1 / 8
 _ARTICLE_TITLE = re.compile(r"^ = [^=].*[^=] = $", re.MULTILINE)
-LAMBADA_TEST = Path("lambada_openai") / "lambada_test.jsonl"
-
-
 def shared_data_dir() -> Path:
     """Where the offline evaluation data lives: ``$LADDERIZE_DATA_DIR``, else the cache or ``../shared/data``
     beside a source checkout (``local_tasks.default_data_dirs``); one line when none exists."""

@@ -13,7 +13,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from ladderize.convert.architectures import expected_tensors
-from ladderize.convert.checkpoint import PROVENANCE_FILE, convert_checkpoint, load_model, read_provenance
+from ladderize.convert.architectures import PROVENANCE_FILE
+from ladderize.convert.checkpoint import convert_checkpoint, load_model, read_provenance
 from ladderize.convert.sources import sha256_file
 from ladderize.model import LadderLlamaForCausalLM
 
