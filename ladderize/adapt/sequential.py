@@ -2,13 +2,13 @@
 
 The ``local`` objective can be run two ways:
 
-- ``joint`` (``trainer.py``): every converted layer trains at every step, each on the
+- ``joint`` (``joint.py``): every converted layer trains at every step, each on the
   states of the current batch.
-- ``sequential`` (this module): the layers are trained in order, bottom to top, each for
-  ``epochs`` passes over a fixed calibration set, before the next one starts. The states
-  entering the current layer are computed once per layer for the whole set and kept in
-  memory, so a training step runs one layer forward and backward and nothing else: no
-  embedding, no frozen prefix, no LM head.
+- ``sequential`` (this module's pieces, run by ``sequential_run.py``): the layers are
+  trained in order, bottom to top, each for ``epochs`` passes over a fixed calibration set,
+  before the next one starts. The states entering the current layer are computed once per
+  layer for the whole set and cached, so a training step runs one layer forward and
+  backward and nothing else: no embedding, no frozen prefix, no LM head.
 
 With ``local_inputs="student"`` (the default here) layer k is fed the student's own states,
 produced by layers that are already adapted, and learns to reproduce the teacher's residual
@@ -16,8 +16,9 @@ stream after each of its modules (see ``objectives.layer_error``); it therefore 
 corrects the drift that the layers below it leave. With ``"teacher"`` it is fed the
 teacher's states and matches the teacher's module updates (block-local).
 
-Memory: four ``[N, S, D]`` state pairs (teacher and student, in and out) of the calibration
-set, in the model's dtype.
+Memory: the modules in use (one layer, or the embedding while the first states are
+computed; ``streaming.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
+out) of the calibration set, in the model's dtype, in memory or on disk (``states.py``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..model import LadderLlamaForCausalLM
 from .data import batch_order
 from .objectives import layer_error
-from .stream import State, embed, run_layers
+from .states import StateStore
+from .stream import State, attention_kwargs
+
+if TYPE_CHECKING:
+    from .streaming import ResidentLayers, StreamedLayers
+
+    LayerSource = ResidentLayers | StreamedLayers
 
 CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
 
@@ -80,50 +87,67 @@ def layer_rows(num_sequences: int, layer: int, step: int, batch_size: int, seed:
 
 
 class StateCache:
-    """The (teacher, student) states of the calibration set entering the current layer."""
+    """The (teacher, student) states of the calibration set entering the current layer.
 
-    def __init__(self, teacher: LadderLlamaForCausalLM, student: LadderLlamaForCausalLM, data: torch.Tensor, first: int):
-        self.teacher, self.student, self.data = teacher, student, data
+    ``teacher`` is a layer source (``streaming.py``): the cache asks it for the embedding and
+    the layers below ``first``, one module at a time, to compute the first states. The states
+    come from ``store`` (memory or disk, ``states.py``) and are computed ``CHUNK`` sequences at
+    a time, in the same chunks whatever the source.
+    """
+
+    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None):
+        self.teacher, self.data = teacher, data
+        self.store = store or StateStore()
         self._kwargs: dict[int, dict] = {}
         self.layer = first
         with torch.no_grad():
-            prefix = self._map(lambda _none, rows: run_layers(teacher, *embed(teacher, data[rows]), 0, first), None)
-        self.teacher_state = prefix
-        self.student_state = prefix  # the layers below ``first`` are shared, frozen and identical
+            with teacher.embedding() as embed_tokens:
+                embeds = self._map(lambda _none, rows: (embed_tokens(data[rows]),) * 2, None)
+            self.dtype = embeds[0].dtype
+            for index in range(first):
+                with teacher.layer(index) as layer:
+                    embeds = self._through(layer, embeds)
+        self.teacher_state = embeds
+        self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
 
     def kwargs(self, batch: int) -> dict:
         """Attention kwargs for ``batch`` full-length sequences (equal for every such batch)."""
         if batch not in self._kwargs:
-            self._kwargs[batch] = embed(self.teacher, self.data[:batch])[1]
+            self._kwargs[batch] = attention_kwargs(self.teacher.model, batch, self.data.shape[1], self.dtype)
         return self._kwargs[batch]
 
-    def _map(self, fn: Callable[[State | None, torch.Tensor], State], state: State | None) -> State:
-        outs = []
+    def _map(self, fn: Callable[[State | None, slice], State], state: State | None) -> State:
+        outs: State | None = None
         for start in range(0, self.data.shape[0], CHUNK):
-            rows = torch.arange(start, min(start + CHUNK, self.data.shape[0]))
+            rows = slice(start, min(start + CHUNK, self.data.shape[0]))
             part = None if state is None else (state[0][rows], state[1][rows])
-            outs.append(fn(part, rows))
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            new = fn(part, rows)
+            if outs is None:
+                outs = tuple(self.store.empty((self.data.shape[0], *t.shape[1:]), t.dtype) for t in new)
+            for out, tensor in zip(outs, new):
+                out[rows] = tensor
+        return outs
 
-    def _through(self, model: LadderLlamaForCausalLM, state: State) -> State:
-        """``model``'s current layer applied to ``state``, chunk by chunk."""
-        return self._map(lambda s, rows: run_layers(model, s, self.kwargs(len(rows)), self.layer, self.layer + 1), state)
+    def _through(self, layer: torch.nn.Module, state: State) -> State:
+        """``layer`` (the current one, of the teacher or the student) applied to ``state``, chunk by chunk."""
+        return self._map(lambda s, rows: layer(s[0], s[1], **self.kwargs(rows.stop - rows.start)), state)
 
     @torch.no_grad()
-    def teacher_output(self) -> State:
-        """The teacher's states leaving the current layer."""
-        return self._through(self.teacher, self.teacher_state)
+    def teacher_output(self, teacher_layer: torch.nn.Module) -> State:
+        """The teacher's states leaving the current layer (``teacher_layer``)."""
+        return self._through(teacher_layer, self.teacher_state)
 
     @torch.no_grad()
-    def advance(self, teacher_out: State) -> None:
-        """Move both state sets past the current layer (the student through its adapted layer)."""
-        self.student_state = self._through(self.student, self.student_state)
+    def advance(self, student_layer: torch.nn.Module, teacher_out: State) -> None:
+        """Move both state sets past the current layer (the student through its adapted ``student_layer``)."""
+        self.student_state = self._through(student_layer, self.student_state)
         self.teacher_state = teacher_out
         self.layer += 1
 
 
 def train_layer(
     cache: StateCache,
+    layer: torch.nn.Module,
     teacher_out: State,
     *,
     local_inputs: str,
@@ -136,12 +160,11 @@ def train_layer(
     seed: int,
     on_step: Callable[[LayerStep], None] | None = None,
 ) -> list[float]:
-    """Train the student's current layer on the cached states; return its losses per step."""
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
     from .lr_schedule import warmup_cosine
 
     index = cache.layer
-    layer = cache.student.model.layers[index]
-    mode = cache.student.layout.modes[index]
+    mode = layer.mode
     params = list(layer.parameters())
     for param in params:
         param.requires_grad_(True)

@@ -24,6 +24,15 @@ def embed(model: LadderLlamaForCausalLM, input_ids: torch.Tensor) -> tuple[State
     return (embeds, embeds), attn_kwargs
 
 
+def attention_kwargs(model: LadderLlamaForCausalLM, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The layers' attention kwargs for ``batch`` full sequences of ``seq_len`` tokens, without the embedding.
+
+    They depend only on the shape and dtype of the embeddings (rotary tables, causal mask),
+    so a model whose embedding is not loaded (``streaming.StreamedLayers``) gets them too.
+    """
+    return model.model.layer_kwargs(torch.zeros(batch, seq_len, model.config.hidden_size, dtype=dtype))
+
+
 def run_layers(
     model: LadderLlamaForCausalLM, state: State, attn_kwargs: dict[str, Any], start: int, stop: int
 ) -> State:

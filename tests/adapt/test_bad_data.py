@@ -8,7 +8,8 @@ import re
 import pytest
 
 from ladderize.adapt.data import pack_tokens
-from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.trainer import adapt
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import char_tokenizer
 

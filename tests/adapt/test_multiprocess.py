@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.trainer import adapt
 from ladderize.convert.checkpoint import load_model
 from tests.adapt.conftest import convert
 

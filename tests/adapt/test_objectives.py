@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from ladderize.adapt.objectives import AdaptLoss, kd_loss, parse_objectives
-from ladderize.adapt.trainer import AdaptConfig, adapt, select_trainable
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.joint import select_trainable
+from ladderize.adapt.trainer import adapt
 from ladderize.adapt.lora import LoraSpec
 from ladderize.convert.checkpoint import load_model
 from ladderize.errors import LadderizeError

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.trainer import adapt
 from ladderize.convert.checkpoint import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from ladderize.model.modeling_ladder_llama import effective_weight

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ladderize.adapt.lora import LoraSpec, add_lora, merge_lora
-from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.trainer import adapt
 from ladderize.convert.checkpoint import load_model
 from ladderize.errors import LadderizeError
 from tests.conftest import tiny_model

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ladderize.adapt.stream import embed, run_layers
-from ladderize.adapt.trainer import AdaptConfig, adapt
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.trainer import adapt
 from ladderize.convert.checkpoint import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert

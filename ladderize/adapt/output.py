@@ -1,0 +1,131 @@
+"""Writing OUT: the adapted checkpoint in the converted format, its provenance extended by an ``adapt`` record.
+
+Two writers, one result:
+
+- ``write_output`` saves a model held whole in memory (``save_model_checkpoint``);
+- ``write_streamed_output`` assembles OUT tensor by tensor from the checkpoint's safetensors,
+  with the trained layers taken from their files in the run dir (``streaming.StreamedLayers``),
+  so it never holds more than one layer plus one output shard.
+
+Both write fp32 tensors (adaptation trains in fp32), the same config, tokenizer, generation
+config, modeling files and provenance, into a temp dir renamed to OUT at the end
+(``convert.atomic.atomic_directory``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
+from .config import AdaptConfig, AdaptResult
+from .lora import ADAPTER_DIR
+
+CURVE_FILE = "adapt_curve.json"
+# safetensors' save_file copies a whole shard into bytes before writing it, so the streamed
+# writer's peak is twice a shard: half the converter's 1 GB keeps it at 1 GB.
+STREAMED_SHARD_BYTES = 500_000_000
+
+
+def adapt_provenance(
+    checkpoint: str, teacher_path: str | None, config: AdaptConfig, weights: dict[str, float], result: AdaptResult,
+    model_config: LadderLlamaConfig, lora: bool = False,
+) -> dict[str, Any]:
+    """The checkpoint's provenance with this run's ``adapt`` record appended and its layout updated."""
+    from ..convert.checkpoint import read_provenance
+
+    layout = model_config.layout
+    provenance = read_provenance(checkpoint)
+    if not provenance.get("source") and teacher_path:
+        provenance["source"] = {"path": str(teacher_path)}
+    provenance.setdefault("history", []).append(
+        {
+            "step": "adapt",
+            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "from": checkpoint,
+            "teacher": teacher_path,
+            "objectives": weights,
+            "local_schedule": config.local_schedule,
+            "train": config.train,
+            "data": config.data,
+            "tokens": result.tokens,
+            "seq_len": config.seq_len,
+            "steps": result.steps,
+            "train_s": round(result.train_s, 1),
+            "final_loss": result.curve[-1] if result.curve else None,
+            "head_grouping": config.head_grouping,
+            "layout": layout.describe(),
+            **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
+            **({"recipe": config.recipe} if config.recipe else {}),
+        }
+    )
+    provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
+    return provenance
+
+
+def write_output(
+    final: LadderLlamaForCausalLM, tokenizer, checkpoint: str, teacher_path: str | None,
+    config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path, adapter: Path | None = None,
+) -> None:
+    """Save the adapted model (held whole) as a converted checkpoint, its provenance extended by an ``adapt`` record.
+
+    ``adapter``: a saved peft adapter, moved to ``OUT/adapter/`` once the merged checkpoint is written.
+    """
+    from ..convert.checkpoint import save_model_checkpoint
+
+    final.requires_grad_(False)
+    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config, lora=adapter is not None)
+    save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
+    (out / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+    if adapter is not None:
+        os.replace(adapter, out / ADAPTER_DIR)
+
+
+def write_streamed_output(
+    student, tokenizer, checkpoint: str, teacher_path: str | None,
+    config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path,
+) -> None:
+    """Assemble OUT from ``student`` (a ``streaming.StreamedLayers`` whose trained layers point at their files).
+
+    Tensors stream into fp32 shards of at most ``STREAMED_SHARD_BYTES``; the config is the
+    checkpoint's, as ``load_model(checkpoint, float32)`` would save it.
+    """
+    from transformers import GenerationConfig
+
+    from ..convert.atomic import atomic_directory
+    from ..convert.checkpoint import AUTO_MAP, copy_modeling_files, write_provenance
+    from ..convert.shards import ShardWriter
+
+    model_config = student.model.config
+    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)
+    with atomic_directory(out, force=config.force) as tmp:
+        writer = ShardWriter(tmp, max_shard_bytes=STREAMED_SHARD_BYTES)
+        for name, tensor in student.iter_tensors():
+            writer.add(name, tensor)
+        writer.finish()
+        saved = LadderLlamaConfig.from_dict(model_config.to_dict())
+        saved.dtype = student.dtype
+        saved.architectures = ["LadderLlamaForCausalLM"]
+        saved.auto_map = dict(AUTO_MAP)
+        saved.save_pretrained(tmp)
+        generation = Path(checkpoint) / "generation_config.json"
+        if generation.is_file():
+            GenerationConfig.from_pretrained(checkpoint).save_pretrained(tmp)
+        else:
+            GenerationConfig.from_model_config(saved).save_pretrained(tmp)
+        copy_modeling_files(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_provenance(tmp, {**provenance, "ladderize_version": __version__})
+        (tmp / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+
+
+def layer_tensors(layer: torch.nn.Module, index: int) -> dict[str, torch.Tensor]:
+    """A decoder layer's tensors under their checkpoint names (``model.layers.N.*``), contiguous."""
+    return {f"model.layers.{index}.{key}": value.detach().contiguous() for key, value in layer.state_dict().items()}

@@ -1,0 +1,100 @@
+"""The training state in the run dir: saved atomically, checked and read back on resume, removed after a finished run.
+
+``RUN_DIR/state/`` holds ``trainer_state.json`` (step, tokens, times, curve and the config's
+fingerprint) and what the schedule needs to continue exactly:
+
+- joint schedule: Accelerate's ``save_state`` (model, optimizer, scheduler, RNG), the whole
+  folder replaced atomically every ``save_every`` optimizer steps;
+- sequential schedule: one ``layer-NNNNN.safetensors`` per finished converted layer, each
+  written (atomically) as soon as the layer is trained, then ``trainer_state.json``
+  rewritten (atomically) to name the last finished layer.
+
+``RUN_DIR/curve.json`` mirrors the curve beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..convert.atomic import write_file_atomic
+from ..errors import LadderizeError
+from .config import AdaptConfig
+
+STATE_DIR = "state"
+TRAINER_STATE = "trainer_state.json"
+RUN_CURVE = "curve.json"
+
+
+def save_accelerate_state(
+    accelerator, state_dir: Path, config: AdaptConfig, step: int, tokens: int, train_s: float, cpu_s: float, curve
+) -> None:
+    """Replace ``state_dir`` with the current training state (written beside it, then renamed)."""
+    tmp = state_dir.parent / f".{state_dir.name}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=False)
+    if accelerator.is_main_process:
+        payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
+        (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
+        _write_curve(state_dir, curve)
+        old = state_dir.parent / f".{state_dir.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if state_dir.exists():
+            os.replace(state_dir, old)
+        os.replace(tmp, state_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str, Any]) -> None:
+    """Write ``trainer_state.json`` (the payload plus the fingerprint) atomically, and the curve beside the state."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(state_dir / TRAINER_STATE, json.dumps({**payload, "fingerprint": config.fingerprint()}) + "\n")
+    _write_curve(state_dir, payload["curve"])
+
+
+def _write_curve(state_dir: Path, curve: list[dict[str, Any]]) -> None:
+    write_file_atomic(state_dir.parent / RUN_CURVE, json.dumps(curve, indent=1) + "\n")
+
+
+def read_trainer_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] | None:
+    """The saved trainer state, checked against ``config``; ``None`` when nothing was saved yet."""
+    file = state_dir / TRAINER_STATE
+    if not file.is_file():
+        return None
+    try:
+        saved = json.loads(file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"cannot resume {state_dir.parent}: {file} is corrupt ({exc}); pass --force to start over") from None
+    check_fingerprint(saved, config, state_dir.parent)
+    return saved
+
+
+def check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path) -> None:
+    """Refuse to resume a run that was started with other settings, naming them."""
+    if saved["fingerprint"] != json.loads(json.dumps(config.fingerprint())):
+        changed = sorted(k for k, v in config.fingerprint().items() if saved["fingerprint"].get(k) != v)
+        raise LadderizeError(f"cannot resume {run_dir}: the run was started with different {', '.join(changed)}")
+
+
+def finish_state(run_dir: Path, state_dir: Path, keep: bool) -> Path | None:
+    """After a finished run, remove its training state (it can be as large as the model and optimizer) unless ``keep``.
+
+    Only ladderize's own files go: ``state/``, ``curve.json`` (the curve is also in OUT) and
+    their temp dirs; the run dir itself only if that leaves it empty. Returns the state kept, if any.
+    """
+    if keep:
+        return state_dir if state_dir.exists() else None
+    for name in (STATE_DIR, f".{STATE_DIR}.tmp", f".{STATE_DIR}.old"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / RUN_CURVE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()  # only when empty
+    return None

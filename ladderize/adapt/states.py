@@ -1,0 +1,53 @@
+"""Where the sequential schedule keeps the calibration states: in memory, or in memory-mapped files on disk.
+
+The states (``[N, S, D]`` residual-stream tensors of the calibration set, a few per layer
+boundary) are the one part of the schedule's memory that grows with the calibration set.
+``StateStore(directory)`` hands out tensors backed by files in ``directory`` (shared
+memory maps): the kernel writes their pages back and drops them under memory pressure,
+where anonymous memory would have nowhere to go on a machine without swap. Each file is
+unlinked as soon as it is mapped, so its disk space returns when the tensor is freed or
+the process ends, even after a kill; nothing is left to clean up. ``StateStore(None)``
+hands out ordinary tensors. The values are the same either way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import LadderizeError
+
+
+class StateStore:
+    """Allocates state tensors in memory (``directory=None``) or as memory-mapped files in ``directory``."""
+
+    def __init__(self, directory: Path | None = None):
+        self.directory = None if directory is None else Path(directory)
+        self.allocated_bytes = 0  # total handed out (freed tensors included)
+
+    @property
+    def on_disk(self) -> bool:
+        return self.directory is not None
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape`` and ``dtype``."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        self.allocated_bytes += nbytes
+        if self.directory is None:
+            return torch.empty(shape, dtype=dtype)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.directory, prefix=".calibration-state-", suffix=".bin")
+        try:
+            os.ftruncate(fd, max(nbytes, 1))
+            mapped = np.memmap(name, dtype=np.uint8, mode="r+", shape=(max(nbytes, 1),))
+        except OSError as exc:
+            raise LadderizeError(f"cannot map a {nbytes:,}-byte state file in {self.directory}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+            os.unlink(name)  # the map keeps the file alive until the tensor is freed
+        return torch.from_numpy(mapped)[:nbytes].view(dtype).view(shape)

@@ -1,0 +1,177 @@
+"""Where the sequential schedule's weights come from: a model loaded whole, or one layer at a time from safetensors.
+
+The sequential schedule (``sequential_run.py``) touches one decoder layer at a time, so it
+asks a *layer source* for the layer it needs, uses it, and gives it back:
+
+- ``ResidentLayers`` wraps a model loaded whole (``load_model``); giving a layer back does
+  nothing. Head grouping needs this: it permutes heads of both models at once.
+- ``StreamedLayers`` builds the model without weights (``accelerate.init_empty_weights``:
+  parameters on the meta device, buffers such as the rotary frequencies real) and fills one
+  layer, or the embedding, from the checkpoint's safetensors while it is in use; giving it
+  back returns its parameters to the meta device. Memory is that one module's weights.
+
+Both hand out the same ``LadderDecoderLayer`` modules of the same model class and config,
+cast to the same dtype, so the schedule computes the same numbers either way.
+
+Reads open the safetensors file, read the module's tensors and close it again: safetensors
+memory-maps the whole file, and pages read through a map stay resident (and count in the
+process's RSS) until the map is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM
+
+EMBEDDING = "model.embed_tokens."
+
+
+def layer_of(name: str) -> int:
+    """``model.layers.12.mlp.up_proj.weight`` -> 12 (-1 for tensors outside the layers)."""
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else -1
+
+
+def layer_prefix(index: int) -> str:
+    return f"model.layers.{index}."
+
+
+def read_tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
+    """Read the named tensors (``{name: safetensors file}``), one file open at a time and closed after."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(Path(file), []).append(name)
+    tensors = {}
+    for file, names in by_file.items():
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in names:
+                    tensors[name] = handle.get_tensor(name)
+        except LadderizeError:
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise LadderizeError(f"cannot read {', '.join(names[:2])} from {file}: {first}") from None
+    return tensors
+
+
+class ResidentLayers:
+    """A model loaded whole: every layer is always in memory."""
+
+    def __init__(self, model: LadderLlamaForCausalLM):
+        self.model = model
+        self._state: dict[str, torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def layer(self, index: int) -> Iterator[nn.Module]:
+        yield self.model.model.layers[index]
+
+    @contextlib.contextmanager
+    def embedding(self) -> Iterator[nn.Module]:
+        yield self.model.model.embed_tokens
+
+    def read(self, name: str) -> torch.Tensor:
+        if self._state is None:
+            self._state = self.model.state_dict()
+        return self._state[name]
+
+    def use_trained(self, index: int, file: Path) -> None:
+        """Take layer ``index``'s weights from ``file`` (a finished layer of an interrupted run)."""
+        tensors = read_tensors(_names_in(file))
+        self.model.load_state_dict({k: v for k, v in tensors.items() if layer_of(k) == index}, strict=False)
+
+
+class StreamedLayers:
+    """A weightless model of the checkpoint at ``path``, whose modules are read from its safetensors while in use."""
+
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
+        from accelerate import init_empty_weights
+
+        from ..convert.checkpoint import load_config
+        from ..convert.sources import resolve_source
+
+        self.path = Path(path)
+        self.dtype = dtype
+        self.files: dict[str, Path] = {}  # tensor name -> the safetensors file holding it
+        for file in resolve_source(str(self.path)).weight_files:
+            self.files.update(_names_in(file))
+        with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
+            self.model = LadderLlamaForCausalLM(load_config(self.path)).eval()
+        self.model.requires_grad_(False)
+        self.trained: dict[int, Path] = {}  # layers to read from a finished layer's file instead
+
+    def _file(self, name: str) -> Path:
+        if layer_of(name) in self.trained:
+            return self.trained[layer_of(name)]
+        if name not in self.files:
+            raise LadderizeError(f"checkpoint {self.path} is missing tensor {name}")
+        return self.files[name]
+
+    @contextlib.contextmanager
+    def _filled(self, module: nn.Module, prefix: str) -> Iterator[nn.Module]:
+        names = [prefix + key for key in module.state_dict()]
+        tensors = read_tensors({name: self._file(name) for name in names})
+        state = {name[len(prefix):]: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+        del tensors
+        module.load_state_dict(state, strict=True, assign=True)  # requires_grad stays the module's (False)
+        del state
+        try:
+            yield module
+        finally:
+            module.to("meta")
+
+    def layer(self, index: int) -> contextlib.AbstractContextManager[nn.Module]:
+        """Decoder layer ``index`` with its weights, for the duration of the ``with`` block."""
+        return self._filled(self.model.model.layers[index], layer_prefix(index))
+
+    def embedding(self) -> contextlib.AbstractContextManager[nn.Module]:
+        return self._filled(self.model.model.embed_tokens, EMBEDDING)
+
+    def read(self, name: str) -> torch.Tensor:
+        return read_tensors({name: self._file(name)})[name]
+
+    def use_trained(self, index: int, file: Path) -> None:
+        self.trained[index] = Path(file)
+
+    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the checkpoint in its file order, trained layers from their files, cast to ``dtype``.
+
+        Read one layer (or one tensor outside the layers) at a time, so memory is one layer.
+        """
+        groups: list[list[str]] = []
+        for name in self.files:
+            if groups and layer_of(name) >= 0 and layer_of(name) == layer_of(groups[-1][0]):
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+        for names in groups:
+            tensors = read_tensors({name: self._file(name) for name in names})
+            for name in names:
+                tensor = tensors.pop(name)
+                yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+
+
+def _names_in(file: Path) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        return {name: Path(file) for name in handle.keys()}
+
+
+def same_prefix(student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers, first: int) -> bool:
+    """Whether the embedding and the layers below ``first`` hold identical tensors in both (read one at a time)."""
+    names = [n for n in teacher.model.state_dict() if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first]
+    for name in names:
+        mine, theirs = student.read(name), teacher.read(name)
+        if mine.shape != theirs.shape or not torch.equal(mine, theirs.to(mine.dtype)):
+            return False
+    return True
