@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ladderize.records import BenchRow
 from ladderize.runtime.bench import BenchSpec, run_bench, synthetic_source
 from ladderize.runtime.launch import LaunchSpec, RankContext, run_ranks
 
@@ -51,15 +52,15 @@ def launch_spec(args) -> LaunchSpec:
     return LaunchSpec(tp=2, threads_per_rank=args.threads_per_rank, pin_cores=args.pin_cores, comm_nice=args.comm_nice)
 
 
-def rows_table(rows: list[dict]) -> None:
-    print(f"{'schedule':<12} {'tp':>2} {'batch':>5} {'prefill ms':>10} {'decode ms/tok':>13} {'tokens/s':>9} "
-          f"{'ARs/step':>8} {'comm':>5} {'vs dense':>8} {'gap closed':>10}")
+def rows_table(rows: list[BenchRow]) -> None:
+    print(f"{'schedule':<12} {'tp':>2} {'batch':>5} {'prefill ms':>10} {'decode ms/tok':>13} {'decode tok/s':>12} "
+          f"{'ARs/step':>8} {'comm':>5} {'decode vs dense':>15} {'gap closed':>10}")
     for r in rows:
-        gap = "-" if r.get("gap_closed") is None else percent(r["gap_closed"])
-        speed = "-" if r.get("speedup_vs_dense") is None else f"{r['speedup_vs_dense']:.3f}x"
-        print(f"{r['schedule']:<12} {r['tp']:>2} {r['batch']:>5} {r['prefill_s'] * 1e3:>10.1f} "
-              f"{r['decode_s_per_token'] * 1e3:>13.2f} {r['tokens_per_s']:>9.1f} {r['allreduce_count']:>8} "
-              f"{r['allreduce_share']:>5.0%} {speed:>8} {gap:>10}")
+        gap = "-" if r.decode_gap_closed is None else percent(r.decode_gap_closed)
+        speed = "-" if r.decode_speedup_vs_dense is None else f"{r.decode_speedup_vs_dense:.3f}x"
+        print(f"{r.schedule:<12} {r.tp:>2} {r.batch:>5} {r.prefill_s * 1e3:>10.1f} "
+              f"{r.decode_s_per_token * 1e3:>13.2f} {r.decode_tokens_per_s:>12.1f} {r.allreduces_per_decode_step:>8} "
+              f"{r.decode_allreduce_share:>5.0%} {speed:>15} {gap:>10}")
 
 
 # --- (a) ladder vs dense at TP=2 --------------------------------------------------------------
@@ -87,10 +88,12 @@ def bench_ladder(args) -> dict:
     result, before = _bench_tp2(args, synthetic_source(args.shape, ladder="all"), ("native", "dense", "upper-bound"))
     summary = {}
     for batch in args.batch:
-        native = next(r for r in result.rows if r["schedule"] == "native" and r["batch"] == batch)
-        summary[f"batch{batch}"] = {"ladder_speedup_vs_dense": native["speedup_vs_dense"], "gap_closed": native["gap_closed"]}
-        print(f"batch {batch}: ladder decode speed-up vs dense {native['speedup_vs_dense']:.3f}x, "
-              f"dense->upper-bound gap closed {percent(native['gap_closed'])}")
+        native = next(r for r in result.rows if r.schedule == "native" and r.batch == batch)
+        summary[f"batch{batch}"] = {"ladder_decode_speedup_vs_dense": native.decode_speedup_vs_dense,
+                                    "ladder_e2e_speedup_vs_dense": native.e2e_speedup_vs_dense,
+                                    "decode_gap_closed": native.decode_gap_closed}
+        print(f"batch {batch}: ladder decode speed-up vs dense {native.decode_speedup_vs_dense:.3f}x, "
+              f"dense->upper-bound gap closed {percent(native.decode_gap_closed)}")
     return _save_tp2(args, result, summary, before, "runtime_cpu_tp2_ladder.json")
 
 
@@ -104,13 +107,14 @@ def bench_domino(args) -> dict:
                                 RuntimeOptions(domino_chunks=args.chunks))
     summary = {}
     for batch in args.batch:
-        row = next(r for r in result.rows if r["schedule"] == "domino" and r["batch"] == batch)
-        summary[f"batch{batch}"] = {"domino_speedup_vs_dense": row["speedup_vs_dense"], "gap_closed": row["gap_closed"],
-                                    "prefill_speedup_vs_dense": next(
-                                        r["prefill_s"] for r in result.rows if r["schedule"] == "dense" and r["batch"] == batch
-                                    ) / row["prefill_s"]}
-        print(f"batch {batch}: domino x{args.chunks} decode speed-up vs dense {row['speedup_vs_dense']:.3f}x "
-              f"(gap closed {percent(row['gap_closed'])}), prefill {summary[f'batch{batch}']['prefill_speedup_vs_dense']:.3f}x")
+        row = next(r for r in result.rows if r.schedule == "domino" and r.batch == batch)
+        dense = next(r for r in result.rows if r.schedule == "dense" and r.batch == batch)
+        summary[f"batch{batch}"] = {"domino_decode_speedup_vs_dense": row.decode_speedup_vs_dense,
+                                    "domino_e2e_speedup_vs_dense": row.e2e_speedup_vs_dense,
+                                    "decode_gap_closed": row.decode_gap_closed,
+                                    "prefill_speedup_vs_dense": dense.prefill_s / row.prefill_s}
+        print(f"batch {batch}: domino x{args.chunks} decode speed-up vs dense {row.decode_speedup_vs_dense:.3f}x "
+              f"(gap closed {percent(row.decode_gap_closed)}), prefill {summary[f'batch{batch}']['prefill_speedup_vs_dense']:.3f}x")
     return _save_tp2(args, result, summary, before, "runtime_cpu_tp2_domino.json")
 
 
@@ -200,7 +204,7 @@ def bench_single_device(args) -> dict:
             results[name] = {
                 "prefill_s": statistics.median(v[0] for v in values),
                 "decode_s_per_token": decode_s,
-                "tokens_per_s": args.batch / decode_s,
+                "decode_tokens_per_s": args.batch / decode_s,
                 "decode_s_per_token_runs": [v[1] for v in values],
             }
         # the floor: one decode step's matrix-vector products alone (every weight byte read once, nothing else),
@@ -224,7 +228,7 @@ def bench_single_device(args) -> dict:
                         linear(x, m)
                 floor_runs[name].append((time.perf_counter() - start) / 8)
         weight_bytes = sum(m.numel() * m.element_size() for m in matrices)
-    speedup = results["runtime"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
+    speedup = results["runtime"]["decode_tokens_per_s"] / results["transformers"]["decode_tokens_per_s"]
     same = torch.equal(tokens["runtime"], tokens["transformers"])
     floor_by_kernel = {name: statistics.median(runs) for name, runs in floor_runs.items()}
     floor_s = floor_by_kernel["aten"]
@@ -234,13 +238,13 @@ def bench_single_device(args) -> dict:
               f"({weight_bytes / 1e6:.0f} MB of weights, {weight_bytes / value / 1e9:.1f} GB/s)")
     for name, r in results.items():
         print(f"{name:<13} prefill {r['prefill_s'] * 1e3:8.1f} ms   decode {r['decode_s_per_token'] * 1e3:7.2f} ms/token   "
-              f"{r['tokens_per_s']:7.1f} tokens/s")
+              f"{r['decode_tokens_per_s']:7.1f} decode tokens/s")
     print(f"runtime linear kernel: {model.kernel.value}")
     print(f"runtime vs transformers generate: {speedup:.2f}x decode tokens/s; identical greedy tokens: {same}")
     payload = {
         "model": str(path), "dtype": args.dtype, "threads": args.threads, "batch": args.batch, "prompt_len": args.prompt,
         "gen_len": gen, "warmup": args.warmup, "repeats": args.repeats, "results": results,
-        "runtime_speedup_vs_transformers": speedup, "identical_greedy_tokens": same, "torch": torch.__version__,
+        "runtime_decode_speedup_vs_transformers": speedup, "identical_greedy_tokens": same, "torch": torch.__version__,
         "linear_kernel": model.kernel.value,
         "gemv_floor_s_per_token": floor_s, "weight_bytes_per_token": weight_bytes,
         "runtime_gemv_floor_s_per_token": runtime_floor_s,

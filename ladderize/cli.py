@@ -311,13 +311,14 @@ def generate_cmd(
         return
     tokens = response.tokens[0]
     text = tokenizer.decode(tokens, skip_special_tokens=True)
-    tokens_per_s = len(tokens) / seconds if seconds > 0 else 0.0
+    wall_tokens_per_s = len(tokens) / seconds if seconds > 0 else 0.0  # start-up, prefill and decode
     if json_output:
-        typer.echo(json.dumps({"tokens": tokens, "text": text, "seconds": round(seconds, 4), "tokens_per_s": round(tokens_per_s, 2)}))
+        typer.echo(json.dumps({"tokens": tokens, "text": text, "wall_s": round(seconds, 4),
+                               "wall_tokens_per_s": round(wall_tokens_per_s, 2)}))
     else:
         console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + text, highlight=False, markup=True)
         err_console.print(
-            f"[dim]{len(tokens)} tokens in {seconds:.2f} s: {tokens_per_s:,.1f} tokens/s "
+            f"[dim]{len(tokens)} tokens in {seconds:.2f} s: {wall_tokens_per_s:,.1f} tokens/s "
             f"(TP {tp}, start-up and prefill included)[/]", highlight=False,
         )
 
@@ -331,7 +332,7 @@ def bench_cmd(
     tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
-    gen: int = typer.Option(32, "--gen", help="Decode steps (new tokens per row)."),
+    gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
     schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the rows and metadata to this JSON file."),
     warmup: int = typer.Option(2, help="Untimed runs first."),
@@ -384,19 +385,23 @@ def bench_cmd(
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    table = Table(title=f"{source.name}: {result.meta['layout']}, {result.meta['device']} {result.meta['dtype']}, "
+    table = Table(title=f"{source.name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
                   f"prompt {prompt}, gen {gen}, median of {repeats}")
-    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "tokens/s", "all-reduces/step",
-                   "comm share", "vs dense", "gap closed"):
+    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
+                   "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
+
+    def cell(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
     for row in result.rows:
-        schedule_name = row["schedule"] + (f" x{row['domino_chunks']}" if row.get("domino_chunks") else "")
+        schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
         table.add_row(
-            schedule_name, str(row["tp"]), str(row["batch"]), f"{row['prefill_s'] * 1e3:.1f}",
-            f"{row['decode_s_per_token'] * 1e3:.2f}", f"{row['tokens_per_s']:.1f}", str(row["allreduce_count"]),
-            "-" if row["allreduce_share"] is None else f"{row['allreduce_share']:.0%}",
-            "-" if row["speedup_vs_dense"] is None else f"{row['speedup_vs_dense']:.2f}x",
-            "-" if row["gap_closed"] is None else f"{row['gap_closed']:.0%}",
+            schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
+            f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), cell(row.decode_allreduce_share, ".0%"),
+            cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
+            cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
+            cell(row.decode_gap_closed, ".0%"),
         )
     console.print(table)
     if json_path is not None:
@@ -488,8 +493,10 @@ def predict_cmd(
         )
     result = predict(request, compute_model)
 
-    table = Table(title=f"prompt {prompt}, {gen} new tokens; speed-up = tokens/s against dense at the same TP and batch")
-    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "tokens/s", "speed-up", "exposed comm ms/tok"):
+    table = Table(title=f"prompt {prompt}, {gen} new tokens (prefill, then {gen - 1} decode steps); "
+                        "speed-ups against dense at the same TP and batch, phase for phase")
+    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
+                   "exposed comm ms/tok"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
     notes: list[str] = []
     previous = None
@@ -504,7 +511,8 @@ def predict_cmd(
             mark = f" [{notes.index(row.note) + 1}]"
         table.add_row(
             str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
-            f"{row.tokens_per_s:,.1f}", f"{row.speedup_vs_dense:.3f}x", f"{row.decode_exposed_comm_s * 1e3:.3f}",
+            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.decode_speedup_vs_dense:.3f}x",
+            f"{row.decode_exposed_comm_s_per_token * 1e3:.3f}",
         )
     console.print(table)
     for number, note in enumerate(notes, 1):
@@ -520,7 +528,7 @@ def predict_cmd(
     if json_path is not None:
         from .convert.atomic import write_file_atomic
 
-        write_file_atomic(json_path, json.dumps(result.to_dict(), indent=2) + "\n")
+        write_file_atomic(json_path, json.dumps(result.to_record().to_json(), indent=2) + "\n")
         console.print(f"wrote {json_path}", highlight=False)
 
 
@@ -754,15 +762,17 @@ def eval_command(
 
 
 def _print_report_table(report) -> None:
+    from .report.render import markdown, table_rows
+
     if not console.is_terminal:  # piped or logged: the Markdown table, unwrapped
-        console.print(report.markdown(), highlight=False, soft_wrap=True, markup=False)
+        console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
         return
     table = Table(show_edge=False)
     columns = report.columns()
     for index, name in enumerate(columns):
         table.add_column(name, justify="left" if index == 0 else "right")
-    for row in report.rows():
-        table.add_row(*[str(cell) for cell in row])
+    for row in table_rows(report):
+        table.add_row(*row)
     console.print(table)
 
 

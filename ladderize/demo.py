@@ -285,15 +285,16 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
 
 def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn) -> None:
-    from .eval.harness import EVAL_KIND, evaluate_checkpoint, write_json
+    from .eval.harness import evaluate_checkpoint, write_json
     from .progress import ProgressLine
+    from .records import EVAL_RECORD
 
-    if _valid_json(out, lambda r: r.get("kind") == EVAL_KIND):
+    if _valid_json(out, lambda r: r.get("record") == EVAL_RECORD):
         say("skip", f"eval {name} (exists)")
         return
     for task in tasks:  # one lm-eval run per task: each has its own --limit
         part = out.with_name(f".{out.stem}.{task}.json")
-        if _valid_json(part, lambda r: r.get("kind") == EVAL_KIND):
+        if _valid_json(part, lambda r: r.get("record") == EVAL_RECORD):
             continue
         limit = settings.eval_limits.get(task)
         say("start", f"eval {name}: {task} (limit {limit})")
@@ -339,7 +340,7 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
 
     write_json(result.to_json(), out)
     speeds = ", ".join(
-        f"b{r['batch']} {r['speedup_vs_dense']:.2f}x" for r in result.rows if r["schedule"] == "native" and r.get("speedup_vs_dense")
+        f"b{r.batch} {r.decode_speedup_vs_dense:.2f}x" for r in result.rows if r.schedule == "native" and r.decode_speedup_vs_dense
     )
     say("done", f"bench {name}: decode speed-up against dense {speeds}")
 

@@ -114,7 +114,7 @@ def test_generate_prints_tokens_per_second(tmp_path, capsys, monkeypatch):
     assert "tokens/s" in stderr and "tokens in" in stderr
     code, stdout, stderr = run_cli(["generate", path, "--prompt", "hi", "--max-new-tokens", "4", "--json"], capsys, monkeypatch)
     record = json.loads(stdout)
-    assert record["tokens_per_s"] > 0 and record["seconds"] > 0
+    assert record["wall_tokens_per_s"] > 0 and record["wall_s"] > 0
 
 
 def test_report_refuses_a_predict_json(tmp_path, capsys, monkeypatch):

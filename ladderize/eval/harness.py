@@ -3,8 +3,8 @@
 ``LadderLlamaForCausalLM`` is a real ``PreTrainedModel`` returning ``CausalLMOutputWithPast``,
 so ``HFLM(pretrained=model)`` drives it exactly as it drives any transformers model; the
 tasks come from lm-eval's registry plus the local task folder of ``local_tasks``.
-The eval record (``evaluate_checkpoint``) keeps lm-eval's results dict unchanged under
-``"results"`` and adds the model's layout, for ``ladderize report``.
+The eval record (``evaluate_checkpoint``, a ``ladderize.records.EvalRecord`` as JSON) keeps lm-eval's
+results dict unchanged under ``"results"`` and adds the model's layout, for ``ladderize report``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list,
 
 log = logging.getLogger(__name__)
 
-EVAL_KIND = "ladderize-eval"
-EVAL_FORMAT_VERSION = 1
 DEFAULT_BOOTSTRAP_ITERS = 1000  # lm-eval's CLI uses 100000; only standard errors depend on it
 
 
@@ -127,9 +125,10 @@ def evaluate_checkpoint(
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Load a checkpoint, evaluate it with lm-eval, and return the eval record (see module docstring)."""
+    """Load a checkpoint, evaluate it with lm-eval, and return the eval record's JSON (see module docstring)."""
     from ..convert.checkpoint import load_model, read_provenance
     from ..model import Layout
+    from ..records import EvalRecord
 
     ckpt = Path(ckpt).expanduser().absolute()
     if not ckpt.is_dir():
@@ -145,24 +144,24 @@ def evaluate_checkpoint(
     )  # fmt: skip
     layout = Layout.from_config(model.config)
     provenance = read_provenance(ckpt)
-    return {
-        "kind": EVAL_KIND,
-        "format_version": EVAL_FORMAT_VERSION,
-        "checkpoint": str(ckpt),
-        "layout": layout.describe(),
-        "layout_ranges": {**layout.ranges(), "spd_tp_size": layout.spd_tp_size},
-        "num_layers": layout.num_layers,
-        "layers_converted": len(layout.converted_layers),
-        "allreduces_per_token": layout.allreduces_per_token(),
-        "history": [step.get("step") for step in provenance.get("history", []) if isinstance(step, dict)],
-        "tasks": specs,
-        "limit": limit,
-        "batch_size": batch_size,
-        "max_length": max_length,
-        "data": output.get("ladderize_sources", {}),
-        "eval_s": round(time.perf_counter() - started, 3),
-        "ladderize_version": _version("ladderize"),
-        "lm_eval": {
+    allreduces = layout.allreduces_per_token()
+    return EvalRecord(
+        checkpoint=str(ckpt),
+        layout=layout.describe(),
+        layout_ranges={**layout.ranges(), "spd_tp_size": layout.spd_tp_size},
+        num_layers=layout.num_layers,
+        layers_converted=len(layout.converted_layers),
+        allreduces_per_decode_step=allreduces["total"],
+        overlappable_allreduces_per_decode_step=allreduces["overlappable"],
+        history=[step.get("step") for step in provenance.get("history", []) if isinstance(step, dict)],
+        tasks=specs,
+        limit=limit,
+        batch_size=batch_size,
+        max_length=max_length,
+        data=output.get("ladderize_sources", {}),
+        eval_s=round(time.perf_counter() - started, 3),
+        ladderize_version=_version("ladderize"),
+        lm_eval={
             "version": _version("lm_eval"),
             "versions": output.get("versions", {}),
             "n-shot": output.get("n-shot", {}),
@@ -170,8 +169,8 @@ def evaluate_checkpoint(
             "higher_is_better": output.get("higher_is_better", {}),
             "bootstrap_iters": bootstrap_iters,
         },
-        "results": output["results"],
-    }
+        results=output["results"],
+    ).to_json()
 
 
 def write_json(record: dict[str, Any], path: Path | str) -> Path:

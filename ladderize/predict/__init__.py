@@ -1,17 +1,21 @@
 """Performance model for ``ladderize predict``: what ladder, SPD and domino buy on a multi-GPU node.
 
 One concept per module: ``presets`` (model shapes), ``gpus`` (roofline GPU profiles), ``interconnect``
-(all-reduce cost and fabric profiles), ``compute`` (measured or roofline module times), ``schedule``
-(the two-stream simulator), ``predict`` (rows per TP degree, batch and schedule) and ``calibration``
-(the published figures and the fits that fixed the profiles' parameters).
+(all-reduce cost and fabric profiles), ``work`` (one rank's module: shape, FLOPs, bytes), ``compute``
+(how a module is priced: roofline, or ``measured`` on the local device with its cache), ``schedule``
+(the two-stream simulator), ``predict`` (rows per TP degree, batch and schedule, as
+``ladderize.records.PredictRow``) and ``calibration`` (the published figures and the fits that fixed the
+profiles' parameters).
 """
 
-from .compute import MeasuredCompute, ModuleWork, RooflineCompute, make_compute, module_work
+from .compute import RooflineCompute, make_compute
 from .gpus import GPU_PROFILES, GPUProfile, load_gpu_profile
 from .interconnect import PROFILES, InterconnectProfile, load_interconnect
-from .predict import Prediction, PredictionRow, PredictRequest, layout_from_checkpoint, predict
+from .measured import MeasuredCompute
+from .predict import Prediction, PredictRequest, layout_from_checkpoint, predict
 from .presets import PRESETS, ModelShape, load_model_shape
 from .schedule import ModuleCost, StepTiming, plan_modules, simulate, simulate_step
+from .work import ModuleWork, module_work
 
 __all__ = [
     "GPU_PROFILES",
@@ -25,7 +29,6 @@ __all__ = [
     "PROFILES",
     "Prediction",
     "PredictRequest",
-    "PredictionRow",
     "RooflineCompute",
     "StepTiming",
     "layout_from_checkpoint",

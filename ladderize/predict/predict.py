@@ -6,8 +6,10 @@ them (``interconnect``), and simulates the prefill step and an average decode st
 
 Conventions (those of the Ladder authors' gpt-fast benchmark, so that the calibration is like for like):
 
-* prefill runs the whole prompt and yields the first new token; then ``new_tokens - 1`` decode steps;
-  ``tokens_per_s = batch * new_tokens / (prefill_s + (new_tokens - 1) * decode_s_per_token)``;
+* prefill runs the whole prompt and yields the first new token; then ``new_tokens - 1`` decode steps
+  (the rows' ``decode_steps``); rows are ``ladderize.records.PredictRow``: ``e2e_tokens_per_s =
+  batch * new_tokens / (prefill_s + (new_tokens - 1) * decode_s_per_token)`` and ``decode_tokens_per_s =
+  batch / decode_s_per_token``, and each speed-up compares one phase with the same phase of ``dense``;
 * a decode step is priced at the mean KV length over the generation, ``prompt + new_tokens / 2``
   (attention cost is linear in the KV length, so the mean step has the mean cost);
 * activations and all-reduces are bf16; the LM head is replicated on every rank and applied to the
@@ -16,13 +18,15 @@ Conventions (those of the Ladder authors' gpt-fast benchmark, so that the calibr
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
 from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank
-from .compute import ComputeModel, ModuleWork, module_work
+from ..records import PredictRecord, PredictRow, add_speedups
+from .compute import ComputeModel
+from .work import ModuleWork, module_work
 from .interconnect import InterconnectProfile
 from .presets import ModelShape
 from .schedule import ModuleCost, StepTiming, simulate_step
@@ -73,49 +77,29 @@ class PredictRequest:
             )
 
 
-@dataclass(frozen=True)
-class PredictionRow:
-    tp: int
-    batch: int
-    schedule: str
-    layout: str
-    prefill_s: float
-    decode_s_per_token: float
-    tokens_per_s: float
-    speedup_vs_dense: float
-    prefill_exposed_comm_s: float
-    decode_exposed_comm_s: float
-    decode_allreduces_per_step: int
-    note: str = ""
-
-
 @dataclass
 class Prediction:
     request: PredictRequest
     compute_label: str
     compute_device: str
     compute_on_gpu: bool
-    rows: list[PredictionRow] = field(default_factory=list)
+    rows: list[PredictRow] = field(default_factory=list)
     module_timings: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_record(self) -> PredictRecord:
+        """The ``ladderize predict --json`` record."""
         r = self.request
         layout = None
         if r.layout is not None:
             layout = {"describe": r.layout.describe(), **r.layout.ranges(), "spd_tp_size": r.layout.spd_tp_size}
-        return {
-            "model": r.model.to_dict(),
-            "interconnect": r.interconnect.to_dict(),
-            "compute": {"label": self.compute_label, "device": self.compute_device, "on_gpu": self.compute_on_gpu},
-            "prompt_tokens": r.prompt_tokens,
-            "new_tokens": r.new_tokens,
-            "decode_kv_len": decode_kv_len(r.prompt_tokens, r.new_tokens),
-            "domino_chunks": r.domino_chunks,
-            "layout": layout,
-            "schedules": {s: SCHEDULE_HELP[s] for s in r.schedules},
-            "rows": [asdict(row) for row in self.rows],
-            "module_timings": self.module_timings,
-        }
+        return PredictRecord(
+            model=r.model.to_dict(), interconnect=r.interconnect.to_dict(),
+            compute={"label": self.compute_label, "device": self.compute_device, "on_gpu": self.compute_on_gpu},
+            prompt_len=r.prompt_tokens, decode_steps=r.new_tokens - 1,
+            decode_kv_len=decode_kv_len(r.prompt_tokens, r.new_tokens), domino_chunks=r.domino_chunks, layout=layout,
+            schedules={s: SCHEDULE_HELP[s] for s in r.schedules}, rows=list(self.rows),
+            module_timings=self.module_timings,
+        )  # fmt: skip
 
 
 def decode_kv_len(prompt_tokens: int, new_tokens: int) -> int:
@@ -131,10 +115,6 @@ def rank_memory_bytes(model: ModelShape, tp: int, batch: int, context_tokens: in
     weights = model.num_hidden_layers * layer + 2 * model.vocab_size * d
     kv_cache = model.num_hidden_layers * batch * context_tokens * 2 * kv_heads * hd
     return model.dtype_bytes * (weights + kv_cache)
-
-
-def tokens_per_s(batch: int, new_tokens: int, prefill_s: float, decode_s_per_token: float) -> float:
-    return batch * new_tokens / (prefill_s + (new_tokens - 1) * decode_s_per_token)
 
 
 @dataclass(frozen=True)
@@ -253,25 +233,26 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
             if compute.memory_bytes and needed > compute.memory_bytes:
                 fit_note = (f"needs {needed / 1e9:.0f} GB per rank (weights + KV cache), more than the "
                             f"{compute.memory_bytes / 1e9:.0f} GB of {compute.device_name}")
-            dense = results["dense"][0]
-            dense_rate = tokens_per_s(batch, gen, dense["prefill"].total_s, dense["decode"].total_s)
+            dense_timings = results["dense"][0]
+            rows = []
             for schedule in schedules:
                 timings, note = results[schedule]
-                if schedule == "domino" and not note and timings["decode"].total_s > dense["decode"].total_s:
+                if schedule == "domino" and not note and timings["decode"].total_s > dense_timings["decode"].total_s:
                     note = "each decode chunk re-reads the weights, so chunked decode is slower than dense"
                 prefill, decode = timings["prefill"], timings["decode"]
-                rate = tokens_per_s(batch, gen, prefill.total_s, decode.total_s)
-                prediction.rows.append(
-                    PredictionRow(
-                        tp=tp, batch=batch, schedule=schedule,
+                rows.append(
+                    PredictRow(
+                        schedule=schedule,
                         layout=request.layout.describe() if schedule == "layout" and request.layout else schedule,
-                        prefill_s=prefill.total_s, decode_s_per_token=decode.total_s, tokens_per_s=rate,
-                        speedup_vs_dense=rate / dense_rate,
-                        prefill_exposed_comm_s=prefill.exposed_comm_s, decode_exposed_comm_s=decode.exposed_comm_s,
-                        decode_allreduces_per_step=decode.num_allreduces,
+                        tp=tp, batch=batch, prompt_len=prompt, decode_steps=gen - 1,
+                        prefill_s=prefill.total_s, decode_s_per_token=decode.total_s,
+                        allreduces_per_decode_step=decode.num_allreduces,
+                        prefill_exposed_comm_s=prefill.exposed_comm_s, decode_exposed_comm_s_per_token=decode.exposed_comm_s,
                         note="; ".join(n for n in (fit_note, note) if n),
                     )
                 )
+            add_speedups(rows)
+            prediction.rows += rows
     prediction.module_timings = list(pricer.records.values())
     return prediction
 
@@ -315,5 +296,5 @@ def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:
     return chosen
 
 
-def rows_for(prediction: Prediction, schedules: Sequence[str] | None = None) -> list[PredictionRow]:
+def rows_for(prediction: Prediction, schedules: Sequence[str] | None = None) -> list[PredictRow]:
     return [r for r in prediction.rows if schedules is None or r.schedule in schedules]

@@ -1,4 +1,8 @@
-"""The accuracy-vs-speed report: eval and bench JSON joined into Markdown, CSV and a Pareto plot."""
+"""The accuracy-vs-speed report: eval and bench records joined into Markdown, CSV and a Pareto plot.
+
+``runs`` (records joined per layout), ``table`` (the table model), ``render`` (Markdown, CSV, notes),
+``plot`` (the figure) and ``write`` (the report folder).
+"""
 
 from .table import Report, build_report
 from .write import write_report

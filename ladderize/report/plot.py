@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .table import LayoutRun, Metric, Report
+    from .runs import LayoutRun, Metric
+    from .table import Report
 
 
 def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
@@ -32,7 +33,7 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = Tru
 def choose_axes(report: "Report") -> tuple["Metric | None", tuple[int, int] | None]:
     """The quality metric (accuracy first, else perplexity) and the (TP, batch) covering the most layouts."""
     def coverage(metric, config) -> int:
-        return sum(1 for r in report.runs if metric in r.metrics and config in r.speedups)
+        return sum(1 for r in report.runs if metric in r.metrics and config in r.decode_speedups)
 
     metric = None
     for candidates in ([m for m in report.metrics if m.higher_is_better], [m for m in report.metrics if not m.higher_is_better]):
@@ -92,7 +93,7 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     metric, main_config = choose_axes(report)
-    configs = [c for c in report.configs if metric is not None and any(metric in r.metrics and c in r.speedups for r in report.runs)]
+    configs = [c for c in report.configs if metric is not None and any(metric in r.metrics and c in r.decode_speedups for r in report.runs)]
     info: dict[str, Any] = {"points": [], "front": [], "config": main_config, "y_label": metric.label if metric else None,
                             "panels": [], "log_y": False, "short_names": {}, "title": None}
     if not configs:
@@ -103,7 +104,7 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
         _save(fig, path)
         return info
 
-    runs_all = [r for r in report.runs if metric in r.metrics and any(c in r.speedups for c in configs)]
+    runs_all = [r for r in report.runs if metric in r.metrics and any(c in r.decode_speedups for c in configs)]
     names = short_names(runs_all)
     layouts = list(dict.fromkeys(r.layout for r in runs_all))
     colors = {layout: plt.get_cmap("tab10")(i % 10) for i, layout in enumerate(layouts)}
@@ -119,11 +120,11 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
 
     panels = []
     for ax, config in zip(axes.flat, configs):
-        runs = [r for r in runs_all if config in r.speedups]
-        points = [(r.speedups[config], r.metrics[metric]) for r in runs]
+        runs = [r for r in runs_all if config in r.decode_speedups]
+        points = [(r.decode_speedups[config], r.metrics[metric]) for r in runs]
         front = pareto_front(points, metric.higher_is_better)
         for run, (x, y) in zip(runs, points):
-            xerr = run.speedup_stderr.get(config)
+            xerr = run.decode_speedup_stderr.get(config)
             yerr = run.metric_stderr.get(metric)
             if xerr is not None or yerr is not None:
                 ax.errorbar([x], [y], xerr=[xerr] if xerr is not None else None, yerr=[yerr] if yerr is not None else None,
@@ -146,7 +147,7 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
         ax.set_title(f"TP={config[0]}, batch {config[1]}", fontsize=10)
         ax.set_xlabel("decode speed-up against dense")
         ax.grid(True, alpha=0.3, which="both")
-        info["panels"].append({"config": config, "points": [{"layout": r.label, "speedup": x, "quality": y} for r, (x, y) in zip(runs, points)],
+        info["panels"].append({"config": config, "points": [{"layout": r.label, "decode_speedup": x, "quality": y} for r, (x, y) in zip(runs, points)],
                                "front": [runs[i].label for i in front]})
     ylabel = metric.label + ("" if metric.higher_is_better else " (lower is better)") + (", log scale" if log_y else "")
     for ax in axes[:, 0]:

@@ -1,6 +1,6 @@
 """Writing a report folder: the table (Markdown, CSV) and the plot, side by side.
 
-The one place that joins ``table.py`` (rows and formatting) and ``plot.py`` (the figure), so
+The one place that joins ``render.py`` (the table as text) and ``plot.py`` (the figure), so
 neither imports the other at run time.
 """
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from ..convert.atomic import write_file_atomic
 from .plot import plot_pareto
-from .table import build_report, notes
+from .render import csv_text, markdown, notes
+from .table import build_report
 
 
 def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderize: accuracy vs speed") -> dict[str, Any]:
@@ -21,10 +22,10 @@ def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderi
     out.mkdir(parents=True, exist_ok=True)
     png = out / "accuracy_vs_speedup.png"
     plot_info = plot_pareto(report, png)
-    markdown = f"# {title}\n\n" + report.markdown() + "\n" + notes(report, plot_info)
+    text = f"# {title}\n\n" + markdown(report) + "\n" + notes(report, plot_info)
     md_path, csv_path = out / "report.md", out / "report.csv"
-    write_file_atomic(md_path, markdown)
-    write_file_atomic(csv_path, report.csv())
+    write_file_atomic(md_path, text)
+    write_file_atomic(csv_path, csv_text(report))
     return {"markdown": md_path, "csv": csv_path, "png": png, "report": report, "plot": plot_info}
 
 

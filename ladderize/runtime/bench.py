@@ -1,22 +1,24 @@
-"""Benchmarks of the runtime: prefill and decode timings per (schedule, tp, batch).
+"""Benchmarks of the runtime: prefill and decode timings per (schedule, tp, batch), as ``BenchRow`` records.
 
 Each configuration runs ``warmup`` untimed passes, then ``repeats`` timed passes of one
 prefill (``prompt_len`` tokens per row) followed by ``gen_len`` decode steps; the row
 reports medians. The schedules of one batch size run in interleaved rounds (one pass of
 each per round), so that load changes on a shared machine hit them alike.
-``decode_s_per_token`` is the time of one decode step (one new token per row),
-``tokens_per_s = batch / decode_s_per_token`` is the decode throughput.
-``allreduce_count`` is the number of all-reduces a rank issues per decode step, and
-``allreduce_share`` the share of decode time the ranks spent blocked in communication:
+The row's names are those of ``ladderize.records`` (each says its phase and unit):
+``decode_s_per_token`` is the time of one decode step (one new token per row), and
+``decode_tokens_per_s`` and ``e2e_tokens_per_s`` follow from it and ``prefill_s``.
+``allreduces_per_decode_step`` is the number of all-reduces a rank issues per decode step, and
+``decode_allreduce_share`` the share of decode time the ranks spent blocked in communication:
 measured (host time inside all-reduce calls and waits, averaged over ranks) on CPU; on
 CUDA, where those calls only enqueue work, it is estimated as ``1 - upper_bound/decode``.
 
 Rows of the same (tp, batch) are compared with the ``dense`` schedule:
-``speedup_vs_dense = dense.decode_s_per_token / decode_s_per_token`` and
-``gap_closed = (dense - this) / (dense - upper_bound)`` in decode time per token.
+``decode_speedup_vs_dense = dense.decode_s_per_token / decode_s_per_token``, the end-to-end
+``e2e_speedup_vs_dense`` from both phases, and ``decode_gap_closed = (dense - this) / (dense - upper_bound)``
+in decode time per token.
 
-The spread of the repeats: ``decode_s_per_token_{min,max}`` and ``tokens_per_s_{min,max}``
-beside the medians, and ``speedup_vs_dense_{min,median,max}`` and ``speedup_vs_dense_stderr``
+The spread of the repeats: ``decode_s_per_token_{min,median,max}`` and ``decode_tokens_per_s_{min,max}``
+beside the medians, and ``decode_speedup_vs_dense_{min,median,max}`` and ``decode_speedup_vs_dense_stderr``
 over the per-round ratios (round i of this schedule against round i of ``dense``, which ran
 next to it).
 """
@@ -30,7 +32,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ import torch.distributed as dist
 
 from ..errors import LadderizeError
 from ..model.layout import Layout
+from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .engine import Decoder, RankModel
 from .generate import RuntimeOptions, parse_dtype, resolve_linear
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
@@ -70,10 +73,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-70b": dict(_LLAMA_COMMON, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                       num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0),
 }
-
-ROW_KEYS = ("schedule", "tp", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token", "tokens_per_s",
-            "allreduce_count", "allreduce_share")
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -137,15 +136,6 @@ class BenchSpec:
     seed: int = 0
 
 
-@dataclass
-class BenchResult:
-    meta: dict[str, Any]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"meta": self.meta, "rows": self.rows}
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -176,7 +166,7 @@ def _time_once(
     return prefilled - start, done - prefilled, stats.exposed_s, stats.allreduce_count, stats.issue_s, stats.wait_s
 
 
-def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[dict[str, Any]]:
+def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[BenchRow]:
     config, layout = source.config_and_layout()
     dims = ModelDims.from_config(config)
     dtype = parse_dtype(options.dtype, context.device.type)
@@ -209,73 +199,54 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                     runs[index].append(timing)
         for plan, timings in zip(plans, runs):
             decode_s = statistics.median(t[1] for t in timings)
-            rows.append(
-                {
-                    "schedule": plan.schedule.value,
-                    "tp": context.world_size,
-                    "batch": batch,
-                    "prompt_len": spec.prompt_len,
-                    "gen_len": spec.gen_len,
-                    "prefill_s": statistics.median(t[0] for t in timings),
-                    "decode_s_per_token": decode_s / spec.gen_len,
-                    "tokens_per_s": batch * spec.gen_len / decode_s,
-                    "allreduce_count": int(round(statistics.median(t[3] for t in timings) / spec.gen_len)),
-                    "allreduce_share": statistics.median(t[2] / t[1] for t in timings),
-                    "comm": context.transport,
-                    # per decode step, this rank: host time issuing all-reduces / waiting for in-flight ones
-                    "issue_s_per_token": statistics.median(t[4] for t in timings) / spec.gen_len,
-                    "wait_s_per_token": statistics.median(t[5] for t in timings) / spec.gen_len,
-                    "layout": plan.layout.describe(),
-                    "domino_chunks": plan.chunks if plan.schedule is Schedule.DOMINO else None,
-                    "overlapped_allreduces": plan.overlapped_allreduces,
-                    "decode_s_per_token_runs": [t[1] / spec.gen_len for t in timings],
-                    **repeat_stats([t[1] / spec.gen_len for t in timings], batch),
-                }
+            row = BenchRow(
+                schedule=plan.schedule.value,
+                layout=plan.layout.describe(),
+                tp=context.world_size,
+                batch=batch,
+                prompt_len=spec.prompt_len,
+                decode_steps=spec.gen_len,
+                prefill_s=statistics.median(t[0] for t in timings),
+                decode_s_per_token=decode_s / spec.gen_len,
+                allreduces_per_decode_step=int(round(statistics.median(t[3] for t in timings) / spec.gen_len)),
+                comm=context.transport,
+                decode_allreduce_share=statistics.median(t[2] / t[1] for t in timings),
+                # per decode step, this rank: host time issuing all-reduces / waiting for in-flight ones
+                decode_issue_s_per_token=statistics.median(t[4] for t in timings) / spec.gen_len,
+                decode_wait_s_per_token=statistics.median(t[5] for t in timings) / spec.gen_len,
+                domino_chunks=plan.chunks if plan.schedule is Schedule.DOMINO else None,
+                overlapped_allreduces_per_decode_step=plan.overlapped_allreduces,
             )
+            row.set_decode_runs([t[1] / spec.gen_len for t in timings])
+            rows.append(row)
         del decoders, cache
     if context.world_size > 1:  # average the measured communication share over ranks (outside timing)
         shares = [None] * context.world_size
-        keys = ("allreduce_share", "issue_s_per_token", "wait_s_per_token")
-        dist.all_gather_object(shares, [[row[key] for key in keys] for row in rows])
+        keys = ("decode_allreduce_share", "decode_issue_s_per_token", "decode_wait_s_per_token")
+        dist.all_gather_object(shares, [[getattr(row, key) for key in keys] for row in rows])
         for index, row in enumerate(rows):
             for k, key in enumerate(keys):
-                row[key] = statistics.fmean(rank_values[index][k] for rank_values in shares)
+                setattr(row, key, statistics.fmean(rank_values[index][k] for rank_values in shares))
     return rows
 
 
-def repeat_stats(per_token: list[float], batch: int) -> dict[str, float]:
-    """Min, median and max over the repeats of the decode time per token, and the tokens/s they give."""
-    low, high = min(per_token), max(per_token)
-    return {"decode_s_per_token_min": low, "decode_s_per_token_median": statistics.median(per_token),
-            "decode_s_per_token_max": high, "tokens_per_s_min": batch / high, "tokens_per_s_max": batch / low}
-
-
-def speedup_stats(dense_runs: list[float] | None, runs: list[float] | None) -> dict[str, float | None]:
-    """Min, median, max and standard error of the per-round speed-ups (round i against dense's round i)."""
-    if not dense_runs or not runs or len(dense_runs) != len(runs):
-        return {}
-    ratios = [d / t for d, t in zip(dense_runs, runs)]
-    stderr = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
-    return {"speedup_vs_dense_min": min(ratios), "speedup_vs_dense_median": statistics.median(ratios),
-            "speedup_vs_dense_max": max(ratios), "speedup_vs_dense_stderr": stderr}
-
-
-def add_comparisons(rows: list[dict[str, Any]], estimate_share: bool = False) -> None:
-    """Add ``speedup_vs_dense`` (with its spread over rounds) and ``gap_closed`` (and, on CUDA, the estimated share) in place."""
-    by_key = {(r["schedule"], r["tp"], r["batch"]): r for r in rows}
+def add_comparisons(rows: list[BenchRow], estimate_share: bool = False) -> None:
+    """Add both speed-ups against dense (the decode one with its spread over rounds) and ``decode_gap_closed``
+    (and, on CUDA, the estimated communication share) in place."""
+    add_speedups(rows)
+    by_key = {(r.schedule, r.tp, r.batch): r for r in rows}
     for row in rows:
-        dense = by_key.get(("dense", row["tp"], row["batch"]))
-        upper = by_key.get(("upper-bound", row["tp"], row["batch"]))
-        this = row["decode_s_per_token"]
-        row["speedup_vs_dense"] = dense["decode_s_per_token"] / this if dense else None
-        if dense:
-            row.update(speedup_stats(dense.get("decode_s_per_token_runs"), row.get("decode_s_per_token_runs")))
-        row["gap_closed"] = None
-        if dense and upper and dense["decode_s_per_token"] > upper["decode_s_per_token"]:
-            gap = dense["decode_s_per_token"] - upper["decode_s_per_token"]
-            row["gap_closed"] = (dense["decode_s_per_token"] - this) / gap
+        dense = by_key.get(("dense", row.tp, row.batch))
+        upper = by_key.get(("upper-bound", row.tp, row.batch))
+        this = row.decode_s_per_token
+        if dense is not None:
+            row.set_speedup_spread(SpeedupSpread.of(dense.decode_s_per_token_runs, row.decode_s_per_token_runs))
+        row.decode_gap_closed = None
+        if dense and upper and dense.decode_s_per_token > upper.decode_s_per_token:
+            gap = dense.decode_s_per_token - upper.decode_s_per_token
+            row.decode_gap_closed = (dense.decode_s_per_token - this) / gap
         if estimate_share:
-            row["allreduce_share"] = max(0.0, 1 - upper["decode_s_per_token"] / this) if upper else None
+            row.decode_allreduce_share = max(0.0, 1 - upper.decode_s_per_token / this) if upper else None
 
 
 def run_bench(
@@ -284,7 +255,7 @@ def run_bench(
     spec: BenchSpec = BenchSpec(),
     launch: LaunchSpec = LaunchSpec(),
     options: RuntimeOptions = RuntimeOptions(),
-) -> BenchResult | None:
+) -> BenchRecord | None:
     """Run every (schedule, batch) at each TP degree (one process group per degree).
 
     Under torchrun only rank 0 gets the result; the other ranks get ``None``.
@@ -302,7 +273,7 @@ def run_bench(
         validate_tp(dims, layout, tp, options.allow_spd_mismatch or "native" not in schedules)
     device_type = launch.device_type
     linear = resolve_linear(options, device_type)
-    rows: list[dict[str, Any]] = []
+    rows: list[BenchRow] = []
     for tp in tps:
         tp_launch = dataclasses.replace(launch, tp=tp)
         tp_rows = run_ranks(functools.partial(_bench_job, source=source, spec=spec, options=options), tp_launch)
@@ -311,8 +282,6 @@ def run_bench(
         rows += tp_rows
     add_comparisons(rows, estimate_share=device_type == "cuda")
     meta = {
-        "model": source.name,
-        "layout": layout.describe(),
         "params": dims.param_count(),
         "device": device_type,
         "device_name": torch.cuda.get_device_name() if device_type == "cuda" else platform.processor() or platform.machine(),
@@ -334,18 +303,14 @@ def run_bench(
         "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    return BenchResult(meta, rows)
+    return BenchRecord(source.name, layout.describe(), rows, meta)
 
 
 __all__ = [
     "PRESETS",
-    "ROW_KEYS",
-    "BenchResult",
     "BenchSpec",
     "ModelSource",
     "add_comparisons",
-    "repeat_stats",
     "run_bench",
-    "speedup_stats",
     "synthetic_source",
 ]

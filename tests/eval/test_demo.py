@@ -34,7 +34,7 @@ def test_demo_quick_end_to_end(tmp_path: Path, monkeypatch, capsys):
     with (out / "report" / "report.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [r["layout"] for r in rows][0] == "dense" and len(rows) == 5
-    assert all(float(r["speedup_vs_dense/tp3/batch1"]) > 0 for r in rows)
+    assert all(float(r["decode_speedup_vs_dense/tp3/batch1"]) > 0 for r in rows)
     assert (out / "report" / "accuracy_vs_speedup.png").stat().st_size > 0
     markdown = (out / "report" / "report.md").read_text()
     assert "spd@tp3" in markdown and "ladder 22:30, adapted" in markdown

@@ -40,7 +40,8 @@ def test_eval_record_on_tiny_ladder(tiny_ladder_dir: Path, tiny_data_dir: Path):
     )
     assert record["layout"] == "ladder 2:4"
     assert record["layers_converted"] == 2 and record["num_layers"] == 4
-    assert record["allreduces_per_token"] == {"total": 8, "overlappable": 4}
+    assert record["allreduces_per_decode_step"] == 8 and record["overlappable_allreduces_per_decode_step"] == 4
+    assert record["record"] == "ladderize-eval" and record["version"] == 2
     assert record["checkpoint"] == str(tiny_ladder_dir)
     results = record["results"]
     assert results["lambada_openai"]["sample_len"] == 4

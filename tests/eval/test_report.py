@@ -1,4 +1,4 @@
-"""Report rendering from fixture eval and bench JSON: table, CSV, PNG, Pareto front."""
+"""Report rendering from fixture eval and bench JSON: table, CSV, PNG, Pareto front; records and legacy files."""
 
 from __future__ import annotations
 
@@ -9,29 +9,63 @@ from pathlib import Path
 import pytest
 
 from ladderize.errors import LadderizeError
+from ladderize.records import BenchRecord, BenchRow, EvalRecord
 from ladderize.report import build_report, write_report
 from ladderize.report.plot import pareto_front
 
+HIGHER = {"lambada_openai": {"acc": True, "perplexity": False}, "shakespeare": {"word_perplexity": False}}
+
+
+def _results(acc: float, ppl: float, word_ppl: float) -> dict:
+    return {
+        "lambada_openai": {"alias": "lambada_openai", "acc,none": acc, "acc_stderr,none": 0.01, "perplexity,none": ppl, "perplexity_stderr,none": 1.0},
+        "shakespeare": {"alias": "shakespeare", "word_perplexity,none": word_ppl, "word_perplexity_stderr,none": "N/A", "bits_per_byte,none": 1.2},
+    }
+
 
 def _eval(ckpt: str, layout: str, converted: int, allreduces: int, overlappable: int, acc: float, ppl: float, word_ppl: float, history=("convert",)):
+    """The format of ``ladderize eval --json``."""
+    return EvalRecord(checkpoint=ckpt, layout=layout, layout_ranges={}, num_layers=30, layers_converted=converted,
+                      allreduces_per_decode_step=allreduces, overlappable_allreduces_per_decode_step=overlappable,
+                      history=list(history), lm_eval={"higher_is_better": HIGHER}, results=_results(acc, ppl, word_ppl)).to_json()
+
+
+def _row(schedule: str, tp: int, batch: int, tps: float, layout: str, speedup: float | None) -> BenchRow:
+    return BenchRow(schedule=schedule, layout=layout, tp=tp, batch=batch, prompt_len=128, decode_steps=32, prefill_s=0.1,
+                    decode_s_per_token=batch / tps, allreduces_per_decode_step=60, decode_allreduce_share=0.5,
+                    decode_speedup_vs_dense=speedup)
+
+
+def _bench(ckpt: str, layout: str, native_tps: dict, dense_tps: dict, speedups: bool = True):
+    """The format of ``ladderize bench --json`` (decode_speedup_vs_dense per row unless ``speedups`` is False)."""
+    rows = []
+    for (tp, batch), tps in native_tps.items():
+        speedup = tps / dense_tps[(tp, batch)] if (tp, batch) in dense_tps and speedups else None
+        rows.append(_row("native", tp, batch, tps, layout, speedup))
+    for (tp, batch), tps in dense_tps.items():
+        rows.append(_row("dense", tp, batch, tps, "dense", 1.0))
+    rows.append(_row("upper-bound", 3, 1, 999.0, "dense", 99.0))
+    return BenchRecord(ckpt, layout, rows, {"device": "cpu"}).to_json()
+
+
+def _legacy_eval(ckpt: str, layout: str, converted: int, allreduces: int, overlappable: int, acc: float, ppl: float, word_ppl: float, history=("convert",)):
+    """An eval file written before the records (kind and format_version 1)."""
     return {
         "kind": "ladderize-eval",
+        "format_version": 1,
         "checkpoint": ckpt,
         "layout": layout,
         "num_layers": 30,
         "layers_converted": converted,
         "allreduces_per_token": {"total": allreduces, "overlappable": overlappable},
         "history": list(history),
-        "lm_eval": {"higher_is_better": {"lambada_openai": {"acc": True, "perplexity": False}, "shakespeare": {"word_perplexity": False}}},
-        "results": {
-            "lambada_openai": {"alias": "lambada_openai", "acc,none": acc, "acc_stderr,none": 0.01, "perplexity,none": ppl, "perplexity_stderr,none": 1.0},
-            "shakespeare": {"alias": "shakespeare", "word_perplexity,none": word_ppl, "word_perplexity_stderr,none": "N/A", "bits_per_byte,none": 1.2},
-        },
+        "lm_eval": {"higher_is_better": HIGHER},
+        "results": _results(acc, ppl, word_ppl),
     }
 
 
-def _bench(ckpt: str, layout: str, native_tps: dict, dense_tps: dict):
-    """The format of ``ladderize bench --json`` (meta + rows, speedup_vs_dense per row)."""
+def _legacy_bench(ckpt: str, layout: str, native_tps: dict, dense_tps: dict, speedups: bool = True):
+    """A bench file written before the records: meta + rows, decode-only ``tokens_per_s`` and ``speedup_vs_dense``."""
     rows = []
     for (tp, batch), tps in native_tps.items():
         speedup = tps / dense_tps[(tp, batch)] if (tp, batch) in dense_tps else None
@@ -43,24 +77,29 @@ def _bench(ckpt: str, layout: str, native_tps: dict, dense_tps: dict):
                      "layout": "dense", "speedup_vs_dense": 1.0})
     rows.append({"schedule": "upper-bound", "tp": 3, "batch": 1, "prompt_len": 128, "gen_len": 32, "tokens_per_s": 999.0,
                  "layout": "dense", "speedup_vs_dense": 99.0})
+    if not speedups:  # a leaner file: no meta, no dense rows, no speed-up; the dense layout's bench is the reference
+        return {"checkpoint": ckpt, "rows": [{k: v for k, v in r.items() if k != "speedup_vs_dense"}
+                                             for r in rows if r["schedule"] == "native"]}
     return {"meta": {"model": ckpt, "layout": layout}, "rows": rows}
 
 
-@pytest.fixture
-def runs(tmp_path: Path) -> Path:
+@pytest.fixture(params=["records", "legacy"])
+def runs(tmp_path: Path, request) -> Path:
+    """The same runs as records, and as files written before the records (read by the legacy reader)."""
+    eval_, bench = (_eval, _bench) if request.param == "records" else (_legacy_eval, _legacy_bench)
     folder = tmp_path / "runs"
     folder.mkdir()
+    spd_bench = bench("/m/spd", "spd@tp3 22:30", {(3, 1): 11.0, (3, 4): 36.0}, {}, speedups=False)
+    if request.param == "records":  # no dense rows and no speed-ups: the dense layout's bench is the reference
+        spd_bench["rows"] = [r for r in spd_bench["rows"] if r["schedule"] == "native"]
     files = {
-        "eval-dense.json": _eval("/m/dense", "dense", 0, 60, 0, 0.40, 20.0, 50.0),
-        "eval-ladder.json": _eval("/m/ladder", "ladder 22:30", 8, 60, 16, 0.30, 35.0, 80.0),
-        "eval-ladder-adapted.json": _eval("/m/ladder-adapted", "ladder 22:30", 8, 60, 16, 0.36, 24.0, 60.0, ("convert", "adapt")),
-        "eval-spd.json": _eval("/m/spd", "spd@tp3 22:30", 8, 52, 0, 0.38, 22.0, 55.0),
-        "bench-dense.json": _bench("/m/dense", "dense", {(3, 1): 10.0, (3, 4): 30.0}, {(3, 1): 10.0, (3, 4): 30.0}),
-        "bench-ladder.json": _bench("/m/ladder", "ladder 22:30", {(3, 1): 12.0, (3, 4): 33.0}, {(3, 1): 10.0, (3, 4): 30.0}),
-        # a leaner bench record: no meta, no dense rows, no speed-up; the dense layout's bench is the reference
-        "bench-spd.json": {"checkpoint": "/m/spd", "rows": [
-            {k: v for k, v in r.items() if k != "speedup_vs_dense"}
-            for r in _bench("/m/spd", "spd@tp3 22:30", {(3, 1): 11.0, (3, 4): 36.0}, {})["rows"] if r["schedule"] == "native"]},
+        "eval-dense.json": eval_("/m/dense", "dense", 0, 60, 0, 0.40, 20.0, 50.0),
+        "eval-ladder.json": eval_("/m/ladder", "ladder 22:30", 8, 60, 16, 0.30, 35.0, 80.0),
+        "eval-ladder-adapted.json": eval_("/m/ladder-adapted", "ladder 22:30", 8, 60, 16, 0.36, 24.0, 60.0, ("convert", "adapt")),
+        "eval-spd.json": eval_("/m/spd", "spd@tp3 22:30", 8, 52, 0, 0.38, 22.0, 55.0),
+        "bench-dense.json": bench("/m/dense", "dense", {(3, 1): 10.0, (3, 4): 30.0}, {(3, 1): 10.0, (3, 4): 30.0}),
+        "bench-ladder.json": bench("/m/ladder", "ladder 22:30", {(3, 1): 12.0, (3, 4): 33.0}, {(3, 1): 10.0, (3, 4): 30.0}),
+        "bench-spd.json": spd_bench,
         "notes.json": {"unrelated": True},
     }
     for name, record in files.items():
@@ -74,17 +113,17 @@ def test_report_joins_eval_and_bench(runs: Path):
     assert labels == ["dense", "ladder 22:30", "ladder 22:30, adapted", "spd@tp3 22:30"]
     assert report.configs == [(3, 1), (3, 4)]
     by = {r.label: r for r in report.runs}
-    assert by["dense"].speedups == {(3, 1): 1.0, (3, 4): 1.0}
-    assert by["ladder 22:30"].speedups == pytest.approx({(3, 1): 1.2, (3, 4): 1.1})
-    assert by["spd@tp3 22:30"].speedups == pytest.approx({(3, 1): 1.1, (3, 4): 1.2})
+    assert by["dense"].decode_speedups == {(3, 1): 1.0, (3, 4): 1.0}
+    assert by["ladder 22:30"].decode_speedups == pytest.approx({(3, 1): 1.2, (3, 4): 1.1})
+    assert by["spd@tp3 22:30"].decode_speedups == pytest.approx({(3, 1): 1.1, (3, 4): 1.2})
     # the adapted checkpoint has no bench of its own: it shares its layout's speed
-    assert by["ladder 22:30, adapted"].speedups == by["ladder 22:30"].speedups
+    assert by["ladder 22:30, adapted"].decode_speedups == by["ladder 22:30"].decode_speedups
     acc = next(m for m in report.metrics if m.name == "acc")
     assert report.delta(by["ladder 22:30"], acc) == pytest.approx(-0.10)
     assert report.delta(by["dense"], acc) == 0.0
     cols = report.columns()
     assert cols[:3] == ["layout", "layers converted", "all-reduces / token"]
-    assert "Δ lambada_openai acc" in cols and "speed-up TP3 b4" in cols
+    assert "Δ lambada_openai acc" in cols and "decode speed-up TP3 b4" in cols
     assert [m.label for m in report.metrics] == ["lambada_openai acc", "lambada_openai ppl", "shakespeare word ppl"]
 
 
@@ -97,7 +136,7 @@ def test_report_files(runs: Path, tmp_path: Path):
     with written["csv"].open() as handle:
         rows = list(csv.DictReader(handle))
     assert [r["layout"] for r in rows][0] == "dense"
-    assert float(rows[1]["speedup_vs_dense/tp3/batch1"]) == pytest.approx(1.2)
+    assert float(rows[1]["decode_speedup_vs_dense/tp3/batch1"]) == pytest.approx(1.2)
     assert float(rows[1]["lambada_openai/acc/delta_vs_dense"]) == pytest.approx(-0.1)
     png = written["png"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -135,3 +174,41 @@ def test_report_bad_input(tmp_path: Path):
     empty.mkdir()
     with pytest.raises(LadderizeError, match="no eval or bench JSON"):
         build_report([empty])
+
+
+def test_report_keeps_predicted_rows_out_of_measured_speedups(runs: Path, tmp_path: Path):
+    """A predict record beside bench records: named, it is refused in one line; in a folder, it is left out."""
+    from ladderize.model.layout import Layout
+    from ladderize.predict import PredictRequest, RooflineCompute, load_model_shape, predict
+    from ladderize.predict.gpus import GPU_PROFILES
+    from ladderize.predict.interconnect import PROFILES
+
+    shape = load_model_shape("llama-3.1-8b")
+    request = PredictRequest(shape, (4,), (1, 4), 128, 33, PROFILES["h100-nvlink"],
+                             layout=Layout.from_ranges(shape.num_hidden_layers, ladder="22:32"), schedules=("dense", "layout"))
+    predicted = predict(request, RooflineCompute(GPU_PROFILES["h100"])).to_record()
+    assert {r.decode_steps for r in predicted.rows} == {32}
+    path = runs / "predict-ladder.json"
+    path.write_text(json.dumps(predicted.to_json()))
+    with pytest.raises(LadderizeError, match="is a 'ladderize predict' JSON \\(predicted, not measured\\)") as error:
+        build_report([runs / "bench-ladder.json", path])
+    assert "\n" not in str(error.value)
+    report = build_report([runs])  # the folder: the predict record is not a run
+    assert all(str(path) not in r.sources for r in report.runs)
+    by = {r.label: r for r in report.runs}
+    assert by["ladder 22:30"].decode_speedups == pytest.approx({(3, 1): 1.2, (3, 4): 1.1})
+
+
+def test_report_speedups_are_decode_speedups_even_when_end_to_end_differs(tmp_path: Path):
+    """A bench row carries both phases; the report's columns are the decode one, and say so."""
+    rows = [_row("dense", 2, 1, 10.0, "dense", None), _row("native", 2, 1, 12.0, "ladder 22:30", None)]
+    rows[0].prefill_s = rows[1].prefill_s = 5.0  # a long prefill, the same for both: e2e gains far less
+    from ladderize.records import add_speedups
+
+    add_speedups(rows)
+    assert rows[1].decode_speedup_vs_dense == pytest.approx(1.2) and rows[1].e2e_speedup_vs_dense < 1.1
+    (tmp_path / "bench.json").write_text(json.dumps(BenchRecord("/m/ladder", "ladder 22:30", rows).to_json()))
+    (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/ladder", "ladder 22:30", 8, 60, 16, 0.30, 35.0, 80.0)))
+    report = build_report([tmp_path])
+    assert report.columns()[-1] == "decode speed-up TP2 b1"
+    assert report.runs[0].decode_speedups == {(2, 1): pytest.approx(1.2)}

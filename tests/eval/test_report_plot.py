@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from ladderize.records import BenchRecord, BenchRow, EvalRecord, SpeedupSpread
 from ladderize.report import write_report
 from ladderize.report.plot import short_names, spans_a_decade
-from ladderize.runtime.bench import add_comparisons, repeat_stats, speedup_stats
+from ladderize.runtime.bench import add_comparisons
 
 SPD = "spd@tp3 5:6,7:9,17:18,21:23,25:26,27:28"
 
@@ -19,39 +20,44 @@ def _eval(ckpt: str, layout: str, converted: int, word_ppl: float, acc: float | 
     results = {"shakespeare": {"alias": "shakespeare", "word_perplexity,none": word_ppl, "word_perplexity_stderr,none": "N/A"}}
     if acc is not None:
         results["lambada_openai"] = {"acc,none": acc, "acc_stderr,none": 0.02, "perplexity,none": 60.0, "perplexity_stderr,none": 9.0}
-    return {"kind": "ladderize-eval", "checkpoint": ckpt, "layout": layout, "num_layers": 30, "layers_converted": converted,
-            "allreduces_per_token": {"total": 60, "overlappable": 0}, "history": list(history),
-            "lm_eval": {"higher_is_better": {"shakespeare": {"word_perplexity": False}, "lambada_openai": {"acc": True}}},
-            "results": results}
+    return EvalRecord(checkpoint=ckpt, layout=layout, layout_ranges={}, num_layers=30, layers_converted=converted,
+                      allreduces_per_decode_step=60, overlappable_allreduces_per_decode_step=0, history=list(history),
+                      lm_eval={"higher_is_better": {"shakespeare": {"word_perplexity": False}, "lambada_openai": {"acc": True}}},
+                      results=results).to_json()
 
 
-def _rows(layout: str, per_token: dict[tuple[int, int], tuple[list[float], list[float]]]) -> list[dict]:
-    """Bench rows as ``run_bench`` writes them: per (tp, batch), the dense and native decode time per token of each round."""
+def _rows(layout: str, per_token: dict[tuple[int, int], tuple[list[float], list[float]]]) -> list[BenchRow]:
+    """Bench rows as ``run_bench`` makes them: per (tp, batch), the dense and native decode time per token of each round."""
     rows = []
     for (tp, batch), (dense_runs, native_runs) in per_token.items():
         for schedule, runs in (("dense", dense_runs), ("native", native_runs)):
             median = sorted(runs)[len(runs) // 2]
-            rows.append({"schedule": schedule, "tp": tp, "batch": batch, "prompt_len": 64, "gen_len": 16,
-                         "decode_s_per_token": median, "tokens_per_s": batch / median,
-                         "layout": "dense" if schedule == "dense" else layout, "decode_s_per_token_runs": runs,
-                         **repeat_stats(runs, batch)})
+            row = BenchRow(schedule=schedule, layout="dense" if schedule == "dense" else layout, tp=tp, batch=batch,
+                           prompt_len=64, decode_steps=16, prefill_s=0.05, decode_s_per_token=median,
+                           allreduces_per_decode_step=60)
+            row.set_decode_runs(runs)
+            rows.append(row)
     add_comparisons(rows)
     return rows
 
 
+def _bench(model: str, layout: str, rows: list[BenchRow]) -> dict:
+    return BenchRecord(model, layout, rows).to_json()
+
+
 def test_bench_rows_carry_min_median_max_and_round_speedups():
     rows = _rows("ladder 22:30", {(3, 1): ([0.030, 0.020, 0.024], [0.024, 0.020, 0.020])})
-    native = next(r for r in rows if r["schedule"] == "native")
-    assert native["decode_s_per_token_min"] == 0.020 and native["decode_s_per_token_max"] == 0.024
-    assert native["decode_s_per_token_median"] == 0.020
-    assert native["tokens_per_s_min"] == pytest.approx(1 / 0.024) and native["tokens_per_s_max"] == pytest.approx(50.0)
-    assert native["speedup_vs_dense_min"] == pytest.approx(1.0) and native["speedup_vs_dense_max"] == pytest.approx(1.25)
-    assert native["speedup_vs_dense_stderr"] > 0
-    assert speedup_stats([1.0], [1.0, 2.0]) == {}  # rounds must pair up
+    native = next(r for r in rows if r.schedule == "native")
+    assert native.decode_s_per_token_min == 0.020 and native.decode_s_per_token_max == 0.024
+    assert native.decode_s_per_token_median == 0.020
+    assert native.decode_tokens_per_s_min == pytest.approx(1 / 0.024) and native.decode_tokens_per_s_max == pytest.approx(50.0)
+    assert native.decode_speedup_vs_dense_min == pytest.approx(1.0) and native.decode_speedup_vs_dense_max == pytest.approx(1.25)
+    assert native.decode_speedup_vs_dense_stderr > 0
+    assert SpeedupSpread.of([1.0], [1.0, 2.0]) is None  # rounds must pair up
 
 
 def test_short_names_and_decade():
-    from ladderize.report.table import LayoutRun
+    from ladderize.report.runs import LayoutRun
 
     runs = [LayoutRun("a", "dense"), LayoutRun("b", "ladder 22:30"), LayoutRun("c", "ladder 15:30"),
             LayoutRun("d", "ladder 22:30", adapted=True), LayoutRun("e", f"ladder 22:30 + {SPD}")]
@@ -72,8 +78,8 @@ def demo_like(tmp_path: Path) -> Path:
         "ladder-adapted.json": _eval("/x/ladder-adapted", "ladder 22:30", 8, 596.6, history=("convert", "adapt")),
         "spd.json": _eval("/x/spd", SPD, 8, 607.8),
         "spd-adapted.json": _eval("/x/spd-adapted", SPD, 8, 531.7, history=("convert", "adapt")),
-        "bench-ladder.json": {"meta": {"model": "/x/ladder", "layout": "ladder 22:30"}, "rows": _rows("ladder 22:30", timings["ladder"])},
-        "bench-spd.json": {"meta": {"model": "/x/spd", "layout": SPD}, "rows": _rows(SPD, timings["spd"])},
+        "bench-ladder.json": _bench("/x/ladder", "ladder 22:30", _rows("ladder 22:30", timings["ladder"])),
+        "bench-spd.json": _bench("/x/spd", SPD, _rows(SPD, timings["spd"])),
     }
     for name, record in files.items():
         (folder / name).write_text(json.dumps(record))
@@ -98,7 +104,7 @@ def test_report_plot_has_a_panel_per_config_log_axis_title_and_spread(demo_like:
     # ladder at TP3 b1: rounds 0.030/0.028, 0.031/0.030, 0.033/0.031 -> median 0.031/0.030, spread 1.03 to 1.07
     assert "1.03x (1.03–1.07)" in ladder_row
     rows = list(csv.DictReader(written["csv"].open()))
-    assert float(rows[1]["speedup_vs_dense/tp3/batch1/max"]) == pytest.approx(0.030 / 0.028, rel=1e-5)
+    assert float(rows[1]["decode_speedup_vs_dense/tp3/batch1/max"]) == pytest.approx(0.030 / 0.028, rel=1e-5)
 
 
 def test_report_plot_error_bars_from_lm_eval_stderr(tmp_path: Path):
@@ -107,12 +113,12 @@ def test_report_plot_error_bars_from_lm_eval_stderr(tmp_path: Path):
     (folder / "dense.json").write_text(json.dumps(_eval("/x/dense", "dense", 0, 500.0, acc=0.40)))
     (folder / "ladder.json").write_text(json.dumps(_eval("/x/ladder", "ladder 22:30", 8, 600.0, acc=0.35)))
     rows = _rows("ladder 22:30", {(2, 1): ([0.03, 0.03], [0.025, 0.027])})
-    (folder / "bench.json").write_text(json.dumps({"meta": {"model": "/x/ladder", "layout": "ladder 22:30"}, "rows": rows}))
+    (folder / "bench.json").write_text(json.dumps(_bench("/x/ladder", "ladder 22:30", rows)))
     written = write_report([folder], tmp_path / "report")
     report = written["report"]
     ladder = next(r for r in report.runs if r.layout == "ladder 22:30")
     acc = next(m for m in ladder.metrics if m.name == "acc")
     assert ladder.metric_stderr[acc] == 0.02
-    assert ladder.speedup_stderr[(2, 1)] > 0
+    assert ladder.decode_speedup_stderr[(2, 1)] > 0
     assert written["plot"]["y_label"] == "lambada_openai acc" and not written["plot"]["log_y"]
     assert written["plot"]["title"] == "dense: lambada_openai acc vs decode speed-up, TP=2"

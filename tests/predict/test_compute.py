@@ -7,7 +7,9 @@ import json
 import pytest
 
 from ladderize.errors import LadderizeError
-from ladderize.predict.compute import MeasuredCompute, RooflineCompute, make_compute, module_work, roofline_s
+from ladderize.predict.compute import RooflineCompute, make_compute
+from ladderize.predict.measured import MeasuredCompute
+from ladderize.predict.work import module_work, roofline_s
 from ladderize.predict.gpus import GPU_PROFILES, load_gpu_profile
 from ladderize.predict.presets import ModelShape, load_model_shape
 

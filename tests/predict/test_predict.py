@@ -11,7 +11,8 @@ from ladderize.model.layout import Layout, LayoutError
 from ladderize.predict import PredictRequest, RooflineCompute, layout_from_checkpoint, load_model_shape, predict
 from ladderize.predict.gpus import GPU_PROFILES
 from ladderize.predict.interconnect import PROFILES
-from ladderize.predict.predict import decode_kv_len, parse_int_list, rank_memory_bytes, select_schedules, tokens_per_s
+from ladderize.predict.predict import decode_kv_len, parse_int_list, rank_memory_bytes, select_schedules
+from ladderize.records import e2e_tokens_per_s
 
 from tests.conftest import tiny_config
 
@@ -32,16 +33,24 @@ def test_one_row_per_tp_batch_schedule_and_sane_ordering():
     assert len(prediction.rows) == 2 * 2 * 5  # no layout: dense, ladder, spd, domino, upper-bound
     for batch in (1, 16):
         for schedule in ("dense", "ladder", "spd", "upper-bound"):
-            assert rows[1, batch, schedule].speedup_vs_dense == pytest.approx(1.0)  # TP1: nothing to sync
+            assert rows[1, batch, schedule].e2e_speedup_vs_dense == pytest.approx(1.0)  # TP1: nothing to sync
         dense, ladder, spd, upper = (rows[8, batch, s] for s in ("dense", "ladder", "spd", "upper-bound"))
-        assert 1.0 < spd.speedup_vs_dense < ladder.speedup_vs_dense < upper.speedup_vs_dense
-        assert upper.decode_exposed_comm_s == 0 and dense.decode_exposed_comm_s > ladder.decode_exposed_comm_s
-        assert dense.decode_allreduces_per_step == 160 and spd.decode_allreduces_per_step == 80
-        assert dense.tokens_per_s == pytest.approx(tokens_per_s(batch, 512, dense.prefill_s, dense.decode_s_per_token))
+        assert 1.0 < spd.e2e_speedup_vs_dense < ladder.e2e_speedup_vs_dense < upper.e2e_speedup_vs_dense
+        assert upper.decode_exposed_comm_s_per_token == 0
+        assert dense.decode_exposed_comm_s_per_token > ladder.decode_exposed_comm_s_per_token
+        assert dense.allreduces_per_decode_step == 160 and spd.allreduces_per_decode_step == 80
+        # gpt-fast's convention: 512 new tokens per sequence, the first from prefill, then 511 decode steps
+        assert dense.e2e_tokens_per_s == pytest.approx(batch * 512 / (dense.prefill_s + 511 * dense.decode_s_per_token))
+        assert dense.e2e_tokens_per_s == pytest.approx(e2e_tokens_per_s(batch, 511, dense.prefill_s, dense.decode_s_per_token))
+        assert dense.decode_tokens_per_s == pytest.approx(batch / dense.decode_s_per_token)
+        # each speed-up compares one phase with the same phase of dense
+        assert ladder.decode_speedup_vs_dense == pytest.approx(dense.decode_s_per_token / ladder.decode_s_per_token)
+        assert ladder.e2e_speedup_vs_dense == pytest.approx(ladder.e2e_tokens_per_s / dense.e2e_tokens_per_s)
+        assert ladder.decode_speedup_vs_dense > ladder.e2e_speedup_vs_dense  # prefill gains less than decode
     assert "does not split" in rows[8, 1, "domino"].note
     assert rows[8, 16, "domino"].prefill_s < rows[8, 16, "dense"].prefill_s  # compute-bound prefill overlaps
     assert rows[8, 16, "domino"].decode_s_per_token > rows[8, 16, "dense"].decode_s_per_token  # re-reads weights
-    json.dumps(prediction.to_dict())  # serialisable
+    json.dumps(prediction.to_record().to_json())  # serialisable
     timings = prediction.module_timings
     assert {t["kind"] for t in timings} == {"attention", "mlp", "head"}
     assert {t["phase"] for t in timings} == {"prefill", "decode"}
@@ -60,7 +69,7 @@ def test_layout_row_and_spd_note():
     rows = [r for r in _rows(layout=layout, tps=(4, 8), batches=(1,)).rows if r.schedule == "layout"]
     assert [r.layout for r in rows] == ["ladder 40:80 + spd@tp4 0:20"] * 2
     assert rows[0].note == "" and "converted for TP=4" in rows[1].note
-    assert rows[1].decode_allreduces_per_step == 160 - 20
+    assert rows[1].allreduces_per_decode_step == 160 - 20
 
 
 def test_bad_requests_raise_user_errors():

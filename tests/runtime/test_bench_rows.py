@@ -7,29 +7,43 @@ import json
 import pytest
 
 from ladderize.errors import LadderizeError
+from ladderize.records import BenchRow
 from ladderize.runtime.bench import PRESETS, BenchSpec, add_comparisons, run_bench, synthetic_source
 from ladderize.runtime.launch import LaunchSpec
 
 
-def row(schedule: str, decode_s: float, batch: int = 1) -> dict:
-    return {"schedule": schedule, "tp": 2, "batch": batch, "decode_s_per_token": decode_s, "allreduce_share": 0.5}
+def row(schedule: str, decode_s: float, batch: int = 1, prefill_s: float | None = None) -> BenchRow:
+    return BenchRow(schedule=schedule, layout="dense", tp=2, batch=batch, prompt_len=16, decode_steps=8, prefill_s=prefill_s,
+                    decode_s_per_token=decode_s, allreduces_per_decode_step=4, decode_allreduce_share=0.5)
 
 
 def test_speedup_and_gap_closed():
     rows = [row("dense", 0.010), row("upper-bound", 0.006), row("native", 0.007), row("domino", 0.011)]
     add_comparisons(rows)
-    by = {r["schedule"]: r for r in rows}
-    assert by["native"]["speedup_vs_dense"] == pytest.approx(10 / 7)
-    assert by["native"]["gap_closed"] == pytest.approx(0.75)
-    assert by["domino"]["gap_closed"] == pytest.approx(-0.25)
-    assert by["upper-bound"]["gap_closed"] == pytest.approx(1.0) and by["dense"]["gap_closed"] == 0.0
+    by = {r.schedule: r for r in rows}
+    assert by["native"].decode_speedup_vs_dense == pytest.approx(10 / 7)
+    assert by["native"].decode_gap_closed == pytest.approx(0.75)
+    assert by["domino"].decode_gap_closed == pytest.approx(-0.25)
+    assert by["upper-bound"].decode_gap_closed == pytest.approx(1.0) and by["dense"].decode_gap_closed == 0.0
 
 
 def test_comparisons_without_dense_or_on_cuda():
     rows = [row("native", 0.007), row("upper-bound", 0.006)]
     add_comparisons(rows, estimate_share=True)
-    assert rows[0]["speedup_vs_dense"] is None and rows[0]["gap_closed"] is None
-    assert rows[0]["allreduce_share"] == pytest.approx(1 - 6 / 7)
+    assert rows[0].decode_speedup_vs_dense is None and rows[0].decode_gap_closed is None
+    assert rows[0].decode_allreduce_share == pytest.approx(1 - 6 / 7)
+
+
+def test_speedups_compare_each_phase_with_the_same_phase():
+    """Decode speed-up from decode times, end-to-end from both phases: prefill 0.1 s, 8 decode steps."""
+    rows = [row("dense", 0.010, prefill_s=0.1), row("native", 0.007, prefill_s=0.1)]
+    add_comparisons(rows)
+    native = rows[1]
+    assert native.decode_speedup_vs_dense == pytest.approx(10 / 7)
+    assert native.decode_tokens_per_s == pytest.approx(1 / 0.007)
+    assert native.e2e_tokens_per_s == pytest.approx(9 / (0.1 + 8 * 0.007))  # the prefill's token and 8 more
+    assert native.e2e_speedup_vs_dense == pytest.approx((0.1 + 8 * 0.010) / (0.1 + 8 * 0.007))
+    assert native.e2e_speedup_vs_dense < native.decode_speedup_vs_dense  # the prefill did not get faster
 
 
 def test_synthetic_shapes(tmp_path):
@@ -48,8 +62,8 @@ def test_single_rank_bench_runs_in_process():
     result = run_bench(
         synthetic_source("tiny"), [1], BenchSpec(("native", "upper-bound", "domino"), (1, 2), 4, 2, 0, 1), LaunchSpec(tp=1)
     )
-    assert [(r["schedule"], r["batch"]) for r in result.rows] == [
+    assert [(r.schedule, r.batch) for r in result.rows] == [
         ("native", 1), ("upper-bound", 1), ("domino", 1), ("native", 2), ("upper-bound", 2), ("domino", 2)
     ]
-    assert all(r["allreduce_count"] == 0 for r in result.rows)  # one rank has nothing to sum
-    assert result.meta["params"] > 0 and result.meta["layout"] == "dense"
+    assert all(r.allreduces_per_decode_step == 0 for r in result.rows)  # one rank has nothing to sum
+    assert result.meta["params"] > 0 and result.layout == "dense"

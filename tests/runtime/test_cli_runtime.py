@@ -80,13 +80,14 @@ def test_bench_writes_rows_and_comparisons(tmp_path, monkeypatch, capsys):
     assert {(r["schedule"], r["batch"]) for r in rows} == {
         (s, b) for s in ("native", "dense", "upper-bound", "domino") for b in (1, 2)
     }
-    keys = {"schedule", "tp", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token", "tokens_per_s",
-            "allreduce_count", "allreduce_share", "speedup_vs_dense", "gap_closed"}
+    keys = {"schedule", "tp", "batch", "prompt_len", "decode_steps", "prefill_s", "decode_s_per_token", "decode_tokens_per_s",
+            "e2e_tokens_per_s", "allreduces_per_decode_step", "decode_allreduce_share", "decode_speedup_vs_dense",
+            "e2e_speedup_vs_dense", "decode_gap_closed"}
     assert all(keys <= set(r) for r in rows)
     by = {(r["schedule"], r["batch"]): r for r in rows}
-    assert by[("native", 1)]["allreduce_count"] == 8 and by[("upper-bound", 1)]["allreduce_count"] == 0
-    assert by[("domino", 2)]["allreduce_count"] == 16 and by[("dense", 2)]["speedup_vs_dense"] == 1.0
-    assert data["meta"]["layout"] == "ladder 0:4"
+    assert by[("native", 1)]["allreduces_per_decode_step"] == 8 and by[("upper-bound", 1)]["allreduces_per_decode_step"] == 0
+    assert by[("domino", 2)]["allreduces_per_decode_step"] == 16 and by[("dense", 2)]["decode_speedup_vs_dense"] == 1.0
+    assert data["record"] == "ladderize-bench" and data["layout"] == "ladder 0:4"
     assert "synthetic:tiny" in out  # the rich table's title
 
 

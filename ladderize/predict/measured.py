@@ -1,0 +1,327 @@
+"""``MeasuredCompute``: one rank's modules timed on the local device, as the runtime runs them, with a cache.
+
+It builds the module as the runtime runs it (a one-layer ``RankModel`` of the rank's
+local shape, with the runtime's own kernels, norms, rotary and KV cache) on the local device and times
+it (CUDA events over a CUDA-graph replay on a GPU, ``perf_counter`` on the CPU), median of repeats, cached in a JSON file
+keyed by device and per-rank shape. A shape too big for the device's budget (a 70B layer on a laptop
+CPU) is timed as a proxy: tokens (compute-bound shapes) or KV length and width (memory-bound ones)
+are halved until it fits, and the proxy's time above the device's fixed per-module floor (the time
+of the smallest such module) is scaled by the ratio of the two shapes' roofline times under this
+device's own measured matmul FLOP/s and streaming bytes/s. Such entries say so in their ``source``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from ..convert.atomic import write_file_atomic
+from ..errors import LadderizeError
+from ..paths import cache_path
+from .work import ModuleKind, ModuleWork, roofline_s
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+CACHE_FORMAT = 2  # 2: modules timed through the runtime's RankModel and kernels (1: plain matmuls)
+
+
+class MeasuredCompute:
+    """Time modules on the local device (GPU if present, else CPU) and cache the medians.
+
+    ``max_call_s`` and ``max_bytes`` bound what is timed directly (defaults: 0.25 s and 8 GiB on a GPU,
+    0.1 s and 512 MiB on a CPU); larger shapes are timed as scaled proxies (see module docstring).
+    """
+
+    def __init__(
+        self,
+        cache_dir: Path | str | None = None,
+        device: str | None = None,
+        repeats: int = 5,
+        max_call_s: float | None = None,
+        max_bytes: float | None = None,
+    ):
+        import torch
+
+        self.torch = torch
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.is_gpu = self.device.type == "cuda"
+        if self.is_gpu and not torch.cuda.is_available():
+            raise LadderizeError("--compute measured asked for CUDA, but torch sees no GPU")
+        self.dtype = torch.bfloat16 if self.is_gpu else torch.float32
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.memory_bytes = 0.0
+        if self.is_gpu:
+            self.device_name = torch.cuda.get_device_name(self.device)
+            self.memory_bytes = float(torch.cuda.get_device_properties(self.device).total_memory)
+            self.label = f"measured on {self.device_name} (CUDA graphs, {dtype_name})"
+        else:
+            self.device_name = f"CPU {_cpu_name()} ({torch.get_num_threads()} threads)"
+            self.label = f"measured on {self.device_name}, {dtype_name}; a CPU, not a GPU"
+        self.dtype_bytes = torch.finfo(self.dtype).bits // 8
+        self.repeats = max(1, repeats)
+        self.max_call_s = max_call_s if max_call_s is not None else (0.25 if self.is_gpu else 0.1)
+        self.max_bytes = max_bytes if max_bytes is not None else (8 * 2**30 if self.is_gpu else 512 * 2**20)
+        self.cache_path = Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json"
+        self._device_key = f"{self.device_name}|{dtype_name}|torch {torch.__version__}"
+        self._cache = self._load_cache()
+        self._sources: dict[str, str] = {}
+        self.measured_count = 0  # modules timed by this instance (cache hits excluded)
+
+    # ---- cache -----------------------------------------------------------------------------------
+
+    def _load_cache(self) -> dict:
+        try:
+            data = json.loads(self.cache_path.read_text())
+            if isinstance(data, dict) and data.get("format") == CACHE_FORMAT:
+                return data
+        except (OSError, json.JSONDecodeError):
+            pass
+        return {"format": CACHE_FORMAT, "entries": {}, "rates": {}}
+
+    def _save_cache(self) -> None:
+        """Merge with what other processes wrote meanwhile, then replace the file atomically."""
+        on_disk = self._load_cache()
+        for section in ("entries", "rates"):
+            on_disk[section].update(self._cache[section])
+        self._cache = on_disk
+        write_file_atomic(self.cache_path, json.dumps(on_disk, indent=1, sort_keys=True))
+
+    # ---- device rates (for budgets and proxy scaling) --------------------------------------------
+
+    def device_rates(self) -> tuple[float, float]:
+        """This device's achieved matmul FLOP/s and streaming bytes/s, measured once and cached."""
+        cached = self._cache["rates"].get(self._device_key)
+        if cached:
+            return float(cached[0]), float(cached[1])
+        torch = self.torch
+        n = 4096 if self.is_gpu else 512
+        a = torch.full((n, n), 0.01, device=self.device, dtype=self.dtype)
+        b = torch.full((n, n), 0.01, device=self.device, dtype=self.dtype)
+        flops_per_s = 2.0 * n**3 / self._time(lambda: a @ b)
+        rows = 16384 if self.is_gpu else 4096
+        w = torch.full((rows, rows), 0.01, device=self.device, dtype=self.dtype)
+        x = torch.full((1, rows), 0.01, device=self.device, dtype=self.dtype)
+        bytes_per_s = w.numel() * self.dtype_bytes / self._time(lambda: x @ w)
+        del a, b, w, x
+        self._cache["rates"][self._device_key] = [flops_per_s, bytes_per_s]
+        self._save_cache()
+        return flops_per_s, bytes_per_s
+
+    def _estimate_s(self, work: ModuleWork) -> float:
+        flops_per_s, bytes_per_s = self.device_rates()
+        return roofline_s(self._local(work), flops_per_s, bytes_per_s)
+
+    def _local(self, work: ModuleWork) -> ModuleWork:
+        return replace(work, dtype_bytes=self.dtype_bytes)
+
+    def _footprint_bytes(self, work: ModuleWork) -> float:
+        w = self._local(work)
+        widest = max(w.hidden_size, 2 * w.intermediate_size if w.kind == "mlp" else 0,
+                     w.vocab_size if w.kind == "head" else 0,
+                     (w.heads + 2 * w.kv_heads) * w.head_dim if w.kind == "attention" else 0)
+        kv = 2 * w.batch * w.kv_len * w.kv_heads * w.head_dim if w.kind == "attention" else 0
+        scores = w.batch * w.heads * w.q_len * w.kv_len if w.kind == "attention" else 0
+        return w.dtype_bytes * (w.weight_params + kv + 4 * w.tokens * widest + scores)
+
+    def _affordable(self, work: ModuleWork) -> bool:
+        return self._estimate_s(work) <= self.max_call_s and self._footprint_bytes(work) <= self.max_bytes
+
+    def proxy_for(self, work: ModuleWork) -> ModuleWork:
+        """The largest shape within budget, shrinking whatever makes it expensive.
+
+        Compute-bound shapes lose tokens first (batch, then prompt), so the proxy stays compute-bound;
+        memory-bound ones lose KV length when the cache dominates, else width (hidden, MLP, vocabulary),
+        so the proxy keeps the real token count and stays memory-bound.
+        """
+        flops_per_s, bytes_per_s = self.device_rates()
+        proxy = work
+        for _ in range(64):
+            if self._affordable(proxy):
+                break
+            local = self._local(proxy)
+            compute_bound = local.flops / flops_per_s >= local.bytes / bytes_per_s
+            kv_params = 2 * proxy.batch * proxy.kv_len * proxy.kv_heads * proxy.head_dim if proxy.kind == "attention" else 0
+            if compute_bound and proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif compute_bound and proxy.q_len > 64:
+                q_len = proxy.q_len // 2
+                proxy = replace(proxy, q_len=q_len, kv_len=max(q_len, proxy.kv_len - (proxy.q_len - q_len)))
+            elif kv_params > proxy.weight_params and proxy.kv_len > max(256, proxy.q_len):
+                proxy = replace(proxy, kv_len=max(proxy.q_len, proxy.kv_len // 2))
+            elif kv_params > proxy.weight_params and proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif proxy.hidden_size > 256:
+                proxy = replace(
+                    proxy,
+                    hidden_size=proxy.hidden_size // 2,
+                    intermediate_size=max(1, proxy.intermediate_size // 2),
+                    vocab_size=max(1, proxy.vocab_size // 2),
+                )
+            elif proxy.batch > 1:
+                proxy = replace(proxy, batch=proxy.batch // 2)
+            elif proxy.q_len > 64:
+                q_len = proxy.q_len // 2
+                proxy = replace(proxy, q_len=q_len, kv_len=max(q_len, proxy.kv_len - (proxy.q_len - q_len)))
+            else:
+                break
+        return proxy
+
+    # ---- timing ----------------------------------------------------------------------------------
+
+    def _time(self, fn: Callable[[], object]) -> float:
+        with self.torch.inference_mode():
+            return self._time_cuda(fn) if self.is_gpu else self._time_cpu(fn)
+
+    def _time_cpu(self, fn: Callable[[], object]) -> float:
+        fn()  # warm-up
+        begin = time.perf_counter()
+        fn()
+        single = max(time.perf_counter() - begin, 1e-7)
+        inner = max(1, min(50, int(2e-3 / single)))
+        repeats = self.repeats if single < 0.05 else min(self.repeats, 3)  # slow CPU calls: fewer repeats
+        samples = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - begin) / inner)
+        return statistics.median(samples)
+
+    def _time_cuda(self, fn: Callable[[], object]) -> float:
+        torch = self.torch
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up (also what CUDA-graph capture requires)
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        run: Callable[[], object] = fn
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            run = graph.replay
+        except RuntimeError:  # an op that cannot be captured: time eager launches instead
+            torch.cuda.synchronize(self.device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(self.device)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        single = max(start.elapsed_time(end) / 1e3, 1e-7)
+        inner = max(1, min(200, int(2e-3 / single)))
+        samples = []
+        for _ in range(self.repeats):
+            start.record()
+            for _ in range(inner):
+                run()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / inner)
+        return statistics.median(samples)
+
+    # ---- building one rank's module --------------------------------------------------------------
+
+    def _build(self, work: ModuleWork) -> Callable[[], object]:
+        """One rank's module as the runtime runs it: a one-layer ``RankModel`` of the rank's local shape
+        (its heads, KV heads and MLP slice), with the runtime's kernels (gemv/oneDNN/aten, as ``auto``
+        picks on this device), norms, rotary table and KV cache."""
+        torch = self.torch
+        from transformers import LlamaConfig
+
+        from ..runtime.allreduce import Communicator
+        from ..runtime.engine import RankModel
+        from ..runtime.plan import StepKind
+        from ..runtime.sharding import ModelDims, random_rank_weights
+
+        b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
+        heads, kv_heads, inner = max(1, work.heads), max(1, work.kv_heads), max(1, work.intermediate_size)
+        positions = max(work.kv_len, s) + 1
+        dims = ModelDims(d, 1, heads, kv_heads, hd, inner, max(1, work.vocab_size), 1e-5, "silu",
+                         False, False, False, False)  # fmt: skip
+        config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd,
+                             intermediate_size=inner, num_hidden_layers=1, vocab_size=dims.vocab_size,
+                             max_position_embeddings=positions)  # fmt: skip
+        weights = random_rank_weights(dims, 1, 0, dtype=self.dtype, device=self.device)
+        model = RankModel(weights, config, Communicator(1), max_positions=positions)
+        x = torch.full((b, s, d), 0.01, device=self.device, dtype=self.dtype)  # values do not change the timing
+        if work.kind == "head":
+            return lambda: model.logits(x)  # [B, 1, V]
+        layer = model.w.layers[0]
+        if work.kind == "mlp":
+            return lambda: model._step(StepKind.MLP, layer, x, None, None, 0)[0]  # [B, S, D] partial sum
+        cache = model.new_cache(b, positions)
+        start = max(0, work.kv_len - s)  # the new tokens follow kv_len - s cached ones
+        return lambda: model._step(StepKind.ATTENTION, layer, x, cache.keys[0], cache.values[0], start)[0]
+
+    def _measure(self, work: ModuleWork) -> float:
+        local = self._local(work)
+        run = self._build(local)
+        seconds = self._time(run)
+        del run
+        if self.is_gpu:
+            self.torch.cuda.empty_cache()
+        self.measured_count += 1
+        return seconds
+
+    # ---- public ----------------------------------------------------------------------------------
+
+    def fixed_overhead_s(self, kind: ModuleKind) -> float:
+        """Time of the smallest module of this kind: the launch/dispatch floor that does not scale."""
+        key = f"{self._device_key}|overhead|{kind}"
+        entry = self._cache["entries"].get(key)
+        if entry is None:
+            smallest = ModuleWork(kind, hidden_size=64, heads=1, kv_heads=1, head_dim=64, intermediate_size=64,
+                                  vocab_size=64, batch=1, q_len=1, kv_len=16 if kind == "attention" else 0)
+            entry = {"seconds": self._measure(smallest), "source": "measured"}
+            self._cache["entries"][key] = entry
+            self._save_cache()
+        return float(entry["seconds"])
+
+    def module_s(self, work: ModuleWork) -> float:
+        key = f"{self._device_key}|{self._local(work).key()}"
+        entry = self._cache["entries"].get(key)
+        if entry is None:
+            proxy = self.proxy_for(work)
+            if proxy == work:
+                entry = {"seconds": self._measure(work), "source": "measured"}
+            else:
+                # Scale only what grows with the shape: the proxy's time above the fixed floor.
+                flops_per_s, bytes_per_s = self.device_rates()
+                scale = roofline_s(self._local(work), flops_per_s, bytes_per_s) / roofline_s(
+                    self._local(proxy), flops_per_s, bytes_per_s
+                )
+                floor = self.fixed_overhead_s(work.kind)
+                measured = self._measure(proxy)
+                seconds = floor + max(0.0, measured - floor) * scale
+                changes = [
+                    f"{name} {getattr(proxy, name)}"
+                    for name in ("batch", "q_len", "kv_len", "hidden_size")
+                    if getattr(proxy, name) != getattr(work, name)
+                ]
+                entry = {"seconds": seconds, "source": f"measured proxy ({', '.join(changes)}) x{scale:.3g}"}
+            self._cache["entries"][key] = entry
+            self._save_cache()
+        self._sources[work.key()] = entry["source"]
+        return float(entry["seconds"])
+
+    def source(self, work: ModuleWork) -> str:
+        return self._sources.get(work.key(), "measured")

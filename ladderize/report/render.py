@@ -1,0 +1,116 @@
+"""The report table as text: formatted cells, Markdown, CSV, and the notes under the table."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from .runs import LayoutRun
+from .table import Report
+
+
+def table_rows(report: Report) -> list[list[str]]:
+    """The table's cells as displayed, in ``report.columns()`` order."""
+    out = []
+    for run in report.runs:
+        row = [run.label, _fmt_converted(run.layers_converted, run.num_layers), _fmt_allreduces(run)]
+        for metric in report.metrics:
+            row += [_fmt_value(run.metrics.get(metric)), _fmt_delta(report.delta(run, metric), run.is_dense)]
+        for config in report.configs:
+            row.append(_fmt_speedup(run.decode_speedups.get(config), run.decode_speedup_spread.get(config)))
+        out.append(row)
+    return out
+
+
+def markdown(report: Report) -> str:
+    cols = report.columns()
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(cols))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report)]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(report: Report) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(report.csv_columns())
+    for row in report.numeric_rows():
+        writer.writerow(["" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for v in row])
+    return buffer.getvalue()
+
+
+def notes(report: Report, plot_info: dict[str, Any]) -> str:
+    """The Markdown notes under the table: what dense is, where the speed-ups came from, the plot's front."""
+    lines = []
+    if report.dense is None:
+        lines.append("- No dense run was given, so differences against dense are left blank.")
+    else:
+        lines.append(f"- Differences (Δ) are against the dense layout ({report.dense.checkpoint or report.dense.layout}).")
+    if report.configs:
+        lines.append(
+            "- Decode speed-up: the dense schedule's decode time per token over the layout's own schedule's, on the "
+            "same weights, per tensor-parallel degree (TP) and batch (b), from `ladderize bench`; in brackets the "
+            "lowest and highest speed-up over the bench's rounds (each round runs every schedule once)."
+        )
+    else:
+        lines.append("- No bench run was given, so there are no speed-up columns.")
+    shared = [r for r in report.runs if r.speed_shared_from]
+    if shared:
+        lines.append(
+            "- Speed depends on the layout, not the weights: "
+            + "; ".join(f"{r.label} uses the bench of {r.speed_shared_from}" for r in shared)
+            + "."
+        )
+    lines.append("- All-reduces per token: per forward pass under TP; ladder layers' all-reduces overlap compute.")
+    if plot_info.get("points"):
+        lines.append(
+            f"- Plot: {plot_info['y_label']} against decode speed-up at TP{plot_info['config'][0]} "
+            f"batch {plot_info['config'][1]}; Pareto front: {', '.join(plot_info['front'])}."
+        )
+    lines.append("- Sources: " + ", ".join(sorted({Path(s).name for r in report.runs for s in r.sources})))
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_converted(count: int | None, total: int | None) -> str:
+    if count is None:
+        return "–"
+    return f"{count}/{total}" if total else str(count)
+
+
+def _fmt_allreduces(run: LayoutRun) -> str:
+    if run.allreduces_per_decode_step is None:
+        return "–"
+    if run.overlappable_allreduces_per_decode_step:
+        return f"{run.allreduces_per_decode_step} ({run.overlappable_allreduces_per_decode_step} overlapped)"
+    return str(run.allreduces_per_decode_step)
+
+
+def _fmt_speedup(speed: float | None, spread: tuple[float, float] | None) -> str:
+    """``1.13x``, with the min–max over the bench rounds when known: ``1.13x (1.08–1.17)``."""
+    if speed is None:
+        return "–"
+    if spread is None or spread[0] == spread[1]:
+        return f"{speed:.2f}x"
+    return f"{speed:.2f}x ({spread[0]:.2f}–{spread[1]:.2f})"
+
+
+def _fmt_value(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    return f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def _fmt_delta(delta: float | None, is_dense: bool) -> str:
+    if delta is None:
+        return "–"
+    if is_dense:
+        return "0"
+    if abs(delta) >= 100:
+        return f"{delta:+,.1f}"
+    return f"{delta:+.4f}" if abs(delta) < 1 else f"{delta:+.2f}"
+
+
+__all__ = ["csv_text", "markdown", "notes", "table_rows"]

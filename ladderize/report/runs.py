@@ -1,0 +1,253 @@
+"""Eval and bench records joined into one ``LayoutRun`` per layout: its accuracy and its decode speed-up.
+
+Records are read with ``ladderize.records.read_record`` (files from before the records through its
+legacy reader) and by their names only:
+
+- an ``EvalRecord`` gives a checkpoint's layout, its all-reduce counts and lm-eval's ``results``;
+- a ``BenchRecord`` gives ``BenchRow``s. A layout's speed is its ``native`` rows: a row's
+  ``decode_speedup_vs_dense`` when it has one, else its decode time against the ``dense`` row of the
+  same (TP degree, batch, prompt, decode steps), from the same file or from the dense layout's bench.
+- a ``PredictRecord`` (a model, not a measurement) is refused with one line.
+
+Runs are joined per layout, keyed by checkpoint path when both sides name one, else by the layout's
+description. The dense layout is the reference for every difference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import LadderizeError
+from ..records import BenchRecord, BenchRow, EvalRecord, PredictRecord, Record, SpeedupSpread, finite, read_record
+
+# Headline metrics, in display order: (lm-eval metric name, short label, higher is better).
+ACCURACY_METRICS = {"acc": "acc", "acc_norm": "acc_norm", "exact_match": "em", "f1": "f1", "mcc": "mcc"}
+PERPLEXITY_METRICS = {"perplexity": "ppl", "word_perplexity": "word ppl"}
+NATIVE_SCHEDULE = "native"
+
+Config = tuple[int, int]  # (tp, batch)
+
+
+@dataclass(frozen=True)
+class Metric:
+    task: str
+    name: str  # lm-eval metric name, e.g. "acc", "word_perplexity"
+    higher_is_better: bool
+
+    @property
+    def label(self) -> str:
+        short = ACCURACY_METRICS.get(self.name) or PERPLEXITY_METRICS.get(self.name) or self.name
+        return f"{self.task} {short}"
+
+
+@dataclass
+class LayoutRun:
+    """Everything known about one layout: accuracy (eval) and decode speed (bench)."""
+
+    key: str
+    layout: str
+    checkpoint: str | None = None
+    layers_converted: int | None = None
+    num_layers: int | None = None
+    allreduces_per_decode_step: int | None = None
+    overlappable_allreduces_per_decode_step: int | None = None
+    metrics: dict[Metric, float] = field(default_factory=dict)
+    metric_stderr: dict[Metric, float] = field(default_factory=dict)
+    bench_rows: list[BenchRow] = field(default_factory=list)
+    decode_speedups: dict[Config, float] = field(default_factory=dict)
+    decode_speedup_spread: dict[Config, tuple[float, float]] = field(default_factory=dict)  # (min, max) over the rounds
+    decode_speedup_stderr: dict[Config, float] = field(default_factory=dict)
+    decode_tokens_per_s: dict[Config, float] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    adapted: bool = False  # the checkpoint's provenance records an adapt step
+    speed_shared_from: str | None = None  # speed-ups borrowed from a run of the same layout
+
+    @property
+    def is_dense(self) -> bool:
+        return self.layout == "dense" or self.layers_converted == 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.layout}, adapted" if self.adapted else self.layout
+
+
+def load_records(paths: list[Path | str]) -> list[tuple[Path, Record]]:
+    """Read every record named: files, or folders searched recursively for ``*.json`` eval and bench records."""
+    files: list[tuple[Path, bool]] = []  # (path, named explicitly)
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            files += [(p, False) for p in sorted(path.rglob("*.json")) if p.is_file() and not p.name.startswith(".")]
+        elif path.is_file():
+            files.append((path, True))
+        else:
+            raise LadderizeError(f"run {path} does not exist")
+    records = []
+    for file, explicit in files:
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            if explicit:
+                raise LadderizeError(f"{file} is not valid JSON: {exc}") from None
+            continue
+        try:
+            record = read_record(data, str(file))
+        except LadderizeError:
+            if explicit:
+                raise
+            continue  # a folder may hold other JSON
+        if isinstance(record, PredictRecord):
+            if explicit:
+                raise LadderizeError(
+                    f"{file} is a 'ladderize predict' JSON (predicted, not measured); report joins eval records "
+                    "(ladderize eval --json) and bench records (ladderize bench --json)"
+                )
+            continue
+        records.append((file, record))
+    if not records:
+        raise LadderizeError("no eval or bench JSON found in the runs given")
+    return records
+
+
+def collect_runs(paths: list[Path | str]) -> list[LayoutRun]:
+    """The runs of every record, joined per layout, dense first, with their decode speed-ups."""
+    runs: dict[str, LayoutRun] = {}
+    for file, record in load_records(paths):
+        if isinstance(record, EvalRecord):
+            _add_eval(runs, file, record)
+        elif isinstance(record, BenchRecord):
+            _add_bench(runs, file, record)
+    _merge_by_layout(runs)
+    ordered = sorted(runs.values(), key=lambda r: (not r.is_dense, r.layers_converted or 0, r.layout, r.adapted))
+    _compute_speedups(ordered, dense_run(ordered))
+    _share_speedups(ordered)
+    return ordered
+
+
+def dense_run(runs: list[LayoutRun]) -> LayoutRun | None:
+    """The reference: the dense layout's run (not adapted, when there is a choice)."""
+    return next((r for r in runs if r.is_dense and not r.adapted), None) or next((r for r in runs if r.is_dense), None)
+
+
+def _run_for(runs: dict[str, LayoutRun], checkpoint: str | None, layout: str) -> LayoutRun:
+    key = f"ckpt:{Path(checkpoint).expanduser().absolute()}" if checkpoint else f"layout:{layout}"
+    if key not in runs:
+        runs[key] = LayoutRun(key=key, layout=layout, checkpoint=checkpoint)
+    return runs[key]
+
+
+def _add_eval(runs: dict[str, LayoutRun], file: Path, record: EvalRecord) -> None:
+    run = _run_for(runs, record.checkpoint or None, record.layout)
+    run.layers_converted = record.layers_converted if run.layers_converted is None else run.layers_converted
+    run.num_layers = record.num_layers if run.num_layers is None else run.num_layers
+    if run.allreduces_per_decode_step is None:
+        run.allreduces_per_decode_step = record.allreduces_per_decode_step
+        run.overlappable_allreduces_per_decode_step = record.overlappable_allreduces_per_decode_step
+    run.adapted = run.adapted or "adapt" in record.history
+    higher = record.lm_eval.get("higher_is_better") or {}
+    for task, values in record.results.items():
+        if not isinstance(values, dict):
+            continue
+        for key, raw in values.items():
+            name = key.split(",", 1)[0]
+            value = finite(raw)
+            if (name not in ACCURACY_METRICS and name not in PERPLEXITY_METRICS) or value is None:
+                continue
+            better = (higher.get(task) or {}).get(name)
+            metric = Metric(task, name, bool(better) if better is not None else name in ACCURACY_METRICS)
+            run.metrics[metric] = value
+            stderr = finite(values.get(key.replace(name, f"{name}_stderr", 1)))
+            if stderr is not None:
+                run.metric_stderr[metric] = stderr
+    run.sources.append(str(file))
+
+
+def _add_bench(runs: dict[str, LayoutRun], file: Path, record: BenchRecord) -> None:
+    # The checkpoint's own layout names the run; a row's layout is the layout its schedule ran.
+    run = _run_for(runs, record.checkpoint, record.layout)
+    run.bench_rows += record.rows
+    if str(file) not in run.sources:
+        run.sources.append(str(file))
+
+
+def _merge_by_layout(runs: dict[str, LayoutRun]) -> None:
+    """A run keyed only by its layout (no checkpoint path) joins the checkpoints of that layout.
+
+    Its bench rows go to every checkpoint of the layout (speed depends on the layout, not on
+    the weights); its metrics only to a single one.
+    """
+    by_layout: dict[str, list[str]] = {}
+    for key, run in runs.items():
+        by_layout.setdefault(run.layout, []).append(key)
+    for keys in by_layout.values():
+        loose = [k for k in keys if k.startswith("layout:")]
+        anchored = [runs[k] for k in keys if k.startswith("ckpt:")]
+        if not loose or not anchored:
+            continue
+        for key in loose:
+            other = runs.pop(key)
+            for target in anchored:
+                _absorb(target, other, metrics=len(anchored) == 1)
+
+
+def _absorb(target: LayoutRun, other: LayoutRun, metrics: bool = True) -> None:
+    for name in ("layers_converted", "num_layers", "allreduces_per_decode_step", "overlappable_allreduces_per_decode_step"):
+        if getattr(target, name) is None:
+            setattr(target, name, getattr(other, name))
+    if metrics:
+        target.metrics.update({m: v for m, v in other.metrics.items() if m not in target.metrics})
+    target.bench_rows += other.bench_rows
+    target.sources += [s for s in other.sources if s not in target.sources]
+
+
+def _share_speedups(runs: list[LayoutRun]) -> None:
+    """A checkpoint without its own bench takes the speed-ups measured for another of the same layout."""
+    for run in runs:
+        if run.decode_speedups:
+            continue
+        donor = next((r for r in runs if r is not run and r.layout == run.layout and r.decode_speedups
+                      and not r.speed_shared_from), None)  # fmt: skip
+        if donor is not None:
+            run.decode_speedups = dict(donor.decode_speedups)
+            run.decode_speedup_spread = dict(donor.decode_speedup_spread)
+            run.decode_speedup_stderr = dict(donor.decode_speedup_stderr)
+            run.decode_tokens_per_s = dict(donor.decode_tokens_per_s)
+            run.speed_shared_from = donor.label
+
+
+def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
+    """Each run's decode speed-up per (tp, batch), from its native rows (see the module docstring)."""
+    dense_reference: dict[tuple, BenchRow] = {}
+    if dense is not None:
+        for row in dense.bench_rows:
+            if row.schedule in (NATIVE_SCHEDULE, "dense"):
+                dense_reference.setdefault(row.config(), row)
+    for run in runs:
+        own_dense = {r.config(): r for r in run.bench_rows if r.schedule == "dense"}
+        for row in run.bench_rows:
+            config = (row.tp, row.batch)
+            if row.schedule != NATIVE_SCHEDULE or config in run.decode_speedups:
+                continue
+            run.decode_tokens_per_s[config] = row.decode_tokens_per_s
+            reference = own_dense.get(row.config()) or dense_reference.get(row.config())
+            if row.decode_speedup_vs_dense is not None:
+                speed = row.decode_speedup_vs_dense
+            elif run.is_dense:
+                speed = 1.0
+            elif reference is not None:
+                speed = row.speedups_against(reference)[0]
+            else:
+                continue
+            run.decode_speedups[config] = speed
+            spread = row.speedup_spread()
+            if spread is None and row.config() in own_dense:
+                spread = SpeedupSpread.of(own_dense[row.config()].decode_s_per_token_runs, row.decode_s_per_token_runs)
+            if spread is not None:
+                run.decode_speedup_spread[config] = (spread.min, spread.max)
+                if spread.stderr is not None:
+                    run.decode_speedup_stderr[config] = spread.stderr
+
+
+__all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Metric", "collect_runs", "dense_run", "load_records"]
