@@ -555,6 +555,7 @@ def adapt_cmd(
     epochs: Optional[float] = typer.Option(None, help="Single stage, sequential schedule: passes over the calibration set per layer; default 2."),
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
+    states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
     save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
     mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate)."),
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
@@ -564,7 +565,8 @@ def adapt_cmd(
     keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
-    from .adapt.trainer import AdaptConfig, adapt
+    from .adapt.config import AdaptConfig
+    from .adapt.trainer import adapt
     from .errors import Interrupted, LadderizeError
     from .progress import Progress
 
@@ -572,6 +574,7 @@ def adapt_cmd(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
+        states="disk" if states_on_disk else None,
     ).items() if v is not None}
     single = {k: v for k, v in dict(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,

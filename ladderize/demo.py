@@ -250,7 +250,8 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
 
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn) -> Path:
-    from .adapt.trainer import AdaptConfig, adapt
+    from .adapt.config import AdaptConfig
+    from .adapt.trainer import adapt
 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
