@@ -493,8 +493,7 @@ def predict_cmd(
         )
     result = predict(request, compute_model)
 
-    table = Table(title=f"prompt {prompt}, {gen} new tokens (prefill, then {gen - 1} decode steps); "
-                        "speed-ups against dense at the same TP and batch, phase for phase")
+    table = Table(title=f"prompt {prompt}, {gen} new tokens; each speed-up against the same phase of dense (same TP, batch)")
     for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
                    "exposed comm ms/tok"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
