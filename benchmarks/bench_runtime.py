@@ -148,10 +148,13 @@ def stock_llama(path: Path, dtype: torch.dtype):
 def bench_single_device(args) -> dict:
     from ladderize.errors import LadderizeError
     from ladderize.runtime.allreduce import Communicator
-    from ladderize.runtime.engine import Decoder, RankModel, generate_on_rank
+    from ladderize.runtime.decode import Decoder, generate_on_rank
+    from ladderize.runtime.dims import ModelDims, load_config
+    from ladderize.runtime.engine import RankModel
     from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
     from ladderize.runtime.plan import build_plan
-    from ladderize.runtime.sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights
+    from ladderize.runtime.sharding import SafetensorsSource
+    from ladderize.runtime.weights import load_rank_weights
 
     before = load()
     path = _smollm2_path(args.checkpoint)

@@ -277,16 +277,10 @@ def generate_cmd(
         raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {top_k}")
     from .convert.architectures import read_config_json
 
-    config = read_config_json(checkpoint)
-    spd_tp = int(config.get("spd_tp_size") or 1)
-    if "spd" in (config.get("layer_modes") or []) and tp == 1 < spd_tp and not allow_spd_mismatch and schedule == "native":
-        raise LadderizeError(  # without --tp; other TP degrees get the runtime's own check (heads, then SPD)
-            f"{checkpoint} has SPD layers converted for TP={spd_tp}: it needs --tp {spd_tp} "
-            f"(or --allow-spd-mismatch to run them on one device)"
-        )
+    read_config_json(checkpoint)  # a missing path or a non-checkpoint fails here, in one line (TP checks: the runtime)
 
     from .convert.checkpoint import load_tokenizer
-    from .runtime.engine import Sampling
+    from .runtime.decode import Sampling
     from .runtime.generate import RuntimeOptions, generate
 
     tokenizer = load_tokenizer(checkpoint, "generate")

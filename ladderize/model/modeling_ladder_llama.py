@@ -15,8 +15,13 @@ rank r owning head group r and MLP shard r) computes, from its input X = r_{k-1}
 
 and leaves ``stale = X``: a ladder module after an SPD block reads the state that exists
 before the block's single all-reduce completes. Parameter names are Llama's, so a dense
-Llama checkpoint loads unchanged. This file is self-contained apart from transformers, so
-it can travel with a checkpoint (``auto_map``).
+Llama checkpoint loads unchanged.
+
+The block math (rotary, heads, the partial attention and MLP of a head group, the SPD block)
+lives in ``block.py``, shared with the TP runtime's rank model; a new layer mode is one
+branch in ``LadderDecoderLayer.forward`` calling it. Norms stay transformers' ``LlamaRMSNorm``
+(see ``block.rms_norm``). This file, ``block.py``, the configuration and ``layout.py`` need only
+torch and transformers, so they travel with a checkpoint (``auto_map``).
 """
 
 from __future__ import annotations
@@ -33,13 +38,9 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import (
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-    eager_attention_forward,
-)
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, eager_attention_forward
 
+from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, spd_block, spd_share, split_heads
 from .configuration_ladder_llama import LadderLlamaConfig
 from .layout import LayerMode, Layout, module_program, rank_kv_heads, rank_query_heads
 
@@ -95,14 +96,16 @@ class LadderAttention(nn.Module):
     def projections(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Query ``[B, H, S, hd]`` and key ``[B, K, S, hd]`` with rotary applied, and value ``[B, K, S, hd]``."""
-        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        """Query ``[B, H, S, hd]`` and key ``[B, K, S, hd]`` with rotary applied, and value ``[B, K, S, hd]``.
+
+        ``position_embeddings`` is ``(cos, sin_signed)`` [B, S, hd], as ``LadderLlamaModel.layer_kwargs``
+        gives it (``block.fold_rotary_sign``).
+        """
         cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        return query, key, value
+        query = rotate(split_heads(self.q_proj(hidden_states), self.head_dim), cos, sin)  # [B, S, H, hd]
+        key = rotate(split_heads(self.k_proj(hidden_states), self.head_dim), cos, sin)  # [B, S, K, hd]
+        value = split_heads(self.v_proj(hidden_states), self.head_dim)
+        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
 
     def attention_maps(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
@@ -141,7 +144,7 @@ class LadderMLP(nn.Module):
         """This shard's contribution to ``down_proj`` (without its bias): one TP rank's MLP."""
         gate = F.linear(x, effective_weight(self.gate_proj)[shard], _bias_rows(self.gate_proj, shard))
         up = F.linear(x, effective_weight(self.up_proj)[shard], _bias_rows(self.up_proj, shard))
-        return F.linear(self.act_fn(gate) * up, effective_weight(self.down_proj)[:, shard])
+        return mlp_partial(gate, up, effective_weight(self.down_proj)[:, shard], self.act_fn)
 
 
 def effective_weight(linear: nn.Module) -> torch.Tensor:
@@ -206,18 +209,17 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         return cached[1]
 
     def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
+        """The SPD block on one device: every head group's share ``Y_r + Z_r`` (``block.spd_share``), summed."""
         heads = self.self_attn.heads(self.input_layernorm(x), **attn_kwargs)  # [B, S, H*hd]
-        o_proj, out = self.self_attn.o_proj, x
+        o_proj = self.self_attn.o_proj
         o_weight = effective_weight(o_proj)
-        for columns, shard in self._spd_groups_on(heads.device):
-            y_r = F.linear(heads.index_select(-1, columns), o_weight.index_select(1, columns))
-            y_local = y_r if o_proj.bias is None else y_r + o_proj.bias
-            z_r = self.mlp.partial(self.post_attention_layernorm(x + y_local), shard)
-            out = out + (y_r + z_r)
-        for bias in (o_proj.bias, self.mlp.down_proj.bias):
-            if bias is not None:
-                out = out + bias
-        return out
+
+        def share(columns: torch.Tensor, shard: slice) -> torch.Tensor:
+            y_r = attention_partial(heads.index_select(-1, columns), o_weight.index_select(1, columns))
+            return spd_share(x, y_r, o_proj.bias, lambda h: self.mlp.partial(self.post_attention_layernorm(h), shard))
+
+        shares = (share(columns, shard) for columns, shard in self._spd_groups_on(heads.device))
+        return spd_block(x, shares, (o_proj.bias, self.mlp.down_proj.bias))
 
 
 def _spd_groups(
@@ -270,7 +272,10 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> dict:
-        """The keyword arguments every decoder layer receives: rotary embeddings, causal mask, cache."""
+        """The keyword arguments every decoder layer receives: rotary tables, causal mask, cache.
+
+        ``position_embeddings`` is ``(cos, sin_signed)`` (``block.fold_rotary_sign``): the form ``block.rotate`` takes.
+        """
         if position_ids is None:
             past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen).unsqueeze(0)
@@ -282,7 +287,7 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
             position_ids=position_ids,
         )
         return dict(
-            position_embeddings=self.rotary_emb(inputs_embeds, position_ids=position_ids),
+            position_embeddings=fold_rotary_sign(*self.rotary_emb(inputs_embeds, position_ids=position_ids)),
             attention_mask=causal_mask,
             past_key_values=past_key_values,
             **kwargs,

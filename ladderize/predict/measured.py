@@ -250,7 +250,8 @@ class MeasuredCompute:
         from ..runtime.allreduce import Communicator
         from ..runtime.engine import RankModel
         from ..runtime.plan import StepKind
-        from ..runtime.sharding import ModelDims, random_rank_weights
+        from ..runtime.dims import ModelDims
+        from ..runtime.weights import random_rank_weights
 
         b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
         heads, kv_heads, inner = max(1, work.heads), max(1, work.kv_heads), max(1, work.intermediate_size)

@@ -42,11 +42,14 @@ import torch.distributed as dist
 from ..errors import LadderizeError
 from ..model.layout import Layout
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
-from .engine import Decoder, RankModel
+from .decode import Decoder
+from .dims import ModelDims, load_config, validate_tp
+from .engine import RankModel
 from .generate import RuntimeOptions, parse_dtype, resolve_linear
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
-from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, random_rank_weights, validate_tp
+from .sharding import SafetensorsSource
+from .weights import load_rank_weights, random_rank_weights
 
 _LLAMA_COMMON = dict(hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192)
 

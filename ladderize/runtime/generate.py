@@ -19,11 +19,14 @@ import torch
 
 from .. import dtypes
 from ..errors import LadderizeError
-from .engine import Decoder, RankModel, Sampling, generate_on_rank
+from .decode import Decoder, Sampling, generate_on_rank
+from .dims import ModelDims, load_config, validate_tp
+from .engine import RankModel
 from .kernels import LinearKernel, resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
-from .sharding import ModelDims, SafetensorsSource, load_config, load_rank_weights, validate_tp
+from .sharding import SafetensorsSource
+from .weights import load_rank_weights
 
 def parse_dtype(name: str, device_type: str) -> torch.dtype:
     """The runtime's dtype: ``auto`` is bfloat16 on CUDA and float32 on CPU (names: ``ladderize.dtypes``)."""

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..errors import LadderizeError, parse_choice
 from . import gemv as gemv_kernel
-from .sharding import RankWeights
+from .weights import RankWeights
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 

@@ -99,7 +99,7 @@ def test_kv_replication_rank_heads():
 
 def test_tp_that_neither_divides_nor_multiplies_the_kv_heads_is_one_line():
     from ladderize.model.layout import Layout, LayoutError
-    from ladderize.runtime.sharding import ModelDims, validate_tp
+    from ladderize.runtime.dims import ModelDims, validate_tp
 
     dims = ModelDims(64, 2, 24, 4, 8, 96, 128, 1e-6, "silu", False, False, False, False)
     validate_tp(dims, Layout.dense(2), 8)  # 8 = 2 x 4 KV heads: replicated

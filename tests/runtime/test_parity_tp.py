@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ladderize.runtime.engine import Sampling
+from ladderize.runtime.decode import Sampling
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec
 from tests.runtime.runtime_helpers import TINY_TP23, case_overrides, hf_greedy, save_tiny, shape_for

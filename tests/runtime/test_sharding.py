@@ -9,18 +9,12 @@ from tests.conftest import TINY, tiny_model
 from ladderize.errors import LadderizeError
 from ladderize.model.layout import LayoutError
 from ladderize.runtime.allreduce import Communicator
-from ladderize.runtime.engine import Decoder, RankModel
+from ladderize.runtime.decode import Decoder
+from ladderize.runtime.dims import ModelDims, load_config, validate_tp
+from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan
-from ladderize.runtime.sharding import (
-    ModelDims,
-    SafetensorsSource,
-    StateDictSource,
-    head_slices,
-    layer_shard,
-    load_config,
-    load_rank_weights,
-    validate_tp,
-)
+from ladderize.runtime.sharding import SafetensorsSource, StateDictSource, head_slices, layer_shard
+from ladderize.runtime.weights import load_rank_weights
 from tests.runtime.runtime_helpers import TINY_TP23, case_overrides, save_tiny
 
 
