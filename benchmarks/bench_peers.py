@@ -182,15 +182,15 @@ def bench_ladderize(args, dense: Path, ladder: Path) -> list[dict]:
         if tp == 1:
             log("ladderize TP=1")
             result = run_bench(ModelSource(checkpoint=str(dense)), [1], spec, launch, options)
-            rows += [dict(r, peer="ladderize", comm="none") for r in result.rows]
+            rows += [dict(r.to_json(), peer="ladderize", comm="none") for r in result.rows]
             continue
         for comm in ("shm", "gloo"):
             log(f"ladderize TP={tp} over {comm}")
             tp_spec = dataclasses.replace(spec, schedules=("native", "dense", "upper-bound"))
             result = run_bench(ModelSource(checkpoint=str(ladder)), [tp], tp_spec,
                                dataclasses.replace(launch, tp=tp, comm=comm), options)
-            for row in result.rows:
-                row = dict(row, peer="ladderize")
+            for record_row in result.rows:
+                row = dict(record_row.to_json(), peer="ladderize")
                 if row["schedule"] == "native":
                     row["schedule"] = "ladder"
                 rows.append(row)
@@ -336,7 +336,7 @@ def median_rows(rounds: list[list[dict]]) -> list[dict]:
         if timed:
             row["decode_s_per_token"] = statistics.median(r["decode_s_per_token"] for r in timed)
             row["decode_s_per_token_rounds"] = [r["decode_s_per_token"] for r in timed]
-            row["tokens_per_s"] = row.get("batch", 1) / row["decode_s_per_token"]
+            row["decode_tokens_per_s"] = row.get("batch", 1) / row["decode_s_per_token"]
         out.append(row)
     return out
 
@@ -384,13 +384,15 @@ def label(row: dict) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'row':<44} {'decode ms/tok':>13} {'tokens/s':>9} {'issue us/AR':>11} {'wait us/AR':>10}")
+    print(f"{'row':<44} {'decode ms/tok':>13} {'decode tok/s':>12} {'issue us/AR':>11} {'wait us/AR':>10}")
     for row in rows:
         if row.get("decode_s_per_token"):
-            count = row.get("allreduce_count") or 0
-            issue = f"{row['issue_s_per_token'] / count * 1e6:.1f}" if count and "issue_s_per_token" in row else "-"
-            wait = f"{row['wait_s_per_token'] / count * 1e6:.1f}" if count and "wait_s_per_token" in row else "-"
-            print(f"{label(row):<44} {row['decode_s_per_token'] * 1e3:>13.2f} {row['tokens_per_s']:>9.1f} "
+            count = row.get("allreduces_per_decode_step") or 0
+            issue = row.get("decode_issue_s_per_token")
+            wait = row.get("decode_wait_s_per_token")
+            issue = f"{issue / count * 1e6:.1f}" if count and issue is not None else "-"
+            wait = f"{wait / count * 1e6:.1f}" if count and wait is not None else "-"
+            print(f"{label(row):<44} {row['decode_s_per_token'] * 1e3:>13.2f} {row['decode_tokens_per_s']:>12.1f} "
                   f"{issue:>11} {wait:>10}")
         else:
             print(f"{label(row):<44} {row.get('skipped') or row.get('error')}")
