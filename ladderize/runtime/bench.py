@@ -303,7 +303,7 @@ def run_bench(
         "compile": options.compile,
         "linear": linear.value,
         "torch": torch.__version__,
-        "allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
+        "decode_allreduce_share_method": "upper-bound estimate" if device_type == "cuda" else "measured host time in all-reduce",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     return BenchRecord(source.name, layout.describe(), rows, meta)
