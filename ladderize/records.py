@@ -29,7 +29,7 @@ import math
 import statistics
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 from .errors import LadderizeError
 
@@ -38,6 +38,7 @@ BENCH_RECORD = "ladderize-bench"
 PREDICT_RECORD = "ladderize-predict"
 EVAL_RECORD = "ladderize-eval"
 DENSE_SCHEDULE = "dense"
+R = TypeVar("R", bound="SpeedRow")
 
 
 def e2e_tokens_per_s(batch: int, decode_steps: int, prefill_s: float, decode_s_per_token: float) -> float:
@@ -80,7 +81,7 @@ class SpeedRow:
     decode_speedup_vs_dense: float | None = None
     e2e_speedup_vs_dense: float | None = None
 
-    DERIVED = ("decode_tokens_per_s", "e2e_tokens_per_s")
+    DERIVED: ClassVar[tuple[str, ...]] = ("decode_tokens_per_s", "e2e_tokens_per_s")  # written, recomputed on reading
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -113,7 +114,7 @@ class SpeedRow:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str = "row"):
+    def from_json(cls: type[R], data: dict[str, Any], where: str = "row") -> R:
         """The row of ``to_json``; an unknown or missing field is a one-line ``LadderizeError``."""
         if not isinstance(data, dict):
             raise LadderizeError(f"{where}: a row must be a JSON object")
