@@ -7,14 +7,17 @@
  * even, as torch does. Rows are split into contiguous ranges across OpenMP threads (torch's
  * own OpenMP runtime, which is already loaded when ladderize loads this library).
  *
- * Built by ladderize/runtime/gemv.py with the compiler found on the machine; the bfloat16
- * kernel needs AVX512-BF16 and the float32 one AVX512F, which gemv.py checks before calling.
+ * Two builds of each kernel: AVX512 (float32: AVX512F; bfloat16: AVX512-BF16 dot products) and
+ * AVX2 + FMA (bfloat16 widened to float32 by a shift, then FMA). gemv.py reads the CPU's flags
+ * and calls the AVX512 entry points where it can, else the AVX2 ones. The two sum in different
+ * orders (16 vs 8 lanes), so their last bits can differ; each is deterministic.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #define MAX_ROWS 8
+#define SAME(v) (v)
 
 static inline uint16_t to_bf16(float value) {
     uint32_t bits;
@@ -74,6 +77,52 @@ row_f32(const int M, const float *x, const float *w, int64_t in, float *sums) {
     for (int m = 0; m < M; ++m) sums[m] = _mm512_reduce_add_ps(_mm512_add_ps(even[m], odd[m]));
 }
 
+/* AVX2 + FMA: 8 float32 lanes. Horizontal sum of one accumulator. */
+__attribute__((target("avx2,fma"), always_inline)) static inline float hsum_avx2(__m256 v) {
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+    return _mm_cvtss_f32(sum);
+}
+
+/* 8 bfloat16 values widened to float32 (a bfloat16 is the upper half of a float32). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_bf16_avx2(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_f32_avx2(const float *p) {
+    return _mm256_loadu_ps(p);
+}
+
+/* One weight row against M input rows, as row_f32 does with 16 lanes; the tail (in % 8) is summed in scalar. */
+#define DEFINE_ROW_AVX2(NAME, T, LOADV, LOADS)                                                              \
+    __attribute__((target("avx2,fma"), always_inline)) static inline void NAME(const int M, const T *x,       \
+                                                                              const T *w, int64_t in,         \
+                                                                              float *sums) {                  \
+        __m256 even[MAX_ROWS], odd[MAX_ROWS];                                                                \
+        for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();                                  \
+        int64_t i = 0;                                                                                       \
+        for (; i + 16 <= in; i += 16) {                                                                      \
+            __m256 w0 = LOADV(w + i), w1 = LOADV(w + i + 8);                                                 \
+            for (int m = 0; m < M; ++m) {                                                                    \
+                even[m] = _mm256_fmadd_ps(w0, LOADV(x + m * in + i), even[m]);                               \
+                odd[m] = _mm256_fmadd_ps(w1, LOADV(x + m * in + i + 8), odd[m]);                             \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; i + 8 <= in; i += 8) {                                                                        \
+            __m256 w0 = LOADV(w + i);                                                                        \
+            for (int m = 0; m < M; ++m) even[m] = _mm256_fmadd_ps(w0, LOADV(x + m * in + i), even[m]);       \
+        }                                                                                                    \
+        for (int m = 0; m < M; ++m) {                                                                        \
+            float tail = 0.0f;                                                                               \
+            for (int64_t j = i; j < in; ++j) tail += LOADS(w[j]) * LOADS(x[m * in + j]);                     \
+            sums[m] = hsum_avx2(_mm256_add_ps(even[m], odd[m])) + tail;                                      \
+        }                                                                                                    \
+    }
+
+DEFINE_ROW_AVX2(row_f32_avx2, float, load_f32_avx2, SAME)
+DEFINE_ROW_AVX2(row_bf16_avx2, uint16_t, load_bf16_avx2, from_bf16)
+
 /* The row loops, specialised per M so that the accumulators live in registers. */
 #define DEFINE_ROWS(NAME, T, ROW, TARGET, LOAD, STORE)                                                      \
     __attribute__((target(TARGET))) static void NAME(const int M, const T *x, const T *w, const T *bias,    \
@@ -96,9 +145,10 @@ row_f32(const int M, const float *x, const float *w, int64_t in, float *sums) {
         }                                                                                                  \
     }
 
-#define SAME(v) (v)
 DEFINE_ROWS(rows_bf16, uint16_t, row_bf16, "avx512f,avx512bw,avx512bf16", from_bf16, to_bf16)
 DEFINE_ROWS(rows_f32, float, row_f32, "avx512f", SAME, SAME)
+DEFINE_ROWS(rows_bf16_avx2, uint16_t, row_bf16_avx2, "avx2,fma", from_bf16, to_bf16)
+DEFINE_ROWS(rows_f32_avx2, float, row_f32_avx2, "avx2,fma", SAME, SAME)
 
 /* Entry points (ctypes): x [M, in], w [out, in], bias [out] or NULL, y [M, out]; all contiguous; 1 <= M <= 8. */
 int ladderize_gemv_max_rows(void) { return MAX_ROWS; }
@@ -111,4 +161,14 @@ void ladderize_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b
 void ladderize_gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
                         int64_t in, int threads) {
     rows_f32((int)rows, x, w, bias, y, out, in, threads);
+}
+
+void ladderize_gemv_bf16_avx2(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows,
+                              int64_t out, int64_t in, int threads) {
+    rows_bf16_avx2((int)rows, x, w, bias, y, out, in, threads);
+}
+
+void ladderize_gemv_f32_avx2(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
+                             int64_t in, int threads) {
+    rows_f32_avx2((int)rows, x, w, bias, y, out, in, threads);
 }

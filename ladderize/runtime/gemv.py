@@ -6,11 +6,16 @@ multiplies each loaded chunk with all (at most 8) input rows. On the 2-core EPYC
 streams SmolLM2-135M's bfloat16 weights at 17-21 GB/s on one core, where oneDNN's packed
 linear reaches about 12 GB/s and ``F.linear`` about 8 GB/s.
 
+Each kernel is built twice: for AVX512 (float32: AVX512F; bfloat16: AVX512-BF16) and for AVX2 +
+FMA (any x86-64 of the last decade, e.g. the AVX2-only EPYC that CI runs on). ``isa(dtype)``
+names the one this CPU runs: the AVX512 one where its flags are present, else AVX2;
+``LADDERIZE_GEMV_ISA=avx2`` forces AVX2 (to test that path on an AVX512 machine).
+
 The library is compiled on first use (a second or two) into ``$LADDERIZE_HOME/kernels``
 (default ``~/.cache/ladderize/kernels``), keyed by a hash of the source and the compiler
 command, and is called through ``ctypes``. It is unavailable, and callers fall back to
-torch's kernels, when the platform is not Linux x86-64, the CPU lacks AVX512F (float32) or
-AVX512-BF16 (bfloat16), or no C compiler with OpenMP works; ``unavailable_reason()`` says why.
+torch's kernels, when the platform is not Linux x86-64, the CPU lacks both AVX512 and AVX2 + FMA,
+or no C compiler with OpenMP works; ``unavailable_reason()`` says why.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ import torch
 
 SOURCE = Path(__file__).with_name("gemv.c")
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
-CPU_FLAGS = {torch.float32: ("avx512f",), torch.bfloat16: ("avx512f", "avx512bw", "avx512_bf16")}
+# The instruction sets each kernel is built for, best first, and the CPU flags each needs.
+ISA_FLAGS = {
+    torch.float32: (("avx512", ("avx512f",)), ("avx2", ("avx2", "fma"))),
+    torch.bfloat16: (("avx512", ("avx512f", "avx512bw", "avx512_bf16")), ("avx2", ("avx2", "fma"))),
+}
+ENTRY_POINTS = {(torch.float32, "avx512"): "ladderize_gemv_f32", (torch.bfloat16, "avx512"): "ladderize_gemv_bf16",
+                (torch.float32, "avx2"): "ladderize_gemv_f32_avx2", (torch.bfloat16, "avx2"): "ladderize_gemv_bf16_avx2"}
 MAX_ROWS = 8
 
 _reason: str | None = None
@@ -41,15 +52,16 @@ def _cache_dir() -> Path:
     return cache_path("kernels")
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
 def find_compiler() -> str | None:
@@ -99,23 +111,39 @@ def _library() -> ctypes.CDLL | None:
         _reason = f"building gemv.c failed: {detail.strip().splitlines()[-1] if detail.strip() else exc}"
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    for name in ("ladderize_gemv_bf16", "ladderize_gemv_f32"):
+    for name in ENTRY_POINTS.values():
         getattr(library, name).argtypes = [pointer, pointer, pointer, pointer, size, size, size, ctypes.c_int]
         getattr(library, name).restype = None
     return library
 
 
+def isa(dtype: torch.dtype) -> str | None:
+    """The instruction set of the ``dtype`` kernel this CPU runs (``avx512`` or ``avx2``); None if neither."""
+    forced = os.environ.get("LADDERIZE_GEMV_ISA")
+    flags = _cpu_flags()
+    for name, needed in ISA_FLAGS.get(dtype, ()):
+        if (forced in (None, "", name)) and all(flag in flags for flag in needed):
+            return name
+    return None
+
+
 def available(dtype: torch.dtype) -> bool:
     """Whether ``gemv`` can run ``dtype`` on this machine (builds the library on first call)."""
     global _reason
-    if dtype not in CPU_FLAGS:
+    if dtype not in ISA_FLAGS:
         _reason = f"gemv.c has no {dtype} kernel"
         return False
-    missing = [flag for flag in CPU_FLAGS[dtype] if flag not in _cpu_flags()]
-    if missing:
-        _reason = f"this CPU lacks {', '.join(missing)}"
+    if isa(dtype) is None:
+        wanted = " or ".join("+".join(needed) for _name, needed in ISA_FLAGS[dtype])
+        _reason = f"this CPU lacks {wanted}"
         return False
     return _library() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_point(library: ctypes.CDLL, dtype: torch.dtype, _forced: str | None):
+    """The library function of ``dtype`` for this CPU (looked up once per dtype and ``LADDERIZE_GEMV_ISA``)."""
+    return getattr(library, ENTRY_POINTS[(dtype, isa(dtype))])
 
 
 def unavailable_reason() -> str | None:
@@ -137,10 +165,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         if rows == 0:
             return y
         raise ValueError(f"gemv takes 1 to {MAX_ROWS} rows and a contiguous weight of the input's dtype")
-    kernel = library.ladderize_gemv_bf16 if x.dtype == torch.bfloat16 else library.ladderize_gemv_f32
+    kernel = _entry_point(library, x.dtype, os.environ.get("LADDERIZE_GEMV_ISA"))
     kernel(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
            rows, out_features, in_features, torch.get_num_threads())
     return y
 
 
-__all__ = ["MAX_ROWS", "available", "compile_library", "find_compiler", "gemv", "unavailable_reason"]
+__all__ = ["MAX_ROWS", "available", "compile_library", "find_compiler", "gemv", "isa", "unavailable_reason"]

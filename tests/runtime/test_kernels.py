@@ -34,11 +34,16 @@ def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> boo
     return got.shape == expected.shape and got.dtype == dtype and bool((got.float() - expected.float()).abs().max() <= tolerance)
 
 
+@pytest.mark.parametrize("isa", ["best", "avx2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9])
 @pytest.mark.parametrize("width", [64, 100, 577])
-def test_gemv_matches_f_linear(dtype, rows, width):
+def test_gemv_matches_f_linear(dtype, rows, width, isa, monkeypatch):
+    """Both builds (the CPU's best, and AVX2 + FMA forced), every tail length (577 = 36 x 16 + 1)."""
+    if isa == "avx2":
+        monkeypatch.setenv("LADDERIZE_GEMV_ISA", "avx2")
     _needs(LinearKernel.GEMV, dtype)
+    assert gemv.isa(dtype) in (("avx2",) if isa == "avx2" else ("avx512", "avx2"))
     x, weight, bias = _operands(rows, 37, width, dtype)
     for b in (None, bias):
         expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
@@ -80,8 +85,11 @@ def test_kernel_choice():
     assert linear_fn(LinearKernel.ATEN) is F.linear and linear_fn(LinearKernel.ONEDNN) is packed_linear
     assert resolve_kernel("auto", torch.device("meta"), torch.float32) is LinearKernel.ATEN
     assert resolve_kernel("auto", CPU, torch.float16) in (LinearKernel.ATEN, LinearKernel.ONEDNN)
-    if gemv.available(torch.float32):
-        assert resolve_kernel("auto", CPU, torch.float32) is LinearKernel.GEMV
+    if gemv.available(torch.float32):  # float32: gemv's AVX512 build, else MKL's sgemv (aten) is as fast
+        expected = LinearKernel.GEMV if gemv.isa(torch.float32) == "avx512" else LinearKernel.ATEN
+        assert resolve_kernel("auto", CPU, torch.float32) is expected
+    if gemv.available(torch.bfloat16):
+        assert resolve_kernel("auto", CPU, torch.bfloat16) is LinearKernel.GEMV
     with pytest.raises(LadderizeError, match="runs on CPU only"):
         resolve_kernel("gemv", torch.device("meta"), torch.float32)
     with pytest.raises(LadderizeError, match="unknown linear kernel 'fast'"):
