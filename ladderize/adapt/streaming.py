@@ -21,6 +21,8 @@ process's RSS) until the map is closed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +33,26 @@ from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
 EMBEDDING = "model.embed_tokens."
+
+
+def return_free_memory() -> None:
+    """Hand the C allocator's free pages back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    glibc keeps freed blocks below its mmap threshold (dynamic, up to 32 MB) in its heaps, and
+    many of a layer's tensors are that size (a 2048 x 2048 fp32 projection is 16 MB): without
+    this, RSS grows by about a layer for every layer streamed, though nothing is held.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 def layer_of(name: str) -> int:
@@ -128,6 +150,7 @@ class StreamedLayers:
             yield module
         finally:
             module.to("meta")
+            return_free_memory()
 
     def layer(self, index: int) -> contextlib.AbstractContextManager[nn.Module]:
         """Decoder layer ``index`` with its weights, for the duration of the ``with`` block."""
@@ -158,6 +181,7 @@ class StreamedLayers:
             for name in names:
                 tensor = tensors.pop(name)
                 yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+            return_free_memory()  # what the caller's writer has flushed meanwhile
 
 
 def _names_in(file: Path) -> dict[str, Path]:
