@@ -147,6 +147,15 @@ def same_output(a: Path, b: Path) -> bool:
     return True
 
 
+def to_json(result: dict) -> str:
+    """The result, indented, with each RSS timeline on one line."""
+    runs = [{**run, "timeline_s_gb": f"@timeline{i}@"} for i, run in enumerate(result["runs"])]
+    text = json.dumps({**result, "runs": runs}, indent=1) + "\n"
+    for i, run in enumerate(result["runs"]):
+        text = text.replace(f'"@timeline{i}@"', json.dumps(run["timeline_s_gb"], separators=(",", ":")))
+    return text
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -221,7 +230,7 @@ def main() -> None:
     if {"streamed", "in-memory"} <= peaks.keys():
         result["in_memory_over_streamed"] = round(peaks["in-memory"] / peaks["streamed"], 2)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    args.json.write_text(to_json(result))
     plot(result, args.json.with_suffix(".png"))
     for run in runs:
         print(f"{run['mode']:>10}: peak RSS {run['peak_rss_bytes'] / 1e9:.2f} GB, {run['wall_s']:.0f} s")
