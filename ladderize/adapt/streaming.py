@@ -40,7 +40,7 @@ def return_free_memory() -> None:
 
     glibc keeps freed blocks below its mmap threshold (dynamic, up to 32 MB) in its heaps, and
     many of a layer's tensors are that size (a 2048 x 2048 fp32 projection is 16 MB): without
-    this, RSS grows by about a layer for every layer streamed, though nothing is held.
+    this, RSS grew from layer to layer although nothing was held (docs/adapt.md).
     """
     trim = _malloc_trim()
     if trim is not None:
@@ -78,9 +78,7 @@ def read_tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
             with safe_open(str(file), framework="pt") as handle:
                 for name in names:
                     tensors[name] = handle.get_tensor(name)
-        except LadderizeError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a missing, truncated or corrupt file
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise LadderizeError(f"cannot read {', '.join(names[:2])} from {file}: {first}") from None
     return tensors
