@@ -123,10 +123,12 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 load_f32
 DEFINE_ROW_AVX2(row_f32_avx2, float, load_f32_avx2, SAME)
 DEFINE_ROW_AVX2(row_bf16_avx2, uint16_t, load_bf16_avx2, from_bf16)
 
-/* The row loops, specialised per M so that the accumulators live in registers. */
-#define DEFINE_ROWS(NAME, T, ROW, TARGET, LOAD, STORE)                                                      \
-    __attribute__((target(TARGET))) static void NAME(const int M, const T *x, const T *w, const T *bias,    \
-                                                     T *y, int64_t out, int64_t in, int threads) {          \
+/* The row loops, specialised per M so that the accumulators live in registers, and their exported entry point
+ * ladderize_gemv_<SUFFIX> (ctypes): x [M, in], w [out, in], bias [out] or NULL, y [M, out]; all contiguous; 1 <= M <= 8. */
+#define DEFINE_ROWS(SUFFIX, T, ROW, TARGET, LOAD, STORE)                                                    \
+    __attribute__((target(TARGET))) static void rows_##SUFFIX(const int M, const T *x, const T *w,          \
+                                                              const T *bias, T *y, int64_t out, int64_t in, \
+                                                              int threads) {                                \
         _Pragma("omp parallel for if(threads > 1) num_threads(threads) schedule(static)")                 \
         for (int64_t o = 0; o < out; ++o) {                                                                \
             float sums[MAX_ROWS];                                                                          \
@@ -143,32 +145,15 @@ DEFINE_ROW_AVX2(row_bf16_avx2, uint16_t, load_bf16_avx2, from_bf16)
             const float b = bias ? LOAD(bias[o]) : 0.0f;                                                   \
             for (int m = 0; m < M; ++m) y[m * out + o] = STORE(sums[m] + b);                               \
         }                                                                                                  \
+    }                                                                                                      \
+    void ladderize_gemv_##SUFFIX(const T *x, const T *w, const T *bias, T *y, int64_t rows, int64_t out,   \
+                                 int64_t in, int threads) {                                                 \
+        rows_##SUFFIX((int)rows, x, w, bias, y, out, in, threads);                                         \
     }
 
-DEFINE_ROWS(rows_bf16, uint16_t, row_bf16, "avx512f,avx512bw,avx512bf16", from_bf16, to_bf16)
-DEFINE_ROWS(rows_f32, float, row_f32, "avx512f", SAME, SAME)
-DEFINE_ROWS(rows_bf16_avx2, uint16_t, row_bf16_avx2, "avx2,fma", from_bf16, to_bf16)
-DEFINE_ROWS(rows_f32_avx2, float, row_f32_avx2, "avx2,fma", SAME, SAME)
+DEFINE_ROWS(bf16, uint16_t, row_bf16, "avx512f,avx512bw,avx512bf16", from_bf16, to_bf16)
+DEFINE_ROWS(f32, float, row_f32, "avx512f", SAME, SAME)
+DEFINE_ROWS(bf16_avx2, uint16_t, row_bf16_avx2, "avx2,fma", from_bf16, to_bf16)
+DEFINE_ROWS(f32_avx2, float, row_f32_avx2, "avx2,fma", SAME, SAME)
 
-/* Entry points (ctypes): x [M, in], w [out, in], bias [out] or NULL, y [M, out]; all contiguous; 1 <= M <= 8. */
 int ladderize_gemv_max_rows(void) { return MAX_ROWS; }
-
-void ladderize_gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows,
-                         int64_t out, int64_t in, int threads) {
-    rows_bf16((int)rows, x, w, bias, y, out, in, threads);
-}
-
-void ladderize_gemv_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
-                        int64_t in, int threads) {
-    rows_f32((int)rows, x, w, bias, y, out, in, threads);
-}
-
-void ladderize_gemv_bf16_avx2(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t rows,
-                              int64_t out, int64_t in, int threads) {
-    rows_bf16_avx2((int)rows, x, w, bias, y, out, in, threads);
-}
-
-void ladderize_gemv_f32_avx2(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t out,
-                             int64_t in, int threads) {
-    rows_f32_avx2((int)rows, x, w, bias, y, out, in, threads);
-}
