@@ -261,5 +261,5 @@ def test_bench_cli_reports_the_comm_path(tmp_path, monkeypatch, capsys):
     assert data["meta"]["comm"] == "shm" and {r["comm"] for r in data["rows"]} == {"shm"}
     ladder = next(r for r in data["rows"] if r["schedule"] == "native")
     dense = next(r for r in data["rows"] if r["schedule"] == "dense")
-    assert dense["wait_s_per_token"] == 0.0 and dense["issue_s_per_token"] > 0  # dense blocks inside the call
-    assert ladder["wait_s_per_token"] > 0  # ladder's all-reduces are waited on one module later
+    assert dense["decode_wait_s_per_token"] == 0.0 and dense["decode_issue_s_per_token"] > 0  # dense blocks inside the call
+    assert ladder["decode_wait_s_per_token"] > 0  # ladder's all-reduces are waited on one module later
