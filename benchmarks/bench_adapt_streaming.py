@@ -32,20 +32,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLE_S = 0.2
 
 
-def char_tokenizer():
-    """A character-level fast tokenizer: <pad> <s> </s> <unk>, newline and printable ASCII."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "\n": 4}
-    for code in range(32, 127):
-        vocab[chr(code)] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-
-
 def build_dense(path: Path, args: argparse.Namespace) -> None:
     """Write the random fp32 Llama tensor by tensor (one 1 GB shard in memory at a time), atomically."""
     import torch
@@ -53,6 +39,7 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
 
     from ladderize.convert.atomic import atomic_directory
     from ladderize.convert.shards import ShardWriter
+    from ladderize.synthetic import char_tokenizer
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads,

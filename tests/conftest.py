@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import ladderize  # noqa: E402  (registers the Auto classes)
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402
+from ladderize.synthetic import char_tokenizer  # noqa: E402,F401  (its 100 ids fit TINY's vocabulary of 128)
 
 TINY = dict(
     vocab_size=128,
@@ -47,25 +48,6 @@ def tiny_model(seed: int = 0, **overrides) -> LadderLlamaForCausalLM:
             if name.endswith("norm.weight") or "layernorm" in name:
                 param.uniform_(0.5, 1.5)
     return model
-
-
-def char_tokenizer():
-    """A character-level fast tokenizer (<pad>=0, <s>=1, </s>=2, <unk>=3, then newline and printable ASCII).
-
-    Its 100 ids fit TINY's vocabulary of 128, so tiny models can read real text.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "\n": 4}
-    for code in range(32, 127):
-        vocab[chr(code)] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 @pytest.fixture(autouse=True)
