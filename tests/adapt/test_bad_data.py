@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from ladderize.adapt.data import pack_tokens
 from ladderize.adapt.config import AdaptConfig
@@ -104,3 +105,37 @@ def test_wikitext2_heldout_without_the_text_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("LADDERIZE_DATA_DIR", str(tmp_path))  # a data folder without wikitext-2/valid.txt
     with pytest.raises(LadderizeError, match="WikiText-2 validation text not found"):
         pack_tokens("wikitext2-heldout", char_tokenizer(), 16)
+
+
+def test_mixture_packs_each_part_in_proportion_and_interleaves(tmp_path):
+    (tmp_path / "a.txt").write_text("a" * 400)
+    (tmp_path / "b.txt").write_text("b" * 400)
+    a, b = str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
+    ids = pack_tokens(f"{a}*3+{b}*1", char_tokenizer(), 8, max_tokens=8 * 8)
+    assert ids.shape == (8, 8)
+    alone_a = pack_tokens(a, char_tokenizer(), 8, max_tokens=6 * 8)
+    alone_b = pack_tokens(b, char_tokenizer(), 8, max_tokens=2 * 8)
+    kinds = ["a" if torch.equal(row, alone_a[0]) else "b" if torch.equal(row, alone_b[0]) else "?" for row in ids]
+    assert kinds.count("a") == 6 and kinds.count("b") == 2  # 3:1 of 8 sequences
+    assert "b" in kinds[:4] and "b" in kinds[4:]  # interleaved: every half keeps the mixture
+    # equal parts without weights; a file whose name holds '+' still reads as one file
+    assert pack_tokens(f"{a}+{b}", char_tokenizer(), 8, max_tokens=4 * 8).shape == (4, 8)
+    (tmp_path / "c+d.txt").write_text("c" * 100)
+    assert pack_tokens(str(tmp_path / "c+d.txt"), char_tokenizer(), 8).shape == (12, 8)
+
+
+def test_mixture_errors_are_one_line(tmp_path):
+    (tmp_path / "a.txt").write_text("a" * 400)
+    (tmp_path / "short.txt").write_text("b" * 20)
+    a = str(tmp_path / "a.txt")
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens(f"{a}*x+{a}", char_tokenizer(), 8, max_tokens=64)
+    assert "not a number" in _message(excinfo)
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens(f"{a}*0+{a}", char_tokenizer(), 8, max_tokens=64)
+    assert "weight > 0" in _message(excinfo)
+    with pytest.raises(LadderizeError) as excinfo:
+        pack_tokens(f"{a}+{tmp_path / 'short.txt'}", char_tokenizer(), 8, max_tokens=16 * 8)
+    assert "fewer than its share of 8" in _message(excinfo)
+    with pytest.raises(LadderizeError, match="does not exist"):
+        pack_tokens(f"{a}+{tmp_path / 'gone.txt'}", char_tokenizer(), 8, max_tokens=64)
