@@ -642,6 +642,42 @@ def adapt_cmd(
         console.print(f"training state kept in {result.state_dir} (remove it when done)", highlight=False, soft_wrap=True)
 
 
+@app.command("sample")
+def sample_cmd(
+    source: str = typer.Argument(..., help="Dense checkpoint directory (the teacher) to sample text from."),
+    out: Path = typer.Argument(..., help="Output JSONL file ({\"text\": ...} per line; for adapt --data)."),
+    prompts: str = typer.Option("stories", help="'stories' (built-in narrative-fiction openers) or a file with one prompt per line (cycled)."),
+    sequences: int = typer.Option(200, help="Records to write."),
+    new_tokens: int = typer.Option(512, "--new-tokens", help="Most tokens sampled per record (stops early at EOS)."),
+    batch_size: int = typer.Option(40, "--batch-size", help="Prompts sampled together."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Seed of the prompts and of each batch's sampling."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT (and start over on an interrupted run)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in OUT.partial (same settings): the same records as an uninterrupted run."),
+) -> None:
+    """Sample calibration text from a dense teacher (data-free calibration), resumable; writes OUT, OUT.json."""
+    from .adapt.sample import partial_path, sample_text
+    from .errors import Interrupted
+    from .progress import Progress
+
+    with Progress("sample", err_console, total=sequences) as progress:
+        try:
+            result = sample_text(
+                source, out, prompts=prompts, sequences=sequences, new_tokens=new_tokens, batch_size=batch_size,
+                temperature=temperature, top_p=top_p, seed=seed, force=force, resume=resume,
+                on_batch=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
+                on_message=progress.message,
+            )
+        except Interrupted as exc:
+            exc.hint = f"finished batches are kept in {partial_path(out)}; run the same command with --resume to continue"
+            raise
+    console.print(
+        f"sampled {result.records} records, {result.tokens_generated:,} tokens in {result.seconds / 60:.1f} min "
+        f"({result.tokens_generated / max(result.seconds, 1e-9):,.0f} tokens/s) -> {result.out}", highlight=False, soft_wrap=True,
+    )
+
+
 def _print_layer_summary(curve: list[dict]) -> None:
     """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
     from .adapt.sequential import layer_summary
