@@ -41,7 +41,8 @@ def iter_documents(spec: str) -> Iterator[str]:
         return
     path = Path(spec).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
+        # .jsonl only: a folder's .json files are metadata (``ladderize sample``'s OUT.json provenance)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + (".jsonl",))
         if not files:
             raise LadderizeError(f"data directory {path} holds no .txt, .md or .jsonl files")
         for file in files:

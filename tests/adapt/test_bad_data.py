@@ -139,3 +139,9 @@ def test_mixture_errors_are_one_line(tmp_path):
     assert "fewer than its share of 8" in _message(excinfo)
     with pytest.raises(LadderizeError, match="does not exist"):
         pack_tokens(f"{a}+{tmp_path / 'gone.txt'}", char_tokenizer(), 8, max_tokens=64)
+
+
+def test_a_folder_reads_its_jsonl_and_skips_json_metadata(tmp_path):
+    (tmp_path / "s.jsonl").write_text(json.dumps({"text": "abcdefgh" * 4}) + "\n")
+    (tmp_path / "s.jsonl.json").write_text(json.dumps({"source": "x", "records": 1}, indent=2))  # ladderize sample's provenance
+    assert torch.equal(pack_tokens(str(tmp_path), char_tokenizer(), 8), pack_tokens(str(tmp_path / "s.jsonl"), char_tokenizer(), 8))
