@@ -185,8 +185,11 @@ def _start(tmp_path, steps: int) -> tuple[subprocess.Popen, Path]:
     script, marker = tmp_path / "run.py", tmp_path / f"segment{steps}"
     script.write_text(CTRL_C_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # SIGINT as a terminal leaves it: a job started in the background by a non-interactive shell
+    # (nohup ... &) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     process = subprocess.Popen([sys.executable, str(script), str(marker), str(steps)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return process, marker
 
 
