@@ -160,9 +160,16 @@ def _pack_mixture(parts: list[tuple[str, float]], tokenizer, seq_len: int, max_t
     """Pack each part on its own (its share of the budget) and interleave them in proportion."""
     total = sum(weight for _, weight in parts)
     wanted = None if max_tokens is None else -(-max_tokens // seq_len)
+    shares: list[int | None] = [None] * len(parts)
+    if wanted is not None:  # largest remainder: the shares add up to the budget (each at least 1)
+        exact = [wanted * weight / total for _, weight in parts]
+        shares = [int(x) for x in exact]
+        by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - shares[i], reverse=True)
+        for i in by_remainder[: wanted - sum(shares)]:
+            shares[i] += 1
+        shares = [max(1, share) for share in shares]
     packed = []
-    for name, weight in parts:
-        share = None if wanted is None else max(1, round(wanted * weight / total))
+    for (name, _), share in zip(parts, shares):
         ids = pack_tokens(name, tokenizer, seq_len, None if share is None else share * seq_len)
         if share is not None and ids.shape[0] < share:
             raise LadderizeError(

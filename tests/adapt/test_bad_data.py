@@ -145,3 +145,10 @@ def test_a_folder_reads_its_jsonl_and_skips_json_metadata(tmp_path):
     (tmp_path / "s.jsonl").write_text(json.dumps({"text": "abcdefgh" * 4}) + "\n")
     (tmp_path / "s.jsonl.json").write_text(json.dumps({"source": "x", "records": 1}, indent=2))  # ladderize sample's provenance
     assert torch.equal(pack_tokens(str(tmp_path), char_tokenizer(), 8), pack_tokens(str(tmp_path / "s.jsonl"), char_tokenizer(), 8))
+
+
+def test_mixture_shares_add_up_to_the_budget(tmp_path):
+    for name in "abc":
+        (tmp_path / f"{name}.txt").write_text(name * 400)
+    spec = "+".join(str(tmp_path / f"{name}.txt") for name in "abc")
+    assert pack_tokens(spec, char_tokenizer(), 8, max_tokens=10 * 8).shape == (10, 8)  # 4 + 3 + 3, not 3 x round(3.33)
