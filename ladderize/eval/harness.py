@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -76,22 +78,43 @@ def evaluate_model(
         loaded = _load_tasks(manager, plan.names)
         lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
                       progress=progress)
-        output = simple_evaluate(
-            model=lm,
-            tasks=loaded,
-            task_manager=manager,
-            limit=limit,
-            bootstrap_iters=bootstrap_iters,
-            log_samples=log_samples,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-        )
+        with bootstrap_in_process():
+            output = simple_evaluate(
+                model=lm,
+                tasks=loaded,
+                task_manager=manager,
+                limit=limit,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=log_samples,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
     if output is None:
         raise LadderizeError("lm-eval returned no results")
     output["ladderize_sources"] = plan.sources
     return output
+
+
+@contextmanager
+def bootstrap_in_process() -> Iterator[None]:
+    """lm-eval's bootstrapped standard errors computed in this process, not in a forked ``Pool``.
+
+    The pool forks the whole evaluating process (model, torch's threads), and a fork of a
+    threaded process can hang: once in CI a worker stayed blocked on the pool's queue lock
+    while ``Pool.terminate()`` waited for it. lm-eval's single-process path (its
+    ``DISABLE_MULTIPROC``) draws the same replicates (``random.Random(i)`` per chunk of 1000),
+    so the standard errors are identical. ``DISABLE_MULTIPROC`` set by the user is kept.
+    """
+    if "DISABLE_MULTIPROC" in os.environ:
+        yield
+        return
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("DISABLE_MULTIPROC", None)
 
 
 def _load_tasks(manager, names: list[str]) -> list:

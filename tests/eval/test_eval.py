@@ -54,6 +54,23 @@ def test_eval_record_on_tiny_ladder(tiny_ladder_dir: Path, tiny_data_dir: Path):
     json.dumps(record)  # serializable as is
 
 
+def test_bootstrap_runs_in_process(tiny_ladder_dir: Path, tiny_data_dir: Path, monkeypatch):
+    """Bootstrapped standard errors come without lm-eval's forked Pool (a fork of a threaded process can hang);
+    ``test_dense_equals_direct_lm_eval_tiny`` checks they equal the Pool's."""
+    import multiprocessing
+    import os
+
+    def no_pool(*_args, **_kwargs):
+        raise AssertionError("lm-eval's bootstrap forked a Pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_pool)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
+    record = evaluate_checkpoint(tiny_ladder_dir, "lambada_openai", limit=4, batch_size=4, data_dir=tiny_data_dir)
+    stderr = record["results"]["lambada_openai"]["perplexity_stderr,none"]
+    assert isinstance(stderr, float) and stderr > 0.0  # bootstrapped (perplexity has no closed form)
+    assert "DISABLE_MULTIPROC" not in os.environ  # the setting does not outlive the evaluation
+
+
 def test_dense_equals_direct_lm_eval_tiny(tiny_dense_dir: Path, tiny_data_dir: Path, tmp_path: Path):
     """Our model loaded from a dense checkpoint scores exactly what lm-eval gives transformers' own Llama."""
     from transformers import LlamaForCausalLM
