@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from .objectives import LOCAL_INPUTS, parse_objectives
+from .objectives import DIVERGENCES, LOCAL_INPUTS, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 SCHEDULES = ("joint", "sequential")
@@ -44,6 +44,7 @@ class AdaptConfig:
     stream_layers: bool = True  # sequential schedule: one layer at a time from the safetensors (False: whole models)
     states: str = "memory"  # sequential schedule: calibration states in memory, or memory-mapped files in the run dir
     kd_temperature: float = 1.0
+    kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
     lora_rank: int = 16
     lora_alpha: float = 32.0
     head_grouping: bool = False
@@ -105,6 +106,8 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
     if config.local_schedule not in SCHEDULES:
         raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if config.kd_divergence not in DIVERGENCES:
+        raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
     if config.states not in STATES:
         raise LadderizeError(f"unknown states setting {config.states!r}; choose from {', '.join(STATES)}")
     if config.local_schedule == "sequential":

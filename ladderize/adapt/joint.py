@@ -116,7 +116,8 @@ def adapt_joint(
     else:
         params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
-    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix)
+    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
+                            config.kd_divergence)
     if teacher is not None:
         teacher.to(accelerator.device)
 

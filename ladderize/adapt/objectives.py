@@ -1,7 +1,10 @@
 """The adaptation objectives: ``lm``, ``kd`` and ``local``, combinable with weights.
 
 - ``lm``: next-token cross-entropy of the student.
-- ``kd``: KL(teacher || student) over the vocabulary, per token (temperature ``kd_temperature``).
+- ``kd``: KL(teacher || student) over the vocabulary, per token (temperature ``kd_temperature``);
+  ``kd_divergence="reverse"`` takes KL(student || teacher) instead, which is mode-seeking: the
+  student puts its mass on the teacher's likeliest tokens rather than spreading it over all of
+  the teacher's alternatives.
 - ``local``: block- or module-local distillation; needs no LM head and backpropagates
   through one layer at a time.
 
@@ -38,6 +41,7 @@ from .stream import State, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
 LOCAL_INPUTS = ("teacher", "student")
+DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 
 
 def parse_objectives(spec: str) -> dict[str, float]:
@@ -94,6 +98,7 @@ class AdaptLoss(nn.Module):
         local_inputs: str = "teacher",
         kd_temperature: float = 1.0,
         share_prefix: bool = False,
+        kd_divergence: str = "forward",
     ):
         super().__init__()
         if local_inputs not in LOCAL_INPUTS:
@@ -106,6 +111,9 @@ class AdaptLoss(nn.Module):
         self.weights = dict(weights)
         self.local_inputs = local_inputs
         self.kd_temperature = kd_temperature
+        if kd_divergence not in DIVERGENCES:
+            raise LadderizeError(f"kd divergence must be one of {', '.join(DIVERGENCES)}, got {kd_divergence!r}")
+        self.kd_divergence = kd_divergence
         layout = student.layout
         self.converted = layout.converted_layers
         if not self.converted and "local" in weights:
@@ -125,7 +133,7 @@ class AdaptLoss(nn.Module):
                     logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1)
                 )
             if "kd" in self.weights:
-                losses["kd"] = kd_loss(logits, teacher.logits, self.kd_temperature)
+                losses["kd"] = kd_loss(logits, teacher.logits, self.kd_temperature, self.kd_divergence)
         if "local" in self.weights:
             losses["local"] = self._local_loss(teacher)
         losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
@@ -204,9 +212,15 @@ def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_
     return relative_sq_error(s_out[0], t_out[0], update)
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Mean per-token KL(teacher || student) at ``temperature`` (scaled by T^2 as usual)."""
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
+            divergence: str = "forward") -> torch.Tensor:
+    """Mean per-token KL(teacher || student) at ``temperature`` (scaled by T^2 as usual).
+
+    ``divergence="reverse"``: KL(student || teacher).
+    """
     vocab = student_logits.shape[-1]
     s = F.log_softmax(student_logits.float().reshape(-1, vocab) / temperature, dim=-1)
     t = F.log_softmax(teacher_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+    if divergence == "reverse":
+        s, t = t, s  # kl_div(input, target) is KL(target || input)
     return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2

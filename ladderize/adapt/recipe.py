@@ -45,11 +45,11 @@ from .output import CURVE_FILE
 from .trainer import adapt
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
-# 512-token sequences, 2 per step, 2 warm-up steps).
+# 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
 STAGES: dict[str, dict[str, Any]] = {
     "seq-local": {"objectives": "local", "local_schedule": "sequential", "tokens": 65_536, "epochs": 2.0, "batch_size": 2,
                   "warmup_steps": 2},
-    "kd": {"objectives": "kd", "tokens": 32_768, "batch_size": 2, "warmup_steps": 2},
+    "kd": {"objectives": "kd", "tokens": 32_768, "batch_size": 2, "warmup_steps": 5},
     "local": {"objectives": "local", "local_schedule": "joint", "tokens": 131_072},
     "lm": {"objectives": "lm", "tokens": 131_072},
 }
@@ -198,7 +198,7 @@ def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) 
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
     tokens = f"{step['tokens']:,} tokens" + (f" x {step['epochs']:g} epochs" if kind == "sequential" else "")
-    keys = ("train", "data", "local_inputs") + (("states", "stream_layers") if kind == "sequential" else ())
+    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature") + (("states", "stream_layers") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
             f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")

@@ -64,6 +64,31 @@ def test_local_loss_is_zero_for_an_unconverted_function():
 def test_kd_loss_is_zero_for_identical_logits():
     logits = torch.randn(2, 5, 11)
     assert kd_loss(logits, logits).abs().item() < 1e-6
+    assert kd_loss(logits, logits, divergence="reverse").abs().item() < 1e-6
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_kd_divergences_match_their_definitions(temperature):
+    """forward: sum_v p_t (log p_t - log p_s); reverse: sum_v p_s (log p_s - log p_t); mean over tokens, times T^2."""
+    gen = torch.Generator().manual_seed(3)
+    student, teacher = torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen) * 3
+    p_s = torch.softmax(student.double() / temperature, -1)
+    p_t = torch.softmax(teacher.double() / temperature, -1)
+    forward = (p_t * (p_t.log() - p_s.log())).sum(-1).mean() * temperature**2
+    reverse = (p_s * (p_s.log() - p_t.log())).sum(-1).mean() * temperature**2
+    assert abs(forward.item() - reverse.item()) > 0.1  # the two really differ on these logits
+    assert kd_loss(student, teacher, temperature).item() == pytest.approx(forward.item(), rel=1e-5)
+    assert kd_loss(student, teacher, temperature, "reverse").item() == pytest.approx(reverse.item(), rel=1e-5)
+
+
+def test_reverse_kd_lowers_its_loss_and_bad_divergence_is_refused():
+    torch.manual_seed(0)
+    teacher, student = _dense_and(["dense", "dense", "ladder", "ladder"])
+    module = AdaptLoss(student, teacher, {"kd": 1.0}, share_prefix=True, kd_divergence="reverse")
+    first, last = _train(module, select_trainable(student, "converted", LoraSpec()), lr=1e-4)
+    assert last < 0.9 * first, (first, last)
+    with pytest.raises(LadderizeError, match="kd divergence must be one of forward, reverse"):
+        AdaptLoss(student, teacher, {"kd": 1.0}, kd_divergence="backward")
 
 
 def test_scopes_choose_converted_layers_only():

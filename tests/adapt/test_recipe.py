@@ -87,16 +87,19 @@ def test_cli_stages_and_recipe_file(ladder_dir, text_file, tmp_path, capsys, mon
     assert read_provenance(out)["history"][-1]["recipe"]["plan"][0]["epochs"] == 1.0
 
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("seq_len: 32\nbatch_size: 2\nstages:\n  - seq-local:tokens=128,epochs=1\n  - name: kd\n    tokens: 64\n    lr: 2e-4\n")
+    recipe.write_text("seq_len: 32\nbatch_size: 2\nstages:\n  - seq-local:tokens=128,epochs=1\n  - name: kd\n    tokens: 64\n    lr: 2e-4\n    kd_divergence: reverse\n")
     code, stdout, stderr = run_cli(["adapt", ladder_dir, tmp_path / "yaml", "--data", text_file, "--recipe", recipe], capsys, monkeypatch)
     assert code == 0, stderr
     assert "2. kd: kd (joint), 64 tokens, lr 0.0002, batch 2" in stdout and "adapted 5 steps" in stdout
+    assert "kd_divergence reverse" in stdout.split("2. kd:")[1].splitlines()[0]
+    assert read_provenance(tmp_path / "yaml")["history"][-1]["recipe"]["plan"][1]["kd_divergence"] == "reverse"
 
 
 @pytest.mark.parametrize("extra,message", [
     (["--stage", "distill:tokens=64"], "unknown stage 'distill'; stages are seq-local, kd, local, lm"),
     (["--stage", "kd:tokenz=64"], "unknown setting 'tokenz'"),
     (["--stage", "kd:tokens=many"], "tokens must be int"),
+    (["--stage", "kd:kd_divergence=backward"], "unknown kd divergence 'backward'; choose from forward, reverse"),
     (["--recipe", "bad.yaml"], "does not parse as YAML at line 2, column 1: found character '\\t' that cannot start any token"),
     (["--recipe", "nostages.yaml"], "non-empty 'stages' list"),
     (["--recipe", "nosuch"], "unknown recipe 'nosuch'"),
