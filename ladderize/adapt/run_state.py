@@ -78,9 +78,16 @@ def read_trainer_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] |
 
 
 def check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path) -> None:
-    """Refuse to resume a run that was started with other settings, naming them."""
-    if saved["fingerprint"] != json.loads(json.dumps(config.fingerprint())):
-        changed = sorted(k for k, v in config.fingerprint().items() if saved["fingerprint"].get(k) != v)
+    """Refuse to resume a run that was started with other settings, naming them.
+
+    A setting added to ``AdaptConfig`` after the run started is missing from its fingerprint;
+    the run had that setting's default.
+    """
+    current = json.loads(json.dumps(config.fingerprint()))
+    defaults = json.loads(json.dumps(AdaptConfig(checkpoint="", out="").fingerprint()))
+    started = {**{k: defaults[k] for k in current if k not in saved["fingerprint"]}, **saved["fingerprint"]}
+    if started != current:
+        changed = sorted(k for k in current.keys() | started.keys() if started.get(k) != current.get(k))
         raise LadderizeError(f"cannot resume {run_dir}: the run was started with different {', '.join(changed)}")
 
 

@@ -37,6 +37,19 @@ def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
         adapt(AdaptConfig(**{**common, "lr": 1e-2}), resume=True)
 
 
+def test_resume_reads_a_state_saved_before_a_setting_was_added(tmp_path):
+    """A run started before ``kd_divergence`` existed had its default: resuming it with the default is the same run."""
+    from ladderize.adapt.run_state import check_fingerprint
+
+    config = AdaptConfig(checkpoint="c", out="o", objectives="kd")
+    saved = {"fingerprint": {k: v for k, v in config.fingerprint().items() if k != "kd_divergence"}}
+    check_fingerprint(saved, config, tmp_path)
+    with pytest.raises(LadderizeError, match="started with different kd_divergence$"):
+        check_fingerprint(saved, AdaptConfig(checkpoint="c", out="o", objectives="kd", kd_divergence="reverse"), tmp_path)
+    with pytest.raises(LadderizeError, match="started with different lr, tokens$"):
+        check_fingerprint(saved, AdaptConfig(checkpoint="c", out="o", objectives="kd", lr=1.0, tokens=7), tmp_path)
+
+
 @pytest.mark.parametrize("modes", [["dense", "ladder", "ladder", "dense"], ["dense", "spd", "dense", "spd"]])
 def test_lora_merge_equals_unmerged_model(modes):
     model = tiny_model(layer_modes=modes, spd_tp_size=3)
