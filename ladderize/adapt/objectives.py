@@ -24,6 +24,13 @@
   ``local_inputs="student"`` feeds each converted layer the student's own (detached)
   states instead and matches the teacher's residual stream after each module; the layer
   then also learns to correct the drift of the layers below it.
+
+``lm`` and ``kd`` hold two ``[B, S, V]`` tensors, the student's logits and their gradient:
+``head_losses`` computes each loss and its gradient a block of tokens at a time
+(``LOGIT_BLOCK_BYTES`` of float32 logits per block, ``BlockwiseLoss``), and the teacher's
+logits exist one block at a time. At SmolLM2's 49,152-token vocabulary a 2 x 512 batch has
+200 MB of logits per tensor; computed whole, the kd loss and its backward allocated about a
+dozen such tensors per step, each mapped fresh from the kernel.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from .stream import State, embed, logits_from, run_layers
 OBJECTIVES = ("lm", "kd", "local")
 LOCAL_INPUTS = ("teacher", "student")
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
+LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
 
 
 def parse_objectives(spec: str) -> dict[str, float]:
@@ -74,11 +82,11 @@ def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: tor
 
 @dataclass
 class TeacherStates:
-    """What the teacher computed for one batch: per-layer inputs and outputs, and the logits."""
+    """What the teacher computed for one batch: per-layer inputs and outputs, and its last residual stream."""
 
     inputs: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (residual, stale) entering it
     outputs: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (residual, stale) leaving it
-    logits: torch.Tensor | None
+    final: torch.Tensor | None  # [B, S, D] entering the final norm (kd only)
 
 
 class AdaptLoss(nn.Module):
@@ -123,28 +131,26 @@ class AdaptLoss(nn.Module):
         self.share_prefix = share_prefix and teacher is not None
 
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        want_logits = "kd" in self.weights
-        teacher = self._teacher_states(input_ids, want_logits) if self.teacher is not None else None
+        want_final = "kd" in self.weights
+        teacher = self._teacher_states(input_ids, want_final) if self.teacher is not None else None
         losses: dict[str, torch.Tensor] = {}
         if "lm" in self.weights or "kd" in self.weights:
-            logits = self._student_logits(input_ids, teacher)
-            if "lm" in self.weights:
-                losses["lm"] = F.cross_entropy(
-                    logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1)
-                )
-            if "kd" in self.weights:
-                losses["kd"] = kd_loss(logits, teacher.logits, self.kd_temperature, self.kd_divergence)
+            losses.update(head_losses(
+                self.student, self._student_final(input_ids, teacher), input_ids if "lm" in self.weights else None,
+                self.teacher if want_final else None, teacher.final if want_final else None,
+                self.kd_temperature, self.kd_divergence,
+            ))
         if "local" in self.weights:
             losses["local"] = self._local_loss(teacher)
         losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
         return losses
 
     @torch.no_grad()
-    def _teacher_states(self, input_ids: torch.Tensor, want_logits: bool) -> TeacherStates:
+    def _teacher_states(self, input_ids: torch.Tensor, want_final: bool) -> TeacherStates:
         teacher = self.teacher
         state, attn_kwargs = embed(teacher, input_ids)
         inputs, outputs = {}, {}
-        last = teacher.config.num_hidden_layers if want_logits else max(self.converted) + 1
+        last = teacher.config.num_hidden_layers if want_final else max(self.converted) + 1
         for index in range(last):
             if index in self.converted:
                 inputs[index] = state
@@ -152,8 +158,7 @@ class AdaptLoss(nn.Module):
             if index in self.converted:
                 outputs[index] = state
         self._teacher_kwargs = attn_kwargs
-        logits = logits_from(teacher, state[0]) if want_logits else None
-        return TeacherStates(inputs, outputs, logits)
+        return TeacherStates(inputs, outputs, state[0] if want_final else None)
 
     def _student_start(self, input_ids: torch.Tensor, teacher: TeacherStates | None):
         """The student's state entering its first converted layer, and its attention kwargs."""
@@ -162,10 +167,10 @@ class AdaptLoss(nn.Module):
         state, attn_kwargs = embed(self.student, input_ids)
         return state, attn_kwargs, 0
 
-    def _student_logits(self, input_ids: torch.Tensor, teacher: TeacherStates | None) -> torch.Tensor:
+    def _student_final(self, input_ids: torch.Tensor, teacher: TeacherStates | None) -> torch.Tensor:
+        """The student's residual stream entering its final norm, ``[B, S, D]``."""
         state, attn_kwargs, start = self._student_start(input_ids, teacher)
-        state = run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)
-        return logits_from(self.student, state[0])
+        return run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)[0]
 
     def _local_loss(self, teacher: TeacherStates) -> torch.Tensor:
         layers = self.student.model.layers
@@ -224,3 +229,76 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     if divergence == "reverse":
         s, t = t, s  # kl_div(input, target) is KL(target || input)
     return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2
+
+
+def logit_block_rows(vocab: int) -> int:
+    """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits, at least 16."""
+    return max(16, LOGIT_BLOCK_BYTES // (4 * vocab))
+
+
+def head_losses(
+    student: LadderLlamaForCausalLM,
+    final: torch.Tensor,
+    input_ids: torch.Tensor | None,
+    teacher: LadderLlamaForCausalLM | None = None,
+    teacher_final: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    divergence: str = "forward",
+) -> dict[str, torch.Tensor]:
+    """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams.
+
+    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order.
+    The student's logits are computed once, by its own head; each loss then runs
+    ``logit_block_rows`` tokens at a time (``BlockwiseLoss``), and the teacher's logits exist
+    one block at a time only.
+    """
+    batch, seq, _ = final.shape
+    rows = batch * seq
+    logits = logits_from(student, final).reshape(rows, -1)  # [B*S, V]
+    block_rows = logit_block_rows(logits.shape[-1])
+    losses = {}
+    if input_ids is not None:  # the next token; the last position of every sequence predicts nothing
+        targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
+        lm = BlockwiseLoss.apply(logits, lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum"), block_rows)
+        losses["lm"] = lm / (batch * (seq - 1))
+    if teacher is not None:
+        teacher_rows = teacher_final.reshape(rows, -1)
+
+        def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
+            with torch.no_grad():
+                teacher_logits = logits_from(teacher, teacher_rows[part])
+            return kd_loss(block, teacher_logits, temperature, divergence) * block.shape[0]
+
+        losses["kd"] = BlockwiseLoss.apply(logits, kd_block, block_rows) / rows
+    return losses
+
+
+class BlockwiseLoss(torch.autograd.Function):
+    """``sum over row blocks of block_loss(logits[block].float(), block)``, its gradient computed block by block.
+
+    Forward runs each block's loss and its gradient with respect to the block (autograd on
+    a float32 copy of ``block_rows`` rows) and keeps the gradient; backward only scales it.
+    So the loss's temporaries exist one block at a time and nothing is recomputed: the
+    ``[rows, V]`` tensors are the logits and their gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, block_loss, block_rows: int) -> torch.Tensor:
+        wants_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(logits) if wants_grad else None
+        total = logits.new_zeros((), dtype=torch.float32)
+        for start in range(0, logits.shape[0], block_rows):
+            part = slice(start, start + block_rows)
+            block = logits[part].detach().float().requires_grad_(wants_grad)
+            with torch.enable_grad():
+                loss = block_loss(block, part)
+            if wants_grad:
+                grad[part] = torch.autograd.grad(loss, block)[0]
+            total += loss.detach()
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None

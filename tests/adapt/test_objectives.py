@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.objectives import AdaptLoss, kd_loss, parse_objectives
+from ladderize.adapt import objectives
+from ladderize.adapt.objectives import AdaptLoss, kd_loss, logit_block_rows, parse_objectives
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.trainer import adapt
@@ -89,6 +90,47 @@ def test_reverse_kd_lowers_its_loss_and_bad_divergence_is_refused():
     assert last < 0.9 * first, (first, last)
     with pytest.raises(LadderizeError, match="kd divergence must be one of forward, reverse"):
         AdaptLoss(student, teacher, {"kd": 1.0}, kd_divergence="backward")
+
+
+@pytest.mark.parametrize("temperature,divergence", [(1.0, "forward"), (2.0, "reverse")])
+def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, monkeypatch):
+    """lm and kd computed 16 tokens at a time (BlockwiseLoss) equal the whole-logit losses, values and gradients.
+
+    Both sides are float32; they differ only in summation order (per-block sums, then the
+    total), so they agree to a few float32 ulps of the loss, far inside 1e-5 relative.
+    """
+    torch.manual_seed(0)
+    teacher, student = _dense_and(["dense", "ladder", "spd", "ladder"], spd_tp_size=3)
+    with torch.no_grad():
+        for param in student.parameters():
+            param.add_(torch.randn_like(param) * 0.02)  # a student that differs from its teacher
+    ids = torch.randint(3, 128, (3, 15), generator=torch.Generator().manual_seed(2))
+    select_trainable(student, "all", LoraSpec())
+    monkeypatch.setattr(objectives, "LOGIT_BLOCK_BYTES", 4 * student.config.vocab_size * 16)
+    assert logit_block_rows(student.config.vocab_size) == 16  # 45 tokens: blocks of 16, 16 and 13
+    module = AdaptLoss(student, teacher, {"lm": 1.0, "kd": 0.5}, kd_temperature=temperature, kd_divergence=divergence)
+    losses = module(ids)
+    losses["total"].backward()
+    blocked = {name: param.grad.clone() for name, param in student.named_parameters()}
+    student.zero_grad()
+
+    logits = student(ids, use_cache=False).logits
+    with torch.no_grad():
+        teacher_logits = teacher(ids, use_cache=False).logits
+    lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    kd = kd_loss(logits, teacher_logits, temperature, divergence)
+    (lm + 0.5 * kd).backward()
+    assert losses["lm"].item() == pytest.approx(lm.item(), rel=1e-5)
+    assert losses["kd"].item() == pytest.approx(kd.item(), rel=1e-5)
+    assert kd.item() > 1e-3  # the kd term is really there
+    for name, param in student.named_parameters():
+        torch.testing.assert_close(blocked[name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_logit_blocks_fit_the_allocator_pool():
+    assert logit_block_rows(49_152) == 128  # SmolLM2: 24 MiB of float32 logits per block
+    assert logit_block_rows(128_256) == 49  # Llama 3
+    assert logit_block_rows(10**9) == 16
 
 
 def test_scopes_choose_converted_layers_only():
