@@ -6,9 +6,14 @@ student), and it runs the teacher piece by piece (``stream.embed``, ``run_layers
 FSDP2 ``fully_shard`` to every piece that holds parameters: the embedding, each decoder
 layer, the final norm and the LM head. Each unit gathers its parameters in its own forward
 and frees them after it, so a rank holds 1/world of the teacher plus one unit at a time.
+``head_gathered`` keeps the final norm and LM head gathered while ``objectives.head_losses``
+calls them once per block of tokens: one all-gather per step, not one per block.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -18,9 +23,15 @@ from ..model import LadderLlamaForCausalLM
 def teacher_units(teacher: LadderLlamaForCausalLM) -> list[torch.nn.Module]:
     """The modules that own the teacher's parameters, each one FSDP unit."""
     units = [teacher.model.embed_tokens, *teacher.model.layers, teacher.model.norm]
-    if teacher.lm_head.weight is not teacher.model.embed_tokens.weight:  # tied heads share the embedding's unit
+    if head_unit(teacher) is teacher.lm_head:
         units.append(teacher.lm_head)
     return units
+
+
+def head_unit(teacher: LadderLlamaForCausalLM) -> torch.nn.Module:
+    """The module that owns the LM head's weight: the head, or the embedding when they are tied."""
+    tied = teacher.lm_head.weight is teacher.model.embed_tokens.weight
+    return teacher.model.embed_tokens if tied else teacher.lm_head
 
 
 def shard_teacher(teacher: LadderLlamaForCausalLM, mesh=None) -> LadderLlamaForCausalLM:
@@ -31,3 +42,20 @@ def shard_teacher(teacher: LadderLlamaForCausalLM, mesh=None) -> LadderLlamaForC
     for unit in teacher_units(teacher):
         fully_shard(unit, mesh=mesh, reshard_after_forward=True)
     return teacher
+
+
+@contextmanager
+def head_gathered(teacher: LadderLlamaForCausalLM) -> Iterator[None]:
+    """Keep the units behind ``stream.logits_from`` (final norm, LM head) gathered inside the block; no-op unless sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [unit for unit in (teacher.model.norm, head_unit(teacher)) if isinstance(unit, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(True)
+            unit.reshard()

@@ -44,6 +44,7 @@ from torch import nn
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
+from .fsdp import head_gathered
 from .stream import State, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
@@ -269,7 +270,8 @@ def head_losses(
                 teacher_logits = logits_from(teacher, teacher_rows[part])
             return kd_loss(block, teacher_logits, temperature, divergence) * block.shape[0]
 
-        losses["kd"] = BlockwiseLoss.apply(logits, kd_block, block_rows) / rows
+        with head_gathered(teacher):  # a sharded teacher's head: gathered once, not once per block
+            losses["kd"] = BlockwiseLoss.apply(logits, kd_block, block_rows) / rows
     return losses
 
 

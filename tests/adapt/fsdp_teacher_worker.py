@@ -1,13 +1,16 @@
 """Run by tests/adapt/test_fsdp_teacher.py under torchrun (2 CPU processes, gloo): a sharded teacher computes what
-the whole teacher computes, and each rank holds half of it."""
+the whole teacher computes, and each rank holds half of it; the blockwise kd loss gathers its head once, not per block."""
 
 import json
 import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 
+from ladderize.adapt import objectives
 from ladderize.adapt.fsdp import shard_teacher
+from ladderize.adapt.objectives import head_losses
 from ladderize.adapt.stream import embed, logits_from, run_layers
 from ladderize.convert.checkpoint import load_model
 
@@ -28,6 +31,17 @@ ids = torch.randint(3, 100, (2, 24), generator=torch.Generator().manual_seed(ran
 with torch.no_grad():
     diff = (logits(whole, ids) - logits(sharded, ids)).abs().max().item()
 kinds = sorted({type(p).__name__ for p in sharded.parameters()})
+
+# the kd loss in blocks of 16 tokens (3 blocks here): FSDP2's all-gathers, counted where its param groups call them
+gathers = []
+all_gather = param_group.foreach_all_gather
+param_group.foreach_all_gather = lambda *args, **kwargs: gathers.append(1) or all_gather(*args, **kwargs)
+objectives.LOGIT_BLOCK_BYTES = 4 * whole.config.vocab_size * 16
+final = torch.randn(2, 24, whole.config.hidden_size, generator=torch.Generator().manual_seed(7))
+student_final = final + 0.1
+kd_sharded = head_losses(whole, student_final, None, sharded, final)["kd"].item()
+kd_whole = head_losses(whole, student_final, None, whole, final)["kd"].item()
 if rank == 0:
-    print(json.dumps({"world": world, "diff": diff, "full": full_numel, "local": local_numel, "kinds": kinds}), flush=True)
+    print(json.dumps({"world": world, "diff": diff, "full": full_numel, "local": local_numel, "kinds": kinds,
+                      "kd_diff": abs(kd_sharded - kd_whole), "kd_gathers": len(gathers)}), flush=True)
 dist.destroy_process_group()

@@ -19,3 +19,6 @@ def test_sharded_teacher_matches_the_whole_one(dense_dir):
     assert report["kinds"] == ["DTensor"] and report["world"] == 2
     assert report["local"] * 2 <= report["full"] + 2 * 128  # each rank holds half (dim-0 shards, rounded up)
     assert report["diff"] <= 1e-5
+    assert report["kd_diff"] <= 1e-6
+    # the final norm and the LM head (or the embedding it is tied to) gathered once each, not once per block
+    assert 1 <= report["kd_gathers"] <= 2
