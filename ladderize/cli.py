@@ -54,6 +54,7 @@ def _root(
     """Convert Llama-family checkpoints to Ladder Residual / Sync-Point-Drop layouts, adapt, evaluate and benchmark them."""
 
 
+from .model.placement import DEVICE_HELP, DTYPE_HELP  # noqa: E402
 from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
 
 console = make_console()
@@ -207,7 +208,7 @@ def _print_inspection(path: Path) -> None:
 
 # Options that generate and bench share (one definition each).
 DTYPE_OPTION = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
-DEVICE_OPTION = typer.Option("auto", help="auto, cpu or cuda.")
+DEVICE_OPTION = typer.Option("auto", help=DEVICE_HELP)
 BACKEND_OPTION = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
 COMM_OPTION = typer.Option(
     "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."

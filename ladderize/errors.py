@@ -70,25 +70,41 @@ _FORK_HOOK_INSTALLED = False
 
 
 def _defaults_in_forked_children() -> None:
-    """Forked children (lm-eval's bootstrap ``Pool``, DataLoader workers) get the default SIGINT/SIGTERM.
+    """Forked children (DataLoader workers, a ``multiprocessing`` ``Pool``) get the default SIGINT/SIGTERM.
 
     A pool worker that raises ``Interrupted`` while holding the pool's queue lock, instead of dying
     on ``Pool.terminate()``'s SIGTERM, leaves the other workers blocked on that lock and the parent
     waiting forever in ``join()``. Only the command's own process turns signals into ``Interrupted``.
+
+    The two signals are blocked across ``fork()``: a SIGTERM that reaches a child before its
+    after-fork hook ran would otherwise land in Python's handler, and CPython drops the signals
+    pending there when a child starts (``PyOS_AfterFork_Child``), so ``Pool.terminate()`` could
+    signal a just-forked worker that then never died. Blocked, the signal waits in the kernel until
+    the child has its default handlers, and then ends it.
     """
     global _FORK_HOOK_INSTALLED
     import os
     import signal
+    import threading
 
-    if _FORK_HOOK_INSTALLED or not hasattr(os, "register_at_fork"):
+    if _FORK_HOOK_INSTALLED or not hasattr(os, "register_at_fork") or not hasattr(signal, "pthread_sigmask"):
         return
     _FORK_HOOK_INSTALLED = True
+    signals = {signal.SIGINT, signal.SIGTERM}
+    masks: dict[int, set] = {}  # the forking thread's mask before the fork (the child keeps that thread's id)
 
-    def reset() -> None:
+    def block() -> None:
+        masks[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    def unblock() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, masks.pop(threading.get_ident(), set()))
+
+    def reset_then_unblock() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        unblock()
 
-    os.register_at_fork(after_in_child=reset)
+    os.register_at_fork(before=block, after_in_parent=unblock, after_in_child=reset_then_unblock)
 
 
 def restore_handlers(previous: dict) -> None:

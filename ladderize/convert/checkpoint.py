@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..dtypes import parse_dtype
+from ..model.placement import parse_dtype
 from ..errors import LadderizeError
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama

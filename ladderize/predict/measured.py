@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..convert.atomic import write_file_atomic
 from ..errors import LadderizeError
+from ..model.placement import resolve_device
 from ..paths import cache_path
 from .work import ModuleKind, ModuleWork, roofline_s
 
@@ -57,12 +58,8 @@ class MeasuredCompute:
         import torch
 
         self.torch = torch
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.is_gpu = self.device.type == "cuda"
-        if self.is_gpu and not torch.cuda.is_available():
-            raise LadderizeError("--compute measured asked for CUDA, but torch sees no GPU")
         self.dtype = torch.bfloat16 if self.is_gpu else torch.float32
         dtype_name = str(self.dtype).removeprefix("torch.")
         self.memory_bytes = 0.0

@@ -45,7 +45,8 @@ from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
 from .dims import ModelDims, load_config, validate_tp
 from .engine import RankModel
-from .generate import RuntimeOptions, parse_dtype, resolve_linear
+from ..model.placement import dtype_name, runtime_dtype
+from .generate import RuntimeOptions, resolve_linear
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import SafetensorsSource
@@ -172,7 +173,7 @@ def _time_once(
 def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[BenchRow]:
     config, layout = source.config_and_layout()
     dims = ModelDims.from_config(config)
-    dtype = parse_dtype(options.dtype, context.device.type)
+    dtype = runtime_dtype(options.dtype, context.device)
     if source.checkpoint is not None:
         weights = load_rank_weights(
             SafetensorsSource(source.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
@@ -289,7 +290,7 @@ def run_bench(
         "device": device_type,
         "device_name": torch.cuda.get_device_name() if device_type == "cuda" else platform.processor() or platform.machine(),
         "cpu_cores": cpu_cores(),
-        "dtype": str(parse_dtype(options.dtype, device_type)).removeprefix("torch."),
+        "dtype": dtype_name(runtime_dtype(options.dtype, device_type)),
         "backend": launch.backend_name,
         "comm": launch.comm,
         "threads_per_rank": launch.threads_per_rank or None,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import dtypes
+from ..model.placement import runtime_dtype
 from ..errors import LadderizeError
 from .decode import Decoder, Sampling, generate_on_rank
 from .dims import ModelDims, load_config, validate_tp
@@ -27,11 +27,6 @@ from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import SafetensorsSource
 from .weights import load_rank_weights
-
-def parse_dtype(name: str, device_type: str) -> torch.dtype:
-    """The runtime's dtype: ``auto`` is bfloat16 on CUDA and float32 on CPU (names: ``ladderize.dtypes``)."""
-    return dtypes.parse_dtype(name, auto=torch.bfloat16 if device_type == "cuda" else torch.float32)
-
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -104,12 +99,12 @@ def _check_request(request: Request, spec: LaunchSpec, options: RuntimeOptions) 
 
 def resolve_linear(options: RuntimeOptions, device_type: str) -> LinearKernel:
     """The linear kernel the ranks will use; refuses, in one line, one they could not run."""
-    device, dtype = torch.device(device_type), parse_dtype(options.dtype, device_type)
+    device, dtype = torch.device(device_type), runtime_dtype(options.dtype, device_type)
     return resolve_kernel(options.linear, device, dtype, compiled=options.compile)
 
 
 def _serve(context: RankContext, requests: tuple[Request, ...], options: RuntimeOptions) -> list[Response]:
-    dtype = parse_dtype(options.dtype, context.device.type)
+    dtype = runtime_dtype(options.dtype, context.device)
     models: dict[str, tuple[RankModel, Any, Any]] = {}
     responses = []
     for request in requests:
@@ -195,4 +190,4 @@ def score(
     return None if responses is None else responses[0].logits
 
 
-__all__ = ["Request", "Response", "RuntimeOptions", "generate", "parse_dtype", "resolve_linear", "run_requests", "score"]
+__all__ = ["Request", "Response", "RuntimeOptions", "generate", "resolve_linear", "run_requests", "score"]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import LadderizeError
+from ..model.placement import resolve_device
 from .allreduce import Communicator
 
 COMMS = ("auto", "shm", "gloo", "nccl")
@@ -49,9 +50,8 @@ class LaunchSpec:
 
     @property
     def device_type(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
+        """``cpu`` or ``cuda`` (``placement.resolve_device``: one line of error for CUDA where there is none)."""
+        return resolve_device(self.device).type
 
     @property
     def backend_name(self) -> str:
@@ -100,8 +100,6 @@ def check_machine(spec: LaunchSpec) -> None:
     """Refuse a rank count the machine cannot host (one line, ``LadderizeError``)."""
     if spec.tp < 1:
         raise LadderizeError(f"--tp must be at least 1, got {spec.tp}")
-    if spec.device_type not in ("cpu", "cuda"):
-        raise LadderizeError(f"unknown device {spec.device!r}; use cpu, cuda or auto")
     if spec.backend_name not in ("gloo", "nccl"):
         raise LadderizeError(f"unknown backend {spec.backend!r}; use gloo, nccl or auto")
     if spec.comm not in COMMS:
@@ -112,8 +110,6 @@ def check_machine(spec: LaunchSpec) -> None:
         raise LadderizeError("the nccl backend needs --device cuda; use gloo on CPU")
     if spec.comm == "shm" and spec.device_type != "cpu":
         raise LadderizeError("--comm shm reduces CPU tensors; on CUDA use --comm nccl (or auto)")
-    if spec.device_type == "cuda" and not torch.cuda.is_available():
-        raise LadderizeError("--device cuda was asked for but torch sees no CUDA device")
     if in_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if world != spec.tp:

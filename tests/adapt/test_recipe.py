@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, plan, run_recipe
+from ladderize.adapt.recipe import MEASURED_LR, Recipe, load_recipe, parse_stage, plan, run_recipe
 from ladderize.convert.checkpoint import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
@@ -26,12 +26,14 @@ def tiny_best() -> Recipe:
 
 
 def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_dir, dense_dir, tmp_path):
+    seq, kd = MEASURED_LR["sequential"], MEASURED_LR["kd"]  # the one table of rates (docs/adapt.md has the runs)
     ladder = plan(load_recipe("best"), str(ladder_dir))
     assert [(s["name"], s["local_schedule"] if "local_schedule" in s else "joint", s["tokens"], s["lr"]) for s in ladder] == [
-        ("seq-local", "sequential", 65_536, 1e-3), ("kd", "joint", 32_768, 2e-4)]
-    assert [s["lr"] for s in plan(load_recipe("best"), str(spd_dir))] == [2e-3, 1e-4]
+        ("seq-local", "sequential", 65_536, seq["ladder"]), ("kd", "joint", 32_768, kd["ladder"])]
+    assert [s["lr"] for s in plan(load_recipe("best"), str(spd_dir))] == [seq["spd"], kd["spd"]]
     hybrid = convert(dense_dir, tmp_path / "hybrid", ladder="3:4", spd="1:3", spd_tp_size=3)
-    assert [s["lr"] for s in plan(load_recipe("best"), str(hybrid))] == [1e-3, 1e-4]  # the smaller rate of each stage
+    both = [min(seq["ladder"], seq["spd"]), min(kd["ladder"], kd["spd"])]
+    assert [s["lr"] for s in plan(load_recipe("best"), str(hybrid))] == both  # the smaller rate of each stage
     # an explicit stage setting wins over the shared settings, which win over the preset
     steps = plan(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}), str(ladder_dir))
     assert steps[0]["lr"] == 1e-3 and steps[0]["batch_size"] == 3 and steps[0]["tokens"] == 99

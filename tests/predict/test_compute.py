@@ -53,7 +53,7 @@ def test_roofline_takes_the_slower_bound_plus_overhead():
 
 
 def test_measured_times_modules_and_caches_them(tmp_path):
-    first = MeasuredCompute(cache_dir=tmp_path, repeats=2)
+    first = MeasuredCompute(cache_dir=tmp_path, repeats=2, device="cpu")  # true on a GPU machine too
     assert not first.is_gpu and "CPU" in first.label
     works = [module_work(TINY, "attention", 2, 2, 1, 24), module_work(TINY, "attention", 2, 2, 16, 16),
              module_work(TINY, "mlp", 2, 2, 1, 0), module_work(TINY, "head", 2, 2, 1, 0)]
@@ -63,7 +63,7 @@ def test_measured_times_modules_and_caches_them(tmp_path):
     cache = json.loads((tmp_path / "measurements.json").read_text())
     assert len(cache["entries"]) == len(works) and cache["rates"]
 
-    second = MeasuredCompute(cache_dir=tmp_path, repeats=2)
+    second = MeasuredCompute(cache_dir=tmp_path, repeats=2, device="cpu")
     assert [second.module_s(w) for w in works] == seconds
     assert second.measured_count == 0  # every module came from the cache
 

@@ -1,0 +1,118 @@
+"""Placement: the one rule for which device and dtype a command computes on.
+
+Every command that computes takes ``--device`` and ``--dtype`` and resolves them here:
+
+- device ``auto``: the Accelerator's device under ``accelerate launch`` (``LOCAL_RANK`` set),
+  else ``cuda:$LOCAL_RANK`` (``cuda:0`` outside a launcher) when torch sees a CUDA device, else
+  the CPU. ``cuda`` means the same CUDA device without the fallback; ``cuda:N`` names one.
+  Asking for CUDA where torch sees none is one line of error (``LadderizeError``).
+- dtype: ``float32``/``bfloat16``/``float16`` (or fp32, bf16, fp16, half); ``auto`` is the
+  caller's default: the checkpoint's own dtype where a model is loaded (as lm-eval's
+  ``dtype=auto``), bf16 on CUDA and fp32 on CPU for the runtime (``runtime_dtype``).
+
+Names are checked without importing torch (``check_device``), so a typo fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+
+from ..errors import LadderizeError
+
+if TYPE_CHECKING:  # torch is imported only when a name is resolved
+    import torch
+
+ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+NAMES = ("float32", "bfloat16", "float16")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+DEVICE_HELP = "auto (CUDA when torch sees one, else CPU), cpu, cuda or cuda:N."
+DTYPE_HELP = "auto, float32, bfloat16 or float16 (fp32, bf16, fp16)."
+
+
+def check_dtype(name: str | None) -> str | None:
+    """The canonical dtype name of ``name`` (``None`` for auto); one line of error otherwise. No torch."""
+    if name is None or str(name).lower() == "auto":
+        return None
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in NAMES:
+        raise LadderizeError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return key
+
+
+def parse_dtype(name: "str | torch.dtype | None", auto: "torch.dtype | None" = None) -> "torch.dtype | None":
+    """A torch dtype from a name (see ``check_dtype``); ``auto``/``None`` give ``auto``; a dtype passes through."""
+    if name is not None and not isinstance(name, str):
+        return name
+    key = check_dtype(name)
+    if key is None:
+        return auto
+    import torch
+
+    return getattr(torch, key)
+
+
+def check_device(spec: str | None) -> str:
+    """The device spec lower-cased (``auto`` for ``None``); one line of error for anything else. No torch."""
+    text = "auto" if spec is None else str(spec).strip().lower()
+    if not DEVICE_PATTERN.match(text):
+        raise LadderizeError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N")
+    return text
+
+
+def local_rank() -> int:
+    """This process's rank on its node under torchrun / accelerate launch (0 outside them)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device":
+    """The torch device of ``spec`` by the rule in this module's docstring."""
+    import torch
+
+    if isinstance(spec, torch.device):
+        text = str(spec)
+    else:
+        text = check_device(spec)
+    cuda = torch.cuda.is_available()
+    if text == "auto":
+        text = "cuda" if cuda else "cpu"
+    if text == "cpu":
+        return torch.device("cpu")
+    if text.startswith("cuda") and not cuda:
+        raise LadderizeError(f"--device {text} was asked for, but torch sees no CUDA device; use --device cpu")
+    if text == "cuda":
+        index = local_rank() if local_rank() < torch.cuda.device_count() else 0
+        return torch.device("cuda", index)
+    device = torch.device(text)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise LadderizeError(f"--device {text}: torch sees only {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def runtime_dtype(name: "str | torch.dtype | None", device: "str | torch.device") -> "torch.dtype":
+    """The runtime's dtype: ``auto`` is bfloat16 on CUDA and float32 on CPU."""
+    import torch
+
+    device_type = device if isinstance(device, str) else device.type
+    return parse_dtype(name, auto=torch.bfloat16 if device_type.startswith("cuda") else torch.float32)
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (for records and tables)."""
+    return str(dtype).removeprefix("torch.")
+
+
+__all__ = [
+    "ALIASES",
+    "DEVICE_HELP",
+    "DTYPE_HELP",
+    "NAMES",
+    "check_device",
+    "check_dtype",
+    "dtype_name",
+    "local_rank",
+    "parse_dtype",
+    "resolve_device",
+    "runtime_dtype",
+]

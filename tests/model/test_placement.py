@@ -1,0 +1,54 @@
+"""The one device and dtype rule (``ladderize.model.placement``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ladderize.errors import LadderizeError
+from ladderize.model.placement import check_device, check_dtype, parse_dtype, resolve_device, runtime_dtype
+
+
+def test_dtype_names_and_aliases():
+    assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("FLOAT32") is torch.float32
+    assert parse_dtype("auto") is None and parse_dtype(None, auto=torch.float16) is torch.float16
+    assert parse_dtype(torch.float16) is torch.float16
+    assert check_dtype("half") == "float16"
+    with pytest.raises(LadderizeError, match="unknown dtype 'int8'"):
+        parse_dtype("int8")
+
+
+def test_runtime_dtype_is_bf16_on_cuda_and_fp32_on_cpu():
+    assert runtime_dtype("auto", "cpu") is torch.float32
+    assert runtime_dtype("auto", torch.device("cuda", 1)) is torch.bfloat16
+    assert runtime_dtype("fp16", "cpu") is torch.float16
+
+
+def test_device_rule(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert check_device(" CUDA:1 ") == "cuda:1" and check_device(None) == "auto"
+    with pytest.raises(LadderizeError, match="unknown device 'tpu'"):
+        check_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    for spec in ("cuda", "cuda:0"):
+        with pytest.raises(LadderizeError, match="sees no CUDA device"):
+            resolve_device(spec)
+
+
+def test_auto_picks_the_local_rank_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert resolve_device("auto") == torch.device("cuda", 2) == resolve_device("cuda")
+    assert resolve_device("cuda:3") == torch.device("cuda", 3)
+    with pytest.raises(LadderizeError, match="only 4 CUDA device"):
+        resolve_device("cuda:7")
+
+
+def test_placement_imports_no_torch():
+    code = "import sys, ladderize.model.placement as p; p.check_device('cpu'); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
