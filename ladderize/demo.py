@@ -46,8 +46,6 @@ class DemoSettings:
     adapt_seq_len: int = 512
     adapt_batch_size: int = 2
     adapt_epochs: float = 2.0
-    adapt_lr_ladder: float = 6e-3  # the best of 3e-4, 6e-3 and 1.5e-2 in runs on SmolLM2 ladder 15-29
-    adapt_lr_spd: float = 2e-3
     eval_limits: dict[str, int] = field(default_factory=lambda: {"shakespeare": 6, "lambada_openai": 500, "wikitext2_valid": 8})
     eval_batch_size: int = 8
     eval_max_length: int = 2048
@@ -256,14 +254,12 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
         return out
-    from .convert.checkpoint import load_config
-    from .model import LayerMode
+    from .adapt.recipe import converted_modes, measured_lr
 
-    has_ladder = LayerMode.LADDER in load_config(checkpoint).layout.modes
     config = AdaptConfig(
         checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
         batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs,
-        lr=settings.adapt_lr_ladder if has_ladder else settings.adapt_lr_spd,
+        lr=measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint))),  # the recipe's measured rate
     )  # fmt: skip
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
