@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..model.placement import parse_dtype
+from ..model.placement import parse_dtype, resolve_device
 from ..errors import LadderizeError
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
@@ -212,9 +212,16 @@ def load_tokenizer(path: Path | str, needed_for: str = ""):
         raise LadderizeError(f"cannot load a tokenizer from {path}{need}: {first}") from None
 
 
-def load_model(path: Path | str, dtype: str | torch.dtype | None = None) -> LadderLlamaForCausalLM:
-    """Load a converted checkpoint, or a plain Llama/Mistral/Qwen2 safetensors directory, as a ladderize model."""
+def load_model(
+    path: Path | str, dtype: str | torch.dtype | None = None, device: str | torch.device | None = "cpu"
+) -> LadderLlamaForCausalLM:
+    """Load a converted checkpoint, or a plain Llama/Mistral/Qwen2 safetensors directory, as a ladderize model.
+
+    ``dtype``: the checkpoint's own when ``None``/``auto``; ``device``: as ``placement.resolve_device``
+    (``auto`` is the accelerator when there is one).
+    """
     path = Path(path).expanduser()
+    target = resolve_device(device)
     config = load_config(path)
     if not any(path.glob("*.safetensors")):
         raise LadderizeError(f"{path} has no .safetensors weights")
@@ -225,7 +232,7 @@ def load_model(path: Path | str, dtype: str | torch.dtype | None = None) -> Ladd
         )
     except Exception as exc:
         raise LadderizeError(f"cannot load model weights from {path}: {str(exc).strip().splitlines()[0][:300]}") from None
-    return model.eval()
+    return model.to(target).eval()
 
 
 def save_model_checkpoint(
