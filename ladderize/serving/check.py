@@ -61,12 +61,10 @@ def run_one(spec: dict, prompts: list[list[int]], max_tokens: int) -> dict:
 
 
 def _decode_timing(llm, prompts: list[list[int]], cfg: dict) -> dict:
-    """Decode seconds per token: (generate G tokens - generate 1 token) / (G - 1), medians over repeats."""
-    import statistics
-
+    """Decode seconds per token by difference (``runtime/timing.py``: G tokens against 1, medians over repeats)."""
     from vllm import SamplingParams
 
-    gen = int(cfg.get("gen", 64))
+    from ..runtime.timing import time_decode
 
     def run(n: int) -> float:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -74,15 +72,8 @@ def _decode_timing(llm, prompts: list[list[int]], cfg: dict) -> dict:
         llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return time.perf_counter() - start
 
-    for _ in range(int(cfg.get("warmup", 1))):
-        run(gen), run(1)
-    full, one = [], []
-    for _ in range(int(cfg.get("repeats", 3))):
-        full.append(run(gen))
-        one.append(run(1))
-    return {"gen": gen, "full_s": full, "one_s": one,
-            "decode_s_per_token": (statistics.median(full) - statistics.median(one)) / (gen - 1),
-            "prefill_s": statistics.median(one)}
+    timing = time_decode({"vllm": run}, int(cfg.get("gen", 64)), int(cfg.get("warmup", 1)), int(cfg.get("repeats", 3)))
+    return {k: v for k, v in timing["vllm"].items() if k != "tokens"}
 
 
 def _compiled(llm) -> bool:

@@ -1,0 +1,70 @@
+"""Decode timing by difference: the one formula behind every decode figure that times whole generations.
+
+A generation of G new tokens is one prefill (which yields the first token) and G - 1 decode steps, so
+
+    prefill_s          = median(time of generating 1 token)
+    decode_s_per_token = (median(time of G tokens) - median(time of 1 token)) / (G - 1)
+
+``time_decode`` runs each engine's ``run(n)`` (generate exactly n new tokens; return seconds, or
+``(seconds, tokens)``) after untimed warm-up, interleaving the engines repeat by repeat so that a change
+of machine load hits all of them alike. Standard library only: benchmark workers in other virtual
+environments (vLLM's, llama.cpp's) execute this file's text (``worker_source``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+Run = Callable[[int], Any]  # n new tokens -> seconds, or (seconds, tokens)
+
+
+def _timed(run: Run, n: int) -> tuple[float, Any]:
+    out = run(n)
+    return (float(out[0]), out[1]) if isinstance(out, tuple) else (float(out), None)
+
+
+def time_decode(runs: Mapping[str, Run], gen: int, warmup: int = 1, repeats: int = 3) -> dict[str, dict[str, Any]]:
+    """Per engine: prefill_s, decode_s_per_token (the formula above), the raw runs and the last tokens."""
+    if gen < 2:
+        raise ValueError(f"decode timing needs at least 2 new tokens, got {gen}")
+    if repeats < 1:
+        raise ValueError(f"decode timing needs at least 1 timed repeat, got {repeats}")
+    full: dict[str, list[float]] = {name: [] for name in runs}
+    one: dict[str, list[float]] = {name: [] for name in runs}
+    tokens: dict[str, Any] = {}
+    for repeat in range(warmup + repeats):
+        for name, run in runs.items():
+            elapsed, tokens[name] = _timed(run, gen)
+            first, _ = _timed(run, 1)
+            if repeat >= warmup:
+                full[name].append(elapsed)
+                one[name].append(first)
+    return {
+        name: {
+            "gen": gen,
+            "full_s": full[name],
+            "one_s": one[name],
+            "prefill_s": statistics.median(one[name]),
+            "decode_s_per_token": (statistics.median(full[name]) - statistics.median(one[name])) / (gen - 1),
+            "decode_s_per_token_runs": [(f - o) / (gen - 1) for f, o in zip(full[name], one[name])],
+            "tokens": tokens[name],
+        }
+        for name in runs
+    }
+
+
+def load_average() -> list[float]:
+    """The machine's 1/5/15-minute load averages, rounded (recorded beside every timing)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def worker_source() -> str:
+    """This module's text, for a benchmark worker to ``exec`` where ladderize is not installed."""
+    return Path(__file__).read_text()
+
+
+__all__ = ["load_average", "time_decode", "worker_source"]
