@@ -94,8 +94,14 @@ def run_demo(
     force: bool = False,
     on_event: EventFn | None = None,
     settings: DemoSettings | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out``; return where the report is."""
+    from .model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(demo): every stage runs on the CPU at its own dtype; honour device and dtype
+    check_dtype(dtype)
     from .eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
 
     say = on_event or (lambda _kind, _msg: None)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 
 STORIES = "stories"
 # Narrative openers: {a} and {b} are two characters, {p} a place.
@@ -223,8 +223,7 @@ def load_teacher_for_sampling(path: Path):
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise LadderizeError(f"cannot load model weights from {path}: {first}") from None
+        raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
     return model.eval(), tokenizer
 
 
@@ -243,11 +242,17 @@ def sample_text(
     resume: bool = False,
     on_batch: Callable[[int, int, int], None] | None = None,
     on_message: Callable[[str], None] | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> SampleResult:
     """Sample ``sequences`` records from the dense checkpoint ``source`` into the JSONL file ``out`` (see the module docstring).
 
     ``on_batch(records_done, sequences, tokens_generated)`` follows the progress.
     """
+    from ..model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(sample): the teacher samples in fp32 on the CPU; honour device and dtype
+    check_dtype(dtype)
     for name, value in (("--sequences", sequences), ("--new-tokens", new_tokens), ("--batch-size", batch_size)):
         if value < 1:
             raise LadderizeError(f"{name} must be at least 1, got {value}")
