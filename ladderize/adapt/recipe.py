@@ -232,7 +232,7 @@ def run_recipe(
     keep_state: bool = False,
     keep_stages: bool = False,
     resume: bool = False,
-    on_step=None,
+    progress=None,
     on_message: Callable[[str], None] | None = None,
     on_plan: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
@@ -300,7 +300,7 @@ def run_recipe(
         (on_stage_start or say)(f"stage {step['stage']}/{len(steps)} {describe(step)[len(str(step['stage'])) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
-        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), on_step=on_step, on_message=on_message,
+        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps)
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
@@ -351,7 +351,7 @@ def adapt_checkpoint(
     resume: bool = False,
     device: str = "auto",
     dtype: str | None = None,
-    on_step=None,
+    progress=None,
     on_message: Callable[[str], None] | None = None,
     on_plan: Callable[[str, list[dict[str, Any]]], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
@@ -380,7 +380,7 @@ def adapt_checkpoint(
         config = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=force, keep_state=keep_state,
                              **{**shared, **single})
         try:
-            result = adapt(config, resume=resume, on_step=on_step, on_message=on_message)
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
@@ -389,7 +389,7 @@ def adapt_checkpoint(
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     try:
         outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
-                             resume=resume, on_step=on_step, on_message=on_message,
+                             resume=resume, progress=progress, on_message=on_message,
                              on_plan=None if on_plan is None else (lambda steps: on_plan(chosen.name, steps)),
                              on_stage_start=on_stage_start)
     except Interrupted as exc:

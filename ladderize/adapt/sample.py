@@ -240,14 +240,14 @@ def sample_text(
     seed: int = 0,
     force: bool = False,
     resume: bool = False,
-    on_batch: Callable[[int, int, int], None] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
     on_message: Callable[[str], None] | None = None,
     device: str = "cpu",
     dtype: str | None = None,
 ) -> SampleResult:
     """Sample ``sequences`` records from the dense checkpoint ``source`` into the JSONL file ``out`` (see the module docstring).
 
-    ``on_batch(records_done, sequences, tokens_generated)`` follows the progress.
+    ``progress(records_done, sequences, tokens_generated)`` follows the progress.
     """
     from ..model.placement import check_device, check_dtype
 
@@ -281,8 +281,8 @@ def sample_text(
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_state(out, settings, batches)
     tokens = sum(int(b["tokens"]) for b in batches)
-    if on_batch:
-        on_batch(done, sequences, tokens)
+    if progress:
+        progress(done, sequences, tokens)
     with partial.open("ab") as handle:
         for index in range(len(batches), -(-sequences // batch_size)):
             started = time.perf_counter()
@@ -294,8 +294,8 @@ def sample_text(
             batches.append({"tokens": generated, "seconds": round(time.perf_counter() - started, 3)})
             _write_state(out, settings, batches)
             done, tokens = done + len(chunk), tokens + generated
-            if on_batch:
-                on_batch(done, sequences, tokens)
+            if progress:
+                progress(done, sequences, tokens)
     seconds = sum(float(b["seconds"]) for b in batches)
     if out.exists() and not force:  # someone created it meanwhile
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
