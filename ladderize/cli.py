@@ -1,4 +1,9 @@
-"""The ``ladderize`` command line: one Typer app, one command per verb. Only this module prints."""
+"""The ``ladderize`` command line: one Typer app, one command per verb. Only this module prints.
+
+A command parses its options (shared groups: ``cli_options``), validates them, calls its pipeline in the
+package (``convert.pipeline.convert_layout``, ``adapt.recipe.adapt_checkpoint``, ``predict.plan.plan_prediction``,
+``runtime.text.generate_text``, ...) and renders the result (tables: ``cli_render``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,10 @@ from typing import Optional
 
 import typer
 
+from . import cli_options as opts  # the shared option groups
+from . import cli_render as render  # the tables
+from .progress import make_console  # wide off a terminal, so tables keep their width in logs
+
 app = typer.Typer(
     name="ladderize",
     help="Convert Llama-family checkpoints to Ladder Residual / Sync-Point-Drop layouts, adapt, evaluate and benchmark them.",
@@ -17,23 +26,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-
-def _hide_flag_types() -> None:
-    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
-    option = getattr(typer.core, "TyperOption", None)
-    original = getattr(option, "display_type_rich", None)
-    if original is None or getattr(original, "_ladderize", False):
-        return
-
-    def display_type_rich(self, ctx):
-        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
-
-    display_type_rich._ladderize = True
-    option.display_type_rich = display_type_rich
-
-
-_hide_flag_types()
 
 
 def _print_version(value: bool) -> None:
@@ -53,9 +45,7 @@ def _root(
     """Convert Llama-family checkpoints to Ladder Residual / Sync-Point-Drop layouts, adapt, evaluate and benchmark them."""
 
 
-from . import cli_options as opts  # noqa: E402  (the shared option groups)
-from . import cli_render as render  # noqa: E402  (the tables)
-from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
+opts.hide_flag_types()
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -294,10 +284,7 @@ def bench_cmd(
         return
     console.print(render.bench_table(result, source.name, prompt, gen, repeats))
     if json_path is not None:
-        from .convert.atomic import write_file_atomic
-
-        write_file_atomic(json_path, json.dumps(result.to_json(), indent=2) + "\n")
-        console.print(f"wrote {json_path}")
+        console.print(f"wrote {opts.write_json(json_path, result.to_json())}")
 
 
 # --- predict -----------------------------------------------------------------------------------
@@ -371,10 +358,7 @@ def predict_cmd(
     if show_modules:
         console.print(render.module_table(result))
     if json_path is not None:
-        from .convert.atomic import write_file_atomic
-
-        write_file_atomic(json_path, json.dumps(result.to_record().to_json(), indent=2) + "\n")
-        console.print(f"wrote {json_path}", highlight=False)
+        console.print(f"wrote {opts.write_json(json_path, result.to_record().to_json())}", highlight=False)
 
 
 # --- adapt, sensitivity ------------------------------------------------------------------------
@@ -532,15 +516,6 @@ def sensitivity_cmd(
 # --- eval, report, demo ------------------------------------------------------------------------
 
 
-def _quiet_libraries(verbose: bool) -> None:
-    """lm-eval and datasets log every task override and warning; keep them to errors unless --verbose."""
-    import logging
-
-    if not verbose:
-        for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
 @app.command("eval")
 def eval_command(
     ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
@@ -559,40 +534,16 @@ def eval_command(
     from .eval.harness import evaluate_checkpoint, write_json
 
     device, dtype_name = opts.check_placement(device, dtype)
-    _quiet_libraries(verbose)
+    opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
-    bars: dict = {}
-
-    def on_progress(kind: str, done: int, total: int, tokens: int) -> None:
-        from .progress import Progress
-
-        if bars.get("kind") != kind:  # lm-eval runs one request kind at a time
-            if bars.get("bar") is not None:
-                bars["bar"].__exit__(None, None, None)
-            label = "eval rolling windows" if kind == "loglikelihood_rolling" else "eval loglikelihood requests"
-            bars.update(kind=kind, bar=Progress(label, err_console).__enter__())
-        bars["bar"].update(done, total, tokens=tokens)
-
-    try:
+    with render.RequestProgress(err_console) as on_progress:
         record = evaluate_checkpoint(
             ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
             max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,
         )  # fmt: skip
-    finally:
-        if bars.get("bar") is not None:
-            bars["bar"].__exit__(None, None, None)
     console.print(render.eval_table(record))
     if json_path is not None:
         console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
-
-
-def _print_report_table(report) -> None:
-    from .report.render import markdown
-
-    if not console.is_terminal:  # piped or logged: the Markdown table, unwrapped
-        console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
-        return
-    console.print(render.report_table(report))
 
 
 @app.command()
@@ -604,7 +555,7 @@ def report(
     from .report import write_report
 
     written = write_report(runs, out)
-    _print_report_table(written["report"])
+    render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
         console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)
 
@@ -627,7 +578,7 @@ def demo(
     from .demo import run_demo
 
     device, dtype_name = opts.check_placement(device, dtype)
-    _quiet_libraries(verbose)
+    opts.quiet_libraries(verbose)
     started = time.perf_counter()
 
     def on_event(kind: str, message: str) -> None:
@@ -637,7 +588,7 @@ def demo(
 
     with err_console.status("[bold]ladderize demo[/]", spinner="dots"):
         result = run_demo(out, quick=quick, data_dir=data_dir, force=force, on_event=on_event, device=device, dtype=dtype_name)
-    _print_report_table(result.report)
+    render.print_report(console, result.report)
     console.print(f"report: {result.markdown}  (also {result.csv.name}, {result.png.name})", highlight=False, soft_wrap=True)
     if result.notes:
         for note in result.notes:

@@ -79,3 +79,36 @@ def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tup
 
         resolve_device(device_spec)
     return device_spec, dtype_name
+
+
+def write_json(path: Path, record: Any) -> Path:
+    """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
+    import json
+
+    from .convert.atomic import write_file_atomic
+
+    write_file_atomic(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """``--verbose`` off: lm-eval and datasets log every task override and warning; keep them to errors."""
+    import logging
+
+    if not verbose:
+        for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def hide_flag_types() -> None:
+    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
+    option = getattr(typer.core, "TyperOption", None)
+    original = getattr(option, "display_type_rich", None)
+    if original is None or getattr(original, "_ladderize", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+
+    display_type_rich._ladderize = True
+    option.display_type_rich = display_type_rich

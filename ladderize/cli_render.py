@@ -147,3 +147,42 @@ def report_table(report: Any) -> Table:
     for row in table_rows(report):
         table.add_row(*row)
     return table
+
+
+def print_report(console: Any, report: Any) -> None:
+    """The report on a terminal as a table; piped or logged, its Markdown table, unwrapped."""
+    from .report.render import markdown
+
+    if not console.is_terminal:
+        console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
+        return
+    console.print(report_table(report))
+
+
+class RequestProgress:
+    """The eval progress callback ``(kind, done, total, tokens)``: a bar per lm-eval request kind (one runs at a time)."""
+
+    def __init__(self, console: Any):
+        self.console = console
+        self.kind: str | None = None
+        self.bar: Any = None
+
+    def __enter__(self) -> "RequestProgress":
+        return self
+
+    def __call__(self, kind: str, done: int, total: int, tokens: int) -> None:
+        from .progress import Progress
+
+        if self.kind != kind:
+            self.close()
+            label = "eval rolling windows" if kind == "loglikelihood_rolling" else "eval loglikelihood requests"
+            self.kind, self.bar = kind, Progress(label, self.console).__enter__()
+        self.bar.update(done, total, tokens=tokens)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
