@@ -326,11 +326,8 @@ def predict_cmd(
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
         cache_dir=cache_dir, device=device, dtype=dtype,
     )
-    shape, profile = plan.request.model, plan.interconnect
-    console.print(f"model: {shape.name} ({shape.num_parameters / 1e9:.1f}B parameters, {shape.num_hidden_layers} layers)",
-                  highlight=False, markup=False)
-    console.print(f"interconnect: {profile.name}: {profile.description}", highlight=False, markup=False)
-    console.print(f"compute: {plan.compute.label}", highlight=False, markup=False)
+    for line in render.predict_header(plan):
+        console.print(line, highlight=False, markup=False)
     if compute == "measured" and not plan.compute.is_gpu:
         console.print(
             "[yellow]no GPU here: module times are CPU timings (big shapes via scaled proxies). Against a GPU "
@@ -420,14 +417,8 @@ def adapt_cmd(
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
             console.print(render.layer_summary_table(done.curve))
-    last = result.curve[-1] if result.curve else {}
-    calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
-    console.print(
-        f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
-        f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}", highlight=False, soft_wrap=True,
-    )
-    if result.state_dir is not None:
-        console.print(f"training state kept in {result.state_dir} (remove it when done)", highlight=False, soft_wrap=True)
+    for line in render.adapt_summary(result):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command("sample")

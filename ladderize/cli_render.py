@@ -98,6 +98,24 @@ def module_table(result: Any) -> Table:
     return modules
 
 
+def predict_header(plan: Any) -> list[str]:
+    """What ``ladderize predict`` predicts: the model, the interconnect and the compute model (plain text)."""
+    shape, profile = plan.request.model, plan.interconnect
+    return [f"model: {shape.name} ({shape.num_parameters / 1e9:.1f}B parameters, {shape.num_hidden_layers} layers)",
+            f"interconnect: {profile.name}: {profile.description}", f"compute: {plan.compute.label}"]
+
+
+def adapt_summary(result: Any) -> list[str]:
+    """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
+    last = result.curve[-1] if result.curve else {}
+    calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
+    lines = [f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
+             f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
+    if result.state_dir is not None:
+        lines.append(f"training state kept in {result.state_dir} (remove it when done)")
+    return lines
+
+
 def layer_summary_table(curve: list[dict]) -> Table:
     """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
     from .adapt.sequential import layer_summary
