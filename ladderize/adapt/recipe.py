@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
 from .trainer import adapt
@@ -147,7 +147,7 @@ def load_recipe(spec: str) -> Recipe:
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or one_line(exc)
         raise LadderizeError(f"recipe {path} does not parse as YAML{line}: {problem}") from None
     if not isinstance(data, dict) or not isinstance(data.get("stages"), list) or not data["stages"]:
         raise LadderizeError(f"recipe {path} must be a mapping with a non-empty 'stages' list (see docs/adapt.md)")
@@ -232,7 +232,7 @@ def run_recipe(
     keep_state: bool = False,
     keep_stages: bool = False,
     resume: bool = False,
-    on_step=None,
+    progress=None,
     on_message: Callable[[str], None] | None = None,
     on_plan: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
@@ -300,7 +300,7 @@ def run_recipe(
         (on_stage_start or say)(f"stage {step['stage']}/{len(steps)} {describe(step)[len(str(step['stage'])) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
-        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), on_step=on_step, on_message=on_message,
+        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps)
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
@@ -319,3 +319,85 @@ def run_recipe(
     elif not keep_state:
         shutil.rmtree(top, ignore_errors=True)
     return RecipeResult(final, results, steps, True, top if top.exists() else None)
+
+
+SINGLE_STAGE_FLAGS = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}
+
+
+@dataclass
+class AdaptRun:
+    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages."""
+
+    result: AdaptResult
+    stages: list[AdaptResult]
+
+
+def _resume_hint(exc: BaseException, where: Path) -> None:
+    exc.hint = (f"training state saved in {where}; run the same command with --resume to continue"
+                if where.exists() else "no training state was saved yet; run the same command again to start over")
+
+
+def adapt_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    shared: dict[str, Any] | None = None,
+    single: dict[str, Any] | None = None,
+    recipe: str | None = None,
+    stages: list[str] | None = None,
+    run_dir: str | Path | None = None,
+    force: bool = False,
+    keep_state: bool = False,
+    resume: bool = False,
+    device: str = "auto",
+    dtype: str | None = None,
+    progress=None,
+    on_message: Callable[[str], None] | None = None,
+    on_plan: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    on_stage_start: Callable[[str], None] | None = None,
+) -> AdaptRun:
+    """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
+
+    A single stage without ``lr`` takes the measured rate of its kind and the converted modes. An
+    interrupt gets a hint on how to continue. ``on_plan(recipe_name, steps)`` shows a recipe's plan.
+    """
+    from ..errors import Interrupted
+    from ..model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(adapt): Accelerate places training; device and dtype are not honoured yet
+    check_dtype(dtype)
+    shared, single = dict(shared or {}), dict(single or {})
+    if single and (recipe or stages):
+        names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
+        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
+    if recipe and stages:
+        raise LadderizeError("give --recipe or --stage, not both")
+    checkpoint, out = str(checkpoint), str(out)
+    run_dir = str(run_dir) if run_dir else None
+    if single:
+        if "lr" not in single and Path(checkpoint).is_dir() and (Path(checkpoint) / "config.json").is_file():
+            single["lr"] = measured_lr(single, converted_modes(checkpoint))
+        config = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=force, keep_state=keep_state,
+                             **{**shared, **single})
+        try:
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message)
+        except Interrupted as exc:
+            _resume_hint(exc, config.resolved_run_dir() / "state")
+            raise
+        return AdaptRun(result, [result])
+    chosen = Recipe("command line", [parse_stage(s) for s in stages]) if stages else load_recipe(recipe or "best")
+    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    try:
+        outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
+                             resume=resume, progress=progress, on_message=on_message,
+                             on_plan=None if on_plan is None else (lambda steps: on_plan(chosen.name, steps)),
+                             on_stage_start=on_stage_start)
+    except Interrupted as exc:
+        _resume_hint(exc, top)
+        raise
+    result = outcome.stages[-1]
+    result.steps, result.tokens = sum(r.steps for r in outcome.stages), sum(r.tokens for r in outcome.stages)
+    result.train_s = sum(r.train_s for r in outcome.stages)
+    if outcome.run_dir is not None:
+        result.state_dir = outcome.run_dir
+    return AdaptRun(result, outcome.stages)

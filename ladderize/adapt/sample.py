@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 
 STORIES = "stories"
 # Narrative openers: {a} and {b} are two characters, {p} a place.
@@ -223,8 +223,7 @@ def load_teacher_for_sampling(path: Path):
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise LadderizeError(f"cannot load model weights from {path}: {first}") from None
+        raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
     return model.eval(), tokenizer
 
 
@@ -241,13 +240,19 @@ def sample_text(
     seed: int = 0,
     force: bool = False,
     resume: bool = False,
-    on_batch: Callable[[int, int, int], None] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
     on_message: Callable[[str], None] | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> SampleResult:
     """Sample ``sequences`` records from the dense checkpoint ``source`` into the JSONL file ``out`` (see the module docstring).
 
-    ``on_batch(records_done, sequences, tokens_generated)`` follows the progress.
+    ``progress(records_done, sequences, tokens_generated)`` follows the progress.
     """
+    from ..model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(sample): the teacher samples in fp32 on the CPU; honour device and dtype
+    check_dtype(dtype)
     for name, value in (("--sequences", sequences), ("--new-tokens", new_tokens), ("--batch-size", batch_size)):
         if value < 1:
             raise LadderizeError(f"{name} must be at least 1, got {value}")
@@ -276,8 +281,8 @@ def sample_text(
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_state(out, settings, batches)
     tokens = sum(int(b["tokens"]) for b in batches)
-    if on_batch:
-        on_batch(done, sequences, tokens)
+    if progress:
+        progress(done, sequences, tokens)
     with partial.open("ab") as handle:
         for index in range(len(batches), -(-sequences // batch_size)):
             started = time.perf_counter()
@@ -289,8 +294,8 @@ def sample_text(
             batches.append({"tokens": generated, "seconds": round(time.perf_counter() - started, 3)})
             _write_state(out, settings, batches)
             done, tokens = done + len(chunk), tokens + generated
-            if on_batch:
-                on_batch(done, sequences, tokens)
+            if progress:
+                progress(done, sequences, tokens)
     seconds = sum(float(b["seconds"]) for b in batches)
     if out.exists() and not force:  # someone created it meanwhile
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")

@@ -186,6 +186,8 @@ def checkpoint_sensitivity(
     min_sequences: int = 1,
     data_label: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> SensitivityReport:
     """The whole pipeline behind ``ladderize sensitivity`` and the demo: load the dense checkpoint and its
     tokenizer, pack ``samples`` x ``seq_len`` tokens of ``data``, and rank the ``layers`` candidates."""
@@ -193,6 +195,10 @@ def checkpoint_sensitivity(
     from ..model.layout import parse_layer_ranges
     from .data import pack_tokens
 
+    from ..model.placement import check_device, check_dtype
+
+    check_device(device)  # TODO(sensitivity): measured in fp32 on the CPU; honour device and dtype
+    check_dtype(dtype)
     model = load_model(src, dtype="float32")
     tokenizer = load_tokenizer(src, "sensitivity")
     ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len, min_sequences=min_sequences)

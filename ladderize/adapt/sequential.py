@@ -159,7 +159,7 @@ def train_layer(
     warmup_steps: int,
     max_grad_norm: float,
     seed: int,
-    on_step: Callable[[LayerStep], None] | None = None,
+    progress: Callable[[LayerStep], None] | None = None,
 ) -> list[float]:
     """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
     from .lr_schedule import warmup_cosine
@@ -189,8 +189,8 @@ def train_layer(
         optimizer.step()
         scheduler.step()
         losses.append(loss.item())
-        if on_step is not None:
-            on_step(LayerStep(index, step + 1, total, losses[-1], current_lr))
+        if progress is not None:
+            progress(LayerStep(index, step + 1, total, losses[-1], current_lr))
     for param in params:
         param.requires_grad_(False)
         param.grad = None

@@ -62,7 +62,7 @@ def adapt_sequential(
     out: Path,
     *,
     resume: bool,
-    on_step: Callable | None,
+    progress: Callable | None,
     say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> AdaptResult:
@@ -102,7 +102,7 @@ def adapt_sequential(
 
     store = StateStore(run_dir / STATES_DIR if config.states == "disk" else None)
     try:
-        run, finished = _train_layers(config, out, student, teacher, data, store, state_dir, resume, on_step, say, stop_after_steps)
+        run, finished = _train_layers(config, out, student, teacher, data, store, state_dir, resume, progress, say, stop_after_steps)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = int(data.numel())
@@ -120,7 +120,7 @@ def adapt_sequential(
 
 def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
-    data: torch.Tensor, store: StateStore, state_dir: Path, resume: bool, on_step, say: Callable[[str], None],
+    data: torch.Tensor, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved."""
@@ -156,9 +156,9 @@ def _train_layers(
         curve.append({"step": step, "tokens": step * tokens_per_step, "train_s": round(elapsed, 3),
                       "cpu_s": round(time.process_time() - cpu_started, 3), "lr": info.lr, "layer": info.layer,
                       "loss_local": info.loss, "loss_total": info.loss})
-        if on_step is not None:
+        if progress is not None:
             losses = {"local": info.loss, "total": info.loss}
-            on_step(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
+            progress(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
                              elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student.model)
         if stopping() and info.step_in_layer < info.steps_per_layer:
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
@@ -175,7 +175,7 @@ def _train_layers(
                 if index in converted and index > done:
                     train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=config.batch_size,
                                 lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                max_grad_norm=config.max_grad_norm, seed=config.seed, on_step=record)
+                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record)
                     _save_layer(state_dir, index, layer)
                     student.use_trained(index, layer_file(state_dir, index))
                     write_trainer_state(state_dir, config, {

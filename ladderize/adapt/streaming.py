@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 from ..model import LadderLlamaForCausalLM
 
 EMBEDDING = "model.embed_tokens."
@@ -79,8 +79,7 @@ def read_tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
                 for name in names:
                     tensors[name] = handle.get_tensor(name)
         except Exception as exc:  # a missing, truncated or corrupt file
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise LadderizeError(f"cannot read {', '.join(names[:2])} from {file}: {first}") from None
+            raise LadderizeError(f"cannot read {', '.join(names[:2])} from {file}: {one_line(exc, 200)}") from None
     return tensors
 
 

@@ -30,13 +30,13 @@ def adapt(
     config: AdaptConfig,
     *,
     resume: bool = False,
-    on_step: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None = None,
+    progress: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None = None,
     on_message: Callable[[str], None] | None = None,
     stop_after_steps: int | None = None,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
-    ``on_step(info, model)`` runs after every optimizer step on the main process (its time is
+    ``progress(info, model)`` runs after every optimizer step on the main process (its time is
     not counted as training time; under the streamed sequential schedule ``model`` holds the
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``).
@@ -62,7 +62,7 @@ def adapt(
             f"{checkpoint} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
             "adapt; convert some first, e.g. ladderize convert SRC OUT --ladder 16:32"
         )
-    run = dict(resume=resume, on_step=on_step, say=say, stop_after_steps=stop_after_steps)
+    run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
     if config.local_schedule == "sequential":
         from .sequential_run import adapt_sequential
 

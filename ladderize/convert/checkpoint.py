@@ -22,7 +22,7 @@ import torch
 
 from .. import __version__
 from ..model.placement import parse_dtype, resolve_device
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
 from .architectures import PROVENANCE_FILE, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
@@ -207,9 +207,8 @@ def load_tokenizer(path: Path | str, needed_for: str = ""):
         # explicit False: never run a checkpoint's code, and never prompt for it (an auto_map asks otherwise)
         return AutoTokenizer.from_pretrained(str(Path(path).expanduser()), trust_remote_code=False)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         need = f" ({needed_for} needs one)" if needed_for else ""
-        raise LadderizeError(f"cannot load a tokenizer from {path}{need}: {first}") from None
+        raise LadderizeError(f"cannot load a tokenizer from {path}{need}: {one_line(exc)}") from None
 
 
 def load_model(
@@ -231,7 +230,7 @@ def load_model(
             str(path), config=config, dtype=torch_dtype or "auto", use_safetensors=True
         )
     except Exception as exc:
-        raise LadderizeError(f"cannot load model weights from {path}: {str(exc).strip().splitlines()[0][:300]}") from None
+        raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
     return model.to(target).eval()
 
 

@@ -54,7 +54,7 @@ def pull_model(
     name: str = DEFAULT_MODEL,
     out: Path | str | None = None,
     force: bool = False,
-    status: Callable[[str], None] | None = None,
+    on_message: Callable[[str], None] | None = None,
 ) -> Path:
     """Return the path of a converted dense checkpoint of ``name``, fetching and converting it once."""
     if name not in MODELS:
@@ -69,7 +69,7 @@ def pull_model(
         raise LadderizeError(f"{target} exists but is not a complete checkpoint; pass --force to replace it")
     from .checkpoint import convert_checkpoint
 
-    say = status or (lambda _msg: None)
+    say = on_message or (lambda _msg: None)
     gguf = _fetch_gguf(spec, say)
     say(f"converting {gguf.name} to a dense safetensors checkpoint")
     convert_checkpoint(

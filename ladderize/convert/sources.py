@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = (
@@ -84,7 +84,7 @@ class Source:
             # never run a checkpoint's own code, and never ask: the Ladder authors' configs carry an auto_map
             return AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)
         except Exception as exc:  # a broken tokenizer is a corrupt source
-            raise LadderizeError(f"cannot load the tokenizer of {self.spec}: {_one_line(exc)}") from None
+            raise LadderizeError(f"cannot load the tokenizer of {self.spec}: {one_line(exc)}") from None
 
     def load_generation_config(self):
         from transformers import GenerationConfig
@@ -103,7 +103,7 @@ class Source:
                     str(self.path), gguf_file=self.gguf_file, dtype=torch.float32
                 )
             except Exception as exc:
-                raise LadderizeError(f"cannot read GGUF file {self.path / self.gguf_file}: {_one_line(exc)}") from None
+                raise LadderizeError(f"cannot read GGUF file {self.path / self.gguf_file}: {one_line(exc)}") from None
             self._gguf_state = dict(model.state_dict())
         return self._gguf_state
 
@@ -131,7 +131,7 @@ def _local_source(spec: str, path: Path, kind: str) -> Source:
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise LadderizeError(f"cannot read {config_path}: {_one_line(exc)}") from None
+        raise LadderizeError(f"cannot read {config_path}: {one_line(exc)}") from None
     weight_files = _safetensors_files(path)
     if not weight_files:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -152,7 +152,7 @@ def _safetensors_files(path: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError) as exc:
-            raise LadderizeError(f"cannot read {index}: {_one_line(exc)}") from None
+            raise LadderizeError(f"cannot read {index}: {one_line(exc)}") from None
         files = [path / name for name in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -167,7 +167,7 @@ def _gguf_source(spec: str, path: Path) -> Source:
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
     except Exception as exc:
-        raise LadderizeError(f"cannot read GGUF file {path}: {_one_line(exc)}") from None
+        raise LadderizeError(f"cannot read GGUF file {path}: {one_line(exc)}") from None
     config.pop("quantization_config", None)
     config.setdefault("architectures", [])
     return Source(spec=spec, kind="gguf", path=path.parent, config=config, weight_files=[path], gguf_file=path.name)
@@ -182,7 +182,7 @@ def _download_from_hub(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
     except Exception as exc:
         raise LadderizeError(
-            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {_one_line(exc)}); "
+            f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {one_line(exc)}); "
             "when offline, pass a local checkpoint directory or a .gguf file"
         ) from None
 
@@ -200,7 +200,7 @@ class _open_safetensors:
             self._cm = safe_open(str(self.file), framework="pt")
             return self._cm.__enter__()
         except Exception as exc:
-            raise LadderizeError(f"corrupt safetensors file {self.file}: {_one_line(exc)}") from None
+            raise LadderizeError(f"corrupt safetensors file {self.file}: {one_line(exc)}") from None
 
     def __exit__(self, *exc_info):
         return self._cm.__exit__(*exc_info)
@@ -212,8 +212,3 @@ def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:
         while block := handle.read(chunk_bytes):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__

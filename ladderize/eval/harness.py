@@ -20,7 +20,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, one_line
 from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, plan_tasks, resolve_data_dir
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _load_tasks(manager, names: list[str]) -> list:
             loaded = manager.load([name])
         except Exception as exc:
             raise LadderizeError(
-                f"cannot load the data of task {name!r}: {_first_line(exc)} "
+                f"cannot load the data of task {name!r}: {one_line(exc)} "
                 f"(offline? local tasks read --data-dir; see 'ladderize eval --help')"
             ) from None
         if name in loaded["groups"]:
@@ -147,6 +147,7 @@ def evaluate_checkpoint(
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     progress: Callable[[str, int, int, int], None] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Load a checkpoint, evaluate it with lm-eval, and return the eval record's JSON (see module docstring)."""
     from ..convert.checkpoint import load_model, read_provenance
@@ -158,6 +159,9 @@ def evaluate_checkpoint(
         raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
     specs = parse_task_list(tasks)
     plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
+    from ..model.placement import check_device
+
+    check_device(device)  # TODO(eval): lm-eval runs on the CPU model; load on device once its batches follow it
     model = load_model(ckpt, dtype=dtype)
     tokenizer = load_tokenizer(ckpt)
     started = time.perf_counter()
@@ -222,6 +226,3 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0][:300] if text else type(exc).__name__)

@@ -48,8 +48,10 @@ class RooflineCompute:
         return f"roofline {self.gpu.name}"
 
 
-def make_compute(mode: str, gpu: GPUProfile | None = None, cache_dir: Path | str | None = None) -> ComputeModel:
-    """``measured`` (local device) or ``roofline`` (needs a GPU profile)."""
+def make_compute(
+    mode: str, gpu: GPUProfile | None = None, cache_dir: Path | str | None = None, device: str | None = None
+) -> ComputeModel:
+    """``measured`` (on ``device``, ``auto`` by default) or ``roofline`` (needs a GPU profile)."""
     if mode == "roofline":
         if gpu is None:
             raise LadderizeError("--compute roofline needs a GPU profile (--gpu h100|h200|a100)")
@@ -57,5 +59,5 @@ def make_compute(mode: str, gpu: GPUProfile | None = None, cache_dir: Path | str
     if mode == "measured":
         from .measured import MeasuredCompute
 
-        return MeasuredCompute(cache_dir=cache_dir)
+        return MeasuredCompute(cache_dir=cache_dir, device=device)
     raise LadderizeError(f"unknown compute mode {mode!r}: choose 'measured' or 'roofline'")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
+from ..parsing import parse_int_list  # noqa: F401  (defined once, in ladderize.parsing)
 from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank
 from ..records import PredictRecord, PredictRow, add_speedups
 from .compute import ComputeModel
@@ -274,17 +275,6 @@ def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
     layout = Layout.from_config(config)
     shape = ModelShape.from_config_dict(config.to_dict(), folder.name)
     return layout, shape
-
-
-def parse_int_list(text: str, what: str) -> tuple[int, ...]:
-    """``"1,2,4,8"`` -> (1, 2, 4, 8); raises ``LadderizeError`` on anything else."""
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise LadderizeError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not values:
-        raise LadderizeError(f"{what} is empty")
-    return values
 
 
 def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:

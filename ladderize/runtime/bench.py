@@ -129,6 +129,21 @@ def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = No
     return ModelSource(synthetic=values, synthetic_name=name, layout_override=override)
 
 
+def model_source(
+    checkpoint: str | Path | None, synthetic: str | None, ladder: str | None = None, spd: str | None = None,
+    spd_tp_size: int = 1,
+) -> ModelSource:
+    """What ``ladderize bench`` measures: a checkpoint (its own layout) or a ``--synthetic`` shape (layout from
+    ``ladder``/``spd``), exactly one of the two."""
+    if (checkpoint is None) == (synthetic is None):
+        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+    if synthetic is not None:
+        return synthetic_source(synthetic, ladder, spd, spd_tp_size)
+    if ladder or spd:
+        raise LadderizeError("--ladder/--spd set the layout of a synthetic model; a checkpoint brings its own")
+    return ModelSource(checkpoint=str(checkpoint))
+
+
 @dataclass(frozen=True)
 class BenchSpec:
     schedules: tuple[str, ...] = ("native", "dense", "upper-bound", "domino")

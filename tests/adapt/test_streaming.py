@@ -72,12 +72,12 @@ def test_one_layer_at_a_time_and_each_written_when_done(hybrid_dir, text_file, t
     seen = []
     run = tmp_path / "out.adapt-run"
 
-    def on_step(info, model) -> None:
+    def progress(info, model) -> None:
         loaded = {n.split(".")[2] for n, p in model.named_parameters() if not p.is_meta}
         written = sorted(p.name for p in (run / "state").glob("layer-*.safetensors")) if (run / "state").is_dir() else []
         seen.append((info.layer, loaded, written))
 
-    adapt(_config(hybrid_dir, tmp_path / "out", text_file), on_step=on_step)
+    adapt(_config(hybrid_dir, tmp_path / "out", text_file), progress=progress)
     for layer, loaded, written in seen:
         assert loaded == {str(layer)}  # the student holds the weights of the layer in training, nothing else
         assert written == ([] if layer == 1 else ["layer-00001.safetensors"])  # layer 1 was written before layer 3 began

@@ -1,0 +1,114 @@
+"""Option groups shared by the commands of ``ladderize.cli``, each defined once.
+
+- layout: ``--ladder``, ``--spd``, ``--spd-tp`` (convert, bench, predict; sensitivity ranks with ``--spd-tp``)
+- placement: ``--device``, ``--dtype`` (every command that computes), checked early by ``check_placement``
+- output: ``--json`` has two meanings only: a flag that prints JSON on stdout instead of the human
+  output (inspect, generate), or a FILE the command's JSON record is written to (bench, predict,
+  sensitivity, eval); ``--force`` (replace OUT) and ``--out`` (where results go).
+
+Importing this module imports neither torch nor transformers (``ladderize --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .model.placement import DEVICE_HELP, DTYPE_HELP
+
+RANGES = "half-open slices like '16:32', '-8:', 'all', 'none'"
+
+
+def ladder_option(default: str | None = None, note: str = "") -> Any:
+    """``--ladder RANGES``: layers in the Ladder Residual layout."""
+    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{note}")
+
+
+def spd_option(default: str | None = None, note: str = "") -> Any:
+    """``--spd RANGES``: layers whose attention all-reduce is dropped (Sync-Point Drop)."""
+    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{note}")
+
+
+def spd_tp_option(note: str = "") -> Any:
+    """``--spd-tp N``: the TP degree SPD layers are defined for (``None``: the command's default)."""
+    return typer.Option(None, "--spd-tp", help=f"Tensor-parallel degree the SPD layers are defined for{note}.")
+
+
+DEVICE_OPTION: Any = typer.Option("auto", "--device", help=DEVICE_HELP)
+DTYPE_OPTION: Any = typer.Option("auto", "--dtype", help=DTYPE_HELP)
+
+# the runtime's (generate, bench)
+BACKEND_OPTION: Any = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
+COMM_OPTION: Any = typer.Option(
+    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+)
+OVERSUBSCRIBE_OPTION: Any = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
+ALLOW_SPD_MISMATCH_OPTION: Any = typer.Option(
+    False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
+)
+CUDA_GRAPHS_OPTION: Any = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph.")
+COMPILE_OPTION: Any = typer.Option(False, "--compile", help="torch.compile the per-module computations.")
+LINEAR_OPTION: Any = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest).")
+
+JSON_PRINT_OPTION: Any = typer.Option(False, "--json", help="Print JSON on stdout instead of the human-readable output.")
+
+
+def json_file_option(required: bool = False, what: str = "the JSON record") -> Any:
+    """``--json FILE``: write the command's JSON record to FILE."""
+    return typer.Option(... if required else None, "--json", help=f"Write {what} to this JSON file.")
+
+
+def force_option(help: str = "Replace OUT if it exists.") -> Any:
+    return typer.Option(False, "--force", help=help)
+
+
+def out_option(default: Path | None, help: str, required: bool = False) -> Any:
+    return typer.Option(... if required else default, "--out", help=help)
+
+
+def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tuple[str, str | None]:
+    """``--device``/``--dtype`` checked before any work: a typo is one line at once (no torch); with ``resolve``,
+    a CUDA device where torch sees none is one line too (this imports torch). Returns the device spec and dtype name."""
+    from .model.placement import check_device, check_dtype
+
+    device_spec, dtype_name = check_device(device), check_dtype(dtype)
+    if resolve and device_spec.startswith("cuda"):
+        from .model.placement import resolve_device
+
+        resolve_device(device_spec)
+    return device_spec, dtype_name
+
+
+def write_json(path: Path, record: Any) -> Path:
+    """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
+    import json
+
+    from .convert.atomic import write_file_atomic
+
+    write_file_atomic(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """``--verbose`` off: lm-eval and datasets log every task override and warning; keep them to errors."""
+    import logging
+
+    if not verbose:
+        for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def hide_flag_types() -> None:
+    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
+    option = getattr(typer.core, "TyperOption", None)
+    original = getattr(option, "display_type_rich", None)
+    if original is None or getattr(original, "_ladderize", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) else original(self, ctx)
+
+    display_type_rich._ladderize = True
+    option.display_type_rich = display_type_rich

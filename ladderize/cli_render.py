@@ -1,0 +1,206 @@
+"""The tables of the command line (rich ``Table``s built from results; ``ladderize.cli`` prints them).
+
+No computation here: each function turns a result the packages return into what a command shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+
+def inspection(path: Path) -> tuple[Table, str]:
+    """A checkpoint's layer runs (table) and its summary lines (rich markup)."""
+    from .convert.inspect import inspect_checkpoint
+    from .model.layout import LayerMode
+
+    info = inspect_checkpoint(path)
+    table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
+    table.add_column("layers")
+    table.add_column("mode")
+    table.add_column("all-reduces / token", justify="right")
+    runs: list[list] = []
+    for entry in info["layers"]:
+        if runs and runs[-1][2] == entry["mode"]:
+            runs[-1][1] = entry["layer"]
+        else:
+            runs.append([entry["layer"], entry["layer"], entry["mode"]])
+    for first, last, mode in runs:
+        note = f" (tp={info['spd_tp_size']})" if mode == "spd" else ""
+        table.add_row(f"{first}:{last + 1}", mode + note, str(LayerMode(mode).allreduces_per_layer * (last - first + 1)))
+    ar = info["allreduces_per_token"]
+    summary = (
+        f"layout: [bold]{info['layout']}[/]   parameters: {info['parameters']:,}   dtype: {info['dtype']}\n"
+        f"all-reduces per token: {ar['total']} ({ar['overlappable']} overlappable by ladder, "
+        f"{ar['total'] - ar['overlappable']} blocking)"
+    )
+    return table, summary
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> Table:
+    """``ladderize bench``'s rows."""
+    table = Table(title=f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
+                  f"prompt {prompt}, gen {gen}, median of {repeats}")
+    for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
+                   "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    for row in result.rows:
+        schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
+        table.add_row(
+            schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
+            f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), _cell(row.decode_allreduce_share, ".0%"),
+            _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
+            _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
+            _cell(row.decode_gap_closed, ".0%"),
+        )
+    return table
+
+
+def predict_table(result: Any, prompt: int, gen: int) -> tuple[Table, list[str]]:
+    """``ladderize predict``'s rows, a section per (TP, batch), and the notes their marks refer to."""
+    table = Table(title=f"prompt {prompt}, {gen} new tokens; each speed-up against the same phase of dense (same TP, batch)")
+    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
+                   "exposed comm ms/tok"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    notes: list[str] = []
+    previous = None
+    for row in result.rows:
+        if previous is not None and (row.tp, row.batch) != previous:
+            table.add_section()
+        previous = (row.tp, row.batch)
+        mark = ""
+        if row.note:
+            if row.note not in notes:
+                notes.append(row.note)
+            mark = f" [{notes.index(row.note) + 1}]"
+        table.add_row(
+            str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
+            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.decode_speedup_vs_dense:.3f}x",
+            f"{row.decode_exposed_comm_s_per_token * 1e3:.3f}",
+        )
+    return table, notes
+
+
+def module_table(result: Any) -> Table:
+    """``ladderize predict --show-modules``: one rank's module timings."""
+    modules = Table(title=f"one rank's modules: {result.compute_label}")
+    for column in ("phase", "module", "TP", "batch", "q_len", "kv_len", "ms", "source"):
+        modules.add_column(column, justify="left" if column in ("phase", "module", "source") else "right")
+    for entry in result.module_timings:
+        modules.add_row(entry["phase"], entry["kind"], str(entry["tp"]), str(entry["batch"]), str(entry["q_len"]),
+                        str(entry["kv_len"]), f"{entry['seconds'] * 1e3:.4f}", entry["source"])
+    return modules
+
+
+def predict_header(plan: Any) -> list[str]:
+    """What ``ladderize predict`` predicts: the model, the interconnect and the compute model (plain text)."""
+    shape, profile = plan.request.model, plan.interconnect
+    return [f"model: {shape.name} ({shape.num_parameters / 1e9:.1f}B parameters, {shape.num_hidden_layers} layers)",
+            f"interconnect: {profile.name}: {profile.description}", f"compute: {plan.compute.label}"]
+
+
+def adapt_summary(result: Any) -> list[str]:
+    """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
+    last = result.curve[-1] if result.curve else {}
+    calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
+    lines = [f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
+             f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
+    if result.state_dir is not None:
+        lines.append(f"training state kept in {result.state_dir} (remove it when done)")
+    return lines
+
+
+def layer_summary_table(curve: list[dict]) -> Table:
+    """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
+    from .adapt.sequential import layer_summary
+
+    table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
+    for name in ("layer", "steps", "loss before", "loss after", "change"):
+        table.add_column(name, justify="right")
+    for entry in layer_summary(curve):
+        before, after = entry["before"], entry["after"]
+        change = f"{100 * (after - before) / before:+.1f}%" if before else ""
+        table.add_row(str(entry["layer"]), str(entry["steps"]), f"{before:.4f}", f"{after:.4f}", change)
+    return table
+
+
+def sensitivity_table(report: Any, mode_name: str, data: str) -> Table:
+    """``ladderize sensitivity``'s blocks with the perplexity they add."""
+    table = Table(title=f"{mode_name} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
+    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
+        table.add_column(column)
+    for block in report.blocks:
+        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
+    return table
+
+
+def eval_table(record: dict) -> Table:
+    """An eval record's headline metrics with their standard errors."""
+    from .eval.harness import headline_metrics
+
+    table = Table(title=f"{record['layout']}  ({record['checkpoint']})", title_justify="left", show_edge=False)
+    table.add_column("task")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("± stderr", justify="right")
+    for task, metric, value in headline_metrics(record["results"]):
+        stderr = record["results"][task].get(f"{metric}_stderr,none")
+        table.add_row(task, metric, f"{value:.4f}", f"{stderr:.4f}" if isinstance(stderr, (int, float)) else "")
+    return table
+
+
+def report_table(report: Any) -> Table:
+    """The accuracy-vs-speed report as a table (``report.render.markdown`` is its form off a terminal)."""
+    from .report.render import table_rows
+
+    table = Table(show_edge=False)
+    for index, name in enumerate(report.columns()):
+        table.add_column(name, justify="left" if index == 0 else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    return table
+
+
+def print_report(console: Any, report: Any) -> None:
+    """The report on a terminal as a table; piped or logged, its Markdown table, unwrapped."""
+    from .report.render import markdown
+
+    if not console.is_terminal:
+        console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
+        return
+    console.print(report_table(report))
+
+
+class RequestProgress:
+    """The eval progress callback ``(kind, done, total, tokens)``: a bar per lm-eval request kind (one runs at a time)."""
+
+    def __init__(self, console: Any):
+        self.console = console
+        self.kind: str | None = None
+        self.bar: Any = None
+
+    def __enter__(self) -> "RequestProgress":
+        return self
+
+    def __call__(self, kind: str, done: int, total: int, tokens: int) -> None:
+        from .progress import Progress
+
+        if self.kind != kind:
+            self.close()
+            label = "eval rolling windows" if kind == "loglikelihood_rolling" else "eval loglikelihood requests"
+            self.kind, self.bar = kind, Progress(label, self.console).__enter__()
+        self.bar.update(done, total, tokens=tokens)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

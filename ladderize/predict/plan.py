@@ -1,0 +1,92 @@
+"""The pipeline behind ``ladderize predict``: which shape and layout to predict (``--layout``/``--model``/``--ladder``),
+the profiles and the compute model, then the prediction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LadderizeError
+from ..parsing import parse_int_list
+from .compute import ComputeModel
+from .interconnect import InterconnectProfile
+from .predict import Prediction, PredictRequest
+
+
+@dataclass
+class PredictPlan:
+    """A validated request and the compute model that prices it (``run`` predicts)."""
+
+    request: PredictRequest
+    compute: ComputeModel
+
+    @property
+    def interconnect(self) -> InterconnectProfile:
+        return self.request.interconnect
+
+    def run(self) -> Prediction:
+        from .predict import predict
+
+        return predict(self.request, self.compute)
+
+
+def plan_prediction(
+    *,
+    model: str | None = None,
+    layout: Path | str | None = None,
+    ladder: str | None = None,
+    spd: str | None = None,
+    spd_tp: int | None = None,
+    tp: str = "1,2,4,8",
+    batch: str = "1,4,16,64",
+    prompt: int = 1024,
+    gen: int = 512,
+    interconnect: str = "h100-nvlink",
+    compute: str = "measured",
+    gpu: str = "h100",
+    schedules: str | None = None,
+    domino_chunks: int = 2,
+    cache_dir: Path | str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+) -> PredictPlan:
+    """Resolve the shape (``model``, else the ``layout`` checkpoint's own) and the layout (``layout`` or
+    ``ladder``/``spd``, never both), validate the request and build the compute model (``measured`` times
+    modules on ``device``)."""
+    from ..model.layout import Layout
+    from ..model.placement import check_device, check_dtype
+    from .compute import make_compute
+    from .gpus import load_gpu_profile
+    from .interconnect import load_interconnect
+    from .predict import layout_from_checkpoint, select_schedules
+    from .presets import load_model_shape
+
+    device = check_device(device)
+    check_dtype(dtype)  # TODO(predict measured): modules are timed in bf16 on CUDA, fp32 on CPU; honour dtype
+    if layout is not None and (ladder or spd):
+        raise LadderizeError("give either --layout or --ladder/--spd, not both")
+    tps, batches = parse_int_list(tp, "--tp"), parse_int_list(batch, "--batch")
+    chosen_layout = None
+    if layout is not None:
+        chosen_layout, checkpoint_shape = layout_from_checkpoint(layout)
+        shape = load_model_shape(model) if model else checkpoint_shape
+    elif model:
+        shape = load_model_shape(model)
+    else:
+        raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
+    if ladder or spd:
+        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
+    profile = load_interconnect(interconnect)
+    gpu_profile = load_gpu_profile(gpu)
+    request = PredictRequest(
+        model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=profile,
+        layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
+        domino_chunks=domino_chunks,
+    )
+    request.validate()
+    return PredictPlan(request, make_compute(compute, gpu_profile, cache_dir, device=device))
+
+
+def run_prediction(**options) -> Prediction:
+    """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
+    return plan_prediction(**options).run()
