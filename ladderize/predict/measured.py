@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..convert.atomic import write_file_atomic
-from ..errors import LadderizeError
 from ..model.placement import resolve_device
 from ..paths import cache_path
 from .work import ModuleKind, ModuleWork, roofline_s
