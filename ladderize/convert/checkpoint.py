@@ -24,6 +24,7 @@ from .. import __version__
 from ..model.placement import parse_dtype, resolve_device
 from ..errors import LadderizeError
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
+from ..model.shapes import ModelShape
 from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
 from .architectures import PROVENANCE_FILE, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
 from .atomic import atomic_directory, check_output_free
@@ -195,8 +196,25 @@ def read_provenance(path: Path | str) -> dict[str, Any]:
 
 
 def load_config(path: Path | str) -> LadderLlamaConfig:
-    """The ``LadderLlamaConfig`` of a converted or plain Llama-family checkpoint directory."""
-    return LadderLlamaConfig(**ladder_config_kwargs(read_config_json(path)))
+    """The one config reader: the ``LadderLlamaConfig`` of a checkpoint directory.
+
+    Reads ladderize's format, plain Llama/Mistral/Qwen2 and the Ladder authors' ``llamaLadder``
+    (``architectures.ladder_config_kwargs``). Everything else derives from the result:
+    ``config.layout``, ``model_shape(config)`` (dims, parameter count).
+    """
+    return config_from_dict(read_config_json(path))
+
+
+def config_from_dict(values: dict[str, Any]) -> LadderLlamaConfig:
+    """``load_config`` of a config dict already in memory (a synthetic shape; ``model_type`` defaults to llama)."""
+    values = dict(values)
+    values.setdefault("model_type", "ladder_llama" if values.get("layer_modes") else "llama")
+    return LadderLlamaConfig(**ladder_config_kwargs(values))
+
+
+def model_shape(config: Any, name: str = "") -> ModelShape:
+    """The ``ModelShape`` (dims, parameter count) of a config from ``load_config``."""
+    return ModelShape.from_config(config, name)
 
 
 def load_tokenizer(path: Path | str, needed_for: str = ""):
