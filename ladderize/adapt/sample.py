@@ -211,21 +211,14 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
 
 
 def load_teacher_for_sampling(path: Path):
-    """The dense model (fp32, safetensors only, no remote code) and its tokenizer, padding on the left."""
+    """The dense model (fp32, through the one loader ``load_model``) and its tokenizer, padding on the left."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    import ladderize  # noqa: F401  (registers ladder_llama, the format of a dense converted checkpoint)
-    from ..convert.checkpoint import load_tokenizer
+    from ..convert.checkpoint import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise LadderizeError(f"cannot load model weights from {path}: {first}") from None
-    return model.eval(), tokenizer
+    return load_model(path, dtype=torch.float32), tokenizer
 
 
 def sample_text(
