@@ -15,7 +15,7 @@ an SPD layer's single-device function (``modeling_ladder_llama._spd_groups``), s
 ``tp == spd_tp_size`` reproduces the converted model exactly. Dense and ladder layers use
 the same order; their sum over ranks does not depend on it.
 
-Weights are read from safetensors with ``safe_open`` slice by slice (``SafetensorsSource``):
+Weights are read from safetensors slice by slice through the one reader (``SafetensorsSource``, ``convert.shards``):
 each rank reads only its shard (never a pickle). ``weights.load_rank_weights`` assembles them.
 """
 
