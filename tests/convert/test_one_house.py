@@ -78,6 +78,17 @@ def test_truncated_safetensors_is_one_line_in_inspect(tiny_llama_dir, capsys, mo
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi", "--max-new-tokens", "2"],
+                                     ["bench", "--schedules", "native", "--batch", "1", "--repeats", "1"]])
+def test_truncated_safetensors_is_one_line_in_the_runtime_commands(tmp_path, capsys, monkeypatch, command):
+    path = write_synthetic_checkpoint(tmp_path / "tiny", PRESETS["tiny"])
+    _truncate(path / "model.safetensors")
+    code, _, err = run_cli([command[0], path, "--tp", "1", *command[1:]], capsys, monkeypatch)
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: corrupt safetensors file") and "incomplete metadata" in lines[0]
+
+
 def test_truncated_safetensors_is_one_line_in_the_runtime_reader(tiny_llama_dir):
     from ladderize.runtime.sharding import SafetensorsSource
     from ladderize.runtime.weights import load_rank_weights
