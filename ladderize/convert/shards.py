@@ -40,6 +40,8 @@ def open_safetensors(file: Path | str) -> Iterator[Any]:
     """``safe_open`` (torch) of one file; a missing, truncated or corrupt file is one ``LadderizeError`` line."""
     from safetensors import safe_open
 
+    if not Path(file).is_file():
+        raise LadderizeError(f"safetensors file {file} not found")
     try:
         handle = safe_open(str(file), framework="pt")
     except Exception as exc:

@@ -245,12 +245,14 @@ def write_synthetic_checkpoint(
     layer_modes: list[str] | None = None,
     spd_tp_size: int = 1,
     tokenizer: bool = True,
+    force: bool = False,
 ) -> Path:
     """A random-weight checkpoint of ``shape`` at ``out`` (seed ``seed``), with a character tokenizer.
 
     Plain Llama (``model_type: llama``) when every layer is dense, a ``ladder_llama`` config
     otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``). Written through
-    ``save_pretrained`` into a temp folder renamed to ``out``.
+    ``save_pretrained`` into a temp folder renamed to ``out``; an existing ``out`` is replaced
+    only with ``force``.
     """
     import os
     import shutil
@@ -262,6 +264,9 @@ def write_synthetic_checkpoint(
     from .configuration_ladder_llama import LadderLlamaConfig
     from .modeling_ladder_llama import LadderLlamaForCausalLM
 
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not force:
+        raise LadderizeError(f"{out} already exists (pass force=True to replace it)")
     values = shape.config_dict() if isinstance(shape, ModelShape) else dict(shape)
     rope_theta = values.pop("rope_theta", None)
     if rope_theta is not None:
@@ -275,7 +280,6 @@ def write_synthetic_checkpoint(
     model = LadderLlamaForCausalLM(config).eval()
     if dtype is not None:
         model = model.to(dtype)
-    out = Path(out).expanduser().absolute()
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
