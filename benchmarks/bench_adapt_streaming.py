@@ -37,8 +37,7 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ladderize.convert.atomic import atomic_directory
-    from ladderize.convert.shards import ShardWriter
+    from ladderize.convert.checkpoint import write_checkpoint
     from ladderize.synthetic import char_tokenizer
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -47,14 +46,14 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in LlamaForCausalLM(config).state_dict().items()}
     generator = torch.Generator().manual_seed(0)
-    with atomic_directory(path) as tmp:
-        writer = ShardWriter(tmp, max_shard_bytes=1_000_000_000)
+
+    def tensors():
         for name, shape in shapes.items():
             tensor = torch.randn(shape, generator=generator)
-            writer.add(name, 1 + 0.1 * tensor if "norm" in name else 0.02 * tensor)
-        writer.finish()
-        config.save_pretrained(tmp)
-        char_tokenizer().save_pretrained(tmp)
+            yield name, 1 + 0.1 * tensor if "norm" in name else 0.02 * tensor
+
+    # the one checkpoint writer (atomic, shards + index); a plain Llama config gets no custom code
+    write_checkpoint(path, config, tensors(), max_shard_bytes=1_000_000_000, tokenizer=char_tokenizer())
 
 
 def checkpoints(args: argparse.Namespace) -> tuple[Path, Path]:

@@ -125,23 +125,16 @@ def log(message: str) -> None:
 
 def synthetic_checkpoint(dtype: torch.dtype) -> Path:
     """The issue's shape with random weights (seed 0), saved once as a plain Llama checkpoint in the cache."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from ladderize.model.shapes import write_synthetic_checkpoint
 
     path = peers_dir() / "checkpoints" / "llama-12x512-seed0"
     if (path / "config.json").is_file():
         return path
-    values = {k: v for k, v in SHAPE.items()}
-    values["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    config = LlamaConfig(**values, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    config_path = tmp / "config.json"  # older transformers (vLLM's venv) read rope_theta at the top level
+    write_synthetic_checkpoint(path, dict(SHAPE, rope_theta=10000.0), seed=0, dtype=dtype, tokenizer=False)
+    config_path = path / "config.json"  # older transformers (vLLM's venv) read rope_theta at the top level
     data = json.loads(config_path.read_text())
     data["rope_theta"] = 10000.0
     config_path.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
     return path
 
 

@@ -145,7 +145,8 @@ def bench_single_device(args) -> dict:
     from ladderize.errors import LadderizeError
     from ladderize.runtime.allreduce import Communicator
     from ladderize.runtime.decode import Decoder, generate_on_rank
-    from ladderize.runtime.dims import ModelDims, load_config
+    from ladderize.convert.checkpoint import load_config
+    from ladderize.runtime.dims import ModelDims
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
     from ladderize.runtime.plan import build_plan
@@ -155,7 +156,8 @@ def bench_single_device(args) -> dict:
     before = load_average()
     path = _smollm2_path(args.checkpoint)
     torch.set_num_threads(args.threads)
-    config, layout = load_config(path)
+    config = load_config(path)
+    layout = config.layout
     dims = ModelDims.from_config(config)
     dtype = getattr(torch, args.dtype)
     prompt = torch.randint(0, dims.vocab_size, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))

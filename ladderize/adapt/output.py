@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from .. import __version__
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
 from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
@@ -98,32 +97,22 @@ def write_streamed_output(
     """
     from transformers import GenerationConfig
 
-    from ..convert.atomic import atomic_directory
-    from ..convert.checkpoint import AUTO_MAP, copy_modeling_files, write_provenance
-    from ..convert.shards import ShardWriter
+    from ..convert.checkpoint import write_checkpoint
 
     model_config = student.model.config
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)
-    with atomic_directory(out, force=config.force) as tmp:
-        writer = ShardWriter(tmp, max_shard_bytes=STREAMED_SHARD_BYTES)
-        for name, tensor in student.iter_tensors():
-            writer.add(name, tensor)
-        writer.finish()
-        saved = LadderLlamaConfig.from_dict(model_config.to_dict())
-        saved.dtype = student.dtype
-        saved.architectures = ["LadderLlamaForCausalLM"]
-        saved.auto_map = dict(AUTO_MAP)
-        saved.save_pretrained(tmp)
-        generation = Path(checkpoint) / "generation_config.json"
-        if generation.is_file():
-            GenerationConfig.from_pretrained(checkpoint).save_pretrained(tmp)
-        else:
-            GenerationConfig.from_model_config(saved).save_pretrained(tmp)
-        copy_modeling_files(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        write_provenance(tmp, {**provenance, "ladderize_version": __version__})
-        (tmp / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+    saved = LadderLlamaConfig.from_dict(model_config.to_dict())
+    saved.dtype = str(student.dtype).removeprefix("torch.")
+    generation = Path(checkpoint) / "generation_config.json"
+    if generation.is_file():
+        generation_config = GenerationConfig.from_pretrained(checkpoint)
+    else:
+        generation_config = GenerationConfig.from_model_config(saved)
+    write_checkpoint(
+        out, saved, student.iter_tensors(), force=config.force, max_shard_bytes=STREAMED_SHARD_BYTES,
+        tokenizer=tokenizer, generation_config=generation_config, provenance=provenance,
+        extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n"),
+    )
 
 
 def layer_tensors(layer: torch.nn.Module, index: int) -> dict[str, torch.Tensor]:

@@ -165,9 +165,9 @@ def load_recipe(spec: str) -> Recipe:
 
 def converted_modes(checkpoint: str) -> set[str]:
     """The modes of the converted layers of ``checkpoint`` (read from its config, no weights)."""
-    from ..model import LadderLlamaConfig
+    from ..convert.checkpoint import load_config
 
-    layout = LadderLlamaConfig.from_pretrained(checkpoint).layout
+    layout = load_config(checkpoint).layout
     return {layout.modes[i].value for i in layout.converted_layers}
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LadderizeError, one_line
+from ..errors import LadderizeError
 
 STORIES = "stories"
 # Narrative openers: {a} and {b} are two characters, {p} a place.
@@ -211,20 +211,14 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
 
 
 def load_teacher_for_sampling(path: Path):
-    """The dense model (fp32, safetensors only, no remote code) and its tokenizer, padding on the left."""
+    """The dense model (fp32, through the one loader ``load_model``) and its tokenizer, padding on the left."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    import ladderize  # noqa: F401  (registers ladder_llama, the format of a dense converted checkpoint)
-    from ..convert.checkpoint import load_tokenizer
+    from ..convert.checkpoint import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True, trust_remote_code=False)
-    except Exception as exc:
-        raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
-    return model.eval(), tokenizer
+    return load_model(path, dtype=torch.float32), tokenizer
 
 
 def sample_text(

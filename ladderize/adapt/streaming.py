@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import LadderizeError, one_line
+from ..convert.shards import read_tensors, tensor_names
+from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
 EMBEDDING = "model.embed_tokens."
@@ -63,24 +64,6 @@ def layer_of(name: str) -> int:
 
 def layer_prefix(index: int) -> str:
     return f"model.layers.{index}."
-
-
-def read_tensors(files: dict[str, Path]) -> dict[str, torch.Tensor]:
-    """Read the named tensors (``{name: safetensors file}``), one file open at a time and closed after."""
-    from safetensors import safe_open
-
-    by_file: dict[Path, list[str]] = {}
-    for name, file in files.items():
-        by_file.setdefault(Path(file), []).append(name)
-    tensors = {}
-    for file, names in by_file.items():
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in names:
-                    tensors[name] = handle.get_tensor(name)
-        except Exception as exc:  # a missing, truncated or corrupt file
-            raise LadderizeError(f"cannot read {', '.join(names[:2])} from {file}: {one_line(exc, 200)}") from None
-    return tensors
 
 
 class ResidentLayers:
@@ -182,10 +165,7 @@ class StreamedLayers:
 
 
 def _names_in(file: Path) -> dict[str, Path]:
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as handle:
-        return {name: Path(file) for name in handle.keys()}
+    return dict.fromkeys(tensor_names(file), Path(file))
 
 
 def same_prefix(student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers, first: int) -> bool:

@@ -132,9 +132,15 @@ def read_config_json(path: Path | str) -> dict[str, Any]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
+    return read_config_file(config_file)
+
+
+def read_config_file(config_file: Path | str) -> dict[str, Any]:
+    """A ``config.json`` file as a dict, or one line saying why it cannot be read."""
+    config_file = Path(config_file).expanduser()
     try:
         config = json.loads(config_file.read_text())
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise LadderizeError(f"cannot read {config_file}: {exc}") from None
     if not isinstance(config, dict):
         raise LadderizeError(f"cannot read {config_file}: not a JSON object")

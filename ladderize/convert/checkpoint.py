@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ from .. import __version__
 from ..model.placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
+from ..model.shapes import ModelShape
 from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
-from .architectures import PROVENANCE_FILE, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
+from .architectures import LM_HEAD, PROVENANCE_FILE, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
 from .atomic import atomic_directory, check_output_free
 from .shards import ShardWriter
 from .sources import Source, resolve_source
@@ -60,9 +61,55 @@ def build_config(source_config: dict[str, Any], layout: Layout, plain: bool = Fa
         plain_config = LlamaConfig(**{k: v for k, v in kwargs.items() if k not in ladder_only})
         plain_config.architectures = ["LlamaForCausalLM"]
         return plain_config
-    config.architectures = ["LadderLlamaForCausalLM"]
-    config.auto_map = dict(AUTO_MAP)
+    return stamp_config(config)
+
+
+def stamp_config(config):
+    """Name a ``LadderLlamaConfig``'s class and its ``auto_map`` (the one place); a plain Llama config is left as it is."""
+    if isinstance(config, LadderLlamaConfig):
+        config.architectures = ["LadderLlamaForCausalLM"]
+        config.auto_map = dict(AUTO_MAP)
     return config
+
+
+def write_checkpoint(
+    out: Path | str,
+    config,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    force: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer=None,
+    generation_config=None,
+    provenance: dict[str, Any] | Callable[[list[str]], dict[str, Any]] | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """The one checkpoint writer: OUT written whole into a temp dir renamed at the end, or not at all.
+
+    ``tensors`` stream into shards of at most ``max_shard_bytes`` (+ index); then the config
+    (``stamp_config``; read after the tensors, so they may set its ``dtype``), the modeling files
+    beside a ``LadderLlamaConfig``, the generation config, the tokenizer, the provenance (a dict,
+    or a function of the weight file names) and ``extra(tmp)``.
+    """
+    out = Path(out).expanduser().absolute()
+    with atomic_directory(out, force=force) as tmp:
+        writer = ShardWriter(tmp, max_shard_bytes=max_shard_bytes)
+        for name, tensor in tensors:
+            writer.add(name, tensor)
+        files = writer.finish()
+        stamp_config(config).save_pretrained(tmp)
+        if isinstance(config, LadderLlamaConfig):  # a plain Llama config needs no custom code
+            copy_modeling_files(tmp)
+        if generation_config is not None:
+            generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if provenance is not None:
+            record = provenance(files) if callable(provenance) else provenance
+            write_provenance(tmp, {**record, "ladderize_version": __version__})
+        if extra is not None:
+            extra(tmp)
+    return out
 
 
 def source_layout(source_config: dict[str, Any], ladder: str | None, spd: str | None, spd_tp_size: int) -> Layout:
@@ -112,8 +159,7 @@ def convert_checkpoint(
     expected = expected_tensors(ladder_config_kwargs(config.to_dict()))
     _check_tensor_names(source, expected, config.tie_word_embeddings)
 
-    with atomic_directory(out, force=force) as tmp:
-        writer = ShardWriter(tmp, max_shard_bytes=max_shard_bytes)
+    def converted_tensors() -> Iterator[tuple[str, torch.Tensor]]:
         wanted, done, written_dtype = set(expected), 0, target_dtype
         for name, tensor in source.iter_tensors():
             if name not in wanted:
@@ -121,14 +167,14 @@ def convert_checkpoint(
             if target_dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(target_dtype)
             written_dtype = written_dtype or tensor.dtype
-            writer.add(name, tensor)
+            yield name, tensor
             done += 1
             if progress:
                 progress(done, len(expected), name)
-        files = writer.finish()
         config.dtype = str(written_dtype).removeprefix("torch.")
-        _write_metadata(tmp, config, source)
-        provenance = {
+
+    def provenance(files: list[str]) -> dict[str, Any]:
+        return {
             "ladderize_version": __version__,
             "created": _now(),
             "source": {
@@ -144,8 +190,11 @@ def convert_checkpoint(
             "history": [{"step": "convert", "at": _now(), "layout": layout.describe()}],
             **(extra_provenance or {}),
         }
-        write_provenance(tmp, provenance)
-    return out
+
+    return write_checkpoint(
+        out, config, converted_tensors(), force=force, max_shard_bytes=max_shard_bytes,
+        tokenizer=source.load_tokenizer(), generation_config=source.load_generation_config(), provenance=provenance,
+    )
 
 
 def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None:
@@ -160,17 +209,6 @@ def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None
             f"source {source.spec} has tensor {unexpected[0]} that a Llama-family model does not use "
             f"({len(unexpected)} unexpected in all)"
         )
-
-
-def _write_metadata(tmp: Path, config, source: Source | None, tokenizer=None) -> None:
-    config.save_pretrained(tmp)
-    if isinstance(config, LadderLlamaConfig):  # a plain Llama config needs no custom code
-        copy_modeling_files(tmp)
-    if source is not None:
-        tokenizer = source.load_tokenizer()
-        source.load_generation_config().save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
 
 
 def copy_modeling_files(directory: Path) -> None:
@@ -195,8 +233,25 @@ def read_provenance(path: Path | str) -> dict[str, Any]:
 
 
 def load_config(path: Path | str) -> LadderLlamaConfig:
-    """The ``LadderLlamaConfig`` of a converted or plain Llama-family checkpoint directory."""
-    return LadderLlamaConfig(**ladder_config_kwargs(read_config_json(path)))
+    """The one config reader: the ``LadderLlamaConfig`` of a checkpoint directory.
+
+    Reads ladderize's format, plain Llama/Mistral/Qwen2 and the Ladder authors' ``llamaLadder``
+    (``architectures.ladder_config_kwargs``). Everything else derives from the result:
+    ``config.layout``, ``model_shape(config)`` (dims, parameter count).
+    """
+    return config_from_dict(read_config_json(path))
+
+
+def config_from_dict(values: dict[str, Any]) -> LadderLlamaConfig:
+    """``load_config`` of a config dict already in memory (a synthetic shape; ``model_type`` defaults to llama)."""
+    values = dict(values)
+    values.setdefault("model_type", "ladder_llama" if values.get("layer_modes") else "llama")
+    return LadderLlamaConfig(**ladder_config_kwargs(values))
+
+
+def model_shape(config: Any, name: str = "") -> ModelShape:
+    """The ``ModelShape`` (dims, parameter count) of a config from ``load_config``."""
+    return ModelShape.from_config(config, name)
 
 
 def load_tokenizer(path: Path | str, needed_for: str = ""):
@@ -242,20 +297,30 @@ def save_model_checkpoint(
     provenance: dict[str, Any],
     force: bool = False,
     generation_config=None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``model`` atomically in the converted format (weights, config, code, tokenizer, provenance)."""
-    out = Path(out).expanduser().absolute()
-    with atomic_directory(out, force=force) as tmp:
-        model.config.architectures = ["LadderLlamaForCausalLM"]
-        model.config.auto_map = dict(AUTO_MAP)
-        model.save_pretrained(tmp, safe_serialization=True)
-        copy_modeling_files(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if generation_config is not None:
-            generation_config.save_pretrained(tmp)
-        write_provenance(tmp, {**provenance, "ladderize_version": __version__})
-    return out
+    """Write ``model`` atomically in the converted format (weights, config, code, tokenizer, provenance).
+
+    Through ``write_checkpoint``: the model's tensors (a tied LM head once, as the embedding), its
+    config with the parameters' dtype, and its generation config unless ``generation_config`` is given.
+    """
+    config = model.config
+    config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if generation_config is None and model.can_generate():
+        generation_config = model.generation_config
+    return write_checkpoint(
+        out, config, model_tensors(model), force=force, tokenizer=tokenizer,
+        generation_config=generation_config, provenance=provenance, extra=extra,
+    )
+
+
+def model_tensors(model: LadderLlamaForCausalLM) -> Iterator[tuple[str, torch.Tensor]]:
+    """A model's checkpoint tensors (its state dict on the CPU; a tied ``lm_head.weight`` left to the embedding)."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    for name, tensor in model.state_dict().items():
+        if tied and name == LM_HEAD:
+            continue
+        yield name, tensor.detach().cpu()
 
 
 def _now() -> str:

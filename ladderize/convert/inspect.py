@@ -5,26 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
-from ..errors import LadderizeError
 from .checkpoint import load_config, read_provenance
+from .shards import CheckpointTensors
 
 
 def count_parameters(path: Path) -> int:
-    """Number of stored parameters, read from safetensors headers (nothing is loaded)."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise LadderizeError(f"{path} has no .safetensors weights")
-    total = 0
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                numel = 1
-                for dim in handle.get_slice(name).get_shape():
-                    numel *= dim
-                total += numel
-    return total
+    """Number of stored parameters, read from safetensors headers (nothing is loaded; a corrupt file is one line)."""
+    with CheckpointTensors(path) as tensors:
+        return tensors.num_parameters()
 
 
 def inspect_checkpoint(path: Path | str) -> dict[str, Any]:

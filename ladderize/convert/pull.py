@@ -8,7 +8,6 @@ Llama (``model_type: llama``, no custom code), so any Llama tool loads it too.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..paths import cache_path
-from .architectures import PROVENANCE_FILE
+from .architectures import PROVENANCE_FILE, read_config_json
 
 
 
@@ -86,8 +85,8 @@ def pull_model(
 def _is_current(target: Path) -> bool:
     """A complete pulled checkpoint in today's format: a plain Llama config beside the provenance."""
     try:
-        config = json.loads((target / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_config_json(target)
+    except LadderizeError:
         return False
     return (target / PROVENANCE_FILE).is_file() and config.get("model_type") == "llama"
 

@@ -1,18 +1,203 @@
-"""A streaming safetensors writer: flushes a shard whenever ``max_shard_bytes`` would be exceeded."""
+"""Safetensors in and out: the one reader (headers, tensors, slices) and the streaming shard writer.
+
+Reading: ``open_safetensors`` (one file) and ``CheckpointTensors`` (a checkpoint folder, single
+file or sharded index) turn a truncated or corrupt file into one line,
+``corrupt safetensors file PATH: <safetensors' reason>``, wherever it is read (convert,
+inspect, adapt's streamed layers, the runtime's rank weights).
+Writing: ``ShardWriter`` flushes a shard whenever ``max_shard_bytes`` would be exceeded.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from ..errors import LadderizeError, one_line
 from .atomic import apply_umask
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+def _corrupt(file: Path | str, exc: BaseException) -> LadderizeError:
+    return LadderizeError(f"corrupt safetensors file {file}: {one_line(exc)}")
+
+
+@contextlib.contextmanager
+def open_safetensors(file: Path | str) -> Iterator[Any]:
+    """``safe_open`` (torch) of one file; a missing, truncated or corrupt file is one ``LadderizeError`` line."""
+    from safetensors import safe_open
+
+    if not Path(file).is_file():
+        raise LadderizeError(f"safetensors file {file} not found")
+    try:
+        handle = safe_open(str(file), framework="pt")
+    except Exception as exc:
+        raise _corrupt(file, exc) from None
+    with handle:
+        yield _CheckedHandle(handle, file)
+
+
+class _CheckedHandle:
+    """A ``safe_open`` handle whose reads raise the one-line error too (data cut after a whole header)."""
+
+    def __init__(self, handle: Any, file: Path | str):
+        self._handle, self.file = handle, file
+
+    def keys(self) -> list[str]:
+        return list(self._handle.keys())
+
+    def metadata(self) -> dict[str, str] | None:
+        return self._handle.metadata()
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._handle.get_slice(name).get_shape())
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        try:
+            return self._handle.get_tensor(name)
+        except Exception as exc:
+            raise _corrupt(self.file, exc) from None
+
+    def get_slice(self, name: str) -> Any:
+        try:
+            return self._handle.get_slice(name)
+        except Exception as exc:
+            raise _corrupt(self.file, exc) from None
+
+    def read(self, name: str, rows: Sequence[slice] | None = None, cols: Sequence[slice] | None = None) -> torch.Tensor:
+        """The tensor, or the concatenation of its row slices (dim 0) or column slices (dim 1)."""
+        if rows is None and cols is None:
+            return self.get_tensor(name)
+        view = self.get_slice(name)
+        try:
+            if rows is not None:
+                return torch.cat([view[s] for s in rows], dim=0)
+            return torch.cat([view[:, s] for s in cols], dim=1)
+        except Exception as exc:
+            raise _corrupt(self.file, exc) from None
+
+
+def tensor_names(file: Path | str) -> list[str]:
+    """The tensor names in one file's header (no data read)."""
+    with open_safetensors(file) as handle:
+        return handle.keys()
+
+
+def tensor_shapes(file: Path | str) -> dict[str, list[int]]:
+    """``{name: shape}`` from one file's header (no data read)."""
+    with open_safetensors(file) as handle:
+        return {name: handle.shape(name) for name in handle.keys()}
+
+
+def iter_file_tensors(file: Path | str, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of one file (its header order, or ``names``), the file open only meanwhile."""
+    with open_safetensors(file) as handle:
+        for name in handle.keys() if names is None else names:
+            yield name, handle.get_tensor(name)
+
+
+def read_tensors(files: dict[str, Path | str]) -> dict[str, torch.Tensor]:
+    """The named tensors (``{name: safetensors file}``), one file open at a time and closed after."""
+    by_file: dict[Path, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(Path(file), []).append(name)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in by_file.items():
+        tensors.update(iter_file_tensors(file, names))
+    return tensors
+
+
+def weight_files(path: Path | str) -> list[Path]:
+    """A checkpoint folder's safetensors files: those its index names (all must exist), else ``*.safetensors``."""
+    path = Path(path)
+    index = path / INDEX_FILE
+    if index.is_file():
+        files = [path / name for name in sorted(set(_weight_map(index).values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise LadderizeError(f"{path} is missing shard {missing[0]} named in its index")
+        return files
+    return sorted(path.glob("*.safetensors"))
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads(index.read_text())["weight_map"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LadderizeError(f"cannot read {index}: {one_line(exc)}") from None
+
+
+class CheckpointTensors:
+    """Lazy reads from a checkpoint folder's safetensors (single file or sharded index): names, shapes, tensors, slices.
+
+    Handles stay open (memory-mapped) until ``close``; every failure is one ``LadderizeError`` line.
+    """
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        index = self.path / INDEX_FILE
+        if index.is_file():
+            self.files: dict[str, Path] = {name: self.path / file for name, file in _weight_map(index).items()}
+        else:
+            found = sorted(self.path.glob("*.safetensors"))
+            if not found:
+                raise LadderizeError(f"{self.path} has no .safetensors weights")
+            self.files = {}
+            for file in found:
+                self.files.update(dict.fromkeys(tensor_names(file), file))
+        self._handles: dict[Path, Any] = {}
+        self._stack = contextlib.ExitStack()
+
+    def _handle(self, file: Path) -> _CheckedHandle:
+        if file not in self._handles:
+            self._handles[file] = self._stack.enter_context(open_safetensors(file))
+        return self._handles[file]
+
+    def names(self) -> list[str]:
+        return list(self.files)
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+    def shape(self, name: str) -> list[int]:
+        return self._handle(self._file(name)).shape(name)
+
+    def _file(self, name: str) -> Path:
+        if name not in self.files:
+            raise LadderizeError(f"checkpoint is missing tensor {name}")
+        return self.files[name]
+
+    def read(self, name: str, rows: Sequence[slice] | None = None, cols: Sequence[slice] | None = None) -> torch.Tensor:
+        """The tensor, or the concatenation of its row slices (dim 0) or column slices (dim 1)."""
+        return self._handle(self._file(name)).read(name, rows, cols)
+
+    def num_parameters(self) -> int:
+        """The number of stored values, from the headers (nothing is loaded)."""
+        total = 0
+        for name in self.files:
+            numel = 1
+            for dim in self.shape(name):
+                numel *= dim
+            total += numel
+        return total
+
+    def close(self) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def __enter__(self) -> "CheckpointTensors":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict[str, str] | None = None) -> None:

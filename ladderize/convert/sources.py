@@ -8,7 +8,6 @@ whole; they are small (quantized) by nature.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,8 @@ from typing import Any
 import torch
 
 from ..errors import LadderizeError, one_line
+from .architectures import read_config_file
+from .shards import iter_file_tensors, tensor_names, weight_files as safetensors_files
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = (
@@ -50,8 +51,7 @@ class Source:
             return list(self._load_gguf())
         names: list[str] = []
         for file in self.weight_files:
-            with _open_safetensors(file) as handle:
-                names.extend(handle.keys())
+            names.extend(tensor_names(file))
         return names
 
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -60,9 +60,7 @@ class Source:
             yield from self._load_gguf().items()
             return
         for file in self.weight_files:
-            with _open_safetensors(file) as handle:
-                for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+            yield from iter_file_tensors(file)
 
     def hashed_files(self) -> dict[str, str]:
         """sha256 of every source file the conversion reads (weights, config, tokenizer)."""
@@ -126,13 +124,8 @@ def _local_source(spec: str, path: Path, kind: str) -> Source:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise LadderizeError(f"{spec} is not a model checkpoint: it has no config.json")
-    try:
-        config = json.loads(config_path.read_text())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise LadderizeError(f"cannot read {config_path}: {one_line(exc)}") from None
-    weight_files = _safetensors_files(path)
+    config = read_config_file(config_path)
+    weight_files = safetensors_files(path)
     if not weight_files:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
@@ -141,24 +134,8 @@ def _local_source(spec: str, path: Path, kind: str) -> Source:
             )
         raise LadderizeError(f"{spec} has no .safetensors weights")
     for file in weight_files:
-        with _open_safetensors(file):
-            pass  # validates every header up front, before any output is written
+        tensor_names(file)  # validates every header up front, before any output is written
     return Source(spec=spec, kind=kind, path=path, config=config, weight_files=weight_files)
-
-
-def _safetensors_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
-            raise LadderizeError(f"cannot read {index}: {one_line(exc)}") from None
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise LadderizeError(f"{path} is missing shard {missing[0]} named in its index")
-        return files
-    return sorted(path.glob("*.safetensors"))
 
 
 def _gguf_source(spec: str, path: Path) -> Source:
@@ -185,25 +162,6 @@ def _download_from_hub(repo_id: str) -> Path:
             f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {one_line(exc)}); "
             "when offline, pass a local checkpoint directory or a .gguf file"
         ) from None
-
-
-class _open_safetensors:
-    """``safe_open`` with corrupt files turned into a one-line ``LadderizeError``."""
-
-    def __init__(self, file: Path):
-        self.file = file
-
-    def __enter__(self):
-        from safetensors import safe_open
-
-        try:
-            self._cm = safe_open(str(self.file), framework="pt")
-            return self._cm.__enter__()
-        except Exception as exc:
-            raise LadderizeError(f"corrupt safetensors file {self.file}: {one_line(exc)}") from None
-
-    def __exit__(self, *exc_info):
-        return self._cm.__exit__(*exc_info)
 
 
 def sha256_file(path: Path, chunk_bytes: int = 8 << 20) -> str:

@@ -259,9 +259,8 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
 
 
 def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
-    """The layout and shape stored in a converted checkpoint's config.json (read through AutoConfig)."""
-    import ladderize  # noqa: F401  (registers the ladder_llama config with AutoConfig)
-    from transformers import AutoConfig
+    """The layout and shape stored in a checkpoint's config.json (through the one config reader, ``load_config``)."""
+    from ..convert.checkpoint import load_config
 
     folder = Path(path).expanduser()
     if folder.is_file():
@@ -269,12 +268,10 @@ def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
     if not (folder / "config.json").is_file():
         raise LadderizeError(f"--layout {path}: no config.json in {folder}")
     try:
-        config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError) as exc:
+        config = load_config(folder)
+    except LadderizeError as exc:
         raise LadderizeError(f"--layout {path}: cannot load its config: {exc}") from None
-    layout = Layout.from_config(config)
-    shape = ModelShape.from_config_dict(config.to_dict(), folder.name)
-    return layout, shape
+    return config.layout, ModelShape.from_config(config, folder.name)
 
 
 def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import platform
 import statistics
 import time
@@ -42,7 +41,10 @@ from ..errors import LadderizeError
 from ..model.layout import Layout
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
-from .dims import ModelDims, load_config, validate_tp
+from ..convert.architectures import read_config_file
+from ..convert.checkpoint import config_from_dict, load_config
+from ..model.shapes import synthetic_presets
+from .dims import ModelDims, validate_tp
 from .engine import RankModel
 from ..model.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
@@ -52,31 +54,9 @@ from .plan import Schedule, build_plan, domino_chunks_for
 from .sharding import SafetensorsSource
 from .weights import load_rank_weights, random_rank_weights
 
-_LLAMA_COMMON = dict(hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192)
+# Shapes for --synthetic (random weights): the one preset table (``model.shapes``), as config dicts.
+PRESETS: dict[str, dict[str, Any]] = synthetic_presets()
 
-# Shapes for --synthetic (random weights). Head counts split for the TP degrees noted.
-PRESETS: dict[str, dict[str, Any]] = {
-    # TP 1, 2, 4: a toy for smoke tests.
-    "tiny": dict(_LLAMA_COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=8, vocab_size=128),
-    # TP 1, 2, 4: on a 2-core CPU at TP=2, communication is a third to a half of decode time (like TP on GPUs).
-    "cpu-512": dict(_LLAMA_COMMON, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                    num_key_value_heads=4, head_dim=64, vocab_size=4096),
-    # TP 1, 2, 4, 8: memory-bound on a 2-core CPU; communication is a smaller share.
-    "cpu-1024": dict(_LLAMA_COMMON, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                     num_key_value_heads=8, head_dim=64, vocab_size=8192),
-    # SmolLM2-135M's shape (TP 1, 3).
-    "smollm2-135m": dict(_LLAMA_COMMON, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
-                         tie_word_embeddings=True, rope_theta=100000.0),
-    # Llama-3.2-1B, Llama-3.1-8B and Llama-3.1-70B shapes (TP 1, 2, 4, 8): for GPUs.
-    "llama-1b": dict(_LLAMA_COMMON, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0),
-    "llama-8b": dict(_LLAMA_COMMON, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0),
-    "llama-70b": dict(_LLAMA_COMMON, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                      num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0),
-}
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -92,24 +72,8 @@ class ModelSource:
         return self.checkpoint or f"synthetic:{self.synthetic_name}"
 
     def config_and_layout(self) -> tuple[Any, Layout]:
-        if self.checkpoint is not None:
-            return load_config(self.checkpoint)
-        values = dict(self.synthetic)
-        if values.get("layer_modes"):
-            from ..model import LadderLlamaConfig
-
-            config = LadderLlamaConfig(**{k: v for k, v in values.items() if k != "model_type"})
-            layout = Layout.from_config(config)
-        else:
-            from transformers import LlamaConfig
-
-            layout_keys = ("model_type", "layer_modes", "spd_tp_size", "spd_head_order")
-            known = {k: v for k, v in values.items() if k not in layout_keys}
-            if "rope_theta" in known:  # transformers 5 keeps rope settings in rope_parameters
-                known.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": known.pop("rope_theta")})
-            config = LlamaConfig(**known)
-            layout = Layout.dense(config.num_hidden_layers)
-        return config, self.layout_override or layout
+        config = load_config(self.checkpoint) if self.checkpoint is not None else config_from_dict(self.synthetic)
+        return config, self.layout_override or config.layout
 
 
 def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = None, spd_tp_size: int = 1) -> ModelSource:
@@ -122,7 +86,7 @@ def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = No
             path = path / "config.json"
         if not path.is_file():
             raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json")
-        values, name = json.loads(path.read_text()), str(path)
+        values, name = read_config_file(path), str(path)
     override = None
     if ladder or spd:
         override = Layout.from_ranges(int(values["num_hidden_layers"]), ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)

@@ -20,7 +20,8 @@ import torch
 from ..model.placement import runtime_dtype
 from ..errors import LadderizeError
 from .decode import Decoder, Sampling, generate_on_rank
-from .dims import ModelDims, load_config, validate_tp
+from ..convert.checkpoint import load_config
+from .dims import ModelDims, validate_tp
 from .engine import RankModel
 from .kernels import LinearKernel, resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
@@ -81,7 +82,8 @@ def eos_token_ids(path: str | Path, config: Any) -> tuple[int, ...]:
 
 
 def _check_request(request: Request, spec: LaunchSpec, options: RuntimeOptions) -> None:
-    config, layout = load_config(request.checkpoint)
+    config = load_config(request.checkpoint)
+    layout = config.layout
     schedule = Schedule.parse(request.schedule)
     native = schedule is Schedule.NATIVE
     validate_tp(ModelDims.from_config(config), layout, spec.tp, options.allow_spd_mismatch or not native)
@@ -109,7 +111,8 @@ def _serve(context: RankContext, requests: tuple[Request, ...], options: Runtime
     responses = []
     for request in requests:
         if request.checkpoint not in models:
-            config, layout = load_config(request.checkpoint)
+            config = load_config(request.checkpoint)
+            layout = config.layout
             dims = ModelDims.from_config(config)
             weights = load_rank_weights(
                 SafetensorsSource(request.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device

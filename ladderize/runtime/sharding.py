@@ -15,19 +15,19 @@ an SPD layer's single-device function (``modeling_ladder_llama._spd_groups``), s
 ``tp == spd_tp_size`` reproduces the converted model exactly. Dense and ladder layers use
 the same order; their sum over ranks does not depend on it.
 
-Weights are read from safetensors with ``safe_open`` slice by slice (``SafetensorsSource``):
+Weights are read from safetensors slice by slice through the one reader (``SafetensorsSource``, ``convert.shards``):
 each rank reads only its shard (never a pickle). ``weights.load_rank_weights`` assembles them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import torch
 
+from ..convert.shards import INDEX_FILE, SINGLE_FILE, CheckpointTensors
 from ..errors import LadderizeError
 from ..model.layout import Layout, rank_kv_heads, rank_query_heads
 from .dims import ModelDims
@@ -84,44 +84,15 @@ class TensorSource(Protocol):
         ...
 
 
-class SafetensorsSource:
-    """Lazy reader over ``model.safetensors`` or a sharded ``model.safetensors.index.json``."""
+class SafetensorsSource(CheckpointTensors):
+    """Lazy reader over ``model.safetensors`` or a sharded ``model.safetensors.index.json``: the one reader
+    (``convert.shards.CheckpointTensors``), whose corrupt-file errors are one line."""
 
     def __init__(self, path: str | Path):
-        from safetensors import safe_open
-
-        self._safe_open = safe_open
         path = Path(path)
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            self._files = {name: path / file for name, file in weight_map.items()}
-        elif (path / "model.safetensors").is_file():
-            single = path / "model.safetensors"
-            with safe_open(single, framework="pt") as handle:
-                self._files = {name: single for name in handle.keys()}
-        else:
+        if not (path / INDEX_FILE).is_file() and not (path / SINGLE_FILE).is_file():
             raise LadderizeError(f"{path} has no model.safetensors (or index); the runtime reads safetensors only")
-        self._handles: dict[Path, Any] = {}
-
-    def _handle(self, file: Path):
-        if file not in self._handles:
-            self._handles[file] = self._safe_open(file, framework="pt")
-        return self._handles[file]
-
-    def has(self, name: str) -> bool:
-        return name in self._files
-
-    def read(self, name: str, rows: Sequence[slice] | None = None, cols: Sequence[slice] | None = None) -> torch.Tensor:
-        if name not in self._files:
-            raise LadderizeError(f"checkpoint is missing tensor {name}")
-        handle = self._handle(self._files[name])
-        if rows is None and cols is None:
-            return handle.get_tensor(name)
-        view = handle.get_slice(name)
-        if rows is not None:
-            return torch.cat([view[s] for s in rows], dim=0)
-        return torch.cat([view[:, s] for s in cols], dim=1)
+        super().__init__(path)
 
 
 class StateDictSource:

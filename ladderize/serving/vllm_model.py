@@ -61,6 +61,7 @@ from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp
+from ladderize.model.shapes import head_dim_of
 from ladderize.serving.vllm_plugin import check_parallel
 
 logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it
@@ -116,7 +117,7 @@ class LadderAttention(nn.Module):
         self.total_num_kv_heads = config.num_key_value_heads
         self.num_heads = self.total_num_heads // tp
         self.num_kv_heads = max(1, self.total_num_kv_heads // tp)
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.total_num_heads
+        self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         out_bias = getattr(config, "attention_out_bias", None)
@@ -336,7 +337,7 @@ def permute_spd_heads(weights: Iterable[tuple[str, torch.Tensor]], config) -> It
     """
     layout = layout_of(config)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = head_dim_of(config)
     group = heads // kv_heads
     orders = {}
     for layer in range(layout.num_layers):

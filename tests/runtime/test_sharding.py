@@ -10,7 +10,8 @@ from ladderize.errors import LadderizeError
 from ladderize.model.layout import LayoutError
 from ladderize.runtime.allreduce import Communicator
 from ladderize.runtime.decode import Decoder
-from ladderize.runtime.dims import ModelDims, load_config, validate_tp
+from ladderize.convert.checkpoint import load_config
+from ladderize.runtime.dims import ModelDims, validate_tp
 from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan
 from ladderize.runtime.sharding import SafetensorsSource, StateDictSource, head_slices, layer_shard
@@ -54,7 +55,8 @@ def test_rank_shards_reassemble_the_full_weights(tp):
 
 def _assert_disk_slices_equal_memory(path, model, tp: int, rank: int) -> None:
     """The rank's weights sliced from the safetensors files equal those cut from the in-memory state dict."""
-    config, layout = load_config(path)
+    config = load_config(path)
+    layout = config.layout
     dims = ModelDims.from_config(config)
     from_disk = load_rank_weights(SafetensorsSource(path), dims, layout, tp, rank)
     in_memory = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, tp, rank)
@@ -71,7 +73,8 @@ def test_safetensors_slices_match_the_state_dict(tmp_path):
 def test_plain_llama_checkpoint_reads_as_dense(tiny_llama_dir):
     from transformers import LlamaConfig
 
-    config, layout = load_config(tiny_llama_dir)  # the one config reader: every convertible architecture
+    config = load_config(tiny_llama_dir)  # the one config reader: every convertible architecture
+    layout = config.layout
     assert layout.describe() == "dense"
     assert ModelDims.from_config(config) == ModelDims.from_config(LlamaConfig.from_pretrained(tiny_llama_dir))
 
