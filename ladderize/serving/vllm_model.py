@@ -1,21 +1,23 @@
 """vLLM model for ladderize checkpoints: dense, ladder, SPD and hybrid layouts under vLLM's tensor parallelism.
 
-The layer loop runs ``Layout.program()`` (``ladderize/model/layout.py``): one ``ModuleOp`` per
-module says which residual the module's norm reads (``reads_stale``: r_{k-2} instead of r_{k-1}),
-whether it is an SPD MLP that also reads its rank's own attention partial
-(``reads_local_partial``), and whether it ends in an all-reduce (``allreduce``) that may run while
-the next module computes (``overlaps_next``). Nothing here re-derives what a mode means.
+The layer loop is ``ladderize/model/residual.py``'s ``ResidualStream`` running ``Layout.program()``
+(``ladderize/model/layout.py``), the same interpreter as the HF model and the TP runtime: it owns the
+order of reads, all-reduces and adds. This file supplies only the kernels (``_VllmKernels``) and the
+reduction (``_SyncAllReduce``, or the overlapped ``_OverlappedAllReduce``). Nothing here re-derives
+what a mode means.
 
 Every ``o_proj`` and ``down_proj`` is a ``RowParallelLinear`` with ``reduce_results=False`` and
-``skip_bias_add=True``: it returns this rank's partial sum, and the loop places the all-reduce
+``skip_bias_add=True``: it returns this rank's partial sum, and the interpreter places the all-reduce
 (and adds the bias once) itself:
 
-    dense / ladder module:  r_k = r_{k-1} + AllReduce(f_k(norm_k(r_{reads}))) (+ bias)
-    SPD block (input X):    Y_r = Attn_r(LN1(X)) W_O[r];  Z_r = MLP_r(LN2(X + Y_r (+ o_bias)))
-                            out = X + AllReduce(Y_r + Z_r) (+ o_bias + down_bias): one all-reduce
+    dense / ladder module:  r_k = r_{k-1} + (AllReduce(f_k(norm_k(r_{reads}))) + bias)
+    SPD block (input X):    Y_r = Attn_r(LN1(X)) W_O[r];  Z_r = MLP_r(LN2(X + Y_r (+ o_bias)))  (block.spd_share)
+                            out = X + ((AllReduce(Y_r + Z_r) + o_bias) + down_bias): one all-reduce
 
-which is ``LadderDecoderLayer`` / ``_spd`` of ``modeling_ladder_llama.py`` with the sum over ranks
-done by the all-reduce. An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
+The classes are named ``Vllm*`` (the HF model's are ``Ladder*``); the architecture registered with
+vLLM is still ``LadderLlamaForCausalLM`` (``vllm_plugin.ARCHITECTURE``).
+
+An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
 vLLM gives rank r the contiguous query/KV heads, so ``load_weights`` permutes the q/k/v rows and
 o_proj columns of a layer with an ``spd_head_order`` (a relabelling of heads, which leaves the
 layer's function unchanged) and the TP degree must equal the checkpoint's ``spd_tp_size``.
