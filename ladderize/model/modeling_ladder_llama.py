@@ -1,13 +1,16 @@
 """Ladder / Sync-Point-Drop Llama: one causal LM whose decoder layers each have a mode.
 
 The layer loop carries two residual states: ``residual`` (r_{k-1}, the complete stream)
-and ``stale`` (r_{k-2}, the stream one module earlier). Module k of a layer reads
+and ``stale`` (the state before it). Each layer runs its two ``ModuleOp``s of the mode program
+(``layout.module_program``) through ``residual.ResidualStream``, the interpreter the TP runtime
+and vLLM use too; on one device every rank's share is present, so the sum is already complete.
+Module k of a layer reads
 
     dense:  norm_k(residual)          r_k = r_{k-1} + f_k(norm_k(r_{k-1}))
     ladder: norm_k(stale)             r_k = r_{k-1} + f_k(norm_k(r_{k-2})),  r_{-1} = r_0
 
-and then ``stale, residual = residual, residual + f_k(...)``. An SPD block (TP degree N,
-rank r owning head group r and MLP shard r) computes, from its input X = r_{k-1}:
+An SPD block (TP degree N, rank r owning head group r and MLP shard r) computes, from its
+input X = r_{k-1}:
 
     Y_r = Attn_r(LN1(X)) @ W_O[r]
     Z_r = MLP_r(LN2(X + Y_r))
@@ -18,10 +21,11 @@ before the block's single all-reduce completes. Parameter names are Llama's, so 
 Llama checkpoint loads unchanged.
 
 The block math (rotary, heads, the partial attention and MLP of a head group, the SPD block)
-lives in ``block.py``, shared with the TP runtime's rank model; a new layer mode is one
-branch in ``LadderDecoderLayer.forward`` calling it. Norms stay transformers' ``LlamaRMSNorm``
-(see ``block.rms_norm``). This file, ``block.py``, the configuration and ``layout.py`` need only
-torch and transformers, so they travel with a checkpoint (``auto_map``).
+lives in ``block.py``, shared with the TP runtime's rank model. A layer mode's meaning is a
+row of ``layout.MODE_TRAITS``; the order of its reads and adds is ``residual.py``'s; this file
+supplies only the kernels (``_LayerKernels``). Norms stay transformers' ``LlamaRMSNorm`` (see
+``block.rms_norm``). This file, ``block.py``, ``residual.py``, the configuration and ``layout.py``
+need only torch and transformers, so they travel with a checkpoint (``auto_map``).
 """
 
 from __future__ import annotations
