@@ -26,6 +26,7 @@ import math
 import torch
 
 from ..model import LadderLlamaForCausalLM, LayerMode, Layout
+from ..model.layout import rank_query_heads
 from .relayout import with_layout
 from .stream import embed, run_layers
 
@@ -130,9 +131,9 @@ def permute_heads(model: LadderLlamaForCausalLM, layer: int, kv_order: list[int]
     """
     config = model.config
     attn = model.model.layers[layer].self_attn
-    hd, group = attn.head_dim, config.num_attention_heads // config.num_key_value_heads
+    hd = attn.head_dim
     kv_rows = torch.tensor([h * hd + d for h in kv_order for d in range(hd)])
-    q_heads = [h * group + j for h in kv_order for j in range(group)]
+    q_heads = rank_query_heads(kv_order, config.num_attention_heads, config.num_key_value_heads)
     q_rows = torch.tensor([h * hd + d for h in q_heads for d in range(hd)])
     for linear, rows in ((attn.q_proj, q_rows), (attn.k_proj, kv_rows), (attn.v_proj, kv_rows)):
         linear.weight.copy_(linear.weight[rows])

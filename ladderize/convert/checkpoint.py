@@ -25,13 +25,13 @@ from ..model.placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from ..model.shapes import ModelShape
-from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama
+from ..model import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama, residual as residual_module
 from .architectures import LM_HEAD, PROVENANCE_FILE, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs, read_config_json
 from .atomic import atomic_directory, check_output_free
 from .shards import ShardWriter
 from .sources import Source, resolve_source
 
-MODELING_MODULES = (layout_module, configuration_ladder_llama, block_module, modeling_ladder_llama)
+MODELING_MODULES = (layout_module, configuration_ladder_llama, block_module, residual_module, modeling_ladder_llama)
 AUTO_MAP = {
     "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
     "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",

@@ -3,9 +3,10 @@
 This file depends only on the standard library, because it travels inside every
 converted checkpoint (``auto_map`` remote code) next to the modeling file.
 
-Every consumer (the model's layer loop, the converter, the trainer's choice of
-trainable parameters, the runtime's communication plan) asks the ``LayerMode`` for its
-properties instead of re-deriving them.
+Every consumer (the converter, the trainer's choice of trainable parameters, the runtime's
+communication plan) asks the ``LayerMode`` for its properties instead of re-deriving them; the
+layer loops of the HF model, the TP runtime and vLLM run ``module_program`` through one
+interpreter, ``residual.ResidualStream``.
 """
 
 from __future__ import annotations
@@ -61,8 +62,12 @@ class LayerMode(str, enum.Enum):
         return self.traits.converted
 
 
-# The mode table. Adding a mode: one row here, plus its branch in the model's decoder layer
-# and in the runtime's rank model; the program below, inspect, the plan and predict follow.
+# The mode table. Adding a mode: one row here; ``module_program`` below turns the rows into ModuleOps,
+# and ``residual.ResidualStream`` (the one interpreter the HF model, the TP runtime and vLLM share)
+# runs them. A mode whose modules read or reduce in a way ModuleOp cannot say yet needs a field on
+# ModuleOp and its handling in ``residual.py``, not branches in the three loops; a new kernel (a
+# module computing something else) is a method of the callers' kernels. Inspect, the plan and
+# predict follow from the program.
 MODE_TRAITS: dict[str, ModeTraits] = {
     "dense": ModeTraits(reads_stale=False, attention_allreduce=True, converted=False, tp_dependent=False),
     "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False),

@@ -1,13 +1,16 @@
 """Ladder / Sync-Point-Drop Llama: one causal LM whose decoder layers each have a mode.
 
 The layer loop carries two residual states: ``residual`` (r_{k-1}, the complete stream)
-and ``stale`` (r_{k-2}, the stream one module earlier). Module k of a layer reads
+and ``stale`` (the state before it). Each layer runs its two ``ModuleOp``s of the mode program
+(``layout.module_program``) through ``residual.ResidualStream``, the interpreter the TP runtime
+and vLLM use too; on one device every rank's share is present, so the sum is already complete.
+Module k of a layer reads
 
     dense:  norm_k(residual)          r_k = r_{k-1} + f_k(norm_k(r_{k-1}))
     ladder: norm_k(stale)             r_k = r_{k-1} + f_k(norm_k(r_{k-2})),  r_{-1} = r_0
 
-and then ``stale, residual = residual, residual + f_k(...)``. An SPD block (TP degree N,
-rank r owning head group r and MLP shard r) computes, from its input X = r_{k-1}:
+An SPD block (TP degree N, rank r owning head group r and MLP shard r) computes, from its
+input X = r_{k-1}:
 
     Y_r = Attn_r(LN1(X)) @ W_O[r]
     Z_r = MLP_r(LN2(X + Y_r))
@@ -18,10 +21,11 @@ before the block's single all-reduce completes. Parameter names are Llama's, so 
 Llama checkpoint loads unchanged.
 
 The block math (rotary, heads, the partial attention and MLP of a head group, the SPD block)
-lives in ``block.py``, shared with the TP runtime's rank model; a new layer mode is one
-branch in ``LadderDecoderLayer.forward`` calling it. Norms stay transformers' ``LlamaRMSNorm``
-(see ``block.rms_norm``). This file, ``block.py``, the configuration and ``layout.py`` need only
-torch and transformers, so they travel with a checkpoint (``auto_map``).
+lives in ``block.py``, shared with the TP runtime's rank model. A layer mode's meaning is a
+row of ``layout.MODE_TRAITS``; the order of its reads and adds is ``residual.py``'s; this file
+supplies only the kernels (``_LayerKernels``). Norms stay transformers' ``LlamaRMSNorm`` (see
+``block.rms_norm``). This file, ``block.py``, ``residual.py``, the configuration and ``layout.py``
+need only torch and transformers, so they travel with a checkpoint (``auto_map``).
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, eager_attention_forward
 
-from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, spd_block, spd_share, split_heads
+from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, split_heads
 from .configuration_ladder_llama import LadderLlamaConfig
-from .layout import LayerMode, Layout, module_program, rank_kv_heads, rank_query_heads
+from .layout import LayerMode, Layout, ModuleKind, module_program, rank_kv_heads, rank_query_heads
+from .residual import ResidualStream, slots_before
 
 
 class LadderAttention(nn.Module):
@@ -169,7 +174,7 @@ def _bias_rows(linear: nn.Linear, rows: slice | torch.Tensor) -> torch.Tensor | 
 
 
 class LadderDecoderLayer(GradientCheckpointingLayer):
-    """A Llama decoder layer whose ``mode`` decides which residual each module reads."""
+    """A Llama decoder layer: its two ``ModuleOp``s of the mode program, run by ``residual.ResidualStream``."""
 
     def __init__(self, config: LadderLlamaConfig, layer_idx: int):
         super().__init__()
@@ -177,8 +182,10 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         # Re-wrap in this module's enum: under trust_remote_code, transformers may load the config's
         # copy of layout.py as a different module than ours, and enum identity checks would fail.
         self.mode = LayerMode(layout.modes[layer_idx].value)
-        # This layer's two modules of the mode program: what each reads, whether attention syncs.
-        self.attn_op, self.mlp_op = module_program(layout.modes)[2 * layer_idx : 2 * layer_idx + 2]
+        # This layer's two modules of the mode program, and the states the stream holds when it starts.
+        program = module_program(layout.modes)
+        self.attn_op, self.mlp_op = program[2 * layer_idx : 2 * layer_idx + 2]
+        self.entry_slots = slots_before(program, 2 * layer_idx)
         self.layer_idx = layer_idx
         self.self_attn = LadderAttention(config, layer_idx)
         self.mlp = LadderMLP(config)
@@ -193,13 +200,21 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         stale: torch.Tensor,  # r_{k-2}, [B, S, D]
         **attn_kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the new ``(residual, stale)`` pair after this layer's two modules."""
-        if self.mlp_op.reads_local_partial:  # SPD: one block, one all-reduce
-            return self._spd(residual, **attn_kwargs), residual
-        attn_out = self.self_attn(self.input_layernorm(stale if self.attn_op.reads_stale else residual), **attn_kwargs)
-        stale, residual = residual, residual + attn_out
-        mlp_out = self.mlp(self.post_attention_layernorm(stale if self.mlp_op.reads_stale else residual))
-        return residual + mlp_out, residual
+        """Return the new ``(residual, stale)`` pair after this layer's two modules.
+
+        One device holds every rank's share, so the sum over ranks is already complete (``residual.COMPLETE``).
+        """
+        stream = ResidualStream(residual, stale, self.entry_slots)
+        kernels = _LayerKernels(self, attn_kwargs)
+        stream.run(self.attn_op, kernels)
+        stream.run(self.mlp_op, kernels)
+        return stream.resolve(), stream.prev
+
+    def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
+        """An SPD layer's block output on input ``x`` (this layer's ``forward`` from ``(x, x)``)."""
+        if not self.mlp_op.reads_local_partial:
+            raise ValueError(f"layer {self.layer_idx} is {self.mode.value}, not spd")
+        return self.forward(x, x, **attn_kwargs)[0]
 
     def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, slice]]:
         cached = getattr(self, "_spd_groups_cache", None)
@@ -208,18 +223,47 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
             self._spd_groups_cache = cached = (device, groups)
         return cached[1]
 
-    def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
-        """The SPD block on one device: every head group's share ``Y_r + Z_r`` (``block.spd_share``), summed."""
-        heads = self.self_attn.heads(self.input_layernorm(x), **attn_kwargs)  # [B, S, H*hd]
-        o_proj = self.self_attn.o_proj
-        o_weight = effective_weight(o_proj)
 
-        def share(columns: torch.Tensor, shard: slice) -> torch.Tensor:
-            y_r = attention_partial(heads.index_select(-1, columns), o_weight.index_select(1, columns))
-            return spd_share(x, y_r, o_proj.bias, lambda h: self.mlp.partial(self.post_attention_layernorm(h), shard))
+class _LayerKernels:
+    """``residual.ModuleKernels`` of one ``LadderDecoderLayer`` on one device.
 
-        shares = (share(columns, shard) for columns, shard in self._spd_groups_on(heads.device))
-        return spd_block(x, shares, (o_proj.bias, self.mlp.down_proj.bias))
+    Dense and ladder modules return the module's whole output, bias included (``nn.Linear``, as
+    transformers' Llama computes it: bit-identical), so ``bias`` is None for them. An SPD block
+    holds every head group's share (``block.attention_partial`` of its ``o_proj`` columns, and
+    ``LadderMLP.partial`` of its intermediate slice); its biases are added once, after the sum.
+    """
+
+    __slots__ = ("layer", "attn_kwargs")
+
+    def __init__(self, layer: LadderDecoderLayer, attn_kwargs: dict):
+        self.layer, self.attn_kwargs = layer, attn_kwargs
+
+    def attention(self, op, h: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        return layer.self_attn(layer.input_layernorm(h), **self.attn_kwargs)
+
+    def mlp(self, op, h: torch.Tensor) -> torch.Tensor:
+        return self.layer.mlp(self.layer.post_attention_layernorm(h))
+
+    def bias(self, op) -> torch.Tensor | None:
+        if not (op.reads_local_partial or (op.kind is ModuleKind.ATTENTION and not op.allreduce)):
+            return None  # inside the module's own nn.Linear
+        return self.layer.mlp.down_proj.bias if op.kind is ModuleKind.MLP else self.layer.self_attn.o_proj.bias
+
+    def spd_attention(self, op, h: torch.Tensor) -> list[torch.Tensor]:
+        """Every head group's ``Y_r``: the heads once, then each group's ``o_proj`` columns."""
+        layer = self.layer
+        heads = layer.self_attn.heads(layer.input_layernorm(h), **self.attn_kwargs)  # [B, S, H*hd]
+        o_weight = effective_weight(layer.self_attn.o_proj)
+        return [
+            attention_partial(heads.index_select(-1, columns), o_weight.index_select(1, columns))
+            for columns, _ in layer._spd_groups_on(heads.device)
+        ]
+
+    def spd_mlp(self, op, h: torch.Tensor, share: int) -> torch.Tensor:
+        layer = self.layer
+        shard = layer._spd_groups_on(h.device)[share][1]
+        return layer.mlp.partial(layer.post_attention_layernorm(h), shard)
 
 
 def _spd_groups(

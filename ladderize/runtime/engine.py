@@ -2,12 +2,13 @@
 
 Each rank holds the replicated embedding, norms and LM head plus its shard of every layer
 (``weights.py``, sliced as ``sharding.py`` says). A module computes a *partial* output from
-its shard; the sum over ranks (the all-reduce) is the module's output. The ``CommPlan``
-says, step by step, which residual a module reads and whether its all-reduce is blocking or
-in flight while the next step computes (``state.ResidualStream``). The block math is
-``model/block.py``, the HF model's own: ``_step`` is the one place that branches on the
-kind of step, and an SPD block computes Y_r, Z_r = MLP_r(LN2(X + Y_r)) locally and
-all-reduces Y_r + Z_r once.
+its shard; the sum over ranks (the all-reduce) is the module's output. The ``CommPlan``'s
+steps carry the layout's ``ModuleOp``s; ``hidden`` runs them through ``model/residual.py``'s
+``ResidualStream``, the interpreter the HF and vLLM models use too, which owns the order of
+reads, all-reduces and adds (including an SPD block's Y_r + MLP_r(LN2(X + Y_r)), reduced once).
+This file supplies only the rank's kernels (``_RankKernels``: block math from ``model/block.py``
+on fused weights with gemv/oneDNN/aten linears) and its all-reduce (``_CommReduction``: blocking,
+or in flight while the next module computes). A new layer mode needs no branch here.
 
 ``static=True`` decode (``decode.Decoder``) drives cache writes and the attention mask by a
 position *tensor*, so shapes are fixed, as CUDA graphs and ``torch.compile`` need.
@@ -20,11 +21,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..model.block import attention_partial, mlp_partial, qkv_heads, rms_norm, spd_share
-from .allreduce import Communicator
+from ..model.block import attention_partial, mlp_partial, qkv_heads, rms_norm
+from ..model.layout import LayerMode, ModuleKind, module_program
+from ..model.residual import ResidualStream, slots_before
+from .allreduce import Communicator, InFlight
 from .kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
 from .plan import CommPlan, StepKind
-from .state import KVCache, ResidualStream, RotaryTable
+from .state import KVCache, RotaryTable
 from .weights import LayerWeights, RankWeights
 
 
@@ -35,12 +38,6 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     from transformers.activations import ACT2FN
 
     return ACT2FN[name]
-
-
-def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    if a is None:
-        return b
-    return a if b is None else a + b
 
 
 class RankModel:
@@ -135,18 +132,22 @@ class RankModel:
         return self.mlp_partial(h, lw.gate_up, lw.gate_up_bias, lw.down)
 
     def _step(self, kind: StepKind, lw: LayerWeights, x: torch.Tensor, keys, values, position):
-        """One module on input ``x``: ``(partial, bias)``; the output is ``sum_r(partial) + bias``.
+        """One step alone on input ``x``: ``(partial, bias)``, its output being ``x + (sum_r(partial) + bias)``.
 
-        The one place that branches on the kind of step (the model's is ``LadderDecoderLayer.forward``).
+        For timing one module (``predict/measured.py``) and for tests; it runs the step's ``ModuleOp``s
+        (of a one-layer program) through ``ResidualStream`` and keeps the partial the all-reduce would sum.
         """
-        if kind is StepKind.ATTENTION:
-            return self._attention(lw, rms_norm(x, lw.ln1, self.eps), keys, values, position), lw.o_bias
-        if kind is StepKind.MLP:
-            return self._mlp(lw, rms_norm(x, lw.ln2, self.eps)), lw.down_bias
-        # SPD block: this rank's share Y_r + Z_r, with Z_r = MLP_r(LN2(X + Y_r)); the all-reduce sums the shares
-        y = self._attention(lw, rms_norm(x, lw.ln1, self.eps), keys, values, position)
-        share = spd_share(x, y, lw.o_bias, lambda h: self._mlp(lw, rms_norm(h, lw.ln2, self.eps)))
-        return share, _add(lw.o_bias, lw.down_bias)
+        mode = LayerMode.SPD if kind is StepKind.SPD_BLOCK else LayerMode.DENSE
+        program = module_program((mode,))
+        ops = program if kind is StepKind.SPD_BLOCK else program[:1] if kind is StepKind.ATTENTION else program[1:]
+        kernels, capture = _RankKernels(self, (lw,), keys, values, position), _Capture()
+        stream = ResidualStream(x, slots=slots_before(program, ops[0].k - 1))
+        for op in ops:
+            stream.run(op, kernels, capture)
+        bias = None
+        for extra in stream.pending_bias:
+            bias = extra if bias is None else bias if extra is None else bias + extra
+        return capture.partial, bias
 
     # forward ---------------------------------------------------------------------------------
 
@@ -154,18 +155,20 @@ class RankModel:
         """Final hidden states [B, S, D] (before the final norm) of ``tokens`` [B, S] at ``position``.
 
         ``position`` is the index of the first token: an int, or (static decode) a 1-element tensor.
+        Each step's ``ModuleOp``s run through ``model/residual.ResidualStream``, one stream per domino
+        chunk; this rank supplies the kernels (``_RankKernels``) and the all-reduce (``_CommReduction``).
         """
         x = F.embedding(tokens, self.w.embed)  # [B, S, D], replicated
         bounds = _chunk_bounds(tokens.shape[0], plan.chunks)
         streams = [ResidualStream(x[lo:hi]) for lo, hi in bounds]
+        reduction = _CommReduction(self.comm, plan.communicate)
+        chunked = len(streams) > 1
         for step in plan.steps:
-            lw = self.w.layers[step.layer]
             keys, values = cache.keys[step.layer], cache.values[step.layer]
             for (lo, hi), stream in zip(bounds, streams):  # domino: chunk i's all-reduce overlaps chunk i+1
-                if len(streams) > 1:
-                    keys, values = cache.keys[step.layer][lo:hi], cache.values[step.layer][lo:hi]
-                partial, bias = self._step(step.kind, lw, stream.read(step.reads_stale), keys, values, position)
-                stream.push(self.comm.all_reduce(partial, step.overlapped, plan.communicate), bias)
+                kernels = _RankKernels(self, self.w.layers, keys[lo:hi] if chunked else keys, values[lo:hi] if chunked else values, position)
+                for op in step.ops:
+                    stream.run(op, kernels, reduction, overlap=step.overlapped)
         outs = [stream.resolve() for stream in streams]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -179,6 +182,64 @@ class RankModel:
         """Logits [B, S, V] (or [B, 1, V] with ``last_only``) and the cache filled for these tokens."""
         hidden = self.hidden(tokens, position, cache, plan)
         return self.logits(hidden[:, -1:] if last_only else hidden)
+
+
+class _RankKernels:
+    """``residual.ModuleKernels`` of one rank: its shard's partials (norm included) and the biases.
+
+    ``layers[op.layer]`` is the layer's ``LayerWeights``; ``keys``/``values`` the step's KV cache (of its chunk).
+    """
+
+    __slots__ = ("model", "layers", "keys", "values", "position")
+
+    def __init__(self, model: "RankModel", layers, keys, values, position):
+        self.model, self.layers, self.keys, self.values, self.position = model, layers, keys, values, position
+
+    def attention(self, op, h: torch.Tensor) -> torch.Tensor:
+        model, lw = self.model, self.layers[op.layer]
+        return model._attention(lw, rms_norm(h, lw.ln1, model.eps), self.keys, self.values, self.position)
+
+    def mlp(self, op, h: torch.Tensor) -> torch.Tensor:
+        model, lw = self.model, self.layers[op.layer]
+        return model._mlp(lw, rms_norm(h, lw.ln2, model.eps))
+
+    def bias(self, op) -> torch.Tensor | None:
+        lw = self.layers[op.layer]
+        return lw.o_bias if op.kind is ModuleKind.ATTENTION else lw.down_bias
+
+    def spd_attention(self, op, h: torch.Tensor) -> list[torch.Tensor]:
+        return [self.attention(op, h)]  # this rank's head group: one share
+
+    def spd_mlp(self, op, h: torch.Tensor, share: int) -> torch.Tensor:
+        return self.mlp(op, h)
+
+
+class _Capture:
+    """``residual.Reduction`` that keeps the partial instead of summing it (``RankModel._step``)."""
+
+    partial: torch.Tensor | None = None
+
+    def start(self, partial: torch.Tensor, overlap: bool) -> torch.Tensor:
+        self.partial = partial
+        return partial
+
+    def wait(self, handle: torch.Tensor) -> torch.Tensor:
+        return handle
+
+
+class _CommReduction:
+    """``residual.Reduction`` over the ``Communicator``: ``overlap`` issues the all-reduce async (``InFlight``)."""
+
+    __slots__ = ("comm", "communicate")
+
+    def __init__(self, comm: Communicator, communicate: bool):
+        self.comm, self.communicate = comm, communicate
+
+    def start(self, partial: torch.Tensor, overlap: bool) -> InFlight:
+        return self.comm.all_reduce(partial, overlap, self.communicate)
+
+    def wait(self, handle: InFlight) -> torch.Tensor:
+        return handle.wait()
 
 
 def _chunk_bounds(batch: int, chunks: int) -> list[tuple[int, int]]:

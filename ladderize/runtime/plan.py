@@ -7,6 +7,8 @@ module), and re-derives nothing:
 - an attention module without an all-reduce (SPD) is fused with its MLP into one SPD block
   step with a single all-reduce; every other module is a step of its own;
 - a step reads ``r_{k-2}`` when its module reads the stale residual;
+- a step carries its ``ModuleOp``s, which the rank model runs through ``model/residual.py``'s
+  ``ResidualStream`` (the interpreter the HF and vLLM models use too);
 - a step's all-reduce is issued with ``async_op=True`` and waited on one step later exactly
   when the program says it overlaps the next module (``ModuleOp.overlaps_next``); every other
   all-reduce is blocking. So ``inspect``'s overlappable count is this plan's by construction.
@@ -27,7 +29,7 @@ import enum
 from dataclasses import dataclass
 
 from ..errors import LadderizeError, parse_choice
-from ..model.layout import Layout, ModuleKind
+from ..model.layout import Layout, ModuleKind, ModuleOp
 
 
 class Schedule(str, enum.Enum):
@@ -49,12 +51,17 @@ class StepKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """One module (or fused SPD block) of the forward pass."""
+    """One module (or fused SPD block) of the forward pass: the ``ModuleOp``s it runs, and how its all-reduce is issued.
+
+    ``layer``, ``kind`` and ``reads_stale`` describe ``ops`` (derived from them); the runtime runs
+    ``ops`` through ``model/residual.ResidualStream``, with ``overlapped`` as the all-reduce's ``async_op``.
+    """
 
     layer: int
     kind: StepKind
     reads_stale: bool  # reads r_{k-2} (ladder) instead of r_{k-1}
     overlapped: bool  # its all-reduce is issued async and waited on one step later
+    ops: tuple[ModuleOp, ...] = ()  # the program's modules of this step: one, or an SPD block's two
 
 
 @dataclass(frozen=True)
@@ -85,14 +92,18 @@ class CommPlan:
         return f"{self.schedule.value} ({self.layout.describe()}{extra})"
 
 
-def layer_steps(layout: Layout) -> list[tuple[int, StepKind, bool, bool]]:
-    """``(layer, kind, reads_stale, overlaps_next)`` of every step, in order; SPD layers give one fused block."""
+def layer_steps(layout: Layout) -> list[tuple[int, StepKind, bool, bool, tuple[ModuleOp, ...]]]:
+    """``(layer, kind, reads_stale, overlaps_next, ops)`` of every step, in order; SPD layers give one fused
+    block (its attention op, which has no all-reduce, and its MLP op)."""
     steps = []
+    held: tuple[ModuleOp, ...] = ()
     for op in layout.program():
         if op.kind is ModuleKind.ATTENTION and not op.allreduce:
-            continue  # fused into the SPD block step that its MLP ends
+            held = (op,)  # fused into the SPD block step that its MLP ends
+            continue
         kind = StepKind.SPD_BLOCK if op.reads_local_partial else StepKind(op.kind.value)
-        steps.append((op.layer, kind, op.reads_stale, op.overlaps_next))
+        steps.append((op.layer, kind, op.reads_stale, op.overlaps_next, held + (op,)))
+        held = ()
     return steps
 
 
@@ -103,8 +114,8 @@ def build_plan(layout: Layout, schedule: Schedule | str = Schedule.NATIVE, chunk
     domino = schedule is Schedule.DOMINO
     steps = tuple(
         # domino: every all-reduce is async; a chunk waits for its own result when it next needs it
-        Step(layer, kind, stale, overlapped=domino or overlaps)
-        for layer, kind, stale, overlaps in layer_steps(math_layout)
+        Step(layer, kind, stale, overlapped=domino or overlaps, ops=ops)
+        for layer, kind, stale, overlaps, ops in layer_steps(math_layout)
     )
     if chunks < 1:
         raise LadderizeError(f"domino needs at least 1 chunk, got {chunks}")

@@ -1,13 +1,7 @@
-"""What a rank keeps while it runs: the rotary table, the preallocated KV cache, and the residual stream.
+"""What a rank keeps while it runs: the rotary table and the preallocated KV cache.
 
-``ResidualStream`` holds the two states of the model's layer loop:
-
-    prev = r_{k-1}  (complete)          cur = r_k = prev + sum_r(partial_k)  (maybe in flight)
-
-A ladder step reads ``prev`` (the stale residual, already complete), computes, issues its
-own all-reduce, and only then waits for the previous step's: that wait is what overlaps.
-A dense step reads ``cur`` and so waits first. After an SPD block ``prev`` is the block
-input X, which is the stale state the model defines after an SPD block.
+The residual stream (r_{k-1}, r_k and an all-reduce in flight) is ``model/residual.py``'s
+``ResidualStream``, the one interpreter of the mode program that the HF and vLLM models share.
 
 The KV cache is preallocated per layer as ``[B, kv_heads_local, max_len, head_dim]``.
 """
@@ -20,7 +14,6 @@ from typing import Any
 import torch
 
 from ..model.block import fold_rotary_sign
-from .allreduce import InFlight
 
 
 class RotaryTable:
@@ -89,32 +82,4 @@ class KVCache:
         return self.keys[0].shape[2]
 
 
-class ResidualStream:
-    """r_{k-1} (``prev``, complete) and r_k (``cur``: complete, or ``prev`` + an all-reduce in flight)."""
-
-    __slots__ = ("prev", "cur", "inflight", "bias")
-
-    def __init__(self, embeddings: torch.Tensor):
-        self.prev = self.cur = embeddings  # r_{-1} = r_0
-        self.inflight: InFlight | None = None
-        self.bias: torch.Tensor | None = None
-
-    def resolve(self) -> torch.Tensor:
-        """Wait for the pending all-reduce (if any) and return the complete r_k."""
-        if self.inflight is not None:
-            delta = self.inflight.wait()
-            self.cur = self.prev + (delta if self.bias is None else delta + self.bias)
-            self.inflight = self.bias = None
-        return self.cur
-
-    def read(self, stale: bool) -> torch.Tensor:
-        """The input of the next module: r_{k-1} when it reads stale, else r_k."""
-        return self.prev if stale else self.resolve()
-
-    def push(self, inflight: InFlight, bias: torch.Tensor | None) -> None:
-        """Record the next module's all-reduce; first completes the previous one (the overlapped wait)."""
-        self.prev = self.resolve()
-        self.inflight, self.bias, self.cur = inflight, bias, None
-
-
-__all__ = ["KVCache", "ResidualStream", "RotaryTable"]
+__all__ = ["KVCache", "RotaryTable"]

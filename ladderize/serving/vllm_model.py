@@ -1,21 +1,23 @@
 """vLLM model for ladderize checkpoints: dense, ladder, SPD and hybrid layouts under vLLM's tensor parallelism.
 
-The layer loop runs ``Layout.program()`` (``ladderize/model/layout.py``): one ``ModuleOp`` per
-module says which residual the module's norm reads (``reads_stale``: r_{k-2} instead of r_{k-1}),
-whether it is an SPD MLP that also reads its rank's own attention partial
-(``reads_local_partial``), and whether it ends in an all-reduce (``allreduce``) that may run while
-the next module computes (``overlaps_next``). Nothing here re-derives what a mode means.
+The layer loop is ``ladderize/model/residual.py``'s ``ResidualStream`` running ``Layout.program()``
+(``ladderize/model/layout.py``), the same interpreter as the HF model and the TP runtime: it owns the
+order of reads, all-reduces and adds. This file supplies only the kernels (``_VllmKernels``) and the
+reduction (``_SyncAllReduce``, or the overlapped ``_OverlappedAllReduce``). Nothing here re-derives
+what a mode means.
 
 Every ``o_proj`` and ``down_proj`` is a ``RowParallelLinear`` with ``reduce_results=False`` and
-``skip_bias_add=True``: it returns this rank's partial sum, and the loop places the all-reduce
+``skip_bias_add=True``: it returns this rank's partial sum, and the interpreter places the all-reduce
 (and adds the bias once) itself:
 
-    dense / ladder module:  r_k = r_{k-1} + AllReduce(f_k(norm_k(r_{reads}))) (+ bias)
-    SPD block (input X):    Y_r = Attn_r(LN1(X)) W_O[r];  Z_r = MLP_r(LN2(X + Y_r (+ o_bias)))
-                            out = X + AllReduce(Y_r + Z_r) (+ o_bias + down_bias): one all-reduce
+    dense / ladder module:  r_k = r_{k-1} + (AllReduce(f_k(norm_k(r_{reads}))) + bias)
+    SPD block (input X):    Y_r = Attn_r(LN1(X)) W_O[r];  Z_r = MLP_r(LN2(X + Y_r (+ o_bias)))  (block.spd_share)
+                            out = X + ((AllReduce(Y_r + Z_r) + o_bias) + down_bias): one all-reduce
 
-which is ``LadderDecoderLayer`` / ``_spd`` of ``modeling_ladder_llama.py`` with the sum over ranks
-done by the all-reduce. An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
+The classes are named ``Vllm*`` (the HF model's are ``Ladder*``); the architecture registered with
+vLLM is still ``LadderLlamaForCausalLM`` (``vllm_plugin.ARCHITECTURE``).
+
+An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
 vLLM gives rank r the contiguous query/KV heads, so ``load_weights`` permutes the q/k/v rows and
 o_proj columns of a layer with an ``spd_head_order`` (a relabelling of heads, which leaves the
 layer's function unchanged) and the TP degree must equal the checkpoint's ``spd_tp_size``.
@@ -60,7 +62,8 @@ from vllm.model_executor.models.utils import (
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
-from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp
+from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp, rank_query_heads
+from ladderize.model.residual import ResidualStream
 from ladderize.model.shapes import head_dim_of
 from ladderize.serving.vllm_plugin import check_parallel
 
@@ -106,7 +109,7 @@ def compile_allowed(vllm_config: VllmConfig) -> bool:
     return True
 
 
-class LadderAttention(nn.Module):
+class VllmLadderAttention(nn.Module):
     """Llama attention that returns this rank's ``o_proj`` partial (no all-reduce, no bias)."""
 
     def __init__(self, config, cache_config, quant_config, prefix: str):
@@ -147,7 +150,7 @@ class LadderAttention(nn.Module):
         return partial
 
 
-class LadderMLP(nn.Module):
+class VllmLadderMLP(nn.Module):
     """SwiGLU MLP that returns this rank's ``down_proj`` partial (no all-reduce, no bias)."""
 
     def __init__(self, config, quant_config, prefix: str):
@@ -171,58 +174,83 @@ class LadderMLP(nn.Module):
         return partial
 
 
-class LadderDecoderLayer(nn.Module):
-    """The parameters of one layer (Llama's names) and its two ``ModuleOp``s; the model runs them."""
+class VllmLadderDecoderLayer(nn.Module):
+    """The parameters of one layer (Llama's names) and its two ``ModuleOp``s; ``_VllmKernels`` runs its modules."""
 
     def __init__(self, vllm_config: VllmConfig, prefix: str, program: tuple[ModuleOp, ...]):
         super().__init__()
         config = vllm_config.model_config.hf_config
         layer = extract_layer_index(prefix)
         self.attn_op, self.mlp_op = program[2 * layer : 2 * layer + 2]
-        self.self_attn = LadderAttention(config, vllm_config.cache_config, vllm_config.quant_config, f"{prefix}.self_attn")
-        self.mlp = LadderMLP(config, vllm_config.quant_config, f"{prefix}.mlp")
+        self.self_attn = VllmLadderAttention(config, vllm_config.cache_config, vllm_config.quant_config, f"{prefix}.self_attn")
+        self.mlp = VllmLadderMLP(config, vllm_config.quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def attention(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.self_attn(positions, self.input_layernorm(x))
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.post_attention_layernorm(x))
+class _VllmKernels:
+    """``residual.ModuleKernels`` of this rank under vLLM: its partials (norm included) and the biases,
+    which the ``RowParallelLinear``s leave out (``skip_bias_add``) for ``ResidualStream`` to add once."""
 
-    @property
-    def attn_bias(self) -> torch.Tensor | None:
-        return self.self_attn.o_proj.bias
+    __slots__ = ("layers", "positions")
 
-    @property
-    def mlp_bias(self) -> torch.Tensor | None:
-        return self.mlp.down_proj.bias
+    def __init__(self, layers: nn.ModuleList, positions: torch.Tensor):
+        self.layers, self.positions = layers, positions
+
+    def attention(self, op: ModuleOp, h: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[op.layer]
+        return layer.self_attn(self.positions, layer.input_layernorm(h))
+
+    def mlp(self, op: ModuleOp, h: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[op.layer]
+        return layer.mlp(layer.post_attention_layernorm(h))
+
+    def bias(self, op: ModuleOp) -> torch.Tensor | None:
+        layer = self.layers[op.layer]
+        return layer.self_attn.o_proj.bias if op.kind is ModuleKind.ATTENTION else layer.mlp.down_proj.bias
+
+    def spd_attention(self, op: ModuleOp, h: torch.Tensor) -> list[torch.Tensor]:
+        return [self.attention(op, h)]  # this rank's SPD head group: one share
+
+    def spd_mlp(self, op: ModuleOp, h: torch.Tensor, share: int) -> torch.Tensor:
+        return self.mlp(op, h)
 
 
-def _plus(x: torch.Tensor, *biases: torch.Tensor | None) -> torch.Tensor:
-    for bias in biases:
-        if bias is not None:
-            x = x + bias
-    return x
+class _SyncAllReduce:
+    """``residual.Reduction``: vLLM's all-reduce, synchronous (the validated path)."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+
+    def start(self, partial: torch.Tensor, overlap: bool) -> torch.Tensor:
+        return tensor_model_parallel_all_reduce(partial) if self.tp > 1 else partial
+
+    def wait(self, handle: torch.Tensor) -> torch.Tensor:
+        return handle
 
 
 class _OverlappedAllReduce:
-    """UNVALIDATED (never run on a GPU): vLLM's all-reduce on a CUDA side stream, joined before its result is read."""
+    """UNVALIDATED (never run on a GPU): ``residual.Reduction`` that runs vLLM's all-reduce on a CUDA side
+    stream when the program lets it overlap the next module, joined before its result is read."""
 
     def __init__(self):
         self.stream = torch.cuda.Stream()
 
-    def start(self, partial: torch.Tensor):
+    def start(self, partial: torch.Tensor, overlap: bool):
+        if not overlap:
+            return tensor_model_parallel_all_reduce(partial), False
         main = torch.cuda.current_stream()
         self.stream.wait_stream(main)
         with torch.cuda.stream(self.stream):
             reduced = tensor_model_parallel_all_reduce(partial)
-        return reduced
+        return reduced, True
 
-    def wait(self, reduced: torch.Tensor) -> torch.Tensor:
-        main = torch.cuda.current_stream()
-        main.wait_stream(self.stream)
-        reduced.record_stream(main)
+    def wait(self, handle) -> torch.Tensor:
+        reduced, on_side_stream = handle
+        if on_side_stream:
+            main = torch.cuda.current_stream()
+            main.wait_stream(self.stream)
+            reduced.record_stream(main)
         return reduced
 
 
@@ -244,7 +272,7 @@ def overlap_requested(vllm_config: VllmConfig) -> bool:
     },
     enable_if=compile_allowed,
 )
-class LadderLlamaModel(nn.Module):
+class VllmLadderLlamaModel(nn.Module):
     """Embeddings, the mode-program layer loop, the final norm."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **_):
@@ -258,7 +286,7 @@ class LadderLlamaModel(nn.Module):
         self.vocab_size = config.vocab_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config)
         self.layers = nn.ModuleList(
-            [LadderDecoderLayer(vllm_config, f"{prefix}.layers.{i}", self.program) for i in range(config.num_hidden_layers)]
+            [VllmLadderDecoderLayer(vllm_config, f"{prefix}.layers.{i}", self.program) for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
@@ -272,6 +300,7 @@ class LadderLlamaModel(nn.Module):
                 logger.info("ladderize: compiled on CPU: linear layers use F.linear (works around an inductor "
                             "fusion bug with vLLM's out-variant oneDNN GEMM; see docs/serving.md)")
         self.overlap = _OverlappedAllReduce() if self.tp > 1 and overlap_requested(vllm_config) else None
+        self.reduction = self.overlap or _SyncAllReduce(self.tp)
         counts = self.layout.allreduces_per_token()
         logger.info(
             "ladderize: serving layout %s at TP=%d: %d all-reduces per token (%d overlappable; %s); torch.compile %s",
@@ -287,9 +316,6 @@ class LadderLlamaModel(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def _all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        return tensor_model_parallel_all_reduce(partial) if self.tp > 1 else partial
-
     def forward(
         self,
         input_ids: torch.Tensor | None,
@@ -297,32 +323,12 @@ class LadderLlamaModel(nn.Module):
         intermediate_tensors: IntermediateTensors | None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        residual = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
-        stale = residual  # r_{k-2}; r_{-1} = r_0
-        local = None  # an SPD attention's partial Y_r (this rank's only)
-        pending = None  # an overlapped all-reduce of the previous module: r_{k-1} = residual + pending
-        for layer in self.layers:
-            for op in (layer.attn_op, layer.mlp_op):
-                source = stale if op.reads_stale else residual
-                if op.kind is ModuleKind.ATTENTION:
-                    partial, biases = layer.attention(positions, source), (layer.attn_bias,)
-                    if not op.allreduce:  # SPD: Y_r stays on this rank until the MLP's all-reduce
-                        local = partial
-                        continue
-                elif op.reads_local_partial:  # SPD MLP: Z_r = MLP_r(LN2(X + Y_r (+ o_bias))); AR(Y_r + Z_r)
-                    partial = local + layer.feed_forward(_plus(source + local, layer.attn_bias))
-                    biases, local = (layer.attn_bias, layer.mlp_bias), None
-                else:
-                    partial, biases = layer.feed_forward(source), (layer.mlp_bias,)
-                if pending is not None:  # r_{k-1} is needed from here on
-                    residual, pending = residual + self.overlap.wait(pending), None
-                if self.overlap is not None and op.overlaps_next:
-                    # the next module reads r_{k-1} (= stale) while r_k = residual + AR(partial) is reduced
-                    stale, residual = residual, _plus(residual, *biases)
-                    pending = self.overlap.start(partial)
-                    continue
-                stale, residual = residual, residual + _plus(self._all_reduce(partial), *biases)
-        return self.norm(residual)
+        """The program through ``residual.ResidualStream`` (the HF model's and the runtime's interpreter)."""
+        stream = ResidualStream(inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids))
+        kernels = _VllmKernels(self.layers, positions)
+        for op in self.program:
+            stream.run(op, kernels, self.reduction)
+        return self.norm(stream.resolve())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return AutoWeightsLoader(self).load_weights(weights, mapper=LlamaModel.hf_to_vllm_mapper)
@@ -338,12 +344,11 @@ def permute_spd_heads(weights: Iterable[tuple[str, torch.Tensor]], config) -> It
     layout = layout_of(config)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = head_dim_of(config)
-    group = heads // kv_heads
     orders = {}
     for layer in range(layout.num_layers):
         order = layout.head_order(layer, kv_heads)
         if order != list(range(kv_heads)):
-            orders[layer] = (torch.tensor(order), torch.tensor([kv * group + j for kv in order for j in range(group)]))
+            orders[layer] = (torch.tensor(order), torch.tensor(rank_query_heads(order, heads, kv_heads)))
     for name, tensor in weights:
         parts = name.split(".")
         if orders and "layers" in parts and "self_attn" in parts:
@@ -361,11 +366,11 @@ def permute_spd_heads(weights: Iterable[tuple[str, torch.Tensor]], config) -> It
         yield name, tensor
 
 
-class LadderLlamaForCausalLM(LlamaForCausalLM):
+class VllmLadderLlamaForCausalLM(LlamaForCausalLM):
     """``LlamaForCausalLM`` (LM head, logits, weight names) over the ladderize layer loop."""
 
     def _init_model(self, vllm_config: VllmConfig, prefix: str = "", layer_type=None):
-        return LadderLlamaModel(vllm_config=vllm_config, prefix=prefix)
+        return VllmLadderLlamaModel(vllm_config=vllm_config, prefix=prefix)
 
     def forward(
         self,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ladderize.model.layout import LayerMode, Layout
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
-MODEL_PATH = "ladderize.serving.vllm_model:LadderLlamaForCausalLM"
+MODEL_PATH = "ladderize.serving.vllm_model:VllmLadderLlamaForCausalLM"  # the class; the architecture name stays
 
 
 class SPDDegreeError(RuntimeError):
