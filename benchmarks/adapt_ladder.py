@@ -61,7 +61,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.convert.checkpoint import convert_checkpoint, load_model
+    from ladderize.model.checkpoint import load_model
+    from ladderize.convert.conversion import convert_checkpoint
 
     dense_dir = dense_source()
     tokenizer = AutoTokenizer.from_pretrained(dense_dir)

@@ -45,10 +45,11 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.auto import head_group_checkpoint
+    from ladderize.adapt.convert_support import head_group_checkpoint
     from ladderize.adapt.data import pack_tokens
     from ladderize.adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
-    from ladderize.convert.checkpoint import convert_checkpoint, load_model
+    from ladderize.model.checkpoint import load_model
+    from ladderize.convert.conversion import convert_checkpoint
     from ladderize.model import LayerMode, format_layer_ranges
 
     dense_dir = dense_source()

@@ -37,7 +37,7 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ladderize.convert.checkpoint import write_checkpoint
+    from ladderize.model.checkpoint import write_checkpoint
     from ladderize.synthetic import char_tokenizer
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -58,7 +58,7 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
 
 def checkpoints(args: argparse.Namespace) -> tuple[Path, Path]:
     """The dense checkpoint and its ladder conversion (upper half), built once in the cache."""
-    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.convert.conversion import convert_checkpoint
     from ladderize.paths import cache_path
 
     name = f"synthetic-llama-L{args.layers}-H{args.hidden}-I{args.intermediate}-V{args.vocab}-fp32"
@@ -198,7 +198,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sequences = args.tokens // args.seq_len
-    states_bytes = 8 * sequences * args.seq_len * args.hidden * 4  # 4 state pairs of [N, S, D] fp32 (sequential.py)
+    states_bytes = 8 * sequences * args.seq_len * args.hidden * 4  # 4 state pairs of [N, S, D] fp32 (layer_training.py)
     result = {
         "benchmark": "adapt_streaming_rss",
         "checkpoint": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "intermediate": args.intermediate,

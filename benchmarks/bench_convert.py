@@ -20,7 +20,7 @@ from pathlib import Path
 
 CONVERT = """
 import sys
-from ladderize.convert.checkpoint import convert_checkpoint
+from ladderize.convert.conversion import convert_checkpoint
 convert_checkpoint(sys.argv[1], sys.argv[2], ladder="-8:", spd="0:4", spd_tp_size=1, max_shard_bytes=500_000_000)
 """
 COPY = "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])"
@@ -111,7 +111,7 @@ def main() -> None:
     from ladderize.convert.pull import pull_model
 
     smollm2 = pull_model("smollm2-135m")
-    baseline = run_measured("import ladderize.convert.checkpoint")
+    baseline = run_measured("import ladderize.model.checkpoint")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-convert-", dir=Path.home()) as tmp:
         work = Path(tmp)

@@ -38,7 +38,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from ladderize.adapt.objectives import head_losses, kd_loss, logit_block_rows
-    from ladderize.adapt.stream import logits_from
+    from ladderize.adapt.residual_states import logits_from
     from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
 
     def model(seed: int) -> LadderLlamaForCausalLM:

@@ -140,7 +140,7 @@ def synthetic_checkpoint(dtype: torch.dtype) -> Path:
 
 def ladder_twin(dense: Path) -> Path:
     """The same weights with every layer ladder (``ladderize convert --ladder all``), cached beside the rest."""
-    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.convert.conversion import convert_checkpoint
 
     out = peers_dir() / "checkpoints" / f"{dense.name}-ladder-all"
     if not (out / "config.json").is_file():

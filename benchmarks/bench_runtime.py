@@ -145,7 +145,7 @@ def bench_single_device(args) -> dict:
     from ladderize.errors import LadderizeError
     from ladderize.runtime.allreduce import Communicator
     from ladderize.runtime.decode import Decoder, generate_on_rank
-    from ladderize.convert.checkpoint import load_config
+    from ladderize.model.checkpoint import load_config
     from ladderize.runtime.dims import ModelDims
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel

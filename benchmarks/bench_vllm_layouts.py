@@ -1,7 +1,7 @@
 """vLLM CPU decode at TP=2 for dense, SPD and ladder layouts of the same weights (ladderize's vLLM plugin).
 
 Writes one random checkpoint per layout (same seed, so the same weights; only ``layer_modes`` differ),
-serves each through ``ladderize.serving.check`` in ``.venv-vllm`` (built by scripts/setup_vllm.sh) at
+serves each through ``ladderize.runtime.vllm.check`` in ``.venv-vllm`` (built by scripts/setup_vllm.sh) at
 TP=2 with one core per rank, and times greedy decode as (generate G tokens - generate 1 token) / (G - 1),
 median over repeats after warm-up. All-reduces are synchronous (vLLM's CPU shared-memory communicator),
 so SPD's dropped attention all-reduce is the only communication saving; ladder's overlap needs the

@@ -19,7 +19,7 @@ import torch
 
 from ladderize.predict import MeasuredCompute, RooflineCompute, load_model_shape, module_work
 from ladderize.predict.gpus import GPU_PROFILES
-from ladderize.predict.predict import decode_kv_len, parse_int_list
+from ladderize.predict.estimate import decode_kv_len, parse_int_list
 
 
 def matching_profile(device_name: str):

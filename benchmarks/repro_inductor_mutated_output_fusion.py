@@ -16,7 +16,7 @@ fusion) or a functional op (``torch.mm``) instead of the out-variant op both giv
     python benchmarks/repro_inductor_mutated_output_fusion.py --functional  # the workaround: exits 0
 
 This is why ladderize's vLLM plugin routes linear layers through ``F.linear`` when it compiles a ladder or
-SPD layout on CPU (``ladderize/serving/vllm_model.py``, ``FUNCTIONAL_LINEARS_WHEN_COMPILED``).
+SPD layout on CPU (``ladderize/runtime/vllm/model.py``, ``FUNCTIONAL_LINEARS_WHEN_COMPILED``).
 """
 
 from __future__ import annotations

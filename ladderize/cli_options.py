@@ -85,7 +85,7 @@ def write_json(path: Path, record: Any) -> Path:
     """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
     import json
 
-    from .convert.atomic import write_file_atomic
+    from .model.atomic import write_file_atomic
 
     write_file_atomic(path, json.dumps(record, indent=2) + "\n")
     return path

@@ -118,7 +118,7 @@ def adapt_summary(result: Any) -> list[str]:
 
 def layer_summary_table(curve: list[dict]) -> Table:
     """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
-    from .adapt.sequential import layer_summary
+    from .adapt.layer_training import layer_summary
 
     table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
     for name in ("layer", "steps", "loss before", "loss after", "change"):

@@ -242,7 +242,7 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
 
 
 def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
-    from .convert.checkpoint import convert_checkpoint
+    from .convert.conversion import convert_checkpoint
 
     if _complete_checkpoint(out):
         say("skip", f"convert {out.name} (exists)")
@@ -255,7 +255,7 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn) -> Path:
     from .adapt.config import AdaptConfig
-    from .adapt.trainer import adapt
+    from .adapt.run import adapt
 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
@@ -279,7 +279,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
     result = adapt(config, resume=True, progress=on_progress, on_message=lambda msg: say("note", msg))
-    from .adapt.sequential import layer_summary
+    from .adapt.layer_training import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"
@@ -379,7 +379,7 @@ def _valid_json(path: Path, check: Callable[[dict], bool]) -> bool:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    from .convert.atomic import write_file_atomic
+    from .model.atomic import write_file_atomic
 
     write_file_atomic(path, text)
 

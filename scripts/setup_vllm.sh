@@ -26,6 +26,6 @@ rm -f "$VENV/.ladderize-ready"
 # ladderize itself without its training/eval dependencies: the plugin needs only torch, transformers and
 # huggingface_hub, which vLLM brings (transformers <5.20, pinned by vLLM)
 "$VENV/bin/python" -m pip install --quiet --no-deps -e ".[vllm]"
-"$VENV/bin/python" -c "import vllm, ladderize.serving.vllm_plugin"
+"$VENV/bin/python" -c "import vllm, ladderize.runtime.vllm.plugin"
 echo "$RECIPE" > "$VENV/.ladderize-ready"
 echo "setup_vllm: $VENV ready in $(( $(date +%s) - start )) s" >&2

@@ -1,7 +1,7 @@
 """Sharding the frozen teacher under FSDP, so that it is not replicated on every rank.
 
 ``AdaptLoss`` keeps the teacher out of its registered submodules (Accelerate wraps only the
-student), and it runs the teacher piece by piece (``stream.embed``, ``run_layers``,
+student), and it runs the teacher piece by piece (``residual_states.embed``, ``run_layers``,
 ``logits_from``), not through ``teacher.forward``. ``shard_teacher`` therefore applies torch's
 FSDP2 ``fully_shard`` to every piece that holds parameters: the embedding, each decoder
 layer, the final norm and the LM head. Each unit gathers its parameters in its own forward
@@ -46,7 +46,7 @@ def shard_teacher(teacher: LadderLlamaForCausalLM, mesh=None) -> LadderLlamaForC
 
 @contextmanager
 def head_gathered(teacher: LadderLlamaForCausalLM) -> Iterator[None]:
-    """Keep the units behind ``stream.logits_from`` (final norm, LM head) gathered inside the block; no-op unless sharded."""
+    """Keep the units behind ``residual_states.logits_from`` (final norm, LM head) gathered inside the block; no-op unless sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [unit for unit in (teacher.model.norm, head_unit(teacher)) if isinstance(unit, FSDPModule)]

@@ -28,7 +28,7 @@ import torch
 from ..model import LadderLlamaForCausalLM, LayerMode, Layout
 from ..model.layout import rank_query_heads
 from .relayout import with_layout
-from .stream import embed, run_layers
+from .residual_states import embed, run_layers
 
 MAX_EXHAUSTIVE_ORDERS = 720
 

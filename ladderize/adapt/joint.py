@@ -4,7 +4,7 @@ One process on CPU by default; under ``accelerate launch`` the same code runs DD
 with mixed precision and gradient accumulation. Each process reads its own rows of a
 deterministic batch schedule (a pure function of the step and the seed), so a resumed run
 replays exactly the batches an uninterrupted run would have seen. The training state is
-saved every ``save_every`` optimizer steps (``run_state.save_accelerate_state``).
+saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from ..model import LadderLlamaForCausalLM
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .data import batch_at, pack_tokens
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
-from .lr_schedule import warmup_cosine
+from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
 from .output import write_output
-from .run_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
-from .streaming import ResidentLayers, same_prefix
+from .run_dir import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
+from .layer_source import ResidentLayers, same_prefix
 from .teacher import load_teacher, resolve_teacher
 
 
@@ -67,11 +67,11 @@ def adapt_joint(
     say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> AdaptResult:
-    """Run the joint schedule on ``checkpoint`` (checked by ``trainer.adapt``) and write ``out``."""
+    """Run the joint schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
 
-    from ..convert.checkpoint import load_model, load_tokenizer
+    from ..model.checkpoint import load_model, load_tokenizer
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR

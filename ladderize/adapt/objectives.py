@@ -45,7 +45,7 @@ from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
 from .fsdp import head_gathered
-from .stream import State, embed, logits_from, run_layers
+from .residual_states import State, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
 LOCAL_INPUTS = ("teacher", "student")

@@ -4,12 +4,12 @@ Two writers, one result:
 
 - ``write_output`` saves a model held whole in memory (``save_model_checkpoint``);
 - ``write_streamed_output`` assembles OUT tensor by tensor from the checkpoint's safetensors,
-  with the trained layers taken from their files in the run dir (``streaming.StreamedLayers``),
+  with the trained layers taken from their files in the run dir (``layer_source.StreamedLayers``),
   so it never holds more than one layer plus one output shard.
 
 Both write fp32 tensors (adaptation trains in fp32), the same config, tokenizer, generation
 config, modeling files and provenance, into a temp dir renamed to OUT at the end
-(``convert.atomic.atomic_directory``).
+(``model.atomic.atomic_directory``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def adapt_provenance(
     model_config: LadderLlamaConfig, lora: bool = False,
 ) -> dict[str, Any]:
     """The checkpoint's provenance with this run's ``adapt`` record appended and its layout updated."""
-    from ..convert.checkpoint import read_provenance
+    from ..model.checkpoint import read_provenance
 
     layout = model_config.layout
     provenance = read_provenance(checkpoint)
@@ -76,7 +76,7 @@ def write_output(
 
     ``adapter``: a saved peft adapter, moved to ``OUT/adapter/`` once the merged checkpoint is written.
     """
-    from ..convert.checkpoint import save_model_checkpoint
+    from ..model.checkpoint import save_model_checkpoint
 
     final.requires_grad_(False)
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config, lora=adapter is not None)
@@ -90,14 +90,14 @@ def write_streamed_output(
     student, tokenizer, checkpoint: str, teacher_path: str | None,
     config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path,
 ) -> None:
-    """Assemble OUT from ``student`` (a ``streaming.StreamedLayers`` whose trained layers point at their files).
+    """Assemble OUT from ``student`` (a ``layer_source.StreamedLayers`` whose trained layers point at their files).
 
     Tensors stream into fp32 shards of at most ``STREAMED_SHARD_BYTES``; the config is the
     checkpoint's, as ``load_model(checkpoint, float32)`` would save it.
     """
     from transformers import GenerationConfig
 
-    from ..convert.checkpoint import write_checkpoint
+    from ..model.checkpoint import write_checkpoint
 
     model_config = student.model.config
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)

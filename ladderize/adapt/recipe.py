@@ -42,7 +42,7 @@ from typing import Any
 from ..errors import LadderizeError, one_line
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
-from .trainer import adapt
+from .run import adapt
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -165,7 +165,7 @@ def load_recipe(spec: str) -> Recipe:
 
 def converted_modes(checkpoint: str) -> set[str]:
     """The modes of the converted layers of ``checkpoint`` (read from its config, no weights)."""
-    from ..convert.checkpoint import load_config
+    from ..model.checkpoint import load_config
 
     layout = load_config(checkpoint).layout
     return {layout.modes[i].value for i in layout.converted_layers}

@@ -121,7 +121,7 @@ def make_prompts(spec: str, count: int, seed: int) -> list[str]:
 
 def check_dense_source(source: str) -> Path:
     """The path of a dense checkpoint directory, or one line: missing, not a checkpoint, or converted."""
-    from ..convert.checkpoint import load_config
+    from ..model.checkpoint import load_config
 
     path = Path(source).expanduser()
     config = load_config(path)  # one line for a missing path, a file, no config.json, an unknown architecture
@@ -176,7 +176,7 @@ def _resume_point(out: Path, settings: SampleSettings) -> list[dict[str, float]]
 
 
 def _write_state(out: Path, settings: SampleSettings, batches: list[dict[str, float]]) -> None:
-    from ..convert.atomic import write_file_atomic
+    from ..model.atomic import write_file_atomic
 
     write_file_atomic(_settings_file(out), json.dumps({"settings": asdict(settings), "batches": batches}, indent=1) + "\n")
 
@@ -214,7 +214,7 @@ def load_teacher_for_sampling(path: Path):
     """The dense model (fp32, through the one loader ``load_model``) and its tokenizer, padding on the left."""
     import torch
 
-    from ..convert.checkpoint import load_model, load_tokenizer
+    from ..model.checkpoint import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
@@ -299,7 +299,7 @@ def sample_text(
 
 def _finish(out: Path, settings: SampleSettings, tokens: int, seconds: float) -> None:
     """Write the provenance ``OUT.json``, rename ``OUT.partial`` to ``OUT`` and drop the settings sidecar."""
-    from ..convert.atomic import apply_umask, write_file_atomic
+    from ..model.atomic import apply_umask, write_file_atomic
 
     provenance: dict[str, Any] = {**asdict(settings), "records": settings.sequences, "tokens_generated": tokens,
                                   "seconds": round(seconds, 3)}

@@ -30,7 +30,7 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM, LayerMode, Layout
 from .relayout import with_layout
-from .stream import embed, logits_from, run_layers, token_nll
+from .residual_states import embed, logits_from, run_layers, token_nll
 
 INSENSITIVE_BELOW = 0.01
 EXTREMELY_SENSITIVE_FROM = 0.05
@@ -74,7 +74,7 @@ class SensitivityReport:
         return {**asdict(self), "ranking": self.ranking()}
 
     def save(self, path: Path | str) -> None:
-        from ..convert.atomic import write_file_atomic
+        from ..model.atomic import write_file_atomic
 
         write_file_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
@@ -191,7 +191,7 @@ def checkpoint_sensitivity(
 ) -> SensitivityReport:
     """The whole pipeline behind ``ladderize sensitivity`` and the demo: load the dense checkpoint and its
     tokenizer, pack ``samples`` x ``seq_len`` tokens of ``data``, and rank the ``layers`` candidates."""
-    from ..convert.checkpoint import load_model, load_tokenizer
+    from ..model.checkpoint import load_model, load_tokenizer
     from ..model.layout import parse_layer_ranges
     from .data import pack_tokens
 

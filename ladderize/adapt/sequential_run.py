@@ -1,12 +1,12 @@
 """The sequential schedule as an adapt run: one layer at a time, each trained layer written out at once.
 
-1. Layer sources (``streaming.py``): by default ``StreamedLayers``, a weightless model of
+1. Layer sources (``layer_source.py``): by default ``StreamedLayers``, a weightless model of
    the student and of the teacher whose modules are read from their safetensors while in
    use. ``stream_layers=False``, or head grouping (which permutes heads of both models at
    once), loads both whole instead (``ResidentLayers``). The numbers are the same.
 2. The calibration states entering the first converted layer: the teacher's embedding, then
    its layers below (frozen and shared with the student), one module at a time. States live
-   in memory or in memory-mapped files in the run dir (``states="disk"``, ``states.py``).
+   in memory or in memory-mapped files in the run dir (``states="disk"``, ``state_store.py``).
 3. For each layer from the first converted to the last: the teacher's layer gives the
    target states and is given back; the student's layer is trained if converted (and not
    finished before a resume), written to ``RUN/state/layer-NNNNN.safetensors`` at once,
@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
-from ..convert.shards import save_safetensors
+from ..model.shards import save_safetensors
 from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
-from .run_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
-from .sequential import StateCache, steps_per_layer, train_layer
-from .states import StateStore
-from .streaming import ResidentLayers, StreamedLayers, same_prefix
+from .run_dir import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from .layer_training import StateCache, steps_per_layer, train_layer
+from .state_store import StateStore
+from .layer_source import ResidentLayers, StreamedLayers, same_prefix
 from .teacher import check_teacher, load_teacher, resolve_teacher
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
@@ -66,10 +66,10 @@ def adapt_sequential(
     say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> AdaptResult:
-    """Run the sequential local schedule on ``checkpoint`` (checked by ``trainer.adapt``) and write ``out``."""
+    """Run the sequential local schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
     from accelerate.utils import set_seed
 
-    from ..convert.checkpoint import load_model, load_tokenizer
+    from ..model.checkpoint import load_model, load_tokenizer
     from .data import pack_tokens
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import load_config, read_provenance
-from .shards import CheckpointTensors
+from ..model.checkpoint import load_config, read_provenance
+from ..model.shards import CheckpointTensors
 
 
 def count_parameters(path: Path) -> int:

@@ -37,10 +37,10 @@ def convert_layout(
 
     ``dtype`` is the output dtype (``auto`` keeps the source's); ``device`` is where head grouping computes.
     """
-    from ..adapt.auto import auto_ranges
+    from ..adapt.convert_support import auto_ranges
     from ..model.layout import LayerMode
     from ..model.placement import check_device, check_dtype
-    from .checkpoint import convert_checkpoint
+    from .conversion import convert_checkpoint
 
     device = check_device(device)
     dtype = check_dtype(dtype) or "auto"
@@ -52,6 +52,6 @@ def convert_layout(
                               progress=progress, **extra)
     if not head_grouping:
         return Converted(Path(path))
-    from ..adapt.auto import head_group_checkpoint
+    from ..adapt.convert_support import head_group_checkpoint
 
     return Converted(Path(path), head_group_checkpoint(path, teacher=src, device=device))

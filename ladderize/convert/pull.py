@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..paths import cache_path
-from .architectures import PROVENANCE_FILE, read_config_json
+from ..model.architectures import PROVENANCE_FILE, read_config_json
 
 
 
@@ -66,7 +66,7 @@ def pull_model(
         force = True
     if target.exists() and not force:
         raise LadderizeError(f"{target} exists but is not a complete checkpoint; pass --force to replace it")
-    from .checkpoint import convert_checkpoint
+    from .conversion import convert_checkpoint
 
     say = on_message or (lambda _msg: None)
     gguf = _fetch_gguf(spec, say)

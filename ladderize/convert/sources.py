@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from ..errors import LadderizeError, one_line
-from .architectures import read_config_file
-from .shards import iter_file_tensors, tensor_names, weight_files as safetensors_files
+from ..model.architectures import read_config_file
+from ..model.shards import iter_file_tensors, tensor_names, weight_files as safetensors_files
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = (

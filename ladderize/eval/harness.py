@@ -29,7 +29,7 @@ DEFAULT_BOOTSTRAP_ITERS = 1000  # lm-eval's CLI uses 100000; only standard error
 
 
 def load_tokenizer(path: Path | str):
-    from ..convert.checkpoint import load_tokenizer as load
+    from ..model.checkpoint import load_tokenizer as load
 
     return load(path, "evaluation")
 
@@ -150,7 +150,7 @@ def evaluate_checkpoint(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Load a checkpoint, evaluate it with lm-eval, and return the eval record's JSON (see module docstring)."""
-    from ..convert.checkpoint import load_model, read_provenance
+    from ..model.checkpoint import load_model, read_provenance
     from ..model import Layout
     from ..records import EvalRecord
 
@@ -202,7 +202,7 @@ def evaluate_checkpoint(
 
 def write_json(record: dict[str, Any], path: Path | str) -> Path:
     """Write a JSON record atomically (as lm-eval does, a NaN metric is written as NaN)."""
-    from ..convert.atomic import write_file_atomic
+    from ..model.atomic import write_file_atomic
 
     return write_file_atomic(Path(path).expanduser().absolute(), json.dumps(record, indent=2, default=str) + "\n")
 

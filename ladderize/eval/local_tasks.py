@@ -234,7 +234,7 @@ def _cached_jsonl(name: str, documents: list[str]) -> Path:
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
     path = cache_path("eval-data") / f"{name}-{digest}.jsonl"
     if not path.is_file():
-        from ..convert.atomic import write_file_atomic
+        from ..model.atomic import write_file_atomic
 
         write_file_atomic(path, body)
     return path

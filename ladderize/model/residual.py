@@ -5,7 +5,7 @@
 while the next module computes (``overlaps_next``), and whether it is an SPD MLP that also reads
 its rank's own attention partial. ``ResidualStream.run`` executes one ``ModuleOp``; the HF model
 (``modeling_ladder_llama.py``), the TP runtime (``runtime/engine.py``) and the vLLM model
-(``serving/vllm_model.py``) all drive their layer loops through it. They supply only:
+(``runtime/vllm/model.py``) all drive their layer loops through it. They supply only:
 
 - ``ModuleKernels``: a module's partial output from its (un-normalised) input, norm included,
   and the biases to add once after the sum over ranks;
@@ -13,9 +13,9 @@ its rank's own attention partial. ``ResidualStream.run`` executes one ``ModuleOp
 
 For module k with partial p_k (this rank's share) and bias b_k, the stream computes
 
-    r_k = r_{reads} ... read:   h = r_{op.reads}          (waits for r_{k-1} only when it is read)
-          r_k = r_{k-1} + (Reduce(p_k) + b_k)              (the previous module's all-reduce is
-                                                           waited on after module k's is issued)
+    h   = r_{op.reads}                      (waits for r_{k-1}'s all-reduce only when it reads r_{k-1})
+    r_k = r_{k-1} + (Reduce(p_k) + b_k)     (module k's all-reduce is issued first; the previous
+                                             module's is waited on after it)
 
 An SPD attention (no all-reduce) keeps its partial ``Y_r`` on the rank and leaves the stream
 unchanged (the state after it is its input X); the SPD MLP then computes ``block.spd_share``

@@ -12,7 +12,7 @@ from .compute import RooflineCompute, make_compute
 from .gpus import GPU_PROFILES, GPUProfile, load_gpu_profile
 from .interconnect import PROFILES, InterconnectProfile, load_interconnect
 from .measured import MeasuredCompute
-from .predict import Prediction, PredictRequest, layout_from_checkpoint, predict
+from .estimate import Prediction, PredictRequest, layout_from_checkpoint, predict
 from .presets import PRESETS, ModelShape, load_model_shape
 from .schedule import ModuleCost, StepTiming, plan_modules, simulate, simulate_step
 from .work import ModuleWork, module_work

@@ -31,7 +31,7 @@ from ..model.layout import Layout
 from .compute import RooflineCompute
 from .gpus import GPU_PROFILES, GPUProfile
 from .interconnect import PROFILES, InterconnectProfile
-from .predict import PredictRequest, decode_kv_len, predict
+from .estimate import PredictRequest, decode_kv_len, predict
 from .presets import PRESETS, ModelShape
 from .work import module_work
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..convert.atomic import write_file_atomic
+from ..model.atomic import write_file_atomic
 from ..model.placement import resolve_device
 from ..paths import cache_path
 from .work import ModuleKind, ModuleWork, roofline_s

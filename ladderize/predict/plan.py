@@ -10,7 +10,7 @@ from ..errors import LadderizeError
 from ..parsing import parse_int_list
 from .compute import ComputeModel
 from .interconnect import InterconnectProfile
-from .predict import Prediction, PredictRequest
+from .estimate import Prediction, PredictRequest
 
 
 @dataclass
@@ -25,7 +25,7 @@ class PredictPlan:
         return self.request.interconnect
 
     def run(self) -> Prediction:
-        from .predict import predict
+        from .estimate import predict
 
         return predict(self.request, self.compute)
 
@@ -58,7 +58,7 @@ def plan_prediction(
     from .compute import make_compute
     from .gpus import load_gpu_profile
     from .interconnect import load_interconnect
-    from .predict import layout_from_checkpoint, select_schedules
+    from .estimate import layout_from_checkpoint, select_schedules
     from .presets import load_model_shape
 
     device = check_device(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..convert.architectures import read_config_file
+from ..model.architectures import read_config_file
 from ..errors import LadderizeError
 from ..model.shapes import ModelShape, preset, public_presets
 

@@ -204,7 +204,7 @@ def _legend_label(short: str, layout: str) -> str:
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from ..convert.atomic import write_file_atomic
+    from ..model.atomic import write_file_atomic
 
     image = io.BytesIO()
     fig.savefig(image, format="png", bbox_inches="tight", pad_inches=0.15)  # everything drawn stays inside the image

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..convert.atomic import write_file_atomic
+from ..model.atomic import write_file_atomic
 from .plot import plot_pareto
 from .render import csv_text, markdown, notes
 from .table import build_report

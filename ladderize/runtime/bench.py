@@ -41,8 +41,8 @@ from ..errors import LadderizeError
 from ..model.layout import Layout
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
-from ..convert.architectures import read_config_file
-from ..convert.checkpoint import config_from_dict, load_config
+from ..model.architectures import read_config_file
+from ..model.checkpoint import config_from_dict, load_config
 from ..model.shapes import synthetic_presets
 from .dims import ModelDims, validate_tp
 from .engine import RankModel

@@ -20,7 +20,7 @@ import torch
 from ..model.placement import runtime_dtype
 from ..errors import LadderizeError
 from .decode import Decoder, Sampling, generate_on_rank
-from ..convert.checkpoint import load_config
+from ..model.checkpoint import load_config
 from .dims import ModelDims, validate_tp
 from .engine import RankModel
 from .kernels import LinearKernel, resolve_kernel

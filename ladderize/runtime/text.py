@@ -49,8 +49,8 @@ def generate_text(
 
     ``None`` on a torchrun rank other than 0 (rank 0 has the answer).
     """
-    from ..convert.architectures import read_config_json
-    from ..convert.checkpoint import load_tokenizer
+    from ..model.architectures import read_config_json
+    from ..model.checkpoint import load_tokenizer
     from .generate import generate
 
     check_sampling(sampling)

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..convert.architectures import TP_PLAN, layer_tensor
+from ..model.architectures import TP_PLAN, layer_tensor
 from ..errors import LadderizeError
 from ..model.layout import Layout, kv_heads_per_rank
 from .dims import ModelDims

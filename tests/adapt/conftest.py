@@ -34,7 +34,7 @@ def dense_dir(tmp_path_factory) -> Path:
 
 
 def convert(dense_dir: Path, out: Path, **layout) -> Path:
-    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.convert.conversion import convert_checkpoint
 
     return convert_checkpoint(str(dense_dir), out, **layout)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.trainer import adapt
-from ladderize.convert.checkpoint import load_model, read_provenance
+from ladderize.adapt.run import adapt
+from ladderize.model.checkpoint import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from ladderize.model.modeling_ladder_llama import effective_weight
 from tests.adapt.conftest import convert

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from ladderize.convert.checkpoint import load_model
+from ladderize.model.checkpoint import load_model
 from tests.cli_helpers import run_cli
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from ladderize.adapt.recipe import MEASURED_LR, Recipe, load_recipe, parse_stage, plan, run_recipe
-from ladderize.convert.checkpoint import load_model, read_provenance
+from ladderize.model.checkpoint import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 from tests.cli_helpers import error_lines, run_cli

@@ -82,7 +82,7 @@ def test_group_heads_picks_the_lowest_error_order():
 
 def test_attention_maps_are_the_models_own_attention():
     """Head grouping's maps come from the model's attention: maps @ V equals the heads' output."""
-    from ladderize.adapt.stream import embed
+    from ladderize.adapt.residual_states import embed
 
     model = tiny_model()
     with torch.no_grad():

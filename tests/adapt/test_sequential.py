@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.stream import embed, run_layers
+from ladderize.adapt.residual_states import embed, run_layers
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.trainer import adapt
-from ladderize.convert.checkpoint import load_model
+from ladderize.adapt.run import adapt
+from ladderize.model.checkpoint import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 

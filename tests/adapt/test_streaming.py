@@ -11,8 +11,8 @@ from safetensors import safe_open
 
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.sequential_run import layer_file
-from ladderize.adapt.trainer import adapt
-from ladderize.convert.checkpoint import read_provenance
+from ladderize.adapt.run import adapt
+from ladderize.model.checkpoint import read_provenance
 from tests.adapt.conftest import convert
 from tests.cli_helpers import run_cli
 
@@ -87,7 +87,7 @@ def test_states_on_disk_equal_states_in_memory(hybrid_dir, text_file, tmp_path, 
     base = ["adapt", hybrid_dir, None, "--data", text_file, "--objective", "local", "--local-schedule", "sequential",
             "--tokens", 32 * 9, "--seq-len", 32, "--batch-size", 2, "--epochs", 2, "--lr", 3e-3]
     maps = []
-    import ladderize.adapt.sequential as sequential
+    import ladderize.adapt.layer_training as sequential
 
     train_layer = sequential.train_layer
 

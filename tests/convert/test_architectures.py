@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ladderize.convert.checkpoint import convert_checkpoint, load_model
+from ladderize.model.checkpoint import load_model
+from ladderize.convert.conversion import convert_checkpoint
 from ladderize.errors import LadderizeError
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -57,7 +58,7 @@ def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expe
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ladderize.convert.checkpoint import load_tokenizer
+    from ladderize.model.checkpoint import load_tokenizer
     from tests.conftest import TINY, char_tokenizer
     from tests.model.reference import reference_logits
 

@@ -12,9 +12,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from ladderize.convert.architectures import expected_tensors
-from ladderize.convert.architectures import PROVENANCE_FILE
-from ladderize.convert.checkpoint import convert_checkpoint, load_model, read_provenance
+from ladderize.model.architectures import expected_tensors
+from ladderize.model.architectures import PROVENANCE_FILE
+from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.convert.conversion import convert_checkpoint
 from ladderize.convert.sources import sha256_file
 from ladderize.model import LadderLlamaForCausalLM
 
@@ -137,7 +138,8 @@ def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):
 
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
-    from ladderize.convert.checkpoint import convert_checkpoint, load_model
+    from ladderize.model.checkpoint import load_model
+    from ladderize.convert.conversion import convert_checkpoint
 
     out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "plain", plain=True)
     config = json.loads((out / "config.json").read_text())
@@ -155,7 +157,7 @@ def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):
 
 
 def test_plain_output_of_a_converted_layout_is_refused(tiny_llama_dir, tmp_path):
-    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.convert.conversion import convert_checkpoint
     from ladderize.errors import LadderizeError
 
     with pytest.raises(LadderizeError, match="plain Llama checkpoint cannot hold"):

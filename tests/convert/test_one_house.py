@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ladderize.convert.checkpoint import load_config, load_model, model_shape, save_model_checkpoint
+from ladderize.model.checkpoint import load_config, load_model, model_shape, save_model_checkpoint
 from ladderize.convert.inspect import inspect_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.model import LadderLlamaForCausalLM
@@ -103,7 +103,7 @@ def test_truncated_safetensors_is_one_line_in_the_runtime_reader(tiny_llama_dir)
 
 
 def test_truncated_safetensors_is_one_line_in_the_streamed_layers(tiny_llama_dir):
-    from ladderize.adapt.streaming import read_tensors
+    from ladderize.adapt.layer_source import read_tensors
 
     _truncate(tiny_llama_dir / "model.safetensors")
     with pytest.raises(LadderizeError, match="corrupt safetensors file"):

@@ -46,7 +46,7 @@ def tiny_dense_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_ladder_dir(tiny_dense_dir: Path, tmp_path_factory) -> Path:
-    from ladderize.convert.checkpoint import convert_checkpoint
+    from ladderize.convert.conversion import convert_checkpoint
 
     return convert_checkpoint(str(tiny_dense_dir), tmp_path_factory.mktemp("eval-ladder") / "tiny-ladder", ladder="2:4")
 

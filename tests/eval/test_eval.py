@@ -87,7 +87,7 @@ def test_dense_equals_direct_lm_eval_tiny(tiny_dense_dir: Path, tiny_data_dir: P
 
 def test_rolling_perplexity_is_lm_eval_word_perplexity(tiny_ladder_dir: Path, tmp_path: Path):
     """One short document: word perplexity = exp(-sum log p(token | prefix) / words), the first token after BOS."""
-    from ladderize.convert.checkpoint import load_model
+    from ladderize.model.checkpoint import load_model
 
     text = "to be or not to be"
     path = tmp_path / "line.txt"

@@ -11,7 +11,8 @@ from ladderize.model.layout import Layout, LayoutError
 from ladderize.predict import PredictRequest, RooflineCompute, layout_from_checkpoint, load_model_shape, predict
 from ladderize.predict.gpus import GPU_PROFILES
 from ladderize.predict.interconnect import PROFILES
-from ladderize.predict.predict import decode_kv_len, parse_int_list, rank_memory_bytes, select_schedules
+from ladderize.parsing import parse_int_list
+from ladderize.predict.estimate import decode_kv_len, rank_memory_bytes, select_schedules
 from ladderize.records import e2e_tokens_per_s
 
 from tests.conftest import tiny_config

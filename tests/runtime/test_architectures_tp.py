@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ladderize.convert.checkpoint import convert_checkpoint, load_model
+from ladderize.model.checkpoint import load_model
+from ladderize.convert.conversion import convert_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec

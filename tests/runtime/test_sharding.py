@@ -10,7 +10,7 @@ from ladderize.errors import LadderizeError
 from ladderize.model.layout import LayoutError
 from ladderize.runtime.allreduce import Communicator
 from ladderize.runtime.decode import Decoder
-from ladderize.convert.checkpoint import load_config
+from ladderize.model.checkpoint import load_config
 from ladderize.runtime.dims import ModelDims, validate_tp
 from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan

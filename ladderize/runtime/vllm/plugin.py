@@ -1,7 +1,7 @@
 """vLLM general plugin: registers ladderize's ``ladder_llama`` config and model with vLLM.
 
 Installed by ``pip install ladderize[vllm]`` through the ``vllm.general_plugins`` entry point
-(``ladderize = "ladderize.serving.vllm_plugin:register"``). vLLM calls ``register()`` in every
+(``ladderize = "ladderize.runtime.vllm.plugin:register"``). vLLM calls ``register()`` in every
 process (front end, engine core, each TP worker) before it reads a model's config, so a converted
 checkpoint (``model_type: ladder_llama``, ``architectures: ["LadderLlamaForCausalLM"]``) serves
 without ``trust_remote_code``: the config class is registered with transformers' ``AutoConfig``
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ladderize.model.layout import LayerMode, Layout
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
-MODEL_PATH = "ladderize.serving.vllm_model:VllmLadderLlamaForCausalLM"  # the class; the architecture name stays
+MODEL_PATH = "ladderize.runtime.vllm.model:VllmLadderLlamaForCausalLM"  # the class; the architecture name stays
 
 
 class SPDDegreeError(RuntimeError):

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..convert.atomic import write_file_atomic
+from ..model.atomic import write_file_atomic
 from ..errors import LadderizeError
 from .config import AdaptConfig
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
-from ..parsing import parse_int_list  # noqa: F401  (defined once, in ladderize.parsing)
 from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank
 from ..records import PredictRecord, PredictRow, add_speedups
 from .compute import ComputeModel
@@ -260,7 +259,7 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
 
 def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
     """The layout and shape stored in a checkpoint's config.json (through the one config reader, ``load_config``)."""
-    from ..convert.checkpoint import load_config
+    from ..model.checkpoint import load_config
 
     folder = Path(path).expanduser()
     if folder.is_file():

@@ -1,6 +1,6 @@
 """vLLM (CPU build, .venv-vllm) serves ladderize checkpoints exactly: greedy tokens and log-probs equal ladderize's HF model.
 
-Every case is one vLLM engine started by ``ladderize.serving.check`` in a subprocess of the vLLM venv;
+Every case is one vLLM engine started by ``ladderize.runtime.vllm.check`` in a subprocess of the vLLM venv;
 the reference is ``LadderLlamaForCausalLM`` in this venv, on the same checkpoint. SPD checkpoints are
 converted for the TP degree they are served at (SPD's function depends on it), so the TP=1 cases use
 ``spd_tp_size=1`` and the TP=2 cases ``spd_tp_size=2``; the hybrid has a non-identity SPD head order,

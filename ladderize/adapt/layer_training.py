@@ -17,8 +17,8 @@ corrects the drift that the layers below it leave. With ``"teacher"`` it is fed 
 teacher's states and matches the teacher's module updates (block-local).
 
 Memory: the modules in use (one layer, or the embedding while the first states are
-computed; ``streaming.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
-out) of the calibration set, in the model's dtype, in memory or on disk (``states.py``).
+computed; ``layer_source.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
+out) of the calibration set, in the model's dtype, in memory or on disk (``state_store.py``).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import torch
 
 from .data import batch_order
 from .objectives import layer_error
-from .states import StateStore
-from .stream import State, attention_kwargs
+from .state_store import StateStore
+from .residual_states import State, attention_kwargs
 
 if TYPE_CHECKING:
-    from .streaming import ResidentLayers, StreamedLayers
+    from .layer_source import ResidentLayers, StreamedLayers
 
     LayerSource = ResidentLayers | StreamedLayers
 
@@ -90,9 +90,9 @@ def layer_rows(num_sequences: int, layer: int, step: int, batch_size: int, seed:
 class StateCache:
     """The (teacher, student) states of the calibration set entering the current layer.
 
-    ``teacher`` is a layer source (``streaming.py``): the cache asks it for the embedding and
+    ``teacher`` is a layer source (``layer_source.py``): the cache asks it for the embedding and
     the layers below ``first``, one module at a time, to compute the first states. The states
-    come from ``store`` (memory or disk, ``states.py``) and are computed ``CHUNK`` sequences at
+    come from ``store`` (memory or disk, ``state_store.py``) and are computed ``CHUNK`` sequences at
     a time, in the same chunks whatever the source.
     """
 
@@ -162,7 +162,7 @@ def train_layer(
     progress: Callable[[LayerStep], None] | None = None,
 ) -> list[float]:
     """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
-    from .lr_schedule import warmup_cosine
+    from .lr_curve import warmup_cosine
 
     index = cache.layer
     mode = layer.mode

@@ -28,7 +28,7 @@ def attention_kwargs(model: LadderLlamaForCausalLM, batch: int, seq_len: int, dt
     """The layers' attention kwargs for ``batch`` full sequences of ``seq_len`` tokens, without the embedding.
 
     They depend only on the shape and dtype of the embeddings (rotary tables, causal mask),
-    so a model whose embedding is not loaded (``streaming.StreamedLayers``) gets them too.
+    so a model whose embedding is not loaded (``layer_source.StreamedLayers``) gets them too.
     """
     return model.model.layer_kwargs(torch.zeros(batch, seq_len, model.config.hidden_size, dtype=dtype))
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..convert.shards import read_tensors, tensor_names
+from ..model.shards import read_tensors, tensor_names
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
@@ -98,7 +98,7 @@ class StreamedLayers:
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
         from accelerate import init_empty_weights
 
-        from ..convert.checkpoint import load_config
+        from ..model.checkpoint import load_config
         from ..convert.sources import resolve_source
 
         self.path = Path(path)

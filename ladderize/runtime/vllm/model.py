@@ -15,7 +15,7 @@ Every ``o_proj`` and ``down_proj`` is a ``RowParallelLinear`` with ``reduce_resu
                             out = X + ((AllReduce(Y_r + Z_r) + o_bias) + down_bias): one all-reduce
 
 The classes are named ``Vllm*`` (the HF model's are ``Ladder*``); the architecture registered with
-vLLM is still ``LadderLlamaForCausalLM`` (``vllm_plugin.ARCHITECTURE``).
+vLLM is still ``LadderLlamaForCausalLM`` (``plugin.ARCHITECTURE``).
 
 An SPD layer needs vLLM's rank r to hold ladderize's SPD head group r:
 vLLM gives rank r the contiguous query/KV heads, so ``load_weights`` permutes the q/k/v rows and
@@ -65,7 +65,7 @@ from vllm.sequence import IntermediateTensors
 from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp, rank_query_heads
 from ladderize.model.residual import ResidualStream
 from ladderize.model.shapes import head_dim_of
-from ladderize.serving.vllm_plugin import check_parallel
+from ladderize.runtime.vllm.plugin import check_parallel
 
 logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it
 

@@ -1,6 +1,6 @@
 """Greedy tokens and log-probs of checkpoints under vLLM, as JSON (run inside the vLLM venv).
 
-    python -m ladderize.serving.check '{"runs": [{"model": DIR, "tp": 2, "eager": true}], "prompts": [[1, 2, 3]],
+    python -m ladderize.runtime.vllm.check '{"runs": [{"model": DIR, "tp": 2, "eager": true}], "prompts": [[1, 2, 3]],
                                         "max_tokens": 8}'
 
 Prints one ``RESULT {json}`` line: per run, the greedy token ids and the log-prob of each chosen
@@ -64,7 +64,7 @@ def _decode_timing(llm, prompts: list[list[int]], cfg: dict) -> dict:
     """Decode seconds per token by difference (``runtime/timing.py``: G tokens against 1, medians over repeats)."""
     from vllm import SamplingParams
 
-    from ..runtime.timing import time_decode
+    from ..timing import time_decode
 
     def run(n: int) -> float:
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -80,7 +80,7 @@ def _compiled(llm) -> bool:
     """Whether vLLM compiles the ladderize model: compilation on, and the plugin's ``enable_if`` agrees."""
     from vllm.config import CompilationMode
 
-    from ladderize.serving.vllm_model import compile_allowed
+    from ladderize.runtime.vllm.model import compile_allowed
 
     config = llm.llm_engine.vllm_config
     return config.compilation_config.mode != CompilationMode.NONE and compile_allowed(config)

@@ -12,7 +12,7 @@ import torch
 
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 # vLLM's CPU attention wants a head size it has kernels for (32); 4 query heads over 2 KV heads split for TP 1 and 2.
@@ -94,9 +94,9 @@ def vllm_env(extra: dict | None = None) -> dict:
 
 def vllm_greedy(runs: list[dict], prompts: list[list[int]], max_tokens: int, timeout: int = 900,
                 env: dict | None = None) -> tuple[list[dict], str]:
-    """Run ladderize.serving.check in .venv-vllm; return its runs and the captured log."""
+    """Run ladderize.runtime.vllm.check in .venv-vllm; return its runs and the captured log."""
     payload = json.dumps({"runs": runs, "prompts": prompts, "max_tokens": max_tokens})
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "ladderize.serving.check", payload], cwd=REPO, env=vllm_env(env),
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "ladderize.runtime.vllm.check", payload], cwd=REPO, env=vllm_env(env),
                           capture_output=True, text=True, timeout=timeout)
     log = done.stdout + done.stderr
     for line in done.stdout.splitlines():

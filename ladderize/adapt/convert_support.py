@@ -40,7 +40,7 @@ def head_group_checkpoint(
     from ..model.placement import check_device
 
     check_device(device)  # TODO(head grouping): runs on the CPU (teacher and calibration ids stay there); honour device
-    from ..convert.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
+    from ..model.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd
     from .teacher import load_teacher

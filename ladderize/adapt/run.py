@@ -3,13 +3,13 @@
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
 - ``joint.py``: the joint schedule (Accelerate: DDP, FSDP, mixed precision, LoRA);
 - ``sequential_run.py``: the sequential local schedule, one layer at a time;
-- ``run_state.py``: the training state in the run dir (save, resume, removal);
+- ``run_dir.py``: the training state in the run dir (save, resume, removal);
 - ``output.py``: OUT, the adapted checkpoint with its provenance.
 
 Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
-  curve) plus what the schedule needs to continue exactly (``run_state.py``);
+  curve) plus what the schedule needs to continue exactly (``run_dir.py``);
 - ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from .config import AdaptConfig, AdaptResult, StepInfo, validate_config
-from .run_state import STATE_DIR
+from .run_dir import STATE_DIR
 
 
 def adapt(
@@ -41,7 +41,7 @@ def adapt(
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``).
     """
-    from ..convert.checkpoint import load_config
+    from ..model.checkpoint import load_config
 
     say = on_message or (lambda _m: None)
     weights = validate_config(config)
