@@ -146,7 +146,7 @@ def bench_single_device(args) -> dict:
     from ladderize.runtime.allreduce import Communicator
     from ladderize.runtime.decode import Decoder, generate_on_rank
     from ladderize.model.checkpoint import load_config
-    from ladderize.runtime.dims import ModelDims
+    from ladderize.model.shapes import ModelShape
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
     from ladderize.runtime.plan import build_plan
@@ -158,7 +158,7 @@ def bench_single_device(args) -> dict:
     torch.set_num_threads(args.threads)
     config = load_config(path)
     layout = config.layout
-    dims = ModelDims.from_config(config)
+    dims = ModelShape.from_config(config)
     dtype = getattr(torch, args.dtype)
     prompt = torch.randint(0, dims.vocab_size, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
     gen = args.gen

@@ -1,6 +1,6 @@
 """The shape of a Llama-family decoder: one type, one head-dim rule, one parameter count, one preset table.
 
-``ModelShape`` is what the runtime (``runtime.dims.ModelDims``), the performance model
+``ModelShape`` is what the runtime, the performance model
 (``predict``) and ``ladderize inspect`` read from a checkpoint's config; ``PRESETS`` names the
 public and synthetic shapes (``ladderize predict --model``, ``ladderize bench --synthetic``);
 ``write_synthetic_checkpoint`` writes a shape with random weights (benchmarks, tests).

@@ -246,14 +246,14 @@ class MeasuredCompute:
         from ..runtime.allreduce import Communicator
         from ..runtime.engine import RankModel
         from ..runtime.plan import StepKind
-        from ..runtime.dims import ModelDims
+        from ..model.shapes import ModelShape
         from ..runtime.weights import random_rank_weights
 
         b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
         heads, kv_heads, inner = max(1, work.heads), max(1, work.kv_heads), max(1, work.intermediate_size)
         positions = max(work.kv_len, s) + 1
-        dims = ModelDims(d, 1, heads, kv_heads, hd, inner, max(1, work.vocab_size), 1e-5, "silu",
-                         False, False, False, False)  # fmt: skip
+        dims = ModelShape("module", hidden_size=d, intermediate_size=inner, num_hidden_layers=1, num_attention_heads=heads,
+                          num_key_value_heads=kv_heads, head_dim=hd, vocab_size=max(1, work.vocab_size))  # fmt: skip
         config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd,
                              intermediate_size=inner, num_hidden_layers=1, vocab_size=dims.vocab_size,
                              max_position_embeddings=positions)  # fmt: skip

@@ -44,7 +44,8 @@ from .decode import Decoder
 from ..model.architectures import read_config_file
 from ..model.checkpoint import config_from_dict, load_config
 from ..model.shapes import synthetic_presets
-from .dims import ModelDims, validate_tp
+from ..model.shapes import ModelShape
+from .dims import validate_tp
 from .engine import RankModel
 from ..model.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
@@ -151,7 +152,7 @@ def _time_once(
 
 def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[BenchRow]:
     config, layout = source.config_and_layout()
-    dims = ModelDims.from_config(config)
+    dims = ModelShape.from_config(config)
     dtype = runtime_dtype(options.dtype, context.device)
     if source.checkpoint is not None:
         weights = load_rank_weights(
@@ -244,7 +245,7 @@ def run_bench(
     Under torchrun only rank 0 gets the result; the other ranks get ``None``.
     """
     config, layout = source.config_and_layout()
-    dims = ModelDims.from_config(config)
+    dims = ModelShape.from_config(config)
     schedules = tuple(Schedule.parse(s).value for s in spec.schedules)
     if not schedules or not spec.batches:
         raise LadderizeError("bench needs at least one schedule and one batch size")

@@ -1,37 +1,14 @@
-"""The shape numbers of a checkpoint's config, and whether a TP degree can run it."""
+"""Whether a TP degree can run a model of a given shape and layout (the shape type is ``model.shapes.ModelShape``)."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from ..errors import LadderizeError
 from ..model.layout import LayerMode, Layout, check_tp_divides, format_layer_ranges
 from ..model.shapes import ModelShape
 
 
-class ModelDims(ModelShape):
-    """The one shape type (``model.shapes.ModelShape``) with the runtime's positional constructor.
-
-    ``ModelDims.from_config(config)`` is ``ModelShape.from_config``; ``num_layers``/``num_heads``/
-    ``num_kv_heads`` and ``param_count()`` are the shape's own.
-    """
-
-    def __init__(self, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 intermediate_size: int, vocab_size: int, rms_norm_eps: float, hidden_act: str, attention_bias: bool,
-                 attention_out_bias: bool, mlp_bias: bool, tie_word_embeddings: bool) -> None:
-        super().__init__(
-            name="", hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
-            num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim, vocab_size=vocab_size,
-            rms_norm_eps=rms_norm_eps, hidden_act=hidden_act, attention_bias=attention_bias,
-            attention_out_bias=attention_out_bias, mlp_bias=mlp_bias, tie_word_embeddings=tie_word_embeddings,
-        )
-
-    @classmethod
-    def from_config(cls, config: Any, name: str = "") -> ModelShape:
-        return ModelShape.from_config(config, name)
-
-
-def validate_tp(dims: ModelDims, layout: Layout, tp: int, allow_spd_mismatch: bool = False) -> None:
+def validate_tp(dims: ModelShape, layout: Layout, tp: int, allow_spd_mismatch: bool = False) -> None:
     """Check that ``tp`` ranks can run this model; raise ``LayoutError``/``LadderizeError`` with one line.
 
     SPD layers are a different model at another TP degree: the error names the degree they need.
@@ -49,4 +26,4 @@ def validate_tp(dims: ModelDims, layout: Layout, tp: int, allow_spd_mismatch: bo
         )
 
 
-__all__ = ["ModelDims", "ModelShape", "validate_tp"]
+__all__ = ["validate_tp"]

@@ -21,7 +21,8 @@ from ..model.placement import runtime_dtype
 from ..errors import LadderizeError
 from .decode import Decoder, Sampling, generate_on_rank
 from ..model.checkpoint import load_config
-from .dims import ModelDims, validate_tp
+from ..model.shapes import ModelShape
+from .dims import validate_tp
 from .engine import RankModel
 from .kernels import LinearKernel, resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
@@ -86,7 +87,7 @@ def _check_request(request: Request, spec: LaunchSpec, options: RuntimeOptions) 
     layout = config.layout
     schedule = Schedule.parse(request.schedule)
     native = schedule is Schedule.NATIVE
-    validate_tp(ModelDims.from_config(config), layout, spec.tp, options.allow_spd_mismatch or not native)
+    validate_tp(ModelShape.from_config(config), layout, spec.tp, options.allow_spd_mismatch or not native)
     rows = request.input_ids
     if not rows or not rows[0]:
         raise LadderizeError("the prompt is empty")
@@ -113,7 +114,7 @@ def _serve(context: RankContext, requests: tuple[Request, ...], options: Runtime
         if request.checkpoint not in models:
             config = load_config(request.checkpoint)
             layout = config.layout
-            dims = ModelDims.from_config(config)
+            dims = ModelShape.from_config(config)
             weights = load_rank_weights(
                 SafetensorsSource(request.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
             )

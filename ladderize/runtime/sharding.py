@@ -30,7 +30,7 @@ import torch
 from ..model.shards import INDEX_FILE, SINGLE_FILE, CheckpointTensors
 from ..errors import LadderizeError
 from ..model.layout import Layout, rank_kv_heads, rank_query_heads
-from .dims import ModelDims
+from ..model.shapes import ModelShape
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class LayerShard:
     inner: slice  # its slice of the MLP intermediate dimension
 
 
-def layer_shard(dims: ModelDims, layout: Layout, layer: int, tp: int, rank: int) -> LayerShard:
+def layer_shard(dims: ModelShape, layout: Layout, layer: int, tp: int, rank: int) -> LayerShard:
     order = layout.head_order(layer, dims.num_kv_heads)
     kv_heads = rank_kv_heads(order, tp, rank)
     q_heads = rank_query_heads(kv_heads, dims.num_heads, dims.num_kv_heads, tp, rank)

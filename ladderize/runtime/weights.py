@@ -16,7 +16,7 @@ import torch
 from ..model.architectures import TP_PLAN, layer_tensor
 from ..errors import LadderizeError
 from ..model.layout import Layout, kv_heads_per_rank
-from .dims import ModelDims
+from ..model.shapes import ModelShape
 from .sharding import TensorSource, head_slices, layer_shard, shard_linear
 
 # Tensor names (Llama's, kept by ladder_llama checkpoints).
@@ -45,7 +45,7 @@ class LayerWeights:
 class RankWeights:
     """Everything one rank holds: replicated embedding/norm/head plus its layer shards."""
 
-    dims: ModelDims
+    dims: ModelShape
     tp: int
     rank: int
     embed: torch.Tensor  # [V, D]
@@ -82,7 +82,7 @@ def _optional(source: TensorSource, name: str, present: bool, rows: Sequence[sli
 
 def load_rank_weights(
     source: TensorSource,
-    dims: ModelDims,
+    dims: ModelShape,
     layout: Layout,
     tp: int,
     rank: int,
@@ -136,7 +136,7 @@ def load_rank_weights(
 
 
 def random_rank_weights(
-    dims: ModelDims,
+    dims: ModelShape,
     tp: int,
     rank: int,
     seed: int = 0,

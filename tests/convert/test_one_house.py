@@ -14,7 +14,6 @@ from ladderize.convert.inspect import inspect_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.model import LadderLlamaForCausalLM
 from ladderize.model.shapes import PRESETS, ModelShape, head_dim_of, write_synthetic_checkpoint
-from ladderize.runtime.dims import ModelDims
 from tests.cli_helpers import error_lines, run_cli
 from tests.conftest import tiny_config
 
@@ -35,7 +34,7 @@ def test_the_shape_counts_the_models_parameters(overrides, tmp_path):
     expected = sum(p.numel() for p in model.parameters())
     shape = ModelShape.from_config(config)
     assert shape.num_parameters == expected
-    assert ModelDims.from_config(config).param_count() == expected
+    assert ModelShape.from_config(config).param_count() == expected
     assert shape.head_dim == head_dim_of(config) == model.model.layers[0].self_attn.head_dim
     save_model_checkpoint(model, None, tmp_path / "saved", provenance={})
     assert model_shape(load_config(tmp_path / "saved")).num_parameters == expected
@@ -94,7 +93,7 @@ def test_truncated_safetensors_is_one_line_in_the_runtime_reader(tiny_llama_dir)
     from ladderize.runtime.weights import load_rank_weights
 
     config = load_config(tiny_llama_dir)
-    dims = ModelDims.from_config(config)
+    dims = ModelShape.from_config(config)
     assert load_rank_weights(SafetensorsSource(tiny_llama_dir), dims, config.layout, 1, 0).layers
     _truncate(tiny_llama_dir / "model.safetensors")
     with pytest.raises(LadderizeError, match=r"^corrupt safetensors file .*model\.safetensors: .*incomplete metadata") as info:

@@ -117,7 +117,7 @@ def test_dense_model_equals_transformers_llama_bit_for_bit(dtype):
 def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
     """The HF model's SPD block on one device and three runtime ranks' ``RankModel._step`` shares, summed."""
     from ladderize.runtime.allreduce import Communicator
-    from ladderize.runtime.dims import ModelDims
+    from ladderize.model.shapes import ModelShape
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.plan import StepKind
     from ladderize.runtime.sharding import StateDictSource
@@ -125,7 +125,7 @@ def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
 
     model = tiny_model(**case_overrides(3)[case])  # layer 2 is SPD with a reversed head order (and biases: hybrid)
     layer, tp = 2, 3
-    dims, layout, state = ModelDims.from_config(model.config), model.config.layout, model.state_dict()
+    dims, layout, state = ModelShape.from_config(model.config), model.config.layout, model.state_dict()
     x = _randn(2, 6, dims.hidden_size, seed=4)
     with torch.no_grad():
         expected = model.model.layers[layer]._spd(x, **model.model.layer_kwargs(x))

@@ -100,9 +100,11 @@ def test_kv_replication_rank_heads():
 
 def test_tp_that_neither_divides_nor_multiplies_the_kv_heads_is_one_line():
     from ladderize.model.layout import Layout, LayoutError
-    from ladderize.runtime.dims import ModelDims, validate_tp
+    from ladderize.model.shapes import ModelShape
+    from ladderize.runtime.dims import validate_tp
 
-    dims = ModelDims(64, 2, 24, 4, 8, 96, 128, 1e-6, "silu", False, False, False, False)
+    dims = ModelShape("tiny", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=24,
+                      num_key_value_heads=4, head_dim=8, vocab_size=128, rms_norm_eps=1e-6)
     validate_tp(dims, Layout.dense(2), 8)  # 8 = 2 x 4 KV heads: replicated
     with pytest.raises((LadderizeError, LayoutError), match="does not divide the model's 4 key/value heads"):
         validate_tp(dims, Layout.dense(2), 6)  # 6 neither divides 4 nor is a multiple of it

@@ -11,7 +11,8 @@ from ladderize.model.layout import LayoutError
 from ladderize.runtime.allreduce import Communicator
 from ladderize.runtime.decode import Decoder
 from ladderize.model.checkpoint import load_config
-from ladderize.runtime.dims import ModelDims, validate_tp
+from ladderize.model.shapes import ModelShape
+from ladderize.runtime.dims import validate_tp
 from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan
 from ladderize.runtime.sharding import SafetensorsSource, StateDictSource, head_slices, layer_shard
@@ -27,7 +28,7 @@ def test_head_slices_merge_contiguous_heads():
 def test_shards_follow_the_spd_head_groups_of_the_model():
     order = [2, 0, 1]
     model = tiny_model(layer_modes=["spd", "dense", "dense", "dense"], spd_tp_size=3, spd_head_order=[order, None, None, None])
-    dims, layout = ModelDims.from_config(model.config), model.config.layout
+    dims, layout = ModelShape.from_config(model.config), model.config.layout
     groups = model.model.layers[0].spd_groups  # the model's own single-device definition
     for rank in range(3):
         shard = layer_shard(dims, layout, 0, 3, rank)
@@ -39,7 +40,7 @@ def test_shards_follow_the_spd_head_groups_of_the_model():
 @pytest.mark.parametrize("tp", [1, 3])
 def test_rank_shards_reassemble_the_full_weights(tp):
     model = tiny_model(**case_overrides(3)["hybrid"])
-    dims, layout, state = ModelDims.from_config(model.config), model.config.layout, model.state_dict()
+    dims, layout, state = ModelShape.from_config(model.config), model.config.layout, model.state_dict()
     ranks = [load_rank_weights(StateDictSource(state), dims, layout, tp, r) for r in range(tp)]
     hd, layer = dims.head_dim, 2  # layer 2 is SPD with a head order
     q_rows = torch.cat([w.layers[layer].qkv[: w.heads_local * hd] for w in ranks])
@@ -57,7 +58,7 @@ def _assert_disk_slices_equal_memory(path, model, tp: int, rank: int) -> None:
     """The rank's weights sliced from the safetensors files equal those cut from the in-memory state dict."""
     config = load_config(path)
     layout = config.layout
-    dims = ModelDims.from_config(config)
+    dims = ModelShape.from_config(config)
     from_disk = load_rank_weights(SafetensorsSource(path), dims, layout, tp, rank)
     in_memory = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, tp, rank)
     for a, b in zip(from_disk.layers, in_memory.layers):
@@ -76,7 +77,7 @@ def test_plain_llama_checkpoint_reads_as_dense(tiny_llama_dir):
     config = load_config(tiny_llama_dir)  # the one config reader: every convertible architecture
     layout = config.layout
     assert layout.describe() == "dense"
-    assert ModelDims.from_config(config) == ModelDims.from_config(LlamaConfig.from_pretrained(tiny_llama_dir))
+    assert ModelShape.from_config(config) == ModelShape.from_config(LlamaConfig.from_pretrained(tiny_llama_dir))
 
 
 @pytest.mark.parametrize("case", ["dense", "ladder", "hybrid", "hybrid2"])
@@ -85,7 +86,7 @@ def test_plain_llama_checkpoint_reads_as_dense(tiny_llama_dir):
 def test_single_rank_matches_the_model(case, static, linear):
     overrides = dict(case_overrides(1)[case])
     model = tiny_model(**overrides)
-    dims, layout = ModelDims.from_config(model.config), model.config.layout
+    dims, layout = ModelShape.from_config(model.config), model.config.layout
     weights = load_rank_weights(StateDictSource(model.state_dict()), dims, layout, 1, 0)
     rank_model = RankModel(weights, model.config, Communicator(1), linear=linear)
     ids = torch.randint(3, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
@@ -98,11 +99,11 @@ def test_single_rank_matches_the_model(case, static, linear):
 
 
 def test_validate_tp_messages():
-    dims = ModelDims.from_config(tiny_model().config)  # 6 query heads, 3 KV heads
+    dims = ModelShape.from_config(tiny_model().config)  # 6 query heads, 3 KV heads
     with pytest.raises(LayoutError, match="TP degree 2 does not divide the model's 3 key/value heads"):
         validate_tp(dims, tiny_model().config.layout, 2)
     spd = tiny_model(**{**TINY_TP23, "layer_modes": ["dense", "spd", "spd", "dense"], "spd_tp_size": 3})
-    dims = ModelDims.from_config(spd.config)
+    dims = ModelShape.from_config(spd.config)
     with pytest.raises(LadderizeError, match="converted for TP=3.*--allow-spd-mismatch"):
         validate_tp(dims, spd.config.layout, 2)
     validate_tp(dims, spd.config.layout, 2, allow_spd_mismatch=True)
