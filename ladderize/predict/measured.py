@@ -264,10 +264,10 @@ class MeasuredCompute:
             return lambda: model.logits(x)  # [B, 1, V]
         layer = model.w.layers[0]
         if work.kind == "mlp":
-            return lambda: model._step(StepKind.MLP, layer, x, None, None, 0)[0]  # [B, S, D] partial sum
+            return lambda: model.step_partial(StepKind.MLP, layer, x, None, None, 0)[0]  # [B, S, D] partial sum
         cache = model.new_cache(b, positions)
         start = max(0, work.kv_len - s)  # the new tokens follow kv_len - s cached ones
-        return lambda: model._step(StepKind.ATTENTION, layer, x, cache.keys[0], cache.values[0], start)[0]
+        return lambda: model.step_partial(StepKind.ATTENTION, layer, x, cache.keys[0], cache.values[0], start)[0]
 
     def _measure(self, work: ModuleWork) -> float:
         local = self._local(work)

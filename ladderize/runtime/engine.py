@@ -131,7 +131,7 @@ class RankModel:
     def _mlp(self, lw: LayerWeights, h):
         return self.mlp_partial(h, lw.gate_up, lw.gate_up_bias, lw.down)
 
-    def _step(self, kind: StepKind, lw: LayerWeights, x: torch.Tensor, keys, values, position):
+    def step_partial(self, kind: StepKind, lw: LayerWeights, x: torch.Tensor, keys, values, position):
         """One step alone on input ``x``: ``(partial, bias)``, its output being ``x + (sum_r(partial) + bias)``.
 
         For timing one module (``predict/measured.py``) and for tests; it runs the step's ``ModuleOp``s
@@ -215,7 +215,7 @@ class _RankKernels:
 
 
 class _Capture:
-    """``residual.Reduction`` that keeps the partial instead of summing it (``RankModel._step``)."""
+    """``residual.Reduction`` that keeps the partial instead of summing it (``RankModel.step_partial``)."""
 
     partial: torch.Tensor | None = None
 

@@ -115,7 +115,7 @@ def test_dense_model_equals_transformers_llama_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("case", ["spd", "hybrid"])
 def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
-    """The HF model's SPD block on one device and three runtime ranks' ``RankModel._step`` shares, summed."""
+    """The HF model's SPD block on one device and three runtime ranks' ``RankModel.step_partial`` shares, summed."""
     from ladderize.runtime.allreduce import Communicator
     from ladderize.model.shapes import ModelShape
     from ladderize.runtime.engine import RankModel
@@ -134,7 +134,7 @@ def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
             weights = load_rank_weights(StateDictSource(state), dims, layout, tp, rank)
             rank_model = RankModel(weights, model.config, Communicator(1), linear="aten")
             cache = rank_model.new_cache(2, 8)
-            share, bias = rank_model._step(StepKind.SPD_BLOCK, rank_model.w.layers[layer], x,
+            share, bias = rank_model.step_partial(StepKind.SPD_BLOCK, rank_model.w.layers[layer], x,
                                            cache.keys[layer], cache.values[layer], 0)  # fmt: skip
             shares.append(share)
     summed = x + (sum(shares) if bias is None else sum(shares) + bias)

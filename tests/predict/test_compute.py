@@ -90,7 +90,7 @@ def test_measured_times_the_runtimes_own_modules_and_kernels(tmp_path, monkeypat
     from ladderize.runtime.plan import StepKind
 
     ran: list[tuple[str, tuple]] = []
-    step, logits = engine.RankModel._step, engine.RankModel.logits
+    step, logits = engine.RankModel.step_partial, engine.RankModel.logits
 
     def counted_step(self, kind, lw, x, *rest):
         ran.append((kind.value, tuple(x.shape)))
@@ -100,7 +100,7 @@ def test_measured_times_the_runtimes_own_modules_and_kernels(tmp_path, monkeypat
         ran.append(("head", tuple(hidden.shape)))
         return logits(self, hidden)
 
-    monkeypatch.setattr(engine.RankModel, "_step", counted_step)
+    monkeypatch.setattr(engine.RankModel, "step_partial", counted_step)
     monkeypatch.setattr(engine.RankModel, "logits", counted_logits)
     compute = MeasuredCompute(cache_dir=tmp_path, repeats=1)
     for kind, q_len, kv_len in (("attention", 1, 24), ("mlp", 1, 0), ("head", 1, 0)):

@@ -56,7 +56,6 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
-    extract_layer_index,
     make_empty_intermediate_tensors_factory,
 )
 from vllm.platforms import current_platform
@@ -175,13 +174,11 @@ class VllmLadderMLP(nn.Module):
 
 
 class VllmLadderDecoderLayer(nn.Module):
-    """The parameters of one layer (Llama's names) and its two ``ModuleOp``s; ``_VllmKernels`` runs its modules."""
+    """The parameters of one layer (Llama's names); ``_VllmKernels`` runs its modules of the program."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str, program: tuple[ModuleOp, ...]):
+    def __init__(self, vllm_config: VllmConfig, prefix: str):
         super().__init__()
         config = vllm_config.model_config.hf_config
-        layer = extract_layer_index(prefix)
-        self.attn_op, self.mlp_op = program[2 * layer : 2 * layer + 2]
         self.self_attn = VllmLadderAttention(config, vllm_config.cache_config, vllm_config.quant_config, f"{prefix}.self_attn")
         self.mlp = VllmLadderMLP(config, vllm_config.quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -286,7 +283,7 @@ class VllmLadderLlamaModel(nn.Module):
         self.vocab_size = config.vocab_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config)
         self.layers = nn.ModuleList(
-            [VllmLadderDecoderLayer(vllm_config, f"{prefix}.layers.{i}", self.program) for i in range(config.num_hidden_layers)]
+            [VllmLadderDecoderLayer(vllm_config, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
