@@ -210,12 +210,6 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         stream.run(self.mlp_op, kernels)
         return stream.resolve(), stream.prev
 
-    def _spd(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:
-        """An SPD layer's block output on input ``x`` (this layer's ``forward`` from ``(x, x)``)."""
-        if not self.mlp_op.reads_local_partial:
-            raise ValueError(f"layer {self.layer_idx} is {self.mode.value}, not spd")
-        return self.forward(x, x, **attn_kwargs)[0]
-
     def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, slice]]:
         cached = getattr(self, "_spd_groups_cache", None)
         if cached is None or cached[0] != device:

@@ -128,7 +128,9 @@ def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
     dims, layout, state = ModelShape.from_config(model.config), model.config.layout, model.state_dict()
     x = _randn(2, 6, dims.hidden_size, seed=4)
     with torch.no_grad():
-        expected = model.model.layers[layer]._spd(x, **model.model.layer_kwargs(x))
+        spd_layer = model.model.layers[layer]
+        assert spd_layer.mlp_op.reads_local_partial  # the layer under test is SPD
+        expected = spd_layer(x, x, **model.model.layer_kwargs(x))[0]  # the SPD block on input x: forward from (x, x)
         shares, bias = [], None
         for rank in range(tp):
             weights = load_rank_weights(StateDictSource(state), dims, layout, tp, rank)
