@@ -193,7 +193,8 @@ def is_fit_row(timing: ModuleTiming) -> bool:
 
 
 def fit_compute(
-    timings: Sequence[ModuleTiming], peak_flops_per_s: float, source: str, head_overhead_from: str = "mlp"
+    timings: Sequence[ModuleTiming], peak_flops_per_s: float, source: str, head_overhead_from: str = "mlp",
+    fallback_bytes_per_s: float | None = None,
 ) -> ComputeFit:
     """Least-squares fit (relative error) of every ``ComputeFit`` constant from measured module timings.
 
@@ -201,7 +202,9 @@ def fit_compute(
     ``1/weight_bytes_per_s``, ``1/kv_bytes_per_s`` and one overhead per kind present); prefill rows
     then fix one FLOP efficiency per (kind, width) after removing the fixed cost. A kind without rows
     (the LM head in the H100 table) takes ``head_overhead_from``'s overhead and the efficiency of the
-    nearest kind present, and its source says so.
+    nearest kind present, and its source says so. When the rows cannot fix a positive weight bandwidth
+    (noisy timings of tiny shapes), ``fallback_bytes_per_s`` (a measured stream rate) stands in for it
+    and the rest is re-solved.
     """
     decode = [t for t in timings if t.memory_bound]
     prefill = [t for t in timings if not t.memory_bound]
@@ -215,12 +218,26 @@ def fit_compute(
         kv = kv_bytes(t.work)
         rows.append([(t.work.bytes - kv) / t.seconds, kv / t.seconds] + [float(t.work.kind == k) / t.seconds for k in kinds])
         target.append(1.0)
-    solution, *_ = np.linalg.lstsq(np.array(rows), np.array(target), rcond=None)
+    matrix, rhs = np.array(rows), np.array(target)
+    solution, *_ = np.linalg.lstsq(matrix, rhs, rcond=None)
     inv_w, inv_kv = float(solution[0]), float(solution[1])
+    fixed_bandwidth = False
+    if inv_w <= 0 and fallback_bytes_per_s:
+        inv_w, fixed_bandwidth = 1.0 / fallback_bytes_per_s, True
+        rest, *_ = np.linalg.lstsq(matrix[:, 1:], rhs - matrix[:, 0] * inv_w, rcond=None)
+        solution = np.concatenate([[inv_w], rest])
+        inv_kv = float(solution[1])
     if inv_w <= 0:
         raise LadderizeError("compute fit: the decode rows do not fix a positive weight bandwidth")
-    if inv_kv <= 0:  # the KV read is too small to resolve: charge it at the weight rate
+    if inv_kv <= 0 or not 0.05 < inv_w / inv_kv < 20:
+        # The KV read is too small (or too collinear with the attention's fixed cost) to resolve: charge it at
+        # the weight rate and re-solve the fixed costs.
         inv_kv = inv_w
+        rest, *_ = np.linalg.lstsq(matrix[:, 2:], rhs - (matrix[:, 0] + matrix[:, 1]) * inv_w, rcond=None)
+        solution = np.concatenate([[inv_w, inv_kv], rest])
+        fixed_kv = True
+    else:
+        fixed_kv = False
     overhead = {k: max(0.0, float(c)) for k, c in zip(kinds, solution[2:])}
     for kind in KINDS:
         overhead.setdefault(kind, overhead.get(head_overhead_from, min(overhead.values())))
@@ -241,6 +258,10 @@ def fit_compute(
         anchors[kind] = tuple(sorted((w, 1.0 / float(np.mean([1.0 / e for e in effs]))) for w, effs in by_width.items()))
     present = sorted(anchors)
     sources = {
+        **({"weight_bytes_per_s_fallback": "the rows gave no positive bandwidth: the measured stream rate"}
+           if fixed_bandwidth else {}),
+        **({"kv_bytes_per_s_fallback": "the rows did not resolve the KV read (outside 1/20..20x the weight rate): "
+                                       "the weight rate"} if fixed_kv else {}),
         "weight_bytes_per_s": f"fitted (decode rows) on {source}",
         "kv_bytes_per_s": f"fitted (decode rows) on {source}",
         "overhead_s": f"fitted per kind (decode rows) on {source}",
