@@ -103,3 +103,20 @@ def test_cli_calibrate_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert code == 2 and error_lines(err) == ["error: --calibrate writes a profile: give --profile FILE"]
     code, _, err = run_cli(["predict", "--model", config, "--profile", tmp_path / "missing.json"], capsys, monkeypatch)
     assert code == 2 and len(error_lines(err)) == 1 and "no such file" in err
+
+
+def test_cli_calibrate_then_predict_with_the_profile(tmp_path, capsys, monkeypatch):
+    config, profile = tmp_path / "tiny.json", tmp_path / "mine.json"
+    config.write_text(json.dumps(CONFIG))
+    code, out, err = run_cli(["predict", "--calibrate", "--model", config, "--tp", "1,2", "--batch", "1", "--prompt", "16",
+                              "--gen", "4", "--profile", profile, "--device", "cpu", "--cache-dir", tmp_path / "c"],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    assert "fit: weights" in out and f"wrote {profile}" in out.replace("\n", "")
+    code, out, err = run_cli(["predict", "--model", config, "--tp", "2", "--batch", "1", "--prompt", "16", "--gen", "4",
+                              "--profile", profile, "--schedules", "dense,ladder", "--json", tmp_path / "p.json"],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    record = json.loads((tmp_path / "p.json").read_text())
+    assert record["compute"]["device"] == json.loads(profile.read_text())["gpu"]["name"]
+    assert record["interconnect"]["name"] == "h100-nvlink"  # no all-reduce measured on one device
