@@ -302,7 +302,7 @@ def predict_cmd(
     compute: str = typer.Option(
         "measured", "--compute",
         help="measured: time one rank's modules on this machine (a GPU if present, else the CPU; cached). "
-             "roofline: estimate them from the --gpu profile's published peaks.",
+             "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured timings).",
     ),
     gpu: str = typer.Option(
         "h100", "--gpu",
