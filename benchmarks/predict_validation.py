@@ -1,10 +1,15 @@
-"""Calibration and validation of ``ladderize predict`` against the published Ladder / SPD figures.
+"""Calibration and validation of ``ladderize predict`` against the H100 module table and the published figures.
 
-Re-fits every calibrated constant from the published figures, then prints (and saves as JSON):
+Re-fits every constant, then prints (and saves as JSON):
 
-1. the fitted parameters next to the shipped ones, each with the figure that fixed it;
-2. predicted against published speed-ups, with the error of each (fit points and held-out points);
-3. the roofline's compute-only latencies against the Ladder authors' measured H100 runs.
+1. the H100 compute fit (``fit.fit_h100_table``) and the roofline against every row of the H100 module table
+   (measured and roofline columns; fit rows and held-out rows);
+2. the gpt-fast compute fit and the NVLink all-reduce curve from the Ladder authors' logs, next to the shipped
+   constants, each with what fixed it;
+3. the all-reduce model against the logs' per-call costs;
+4. predicted against published speed-ups with two compute columns: the roofline of the runtime the figures were
+   measured on (``h100-gpt-fast``), and measured compute (the H100 table's modules, the h100 fit elsewhere);
+5. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
 
 Usage: python benchmarks/predict_validation.py [--json benchmarks/results/predict_validation.json]
 """
@@ -16,15 +21,21 @@ import json
 from pathlib import Path
 
 from ladderize.predict import calibration
-from ladderize.predict.gpus import GPU_PROFILES
+from ladderize.predict import fit as F
+from ladderize.predict.compute import RooflineCompute
+from ladderize.predict.gpus import GPU_PROFILES, H100_FIT
 from ladderize.predict.interconnect import PROFILES
 
 FIXED_BY = {
-    "h100.bandwidth_efficiency": "upper-bound decode latency, 70B TP8 and TP4, batch 1 (authors' logs), jointly",
-    "h100.module_overhead_s": "upper-bound decode latency, 70B TP8 and TP4, batch 1 (authors' logs), jointly",
-    "h100.flops_efficiency": "upper-bound prefill latency, 70B TP8, batch 1 (authors' logs)",
-    "h100-nvlink.latency_s": "1.43x upper bound, TP8, batch 1 (paper), jointly with launch_s",
-    "h100-nvlink.launch_s": "1.162x upper bound, TP4, batch 1 (authors' logs), jointly with latency_s",
+    "h100-gpt-fast.weight_bytes_per_s": "upper-bound decode per token, TP8 b1 + TP4 b1 + TP8 b64 (logs), 3x3 solve",
+    "h100-gpt-fast.kv_bytes_per_s": "the same three logged runs",
+    "h100-gpt-fast.overhead_s": "the same three logged runs",
+    "h100-gpt-fast.prefill_scale": "upper-bound prefill, TP8 b1 (logs)",
+    "h100-nvlink.launch_s": "dense - upper bound per all-reduce, decode TP8 b1, TP4 b1, TP8 b64 (logs), 3x3 solve",
+    "h100-nvlink.latency_s": "the same three logged runs",
+    "h100-nvlink.small_bus_bytes_per_s": "the same three logged runs",
+    "h100-nvlink.large_latency_s": "dense - upper bound per all-reduce, prefill TP8 b1 and b64 (logs)",
+    "h100-nvlink.bus_bytes_per_s": "the same two logged runs",
     "overlap_slowdown": "1.31x Ladder, TP8, batch 1, NVLink (paper)",
     "h100-no-p2p.latency_s": "1.60x Ladder, TP8, batch 1, peer-to-peer disabled (paper)",
 }
@@ -35,41 +46,69 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "predict_validation.json")
     args = parser.parse_args()
 
+    peak = GPU_PROFILES["h100"].peak_flops_per_s
+    table_fit = F.fit_h100_table()
+    rows = F.table_timings(F.h100_table())
+    table = F.errors(H100_FIT, rows, peak)
+    for entry, timing in zip(table, rows):
+        entry["role"] = "fit" if F.is_fit_row(timing) else "held out"
+    print("## H100 module table: measured against roofline (h100 fit)\n")
+    print(f"fit: weights {table_fit.weight_bytes_per_s / 1e12:.4g} TB/s, KV {table_fit.kv_bytes_per_s / 1e12:.4g} TB/s, "
+          f"overhead {', '.join(f'{k} {v * 1e6:.2f} us' for k, v in table_fit.overhead_s.items())}, "
+          f"FLOP efficiency {dict(table_fit.flops_efficiency)}\n")
+    print("| module | measured us | roofline us | error | role |")
+    print("| --- | --- | --- | --- | --- |")
+    for e in table:
+        print(f"| {e['row']} | {e['measured_s'] * 1e6:.1f} | {e['predicted_s'] * 1e6:.1f} | {e['error'] * 100:+.1f}% | {e['role']} |")
+
     fitted = calibration.calibrate()
-    shipped = calibration.Calibration(GPU_PROFILES["h100"], dict(PROFILES)).parameters()
+    shipped = calibration.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
     parameters = [
         {"parameter": name, "fitted": value, "shipped": shipped[name], "fixed_by": FIXED_BY[name]}
         for name, value in fitted.parameters().items()
     ]
-    print("## Calibrated parameters\n")
+    print("\n## Parameters fitted on the authors' logs and figures\n")
     print("| parameter | fitted | shipped | fixed by |")
     print("| --- | --- | --- | --- |")
     for p in parameters:
         print(f"| {p['parameter']} | {p['fitted']:.4g} | {p['shipped']:.4g} | {p['fixed_by']} |")
 
-    validation = calibration.validation_table()
-    print("\n## Predicted against published (shipped profiles, roofline H100 compute)\n")
-    print("| figure | setting | published | predicted | error | role |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for row in validation:
-        print(f"| {row['key']} | {row['description']} | {row['published']:.3f} | {row['predicted']:.3f} | "
-              f"{row['error'] * 100:+.1f}% | {row['role']} |")
+    allreduce = calibration.allreduce_vs_logged()
+    print("\n## NVLink all-reduce: model against the logs (dense - upper bound, per all-reduce)\n")
+    print("| TP | batch | phase | bytes | logged us | model us | error | logged busbw GB/s | role |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in allreduce:
+        print(f"| {r['tp']} | {r['batch']} | {r['phase']} | {r['bytes']:,} | {r['measured_s'] * 1e6:.1f} | "
+              f"{r['predicted_s'] * 1e6:.1f} | {r['error'] * 100:+.1f}% | {r['busbw_measured'] / 1e9:.0f} | {r['role']} |")
 
-    roofline = calibration.roofline_vs_logged()
-    print("\n## Roofline (H100) against the authors' measured H100 upper-bound runs, Llama-3.1-70B\n")
+    roof = calibration.validation_table()
+    measured = calibration.validation_table(compute=lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"])))
+    print("\n## Predicted against published\n")
+    print("| figure | setting | published | roofline (gpt-fast fit) | error | measured compute (H100 table) | error | role |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r, m in zip(roof, measured):
+        print(f"| {r['key']} | {r['description']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% "
+              f"| {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {r['role']} |")
+
+    logged = calibration.roofline_vs_logged()
+    print("\n## Roofline (h100-gpt-fast) against the authors' measured H100 upper-bound runs, Llama-3.1-70B\n")
     print("| TP | batch | phase | roofline ms | measured ms | error | role |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for row in roofline:
+    for row in logged:
         print(f"| {row['tp']} | {row['batch']} | {row['phase']} | {row['roofline_s'] * 1e3:.2f} | "
               f"{row['measured_s'] * 1e3:.2f} | {row['error'] * 100:+.1f}% | {row['role']} |")
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
+        "h100_table": table,
+        "h100_fit": table_fit.to_dict(),
         "parameters": parameters,
-        "validation": validation,
-        "roofline_vs_measured": roofline,
+        "allreduce_vs_logged": allreduce,
+        "validation_roofline": roof,
+        "validation_measured": measured,
+        "roofline_vs_measured": logged,
         "logged_runs": [run.__dict__ for run in calibration.LOGGED_RUNS],
-        "settings": {"prompt_tokens": calibration.PROMPT, "new_tokens": calibration.GEN, "compute": "roofline H100"},
+        "settings": {"prompt_tokens": calibration.PROMPT, "new_tokens": calibration.GEN},
     }, indent=2) + "\n")
     print(f"\nwrote {args.json}")
 

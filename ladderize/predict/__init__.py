@@ -1,14 +1,17 @@
 """Performance model for ``ladderize predict``: what ladder, SPD and domino buy on a multi-GPU node.
 
-One concept per module: ``presets`` (model shapes), ``gpus`` (roofline GPU profiles), ``interconnect``
-(all-reduce cost and fabric profiles), ``work`` (one rank's module: shape, FLOPs, bytes), ``compute``
-(how a module is priced: roofline, or ``measured`` on the local device with its cache), ``schedule``
-(the two-stream simulator), ``predict`` (rows per TP degree, batch and schedule, as
-``ladderize.records.PredictRow``) and ``calibration`` (the published figures and the fits that fixed the
-profiles' parameters).
+One concept per module: ``presets`` (model shapes), ``gpus`` (GPU profiles: datasheet peaks and a fitted
+compute model), ``fit`` (the compute model ``ComputeFit`` and its fit from measured module timings; the
+bundled H100 table), ``interconnect`` (the two-protocol all-reduce cost, overlap, and fabric profiles),
+``work`` (one rank's module: shape, FLOPs, bytes), ``compute`` (how a module is priced: roofline, or
+``measured`` on the local device with its cache), ``schedule`` (the two-stream simulator), ``estimate``
+(rows per TP degree, batch and schedule, as ``ladderize.records.PredictRow``), ``calibration`` (the
+published figures, the authors' logs and the fits on them) and ``calibrate`` (``predict --calibrate``:
+fit this machine and write a profile).
 """
 
 from .compute import RooflineCompute, make_compute
+from .fit import ComputeFit, TableCompute, fit_compute
 from .gpus import GPU_PROFILES, GPUProfile, load_gpu_profile
 from .interconnect import PROFILES, InterconnectProfile, load_interconnect
 from .measured import MeasuredCompute
@@ -18,6 +21,7 @@ from .schedule import ModuleCost, StepTiming, plan_modules, simulate, simulate_s
 from .work import ModuleWork, module_work
 
 __all__ = [
+    "ComputeFit",
     "GPU_PROFILES",
     "GPUProfile",
     "InterconnectProfile",
@@ -31,6 +35,8 @@ __all__ = [
     "PredictRequest",
     "RooflineCompute",
     "StepTiming",
+    "TableCompute",
+    "fit_compute",
     "layout_from_checkpoint",
     "load_gpu_profile",
     "load_interconnect",

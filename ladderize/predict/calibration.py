@@ -1,18 +1,22 @@
 """Published figures, the fits that fixed the profiles' parameters, and the validation table.
 
-Each fitted parameter is fixed by exactly one published figure (or one pair), in this order:
+The published speed-ups were measured on the Ladder authors' gpt-fast runtime, so the fits use their
+logged runs (Llama-3.1-70B, 8x H100 SXM, prompt 1024, 512 new tokens), in this order:
 
-1. H100 ``bandwidth_efficiency`` and ``module_overhead_s``: the Ladder authors' logged no-communication
-   ("upper bound") decode latencies of Llama-3.1-70B at TP8 and TP4, batch 1 (a 2x2 linear solve: at
-   batch 1 every module is memory-bound, so a step costs bytes / bandwidth + modules * overhead).
-2. H100 ``flops_efficiency``: the logged upper-bound prefill latency at TP8, batch 1.
-3. NVLink ``latency_s`` (per ring hop) and ``launch_s`` (per call): the 1.43x upper bound at TP8, batch 1
-   (paper) and the 1.162x upper bound at TP4, batch 1 (logs), solved jointly.
-4. ``overlap_slowdown``: the 1.31x Ladder speed-up at TP8, batch 1 with NVLink (paper).
-5. No-P2P ``latency_s``: the 1.60x Ladder speed-up at TP8, batch 1 with peer-to-peer disabled (paper).
+1. ``h100-gpt-fast`` compute (``fit_gpt_fast``): the logged no-communication ("upper bound") decode
+   latency per token at TP8 batch 1, TP4 batch 1 and TP8 batch 64 fix the weight bandwidth, the KV-read
+   bandwidth and the per-module overhead (a 3x3 linear solve); the upper-bound prefill at TP8 batch 1
+   fixes one factor on the h100 fit's FLOP efficiencies.
+2. ``h100-nvlink`` all-reduce (``fit_interconnects``): dense minus upper bound, per all-reduce (160 per
+   step), is the logged cost of one all-reduce at that message size. Decode at TP8 batch 1, TP4 batch 1
+   and TP8 batch 64 (16 KB, 16 KB, 1 MB) fix ``launch_s``, the per-hop ``latency_s`` and the latency
+   protocol's bandwidth; prefill at TP8 batch 1 and 64 (16.8 MB, 1.07 GB) fix the bandwidth protocol's
+   hop latency and bus bandwidth.
+3. ``overlap_slowdown``: the 1.31x Ladder speed-up at TP8, batch 1 with NVLink (paper).
+4. No-P2P ``latency_s``: the 1.60x Ladder speed-up at TP8, batch 1 with peer-to-peer disabled (paper).
 
-Everything else in the validation table is held out: predicted with the fitted constants, never used
-to fit them.
+Everything else is held out: the logged runs at TP8 batch 4 and 16 and TP4 batch 16, and every figure
+whose setting uses none of the rows above. ``FIT_RUNS`` lists the logged runs the fits read.
 
 Sources: Ladder Residual, Zhang et al. 2025 (arXiv:2501.06589) and its authors' blog table (Together AI
 blog "Ladder-residual", mirrored at github.com/Nanami18/Nanami18.github.io
@@ -28,7 +32,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from ..model.layout import Layout
-from .compute import RooflineCompute
+import numpy as np
+
+from .compute import ComputeModel, RooflineCompute
+from .fit import ComputeFit, kv_bytes
 from .gpus import GPU_PROFILES, GPUProfile
 from .interconnect import PROFILES, InterconnectProfile
 from .estimate import PredictRequest, decode_kv_len, predict
@@ -108,9 +115,9 @@ class Figure:
 
 FIGURES: tuple[Figure, ...] = (
     Figure("ub-tp8-b1", "upper bound / dense, TP8, batch 1, NVLink", 1.43, LADDER_PAPER, "upper-bound",
-           "h100-nvlink", 8, 1, fixes="h100-nvlink latency_s (jointly with launch_s)"),
+           "h100-nvlink", 8, 1, fixes="its logged runs fit compute and all-reduce"),
     Figure("ub-tp4-b1", "upper bound / dense, TP4, batch 1, NVLink", round(_logged_ratio(4, 1), 3), LADDER_LOGS,
-           "upper-bound", "h100-nvlink", 4, 1, fixes="h100-nvlink launch_s (jointly with latency_s)"),
+           "upper-bound", "h100-nvlink", 4, 1, fixes="its logged runs fit compute and all-reduce"),
     Figure("ladder-tp8-b1", "Ladder / dense, TP8, batch 1, NVLink", 1.31, LADDER_PAPER, "ladder", "h100-nvlink", 8, 1,
            fixes="overlap_slowdown"),
     Figure("ladder-nop2p-tp8-b1", "Ladder / dense, TP8, batch 1, peer-to-peer disabled", 1.60, LADDER_PAPER, "ladder",
@@ -123,7 +130,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("ub-tp8-b16", "upper bound / dense, TP8, batch 16, NVLink", round(_logged_ratio(8, 16), 3), LADDER_LOGS,
            "upper-bound", "h100-nvlink", 8, 16),
     Figure("ub-tp8-b64", "upper bound / dense, TP8, batch 64, NVLink", round(_logged_ratio(8, 64), 3), LADDER_LOGS,
-           "upper-bound", "h100-nvlink", 8, 64),
+           "upper-bound", "h100-nvlink", 8, 64, fixes="its logged runs fit compute and all-reduce"),
     Figure("ub-tp4-b16", "upper bound / dense, TP4, batch 16, NVLink", round(_logged_ratio(4, 16), 3), LADDER_LOGS,
            "upper-bound", "h100-nvlink", 4, 16),
     Figure("spd-nvlink", "SPD latency reduction, LLaMA2-70B, TP8, 70% of blocks, batch 1, on h100-nvlink", 0.20,
@@ -139,10 +146,12 @@ def spd_calibration_layout(model: ModelShape, tp: int = 8, fraction: float = 0.7
     return Layout.from_ranges(model.num_hidden_layers, spd=f"-{count}:", spd_tp_size=tp)
 
 
-def predict_figure(figure: Figure, gpu: GPUProfile, interconnect: InterconnectProfile) -> float:
-    """The model's value for ``figure``'s setting, under the given profiles (roofline compute)."""
+def predict_figure(
+    figure: Figure, gpu: GPUProfile, interconnect: InterconnectProfile, compute: ComputeModel | None = None
+) -> float:
+    """The model's value for ``figure``'s setting, under the given profiles (``compute``: roofline of ``gpu``)."""
     model = PRESETS[figure.model]
-    compute = RooflineCompute(gpu)
+    compute = compute or RooflineCompute(gpu)
     if figure.schedule == "spd-latency-reduction":
         request = PredictRequest(model, (figure.tp,), (figure.batch,), PROMPT, GEN, interconnect,
                                  layout=spd_calibration_layout(model, figure.tp), schedules=("dense", "layout"))
@@ -180,37 +189,74 @@ def _solve(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-12
     return (lo + hi) / 2
 
 
-def _upper_bound_decode_bytes_and_modules(model: ModelShape, tp: int, batch: int) -> tuple[float, int]:
+#: The logged runs the fits read; every other logged run is held out.
+FIT_RUNS = ((8, 1), (4, 1), (8, 64))
+_ALLREDUCES_PER_STEP = 160  # 80 layers x (attention + MLP); the head needs none
+
+
+def _decode_features(model: ModelShape, tp: int, batch: int) -> list[float]:
+    """Per decode step: weight + activation bytes, KV bytes, and the number of modules."""
     kv = decode_kv_len(PROMPT, GEN)
     works = [module_work(model, kind, tp, batch, 1, kv) for kind in ("attention", "mlp")]
-    layer_bytes = sum(w.bytes for w in works)
     head = module_work(model, "head", tp, batch, 1, 0)
-    return model.num_hidden_layers * layer_bytes + head.bytes, 2 * model.num_hidden_layers + 1
+    layers = model.num_hidden_layers
+    kv_read = layers * sum(kv_bytes(w) for w in works)
+    other = layers * sum(w.bytes for w in works) + head.bytes - kv_read
+    return [other, kv_read, 2 * layers + 1]
 
 
-def fit_gpu_efficiencies(base: GPUProfile | None = None) -> GPUProfile:
-    """Steps 1 and 2: the H100 efficiencies from the logged upper-bound latencies."""
-    gpu = base or GPU_PROFILES["h100"]
+def fit_gpt_fast(base: GPUProfile | None = None) -> GPUProfile:
+    """Step 1: the ``h100-gpt-fast`` compute model from the logged upper-bound runs (``FIT_RUNS``)."""
+    gpu = base or GPU_PROFILES["h100-gpt-fast"]
+    table_fit = GPU_PROFILES["h100"].fit
     model = PRESETS["llama-3.1-70b"]
-    rows = []
-    for tp in (8, 4):
-        nbytes, modules = _upper_bound_decode_bytes_and_modules(model, tp, 1)
-        rows.append((nbytes / gpu.hbm_bytes_per_s, modules, logged("upper-bound", tp, 1).decode_s_per_token))
-    (a1, b1, y1), (a2, b2, y2) = rows
-    det = a1 * b2 - a2 * b1
-    inverse_efficiency = (y1 * b2 - y2 * b1) / det
-    overhead = (a1 * y2 - a2 * y1) / det
-    gpu = gpu.with_efficiencies(1.0 / inverse_efficiency, gpu.flops_efficiency, overhead)
+    features = np.array([_decode_features(model, tp, b) for tp, b in FIT_RUNS])
+    targets = np.array([logged("upper-bound", tp, b).decode_s_per_token for tp, b in FIT_RUNS])
+    inv_w, inv_kv, overhead = np.linalg.solve(features, targets)
+
+    def with_scale(scale: float) -> GPUProfile:
+        fit = ComputeFit(
+            weight_bytes_per_s=1.0 / float(inv_w), kv_bytes_per_s=1.0 / float(inv_kv),
+            overhead_s={k: float(overhead) for k in ("attention", "mlp", "head")},
+            flops_efficiency={k: tuple((w, e * scale) for w, e in v) for k, v in table_fit.flops_efficiency.items()},
+            sources=gpu.fit.sources,
+        )  # fmt: skip
+        return gpu.with_fit(fit)
 
     target = logged("upper-bound", 8, 1).prefill_s
     request = PredictRequest(model, (8,), (1,), PROMPT, GEN, PROFILES["h100-nvlink"], schedules=("upper-bound",))
 
-    def prefill_error(flops_efficiency: float) -> float:
-        trial = gpu.with_efficiencies(gpu.bandwidth_efficiency, flops_efficiency, gpu.module_overhead_s)
-        rows = {r.schedule: r for r in predict(request, RooflineCompute(trial)).rows}
+    def prefill_error(scale: float) -> float:
+        rows = {r.schedule: r for r in predict(request, RooflineCompute(with_scale(scale))).rows}
         return rows["upper-bound"].prefill_s - target
 
-    return gpu.with_efficiencies(gpu.bandwidth_efficiency, _solve(prefill_error, 0.01, 1.5), gpu.module_overhead_s)
+    return with_scale(_solve(prefill_error, 0.2, 2.0))
+
+
+def logged_allreduce_s(tp: int, batch: int, phase: str) -> float:
+    """One all-reduce's cost in the logs: (dense - upper bound) / 160, per decode step or per prefill."""
+    dense, bound = logged("dense", tp, batch), logged("upper-bound", tp, batch)
+    if phase == "decode":
+        return (dense.decode_s_per_token - bound.decode_s_per_token) / _ALLREDUCES_PER_STEP
+    return (dense.prefill_s - bound.prefill_s) / _ALLREDUCES_PER_STEP
+
+
+def allreduce_bytes(batch: int, phase: str, hidden: int = 8192, dtype_bytes: int = 2) -> int:
+    return batch * (1 if phase == "decode" else PROMPT) * hidden * dtype_bytes
+
+
+def fit_nvlink_allreduce(base: InterconnectProfile | None = None) -> InterconnectProfile:
+    """Step 2: the NVLink all-reduce curve from the logged dense-minus-upper-bound costs (``FIT_RUNS``)."""
+    nvlink = base or PROFILES["h100-nvlink"]
+    small = [(tp, b) for tp, b in FIT_RUNS]  # decode messages: 16 KB, 16 KB, 1 MB
+    rows = [[1.0, nvlink.steps(tp), 2.0 * (tp - 1) / tp * allreduce_bytes(b, "decode")] for tp, b in small]
+    launch, hop, inv_small = np.linalg.solve(np.array(rows), np.array([logged_allreduce_s(tp, b, "decode") for tp, b in small]))
+    large = [(8, 1), (8, 64)]  # prefill messages: 16.8 MB and 1.07 GB
+    rows = [[nvlink.steps(tp), 2.0 * (tp - 1) / tp * allreduce_bytes(b, "prefill")] for tp, b in large]
+    rhs = [logged_allreduce_s(tp, b, "prefill") - launch for tp, b in large]
+    large_hop, inv_large = np.linalg.solve(np.array(rows), np.array(rhs))
+    return replace(nvlink, launch_s=float(launch), latency_s=float(hop), small_bus_bytes_per_s=1.0 / float(inv_small),
+                   large_latency_s=float(large_hop), bus_bytes_per_s=1.0 / float(inv_large))
 
 
 def _figure(key: str) -> Figure:
@@ -218,28 +264,17 @@ def _figure(key: str) -> Figure:
 
 
 def fit_interconnects(gpu: GPUProfile) -> dict[str, InterconnectProfile]:
-    """Steps 3 to 5: NVLink launch and hop latency, the overlap slowdown, and the no-P2P hop latency."""
-    nvlink = PROFILES["h100-nvlink"]
-    ub8, ub4 = _figure("ub-tp8-b1"), _figure("ub-tp4-b1")
-    launch, hop = nvlink.launch_s, nvlink.latency_s
-    for _ in range(60):  # alternate the two 1-D solves; converges geometrically
-        hop = _solve(lambda h: predict_figure(ub8, gpu, replace(nvlink, launch_s=launch, latency_s=h)) - ub8.published,
-                     0.0, 50e-6)
-        new_launch = _solve(
-            lambda s: predict_figure(ub4, gpu, replace(nvlink, launch_s=s, latency_s=hop)) - ub4.published, 0.0, 100e-6
-        )
-        converged = abs(new_launch - launch) < 1e-12
-        launch = new_launch
-        if converged:
-            break
-    nvlink = replace(nvlink, launch_s=launch, latency_s=hop)
+    """Steps 2 to 4: the NVLink curve, the overlap slowdown, and the no-P2P hop latency."""
+    from .interconnect import NO_P2P_CHANNELS, NVLINK_CHANNELS
 
+    nvlink = fit_nvlink_allreduce()
     ladder = _figure("ladder-tp8-b1")
     slowdown = _solve(lambda g: predict_figure(ladder, gpu, replace(nvlink, overlap_slowdown=g)) - ladder.published,
                       0.0, 2.0)
     nvlink = replace(nvlink, overlap_slowdown=slowdown)
 
-    no_p2p = replace(PROFILES["h100-no-p2p"], launch_s=launch, overlap_slowdown=slowdown)
+    no_p2p = replace(PROFILES["h100-no-p2p"], launch_s=nvlink.launch_s,
+                     overlap_slowdown=slowdown * NO_P2P_CHANNELS / NVLINK_CHANNELS)
     target = _figure("ladder-nop2p-tp8-b1")
     hop_no_p2p = _best_fit(lambda h: predict_figure(target, gpu, replace(no_p2p, latency_s=h)), target.published,
                            0.0, 100e-6)
@@ -276,20 +311,25 @@ class Calibration:
 
     def parameters(self) -> dict[str, float]:
         nvlink, no_p2p = self.interconnects["h100-nvlink"], self.interconnects["h100-no-p2p"]
+        fit = self.gpu.fit
         return {
-            "h100.bandwidth_efficiency": self.gpu.bandwidth_efficiency,
-            "h100.module_overhead_s": self.gpu.module_overhead_s,
-            "h100.flops_efficiency": self.gpu.flops_efficiency,
+            "h100-gpt-fast.weight_bytes_per_s": fit.weight_bytes_per_s,
+            "h100-gpt-fast.kv_bytes_per_s": fit.kv_bytes_per_s,
+            "h100-gpt-fast.overhead_s": fit.overhead_s["mlp"],
+            "h100-gpt-fast.prefill_scale": fit.flops_efficiency["mlp"][0][1] / GPU_PROFILES["h100"].fit.flops_efficiency["mlp"][0][1],
             "h100-nvlink.launch_s": nvlink.launch_s,
             "h100-nvlink.latency_s": nvlink.latency_s,
+            "h100-nvlink.small_bus_bytes_per_s": nvlink.small_bus_bytes_per_s or 0.0,
+            "h100-nvlink.large_latency_s": nvlink.large_latency_s or 0.0,
+            "h100-nvlink.bus_bytes_per_s": nvlink.bus_bytes_per_s,
             "overlap_slowdown": nvlink.overlap_slowdown,
             "h100-no-p2p.latency_s": no_p2p.latency_s,
         }
 
 
 def calibrate() -> Calibration:
-    """Re-derive every fitted constant from the published figures (the shipped values are these, rounded)."""
-    gpu = fit_gpu_efficiencies()
+    """Re-derive every fitted constant from the logs and published figures (the shipped values are these, rounded)."""
+    gpu = fit_gpt_fast()
     return Calibration(gpu, fit_interconnects(gpu))
 
 
@@ -297,14 +337,19 @@ def calibrate() -> Calibration:
 
 
 def validation_table(
-    gpu: GPUProfile | None = None, interconnects: dict[str, InterconnectProfile] | None = None
+    gpu: GPUProfile | None = None, interconnects: dict[str, InterconnectProfile] | None = None,
+    compute: Callable[[], ComputeModel] | None = None,
 ) -> list[dict[str, Any]]:
-    """Predicted against published for every figure, with the shipped profiles unless others are given."""
-    gpu = gpu or GPU_PROFILES["h100"]
+    """Predicted against published for every figure, with the shipped profiles unless others are given.
+
+    ``gpu`` defaults to ``h100-gpt-fast`` (the runtime the figures were measured on); ``compute`` builds
+    another compute model instead of its roofline (the measured column: ``fit.TableCompute``).
+    """
+    gpu = gpu or GPU_PROFILES["h100-gpt-fast"]
     table = []
     for figure in FIGURES:
         profile = (interconnects or {}).get(figure.interconnect, PROFILES[figure.interconnect])
-        predicted = predict_figure(figure, gpu, profile)
+        predicted = predict_figure(figure, gpu, profile, compute() if compute else None)
         table.append({
             **{k: v for k, v in asdict(figure).items() if k != "fixes"},
             "role": f"fit: {figure.fixes}" if figure.fixes else "held out",
@@ -316,7 +361,7 @@ def validation_table(
 
 def roofline_vs_logged(gpu: GPUProfile | None = None) -> list[dict[str, Any]]:
     """The roofline's upper-bound (compute-only) latencies against the authors' measured H100 runs."""
-    gpu = gpu or GPU_PROFILES["h100"]
+    gpu = gpu or GPU_PROFILES["h100-gpt-fast"]
     model = PRESETS["llama-3.1-70b"]
     table = []
     for run in LOGGED_RUNS:
@@ -325,14 +370,30 @@ def roofline_vs_logged(gpu: GPUProfile | None = None) -> list[dict[str, Any]]:
         request = PredictRequest(model, (run.tp,), (run.batch,), PROMPT, GEN, PROFILES["h100-nvlink"],
                                  schedules=("upper-bound",))
         row = next(r for r in predict(request, RooflineCompute(gpu)).rows if r.schedule == "upper-bound")
-        fitted = (run.tp, run.batch) in ((8, 1), (4, 1))
         for phase, predicted, measured in (
             ("prefill", row.prefill_s, run.prefill_s),
             ("decode per token", row.decode_s_per_token, run.decode_s_per_token),
         ):
-            used = fitted and (phase.startswith("decode") or run.tp == 8)
+            used = (run.tp, run.batch) in FIT_RUNS if phase.startswith("decode") else (run.tp, run.batch) == (8, 1)
             table.append({
                 "tp": run.tp, "batch": run.batch, "phase": phase, "roofline_s": predicted, "measured_s": measured,
                 "error": predicted / measured - 1.0, "role": "fit" if used else "held out", "log": run.path,
+            })
+    return table
+
+
+def allreduce_vs_logged(nvlink: InterconnectProfile | None = None) -> list[dict[str, Any]]:
+    """The NVLink all-reduce model against the logs' per-call cost (dense minus upper bound over 160)."""
+    nvlink = nvlink or PROFILES["h100-nvlink"]
+    table = []
+    for tp, batch in sorted({(r.tp, r.batch) for r in LOGGED_RUNS}):
+        for phase in ("decode", "prefill"):
+            nbytes = allreduce_bytes(batch, phase)
+            measured, predicted = logged_allreduce_s(tp, batch, phase), nvlink.allreduce_s(nbytes, tp)
+            used = (tp, batch) in FIT_RUNS if phase == "decode" else (tp, batch) in ((8, 1), (8, 64))
+            table.append({
+                "tp": tp, "batch": batch, "phase": phase, "bytes": nbytes, "measured_s": measured,
+                "predicted_s": predicted, "error": predicted / measured - 1.0,
+                "busbw_measured": 2.0 * (tp - 1) / tp * nbytes / measured, "role": "fit" if used else "held out",
             })
     return table

@@ -1,7 +1,7 @@
 """How ``ladderize predict`` prices a module: the ``ComputeModel`` protocol, the roofline estimate, the choice.
 
-* ``RooflineCompute``: ``max(flops / achievable FLOP/s, bytes / achievable bytes/s) + module overhead``
-  with a ``GPUProfile`` (published peaks, calibrated efficiencies).
+* ``RooflineCompute``: a ``GPUProfile``'s published peaks and fitted ``ComputeFit`` (``ladderize.predict.fit``):
+  ``max(memory seconds, FLOP seconds) + per-kind fixed cost``.
 * ``MeasuredCompute`` (``ladderize.predict.measured``): the runtime's own modules timed on the local device.
 """
 
@@ -12,7 +12,7 @@ from typing import Protocol
 
 from ..errors import LadderizeError
 from .gpus import GPUProfile
-from .work import ModuleWork, roofline_s
+from .work import ModuleWork
 
 
 class ComputeModel(Protocol):
@@ -36,13 +36,10 @@ class RooflineCompute:
         self.device_name = gpu.name
         self.is_gpu = False  # nothing ran on a GPU
         self.memory_bytes = gpu.memory_bytes
-        self.label = f"roofline estimate for {gpu.name} (efficiencies fitted on H100)"
+        self.label = f"roofline estimate for {gpu.name} (fitted compute model)"
 
     def module_s(self, work: ModuleWork) -> float:
-        g = self.gpu
-        return roofline_s(
-            work, g.peak_flops_per_s * g.flops_efficiency, g.hbm_bytes_per_s * g.bandwidth_efficiency, g.module_overhead_s
-        )
+        return self.gpu.fit.module_s(work, self.gpu.peak_flops_per_s)
 
     def source(self, work: ModuleWork) -> str:
         return f"roofline {self.gpu.name}"
@@ -54,7 +51,7 @@ def make_compute(
     """``measured`` (on ``device``, ``auto`` by default) or ``roofline`` (needs a GPU profile)."""
     if mode == "roofline":
         if gpu is None:
-            raise LadderizeError("--compute roofline needs a GPU profile (--gpu h100|h200|a100)")
+            raise LadderizeError("--compute roofline needs a GPU profile (--gpu h100|h100-gpt-fast|h200|a100|FILE)")
         return RooflineCompute(gpu)
     if mode == "measured":
         from .measured import MeasuredCompute

@@ -122,6 +122,7 @@ class _PhaseCosts:
     attention: ModuleCost
     mlp: ModuleCost
     head_s: float
+    overlap_slowdown: float  # how much this phase's all-reduce slows the compute it overlaps
 
 
 class _Pricer:
@@ -152,7 +153,8 @@ class _Pricer:
             work = module_work(m, kind, tp, batch, q_len, kv_len)
             costs[kind] = ModuleCost(self._module_s(phase, tp, work), allreduce_s)
         head_s = 0.0 if chunks > 1 else self._module_s(phase, tp, module_work(m, "head", tp, batch, 1, 0))
-        return _PhaseCosts(costs["attention"], costs["mlp"], head_s)
+        slowdown = self.request.interconnect.overlap_slowdown_for(ar_bytes, tp, memory_bound=phase == "decode")
+        return _PhaseCosts(costs["attention"], costs["mlp"], head_s, slowdown)
 
 
 def _domino_split(batch: int, q_len: int, kv_len: int, chunks: int) -> tuple[int, int, int, str] | None:
@@ -196,11 +198,11 @@ def _simulate_schedule(
             if split is not None:
                 chunks = request.domino_chunks
                 chunk = pricer.phase(phase, tp, *split[:3], chunks=chunks)
-                cost = _PhaseCosts(chunk.attention, chunk.mlp, cost.head_s)
+                cost = _PhaseCosts(chunk.attention, chunk.mlp, cost.head_s, chunk.overlap_slowdown)
             elif phase == "decode":
                 note = f"batch {batch} does not split into {request.domino_chunks} chunks: decode as dense"
         timings[phase] = simulate_step(
-            modes, cost.attention, cost.mlp, head_s=cost.head_s, overlap_slowdown=request.interconnect.overlap_slowdown,
+            modes, cost.attention, cost.mlp, head_s=cost.head_s, overlap_slowdown=cost.overlap_slowdown,
             chunks=chunks, communicate=schedule != "upper-bound" and tp > 1,
         )
     layout = request.layout

@@ -1,117 +1,166 @@
-"""GPU profiles for the roofline compute estimate: published peaks plus calibrated efficiencies.
+"""GPU profiles for the roofline compute estimate: published peaks plus a fitted compute model.
 
-A module's roofline time on one rank is
+A module's time on one rank is ``ComputeFit.module_s`` (``ladderize.predict.fit``):
 
-    max(flops / (peak_flops_per_s * flops_efficiency), bytes / (hbm_bytes_per_s * bandwidth_efficiency))
-    + module_overhead_s
+    max((weight + activation bytes) / weight_bytes_per_s + KV bytes / kv_bytes_per_s,
+        flops / (peak_flops_per_s * flops_efficiency(kind, width))) + overhead_s[kind]
 
 The peaks come from NVIDIA's datasheets (dense BF16 tensor-core FLOP/s, i.e. without the 2:4-sparsity
-doubling). The three efficiencies were fitted once, on H100, to the Ladder authors' published
-no-communication ("upper bound") runs of Llama-3.1-70B; see ``ladderize.predict.calibration`` and
-docs/predict.md for which logged latency fixed which number. H200 and A100 reuse the H100 fits: an
-assumption, stated in their ``sources``.
+doubling). The fitted constants depend on the runtime as much as on the GPU, so there are two H100 fits:
+
+* ``h100``: ladderize's own runtime modules, fitted on the bundled H100 module table
+  (``fit.fit_h100_table``; batch 1 and 64 rows fit, batch 16 held out);
+* ``h100-gpt-fast``: the Ladder authors' gpt-fast runtime (torch.compile), fitted on their logged
+  no-communication runs (``calibration.fit_gpt_fast``); the published figures were measured on it.
+
+H200 and A100 reuse the ``h100`` fit with its bandwidths scaled by the datasheet HBM ratio: an
+assumption, stated in their ``sources``. ``load_gpu_profile`` also reads a profile JSON written by
+``ladderize predict --calibrate`` (``ladderize.predict.calibrate``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import LadderizeError
+from .fit import ComputeFit
 
-# Fitted by ladderize.predict.calibration.fit_gpu_efficiencies() on the authors' H100 logs
-# (re-run it to check: tests/predict/test_calibration.py does).
-H100_BANDWIDTH_EFFICIENCY = 0.9559
-H100_FLOPS_EFFICIENCY = 0.3388
-H100_MODULE_OVERHEAD_S = 18.17e-6
+# Fitted by ladderize.predict.fit.fit_h100_table() on the bundled H100 table (4 significant digits;
+# tests/predict/test_fit.py re-runs the fit and compares).
+H100_FIT = ComputeFit(
+    weight_bytes_per_s=2.395e12,  # 71.5% of the 3.35 TB/s datasheet, 79.5% of the 3013 GB/s measured stream
+    kv_bytes_per_s=2.324e12,
+    overhead_s={"attention": 44.13e-6, "mlp": 23.43e-6, "head": 23.43e-6},
+    flops_efficiency={"attention": ((1024, 0.2501), (8192, 0.5108)), "mlp": ((3584, 0.5305), (28672, 0.7183)),
+                      "head": ((3584, 0.5305), (28672, 0.7183))},
+    sources={
+        "all": "fitted by ladderize.predict.fit.fit_h100_table on ladderize/predict/data/h100_modules_llama-3.1-70b.json "
+               "(Llama-3.1-70B modules, ladderize RankModel in CUDA graphs, bf16, H100 80GB HBM3): decode rows at batch "
+               "1 and 64 fix the bandwidths and per-kind overheads, prefill rows at batch 1 and 64 the FLOP "
+               "efficiencies at the TP8 and TP1 widths; batch 16 held out",
+        "head": "no LM-head rows in the table: overhead and FLOP efficiency taken from the MLP (assumption)",
+    },
+)
 
-_CALIBRATED = (
-    "fitted on H100 (ladderize.predict.calibration): bandwidth_efficiency and module_overhead_s from the "
-    "upper-bound decode latencies of Llama-3.1-70B at TP8 and TP4, batch 1; flops_efficiency from the "
-    "upper-bound prefill latency at TP8, batch 1 (logs in github.com/mayank31398/ladder-residual-inference, "
-    "final-results-512/)"
+GPT_FAST_PREFILL_SCALE = 0.7708  # fitted with the bandwidths below (calibration.fit_gpt_fast)
+
+# Fitted by ladderize.predict.calibration.fit_gpt_fast() on the Ladder authors' logged upper-bound runs.
+GPT_FAST_FIT = ComputeFit(
+    weight_bytes_per_s=3.293e12,
+    kv_bytes_per_s=0.3219e12,
+    overhead_s={"attention": 18.28e-6, "mlp": 18.28e-6, "head": 18.28e-6},
+    flops_efficiency={k: tuple((w, round(e * GPT_FAST_PREFILL_SCALE, 4)) for w, e in v)
+                      for k, v in H100_FIT.flops_efficiency.items()},
+    sources={
+        "all": "fitted by ladderize.predict.calibration.fit_gpt_fast on the Ladder authors' upper-bound (no "
+               "communication) logs, Llama-3.1-70B on H100 (github.com/mayank31398/ladder-residual-inference, "
+               "final-results-512/): decode per token at TP8 batch 1, TP4 batch 1 and TP8 batch 64 fix the two "
+               "bandwidths and one overhead for every kind; the prefill at TP8 batch 1 fixes one factor on the h100 "
+               "fit's FLOP efficiencies; every other logged run is held out",
+    },
 )
 
 
 @dataclass(frozen=True)
 class GPUProfile:
-    """One GPU model's published peaks and the achievable fractions the roofline applies to them."""
+    """One GPU model's published peaks and the fitted compute model the roofline applies to them."""
 
     name: str
     hbm_bytes_per_s: float
     peak_flops_per_s: float
-    bandwidth_efficiency: float
-    flops_efficiency: float
-    module_overhead_s: float
+    fit: ComputeFit
     memory_bytes: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hbm_bytes_per_s <= 0 or self.peak_flops_per_s <= 0:
             raise LadderizeError(f"GPU profile {self.name!r}: peaks must be positive")
-        if not (0 < self.bandwidth_efficiency <= 1.5 and 0 < self.flops_efficiency <= 1.5):
-            raise LadderizeError(f"GPU profile {self.name!r}: efficiencies must lie in (0, 1.5]")
-        if self.module_overhead_s < 0:
-            raise LadderizeError(f"GPU profile {self.name!r}: module_overhead_s must be >= 0")
 
-    def with_efficiencies(self, bandwidth: float, flops: float, module_overhead_s: float) -> "GPUProfile":
-        return replace(self, bandwidth_efficiency=bandwidth, flops_efficiency=flops, module_overhead_s=module_overhead_s)
+    def with_fit(self, fit: ComputeFit) -> "GPUProfile":
+        return replace(self, fit=fit)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["fit"] = self.fit.to_dict()
         data["sources"] = dict(self.sources)
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], label: str = "profile") -> "GPUProfile":
+        try:
+            return cls(name=str(data["name"]), hbm_bytes_per_s=float(data["hbm_bytes_per_s"]),
+                       peak_flops_per_s=float(data["peak_flops_per_s"]), fit=ComputeFit.from_dict(data["fit"]),
+                       memory_bytes=float(data.get("memory_bytes", 0.0)), sources=dict(data.get("sources", {})))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LadderizeError(f"{label}: not a GPU profile ({type(exc).__name__}: {exc})") from None
+
+
+def scaled_bandwidth(fit: ComputeFit, ratio: float, note: str) -> ComputeFit:
+    """``fit`` with both bandwidths multiplied by ``ratio`` (another GPU's HBM against the H100's)."""
+    return replace(fit, weight_bytes_per_s=fit.weight_bytes_per_s * ratio, kv_bytes_per_s=fit.kv_bytes_per_s * ratio,
+                   sources={**fit.sources, "scaled": note})
+
+
+_H100_PEAKS = {
+    "hbm_bytes_per_s": "NVIDIA H100 Tensor Core GPU datasheet: H100 SXM GPU memory bandwidth 3.35 TB/s, 80 GB",
+    "peak_flops_per_s": "NVIDIA H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
+}
 
 GPU_PROFILES: dict[str, GPUProfile] = {
     "h100": GPUProfile(
-        name="H100-SXM5-80GB",
-        hbm_bytes_per_s=3.35e12,
-        peak_flops_per_s=989e12,
-        bandwidth_efficiency=H100_BANDWIDTH_EFFICIENCY,
-        flops_efficiency=H100_FLOPS_EFFICIENCY,
-        module_overhead_s=H100_MODULE_OVERHEAD_S,
+        name="H100-SXM5-80GB", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=H100_FIT, memory_bytes=80e9,
+        sources={**_H100_PEAKS, "fit": "ladderize runtime modules measured on an H100 (ladderize.predict.fit)"},
+    ),
+    "h100-gpt-fast": GPUProfile(
+        name="H100-SXM5-80GB (gpt-fast)", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=GPT_FAST_FIT,
         memory_bytes=80e9,
-        sources={
-            "hbm_bytes_per_s": "NVIDIA H100 Tensor Core GPU datasheet: H100 SXM GPU memory bandwidth 3.35 TB/s, 80 GB",
-            "peak_flops_per_s": "NVIDIA H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
-            "efficiencies": _CALIBRATED,
-        },
+        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.calibration)"},
     ),
     "h200": GPUProfile(
-        name="H200-SXM-141GB",
-        hbm_bytes_per_s=4.8e12,
-        peak_flops_per_s=989e12,
-        bandwidth_efficiency=H100_BANDWIDTH_EFFICIENCY,
-        flops_efficiency=H100_FLOPS_EFFICIENCY,
-        module_overhead_s=H100_MODULE_OVERHEAD_S,
+        name="H200-SXM-141GB", hbm_bytes_per_s=4.8e12, peak_flops_per_s=989e12,
+        fit=scaled_bandwidth(H100_FIT, 4.8 / 3.35, "bandwidths scaled by 4.8/3.35 (datasheet HBM); not measured on an H200"),
         memory_bytes=141e9,
         sources={
             "hbm_bytes_per_s": "NVIDIA H200 Tensor Core GPU datasheet: H200 SXM GPU memory bandwidth 4.8 TB/s, 141 GB",
             "peak_flops_per_s": "NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
-            "efficiencies": "assumed equal to the H100 fit (same Hopper SM and kernels); not calibrated on an H200",
+            "fit": "the h100 fit with bandwidths scaled by the HBM ratio (same Hopper SM and kernels); not measured on an H200",
         },
     ),
     "a100": GPUProfile(
-        name="A100-SXM4-80GB",
-        hbm_bytes_per_s=2.039e12,
-        peak_flops_per_s=312e12,
-        bandwidth_efficiency=H100_BANDWIDTH_EFFICIENCY,
-        flops_efficiency=H100_FLOPS_EFFICIENCY,
-        module_overhead_s=H100_MODULE_OVERHEAD_S,
+        name="A100-SXM4-80GB", hbm_bytes_per_s=2.039e12, peak_flops_per_s=312e12,
+        fit=scaled_bandwidth(H100_FIT, 2.039 / 3.35, "bandwidths scaled by 2.039/3.35 (datasheet HBM); not measured on an A100"),
         memory_bytes=80e9,
         sources={
             "hbm_bytes_per_s": "NVIDIA A100 Tensor Core GPU datasheet: A100 80GB SXM GPU memory bandwidth 2,039 GB/s, 80 GB",
             "peak_flops_per_s": "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)",
-            "efficiencies": "assumed equal to the H100 fit; not calibrated on an A100",
+            "fit": "the h100 fit with bandwidths scaled by the HBM ratio and FLOP efficiencies kept; not measured on an A100",
         },
     ),
 }
 
 
-def load_gpu_profile(name: str) -> GPUProfile:
-    key = name.strip().lower().replace("_", "-")
-    key = {"h100-sxm": "h100", "h100-sxm5": "h100", "h200-sxm": "h200", "a100-sxm": "a100", "a100-80gb": "a100"}.get(key, key)
-    if key not in GPU_PROFILES:
-        raise LadderizeError(f"unknown GPU profile {name!r}: choose one of {', '.join(GPU_PROFILES)}")
-    return GPU_PROFILES[key]
+def load_gpu_profile(name: str | Path) -> GPUProfile:
+    """A built-in profile name, or a profile JSON (``ladderize predict --calibrate`` writes one)."""
+    text = str(name).strip()
+    key = text.lower().replace("_", "-")
+    key = {"h100-sxm": "h100", "h100-sxm5": "h100", "h200-sxm": "h200", "a100-sxm": "a100", "a100-80gb": "a100",
+           "gpt-fast": "h100-gpt-fast"}.get(key, key)
+    if key in GPU_PROFILES:
+        return GPU_PROFILES[key]
+    path = Path(text).expanduser()
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise LadderizeError(f"GPU profile {path}: no such file")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LadderizeError(f"cannot read GPU profile {path}: {type(exc).__name__}: {exc}") from None
+        if isinstance(data, dict) and "gpu" in data and isinstance(data["gpu"], dict):
+            data = data["gpu"]  # a calibration record: the profile is under "gpu"
+        if not isinstance(data, dict):
+            raise LadderizeError(f"GPU profile {path}: expected a JSON object")
+        return GPUProfile.from_dict(data, label=f"GPU profile {path}")
+    raise LadderizeError(f"unknown GPU profile {text!r}: choose one of {', '.join(GPU_PROFILES)} or give a profile JSON")

@@ -1,21 +1,33 @@
 """All-reduce cost model and documented interconnect profiles.
 
-One all-reduce of ``nbytes`` over ``N`` ranks costs
+One all-reduce of ``nbytes`` over ``N`` ranks costs the cheaper of two NCCL protocols, as NCCL's own
+tuner prices them (NVIDIA/nccl ``src/graph/tuning.cc``: a base latency, a per-hop latency per protocol,
+and a per-protocol bandwidth):
 
-    launch_s + steps(N) * latency_s + 2 (N - 1) / N * nbytes / bus_bytes_per_s
+    launch_s + min(steps(N) * latency_s       + volume / small_bus_bytes_per_s,    # LL: latency-bound
+                   steps(N) * large_latency_s + volume / bus_bytes_per_s)          # Simple: bandwidth-bound
+    volume = 2 (N - 1) / N * nbytes
+
+so small messages are latency-bound and large ones reach the link's bus bandwidth, the shape of an
+nccl-tests ``all_reduce_perf`` curve. A profile without ``large_latency_s`` has one protocol.
 
 * ``steps``: 2 (N - 1) for a ring (reduce-scatter then all-gather, one hop each), 2 ceil(log2 N) for a
   tree (reduce up, broadcast down).
-* ``bus_bytes_per_s`` follows the nccl-tests convention ("busbw"): the per-rank link rate a ring
-  saturates, so the 2 (N - 1) / N factor converts it to the time for the whole buffer.
+* bandwidths follow the nccl-tests "busbw" convention: the per-rank link rate a ring saturates, so the
+  2 (N - 1) / N factor converts it to the time for the whole buffer.
 * ``launch_s`` is the fixed cost of one collective call (kernel launch, synchronisation).
 
-``overlap_slowdown`` is not part of the all-reduce cost: it says how much an all-reduce running beside a
-compute kernel slows that kernel (NCCL kernels hold SMs and memory bandwidth). While both run, compute
-progresses at ``1 / (1 + overlap_slowdown)`` of its normal rate; see ``ladderize.predict.schedule``.
+Overlap: an all-reduce running beside a compute kernel slows it. While both run, compute progresses at
+``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slowdown_for(...)``:
 
-Every parameter carries its source in ``sources``; "fitted" parameters name the published figure that
-fixed them (``ladderize.predict.calibration`` re-derives them, docs/predict.md tabulates them).
+* ``overlap_slowdown``: the SMs NCCL's channels hold (every overlapped module pays it);
+* plus, for memory-bound (decode) modules only, the HBM bandwidth the all-reduce itself uses:
+  ``hbm_traffic * volume / allreduce_s / gpu_hbm_bytes_per_s`` (a ring step reads two chunks and writes
+  one, so ``hbm_traffic`` is 3 on NVLink; a host-staged all-reduce moves its bytes at PCIe rate, a
+  negligible share of HBM).
+
+Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
+figure that fixed them (``ladderize.predict.calibration`` re-derives them, docs/predict.md tabulates them).
 """
 
 from __future__ import annotations
@@ -31,17 +43,26 @@ from ..errors import LadderizeError
 Algorithm = Literal["ring", "tree"]
 
 # Fitted by ladderize.predict.calibration.fit_interconnects() (tests/predict/test_calibration.py re-runs it).
-NVLINK_LAUNCH_S = 7.318e-6
-NVLINK_LATENCY_S = 1.199e-6
-OVERLAP_SLOWDOWN = 0.2628
-NO_P2P_LATENCY_S = 6.048e-6
+NVLINK_LAUNCH_S = 7.241e-6
+NVLINK_LATENCY_S = 1.187e-6
+NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9
+NVLINK_LARGE_LATENCY_S = 5.716e-6
+NVLINK_BUS_BYTES_PER_S = 433.4e9
+OVERLAP_SLOWDOWN = 0.2587
+NO_P2P_LATENCY_S = 5.447e-6
 
-NVLINK_BUS_BYTES_PER_S = 450e9
+NVLINK_CHANNELS = 24  # NCCL channels with NVLink, and 16 with P2P disabled: the authors' enable.log / disable.log
+NO_P2P_CHANNELS = 16
+NO_P2P_BUS_BYTES_PER_S = 40e9
 PCIE5_BUS_BYTES_PER_S = 63e9
 IB_NDR_BUS_BYTES_PER_S = 50e9
+H100_HBM_BYTES_PER_S = 3.35e12
 
 _LADDER = "Ladder Residual (arXiv:2501.06589) and its authors' blog table, Llama-3.1-70B at TP8 on 8xH100"
 _LOGS = "the Ladder authors' published logs, github.com/mayank31398/ladder-residual-inference final-results-512/"
+_NCCL_TESTS = ("public nccl-tests all_reduce_perf figures (docs.alayanew.com tech-blog 2026-05-06 'NCCL-tests in "
+               "practice'): 8xH100 SXM5 NVLink busbw 460-480 GB/s at large sizes, 8xH100 PCIe 35-45 GB/s")
+_NCCL_TUNER = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc: per-protocol base and per-hop latencies)"
 
 
 @dataclass(frozen=True)
@@ -56,14 +77,22 @@ class InterconnectProfile:
     bus_bytes_per_s: float
     overlap_slowdown: float
     sources: Mapping[str, str] = field(default_factory=dict)
+    large_latency_s: float | None = None  # per hop of the bandwidth protocol; None: one protocol only
+    small_bus_bytes_per_s: float | None = None  # bandwidth of the latency protocol; None: bus_bytes_per_s
+    hbm_traffic: float = 0.0  # HBM bytes the all-reduce moves per bus byte (memory-bound overlap)
+    gpu_hbm_bytes_per_s: float = H100_HBM_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "tree"):
             raise LadderizeError(f"interconnect {self.name!r}: algorithm must be 'ring' or 'tree', got {self.algorithm!r}")
-        if self.launch_s < 0 or self.latency_s < 0 or self.overlap_slowdown < 0:
-            raise LadderizeError(f"interconnect {self.name!r}: latencies and overlap_slowdown must be >= 0")
-        if self.bus_bytes_per_s <= 0:
-            raise LadderizeError(f"interconnect {self.name!r}: bus_bytes_per_s must be positive")
+        if self.launch_s < 0 or self.latency_s < 0 or self.overlap_slowdown < 0 or self.hbm_traffic < 0:
+            raise LadderizeError(f"interconnect {self.name!r}: latencies, overlap_slowdown and hbm_traffic must be >= 0")
+        if self.large_latency_s is not None and self.large_latency_s < 0:
+            raise LadderizeError(f"interconnect {self.name!r}: large_latency_s must be >= 0")
+        if self.bus_bytes_per_s <= 0 or (self.small_bus_bytes_per_s is not None and self.small_bus_bytes_per_s <= 0):
+            raise LadderizeError(f"interconnect {self.name!r}: bandwidths must be positive")
+        if self.gpu_hbm_bytes_per_s <= 0:
+            raise LadderizeError(f"interconnect {self.name!r}: gpu_hbm_bytes_per_s must be positive")
 
     def steps(self, ranks: int) -> int:
         """Sequential hops of one all-reduce over ``ranks`` ranks."""
@@ -78,7 +107,22 @@ class InterconnectProfile:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         volume = 2.0 * (ranks - 1) / ranks * nbytes
-        return self.launch_s + self.steps(ranks) * self.latency_s + volume / self.bus_bytes_per_s
+        steps = self.steps(ranks)
+        small = steps * self.latency_s + volume / (self.small_bus_bytes_per_s or self.bus_bytes_per_s)
+        if self.large_latency_s is None:
+            return self.launch_s + small
+        return self.launch_s + min(small, steps * self.large_latency_s + volume / self.bus_bytes_per_s)
+
+    def bus_rate(self, nbytes: float, ranks: int) -> float:
+        """The achieved bus bandwidth (nccl-tests "busbw") of one all-reduce of ``nbytes``."""
+        seconds = self.allreduce_s(nbytes, ranks)
+        return 0.0 if seconds <= 0 else 2.0 * (ranks - 1) / ranks * nbytes / seconds
+
+    def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool) -> float:
+        """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones."""
+        if not memory_bound or self.hbm_traffic <= 0:
+            return self.overlap_slowdown
+        return self.overlap_slowdown + self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -87,40 +131,60 @@ class InterconnectProfile:
 
 
 def _nvlink(launch_s: float = NVLINK_LAUNCH_S, latency_s: float = NVLINK_LATENCY_S,
-            overlap_slowdown: float = OVERLAP_SLOWDOWN) -> InterconnectProfile:
+            overlap_slowdown: float = OVERLAP_SLOWDOWN, small_bus_bytes_per_s: float = NVLINK_SMALL_BUS_BYTES_PER_S,
+            large_latency_s: float = NVLINK_LARGE_LATENCY_S,
+            bus_bytes_per_s: float = NVLINK_BUS_BYTES_PER_S) -> InterconnectProfile:
     return InterconnectProfile(
         name="h100-nvlink",
         description="8x H100 SXM on NVLink 4 / NVSwitch (HGX/DGX H100), NCCL ring",
         algorithm="ring",
         launch_s=launch_s,
         latency_s=latency_s,
-        bus_bytes_per_s=NVLINK_BUS_BYTES_PER_S,
+        bus_bytes_per_s=bus_bytes_per_s,
         overlap_slowdown=overlap_slowdown,
+        large_latency_s=large_latency_s,
+        small_bus_bytes_per_s=small_bus_bytes_per_s,
+        hbm_traffic=3.0,
         sources={
-            "bus_bytes_per_s": "NVIDIA H100 datasheet: NVLink 900 GB/s per GPU, both directions, so 450 GB/s each way",
-            "latency_s": f"fitted: 1.43x upper bound at batch 1 ({_LADDER})",
-            "launch_s": f"fitted: 1.162x upper bound at TP4, batch 1 ({_LOGS}: 69.04 vs 59.41 tokens/s)",
-            "overlap_slowdown": f"fitted: 1.31x Ladder speed-up at batch 1 ({_LADDER})",
+            "launch_s": f"fitted: dense minus upper-bound decode per all-reduce at TP4 and TP8, batch 1 (16 KB), jointly "
+                        f"with latency_s ({_LOGS})",
+            "latency_s": f"fitted: the same two logged runs (14 ring hops at TP8 against 6 at TP4), which also give the "
+                         f"paper's 1.43x upper bound at batch 1 ({_LOGS})",
+            "small_bus_bytes_per_s": f"fitted: dense minus upper-bound decode per all-reduce at TP8, batch 64 (1 MB) ({_LOGS})",
+            "large_latency_s": f"fitted: dense minus upper-bound prefill per all-reduce at TP8, batch 1 (16.8 MB), jointly "
+                               f"with bus_bytes_per_s ({_LOGS}); NCCL's Simple-protocol ring hop is 5.7 us in "
+                               f"{_NCCL_TUNER}",
+            "bus_bytes_per_s": f"fitted: the same at TP8, batch 64 (1.07 GB) ({_LOGS}); against {_NCCL_TESTS} and the "
+                               "H100 datasheet's 450 GB/s NVLink each way",
+            "overlap_slowdown": f"fitted: 1.31x Ladder speed-up at batch 1 ({_LADDER}); {NVLINK_CHANNELS} NCCL channels",
+            "hbm_traffic": "a ring step reads the local and the received chunk and writes the sum: 3 HBM bytes per bus "
+                           "byte (assumption from the algorithm, not measured)",
+            "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
         },
     )
 
 
-def _no_p2p(latency_s: float = NO_P2P_LATENCY_S) -> InterconnectProfile:
+def _no_p2p(latency_s: float = NO_P2P_LATENCY_S, launch_s: float = NVLINK_LAUNCH_S,
+            overlap_slowdown: float = OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS) -> InterconnectProfile:
     return InterconnectProfile(
         name="h100-no-p2p",
         description="8x H100 with peer-to-peer disabled (NCCL_P2P_DISABLE): NCCL stages every hop through host "
                     "memory over PCIe Gen5",
         algorithm="ring",
-        launch_s=NVLINK_LAUNCH_S,
+        launch_s=launch_s,
         latency_s=latency_s,
-        bus_bytes_per_s=PCIE5_BUS_BYTES_PER_S,
-        overlap_slowdown=OVERLAP_SLOWDOWN,
+        bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
+        overlap_slowdown=overlap_slowdown,
+        hbm_traffic=2.0,
         sources={
-            "bus_bytes_per_s": "PCI Express 5.0 x16: 32 GT/s x 16 lanes, 128b/130b, about 63 GB/s each way (PCI-SIG); "
-                               "the GPU->host and host->GPU copies of a hop use different links and pipeline",
+            "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s, the middle of the PCIe range (host-staged hops cross PCIe twice "
+                               "but pipeline; below the 63 GB/s PCIe 5.0 x16 link, PCI-SIG)",
             "latency_s": f"fitted: 1.60x Ladder speed-up at batch 1 with peer-to-peer disabled ({_LADDER})",
             "launch_s": "shared with h100-nvlink (same NCCL call path)",
-            "overlap_slowdown": "shared with h100-nvlink (assumption: the same NCCL kernels occupy the SMs)",
+            "overlap_slowdown": f"h100-nvlink's fitted SM slowdown scaled by NCCL's channels, {NO_P2P_CHANNELS} against "
+                                f"{NVLINK_CHANNELS} (the authors' disable.log / enable.log): the SMs the all-reduce holds",
+            "hbm_traffic": "2 HBM bytes per bus byte (read the chunk, write the result); at PCIe rate a negligible share",
+            "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
         },
     )
 
@@ -132,14 +196,15 @@ def _pcie(latency_s: float = NO_P2P_LATENCY_S / 2) -> InterconnectProfile:
         algorithm="ring",
         launch_s=NVLINK_LAUNCH_S,
         latency_s=latency_s,
-        bus_bytes_per_s=PCIE5_BUS_BYTES_PER_S,
-        overlap_slowdown=OVERLAP_SLOWDOWN,
+        bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
+        overlap_slowdown=OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS,
+        hbm_traffic=3.0,
         sources={
-            "bus_bytes_per_s": "PCI Express 5.0 x16, about 63 GB/s each way (PCI-SIG)",
+            "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s for 8xH100 PCIe",
             "latency_s": "derived, not calibrated: half the fitted h100-no-p2p hop latency (one PCIe crossing per hop "
                          "instead of two through host memory)",
             "launch_s": "shared with h100-nvlink",
-            "overlap_slowdown": "shared with h100-nvlink (assumption)",
+            "overlap_slowdown": "as h100-no-p2p (assumption: PCIe rings use the same channel count)",
         },
     )
 
@@ -156,21 +221,17 @@ def _infiniband() -> InterconnectProfile:
         sources={
             "bus_bytes_per_s": "NVIDIA ConnectX-7 datasheet: 400 Gb/s NDR per port = 50 GB/s each way; DGX H100 user "
                                "guide: one ConnectX-7 per GPU on the compute fabric",
-            "latency_s": "assumption, not calibrated: 5 us per inter-node hop (switch traversal plus NCCL network proxy); "
-                         "no published figure in this project's calibration set",
+            "latency_s": f"assumption, not calibrated: 5 us per inter-node hop (NET ring LL hwLat 0.9 us plus switch and "
+                         f"proxy; {_NCCL_TUNER}); no published figure in this project's calibration set",
             "launch_s": "shared with h100-nvlink",
             "overlap_slowdown": "shared with h100-nvlink (assumption)",
         },
     )
 
 
-def builtin_profiles(
-    nvlink_launch_s: float = NVLINK_LAUNCH_S,
-    nvlink_latency_s: float = NVLINK_LATENCY_S,
-    overlap_slowdown: float = OVERLAP_SLOWDOWN,
-) -> dict[str, InterconnectProfile]:
+def builtin_profiles(**nvlink: float) -> dict[str, InterconnectProfile]:
     """The shipped profiles (the calibration passes trial values for the fitted NVLink parameters)."""
-    profiles = [_nvlink(nvlink_launch_s, nvlink_latency_s, overlap_slowdown), _no_p2p(), _pcie(), _infiniband()]
+    profiles = [_nvlink(**nvlink), _no_p2p(), _pcie(), _infiniband()]
     return {p.name: p for p in profiles}
 
 

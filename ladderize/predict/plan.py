@@ -41,7 +41,7 @@ def plan_prediction(
     batch: str = "1,4,16,64",
     prompt: int = 1024,
     gen: int = 512,
-    interconnect: str = "h100-nvlink",
+    interconnect: str | None = None,
     compute: str = "measured",
     gpu: str = "h100",
     schedules: str | None = None,
@@ -49,10 +49,15 @@ def plan_prediction(
     cache_dir: Path | str | None = None,
     device: str = "auto",
     dtype: str | None = None,
+    profile: Path | str | None = None,
 ) -> PredictPlan:
     """Resolve the shape (``model``, else the ``layout`` checkpoint's own) and the layout (``layout`` or
     ``ladder``/``spd``, never both), validate the request and build the compute model (``measured`` times
-    modules on ``device``)."""
+    modules on ``device``).
+
+    ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
+    measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
+    the profile's, else ``h100-nvlink``."""
     from ..model.layout import Layout
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
@@ -76,15 +81,54 @@ def plan_prediction(
         raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
     if ladder or spd:
         chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
-    profile = load_interconnect(interconnect)
-    gpu_profile = load_gpu_profile(gpu)
+    measured_interconnect = None
+    if profile is not None:
+        from .calibrate import load_profile
+
+        gpu_profile, measured_interconnect = load_profile(profile)
+        compute = "roofline"
+    else:
+        gpu_profile = load_gpu_profile(gpu)
+    if interconnect is None and measured_interconnect is not None:
+        link = measured_interconnect
+    else:
+        link = load_interconnect(interconnect or "h100-nvlink")
     request = PredictRequest(
-        model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=profile,
+        model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=link,
         layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
         domino_chunks=domino_chunks,
     )
     request.validate()
     return PredictPlan(request, make_compute(compute, gpu_profile, cache_dir, device=device))
+
+
+def calibrate_from_options(
+    *, model: str | None, layout: Path | str | None = None, tp: str = "1,2,4,8", batch: str = "1,4,16,64",
+    prompt: int = 1024, gen: int = 512, out: Path | str | None = None, force: bool = False,
+    cache_dir: Path | str | None = None, device: str = "auto",
+):
+    """``ladderize predict --calibrate --profile OUT``: the shape from ``model`` (or the ``layout`` checkpoint),
+    the TP degrees and batches to time, then ``calibrate.run_calibration``."""
+    from ..model.placement import check_device
+    from .calibrate import run_calibration
+    from .estimate import layout_from_checkpoint
+    from .presets import load_model_shape
+
+    if out is None:
+        raise LadderizeError("--calibrate writes a profile: give --profile FILE")
+    if prompt < 1 or gen < 1:
+        raise LadderizeError("--prompt and --gen must be at least 1 token")
+    if model:
+        shape = load_model_shape(model)
+    elif layout is not None:
+        shape = layout_from_checkpoint(layout)[1]
+    else:
+        raise LadderizeError("--calibrate needs --model (a preset or config.json) or --layout")
+    tps, batches = parse_int_list(tp, "--tp"), parse_int_list(batch, "--batch")
+    if min(tps) < 1 or min(batches) < 1:
+        raise LadderizeError("TP degrees and batch sizes must be positive")
+    return run_calibration(shape, tps, batches, prompt, gen, out, force=force, cache_dir=cache_dir,
+                           device=check_device(device))
 
 
 def run_prediction(**options) -> Prediction:

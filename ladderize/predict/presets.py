@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..model.architectures import read_config_file
 from ..errors import LadderizeError
 from ..model.shapes import ModelShape, preset, public_presets
 
@@ -27,14 +26,20 @@ def load_model_shape(spec: str | Path) -> ModelShape:
     if found is not None:
         return found
     path = Path(text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        label = path.parent.name if path.name == "config.json" else path.stem
+    if path.is_dir() or path.is_file():
+        # The one config reader: a folder through load_config, a lone config file through config_from_dict.
+        from ..model.architectures import read_config_file, read_config_json
+        from ..model.checkpoint import config_from_dict, load_config, model_shape
+
+        label = path.name if path.is_dir() else (path.parent.name if path.name == "config.json" else path.stem)
         try:
-            config = read_config_file(path)
+            raw = read_config_json(path) if path.is_dir() else read_config_file(path)
+            ModelShape.from_config(raw, label)  # a shape field missing is an error, not a transformers default
+            config = load_config(path) if path.is_dir() else config_from_dict(raw)
         except LadderizeError as exc:
             raise LadderizeError(f"cannot read model config {path}: {str(exc).split(': ', 1)[-1]}") from None
-        return ModelShape.from_config(config, label)
+        except (TypeError, ValueError) as exc:
+            raise LadderizeError(f"cannot read model config {path}: {type(exc).__name__}: {exc}") from None
+        return model_shape(config, label)
     names = ", ".join(s.name for s in PRESETS.values())
     raise LadderizeError(f"unknown model {text!r}: give a preset ({names}) or a config.json / checkpoint folder")

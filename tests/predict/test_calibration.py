@@ -1,10 +1,12 @@
-"""The shipped constants are what the published figures fix; the validation table is complete."""
+"""The shipped constants are what the logs and published figures fix; the validation table is complete."""
 
 from __future__ import annotations
 
 import pytest
 
 from ladderize.predict import calibration
+from ladderize.predict.compute import RooflineCompute
+from ladderize.predict.fit import TableCompute
 from ladderize.predict.gpus import GPU_PROFILES
 from ladderize.predict.interconnect import PROFILES
 
@@ -15,24 +17,63 @@ def fitted():
 
 
 def test_calibration_reproduces_the_shipped_constants(fitted):
-    shipped = calibration.Calibration(GPU_PROFILES["h100"], dict(PROFILES)).parameters()
+    shipped = calibration.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
     for name, value in fitted.parameters().items():
         assert shipped[name] == pytest.approx(value, rel=2e-3), name
+
+
+def test_fits_read_only_the_listed_logged_runs():
+    # The logged runs at TP8 batch 4 and 16 and TP4 batch 16 are never read by a fit.
+    assert set(calibration.FIT_RUNS) == {(8, 1), (4, 1), (8, 64)}
+    rows = calibration.roofline_vs_logged()
+    assert {(r["tp"], r["batch"]) for r in rows if r["role"] == "fit"} == {(8, 1), (4, 1), (8, 64)}
+    held = {(r["tp"], r["batch"]) for r in rows if r["role"] == "held out" and r["phase"].startswith("decode")}
+    assert held == {(8, 4), (8, 16), (4, 16)}
+    for r in rows:
+        if r["role"] == "fit":
+            assert abs(r["error"]) < 0.005, r
+        else:  # held out: the compute-only latencies within 15%
+            assert abs(r["error"]) < 0.15, r
+
+
+def test_allreduce_curve_against_the_logs():
+    rows = calibration.allreduce_vs_logged()
+    assert len(rows) == 12
+    decode_fit = [r for r in rows if r["role"] == "fit" and r["phase"] == "decode"]
+    assert len(decode_fit) == 3 and all(abs(r["error"]) < 0.005 for r in decode_fit)
+    # Held out at TP8: every message size from 64 KB to 268 MB within 6%.
+    tp8_held = [r for r in rows if r["tp"] == 8 and r["role"] == "held out"]
+    assert len(tp8_held) == 4 and all(abs(r["error"]) < 0.06 for r in tp8_held)
+    nvlink = PROFILES["h100-nvlink"]
+    # Small messages latency-bound, large ones near the link's bus bandwidth (nccl-tests: 460-480 GB/s).
+    assert nvlink.bus_rate(16 * 1024, 8) < 5e9 < 300e9 < nvlink.bus_rate(2**30, 8) < 480e9
 
 
 def test_validation_table_errors(fitted):
     table = {row["key"]: row for row in calibration.validation_table()}
     assert set(table) == {f.key for f in calibration.FIGURES}
-    for key in ("ub-tp8-b1", "ub-tp4-b1", "ladder-tp8-b1"):
+    for key in ("ub-tp8-b1", "ub-tp4-b1", "ladder-tp8-b1", "ub-tp8-b64"):
         assert abs(table[key]["error"]) < 0.005 and table[key]["role"].startswith("fit")
-    # Peer-to-peer disabled: 1.60x lies above the model's ceiling; the fit takes the peak.
-    assert -0.06 < table["ladder-nop2p-tp8-b1"]["error"] < 0
-    held_out = [row for row in table.values() if row["role"] == "held out"]
-    assert len(held_out) == 9 and all(abs(row["error"]) < 0.5 for row in held_out)
+    assert abs(table["ladder-nop2p-tp8-b1"]["error"]) < 0.02
+    held_out = {key: row for key, row in table.items() if row["role"] == "held out"}
+    assert set(held_out) == {"ladder-tp8-b16", "ladder-tp8-b4", "ladder-tp8-b64", "ub-tp8-b4", "ub-tp8-b16",
+                             "ub-tp4-b16", "spd-nvlink", "spd-nop2p"}
+    # Every held-out Ladder / upper-bound figure within 5% (the issue's target); SPD is reported, not asserted
+    # beyond its sign: its 20% needs a low-bandwidth link.
+    for key, row in held_out.items():
+        if not key.startswith("spd"):
+            assert abs(row["error"]) < 0.05, (key, row["error"])
+    assert abs(table["spd-nop2p"]["error"]) < 0.15 and table["spd-nvlink"]["error"] < -0.3
 
 
-def test_roofline_against_the_logged_h100_runs():
-    rows = calibration.roofline_vs_logged()
-    assert len(rows) == 12
-    fitted = [r for r in rows if r["role"] == "fit"]
-    assert len(fitted) == 3 and all(abs(r["error"]) < 0.005 for r in fitted)
+def test_measured_column_replays_the_h100_table():
+    made = []
+
+    def compute():
+        made.append(TableCompute(RooflineCompute(GPU_PROFILES["h100"])))
+        return made[-1]
+
+    table = {row["key"]: row for row in calibration.validation_table(compute=compute)}
+    assert sum(c.hits for c in made) > 0 and sum(c.misses for c in made) > 0  # table rows and fallbacks both used
+    held_out = [row for row in table.values() if row["role"] == "held out" and not row["key"].startswith("spd")]
+    assert all(abs(row["error"]) < 0.10 for row in held_out)

@@ -18,7 +18,7 @@ def test_help_documents_every_option():
     assert result.exit_code == 0
     for option in ("--model", "--tp", "--batch", "--prompt", "--gen", "--interconnect", "--layout", "--ladder", "--spd",
                    "--spd-tp", "--compute", "--gpu", "--schedules", "--domino-chunks", "--json", "--cache-dir",
-                   "--show-modules"):
+                   "--show-modules", "--calibrate", "--profile", "--force"):
         assert option in result.output
     command = next(c for c in cli.app.registered_commands if c.name == "predict")
     import inspect

@@ -38,14 +38,18 @@ def test_causal_prefill_counts_half_the_attention_matrix():
 
 def test_roofline_takes_the_slower_bound_plus_overhead():
     gpu = GPU_PROFILES["h100"]
+    fit = gpu.fit
     shape = load_model_shape("llama-3.1-70b")
     decode = module_work(shape, "mlp", 8, 1, 1, 0)
+    attention = module_work(shape, "attention", 8, 4, 1, 1280)
     prefill = module_work(shape, "mlp", 8, 16, 1024, 0)
     model = RooflineCompute(gpu)
-    bw = gpu.hbm_bytes_per_s * gpu.bandwidth_efficiency
-    flops = gpu.peak_flops_per_s * gpu.flops_efficiency
-    assert model.module_s(decode) == pytest.approx(decode.bytes / bw + gpu.module_overhead_s)
-    assert model.module_s(prefill) == pytest.approx(prefill.flops / flops + gpu.module_overhead_s)
+    assert model.module_s(decode) == pytest.approx(decode.bytes / fit.weight_bytes_per_s + fit.overhead_s["mlp"])
+    kv = 4 * 1280 * 2 * 1 * 128 * 2
+    assert model.module_s(attention) == pytest.approx(
+        (attention.bytes - kv) / fit.weight_bytes_per_s + kv / fit.kv_bytes_per_s + fit.overhead_s["attention"])
+    efficiency = fit.efficiency("mlp", 3584)
+    assert model.module_s(prefill) == pytest.approx(prefill.flops / (gpu.peak_flops_per_s * efficiency) + fit.overhead_s["mlp"])
     assert roofline_s(decode, 1.0, 1.0) == max(decode.flops, decode.bytes)
     assert load_gpu_profile("H100-SXM").name == gpu.name
     with pytest.raises(LadderizeError):

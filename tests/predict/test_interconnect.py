@@ -35,7 +35,25 @@ def test_small_messages_pay_latency_large_ones_bandwidth():
     nvlink = PROFILES["h100-nvlink"]
     small, large = 16 * 1024, 256 * 2**20
     assert nvlink.allreduce_s(small, 8) == pytest.approx(nvlink.launch_s + 14 * nvlink.latency_s, rel=0.01)
-    assert nvlink.allreduce_s(large, 8) == pytest.approx(1.75 * large / nvlink.bus_bytes_per_s, rel=0.05)
+    assert nvlink.allreduce_s(large, 8) == pytest.approx(
+        nvlink.launch_s + 14 * nvlink.large_latency_s + 1.75 * large / nvlink.bus_bytes_per_s)
+    assert nvlink.allreduce_s(2**32, 8) == pytest.approx(1.75 * 2**32 / nvlink.bus_bytes_per_s, rel=0.01)
+    # Two protocols: the latency one below the crossover, the bandwidth one above it.
+    two = _profile(large_latency_s=5e-6, small_bus_bytes_per_s=50e9)
+    assert two.allreduce_s(1e3, 8) == pytest.approx(2e-6 + 14e-6 + 1.75e3 / 50e9)
+    assert two.allreduce_s(1e9, 8) == pytest.approx(2e-6 + 14 * 5e-6 + 1.75e9 / 100e9)
+
+
+def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
+    nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
+    decode, prefill = 64 * 8192 * 2, 64 * 1024 * 8192 * 2
+    # Compute-bound modules lose the SMs NCCL holds; memory-bound ones also the HBM the all-reduce streams.
+    assert nvlink.overlap_slowdown_for(prefill, 8, memory_bound=False) == nvlink.overlap_slowdown
+    assert nvlink.overlap_slowdown_for(decode, 8, memory_bound=True) > nvlink.overlap_slowdown
+    assert nvlink.overlap_slowdown_for(16 * 1024, 8, True) < nvlink.overlap_slowdown_for(decode, 8, True)
+    # Host-staged: fewer channels (16 against 24), and PCIe-rate traffic is a negligible share of HBM.
+    assert no_p2p.overlap_slowdown == pytest.approx(nvlink.overlap_slowdown * 16 / 24)
+    assert no_p2p.overlap_slowdown_for(decode, 8, True) - no_p2p.overlap_slowdown < 0.03
 
 
 def test_profiles_cite_every_parameter_and_order_sensibly():
@@ -46,6 +64,7 @@ def test_profiles_cite_every_parameter_and_order_sensibly():
     nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
     assert nvlink.allreduce_s(decode, 8) < PROFILES["pcie-gen5"].allreduce_s(decode, 8) < no_p2p.allreduce_s(decode, 8)
     assert "fitted" in nvlink.sources["latency_s"] and "1.43" in nvlink.sources["latency_s"]
+    assert "nccl-tests" in nvlink.sources["bus_bytes_per_s"] and "nccl-tests" in no_p2p.sources["bus_bytes_per_s"]
     assert "1.60" in no_p2p.sources["latency_s"]
 
 

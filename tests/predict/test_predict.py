@@ -47,7 +47,9 @@ def test_one_row_per_tp_batch_schedule_and_sane_ordering():
         # each speed-up compares one phase with the same phase of dense
         assert ladder.decode_speedup_vs_dense == pytest.approx(dense.decode_s_per_token / ladder.decode_s_per_token)
         assert ladder.e2e_speedup_vs_dense == pytest.approx(ladder.e2e_tokens_per_s / dense.e2e_tokens_per_s)
-        assert ladder.decode_speedup_vs_dense > ladder.e2e_speedup_vs_dense  # prefill gains less than decode
+        prefill_speedup = dense.prefill_s / ladder.prefill_s  # end-to-end mixes the two phases' gains
+        low, high = sorted((prefill_speedup, ladder.decode_speedup_vs_dense))
+        assert low - 1e-9 <= ladder.e2e_speedup_vs_dense <= high + 1e-9
     assert "does not split" in rows[8, 1, "domino"].note
     assert rows[8, 16, "domino"].prefill_s < rows[8, 16, "dense"].prefill_s  # compute-bound prefill overlaps
     assert rows[8, 16, "domino"].decode_s_per_token > rows[8, 16, "dense"].decode_s_per_token  # re-reads weights

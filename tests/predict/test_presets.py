@@ -37,3 +37,18 @@ def test_bad_shapes_are_user_errors(tmp_path):
         load_model_shape(tmp_path)
     with pytest.raises(LadderizeError, match="do not divide"):
         ModelShape("x", 64, 128, 2, 8, 3, 8, 100)
+
+
+def test_a_config_is_read_through_the_one_config_reader(tmp_path, monkeypatch):
+    """Issue #24: predict reads a checkpoint's config through ``model.checkpoint.load_config``/``config_from_dict``."""
+    from ladderize.model import checkpoint
+
+    calls = []
+    real = checkpoint.config_from_dict
+    monkeypatch.setattr(checkpoint, "config_from_dict", lambda values: calls.append(values) or real(values))
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 128, "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for spec in (tmp_path, tmp_path / "config.json"):
+        assert load_model_shape(str(spec)).intermediate_size == 128
+    assert len(calls) == 2
