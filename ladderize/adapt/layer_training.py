@@ -19,10 +19,16 @@ teacher's states and matches the teacher's module updates (block-local).
 Memory: the modules in use (one layer, or the embedding while the first states are
 computed; ``layer_source.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
 out) of the calibration set, in the model's dtype, in memory or on disk (``state_store.py``).
+
+Device: the layer in use computes on the cache's ``device`` (``placement.resolve_device``) at
+the run's training precision (``placement.training_precision``: fp32 weights, bf16 autocast and
+TF32 on CUDA by default). The states live on that device when they fit, else in pinned host
+memory or on disk, and the rows a step or a chunk needs are copied to the device, non-blocking.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 from collections.abc import Callable
@@ -37,6 +43,7 @@ from .state_store import StateStore
 from .residual_states import State, attention_kwargs
 
 if TYPE_CHECKING:
+    from ..model.placement import TrainingPrecision
     from .layer_source import ResidentLayers, StreamedLayers
 
     LayerSource = ResidentLayers | StreamedLayers
@@ -96,14 +103,17 @@ class StateCache:
     a time, in the same chunks whatever the source.
     """
 
-    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None):
+    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
+                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None):
         self.teacher, self.data = teacher, data
         self.store = store or StateStore()
+        self.device = torch.device(device)
+        self.precision = precision
         self._kwargs: dict[int, dict] = {}
         self.layer = first
         with torch.no_grad():
             with teacher.embedding() as embed_tokens:
-                embeds = self._map(lambda _none, rows: (embed_tokens(data[rows]),) * 2, None)
+                embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(data[rows])),) * 2, None)
             self.dtype = embeds[0].dtype
             for index in range(first):
                 with teacher.layer(index) as layer:
@@ -112,10 +122,18 @@ class StateCache:
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
 
     def kwargs(self, batch: int) -> dict:
-        """Attention kwargs for ``batch`` full-length sequences (equal for every such batch)."""
+        """Attention kwargs for ``batch`` full-length sequences (equal for every such batch), on the device."""
         if batch not in self._kwargs:
-            self._kwargs[batch] = attention_kwargs(self.teacher.model, batch, self.data.shape[1], self.dtype)
+            self._kwargs[batch] = attention_kwargs(self.teacher.model, batch, self.data.shape[1], self.dtype, self.device)
         return self._kwargs[batch]
+
+    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the training device (a non-blocking copy from pinned memory; itself when already there)."""
+        return tensor.to(self.device, non_blocking=True)
+
+    def autocast(self):
+        """The training precision's autocast context on the device (nothing for plain fp32)."""
+        return self.precision.context(self.device) if self.precision is not None else contextlib.nullcontext()
 
     def _map(self, fn: Callable[[State | None, slice], State], state: State | None) -> State:
         outs: State | None = None
@@ -131,7 +149,11 @@ class StateCache:
 
     def _through(self, layer: torch.nn.Module, state: State) -> State:
         """``layer`` (the current one, of the teacher or the student) applied to ``state``, chunk by chunk."""
-        return self._map(lambda s, rows: layer(s[0], s[1], **self.kwargs(rows.stop - rows.start)), state)
+        def run(s: State, rows: slice) -> State:
+            with self.autocast():
+                return layer(self.on_device(s[0]), self.on_device(s[1]), **self.kwargs(rows.stop - rows.start))
+
+        return self._map(run, state)
 
     @torch.no_grad()
     def teacher_output(self, teacher_layer: torch.nn.Module) -> State:
@@ -177,10 +199,11 @@ def train_layer(
     losses = []
     for step in range(total):
         rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
-        t_in = (cache.teacher_state[0][rows], cache.teacher_state[1][rows])
-        t_out = (teacher_out[0][rows], teacher_out[1][rows])
-        s_out = layer(inputs[0][rows], inputs[1][rows], **cache.kwargs(len(rows)))
-        loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        t_in = (cache.on_device(cache.teacher_state[0][rows]), cache.on_device(cache.teacher_state[1][rows]))
+        t_out = (cache.on_device(teacher_out[0][rows]), cache.on_device(teacher_out[1][rows]))
+        with cache.autocast():
+            s_out = layer(cache.on_device(inputs[0][rows]), cache.on_device(inputs[1][rows]), **cache.kwargs(len(rows)))
+            loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm > 0:
