@@ -82,6 +82,7 @@ def adapt_joint(
         torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
     precision = training_precision(config.dtype, device, config.mixed_precision)
     precision.apply()
+    _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
     # training every parameter with only the local objective leaves the unconverted layers unused
     unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
     accelerator = Accelerator(
@@ -207,6 +208,20 @@ def adapt_joint(
         result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
     accelerator.wait_for_everyone()
     return result
+
+
+def _fresh_single_process_state(mixed_precision: str, cpu: bool) -> None:
+    """Accelerate keeps one state per process and refuses another precision or device later: a single-process run
+    (a second stage, a test, the demo) that asks for other ones starts from a fresh state. Launched runs keep theirs."""
+    from accelerate.state import AcceleratorState, DistributedType
+
+    if _launched() or not AcceleratorState._shared_state:
+        return
+    state = AcceleratorState()
+    if state.distributed_type != DistributedType.NO:
+        return
+    if state.mixed_precision != mixed_precision or (state.device.type == "cpu") != cpu:
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def _launched() -> bool:
