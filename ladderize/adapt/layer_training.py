@@ -51,6 +51,43 @@ if TYPE_CHECKING:
 CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """The processes of a data-parallel sequential stage (``accelerate launch`` / torchrun; one process: rank 0 of 1).
+
+    Every process holds the whole calibration set's states; a step's batch is split into contiguous
+    parts, one per process, and the parts' gradients and losses are summed (each part's loss is its
+    share of the batch's, ``objectives.layer_error``), so every process takes the step one process would.
+    """
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def part(self, batch: int) -> slice:
+        """This process's rows of a batch of ``batch`` (``torch.tensor_split``'s parts)."""
+        size, extra = divmod(batch, self.world)
+        start = self.rank * size + min(self.rank, extra)
+        return slice(start, start + size + (1 if self.rank < extra else 0))
+
+    def sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each tensor over the processes, in place (nothing in one process)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            for tensor in tensors:
+                dist.all_reduce(tensor)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
 @dataclass
 class LayerStep:
     """One optimizer step of the sequential schedule."""
@@ -182,8 +219,12 @@ def train_layer(
     max_grad_norm: float,
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
+    ranks: Ranks = Ranks(),
 ) -> list[float]:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step.
+
+    Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
+    """
     from .lr_curve import warmup_cosine
 
     index = cache.layer
@@ -201,11 +242,22 @@ def train_layer(
         rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
         t_in = (cache.on_device(cache.teacher_state[0][rows]), cache.on_device(cache.teacher_state[1][rows]))
         t_out = (cache.on_device(teacher_out[0][rows]), cache.on_device(teacher_out[1][rows]))
-        with cache.autocast():
-            s_out = layer(cache.on_device(inputs[0][rows]), cache.on_device(inputs[1][rows]), **cache.kwargs(len(rows)))
-            loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        if ranks.world > 1:
+            part = ranks.part(len(rows))
+            own = rows[part]
+            with cache.autocast():
+                s_out = layer(cache.on_device(inputs[0][own]), cache.on_device(inputs[1][own]), **cache.kwargs(len(own)))
+                loss = layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
+        else:
+            with cache.autocast():
+                s_out = layer(cache.on_device(inputs[0][rows]), cache.on_device(inputs[1][rows]), **cache.kwargs(len(rows)))
+                loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts'
+            ranks.sum([param.grad for param in params if param.grad is not None])
+            loss = loss.detach().clone()
+            ranks.sum([loss])
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         current_lr = scheduler.get_last_lr()[0]
