@@ -13,23 +13,8 @@ import torch
 
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.run import adapt
-from ladderize.errors import LadderizeError
-from ladderize.model.placement import TrainingPrecision, training_precision
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 from tests.cli_helpers import error_lines, run_cli
-
-
-def test_training_precision_rule():
-    assert training_precision(None, "cpu") == TrainingPrecision(None, False)  # the CPU trains in plain fp32
-    auto_cuda = training_precision(None, torch.device("cuda", 1))
-    assert auto_cuda == TrainingPrecision(torch.bfloat16, True) and auto_cuda.mixed_precision == "bf16"
-    assert auto_cuda.name == "bf16-autocast+tf32"
-    assert training_precision("float32", "cuda") == TrainingPrecision(None, False)  # exact fp32: TF32 off
-    assert training_precision("bf16", "cpu") == TrainingPrecision(torch.bfloat16, False)
-    assert training_precision("auto", "cpu", mixed_precision="bf16").autocast is torch.bfloat16  # --mixed-precision
-    assert training_precision("fp16", "cuda").mixed_precision == "fp16"
-    with pytest.raises(LadderizeError, match="unknown dtype"):
-        training_precision("fp13", "cpu")
 
 
 def _devices_seen(record: list) -> callable:
