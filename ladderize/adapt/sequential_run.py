@@ -156,10 +156,10 @@ def adapt_sequential(
                                       device, precision, ranks)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
+    run.calibration_tokens = int(data.numel())
     if not ranks.main:  # the main process writes OUT and settles the run dir
         ranks.barrier()
         return run
-    run.calibration_tokens = int(data.numel())
     if run.calibration_tokens != config.tokens:
         say(f"--tokens {config.tokens:,} is the calibration set: {data.shape[0]} whole sequence(s) of {config.seq_len} tokens "
             f"= {run.calibration_tokens:,} tokens")
