@@ -168,6 +168,15 @@ class StateCache:
         """``tensor`` on the training device (a non-blocking copy from pinned memory; itself when already there)."""
         return tensor.to(self.device, non_blocking=True)
 
+    def rows_on_device(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``tensor[rows]`` on the training device. From pinned host memory the rows are gathered into a pinned
+        buffer first, so the copy does not block (the caching host allocator keeps the buffer until it is done)."""
+        if self.store.pin:
+            gathered = torch.empty((len(rows), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+            torch.index_select(tensor, 0, rows, out=gathered)
+            return gathered.to(self.device, non_blocking=True)
+        return self.on_device(tensor[rows])
+
     def autocast(self):
         """The training precision's autocast context on the device (nothing for plain fp32)."""
         return self.precision.context(self.device) if self.precision is not None else contextlib.nullcontext()
@@ -240,17 +249,17 @@ def train_layer(
     losses = []
     for step in range(total):
         rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
-        t_in = (cache.on_device(cache.teacher_state[0][rows]), cache.on_device(cache.teacher_state[1][rows]))
-        t_out = (cache.on_device(teacher_out[0][rows]), cache.on_device(teacher_out[1][rows]))
+        t_in = (cache.rows_on_device(cache.teacher_state[0], rows), cache.rows_on_device(cache.teacher_state[1], rows))
+        t_out = (cache.rows_on_device(teacher_out[0], rows), cache.rows_on_device(teacher_out[1], rows))
         if ranks.world > 1:
             part = ranks.part(len(rows))
             own = rows[part]
             with cache.autocast():
-                s_out = layer(cache.on_device(inputs[0][own]), cache.on_device(inputs[1][own]), **cache.kwargs(len(own)))
+                s_out = layer(cache.rows_on_device(inputs[0], own), cache.rows_on_device(inputs[1], own), **cache.kwargs(len(own)))
                 loss = layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
         else:
             with cache.autocast():
-                s_out = layer(cache.on_device(inputs[0][rows]), cache.on_device(inputs[1][rows]), **cache.kwargs(len(rows)))
+                s_out = layer(cache.rows_on_device(inputs[0], rows), cache.rows_on_device(inputs[1], rows), **cache.kwargs(len(rows)))
                 loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
