@@ -384,7 +384,7 @@ def adapt_cmd(
     train: Optional[str] = typer.Option(None, help="Single stage: trainable scope: converted (only converted layers), all, or lora (peft; OUT/adapter holds the adapter, OUT the merged model)."),
     tokens: Optional[int] = typer.Option(None, help="Single stage: token budget (sequences x length, summed over steps); default 131072."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per packed sequence (every stage); default 512."),
-    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage); default: the stage's (2 in the recipes, 4 for a single stage)."),
+    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage; a sequential stage splits its step's batch over the processes); default: the stage's (2 in the recipes, 4 for a single stage)."),
     grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (every stage)."),
     lr: Optional[float] = typer.Option(None, help="Single stage: peak learning rate (warm-up, then cosine to 10%); default as measured for the stage and layer mode (docs/adapt.md)."),
     local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),

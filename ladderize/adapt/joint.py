@@ -73,15 +73,23 @@ def adapt_joint(
 
     from ..model.checkpoint import load_model, load_tokenizer
 
+    from ..model.placement import resolve_device, training_precision
+
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
+    device = resolve_device(config.device)  # under accelerate launch the Accelerator's device wins (below)
+    if device.type == "cuda" and device.index is not None and not _launched():
+        torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
+    precision = training_precision(config.dtype, device, config.mixed_precision)
+    precision.apply()
+    _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
     # training every parameter with only the local objective leaves the unconverted layers unused
     unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
     accelerator = Accelerator(
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
         gradient_accumulation_steps=config.grad_accum,
-        mixed_precision=config.mixed_precision,
-        cpu=not _has_accelerator(),  # on CPU-only machines, torchrun / accelerate launch then give gloo DDP
+        mixed_precision=precision.mixed_precision,
+        cpu=device.type == "cpu",  # --device cpu, or a CPU-only machine: torchrun / accelerate launch then give gloo DDP
     )
     set_seed(config.seed)
     if config.train == "lora" and accelerator.distributed_type == DistributedType.FSDP:
@@ -103,9 +111,11 @@ def adapt_joint(
     data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
     say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
 
-    if config.head_grouping:
+    if config.head_grouping:  # before ``prepare``, on the Accelerator's device
         from .head_grouping import group_heads_for_spd
 
+        student.to(accelerator.device)
+        teacher.to(accelerator.device)
         student, orders = group_heads_for_spd(student, teacher, data[: min(len(data), 8)])
         say(f"head grouping: {orders}")
 
@@ -200,11 +210,25 @@ def adapt_joint(
     return result
 
 
-def _has_accelerator() -> bool:
-    current = getattr(torch, "accelerator", None)
-    if current is not None and hasattr(current, "is_available"):
-        return bool(current.is_available())
-    return torch.cuda.is_available()
+def _fresh_single_process_state(mixed_precision: str, cpu: bool) -> None:
+    """Accelerate keeps one state per process and refuses another precision or device later: a single-process run
+    (a second stage, a test, the demo) that asks for other ones starts from a fresh state. Launched runs keep theirs."""
+    from accelerate.state import AcceleratorState, DistributedType
+
+    if _launched() or not AcceleratorState._shared_state:
+        return
+    state = AcceleratorState()
+    if state.distributed_type != DistributedType.NO:
+        return
+    if state.mixed_precision != mixed_precision or (state.device.type == "cpu") != cpu:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _launched() -> bool:
+    """Whether a launcher (torchrun, accelerate launch) started this process: then the Accelerator places it."""
+    import os
+
+    return "LOCAL_RANK" in os.environ
 
 
 def _mean_across(accelerator, value: float) -> float:

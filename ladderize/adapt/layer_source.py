@@ -13,6 +13,10 @@ asks a *layer source* for the layer it needs, uses it, and gives it back:
 Both hand out the same ``LadderDecoderLayer`` modules of the same model class and config,
 cast to the same dtype, so the schedule computes the same numbers either way.
 
+Both take a ``device``: the module in use is there (read straight onto it, or moved there from
+the host copy of a resident model) and leaves it when given back, so the device holds one
+layer (or the embedding) at a time, whatever the depth.
+
 Reads open the safetensors file, read the module's tensors and close it again: safetensors
 memory-maps the whole file, and pages read through a map stay resident (and count in the
 process's RSS) until the map is closed.
@@ -66,20 +70,36 @@ def layer_prefix(index: int) -> str:
     return f"model.layers.{index}."
 
 
-class ResidentLayers:
-    """A model loaded whole: every layer is always in memory."""
+def _on(module: nn.Module, device: torch.device) -> None:
+    """Move ``module``'s parameters and buffers to ``device`` (in place: the parameter objects stay)."""
+    module.to(device, non_blocking=device.type == "cuda")
 
-    def __init__(self, model: LadderLlamaForCausalLM):
+
+class ResidentLayers:
+    """A model loaded whole: every layer is always in (host) memory; the layer in use is on ``device``."""
+
+    def __init__(self, model: LadderLlamaForCausalLM, device: str | torch.device | None = None):
         self.model = model
+        self.home = next(model.parameters()).device
+        self.device = self.home if device is None else torch.device(device)
         self._state: dict[str, torch.Tensor] | None = None
 
     @contextlib.contextmanager
-    def layer(self, index: int) -> Iterator[nn.Module]:
-        yield self.model.model.layers[index]
+    def _moved(self, module: nn.Module) -> Iterator[nn.Module]:
+        if self.device == self.home:
+            yield module
+            return
+        _on(module, self.device)
+        try:
+            yield module
+        finally:
+            module.to(self.home)  # synchronous: the host copy is complete when the layer is given back
 
-    @contextlib.contextmanager
-    def embedding(self) -> Iterator[nn.Module]:
-        yield self.model.model.embed_tokens
+    def layer(self, index: int) -> contextlib.AbstractContextManager[nn.Module]:
+        return self._moved(self.model.model.layers[index])
+
+    def embedding(self) -> contextlib.AbstractContextManager[nn.Module]:
+        return self._moved(self.model.model.embed_tokens)
 
     def read(self, name: str) -> torch.Tensor:
         if self._state is None:
@@ -95,7 +115,7 @@ class ResidentLayers:
 class StreamedLayers:
     """A weightless model of the checkpoint at ``path``, whose modules are read from its safetensors while in use."""
 
-    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         from accelerate import init_empty_weights
 
         from ..model.checkpoint import load_config
@@ -103,6 +123,7 @@ class StreamedLayers:
 
         self.path = Path(path)
         self.dtype = dtype
+        self.device = torch.device(device)
         self.files: dict[str, Path] = {}  # tensor name -> the safetensors file holding it
         for file in resolve_source(str(self.path)).weight_files:
             self.files.update(_names_in(file))
@@ -122,7 +143,8 @@ class StreamedLayers:
     def _filled(self, module: nn.Module, prefix: str) -> Iterator[nn.Module]:
         names = [prefix + key for key in module.state_dict()]
         tensors = read_tensors({name: self._file(name) for name in names})
-        state = {name[len(prefix):]: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+        state = {name[len(prefix):]: tensor.to(self.device, self.dtype if tensor.is_floating_point() else tensor.dtype)
+                 for name, tensor in tensors.items()}
         del tensors
         module.load_state_dict(state, strict=True, assign=True)  # requires_grad stays the module's (False)
         del state

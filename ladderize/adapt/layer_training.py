@@ -19,10 +19,16 @@ teacher's states and matches the teacher's module updates (block-local).
 Memory: the modules in use (one layer, or the embedding while the first states are
 computed; ``layer_source.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
 out) of the calibration set, in the model's dtype, in memory or on disk (``state_store.py``).
+
+Device: the layer in use computes on the cache's ``device`` (``placement.resolve_device``) at
+the run's training precision (``placement.training_precision``: fp32 weights, bf16 autocast and
+TF32 on CUDA by default). The states live on that device when they fit, else in pinned host
+memory or on disk, and the rows a step or a chunk needs are copied to the device, non-blocking.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 from collections.abc import Callable
@@ -37,11 +43,49 @@ from .state_store import StateStore
 from .residual_states import State, attention_kwargs
 
 if TYPE_CHECKING:
+    from ..model.placement import TrainingPrecision
     from .layer_source import ResidentLayers, StreamedLayers
 
     LayerSource = ResidentLayers | StreamedLayers
 
 CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The processes of a data-parallel sequential stage (``accelerate launch`` / torchrun; one process: rank 0 of 1).
+
+    Every process holds the whole calibration set's states; a step's batch is split into contiguous
+    parts, one per process, and the parts' gradients and losses are summed (each part's loss is its
+    share of the batch's, ``objectives.layer_error``), so every process takes the step one process would.
+    """
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def part(self, batch: int) -> slice:
+        """This process's rows of a batch of ``batch`` (``torch.tensor_split``'s parts)."""
+        size, extra = divmod(batch, self.world)
+        start = self.rank * size + min(self.rank, extra)
+        return slice(start, start + size + (1 if self.rank < extra else 0))
+
+    def sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each tensor over the processes, in place (nothing in one process)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            for tensor in tensors:
+                dist.all_reduce(tensor)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
 
 
 @dataclass
@@ -96,14 +140,17 @@ class StateCache:
     a time, in the same chunks whatever the source.
     """
 
-    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None):
+    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
+                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None):
         self.teacher, self.data = teacher, data
         self.store = store or StateStore()
+        self.device = torch.device(device)
+        self.precision = precision
         self._kwargs: dict[int, dict] = {}
         self.layer = first
         with torch.no_grad():
             with teacher.embedding() as embed_tokens:
-                embeds = self._map(lambda _none, rows: (embed_tokens(data[rows]),) * 2, None)
+                embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(data[rows])),) * 2, None)
             self.dtype = embeds[0].dtype
             for index in range(first):
                 with teacher.layer(index) as layer:
@@ -112,10 +159,27 @@ class StateCache:
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
 
     def kwargs(self, batch: int) -> dict:
-        """Attention kwargs for ``batch`` full-length sequences (equal for every such batch)."""
+        """Attention kwargs for ``batch`` full-length sequences (equal for every such batch), on the device."""
         if batch not in self._kwargs:
-            self._kwargs[batch] = attention_kwargs(self.teacher.model, batch, self.data.shape[1], self.dtype)
+            self._kwargs[batch] = attention_kwargs(self.teacher.model, batch, self.data.shape[1], self.dtype, self.device)
         return self._kwargs[batch]
+
+    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the training device (a non-blocking copy from pinned memory; itself when already there)."""
+        return tensor.to(self.device, non_blocking=True)
+
+    def rows_on_device(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``tensor[rows]`` on the training device. From pinned host memory the rows are gathered into a pinned
+        buffer first, so the copy does not block (the caching host allocator keeps the buffer until it is done)."""
+        if self.store.pin:
+            gathered = torch.empty((len(rows), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+            torch.index_select(tensor, 0, rows, out=gathered)
+            return gathered.to(self.device, non_blocking=True)
+        return self.on_device(tensor[rows])
+
+    def autocast(self):
+        """The training precision's autocast context on the device (nothing for plain fp32)."""
+        return self.precision.context(self.device) if self.precision is not None else contextlib.nullcontext()
 
     def _map(self, fn: Callable[[State | None, slice], State], state: State | None) -> State:
         outs: State | None = None
@@ -131,7 +195,11 @@ class StateCache:
 
     def _through(self, layer: torch.nn.Module, state: State) -> State:
         """``layer`` (the current one, of the teacher or the student) applied to ``state``, chunk by chunk."""
-        return self._map(lambda s, rows: layer(s[0], s[1], **self.kwargs(rows.stop - rows.start)), state)
+        def run(s: State, rows: slice) -> State:
+            with self.autocast():
+                return layer(self.on_device(s[0]), self.on_device(s[1]), **self.kwargs(rows.stop - rows.start))
+
+        return self._map(run, state)
 
     @torch.no_grad()
     def teacher_output(self, teacher_layer: torch.nn.Module) -> State:
@@ -160,8 +228,12 @@ def train_layer(
     max_grad_norm: float,
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
+    ranks: Ranks = Ranks(),
 ) -> list[float]:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step.
+
+    Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
+    """
     from .lr_curve import warmup_cosine
 
     index = cache.layer
@@ -177,12 +249,24 @@ def train_layer(
     losses = []
     for step in range(total):
         rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
-        t_in = (cache.teacher_state[0][rows], cache.teacher_state[1][rows])
-        t_out = (teacher_out[0][rows], teacher_out[1][rows])
-        s_out = layer(inputs[0][rows], inputs[1][rows], **cache.kwargs(len(rows)))
-        loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        t_in = (cache.rows_on_device(cache.teacher_state[0], rows), cache.rows_on_device(cache.teacher_state[1], rows))
+        t_out = (cache.rows_on_device(teacher_out[0], rows), cache.rows_on_device(teacher_out[1], rows))
+        if ranks.world > 1:
+            part = ranks.part(len(rows))
+            own = rows[part]
+            with cache.autocast():
+                s_out = layer(cache.rows_on_device(inputs[0], own), cache.rows_on_device(inputs[1], own), **cache.kwargs(len(own)))
+                loss = layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
+        else:
+            with cache.autocast():
+                s_out = layer(cache.rows_on_device(inputs[0], rows), cache.rows_on_device(inputs[1], rows), **cache.kwargs(len(rows)))
+                loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts'
+            ranks.sum([param.grad for param in params if param.grad is not None])
+            loss = loss.detach().clone()
+            ranks.sum([loss])
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         current_lr = scheduler.get_last_lr()[0]

@@ -76,9 +76,16 @@ def parse_objectives(spec: str) -> dict[str, float]:
     return weights
 
 
-def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``mean((prediction - target)^2) / mean(scale^2)`` with the denominator treated as a constant."""
-    return (prediction.float() - target.float()).pow(2).mean() / scale.detach().float().pow(2).mean().clamp_min(1e-12)
+def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """``mean((prediction - target)^2) / mean(scale^2)`` with the denominator treated as a constant.
+
+    ``total``: ``prediction`` and ``target`` are a part of a batch of ``total`` elements (``scale`` is the whole
+    batch's): the part's share of the batch's error, ``sum((prediction - target)^2) / total / mean(scale^2)``.
+    """
+    denominator = scale.detach().float().pow(2).mean().clamp_min(1e-12)
+    if total is None:
+        return (prediction.float() - target.float()).pow(2).mean() / denominator
+    return (prediction.float() - target.float()).pow(2).sum() / total / denominator
 
 
 @dataclass
@@ -198,24 +205,34 @@ class AdaptLoss(nn.Module):
         return total / len(self.converted)
 
 
-def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_inputs: str) -> torch.Tensor:
+def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_inputs: str,
+                part: slice | None = None) -> torch.Tensor:
     """Relative squared error of one layer: per module where the layer syncs its attention, else per block.
 
     ``t_in``/``t_out`` are the teacher's ``(residual, stale)`` entering and leaving the layer,
     ``s_out`` the student's leaving it. With teacher inputs the student's module *updates* are
     compared; with student inputs, its residual stream after each module.
+
+    ``part``: ``s_out`` holds only these rows of the batch (one process's share under data
+    parallelism); the result is their share of the whole batch's error, so the shares of all
+    processes sum to the error of the batch (the denominators are the whole batch's).
     """
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if part is None else tensor[part]
+
+    total = None if part is None else t_out[0].numel()
     if mode.syncs_attention:
         # the returned stale state of a synced layer is its post-attention residual
         attn_update = t_out[1] - t_in[0]
         mlp_update = t_out[0] - t_out[1]
         if local_inputs == "teacher":
-            s_attn = s_out[1] - t_in[0]
+            s_attn = s_out[1] - own(t_in[0])
             s_mlp = s_out[0] - s_out[1]
-            return relative_sq_error(s_attn, attn_update, attn_update) + relative_sq_error(s_mlp, mlp_update, mlp_update)
-        return relative_sq_error(s_out[1], t_out[1], attn_update) + relative_sq_error(s_out[0], t_out[0], mlp_update)
+            return (relative_sq_error(s_attn, own(attn_update), attn_update, total)
+                    + relative_sq_error(s_mlp, own(mlp_update), mlp_update, total))
+        return relative_sq_error(s_out[1], own(t_out[1]), attn_update, total) + relative_sq_error(s_out[0], own(t_out[0]), mlp_update, total)
     update = t_out[0] - t_in[0]
-    return relative_sq_error(s_out[0], t_out[0], update)
+    return relative_sq_error(s_out[0], own(t_out[0]), update, total)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,

@@ -38,8 +38,10 @@ def adapt_provenance(
 ) -> dict[str, Any]:
     """The checkpoint's provenance with this run's ``adapt`` record appended and its layout updated."""
     from ..model.checkpoint import read_provenance
+    from ..model.placement import resolve_device, training_precision
 
     layout = model_config.layout
+    device = resolve_device(config.device)
     provenance = read_provenance(checkpoint)
     if not provenance.get("source") and teacher_path:
         provenance["source"] = {"path": str(teacher_path)}
@@ -59,6 +61,8 @@ def adapt_provenance(
             "train_s": round(result.train_s, 1),
             "final_loss": result.curve[-1] if result.curve else None,
             "head_grouping": config.head_grouping,
+            "device": device.type,
+            "precision": training_precision(config.dtype, device, config.mixed_precision).name,
             "layout": layout.describe(),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
             **({"recipe": config.recipe} if config.recipe else {}),

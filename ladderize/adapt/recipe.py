@@ -364,9 +364,10 @@ def adapt_checkpoint(
     from ..errors import Interrupted
     from ..model.placement import check_device, check_dtype
 
-    check_device(device)  # TODO(adapt): Accelerate places training; device and dtype are not honoured yet
-    check_dtype(dtype)
     shared, single = dict(shared or {}), dict(single or {})
+    shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate
+    if check_dtype(dtype) is not None:
+        shared["dtype"] = check_dtype(dtype)
     if single and (recipe or stages):
         names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
         raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")

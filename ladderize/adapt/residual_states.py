@@ -24,13 +24,29 @@ def embed(model: LadderLlamaForCausalLM, input_ids: torch.Tensor) -> tuple[State
     return (embeds, embeds), attn_kwargs
 
 
-def attention_kwargs(model: LadderLlamaForCausalLM, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, Any]:
+def attention_kwargs(
+    model: LadderLlamaForCausalLM, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> dict[str, Any]:
     """The layers' attention kwargs for ``batch`` full sequences of ``seq_len`` tokens, without the embedding.
 
     They depend only on the shape and dtype of the embeddings (rotary tables, causal mask),
     so a model whose embedding is not loaded (``layer_source.StreamedLayers``) gets them too.
+    They are computed where the model's rotary buffers are (the host, for a streamed model)
+    and then moved to ``device`` (every tensor in them).
     """
-    return model.model.layer_kwargs(torch.zeros(batch, seq_len, model.config.hidden_size, dtype=dtype))
+    home = next(model.model.rotary_emb.buffers()).device
+    kwargs = model.model.layer_kwargs(torch.zeros(batch, seq_len, model.config.hidden_size, dtype=dtype, device=home))
+    if device is None:
+        return kwargs
+    return {k: _to(v, torch.device(device)) for k, v in kwargs.items()}
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
 
 
 def run_layers(

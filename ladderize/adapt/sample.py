@@ -69,6 +69,8 @@ class SampleSettings:
     temperature: float
     top_p: float
     seed: int
+    device: str = "cpu"  # the device type sampled on: CUDA's random streams differ from the CPU's
+    dtype: str = "float32"  # the teacher's dtype (``auto``: the checkpoint's own, on CUDA)
 
 
 @dataclass
@@ -194,11 +196,12 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
     """Sample a continuation of each prompt (torch seeded from ``(seed, index)``); return the texts and tokens generated."""
     import torch
 
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
-    with torch.random.fork_rng(devices=[]), torch.inference_mode():
+    devices = [model.device.index or 0] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.inference_mode():
         torch.manual_seed(settings.seed * 1_000_003 + index)
         output = model.generate(
             **batch, do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=0,
@@ -210,15 +213,16 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
     return texts, _generated_tokens(new_ids, eos_ids)
 
 
-def load_teacher_for_sampling(path: Path):
-    """The dense model (fp32, through the one loader ``load_model``) and its tokenizer, padding on the left."""
-    import torch
-
+def load_teacher_for_sampling(path: Path, device: str = "cpu", dtype: str | None = None):
+    """The dense model (through the one loader ``load_model``, on ``device``; dtype ``auto`` as
+    ``placement.inference_dtype``: fp32 on CPU, the checkpoint's own on CUDA) and its tokenizer, padding on the left."""
     from ..model.checkpoint import load_model, load_tokenizer
+    from ..model.placement import inference_dtype, resolve_device
 
+    target = resolve_device(device)
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
-    return load_model(path, dtype=torch.float32), tokenizer
+    return load_model(path, dtype=inference_dtype(dtype, target), device=target), tokenizer
 
 
 def sample_text(
@@ -236,17 +240,17 @@ def sample_text(
     resume: bool = False,
     progress: Callable[[int, int, int], None] | None = None,
     on_message: Callable[[str], None] | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     dtype: str | None = None,
 ) -> SampleResult:
     """Sample ``sequences`` records from the dense checkpoint ``source`` into the JSONL file ``out`` (see the module docstring).
 
     ``progress(records_done, sequences, tokens_generated)`` follows the progress.
     """
-    from ..model.placement import check_device, check_dtype
+    from ..model.placement import dtype_name, inference_dtype, resolve_device
 
-    check_device(device)  # TODO(sample): the teacher samples in fp32 on the CPU; honour device and dtype
-    check_dtype(dtype)
+    target = resolve_device(device)  # the teacher samples there (one line of error for CUDA without one)
+    torch_dtype = inference_dtype(dtype, target)
     for name, value in (("--sequences", sequences), ("--new-tokens", new_tokens), ("--batch-size", batch_size)):
         if value < 1:
             raise LadderizeError(f"{name} must be at least 1, got {value}")
@@ -263,7 +267,8 @@ def sample_text(
         prompts, prompts_sha256 = str(prompts_file), hashlib.sha256(prompts_file.read_bytes()).hexdigest()
     else:
         prompts_sha256 = None
-    settings = SampleSettings(str(path), prompts, prompts_sha256, sequences, new_tokens, batch_size, temperature, top_p, seed)
+    settings = SampleSettings(str(path), prompts, prompts_sha256, sequences, new_tokens, batch_size, temperature, top_p, seed,
+                              target.type, "auto" if torch_dtype is None else dtype_name(torch_dtype))
     partial = partial_path(out)
     if force and not resume:
         partial.unlink(missing_ok=True)
@@ -271,7 +276,7 @@ def sample_text(
     done = resumed = min(len(batches) * batch_size, sequences)
     if done and on_message:
         on_message(f"resuming {partial} at {done}/{sequences} records")
-    model, tokenizer = load_teacher_for_sampling(path)
+    model, tokenizer = load_teacher_for_sampling(path, str(target), dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_state(out, settings, batches)
     tokens = sum(int(b["tokens"]) for b in batches)

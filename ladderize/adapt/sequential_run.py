@@ -17,6 +17,19 @@
 Peak memory, streamed: one layer's weights, gradients and AdamW state (4 copies of a layer),
 plus the states, plus one output shard at the end; the model's depth does not enter.
 
+Device (``config.device``, ``placement.resolve_device``): the layer in use, its gradients and
+AdamW state are on the device, one layer at a time (read straight onto it when streamed, moved
+there from the host copy when resident), at the training precision (``placement.training_precision``).
+The calibration states are on the device too when ``STATE_COPIES`` of them fit in
+``STATE_FRACTION`` of its free memory, else in pinned host memory (or on disk, ``states="disk"``),
+copied over a chunk or a batch at a time. On CPU every copy is the tensor itself: the numbers
+are the CPU run's bit for bit.
+
+Data parallel (``accelerate launch`` / torchrun, ``WORLD_SIZE`` > 1): every process computes the
+states of the whole calibration set and trains the same layer on its part of each batch (``--batch-size``
+is the step's batch, split over the processes); the gradients are summed (``layer_training.Ranks``), so
+the steps are one process's within fp32 rounding. The main process writes the files.
+
 Resume: ``trainer_state.json`` names the last finished layer. A resumed run reads the
 finished layers from their files, recomputes the states through them, and trains the next
 layer from its start: a layer's training is a pure function of its input states, its
@@ -38,12 +51,29 @@ from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
 from .run_dir import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
-from .layer_training import StateCache, steps_per_layer, train_layer
+from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
 from .teacher import check_teacher, load_teacher, resolve_teacher
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
+STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
+STATE_FRACTION = 0.5  # of the device's free memory the states may take (the rest: the layer, AdamW, activations)
+
+
+def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_bytes: int) -> StateStore:
+    """Where the calibration states live: on disk when asked, on ``device`` when they fit, else (pinned) host memory.
+
+    ``state_bytes`` is one ``[N, S, D]`` state tensor's size.
+    """
+    if config.states == "disk":
+        return StateStore(run_dir / STATES_DIR)
+    if device.type != "cuda":
+        return StateStore(device=device)
+    free, _total = torch.cuda.mem_get_info(device)
+    if STATE_COPIES * state_bytes <= STATE_FRACTION * free:
+        return StateStore(device=device)
+    return StateStore(pin=True)
 
 
 class _Stop(Exception):
@@ -70,18 +100,31 @@ def adapt_sequential(
     from accelerate.utils import set_seed
 
     from ..model.checkpoint import load_model, load_tokenizer
+    from ..model.placement import resolve_device, training_precision
     from .data import pack_tokens
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise LadderizeError("--local-schedule sequential runs in one process; use the joint schedule under accelerate launch")
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
+    device = resolve_device(config.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
+    ranks = Ranks()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # data parallel: the launcher's process group and device win
+        from accelerate import PartialState
+
+        launched = PartialState(cpu=device.type == "cpu")
+        device, ranks = launched.device, Ranks(launched.process_index, launched.num_processes)
+        if config.batch_size < ranks.world:
+            raise LadderizeError(f"--batch-size {config.batch_size} is the sequential step's batch, split over the {ranks.world} "
+                                 f"processes; use at least {ranks.world}")
+    precision = training_precision(config.dtype, device, config.mixed_precision)
+    if precision.autocast is torch.float16:
+        raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
+    precision.apply()
     set_seed(config.seed)
     stream = config.stream_layers and not config.head_grouping
     tokenizer = load_tokenizer(checkpoint, "adaptation")
     teacher_path = resolve_teacher(checkpoint, config.teacher)
     if stream:
-        student, teacher = StreamedLayers(checkpoint), StreamedLayers(teacher_path)
+        student, teacher = StreamedLayers(checkpoint, device=device), StreamedLayers(teacher_path, device=device)
         check_teacher(teacher_path, teacher.model.config, student.model.config)
     else:
         student_model = load_model(checkpoint, dtype=torch.float32)
@@ -94,18 +137,29 @@ def adapt_sequential(
 
             if config.stream_layers:
                 say("head grouping needs the student and the teacher whole: the sequential schedule holds them in memory")
+            student_model.to(device)  # the maps and block errors on the device, then back to host memory
+            teacher_model.to(device)
             student_model, orders = group_heads_for_spd(student_model, teacher_model, data[: min(len(data), 8)])
+            student_model.to("cpu")
+            teacher_model.to("cpu")
             say(f"head grouping: {orders}")
-        student, teacher = ResidentLayers(student_model), ResidentLayers(teacher_model)
+        student, teacher = ResidentLayers(student_model, device), ResidentLayers(teacher_model, device)
     if not same_prefix(student, teacher, min(student.model.layout.converted_layers)):
         raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
 
-    store = StateStore(run_dir / STATES_DIR if config.states == "disk" else None)
+    hidden = student.model.config.hidden_size
+    store = state_store(config, device, run_dir, data.numel() * hidden * torch.empty((), dtype=torch.float32).element_size())
+    if device.type != "cpu":
+        say(f"sequential on {device} ({precision.name}); states in {store.where}")
     try:
-        run, finished = _train_layers(config, out, student, teacher, data, store, state_dir, resume, progress, say, stop_after_steps)
+        run, finished = _train_layers(config, out, student, teacher, data, store, state_dir, resume, progress, say, stop_after_steps,
+                                      device, precision, ranks)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = int(data.numel())
+    if not ranks.main:  # the main process writes OUT and settles the run dir
+        ranks.barrier()
+        return run
     if run.calibration_tokens != config.tokens:
         say(f"--tokens {config.tokens:,} is the calibration set: {data.shape[0]} whole sequence(s) of {config.seq_len} tokens "
             f"= {run.calibration_tokens:,} tokens")
@@ -115,13 +169,14 @@ def adapt_sequential(
         else:
             write_output(student.model, tokenizer, checkpoint, teacher_path, config, weights, run, out)
     run.state_dir = finish_state(run_dir, state_dir, config.keep_state or not finished)
+    ranks.barrier()
     return run
 
 
 def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
-    stop_after_steps: int | None,
+    stop_after_steps: int | None, device: torch.device | None = None, precision=None, ranks: Ranks = Ranks(),
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved."""
     converted = student.model.layout.converted_layers
@@ -141,7 +196,10 @@ def _train_layers(
     else:
         if resume:
             say(f"nothing to resume in {state_dir.parent}; starting a new run")
-        shutil.rmtree(state_dir, ignore_errors=True)  # layer files of a run that never finished a layer, or of a forced restart
+        ranks.barrier()  # every process has read the state dir before the main one clears it
+        if ranks.main:
+            shutil.rmtree(state_dir, ignore_errors=True)  # layer files of a run that never finished a layer, or of a forced restart
+        ranks.barrier()
     resumed_from = step
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
@@ -156,7 +214,7 @@ def _train_layers(
         curve.append({"step": step, "tokens": step * tokens_per_step, "train_s": round(elapsed, 3),
                       "cpu_s": round(time.process_time() - cpu_started, 3), "lr": info.lr, "layer": info.layer,
                       "loss_local": info.loss, "loss_total": info.loss})
-        if progress is not None:
+        if progress is not None and ranks.main:
             losses = {"local": info.loss, "total": info.loss}
             progress(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
                              elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student.model)
@@ -165,8 +223,8 @@ def _train_layers(
 
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
     say(f"sequential: layers {', '.join(map(str, converted))}, {per_layer} steps each ({how}, states in "
-        f"{'memory-mapped files' if store.on_disk else 'memory'}); caching the states entering layer {first}")
-    cache = StateCache(teacher, data, first, store)
+        f"{store.where}); caching the states entering layer {first}")
+    cache = StateCache(teacher, data, first, store, device or torch.device("cpu"), precision)
     try:
         for index in range(first, last + 1):
             with teacher.layer(index) as teacher_layer:
@@ -175,12 +233,14 @@ def _train_layers(
                 if index in converted and index > done:
                     train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=config.batch_size,
                                 lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record)
-                    _save_layer(state_dir, index, layer)
+                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
+                    if ranks.main:
+                        _save_layer(state_dir, index, layer)
+                        write_trainer_state(state_dir, config, {
+                            "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
+                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": index})
+                    ranks.barrier()  # the layer's file is written before any process reads it
                     student.use_trained(index, layer_file(state_dir, index))
-                    write_trainer_state(state_dir, config, {
-                        "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
-                        "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": index})
                     if stopping():
                         raise _Stop
                 if index < last:
@@ -196,5 +256,5 @@ def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     file = layer_file(state_dir, index)
     tmp = file.with_name(f".{file.name}.tmp")
-    save_safetensors(layer_tensors(layer, index), tmp)
+    save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)
     os.replace(tmp, file)

@@ -41,11 +41,11 @@ def check_teacher(path: str, teacher_config: LadderLlamaConfig, student_config: 
             raise LadderizeError(f"teacher {path} does not match the checkpoint: {name} {getattr(teacher_config, name)} vs {getattr(student_config, name)}")
 
 
-def load_teacher(path: str, student: LadderLlamaForCausalLM) -> LadderLlamaForCausalLM:
-    """The dense teacher at ``path``, whole, in fp32, frozen and in eval mode."""
+def load_teacher(path: str, student: LadderLlamaForCausalLM, device: str | torch.device = "cpu") -> LadderLlamaForCausalLM:
+    """The dense teacher at ``path``, whole, in fp32 on ``device``, frozen and in eval mode."""
     from ..model.checkpoint import load_model
 
-    teacher = load_model(path, dtype=torch.float32)
+    teacher = load_model(path, dtype=torch.float32, device=device)
     check_teacher(path, teacher.config, student.config)
     teacher.requires_grad_(False)
     return teacher.eval()

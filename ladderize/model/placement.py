@@ -8,15 +8,24 @@ Every command that computes takes ``--device`` and ``--dtype`` and resolves them
   Asking for CUDA where torch sees none is one line of error (``LadderizeError``).
 - dtype: ``float32``/``bfloat16``/``float16`` (or fp32, bf16, fp16, half); ``auto`` is the
   caller's default: the checkpoint's own dtype where a model is loaded (as lm-eval's
-  ``dtype=auto``), bf16 on CUDA and fp32 on CPU for the runtime (``runtime_dtype``).
+  ``dtype=auto``), bf16 on CUDA and fp32 on CPU for the runtime (``runtime_dtype``); for a
+  model that computes outside the runtime (sample) the checkpoint's own dtype on CUDA and fp32
+  on CPU (``inference_dtype``).
+- training (``training_precision``): the weights stay fp32 (the master copy the optimizer
+  updates); ``auto`` is bf16 autocast with TF32 matmuls on CUDA and plain fp32 on CPU;
+  ``float32`` is plain fp32 everywhere (TF32 off: the numbers of the CPU run, within fp32
+  rounding); ``bfloat16`` is bf16 autocast on either device; ``float16`` is fp16 autocast with
+  Accelerate's loss scaling (joint and kd stages only).
 
 Names are checked without importing torch (``check_device``), so a typo fails at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError
@@ -98,6 +107,71 @@ def runtime_dtype(name: "str | torch.dtype | None", device: "str | torch.device"
     return parse_dtype(name, auto=torch.bfloat16 if device_type.startswith("cuda") else torch.float32)
 
 
+def inference_dtype(name: "str | torch.dtype | None", device: "str | torch.device") -> "torch.dtype | None":
+    """The dtype a loaded model computes in: ``auto`` is the checkpoint's own on CUDA (``None`` for ``load_model``), fp32 on CPU."""
+    import torch
+
+    device_type = device if isinstance(device, str) else device.type
+    return parse_dtype(name, auto=None if device_type.startswith("cuda") else torch.float32)
+
+
+@dataclass(frozen=True)
+class TrainingPrecision:
+    """How training computes: fp32 weights, optional autocast, optional TF32 matmuls (see ``training_precision``)."""
+
+    autocast: "torch.dtype | None"  # the autocast dtype; None: plain fp32
+    tf32: bool
+
+    @property
+    def mixed_precision(self) -> str:
+        """Accelerate's name for this precision: ``no``, ``bf16`` or ``fp16``."""
+        import torch
+
+        return {None: "no", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.autocast]
+
+    @property
+    def name(self) -> str:
+        """For messages and records: ``float32``, ``float32+tf32``, ``bf16-autocast+tf32``, ..."""
+        base = "float32" if self.autocast is None else f"{self.mixed_precision}-autocast"
+        return base + ("+tf32" if self.tf32 else "")
+
+    def context(self, device: "str | torch.device") -> contextlib.AbstractContextManager:
+        """``torch.autocast`` on ``device``'s type with this dtype, or nothing."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        import torch
+
+        device_type = device if isinstance(device, str) else device.type
+        return torch.autocast(device_type.split(":")[0], dtype=self.autocast)
+
+    def apply(self) -> None:
+        """Set torch's TF32 switches for CUDA matmuls and convolutions (process-wide) to ``tf32``."""
+        import torch
+
+        if torch.cuda.is_available():
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
+
+
+def training_precision(
+    name: "str | None", device: "str | torch.device", mixed_precision: "str | None" = None
+) -> TrainingPrecision:
+    """Training precision by the rule in this module's docstring. An explicit Accelerate ``mixed_precision``
+    (``bf16``/``fp16``, ``--mixed-precision``) asks for that autocast too; fp16 needs the loss scaling
+    Accelerate adds, so only the joint/kd stages take it (the sequential stage refuses it)."""
+    import torch
+
+    key = check_dtype(name)
+    mixed = (mixed_precision or "no").lower()
+    device_type = (device if isinstance(device, str) else device.type).split(":")[0]
+    cuda = device_type == "cuda"
+    if key == "float16" or mixed == "fp16":
+        return TrainingPrecision(torch.float16, cuda)
+    if key == "bfloat16" or mixed == "bf16" or (key is None and cuda):
+        return TrainingPrecision(torch.bfloat16, cuda)
+    return TrainingPrecision(None, False)
+
+
 def dtype_name(dtype: "torch.dtype") -> str:
     """``torch.bfloat16`` -> ``"bfloat16"`` (for records and tables)."""
     return str(dtype).removeprefix("torch.")
@@ -110,9 +184,12 @@ __all__ = [
     "NAMES",
     "check_device",
     "check_dtype",
+    "TrainingPrecision",
     "dtype_name",
+    "inference_dtype",
     "local_rank",
     "parse_dtype",
     "resolve_device",
     "runtime_dtype",
+    "training_precision",
 ]

@@ -58,3 +58,33 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
     w1, w2 = load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict()
     base = load_model(ladder_dir).state_dict()
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5 < max((w1[k] - base[k]).abs().max().item() for k in w1)
+
+
+def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(ladder_dir, text_file, tmp_path):
+    """Each process trains the layer on its part of every batch (3 rows: 2 and 1, a ragged split), gradients summed."""
+    sequences, seq_len, batch, epochs = 9, 32, 3, 2
+    common = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
+              str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
+              "--lr", "3e-3", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), *common]
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="local",
+                            local_schedule="sequential", tokens=sequences * seq_len, seq_len=seq_len, batch_size=batch,
+                            epochs=epochs, lr=3e-3, device="cpu"))
+    two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
+    assert [(r["step"], r["layer"]) for r in two] == [(r["step"], r["layer"]) for r in one.curve] and len(two) == 12
+    for a, b in zip(one.curve, two):
+        assert abs(a["loss_local"] - b["loss_local"]) <= LOSS_RTOL * abs(a["loss_local"]), (a, b)
+    print("local loss, max relative difference 2 vs 1 process:",
+          max(abs(a["loss_local"] - b["loss_local"]) / abs(a["loss_local"]) for a, b in zip(one.curve, two)))
+    assert [a["loss_local"] for a in one.curve] != [b["loss_local"] for b in two]  # two processes really summed parts
+    w1, w2 = load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict()
+    base = load_model(ladder_dir).state_dict()
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5 < max((w1[k] - base[k]).abs().max().item() for k in w1)
+    assert not (tmp_path / "two.adapt-run").exists()  # the main process settled the run dir

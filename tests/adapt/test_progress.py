@@ -92,6 +92,32 @@ def test_sequential_adapt_names_the_layer_and_ends_with_a_per_layer_table(ladder
     assert [row[0] for row in rows] == ["2", "3"] and all(row[1] == "2" for row in rows)
 
 
+def test_a_count_that_starts_over_gets_its_own_rate_not_a_negative_one():
+    clock = FakeClock()
+    line = ProgressLine("adapt", 4, interval=0.0, clock=clock)
+    for step, tokens in ((1, 100), (2, 200), (3, 300)):  # stage 1: 100 tokens a second
+        clock.now += 1.0
+        assert "  100 tok/s" in line.update(step, tokens=tokens)
+    clock.now += 2.0  # stage 2 starts its count again: 50 tokens in the 2 s since the last line
+    assert "  25 tok/s" in line.update(1, 4, tokens=50)
+    clock.now += 1.0
+    assert "  50 tok/s" in line.update(2, tokens=100)
+    clock.now += 1.0
+    assert "  7 tok/s" in line.update(1, tokens=10, tokens_per_s=7.0)  # the caller's rate, when it gives one
+
+
+def test_a_two_stage_recipe_never_prints_a_negative_rate(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "0")  # a line per step, across both stages
+    args = ["adapt", ladder_dir, tmp_path / "two", "--data", text_file, "--seq-len", 32, "--batch-size", 2,
+            "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=128"]
+    code, _, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = [line for line in stderr.splitlines() if LINE.match(line)]
+    assert [LINE.match(line).groups() for line in lines] == [(str(i), "4") for i in range(1, 5)] + [("1", "2"), ("2", "2")]
+    rates = [float(re.search(r"(-?[\d,.]+) tok/s", line).group(1).replace(",", "")) for line in lines]
+    assert len(rates) == 6 and all(rate > 0 for rate in rates), lines
+
+
 def test_layer_summary_takes_first_and_last_loss_of_each_layer():
     curve = [{"layer": 5, "loss_local": 4.0}, {"layer": 5, "loss_local": 2.0}, {"layer": 5, "loss_local": 1.0},
              {"layer": 7, "loss_local": 3.0}]

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from ladderize.errors import LadderizeError
-from ladderize.model.placement import check_device, check_dtype, parse_dtype, resolve_device, runtime_dtype
+from ladderize.model.placement import (
+    TrainingPrecision, check_device, check_dtype, inference_dtype, parse_dtype, resolve_device, runtime_dtype,
+    training_precision,
+)
 
 
 def test_dtype_names_and_aliases():
@@ -25,6 +28,24 @@ def test_runtime_dtype_is_bf16_on_cuda_and_fp32_on_cpu():
     assert runtime_dtype("auto", "cpu") is torch.float32
     assert runtime_dtype("auto", torch.device("cuda", 1)) is torch.bfloat16
     assert runtime_dtype("fp16", "cpu") is torch.float16
+
+
+def test_training_precision_rule():
+    assert training_precision(None, "cpu") == TrainingPrecision(None, False)  # the CPU trains in plain fp32
+    auto_cuda = training_precision(None, torch.device("cuda", 1))
+    assert auto_cuda == TrainingPrecision(torch.bfloat16, True) and auto_cuda.mixed_precision == "bf16"
+    assert auto_cuda.name == "bf16-autocast+tf32"
+    assert training_precision("float32", "cuda") == TrainingPrecision(None, False)  # exact fp32: TF32 off
+    assert training_precision("bf16", "cpu") == TrainingPrecision(torch.bfloat16, False)
+    assert training_precision("auto", "cpu", mixed_precision="bf16").autocast is torch.bfloat16  # --mixed-precision
+    assert training_precision("fp16", "cuda").mixed_precision == "fp16"
+    with pytest.raises(LadderizeError, match="unknown dtype"):
+        training_precision("fp13", "cpu")
+
+
+def test_inference_dtype_is_the_checkpoints_on_cuda_and_fp32_on_cpu():
+    assert inference_dtype(None, "cpu") is torch.float32 and inference_dtype("auto", torch.device("cuda", 0)) is None
+    assert inference_dtype("bf16", "cpu") is torch.bfloat16
 
 
 def test_device_rule(monkeypatch):

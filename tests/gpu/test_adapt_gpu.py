@@ -1,0 +1,177 @@
+"""Every adapt stage on CUDA: parameters and states on the device, the loss curve equal to the CPU run within fp32
+tolerance, exact resume on the device, and streaming peak device memory flat when the depth doubles.
+
+Skipped with a reason where torch sees no CUDA device (CI); ``pytest -m gpu`` runs them on a GPU machine. The CPU
+side of the same plumbing is ``tests/adapt/test_device.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.run import adapt
+from tests.adapt.conftest import convert, dense_dir, ladder_dir, spd_dir, text_file  # noqa: F401  (fixtures)
+from tests.adapt.test_multiprocess import LOSS_RTOL, sharp_dense
+from tests.adapt.test_streaming import _config, assert_same_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
+
+# fp32 on CUDA against fp32 on the CPU (TF32 off under --dtype float32): the same sums in another order; the
+# multi-process kd test's per-step relative tolerance of the loss (tests/adapt/test_multiprocess.py)
+WEIGHT_ATOL = 1e-4
+
+
+def _close_curves(a: list[dict], b: list[dict], key: str, rtol: float = LOSS_RTOL) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b):
+        assert abs(x[key] - y[key]) <= rtol * abs(x[key]), (x, y)
+
+
+def _on_device_progress(seen: list):
+    def progress(info, model) -> None:
+        layer = model.model.layers[info.layer] if info.layer is not None else model
+        seen.append({p.device.type for p in layer.parameters() if p.requires_grad or info.layer is not None})
+
+    return progress
+
+
+def _close_checkpoints(a: Path, b: Path, atol: float = WEIGHT_ATOL) -> None:
+    from ladderize.model.checkpoint import load_model
+
+    wa, wb = load_model(a).state_dict(), load_model(b).state_dict()
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= atol
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_sequential_on_cuda_equals_the_cpu_run(stream, ladder_dir, text_file, tmp_path):
+    seen: list = []
+    messages: list[str] = []
+    gpu = adapt(_config(ladder_dir, tmp_path / "gpu", text_file, device="cuda", dtype="float32", stream_layers=stream),
+                progress=_on_device_progress(seen), on_message=messages.append)
+    cpu = adapt(_config(ladder_dir, tmp_path / "cpu", text_file, device="cpu", dtype="float32", stream_layers=stream))
+    assert seen and all(devices == {"cuda"} for devices in seen)  # the layer in training is on the GPU
+    assert any("states in cuda:0 memory" in m for m in messages), messages  # tiny states fit on the device
+    _close_curves(cpu.curve, gpu.curve, "loss_local")
+    _close_checkpoints(tmp_path / "cpu", tmp_path / "gpu")
+
+
+def test_sequential_on_cuda_with_states_in_pinned_host_memory(ladder_dir, text_file, tmp_path, monkeypatch):
+    from ladderize.adapt import sequential_run
+
+    monkeypatch.setattr(sequential_run, "STATE_FRACTION", 0.0)  # nothing fits: the states go to pinned host memory
+    messages: list[str] = []
+    pinned = adapt(_config(ladder_dir, tmp_path / "pinned", text_file, device="cuda", dtype="float32"), on_message=messages.append)
+    assert any("states in pinned host memory" in m for m in messages), messages
+    monkeypatch.undo()
+    on_device = adapt(_config(ladder_dir, tmp_path / "device", text_file, device="cuda", dtype="float32"))
+    assert [r["loss_local"] for r in pinned.curve] == [r["loss_local"] for r in on_device.curve]  # same kernels, same bits
+    assert_same_checkpoint(tmp_path / "pinned", tmp_path / "device")
+
+
+def test_sequential_resume_on_cuda_is_bit_identical(ladder_dir, text_file, tmp_path):
+    whole = adapt(_config(ladder_dir, tmp_path / "whole", text_file, device="cuda"))
+    config = _config(ladder_dir, tmp_path / "resumed", text_file, device="cuda")
+    partial = adapt(config, stop_after_steps=12)  # 9 steps a layer: within the second layer (3)
+    assert partial.steps == 12 and not (tmp_path / "resumed").exists()
+    resumed = adapt(config, resume=True)
+    assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "resumed")
+
+
+def test_sequential_default_precision_on_cuda_is_bf16_autocast_near_fp32(ladder_dir, text_file, tmp_path):
+    from ladderize.model.checkpoint import read_provenance
+
+    auto = adapt(_config(ladder_dir, tmp_path / "auto", text_file, device="cuda", lr=1e-3))
+    fp32 = adapt(_config(ladder_dir, tmp_path / "fp32", text_file, device="cpu", lr=1e-3))
+    assert read_provenance(tmp_path / "auto")["history"][-1]["precision"] == "bf16-autocast+tf32"
+    _close_curves(fp32.curve, auto.curve, "loss_local", rtol=0.05)  # as bf16 autocast on the CPU (test_device.py)
+    config = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "float32"  # fp32 master weights
+
+
+def test_kd_on_cuda_equals_the_cpu_run(text_file, tmp_path):
+    ladder = convert(sharp_dense(tmp_path / "dense"), tmp_path / "ladder", ladder="1:4")
+    settings = dict(checkpoint=str(ladder), data=str(text_file), objectives="kd", tokens=4 * 2 * 32, seq_len=32,
+                    batch_size=2, lr=1e-3, dtype="float32")
+    seen: list = []
+    gpu = adapt(AdaptConfig(out=str(tmp_path / "gpu"), device="cuda", **settings), progress=_on_device_progress(seen))
+    cpu = adapt(AdaptConfig(out=str(tmp_path / "cpu"), device="cpu", **settings))
+    assert seen and all(devices == {"cuda"} for devices in seen)
+    _close_curves(cpu.curve, gpu.curve, "loss_kd")
+    _close_checkpoints(tmp_path / "cpu", tmp_path / "gpu")
+
+
+def test_kd_head_grouping_before_prepare_on_cuda(spd_dir, dense_dir, text_file, tmp_path):
+    settings = dict(checkpoint=str(spd_dir), teacher=str(dense_dir), data=str(text_file), objectives="kd",
+                    tokens=2 * 2 * 32, seq_len=32, batch_size=2, head_grouping=True, dtype="float32")
+    gpu_messages: list[str] = []
+    cpu_messages: list[str] = []
+    adapt(AdaptConfig(out=str(tmp_path / "gpu"), device="cuda", **settings), on_message=gpu_messages.append)
+    adapt(AdaptConfig(out=str(tmp_path / "cpu"), device="cpu", **settings), on_message=cpu_messages.append)
+    orders = [[m for m in messages if m.startswith("head grouping:")] for messages in (gpu_messages, cpu_messages)]
+    assert orders[0] and orders[0] == orders[1]
+
+
+def test_sensitivity_on_cuda_equals_the_cpu(dense_dir, text_file):
+    from ladderize.adapt.sensitivity import checkpoint_sensitivity
+    from ladderize.model import LayerMode
+
+    args = (dense_dir, LayerMode.SPD, 3, str(text_file), 2, 32, "all")
+    gpu, cpu = checkpoint_sensitivity(*args, device="cuda"), checkpoint_sensitivity(*args, device="cpu")
+    assert abs(gpu.dense_ppl - cpu.dense_ppl) <= 1e-5 * cpu.dense_ppl
+    for a, b in zip(gpu.blocks, cpu.blocks):
+        assert a.layer == b.layer and abs(a.ppl_suffix - b.ppl_suffix) <= 1e-5 * b.ppl_suffix
+
+
+def test_head_grouping_on_cuda_equals_the_cpu(dense_dir, text_file, tmp_path):
+    from ladderize.adapt.convert_support import head_group_checkpoint
+
+    a = convert(dense_dir, tmp_path / "a", spd="0:4", spd_tp_size=3)
+    b = convert(dense_dir, tmp_path / "b", spd="0:4", spd_tp_size=3)
+    kwargs = dict(teacher=str(dense_dir), data=str(text_file), samples=2, seq_len=32)
+    assert head_group_checkpoint(a, device="cuda", **kwargs) == head_group_checkpoint(b, device="cpu", **kwargs)
+    assert_same_checkpoint(a, b)  # written from host memory, the same weights and recorded orders
+
+
+def test_sample_on_cuda(dense_dir, tmp_path):
+    from ladderize.adapt.sample import sample_text
+
+    result = sample_text(str(dense_dir), tmp_path / "s.jsonl", sequences=4, new_tokens=8, batch_size=2, device="cuda")
+    assert result.records == 4 and len(result.out.read_text().splitlines()) == 4
+    provenance = json.loads((tmp_path / "s.jsonl.json").read_text())
+    assert provenance["device"] == "cuda" and provenance["dtype"] == "auto"  # the checkpoint's own dtype on CUDA
+    again = sample_text(str(dense_dir), tmp_path / "t.jsonl", sequences=4, new_tokens=8, batch_size=2, device="cuda")
+    assert again.out.read_bytes() == result.out.read_bytes()  # seeded per batch on the device too
+
+
+def _deep_ladder(tmp_path: Path, layers: int) -> Path:
+    """A dense checkpoint of ``layers`` layers (wide enough that a layer, not the fixed costs, dominates), all but layer 0 ladder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY, char_tokenizer
+
+    shape = dict(TINY, hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                 num_hidden_layers=layers)
+    torch.manual_seed(0)
+    dense = tmp_path / f"dense-{layers}"
+    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(dense)
+    char_tokenizer().save_pretrained(dense)
+    return convert(dense, tmp_path / f"ladder-{layers}", ladder=f"1:{layers}")
+
+
+def test_streaming_peak_device_memory_is_flat_when_the_depth_doubles(text_file, tmp_path):
+    peaks = {}
+    for layers in (4, 8):
+        checkpoint = _deep_ladder(tmp_path, layers)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        adapt(_config(checkpoint, tmp_path / f"out-{layers}", text_file, device="cuda", epochs=1))
+        peaks[layers] = torch.cuda.max_memory_allocated() - base
+    assert peaks[8] <= 1.10 * peaks[4], peaks  # one layer on the device at a time, whatever the depth
