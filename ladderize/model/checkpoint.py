@@ -180,7 +180,7 @@ def load_model(
     if not any(path.glob("*.safetensors")):
         raise LadderizeError(f"{path} has no .safetensors weights")
     torch_dtype = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
-    placement = {} if target.type == "cpu" else {"device_map": {"": target}}
+    placement = {} if target.type == "cpu" else {"device_map": {"": str(target)}}
     try:
         model = LadderLlamaForCausalLM.from_pretrained(
             str(path), config=config, dtype=torch_dtype or "auto", use_safetensors=True, **placement

@@ -51,7 +51,7 @@ def test_device_map_load_equals_plain_load(tiny_ladder_dir: Path):
 
     plain = load_model(tiny_ladder_dir, device="cpu")
     mapped = LadderLlamaForCausalLM.from_pretrained(str(tiny_ladder_dir), config=load_config(tiny_ladder_dir), dtype="auto",
-                                                    use_safetensors=True, device_map={"": torch.device("cpu")})
+                                                    use_safetensors=True, device_map={"": "cpu"})
     a, b = plain.state_dict(), mapped.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
