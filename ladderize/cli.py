@@ -523,7 +523,7 @@ def eval_command(
     ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
     tasks: str = typer.Option(..., "--tasks", help="Comma-separated tasks: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE, or any lm-eval task."),
     limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval."),
-    batch_size: int = typer.Option(8, "--batch-size", help="lm-eval batch size."),
+    batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N (lm-eval's largest-batch search, on the accelerator)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder with lambada_openai/lambada_test.jsonl and wikitext-2/valid.txt (default: $LADDERIZE_DATA_DIR)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length for lm-eval (and the rolling-perplexity window); default: the model's."),
     bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="lm-eval bootstrap iterations for standard errors (its CLI default is 100000)."),
@@ -532,7 +532,11 @@ def eval_command(
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
-    """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results."""
+    """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results.
+
+    Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
+    --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
+    as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
     from .eval.harness import evaluate_checkpoint, write_json
 
     device, dtype_name = opts.check_placement(device, dtype)
@@ -543,6 +547,8 @@ def eval_command(
             ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
             max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,
         )  # fmt: skip
+    if record is None:  # a rank other than 0 under data parallelism: rank 0 reports
+        return
     console.print(render.eval_table(record))
     if json_path is not None:
         console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)

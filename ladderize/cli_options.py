@@ -49,7 +49,11 @@ ALLOW_SPD_MISMATCH_OPTION: Any = typer.Option(
     False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
 )
 CUDA_GRAPHS_OPTION: Any = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph.")
-COMPILE_OPTION: Any = typer.Option(False, "--compile", help="torch.compile the per-module computations.")
+COMPILE_OPTION: Any = typer.Option(
+    False, "--compile",
+    help="torch.compile the whole decode step (prefill stays eager; with --cuda-graphs the graph captures it). "
+         "Compiled bfloat16 is not bit-identical to eager (inductor reorders reductions); float32 tokens equal eager's.",
+)
 LINEAR_OPTION: Any = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest).")
 
 JSON_PRINT_OPTION: Any = typer.Option(False, "--json", help="Print JSON on stdout instead of the human-readable output.")

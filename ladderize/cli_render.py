@@ -144,7 +144,10 @@ def eval_table(record: dict) -> Table:
     """An eval record's headline metrics with their standard errors."""
     from .eval.harness import headline_metrics
 
-    table = Table(title=f"{record['layout']}  ({record['checkpoint']})", title_justify="left", show_edge=False)
+    where = f" on {record['device']}, {record['dtype']}" if record.get("device") else ""
+    if (record.get("processes") or 1) > 1:
+        where += f" x {record['processes']} processes"
+    table = Table(title=f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
     table.add_column("task")
     table.add_column("metric")
     table.add_column("value", justify="right")

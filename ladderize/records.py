@@ -271,8 +271,11 @@ class EvalRecord:
     lm_eval: dict[str, Any] = field(default_factory=dict)  # version, n-shot, higher_is_better, bootstrap_iters, ...
     tasks: list[Any] = field(default_factory=list)
     limit: float | dict[str, Any] | None = None  # lm-eval's --limit (per task when the tasks ran apart)
-    batch_size: int | None = None
+    batch_size: int | str | None = None  # lm-eval's: an int, or auto / auto:N
     max_length: int | None = None
+    device: str | None = None  # the device the model ran on (each process's, under data parallelism)
+    dtype: str | None = None  # the model's dtype (the checkpoint's own unless --dtype said otherwise)
+    processes: int | None = None  # data-parallel processes that split the requests
     data: dict[str, Any] = field(default_factory=dict)
     eval_s: float | None = None
     ladderize_version: str | None = None

@@ -3,6 +3,16 @@
 ``LadderLlamaForCausalLM`` is a real ``PreTrainedModel`` returning ``CausalLMOutputWithPast``,
 so ``HFLM(pretrained=model)`` drives it exactly as it drives any transformers model; the
 tasks come from lm-eval's registry plus the local task folder of ``local_tasks``.
+
+Placement, the lm-eval way: the checkpoint is loaded once by ``model/checkpoint.load_model`` on
+the device of ``model/placement`` (``--device auto``: the accelerator when there is one) in
+``placement.eval_dtype`` (``auto``: the checkpoint's own dtype, as lm-eval's ``dtype=auto``), and
+HFLM is handed that model with its device, dtype and batch size (an int, ``auto`` or ``auto:N``,
+as lm-eval's ``--batch_size``). Under ``accelerate launch``/``torchrun`` with several processes,
+each process loads the model on its own device and HFLM takes lm-eval's data-parallel mode
+(``join_data_parallel``): rank r scores documents r, r + W, ... and lm-eval gathers the
+metrics on rank 0, which alone returns the results.
+
 The eval record (``evaluate_checkpoint``, a ``ladderize.records.EvalRecord`` as JSON) keeps lm-eval's
 results dict unchanged under ``"results"`` and adds the model's layout, for ``ladderize report``.
 """
@@ -16,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
@@ -26,6 +37,38 @@ from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list,
 log = logging.getLogger(__name__)
 
 DEFAULT_BOOTSTRAP_ITERS = 1000  # lm-eval's CLI uses 100000; only standard errors depend on it
+
+
+def parse_batch_size(value: int | str) -> int | str:
+    """lm-eval's batch size: a positive int, ``auto`` or ``auto:N`` (re-detect N times); one line of error otherwise."""
+    text = str(value).strip().lower()
+    if text == "auto" or (text.startswith("auto:") and _positive_number(text[5:])):
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise LadderizeError(f"--batch-size must be a positive integer, auto or auto:N, got {value!r}")
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
+def join_data_parallel(lm) -> None:
+    """Put an ``HFLM`` built around a model instance into lm-eval's data-parallel mode when several
+    processes were launched (``WORLD_SIZE`` > 1): the rank, world size and Accelerator that HFLM
+    sets itself when it loads a model under ``accelerate launch`` (it does not for an instance)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(weeks=52))],
+                              cpu=lm.device.type == "cpu")  # as lm-eval's; gloo for a model on the CPU
+    lm.accelerator = accelerator
+    lm._rank, lm._world_size = accelerator.process_index, accelerator.num_processes
 
 
 def load_tokenizer(path: Path | str):
@@ -40,7 +83,7 @@ def evaluate_model(
     tasks: str | list[str],
     *,
     limit: int | float | None = None,
-    batch_size: int = 8,
+    batch_size: int | str = 8,
     data_dir: Path | str | None = None,
     max_length: int | None = None,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
@@ -58,7 +101,11 @@ def evaluate_model(
     The model runs in ``LeanHFLM`` (``lean_lm``): lm-eval's ``HFLM`` scoring each batch
     without keeping its full-vocabulary log-probs. ``progress(kind, done, total, tokens)``
     follows lm-eval's requests of each kind (``loglikelihood``: one per answer;
-    ``loglikelihood_rolling``: one per window), with the tokens scored so far.
+    ``loglikelihood_rolling``: one per window), with the tokens scored so far (under data
+    parallelism: rank 0's share, on rank 0 only).
+
+    The model stays where it is (its device and dtype are handed to HFLM). With several processes
+    (module docstring) every rank calls this; rank 0 gets lm-eval's output, the others ``None``.
     """
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -68,8 +115,7 @@ def evaluate_model(
     specs = parse_task_list(tasks)
     if limit is not None and limit <= 0:
         raise LadderizeError(f"--limit must be positive, got {limit}")
-    if batch_size < 1:
-        raise LadderizeError(f"--batch-size must be at least 1, got {batch_size}")
+    batch_size = parse_batch_size(batch_size)
     plan = plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
     with tempfile.TemporaryDirectory(prefix="ladderize-tasks-") as folder:
         include = plan.write(Path(folder))
@@ -77,7 +123,10 @@ def evaluate_model(
         check_task_names(plan, manager.all_tasks)
         loaded = _load_tasks(manager, plan.names)
         lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
-                      progress=progress)
+                      device=str(model.device), dtype=model.dtype, progress=progress)
+        join_data_parallel(lm)
+        if lm.rank != 0:
+            lm.progress = None
         with bootstrap_in_process():
             output = simple_evaluate(
                 model=lm,
@@ -92,6 +141,8 @@ def evaluate_model(
                 fewshot_random_seed=seed,
             )
     if output is None:
+        if lm.rank != 0:
+            return None
         raise LadderizeError("lm-eval returned no results")
     output["ladderize_sources"] = plan.sources
     return output
@@ -140,35 +191,42 @@ def evaluate_checkpoint(
     tasks: str | list[str],
     *,
     limit: int | float | None = None,
-    batch_size: int = 8,
+    batch_size: int | str = 8,
     data_dir: Path | str | None = None,
     max_length: int | None = None,
     dtype: str | None = None,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     progress: Callable[[str, int, int, int], None] | None = None,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Load a checkpoint, evaluate it with lm-eval, and return the eval record's JSON (see module docstring)."""
+    device: str = "auto",
+) -> dict[str, Any] | None:
+    """Load a checkpoint on ``device`` in ``dtype`` (``placement``: ``auto`` is the accelerator, and the
+    checkpoint's own dtype), evaluate it with lm-eval, and return the eval record's JSON (module docstring).
+
+    Under several processes every rank evaluates its share; rank 0 returns the record, the others ``None``.
+    """
     from ..model.checkpoint import load_model, read_provenance
     from ..model import Layout
+    from ..model.placement import dtype_name, eval_dtype, resolve_device
     from ..records import EvalRecord
 
     ckpt = Path(ckpt).expanduser().absolute()
     if not ckpt.is_dir():
         raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
     specs = parse_task_list(tasks)
+    batch_size = parse_batch_size(batch_size)
     plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
-    from ..model.placement import check_device
-
-    check_device(device)  # TODO(eval): lm-eval runs on the CPU model; load on device once its batches follow it
-    model = load_model(ckpt, dtype=dtype)
+    target = resolve_device(device)
+    model = load_model(ckpt, dtype=eval_dtype(dtype), device=target)
     tokenizer = load_tokenizer(ckpt)
     started = time.perf_counter()
     output = evaluate_model(
         model, tokenizer, specs, limit=limit, batch_size=batch_size, data_dir=data_dir,
         max_length=max_length, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars, progress=progress,
     )  # fmt: skip
+    if output is None:  # a rank other than 0 under data parallelism
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     layout = Layout.from_config(model.config)
     provenance = read_provenance(ckpt)
     allreduces = layout.allreduces_per_token()
@@ -185,6 +243,9 @@ def evaluate_checkpoint(
         limit=limit,
         batch_size=batch_size,
         max_length=max_length,
+        device=str(target),
+        dtype=dtype_name(model.dtype),
+        processes=world,
         data=output.get("ladderize_sources", {}),
         eval_s=round(time.perf_counter() - started, 3),
         ladderize_version=_version("ladderize"),

@@ -17,8 +17,14 @@ seq]`` vector lm-eval sums, so results are lm-eval's (tests compare them). When 
 one-token-continuation cache hands back several requests for one row, that row's
 continuation log-probs are materialised as lm-eval does (one row, not the batch).
 
+Every tensor of the scoring lives on the model's device (``self.device``: lm-eval takes it from
+the model it is handed); only the two numbers of each answer come back to the host.
+``batch_size="auto"`` (and ``auto:N``) sizes the batches as lm-eval does (``_batch_scheduler``:
+its largest-batch search, which runs the full forward and so sizes for lm-eval's own memory, a
+safe bound for the lean scoring) and then scores them lean.
+
 Models whose logits are not ``lm_head(model(...).last_hidden_state)`` (e.g. with logit
-soft-capping), seq2seq models and ``batch_size="auto"`` use ``HFLM`` unchanged.
+soft-capping) and seq2seq models use ``HFLM`` unchanged.
 """
 
 from __future__ import annotations
@@ -76,7 +82,6 @@ class LeanHFLM(HFLM):
         model = self.model
         return (
             self.backend == "causal"
-            and self.batch_size != "auto"
             and self.mixed_precision_dtype is None
             and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
             and isinstance(getattr(model, "model", None), torch.nn.Module)
@@ -96,8 +101,8 @@ class LeanHFLM(HFLM):
     @torch.inference_mode()
     def _score_row(self, hidden: torch.Tensor, cont: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per continuation position of one row: the log-prob of its token, and the greedy token."""
-        picked = torch.empty(cont.shape[0], dtype=self.softmax_dtype or hidden.dtype)
-        greedy = torch.empty(cont.shape[0], dtype=torch.long)
+        picked = torch.empty(cont.shape[0], dtype=self.softmax_dtype or hidden.dtype, device=hidden.device)
+        greedy = torch.empty(cont.shape[0], dtype=torch.long, device=hidden.device)
         for start in range(0, cont.shape[0], self.chunk):
             stop = min(start + self.chunk, cont.shape[0])
             logp = self._log_probs(hidden[start:stop])
@@ -122,7 +127,12 @@ class LeanHFLM(HFLM):
         re_ord = Collator(requests, sort_fn=_collate, group_by="contexts" if self.logits_cache else None,
                           group_fn=_lookup_one_token_cont)
         res = []
-        for chunk in re_ord.get_batched(n=self.batch_size, batch_fn=None):
+        auto = self.batch_size == "auto"  # as HFLM: the rolling path passes its detected size as override_bs
+        batch_size = (override_bs or 0) if auto else self.batch_size
+        batch_fn = self._batch_scheduler if auto and len(re_ord) > 0 and not override_bs else None
+        if batch_fn is not None:
+            self.batch_sizes = {}  # as HFLM: detect again for this request list
+        for chunk in re_ord.get_batched(n=batch_size, batch_fn=batch_fn):
             inps, conts, inplens = [], [], []
             for _, context_enc, continuation_enc in chunk:
                 assert len(context_enc) > 0 and len(continuation_enc) > 0
@@ -141,7 +151,7 @@ class LeanHFLM(HFLM):
                 cont = torch.tensor(cont_toks, dtype=torch.long, device=self.device)
                 picked, greedy = self._score_row(row, cont)
                 scored_tokens += inplen  # tokens through the model (the whole window or context + continuation)
-                sentinel = torch.empty(1, contlen, 0)
+                sentinel = torch.empty(1, contlen, 0, device=row.device)
                 full = None
                 for request_str, item_cont, item_logits in re_ord.get_cache(
                     req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=sentinel,

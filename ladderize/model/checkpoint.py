@@ -171,7 +171,8 @@ def load_model(
     """Load a converted checkpoint, or a plain Llama/Mistral/Qwen2 safetensors directory, as a ladderize model.
 
     ``dtype``: the checkpoint's own when ``None``/``auto``; ``device``: as ``placement.resolve_device``
-    (``auto`` is the accelerator when there is one).
+    (``auto`` is the accelerator when there is one). On an accelerator the weights are read from the
+    safetensors straight onto it (``device_map``), so the host never holds a copy of the model.
     """
     path = Path(path).expanduser()
     target = resolve_device(device)
@@ -179,12 +180,15 @@ def load_model(
     if not any(path.glob("*.safetensors")):
         raise LadderizeError(f"{path} has no .safetensors weights")
     torch_dtype = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype)
+    placement = {} if target.type == "cpu" else {"device_map": {"": str(target)}}
     try:
         model = LadderLlamaForCausalLM.from_pretrained(
-            str(path), config=config, dtype=torch_dtype or "auto", use_safetensors=True
+            str(path), config=config, dtype=torch_dtype or "auto", use_safetensors=True, **placement
         )
     except Exception as exc:
         raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
+    if hasattr(model, "hf_device_map"):  # one device: a plain module there, as after .to(); Accelerate then wraps it freely
+        del model.hf_device_map
     return model.to(target).eval()
 
 

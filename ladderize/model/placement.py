@@ -8,7 +8,7 @@ Every command that computes takes ``--device`` and ``--dtype`` and resolves them
   Asking for CUDA where torch sees none is one line of error (``LadderizeError``).
 - dtype: ``float32``/``bfloat16``/``float16`` (or fp32, bf16, fp16, half); ``auto`` is the
   caller's default: the checkpoint's own dtype where a model is loaded (as lm-eval's
-  ``dtype=auto``), bf16 on CUDA and fp32 on CPU for the runtime (``runtime_dtype``); for a
+  ``dtype=auto``; ``eval_dtype``), bf16 on CUDA and fp32 on CPU for the runtime (``runtime_dtype``); for a
   model that computes outside the runtime (sample) the checkpoint's own dtype on CUDA and fp32
   on CPU (``inference_dtype``).
 - training (``training_precision``): the weights stay fp32 (the master copy the optimizer
@@ -99,6 +99,13 @@ def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device"
     return device
 
 
+def eval_dtype(name: "str | torch.dtype | None") -> "torch.dtype | None":
+    """The dtype a checkpoint is scored in (eval, and any command that scores a checkpoint as it is):
+    ``auto`` is ``None``, the checkpoint's own dtype (``load_model`` reads it from config.json), as
+    lm-eval's ``dtype=auto``; the model is loaded once in that dtype, never up-cast into a second copy."""
+    return parse_dtype(name, auto=None)
+
+
 def runtime_dtype(name: "str | torch.dtype | None", device: "str | torch.device") -> "torch.dtype":
     """The runtime's dtype: ``auto`` is bfloat16 on CUDA and float32 on CPU."""
     import torch
@@ -187,6 +194,7 @@ __all__ = [
     "TrainingPrecision",
     "dtype_name",
     "inference_dtype",
+    "eval_dtype",
     "local_rank",
     "parse_dtype",
     "resolve_device",

@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -171,15 +171,17 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
         plans = [build_plan(layout, schedule, domino_chunks_for(batch, options.domino_chunks)) for schedule in spec.schedules]
         decoders = [
             Decoder(model, plan, batch, max_len, cuda_graphs=options.cuda_graphs,
-                    static=options.static_decode or options.compile, cache=cache)
+                    static=options.static_decode, compiled=options.compile, cache=cache)
             for plan in plans
         ]
         runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
+        # a compiled or graphed decoder compiles / captures on its first step: always one untimed round first
+        warmup = max(spec.warmup, 1) if options.compile or options.cuda_graphs else spec.warmup
         # rounds interleave the schedules, so that a change of machine load hits all of them alike
-        for round_index in range(spec.warmup + spec.repeats):
+        for round_index in range(warmup + spec.repeats):
             for index, decoder in enumerate(decoders):
                 timing = _time_once(context, decoder, prompt, spec.gen_len)
-                if round_index >= spec.warmup:
+                if round_index >= warmup:
                     runs[index].append(timing)
         for plan, timings in zip(plans, runs):
             decode_s = statistics.median(t[1] for t in timings)
@@ -212,6 +214,45 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
             for k, key in enumerate(keys):
                 setattr(row, key, statistics.fmean(rank_values[index][k] for rank_values in shares))
     return rows
+
+
+def decode_runner(
+    source: ModelSource, batch: int, prompt_len: int, max_new_tokens: int, options: RuntimeOptions = RuntimeOptions(),
+    device: str = "auto", seed: int = 0,
+) -> Callable[[int], tuple[float, list[list[int]]]]:
+    """One rank in this process (TP 1): ``run(n)`` generates ``n`` greedy tokens for a fixed random prompt with the
+    runtime's own decode loop (``decode.generate_on_rank``: prefill, then the decode steps, compiled and/or graphed as
+    ``options`` say) and returns ``(seconds, tokens)``: the form ``timing.time_decode`` takes. The model, its cache
+    and any CUDA graph are built once and reused by every call."""
+    from ..model.placement import resolve_device
+    from .allreduce import Communicator
+    from .decode import generate_on_rank
+
+    target = resolve_device(device)
+    config, layout = source.config_and_layout()
+    dims = ModelShape.from_config(config)
+    dtype = runtime_dtype(options.dtype, target)
+    if source.checkpoint is not None:
+        weights = load_rank_weights(SafetensorsSource(source.checkpoint), dims, layout, 1, 0, dtype, target)
+    else:
+        weights = random_rank_weights(dims, 1, 0, seed, dtype, target)
+    max_len = prompt_len + max_new_tokens + 1
+    model = RankModel(weights, config, Communicator(1), max_positions=max_len, compile_modules=options.compile, linear=options.linear)
+    decoder = Decoder(model, build_plan(layout, "native"), batch, max_len, cuda_graphs=options.cuda_graphs,
+                      static=options.static_decode, compiled=options.compile)
+    prompt = torch.randint(0, dims.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed)).to(target)
+
+    def run(n: int) -> tuple[float, list[list[int]]]:
+        if n > max_new_tokens:
+            raise LadderizeError(f"this runner generates at most {max_new_tokens} tokens, asked for {n}")
+        with torch.inference_mode():
+            _sync(target)
+            start = time.perf_counter()
+            tokens = generate_on_rank(decoder, prompt, n)
+            _sync(target)
+            return time.perf_counter() - start, tokens.cpu().tolist()
+
+    return run
 
 
 def add_comparisons(rows: list[BenchRow], estimate_share: bool = False) -> None:
@@ -295,6 +336,7 @@ __all__ = [
     "BenchSpec",
     "ModelSource",
     "add_comparisons",
+    "decode_runner",
     "run_bench",
     "synthetic_source",
 ]

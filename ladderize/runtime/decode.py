@@ -3,11 +3,25 @@
 ``Decoder`` drives a ``RankModel`` over its KV cache; ``static=True`` decodes with the position
 as a tensor, so shapes are fixed (CUDA graphs, ``torch.compile``). ``generate_on_rank`` is the
 loop every rank runs with the same logits and the same seed, so all ranks pick the same tokens.
+
+``--compile`` (``compiled=True``) compiles the whole decode step (every layer, the all-reduces
+and the LM head: one ``torch.compile`` of ``decode_forward``), never prefill, which runs eager.
+One compiled function serves every shape: dynamo keeps one graph per (batch, cache length,
+plan), each traced once and reused from then on (``dynamic=False``: static kernels, as CUDA
+graphs want), under a recompile limit raised to ``COMPILED_SHAPES`` so that a benchmark's batch
+sizes and schedules never hit torch's default limit of 8. With ``cuda_graphs`` the compiled step
+is what the CUDA graph captures. The compile happens on the first decode step, which benchmarks
+run untimed (``bench`` always warms up a compiled or graphed decoder first).
+
+Compiled bfloat16 is not bit-identical to eager: inductor fuses and reorders the reductions
+(norms, softmax), so logits differ in the last bits and greedy tokens may part after some
+steps. In float32 the tokens equal eager's (tests).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -47,8 +61,32 @@ def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+COMPILED_SHAPES = 64  # dynamo graphs one process may keep for the compiled decode step (torch's default limit: 8)
+_compiled: Callable | None = None
+
+
+def decode_forward(model: RankModel, tokens: torch.Tensor, position: torch.Tensor, cache: KVCache, plan: CommPlan) -> torch.Tensor:
+    """One static decode step: logits [B, 1, V] of ``tokens`` [B, 1] at the 1-element ``position``; fills the cache."""
+    return model.forward(tokens, position, cache, plan)
+
+
+def compiled_decode_step() -> Callable:
+    """``decode_forward`` under ``torch.compile`` (one per process; see the module docstring for shapes and limits)."""
+    global _compiled
+    if _compiled is None:
+        import torch._dynamo.config as dynamo_config
+
+        for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(getattr(dynamo_config, name), COMPILED_SHAPES))
+        if hasattr(dynamo_config, "accumulated_recompile_limit"):
+            dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * COMPILED_SHAPES)
+        _compiled = torch.compile(decode_forward, dynamic=False)
+    return _compiled
+
+
 class Decoder:
-    """Prefill then token-by-token decode on one rank, optionally through a captured CUDA graph."""
+    """Prefill then token-by-token decode on one rank, optionally compiled and/or through a captured CUDA graph."""
 
     def __init__(
         self,
@@ -59,10 +97,15 @@ class Decoder:
         cuda_graphs: bool = False,
         static: bool = False,
         cache: KVCache | None = None,
+        compiled: bool = False,
     ):
         self.model, self.plan = model, plan
         self.cache = cache if cache is not None else model.new_cache(batch, max_len)
-        self.static = static or cuda_graphs
+        self.compiled = compiled
+        if compiled:
+            self.plan = model.canonical_plan(plan)
+            self._step_fn = compiled_decode_step()
+        self.static = static or cuda_graphs or compiled
         self.cuda_graphs = cuda_graphs and model.device.type == "cuda"
         self._graph = None
         if self.static:
@@ -83,23 +126,29 @@ class Decoder:
         self._tokens.copy_(tokens)
         self._position.fill_(position)
         if not self.cuda_graphs:
-            return self.model.forward(self._tokens, self._position, self.cache, self.plan)
+            return self._step()
         if self._graph is None:
             self._capture()
         self._graph.replay()
         return self._graph_logits
 
+    def _step(self) -> torch.Tensor:
+        """The static decode step on ``_tokens`` at ``_position``: compiled, or eager."""
+        if self.compiled:
+            return self._step_fn(self.model, self._tokens, self._position, self.cache, self.plan)
+        return self.model.forward(self._tokens, self._position, self.cache, self.plan)
+
     def _capture(self) -> None:
         """Record one decode step (communication included) into a CUDA graph. Unvalidated without a GPU."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, NCCL communicators)
+        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, NCCL communicators, the compile)
             for _ in range(2):
-                self.model.forward(self._tokens, self._position, self.cache, self.plan)
+                self._step()
         torch.cuda.current_stream().wait_stream(stream)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
-            self._graph_logits = self.model.forward(self._tokens, self._position, self.cache, self.plan)
+            self._graph_logits = self._step()
 
 
 def generate_on_rank(
@@ -133,4 +182,4 @@ def generate_on_rank(
     return torch.stack(out, dim=1) if out else input_ids.new_zeros(input_ids.shape[0], 0)
 
 
-__all__ = ["Decoder", "Sampling", "generate_on_rank", "pick_tokens"]
+__all__ = ["COMPILED_SHAPES", "Decoder", "Sampling", "compiled_decode_step", "decode_forward", "generate_on_rank", "pick_tokens"]

@@ -11,7 +11,9 @@ on fused weights with gemv/oneDNN/aten linears) and its all-reduce (``_CommReduc
 or in flight while the next module computes). A new layer mode needs no branch here.
 
 ``static=True`` decode (``decode.Decoder``) drives cache writes and the attention mask by a
-position *tensor*, so shapes are fixed, as CUDA graphs and ``torch.compile`` need.
+position *tensor*, so shapes are fixed, as CUDA graphs and ``torch.compile`` need. ``--compile``
+compiles that whole decode step (``decode.compiled_decode_step``), never prefill; this file only
+switches the linears to aten for it (inductor picks its own kernels).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class RankModel:
         compile_modules: bool = False,
         linear: str | LinearKernel = LinearKernel.AUTO,
     ):
-        """``linear``: the kernel of the projections and the LM head (``kernels.py``)."""
+        """``linear``: the kernel of the projections and the LM head (``kernels.py``); ``compile_modules``: the decode
+        step will run compiled (``decode.Decoder(compiled=True)``), so the linears are aten's."""
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.kernel = resolve_kernel(linear, self.device, self.dtype, compiled=compile_modules)
         self.w = prepare_weights(weights, self.kernel)
@@ -66,9 +69,12 @@ class RankModel:
         self.attention_partial = self._attention_partial
         self.mlp_partial = self._mlp_partial
         self.attention_partial_static = self._attention_partial_static
-        if compile_modules:
-            self.attention_partial_static = torch.compile(self._attention_partial_static, dynamic=False)
-            self.mlp_partial = torch.compile(self._mlp_partial, dynamic=False)
+        self.plans: dict[CommPlan, CommPlan] = {}  # one object per equal plan: a compiled step's guards match it again
+
+    def canonical_plan(self, plan: CommPlan) -> CommPlan:
+        """The first plan equal to ``plan`` this model ran (so that the compiled decode step is not retraced for a
+        new but equal plan object)."""
+        return self.plans.setdefault(plan, plan)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty KV cache for ``batch`` rows of up to ``max_len`` tokens (the rotary table grows to match)."""
@@ -109,8 +115,8 @@ class RankModel:
         """Decode (S = 1) with the position as a 1-element tensor: fixed shapes, capturable in a CUDA graph."""
         batch = h.shape[0]
         q, k, v = self._qkv_rotated(h, w_qkv, b_qkv, cos, sin)
-        keys.index_copy_(2, position, k.transpose(1, 2))
-        values.index_copy_(2, position, v.transpose(1, 2))
+        keys[:, :, position] = k.transpose(1, 2)  # index_put_: inductor writes the cache in place (no copy of it)
+        values[:, :, position] = v.transpose(1, 2)
         visible = torch.arange(keys.shape[2], device=h.device) <= position  # [T]
         q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[None, None, None, :])

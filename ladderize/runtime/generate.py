@@ -38,7 +38,7 @@ class RuntimeOptions:
     allow_spd_mismatch: bool = False
     domino_chunks: int = 2
     cuda_graphs: bool = False  # GPU only: capture each decode step in a CUDA graph
-    compile: bool = False  # torch.compile the module computations (static decode shapes)
+    compile: bool = False  # torch.compile the whole decode step (decode.compiled_decode_step); prefill stays eager
     static_decode: bool = False  # shape-static decode path without graphs (testing the graph path on CPU)
     linear: str = "auto"  # kernel of the linears: auto, gemv, onednn or aten (see kernels.py)
 
@@ -126,7 +126,7 @@ def _serve(context: RankContext, requests: tuple[Request, ...], options: Runtime
         plan = build_plan(layout, request.schedule, domino_chunks_for(batch, options.domino_chunks))
         decoder = Decoder(
             model, plan, batch, prompt_len + request.max_new_tokens + 1,
-            cuda_graphs=options.cuda_graphs, static=options.static_decode or options.compile,
+            cuda_graphs=options.cuda_graphs, static=options.static_decode, compiled=options.compile,
         )
         response = Response(allreduces_per_forward=plan.allreduces_per_forward, plan=plan.describe())
         if request.score_pieces is not None:

@@ -68,8 +68,38 @@ def test_lean_never_computes_logits_for_a_batch(models):
     assert rows_per_call and all(len(shape) == 2 and shape[0] <= 8 for shape in rows_per_call)
 
 
-def test_lean_falls_back_to_hflm_for_batch_size_auto(models):
+def test_lean_batch_size_auto_sizes_as_hflm_and_scores_lean(models):
+    """``auto``: lm-eval's largest-batch search picks the size (its ``_batch_scheduler``), then the batches are scored
+    lean; results equal HFLM's with the same ``auto``."""
     model, tokenizer = models
-    lean = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size="auto", max_length=64)
-    assert not lean._lean()
+    plain = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size="auto", max_batch_size=4, max_length=64)
+    lean = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size="auto", max_batch_size=4, max_length=64)
+    assert lean._lean()
+    detected = []
+    original = lean._detect_batch_size
+    lean._detect_batch_size = lambda *a, **k: detected.append(original(*a, **k)) or detected[-1]
+    expected = plain.loglikelihood(_requests("loglikelihood", LOGLIKELIHOOD), disable_tqdm=True)
+    got = lean.loglikelihood(_requests("loglikelihood", LOGLIKELIHOOD), disable_tqdm=True)
+    assert detected == [4]  # searched once for this request list, from max_batch_size down
+    assert [g[1] for g in got] == [e[1] for e in expected]
+    assert [g[0] for g in got] == pytest.approx([e[0] for e in expected], rel=1e-6, abs=1e-6)
+    expected = plain.loglikelihood_rolling(_requests("loglikelihood_rolling", ROLLING), disable_tqdm=True)
+    assert lean.loglikelihood_rolling(_requests("loglikelihood_rolling", ROLLING), disable_tqdm=True) == pytest.approx(expected, rel=1e-6)
     assert torch.is_grad_enabled()
+
+
+def test_scores_live_on_the_model_device(models, monkeypatch):
+    """Every tensor the lean scoring allocates is on the model's device (here the CPU, checked through torch.empty's
+    device argument: on CUDA a CPU buffer compared with the model's tensors would fail)."""
+    model, tokenizer = models
+    lean = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=4, max_length=64)
+    devices = []
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        devices.append(kwargs.get("device"))
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    lean.loglikelihood(_requests("loglikelihood", LOGLIKELIHOOD), disable_tqdm=True)
+    assert devices and all(d is not None and torch.device(d) == lean.device for d in devices), devices
