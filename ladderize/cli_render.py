@@ -131,12 +131,15 @@ def layer_summary_table(curve: list[dict]) -> Table:
 
 
 def sensitivity_table(report: Any, mode_name: str, data: str) -> Table:
-    """``ladderize sensitivity``'s blocks with the perplexity they add."""
-    table = Table(title=f"{mode_name} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
-    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
-        table.add_column(column)
+    """``ladderize sensitivity``'s blocks, from the last backwards: the perplexity with each block and every later
+    one converted, its total increase over dense, and the step this block adds (which ranks and classifies it)."""
+    table = Table(title=f"{mode_name} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data}); "
+                  "each row converts its block and every row above it")
+    for column in ("layer", "ppl, it and later blocks", "total vs dense", "step of this block", "category (by step)"):
+        table.add_column(column, justify="left" if column.startswith("category") else "right")
     for block in report.blocks:
-        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
+        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.increase_vs_dense:+.2f}%",
+                      f"{100 * block.delta:+.2f}%", block.category)
     return table
 
 
