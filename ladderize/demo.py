@@ -283,7 +283,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"
-                + (f"; local loss per layer, first -> last step: {per_layer}" if per_layer else ""))
+                + (f"; local loss per layer on one fixed batch, before -> after: {per_layer}" if per_layer else ""))
     return out
 
 

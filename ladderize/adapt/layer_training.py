@@ -55,6 +55,16 @@ class LayerStep:
     lr: float
 
 
+@dataclass
+class LayerFit:
+    """One layer's training: the loss of every step, and the loss on one fixed evaluation batch before and after."""
+
+    losses: list[float]
+    before: float
+    after: float
+    held_out: bool  # the evaluation batch was held out of training (else: calibration rows)
+
+
 def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
     """Optimizer steps each converted layer takes: ``epochs`` passes over the calibration set."""
     return max(1, math.ceil(epochs * num_sequences / batch_size))
@@ -63,8 +73,10 @@ def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
 def layer_summary(curve: list[dict]) -> list[dict]:
     """Per trained layer of a sequential curve: its steps and its loss before and after training.
 
-    ``before`` is the loss of the layer's first step (computed before its first update, so
-    it is the unadapted layer's error on that batch); ``after`` is its last step's loss.
+    ``before`` and ``after`` are the layer's local loss on one fixed evaluation batch (``eval_rows`` of
+    ``StateCache``: held-out sequences when the data has them), measured before its first update and after
+    its last (``eval_before``/``eval_after`` on the layer's last curve entry); ``held_out`` says whether that
+    batch was held out. Curves written before that record fall back to the first and last step's loss.
     """
     layers: dict[int, dict] = {}
     for record in curve:
@@ -72,9 +84,11 @@ def layer_summary(curve: list[dict]) -> list[dict]:
         if layer is None:
             continue
         loss = record.get("loss_local", record.get("loss_total"))
-        entry = layers.setdefault(layer, {"layer": layer, "steps": 0, "before": loss, "after": loss})
+        entry = layers.setdefault(layer, {"layer": layer, "steps": 0, "before": loss, "after": loss, "held_out": None})
         entry["steps"] += 1
         entry["after"] = loss
+        if "eval_before" in record:
+            entry.update(before=record["eval_before"], after=record["eval_after"], held_out=record.get("eval_held_out"))
     return [layers[k] for k in sorted(layers)]
 
 
@@ -96,8 +110,12 @@ class StateCache:
     a time, in the same chunks whatever the source.
     """
 
-    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None):
+    def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
+                 held_out: int = 0):
         self.teacher, self.data = teacher, data
+        # the first ``num_train`` rows are the calibration set; the ``held_out`` rows after them only evaluate
+        self.num_train = data.shape[0] - held_out
+        self.held_out = held_out > 0
         self.store = store or StateStore()
         self._kwargs: dict[int, dict] = {}
         self.layer = first
@@ -110,6 +128,12 @@ class StateCache:
                     embeds = self._through(layer, embeds)
         self.teacher_state = embeds
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
+
+    def eval_rows(self, batch_size: int) -> torch.Tensor:
+        """The fixed batch a layer's loss is measured on before and after its training: the held-out rows
+        (up to ``batch_size``), else the first ``batch_size`` calibration rows."""
+        start, stop = (self.num_train, self.data.shape[0]) if self.held_out else (0, self.num_train)
+        return torch.arange(start, min(stop, start + batch_size))
 
     def kwargs(self, batch: int) -> dict:
         """Attention kwargs for ``batch`` full-length sequences (equal for every such batch)."""
@@ -160,8 +184,9 @@ def train_layer(
     max_grad_norm: float,
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
-) -> list[float]:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
+) -> LayerFit:
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states: its losses per
+    step, and its loss on the fixed evaluation batch (``StateCache.eval_rows``) before and after."""
     from .lr_curve import warmup_cosine
 
     index = cache.layer
@@ -170,17 +195,23 @@ def train_layer(
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    total = steps_per_layer(cache.data.shape[0], epochs, batch_size)
+    total = steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
-    losses = []
-    for step in range(total):
-        rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
+
+    def loss_on(rows: torch.Tensor) -> torch.Tensor:
         t_in = (cache.teacher_state[0][rows], cache.teacher_state[1][rows])
         t_out = (teacher_out[0][rows], teacher_out[1][rows])
         s_out = layer(inputs[0][rows], inputs[1][rows], **cache.kwargs(len(rows)))
-        loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        return layer_error(mode, t_in, s_out, t_out, local_inputs)
+
+    evaluation = cache.eval_rows(batch_size)
+    with torch.no_grad():
+        before = loss_on(evaluation).item()
+    losses = []
+    for step in range(total):
+        loss = loss_on(layer_rows(cache.num_train, index, step, batch_size, seed))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm > 0:
@@ -194,8 +225,10 @@ def train_layer(
     for param in params:
         param.requires_grad_(False)
         param.grad = None
+    with torch.no_grad():
+        after = loss_on(evaluation).item()
     # torch's optimizer and scheduler hold each other in reference cycles: collect them now, or the
     # layer's AdamW state (twice the layer) waits for the cyclic garbage collector, layer after layer
     del optimizer, scheduler
     gc.collect()
-    return losses
+    return LayerFit(losses, before, after, cache.held_out)
