@@ -228,7 +228,7 @@ def bench_cmd(
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
     schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
     json_path: Optional[Path] = opts.json_file_option(what="the rows and metadata"),
-    warmup: int = typer.Option(2, help="Untimed runs first."),
+    warmup: int = typer.Option(2, help="Untimed runs first (0 still runs one untimed prefill and decode step per schedule)."),
     repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
     ladder: Optional[str] = opts.ladder_option(note=" Synthetic only (a checkpoint brings its own layout)."),

@@ -1,6 +1,7 @@
 """Benchmarks of the runtime: prefill and decode timings per (schedule, tp, batch), as ``BenchRow`` records.
 
-Each configuration runs ``warmup`` untimed passes, then ``repeats`` timed passes of one
+Each configuration runs ``warmup`` untimed passes (with 0, still one untimed prefill and decode step,
+so that one-time costs stay out of the first schedule's timing), then ``repeats`` timed passes of one
 prefill (``prompt_len`` tokens per row) followed by ``gen_len`` decode steps; the row
 reports medians. The schedules of one batch size run in interleaved rounds (one pass of
 each per round), so that load changes on a shared machine hit them alike.
@@ -175,6 +176,11 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
             for plan in plans
         ]
         runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
+        if spec.warmup == 0:
+            # still one untimed prefill and decode step per schedule: one-time costs (first-touch allocation,
+            # kernel selection, a CUDA graph's capture) would otherwise land in the first schedule's timing
+            for decoder in decoders:
+                _time_once(context, decoder, prompt, 1)
         # rounds interleave the schedules, so that a change of machine load hits all of them alike
         for round_index in range(spec.warmup + spec.repeats):
             for index, decoder in enumerate(decoders):
@@ -251,6 +257,8 @@ def run_bench(
         raise LadderizeError("bench needs at least one schedule and one batch size")
     if spec.gen_len < 1 or spec.prompt_len < 1 or spec.repeats < 1:
         raise LadderizeError("--prompt, --gen and --repeats must be at least 1")
+    if spec.warmup < 0:
+        raise LadderizeError(f"--warmup must be at least 0, got {spec.warmup}")
     spec = BenchSpec(schedules, spec.batches, spec.prompt_len, spec.gen_len, spec.warmup, spec.repeats, spec.seed)
     for tp in tps:
         check_machine(dataclasses.replace(launch, tp=tp))
