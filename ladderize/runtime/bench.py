@@ -285,6 +285,10 @@ def run_bench(
         "pin_cores": launch.pin_cores,
         "comm_nice": launch.comm_nice,
         "load_average": load_average(),
+        # the layout's shape, so a report without this checkpoint's eval still shows it (report.runs)
+        "num_layers": layout.num_layers,
+        "layers_converted": len(layout.converted_layers),
+        "allreduces_per_token": layout.allreduces_per_token(),
         "warmup": spec.warmup,
         "repeats": spec.repeats,
         "domino_chunks": options.domino_chunks,
