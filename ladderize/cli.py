@@ -112,6 +112,7 @@ def convert(
     from .convert.pipeline import convert_layout
 
     device, _ = opts.check_placement(device, dtype)
+    opts.check_source(src)  # before the heavy imports: a typo is one line at once
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=True) as bar:
         task = bar.add_task("reading source", total=None)
@@ -192,13 +193,14 @@ def generate_cmd(
     linear: str = opts.LINEAR_OPTION,
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
-    from .runtime.decode import Sampling
-    from .runtime.generate import RuntimeOptions
-    from .runtime.text import check_sampling, generate_text
+    from .runtime.sampling import Sampling, check_sampling
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     check_sampling(sampling)
     opts.check_placement(device, dtype)
+    opts.check_runtime_checkpoint(checkpoint, [tp], allow_spd_mismatch or schedule.strip().lower() != "native")
+    from .runtime.generate import RuntimeOptions
+    from .runtime.text import generate_text
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
@@ -255,6 +257,8 @@ def bench_cmd(
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_placement(device, dtype)
+    if checkpoint is not None:
+        opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
     from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
@@ -380,10 +384,11 @@ def adapt_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)  # before the heavy imports
     from .adapt.recipe import adapt_checkpoint, describe
     from .progress import Progress
 
-    device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
@@ -443,6 +448,7 @@ def sample_cmd(
     from .progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(source)
     with Progress("sample", err_console, total=sequences) as progress:
         try:
             result = sample_text(
@@ -474,14 +480,16 @@ def sensitivity_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
-    from .adapt.sensitivity import checkpoint_sensitivity
     from .errors import LadderizeError
-    from .model import LayerMode
-    from .progress import Progress
 
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(src)  # before the heavy imports
+    from .adapt.sensitivity import checkpoint_sensitivity
+    from .model import LayerMode
+    from .progress import Progress
+
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
@@ -512,6 +520,7 @@ def eval_command(
     from .eval.harness import evaluate_checkpoint, write_json
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
     with render.RequestProgress(err_console) as on_progress:

@@ -81,6 +81,32 @@ def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tup
     return device_spec, dtype_name
 
 
+def check_checkpoint(path: Path | str) -> Any:
+    """A checkpoint folder's config, read and checked before any heavy import (no torch): not found, not a
+    checkpoint, an unsupported architecture or a layout its heads cannot hold is one line at once.
+    Returns its ``model.architectures.ConfigHeader`` (shape and layout)."""
+    from .model.architectures import read_config_header
+
+    return read_config_header(path)
+
+
+def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatch: bool) -> None:
+    """``check_checkpoint``, and that each TP degree can run it (``runtime.dims.validate_tp``, the runtime's own
+    rule): heads that do not split are one line before torch is imported, not after the ranks start."""
+    from .runtime.dims import validate_tp
+
+    header = check_checkpoint(path)
+    for tp in tps:
+        validate_tp(header.shape, header.layout, tp, allow_spd_mismatch)
+
+
+def check_source(src: str) -> None:
+    """``convert``/``sensitivity``/``sample`` SRC checked before heavy imports (``convert.sources.check_source``)."""
+    from .convert.sources import check_source as check
+
+    check(src)
+
+
 def write_json(path: Path, record: Any) -> Path:
     """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
     import json

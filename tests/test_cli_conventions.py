@@ -129,3 +129,50 @@ def test_report_refuses_a_predict_json(tmp_path, capsys, monkeypatch):
     other.write_text(json.dumps({"hello": 1}))
     code, _, stderr = run_cli(["report", other, "--out", tmp_path / "report"], capsys, monkeypatch)
     assert code == 2 and "neither an eval record" in error_lines(stderr)[0]
+
+
+def _header_only_checkpoint(folder: Path, heads: int = 3) -> Path:
+    """A Llama checkpoint folder whose safetensors hold only the header-visible shapes (written with numpy)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    config = {"model_type": "llama", "hidden_size": 12 * heads, "intermediate_size": 24, "num_hidden_layers": 2,
+              "num_attention_heads": heads, "num_key_value_heads": heads, "vocab_size": 32, "torch_dtype": "float32"}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": np.zeros((32, 12 * heads), dtype=np.float32)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "{ckpt}"], None),
+        (["inspect", "{tmp}/missing"], "checkpoint {tmp}/missing not found"),
+        (["convert", "/nonexistent-26", "{tmp}/out"], "source /nonexistent-26 does not exist"),
+        (["generate", "{ckpt}", "--prompt", "hi", "--tp", "2"], "TP degree 2 does not divide the model's 3 query heads"),
+        (["bench", "{ckpt}", "--tp", "1,2"], "TP degree 2 does not divide the model's 3 query heads"),
+        (["eval", "{tmp}/missing", "--tasks", "shakespeare"], "checkpoint {tmp}/missing not found"),
+        (["adapt", "{tmp}/missing", "{tmp}/out"], "checkpoint {tmp}/missing not found"),
+        (["sensitivity", "{tmp}/missing", "--spd-tp", "2", "--json", "{tmp}/s.json"], "checkpoint {tmp}/missing not found"),
+        (["sample", "{tmp}/missing", "{tmp}/s.jsonl"], "checkpoint {tmp}/missing not found"),
+        (["report", "{tmp}/missing", "--out", "{tmp}/r"], "run {tmp}/missing does not exist"),
+    ],
+)
+def test_header_reads_and_argument_errors_import_neither_torch_nor_transformers(args, message, tmp_path):
+    """Issue 26 item 13: inspect (a header read) and every path/argument error came after 3-30 s of torch imports."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    argv = [a.replace("{ckpt}", str(ckpt)).replace("{tmp}", str(tmp_path)) for a in args]
+    probe = (
+        f"import sys; from ladderize import cli; sys.argv = ['ladderize', *{argv!r}]\n"
+        "code = 0\ntry:\n    cli.main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'lm_eval', 'accelerate') if m in sys.modules), 'CODE', code)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert "HEAVY [] CODE" in result.stdout, (result.stdout, result.stderr)
+    if message is None:
+        assert result.stdout.rstrip().endswith("CODE 0") and "parameters: 1,152" in result.stdout, result.stdout
+    else:
+        lines = error_lines(result.stderr)
+        assert result.stdout.rstrip().endswith("CODE 2") and lines == [f"error: {message.replace('{tmp}', str(tmp_path))}"], result.stderr
