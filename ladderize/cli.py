@@ -25,6 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -94,8 +95,8 @@ def main() -> None:
 def convert(
     src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
-    ladder: str = opts.ladder_option("none"),
-    spd: str = opts.spd_option("none"),
+    ladder: str = opts.ladder_option("none", auto=True),
+    spd: str = opts.spd_option("none", auto=True),
     spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     device: str = opts.DEVICE_OPTION,
@@ -114,7 +115,8 @@ def convert(
     device, _ = opts.check_placement(device, dtype)
     opts.check_source(src)  # before the heavy imports: a typo is one line at once
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err_console, transient=True) as bar:
+                  TextColumn("{task.description}"), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
         task = bar.add_task("reading source", total=None)
         converted = convert_layout(
             src, out, ladder=ladder, spd=spd, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,

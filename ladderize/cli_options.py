@@ -18,17 +18,20 @@ import typer
 
 from .model.placement import DEVICE_HELP, DTYPE_HELP
 
-RANGES = "half-open slices like '16:32', '-8:', 'all', 'none'"
+RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4,10', 'all' or 'none'"
+AUTO = " 'auto': the least sensitive layers of a --sensitivity report, within --{name}-budget."
 
 
-def ladder_option(default: str | None = None, note: str = "") -> Any:
-    """``--ladder RANGES``: layers in the Ladder Residual layout."""
-    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{note}")
+def ladder_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
+    """``--ladder RANGES``: layers in the Ladder Residual layout (``auto`` where the command offers it: convert)."""
+    extra = AUTO.format(name="ladder") if auto else ""
+    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{extra}{note}")
 
 
-def spd_option(default: str | None = None, note: str = "") -> Any:
+def spd_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
     """``--spd RANGES``: layers whose attention all-reduce is dropped (Sync-Point Drop)."""
-    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{note}")
+    extra = AUTO.format(name="spd") if auto else ""
+    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{extra}{note}")
 
 
 def spd_tp_option(note: str = "") -> Any:
@@ -127,7 +130,10 @@ def quiet_libraries(verbose: bool) -> None:
 
 
 def hide_flag_types() -> None:
-    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
+    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value.
+    Arguments too lose their tags (``src <str>``), and the usage line names them as the README does:
+    ``ladderize convert [OPTIONS] SRC OUT``, not ``{src} {out}``."""
+    _plain_arguments()
     option = getattr(typer.core, "TyperOption", None)
     original = getattr(option, "display_type_rich", None)
     if original is None or getattr(original, "_ladderize", False):
@@ -138,3 +144,18 @@ def hide_flag_types() -> None:
 
     display_type_rich._ladderize = True
     option.display_type_rich = display_type_rich
+
+
+def _plain_arguments() -> None:
+    argument = getattr(typer.core, "TyperArgument", None)
+    if argument is None or getattr(argument, "_ladderize", False):
+        return
+
+    def usage_name(self) -> str:
+        name = self.metavar or (self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    argument._usage_display_name = usage_name
+    argument.display_type_rich = lambda self, ctx: None
+    argument._ladderize = True

@@ -176,3 +176,34 @@ def test_header_reads_and_argument_errors_import_neither_torch_nor_transformers(
     else:
         lines = error_lines(result.stderr)
         assert result.stdout.rstrip().endswith("CODE 2") and lines == [f"error: {message.replace('{tmp}', str(tmp_path))}"], result.stderr
+
+
+def test_help_text_names_arguments_as_the_readme_and_takes_dash_h(capsys, monkeypatch):
+    """Issue 26 item 15: usage read '[OPTIONS] {src} {out}' with '<str>'/'<path>' tags, and -h was unknown."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, stdout, _ = run_cli(["convert", "-h"], capsys, monkeypatch)
+    assert code == 0 and "ladderize convert [OPTIONS] SRC OUT" in stdout
+    arguments = stdout[stdout.index("Arguments"):stdout.index("Options")]
+    assert "<str>" not in arguments and "<path>" not in arguments
+    ladder = " ".join(stdout[stdout.index("--ladder "):stdout.index("--spd ")].split())
+    assert "a single layer '5'" in ladder and "'auto'" in ladder and "--ladder-budget" in ladder
+    code, stdout, _ = run_cli(["-h"], capsys, monkeypatch)
+    assert code == 0 and "ladderize [OPTIONS] COMMAND" in stdout
+    code, stdout, _ = run_cli(["bench", "--help"], capsys, monkeypatch)
+    assert "ladderize bench [OPTIONS] [CHECKPOINT]" in stdout
+    assert "'auto'" not in " ".join(stdout[stdout.index("--ladder "):stdout.index("--spd ")].split())  # convert only
+
+
+def test_an_error_inside_convert_has_no_empty_line_before_it(tmp_path, capsys, monkeypatch):
+    """Issue 26 item 15: convert's progress bar printed an empty line before the error off a terminal."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    code, _, stderr = run_cli(["convert", ckpt, tmp_path / "out", "--ladder", "40:50"], capsys, monkeypatch)
+    assert code == 2 and stderr.startswith("error: layer range '40:50' is outside the model's 2 layers"), repr(stderr)
+
+
+def test_adapt_hint_is_derived_from_the_model(tmp_path, capsys, monkeypatch):
+    """Issue 26 item 15: the hint said '--ladder 16:32' whatever the model's layer count."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    code, _, stderr = run_cli(["adapt", ckpt, tmp_path / "out"], capsys, monkeypatch)
+    assert code == 2 and "has no converted layers (all 2 are dense)" in stderr
+    assert "e.g. ladderize convert SRC OUT --ladder 1:2" in stderr and "16:32" not in stderr
