@@ -66,6 +66,8 @@ def main() -> None:
     # transformers reads these when it is first imported (lazily, by the commands that need it)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "--verbose" not in sys.argv:  # third-party tqdm bars (GGUF de-quantizing, datasets' splits, lm-eval); read at tqdm's import
+        os.environ.setdefault("TQDM_DISABLE", "1")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 

@@ -78,7 +78,7 @@ def evaluate_model(
         loaded = _load_tasks(manager, plan.names)
         lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
                       progress=progress)
-        with bootstrap_in_process():
+        with bootstrap_in_process(), quiet_git_probe():
             output = simple_evaluate(
                 model=lm,
                 tasks=loaded,
@@ -95,6 +95,29 @@ def evaluate_model(
         raise LadderizeError("lm-eval returned no results")
     output["ladderize_sources"] = plan.sources
     return output
+
+
+@contextmanager
+def quiet_git_probe() -> Iterator[None]:
+    """lm-eval records ``git describe --always`` of the working directory; outside a git checkout git prints
+    ``fatal: not a git repository`` on stderr at every evaluation. The same value, with git's stderr dropped."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_commit_hash() -> str | None:
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, OSError):
+            return get_commit_from_path(os.getcwd())
+
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = git_commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 @contextmanager
