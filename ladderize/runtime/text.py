@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LadderizeError
 from .sampling import Sampling, check_sampling  # noqa: F401 (check_sampling: the module's former home)
 from .generate import RuntimeOptions
 from .launch import LaunchSpec
