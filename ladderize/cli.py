@@ -25,6 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -65,6 +66,8 @@ def main() -> None:
     # transformers reads these when it is first imported (lazily, by the commands that need it)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "--verbose" not in sys.argv:  # third-party tqdm bars (GGUF de-quantizing, datasets' splits, lm-eval); read at tqdm's import
+        os.environ.setdefault("TQDM_DISABLE", "1")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
@@ -94,8 +97,8 @@ def main() -> None:
 def convert(
     src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
-    ladder: str = opts.ladder_option("none"),
-    spd: str = opts.spd_option("none"),
+    ladder: str = opts.ladder_option("none", auto=True),
+    spd: str = opts.spd_option("none", auto=True),
     spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     device: str = opts.DEVICE_OPTION,
@@ -112,8 +115,10 @@ def convert(
     from .convert.pipeline import convert_layout
 
     device, _ = opts.check_placement(device, dtype)
+    opts.check_source(src)  # before the heavy imports: a typo is one line at once
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err_console, transient=True) as bar:
+                  TextColumn("{task.description}"), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
         task = bar.add_task("reading source", total=None)
         converted = convert_layout(
             src, out, ladder=ladder, spd=spd, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
@@ -192,13 +197,14 @@ def generate_cmd(
     linear: str = opts.LINEAR_OPTION,
 ) -> None:
     """Generate text on the tensor-parallel runtime (greedy by default)."""
-    from .runtime.decode import Sampling
-    from .runtime.generate import RuntimeOptions
-    from .runtime.text import check_sampling, generate_text
+    from .runtime.sampling import Sampling, check_sampling
 
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     check_sampling(sampling)
     opts.check_placement(device, dtype)
+    opts.check_runtime_checkpoint(checkpoint, [tp], allow_spd_mismatch or schedule.strip().lower() != "native")
+    from .runtime.generate import RuntimeOptions
+    from .runtime.text import generate_text
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
@@ -228,7 +234,7 @@ def bench_cmd(
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
     schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
     json_path: Optional[Path] = opts.json_file_option(what="the rows and metadata"),
-    warmup: int = typer.Option(2, help="Untimed runs first."),
+    warmup: int = typer.Option(2, help="Untimed runs first (0 still runs one untimed prefill and decode step per schedule)."),
     repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
     ladder: Optional[str] = opts.ladder_option(note=" Synthetic only (a checkpoint brings its own layout)."),
@@ -255,6 +261,8 @@ def bench_cmd(
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_placement(device, dtype)
+    if checkpoint is not None:
+        opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
     from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
@@ -404,10 +412,11 @@ def adapt_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)  # before the heavy imports
     from .adapt.recipe import adapt_checkpoint, describe
     from .progress import Progress
 
-    device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
@@ -467,6 +476,7 @@ def sample_cmd(
     from .progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(source)
     with Progress("sample", err_console, total=sequences) as progress:
         try:
             result = sample_text(
@@ -498,14 +508,16 @@ def sensitivity_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
-    from .adapt.sensitivity import checkpoint_sensitivity
     from .errors import LadderizeError
-    from .model import LayerMode
-    from .progress import Progress
 
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(src)  # before the heavy imports
+    from .adapt.sensitivity import checkpoint_sensitivity
+    from .model import LayerMode
+    from .progress import Progress
+
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
@@ -540,6 +552,7 @@ def eval_command(
     from .eval.harness import evaluate_checkpoint, write_json
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
     with render.RequestProgress(err_console) as on_progress:

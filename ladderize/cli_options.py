@@ -18,17 +18,20 @@ import typer
 
 from .model.placement import DEVICE_HELP, DTYPE_HELP
 
-RANGES = "half-open slices like '16:32', '-8:', 'all', 'none'"
+RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4,10', 'all' or 'none'"
+AUTO = " 'auto': the least sensitive layers of a --sensitivity report, within --{name}-budget."
 
 
-def ladder_option(default: str | None = None, note: str = "") -> Any:
-    """``--ladder RANGES``: layers in the Ladder Residual layout."""
-    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{note}")
+def ladder_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
+    """``--ladder RANGES``: layers in the Ladder Residual layout (``auto`` where the command offers it: convert)."""
+    extra = AUTO.format(name="ladder") if auto else ""
+    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{extra}{note}")
 
 
-def spd_option(default: str | None = None, note: str = "") -> Any:
+def spd_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
     """``--spd RANGES``: layers whose attention all-reduce is dropped (Sync-Point Drop)."""
-    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{note}")
+    extra = AUTO.format(name="spd") if auto else ""
+    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{extra}{note}")
 
 
 def spd_tp_option(note: str = "") -> Any:
@@ -85,6 +88,32 @@ def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tup
     return device_spec, dtype_name
 
 
+def check_checkpoint(path: Path | str) -> Any:
+    """A checkpoint folder's config, read and checked before any heavy import (no torch): not found, not a
+    checkpoint, an unsupported architecture or a layout its heads cannot hold is one line at once.
+    Returns its ``model.architectures.ConfigHeader`` (shape and layout)."""
+    from .model.architectures import read_config_header
+
+    return read_config_header(path)
+
+
+def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatch: bool) -> None:
+    """``check_checkpoint``, and that each TP degree can run it (``runtime.dims.validate_tp``, the runtime's own
+    rule): heads that do not split are one line before torch is imported, not after the ranks start."""
+    from .runtime.dims import validate_tp
+
+    header = check_checkpoint(path)
+    for tp in tps:
+        validate_tp(header.shape, header.layout, tp, allow_spd_mismatch)
+
+
+def check_source(src: str) -> None:
+    """``convert``/``sensitivity``/``sample`` SRC checked before heavy imports (``convert.sources.check_source``)."""
+    from .convert.sources import check_source as check
+
+    check(src)
+
+
 def write_json(path: Path, record: Any) -> Path:
     """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
     import json
@@ -105,7 +134,10 @@ def quiet_libraries(verbose: bool) -> None:
 
 
 def hide_flag_types() -> None:
-    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value."""
+    """Typer's help shows a ``<bool>`` value tag beside every on/off flag (``--force <bool>``); a flag takes no value.
+    Arguments too lose their tags (``src <str>``), and the usage line names them as the README does:
+    ``ladderize convert [OPTIONS] SRC OUT``, not ``{src} {out}``."""
+    _plain_arguments()
     option = getattr(typer.core, "TyperOption", None)
     original = getattr(option, "display_type_rich", None)
     if original is None or getattr(original, "_ladderize", False):
@@ -116,3 +148,18 @@ def hide_flag_types() -> None:
 
     display_type_rich._ladderize = True
     option.display_type_rich = display_type_rich
+
+
+def _plain_arguments() -> None:
+    argument = getattr(typer.core, "TyperArgument", None)
+    if argument is None or getattr(argument, "_ladderize", False):
+        return
+
+    def usage_name(self) -> str:
+        name = self.metavar or (self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    argument._usage_display_name = usage_name
+    argument.display_type_rich = lambda self, ctx: None
+    argument._ladderize = True

@@ -109,7 +109,9 @@ def adapt_summary(result: Any) -> list[str]:
     """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
-    lines = [f"adapted {result.steps} steps, {result.tokens:,} tokens trained{calibration}, {result.train_s / 60:.1f} min; "
+    from .progress import counted
+
+    lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min; "
              f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
     if result.state_dir is not None:
         lines.append(f"training state kept in {result.state_dir} (remove it when done)")
@@ -117,13 +119,18 @@ def adapt_summary(result: Any) -> list[str]:
 
 
 def layer_summary_table(curve: list[dict]) -> Table:
-    """The sequential schedule's per-layer table: the local loss before (first step) and after (last step)."""
+    """The sequential schedule's per-layer table: each layer's local loss on one fixed batch before and after its training."""
     from .adapt.layer_training import layer_summary
 
-    table = Table(title="sequential adaptation, per layer", title_justify="left", show_edge=False)
+    entries = layer_summary(curve)
+    held = {entry["held_out"] for entry in entries}
+    where = ("held-out batch" if held == {True} else "calibration batch" if held == {False}
+             else "first and last step" if held == {None} else "fixed batch")
+    table = Table(title=f"sequential adaptation, per layer (local loss on the same {where} before and after)",
+                  title_justify="left", show_edge=False)
     for name in ("layer", "steps", "loss before", "loss after", "change"):
         table.add_column(name, justify="right")
-    for entry in layer_summary(curve):
+    for entry in entries:
         before, after = entry["before"], entry["after"]
         change = f"{100 * (after - before) / before:+.1f}%" if before else ""
         table.add_row(str(entry["layer"]), str(entry["steps"]), f"{before:.4f}", f"{after:.4f}", change)
@@ -131,12 +138,15 @@ def layer_summary_table(curve: list[dict]) -> Table:
 
 
 def sensitivity_table(report: Any, mode_name: str, data: str) -> Table:
-    """``ladderize sensitivity``'s blocks with the perplexity they add."""
-    table = Table(title=f"{mode_name} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data})")
-    for column in ("layer", "ppl with it and later blocks", "increase vs dense", "category"):
-        table.add_column(column)
+    """``ladderize sensitivity``'s blocks, from the last backwards: the perplexity with each block and every later
+    one converted, its total increase over dense, and the step this block adds (which ranks and classifies it)."""
+    table = Table(title=f"{mode_name} sensitivity (dense ppl {report.dense_ppl:.2f} on {report.samples} x {report.seq_len} of {data}); "
+                  "each row converts its block and every row above it")
+    for column in ("layer", "ppl, it and later blocks", "total vs dense", "step of this block", "category (by step)"):
+        table.add_column(column, justify="left" if column.startswith("category") else "right")
     for block in report.blocks:
-        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.delta:+.2f}%", block.category)
+        table.add_row(str(block.layer), f"{block.ppl_suffix:.2f}", f"{100 * block.increase_vs_dense:+.2f}%",
+                      f"{100 * block.delta:+.2f}%", block.category)
     return table
 
 

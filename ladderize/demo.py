@@ -149,7 +149,9 @@ def run_demo(
             say("note", busy)
             if not any(note.startswith("load average") for note in notes):
                 notes.append(f"{busy} (during the bench of {name})")
-        _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
+        reused = _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
+        if reused:
+            notes.append(reused)
 
     # 6. report
     from .report import write_report
@@ -286,7 +288,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"
-                + (f"; local loss per layer, first -> last step: {per_layer}" if per_layer else ""))
+                + (f"; local loss per layer on one fixed batch, before -> after: {per_layer}" if per_layer else ""))
     return out
 
 
@@ -328,13 +330,18 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
     say("done", f"eval {name}: {summary}")
 
 
-def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn, device: str = "cpu") -> None:
+def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn, device: str = "cpu") -> str | None:
+    """Bench one layout at the demo's TP degree; a bench already there is reused, and the note returned (and
+    said) when it was measured under load."""
     from .runtime.bench import BenchSpec, ModelSource, run_bench
     from .runtime.launch import LaunchSpec, cpu_cores
 
     if _valid_json(out, lambda r: isinstance(r.get("rows"), list) and r["rows"]):
         say("skip", f"bench {name} (exists)")
-        return
+        note = reused_bench_note(name, out)
+        if note:
+            say("note", note)
+        return note
     spec = BenchSpec(
         schedules=("native", "dense"), batches=settings.bench_batches, prompt_len=settings.bench_prompt_len,
         gen_len=settings.bench_gen_len, warmup=settings.bench_warmup, repeats=settings.bench_repeats,
@@ -359,6 +366,21 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
         f"b{r.batch} {r.decode_speedup_vs_dense:.2f}x" for r in result.rows if r.schedule == "native" and r.decode_speedup_vs_dense
     )
     say("done", f"bench {name}: decode speed-up against dense {speeds}")
+    return None
+
+
+def reused_bench_note(name: str, path: Path) -> str | None:
+    """A note when a bench record the demo reuses was measured with the load average above the cores
+    (``runtime.timing.load_average`` and ``cpu_cores`` in its meta): its speed figures are then noise."""
+    try:
+        meta = json.loads(Path(path).read_text()).get("meta") or {}
+        load, cores = float((meta.get("load_average") or [0.0])[0]), int(meta.get("cpu_cores") or 0)
+    except (OSError, ValueError, TypeError, AttributeError, IndexError):
+        return None
+    if not cores or load <= cores:
+        return None
+    return (f"bench {name} reused from {path}: it was measured at load average {load:.1f} on {cores} CPU cores, "
+            f"so its speed figures are noise; remove it and re-run the demo on an idle machine to measure again")
 
 
 # --- helpers -------------------------------------------------------------------------------

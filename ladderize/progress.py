@@ -38,6 +38,12 @@ def progress_interval() -> float:
     return value if value >= 0 else DEFAULT_INTERVAL
 
 
+def counted(number: float, noun: str, plural: str | None = None) -> str:
+    """``1 sequence``, ``2 sequences``, ``1,024 tokens``, ``0.5 epochs``: a count and its noun, the plural when not exactly one."""
+    text = f"{number:,}" if isinstance(number, int) else f"{number:g}"
+    return f"{text} {noun if number == 1 else plural or noun + 's'}"
+
+
 def format_duration(seconds: float) -> str:
     """``42s``, ``4m10s``, ``1h02m``."""
     seconds = max(0, int(round(seconds)))

@@ -37,6 +37,7 @@ RECORD_VERSION = 2  # 1: the files written before these records (see ``read_lega
 BENCH_RECORD = "ladderize-bench"
 PREDICT_RECORD = "ladderize-predict"
 EVAL_RECORD = "ladderize-eval"
+SENSITIVITY_RECORD = "ladderize-sensitivity"  # adapt.sensitivity.SensitivityReport (not a speed or accuracy row)
 DENSE_SCHEDULE = "dense"
 R = TypeVar("R", bound="SpeedRow")
 
@@ -446,6 +447,7 @@ __all__ = [
     "BENCH_RECORD",
     "DENSE_SCHEDULE",
     "EVAL_RECORD",
+    "SENSITIVITY_RECORD",
     "PREDICT_RECORD",
     "RECORD_VERSION",
     "BenchRecord",

@@ -129,3 +129,81 @@ def test_report_refuses_a_predict_json(tmp_path, capsys, monkeypatch):
     other.write_text(json.dumps({"hello": 1}))
     code, _, stderr = run_cli(["report", other, "--out", tmp_path / "report"], capsys, monkeypatch)
     assert code == 2 and "neither an eval record" in error_lines(stderr)[0]
+
+
+def _header_only_checkpoint(folder: Path, heads: int = 3) -> Path:
+    """A Llama checkpoint folder whose safetensors hold only the header-visible shapes (written with numpy)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    config = {"model_type": "llama", "hidden_size": 12 * heads, "intermediate_size": 24, "num_hidden_layers": 2,
+              "num_attention_heads": heads, "num_key_value_heads": heads, "vocab_size": 32, "torch_dtype": "float32"}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": np.zeros((32, 12 * heads), dtype=np.float32)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "{ckpt}"], None),
+        (["inspect", "{tmp}/missing"], "checkpoint {tmp}/missing not found"),
+        (["convert", "/nonexistent-26", "{tmp}/out"], "source /nonexistent-26 does not exist"),
+        (["generate", "{ckpt}", "--prompt", "hi", "--tp", "2"], "TP degree 2 does not divide the model's 3 query heads"),
+        (["bench", "{ckpt}", "--tp", "1,2"], "TP degree 2 does not divide the model's 3 query heads"),
+        (["eval", "{tmp}/missing", "--tasks", "shakespeare"], "checkpoint {tmp}/missing not found"),
+        (["adapt", "{tmp}/missing", "{tmp}/out"], "checkpoint {tmp}/missing not found"),
+        (["sensitivity", "{tmp}/missing", "--spd-tp", "2", "--json", "{tmp}/s.json"], "checkpoint {tmp}/missing not found"),
+        (["sample", "{tmp}/missing", "{tmp}/s.jsonl"], "checkpoint {tmp}/missing not found"),
+        (["report", "{tmp}/missing", "--out", "{tmp}/r"], "run {tmp}/missing does not exist"),
+    ],
+)
+def test_header_reads_and_argument_errors_import_neither_torch_nor_transformers(args, message, tmp_path):
+    """Issue 26 item 13: inspect (a header read) and every path/argument error came after 3-30 s of torch imports."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    argv = [a.replace("{ckpt}", str(ckpt)).replace("{tmp}", str(tmp_path)) for a in args]
+    probe = (
+        f"import sys; from ladderize import cli; sys.argv = ['ladderize', *{argv!r}]\n"
+        "code = 0\ntry:\n    cli.main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'lm_eval', 'accelerate') if m in sys.modules), 'CODE', code)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert "HEAVY [] CODE" in result.stdout, (result.stdout, result.stderr)
+    if message is None:
+        assert result.stdout.rstrip().endswith("CODE 0") and "parameters: 1,152" in result.stdout, result.stdout
+    else:
+        lines = error_lines(result.stderr)
+        assert result.stdout.rstrip().endswith("CODE 2") and lines == [f"error: {message.replace('{tmp}', str(tmp_path))}"], result.stderr
+
+
+def test_help_text_names_arguments_as_the_readme_and_takes_dash_h(capsys, monkeypatch):
+    """Issue 26 item 15: usage read '[OPTIONS] {src} {out}' with '<str>'/'<path>' tags, and -h was unknown."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, stdout, _ = run_cli(["convert", "-h"], capsys, monkeypatch)
+    assert code == 0 and "ladderize convert [OPTIONS] SRC OUT" in stdout
+    arguments = stdout[stdout.index("Arguments"):stdout.index("Options")]
+    assert "<str>" not in arguments and "<path>" not in arguments
+    ladder = " ".join(stdout[stdout.index("--ladder "):stdout.index("--spd ")].split())
+    assert "a single layer '5'" in ladder and "'auto'" in ladder and "--ladder-budget" in ladder
+    code, stdout, _ = run_cli(["-h"], capsys, monkeypatch)
+    assert code == 0 and "ladderize [OPTIONS] COMMAND" in stdout
+    code, stdout, _ = run_cli(["bench", "--help"], capsys, monkeypatch)
+    assert "ladderize bench [OPTIONS] [CHECKPOINT]" in stdout
+    assert "'auto'" not in " ".join(stdout[stdout.index("--ladder "):stdout.index("--spd ")].split())  # convert only
+
+
+def test_an_error_inside_convert_has_no_empty_line_before_it(tmp_path, capsys, monkeypatch):
+    """Issue 26 item 15: convert's progress bar printed an empty line before the error off a terminal."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    code, _, stderr = run_cli(["convert", ckpt, tmp_path / "out", "--ladder", "40:50"], capsys, monkeypatch)
+    assert code == 2 and stderr.startswith("error: layer range '40:50' is outside the model's 2 layers"), repr(stderr)
+
+
+def test_adapt_hint_is_derived_from_the_model(tmp_path, capsys, monkeypatch):
+    """Issue 26 item 15: the hint said '--ladder 16:32' whatever the model's layer count."""
+    ckpt = _header_only_checkpoint(tmp_path / "ckpt")
+    code, _, stderr = run_cli(["adapt", ckpt, tmp_path / "out"], capsys, monkeypatch)
+    assert code == 2 and "has no converted layers (all 2 are dense)" in stderr
+    assert "e.g. ladderize convert SRC OUT --ladder 1:2" in stderr and "16:32" not in stderr

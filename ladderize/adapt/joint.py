@@ -19,6 +19,7 @@ import torch
 
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
+from ..progress import counted
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .data import batch_at, pack_tokens
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
@@ -109,7 +110,10 @@ def adapt_joint(
         say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
             f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
     data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
-    say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
+    say(f"data: {counted(int(data.shape[0]), 'sequence')} of {config.seq_len} tokens from {config.data}")
+    if data.shape[0] < sequences_per_step:
+        say(f"the data holds fewer sequences than a step trains ({sequences_per_step}): every step repeats them, "
+            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(int(data.shape[0]) * config.seq_len, 'distinct token')}")
 
     if config.head_grouping:  # before ``prepare``, on the Accelerator's device
         from .head_grouping import group_heads_for_spd

@@ -99,6 +99,16 @@ class LayerStep:
     lr: float
 
 
+@dataclass
+class LayerFit:
+    """One layer's training: the loss of every step, and the loss on one fixed evaluation batch before and after."""
+
+    losses: list[float]
+    before: float
+    after: float
+    held_out: bool  # the evaluation batch was held out of training (else: calibration rows)
+
+
 def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
     """Optimizer steps each converted layer takes: ``epochs`` passes over the calibration set."""
     return max(1, math.ceil(epochs * num_sequences / batch_size))
@@ -107,8 +117,10 @@ def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
 def layer_summary(curve: list[dict]) -> list[dict]:
     """Per trained layer of a sequential curve: its steps and its loss before and after training.
 
-    ``before`` is the loss of the layer's first step (computed before its first update, so
-    it is the unadapted layer's error on that batch); ``after`` is its last step's loss.
+    ``before`` and ``after`` are the layer's local loss on one fixed evaluation batch (``eval_rows`` of
+    ``StateCache``: held-out sequences when the data has them), measured before its first update and after
+    its last (``eval_before``/``eval_after`` on the layer's last curve entry); ``held_out`` says whether that
+    batch was held out. Curves written before that record fall back to the first and last step's loss.
     """
     layers: dict[int, dict] = {}
     for record in curve:
@@ -116,9 +128,11 @@ def layer_summary(curve: list[dict]) -> list[dict]:
         if layer is None:
             continue
         loss = record.get("loss_local", record.get("loss_total"))
-        entry = layers.setdefault(layer, {"layer": layer, "steps": 0, "before": loss, "after": loss})
+        entry = layers.setdefault(layer, {"layer": layer, "steps": 0, "before": loss, "after": loss, "held_out": None})
         entry["steps"] += 1
         entry["after"] = loss
+        if "eval_before" in record:
+            entry.update(before=record["eval_before"], after=record["eval_after"], held_out=record.get("eval_held_out"))
     return [layers[k] for k in sorted(layers)]
 
 
@@ -141,8 +155,11 @@ class StateCache:
     """
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
-                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None):
+                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0):
         self.teacher, self.data = teacher, data
+        # the first ``num_train`` rows are the calibration set; the ``held_out`` rows after them only evaluate
+        self.num_train = data.shape[0] - held_out
+        self.held_out = held_out > 0
         self.store = store or StateStore()
         self.device = torch.device(device)
         self.precision = precision
@@ -157,6 +174,12 @@ class StateCache:
                     embeds = self._through(layer, embeds)
         self.teacher_state = embeds
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
+
+    def eval_rows(self, batch_size: int) -> torch.Tensor:
+        """The fixed batch a layer's loss is measured on before and after its training: the held-out rows
+        (up to ``batch_size``), else the first ``batch_size`` calibration rows."""
+        start, stop = (self.num_train, self.data.shape[0]) if self.held_out else (0, self.num_train)
+        return torch.arange(start, min(stop, start + batch_size))
 
     def kwargs(self, batch: int) -> dict:
         """Attention kwargs for ``batch`` full-length sequences (equal for every such batch), on the device."""
@@ -229,8 +252,9 @@ def train_layer(
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
     ranks: Ranks = Ranks(),
-) -> list[float]:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step.
+) -> LayerFit:
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states: its losses per
+    step, and its loss on the fixed evaluation batch (``StateCache.eval_rows``) before and after.
 
     Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
     """
@@ -242,25 +266,27 @@ def train_layer(
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    total = steps_per_layer(cache.data.shape[0], epochs, batch_size)
+    total = steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
-    losses = []
-    for step in range(total):
-        rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
+
+    def loss_on(rows: torch.Tensor, part: slice | None = None) -> torch.Tensor:
+        """The layer's error on ``rows`` (this process's ``part`` of them under data parallelism)."""
         t_in = (cache.rows_on_device(cache.teacher_state[0], rows), cache.rows_on_device(cache.teacher_state[1], rows))
         t_out = (cache.rows_on_device(teacher_out[0], rows), cache.rows_on_device(teacher_out[1], rows))
-        if ranks.world > 1:
-            part = ranks.part(len(rows))
-            own = rows[part]
-            with cache.autocast():
-                s_out = layer(cache.rows_on_device(inputs[0], own), cache.rows_on_device(inputs[1], own), **cache.kwargs(len(own)))
-                loss = layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
-        else:
-            with cache.autocast():
-                s_out = layer(cache.rows_on_device(inputs[0], rows), cache.rows_on_device(inputs[1], rows), **cache.kwargs(len(rows)))
-                loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        own = rows if part is None else rows[part]
+        with cache.autocast():
+            s_out = layer(cache.rows_on_device(inputs[0], own), cache.rows_on_device(inputs[1], own), **cache.kwargs(len(own)))
+            return layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
+
+    evaluation = cache.eval_rows(batch_size)  # every process measures the whole evaluation batch
+    with torch.no_grad():
+        before = loss_on(evaluation).item()
+    losses = []
+    for step in range(total):
+        rows = layer_rows(cache.num_train, index, step, batch_size, seed)
+        loss = loss_on(rows, ranks.part(len(rows)) if ranks.world > 1 else None)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts'
@@ -278,8 +304,10 @@ def train_layer(
     for param in params:
         param.requires_grad_(False)
         param.grad = None
+    with torch.no_grad():
+        after = loss_on(evaluation).item()
     # torch's optimizer and scheduler hold each other in reference cycles: collect them now, or the
     # layer's AdamW state (twice the layer) waits for the cyclic garbage collector, layer after layer
     del optimizer, scheduler
     gc.collect()
-    return losses
+    return LayerFit(losses, before, after, cache.held_out)

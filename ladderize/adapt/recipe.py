@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
+from ..progress import counted
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
 from .run import adapt
@@ -199,7 +200,7 @@ def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) 
 
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
-    tokens = f"{step['tokens']:,} tokens" + (f" x {step['epochs']:g} epochs" if kind == "sequential" else "")
+    tokens = counted(step["tokens"], "token") + (f" x {counted(float(step['epochs']), 'epoch')}" if kind == "sequential" else "")
     keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature") + (("states", "stream_layers") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "

@@ -60,7 +60,7 @@ def adapt(
     if not layout.converted_layers:
         raise LadderizeError(
             f"{checkpoint} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
-            "adapt; convert some first, e.g. ladderize convert SRC OUT --ladder 16:32"
+            f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
         )
     run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
     if config.local_schedule == "sequential":

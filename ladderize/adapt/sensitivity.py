@@ -49,8 +49,9 @@ def classify(delta: float) -> str:
 class BlockSensitivity:
     layer: int
     ppl_suffix: float  # perplexity with this block and every later candidate converted
-    delta: float  # perplexity increase this block adds, relative to dense
+    delta: float  # the step: perplexity increase this block adds to the later ones, relative to dense (ranks, classifies)
     category: str
+    increase_vs_dense: float = math.nan  # (ppl_suffix - dense ppl) / dense ppl: this block and every later candidate
 
 
 @dataclass
@@ -70,8 +71,15 @@ class SensitivityReport:
         """Layers from least to most sensitive."""
         return [b.layer for b in sorted(self.blocks, key=lambda b: (b.delta, -b.layer))]
 
+    def __post_init__(self) -> None:
+        for block in self.blocks:  # reports written before the field: derive it
+            if math.isnan(block.increase_vs_dense):
+                block.increase_vs_dense = (block.ppl_suffix - self.dense_ppl) / self.dense_ppl
+
     def to_json(self) -> dict:
-        return {**asdict(self), "ranking": self.ranking()}
+        from ..records import RECORD_VERSION, SENSITIVITY_RECORD
+
+        return {"record": SENSITIVITY_RECORD, "version": RECORD_VERSION, **asdict(self), "ranking": self.ranking()}
 
     def save(self, path: Path | str) -> None:
         from ..model.atomic import write_file_atomic
@@ -80,8 +88,12 @@ class SensitivityReport:
 
     @classmethod
     def load(cls, path: Path | str) -> "SensitivityReport":
+        from ..records import SENSITIVITY_RECORD
+
         try:
             raw = json.loads(Path(path).read_text())
+            if raw.get("record", SENSITIVITY_RECORD) != SENSITIVITY_RECORD:  # files before the field have none
+                raise ValueError(f"it is a {raw['record']} record, not a {SENSITIVITY_RECORD} record")
             blocks = [BlockSensitivity(**b) for b in raw["blocks"]]
             fields = {k: raw[k] for k in ("mode", "spd_tp_size", "dense_ppl", "samples", "seq_len", "data", "thresholds")}
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -148,7 +160,7 @@ def measure_sensitivity(
     report = SensitivityReport(mode.value, spd_tp_size if mode is LayerMode.SPD else 1, ppl[0], int(ids.shape[0]), int(ids.shape[1]), data)
     for position, layer in enumerate(order, start=1):
         delta = (ppl[position] - ppl[position - 1]) / ppl[0]
-        report.blocks.append(BlockSensitivity(layer, ppl[position], delta, classify(delta)))
+        report.blocks.append(BlockSensitivity(layer, ppl[position], delta, classify(delta), (ppl[position] - ppl[0]) / ppl[0]))
     return report
 
 

@@ -51,6 +51,7 @@ from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
 from .run_dir import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from ..progress import counted
 from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -130,7 +131,13 @@ def adapt_sequential(
         student_model = load_model(checkpoint, dtype=torch.float32)
         teacher_model = load_teacher(teacher_path, student_model)
     data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=config.tokens)
-    say(f"data: {data.shape[0]:,} sequences of {config.seq_len} tokens from {config.data}")
+    say(f"data: {counted(int(data.shape[0]), 'sequence')} of {config.seq_len} tokens from {config.data}")
+    calibration_rows = int(data.shape[0])
+    held_out = _held_out_rows(config, tokenizer, data)
+    if held_out is None:
+        say("no text beyond the calibration set: each layer's loss before and after is measured on calibration rows")
+    else:
+        data = torch.cat([data, held_out])
     if not stream:
         if config.head_grouping:
             from .head_grouping import group_heads_for_spd
@@ -139,7 +146,7 @@ def adapt_sequential(
                 say("head grouping needs the student and the teacher whole: the sequential schedule holds them in memory")
             student_model.to(device)  # the maps and block errors on the device, then back to host memory
             teacher_model.to(device)
-            student_model, orders = group_heads_for_spd(student_model, teacher_model, data[: min(len(data), 8)])
+            student_model, orders = group_heads_for_spd(student_model, teacher_model, data[: min(calibration_rows, 8)])
             student_model.to("cpu")
             teacher_model.to("cpu")
             say(f"head grouping: {orders}")
@@ -152,17 +159,18 @@ def adapt_sequential(
     if device.type != "cpu":
         say(f"sequential on {device} ({precision.name}); states in {store.where}")
     try:
-        run, finished = _train_layers(config, out, student, teacher, data, store, state_dir, resume, progress, say, stop_after_steps,
-                                      device, precision, ranks)
+        run, finished = _train_layers(config, out, student, teacher, data, 0 if held_out is None else len(held_out), store,
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
-    run.calibration_tokens = int(data.numel())
+    calibration = data.shape[0] - (0 if held_out is None else len(held_out))
+    run.calibration_tokens = calibration * config.seq_len
     if not ranks.main:  # the main process writes OUT and settles the run dir
         ranks.barrier()
         return run
     if run.calibration_tokens != config.tokens:
-        say(f"--tokens {config.tokens:,} is the calibration set: {data.shape[0]} whole sequence(s) of {config.seq_len} tokens "
-            f"= {run.calibration_tokens:,} tokens")
+        say(f"--tokens {config.tokens:,} is the calibration set: {counted(calibration, 'whole sequence')} of {config.seq_len} "
+            f"tokens = {run.calibration_tokens:,} tokens")
     if finished:  # else stopped early, as a kill would
         if stream:
             write_streamed_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
@@ -173,17 +181,42 @@ def adapt_sequential(
     return run
 
 
+def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) -> torch.Tensor | None:
+    """Up to a batch of sequences of the data that follow the calibration set (the per-layer table's evaluation
+    batch), or ``None`` when the data has no more text (or packs differently when asked for more)."""
+    from .data import pack_tokens
+
+    rows = calibration.shape[0]
+    more = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=(rows + config.batch_size) * config.seq_len)
+    if more.shape[0] <= rows or not torch.equal(more[:rows], calibration):
+        return None
+    return more[rows:]
+
+
 def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
-    data: torch.Tensor, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
+    data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None, device: torch.device | None = None, precision=None, ranks: Ranks = Ranks(),
 ) -> tuple[AdaptResult, bool]:
-    """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved."""
+    """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
+
+    ``data``'s last ``held_out`` rows only measure each layer's loss before and after (``StateCache.eval_rows``).
+    A batch holds at most the whole calibration set: a set smaller than ``--batch-size`` trains every sequence
+    once per step, not copies of it (and the token count says so).
+    """
     converted = student.model.layout.converted_layers
     first, last = min(converted), max(converted)
-    per_layer = steps_per_layer(data.shape[0], config.epochs, config.batch_size)
+    num_train = data.shape[0] - held_out
+    batch_size = min(config.batch_size, num_train)
+    if batch_size < ranks.world:
+        raise LadderizeError(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than the {ranks.world} "
+                             "processes that would split each step; give more --tokens or fewer processes")
+    if batch_size < config.batch_size:
+        say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
+            f"a step trains {counted(batch_size, 'sequence')}")
+    per_layer = steps_per_layer(num_train, config.epochs, batch_size)
     total_steps = per_layer * len(converted)
-    tokens_per_step = config.batch_size * config.seq_len
+    tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
     if saved is not None:
@@ -222,18 +255,19 @@ def _train_layers(
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
-    say(f"sequential: layers {', '.join(map(str, converted))}, {per_layer} steps each ({how}, states in "
+    say(f"sequential: layers {', '.join(map(str, converted))}, {counted(per_layer, 'step')} each ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    cache = StateCache(teacher, data, first, store, device or torch.device("cpu"), precision)
+    cache = StateCache(teacher, data, first, store, device or torch.device("cpu"), precision, held_out=held_out)
     try:
         for index in range(first, last + 1):
             with teacher.layer(index) as teacher_layer:
                 teacher_out = cache.teacher_output(teacher_layer)
             with student.layer(index) as layer:
                 if index in converted and index > done:
-                    train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=config.batch_size,
-                                lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
+                    fit = train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=batch_size,
+                                      lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
+                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
+                    curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
                     if ranks.main:
                         _save_layer(state_dir, index, layer)
                         write_trainer_state(state_dir, config, {

@@ -5,21 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..model.checkpoint import load_config, read_provenance
-from ..model.shards import CheckpointTensors
+from ..model.architectures import read_config_header, read_provenance
+from ..model.shards import HEADER, CheckpointTensors
 
 
 def count_parameters(path: Path) -> int:
-    """Number of stored parameters, read from safetensors headers (nothing is loaded; a corrupt file is one line)."""
-    with CheckpointTensors(path) as tensors:
+    """Number of stored parameters, read from safetensors headers (nothing is loaded, no torch; a corrupt file is one line)."""
+    with CheckpointTensors(path, framework=HEADER) as tensors:
         return tensors.num_parameters()
 
 
 def inspect_checkpoint(path: Path | str) -> dict[str, Any]:
-    """A JSON-ready description of a converted (or plain Llama-family) checkpoint."""
+    """A JSON-ready description of a converted (or plain Llama-family) checkpoint: headers only, no torch."""
     path = Path(path).expanduser()
-    config = load_config(path)
-    layout = config.layout
+    header = read_config_header(path)
+    config, layout = header.shape, header.layout
     provenance = read_provenance(path)
     return {
         "path": str(path.absolute()),
@@ -30,7 +30,7 @@ def inspect_checkpoint(path: Path | str) -> dict[str, Any]:
         "head_grouping": bool(layout.spd_head_order),
         "num_layers": layout.num_layers,
         "parameters": count_parameters(path),
-        "dtype": str(getattr(config, "dtype", None) or "unknown").removeprefix("torch."),
+        "dtype": str(header.values.get("dtype") or "unknown").removeprefix("torch."),
         "shape": {
             "hidden_size": config.hidden_size,
             "num_attention_heads": config.num_attention_heads,

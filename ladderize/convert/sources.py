@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError, one_line
-from ..model.architectures import read_config_file
+from ..model.architectures import architecture_for, read_config_file, read_config_json
 from ..model.shards import iter_file_tensors, tensor_names, weight_files as safetensors_files
+
+if TYPE_CHECKING:
+    import torch
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = (
@@ -93,6 +96,8 @@ class Source:
         return GenerationConfig(**{k: self.config[k] for k in keys if self.config.get(k) is not None})
 
     def _load_gguf(self) -> dict[str, torch.Tensor]:
+        import torch
+
         if self._gguf_state is None:
             from transformers import AutoModelForCausalLM
 
@@ -106,17 +111,30 @@ class Source:
         return self._gguf_state
 
 
-def resolve_source(spec: str) -> Source:
-    """Resolve SRC to a ``Source``: an existing path is local; otherwise it is tried as a hub id."""
+def check_source(spec: str) -> str:
+    """What SRC is, checked without torch or transformers (the command line calls it first): ``"local"`` (a folder
+    whose config ladderize reads), ``"gguf"`` (a .gguf file) or ``"hub"`` (a hub id); anything else is one line:
+    a file that is not .gguf, a path that does not exist, an unreadable or unsupported config."""
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file():
             if path.suffix.lower() != ".gguf":
                 raise LadderizeError(f"{spec} is a file but not a .gguf file; pass a checkpoint directory or a .gguf file")
-            return _gguf_source(spec, path)
-        return _local_source(spec, path, kind="local")
+            return "gguf"
+        architecture_for(read_config_json(path))
+        return "local"
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".gguf"):
         raise LadderizeError(f"source {spec} does not exist")
+    return "hub"
+
+
+def resolve_source(spec: str) -> Source:
+    """Resolve SRC to a ``Source``: an existing path is local; otherwise it is tried as a hub id."""
+    kind, path = check_source(spec), Path(spec).expanduser()
+    if kind == "gguf":
+        return _gguf_source(spec, path)
+    if kind == "local":
+        return _local_source(spec, path, kind="local")
     return _local_source(spec, _download_from_hub(spec), kind="hub")
 
 

@@ -127,7 +127,7 @@ def evaluate_model(
         join_data_parallel(lm)
         if lm.rank != 0:
             lm.progress = None
-        with bootstrap_in_process():
+        with bootstrap_in_process(), quiet_git_probe():
             output = simple_evaluate(
                 model=lm,
                 tasks=loaded,
@@ -146,6 +146,29 @@ def evaluate_model(
         raise LadderizeError("lm-eval returned no results")
     output["ladderize_sources"] = plan.sources
     return output
+
+
+@contextmanager
+def quiet_git_probe() -> Iterator[None]:
+    """lm-eval records ``git describe --always`` of the working directory; outside a git checkout git prints
+    ``fatal: not a git repository`` on stderr at every evaluation. The same value, with git's stderr dropped."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_commit_hash() -> str | None:
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, OSError):
+            return get_commit_from_path(os.getcwd())
+
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = git_commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 @contextmanager

@@ -135,6 +135,44 @@ def read_config_json(path: Path | str) -> dict[str, Any]:
     return read_config_file(config_file)
 
 
+def read_provenance(path: Path | str) -> dict[str, Any]:
+    """The ``ladderize.json`` provenance of a checkpoint (empty dict for a non-ladderize checkpoint)."""
+    file = Path(path) / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"corrupt provenance file {file}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ConfigHeader:
+    """A checkpoint's config read without torch or transformers: ``ladder_config_kwargs``'s values, its shape and
+    its layout, validated as ``LadderLlamaConfig`` validates them. For ``inspect`` and the command line's checks
+    before heavy imports; a model is built from ``checkpoint.load_config``."""
+
+    values: dict[str, Any]
+    shape: Any  # shapes.ModelShape
+    layout: Any  # layout.Layout
+
+
+def read_config_header(path: Path | str) -> ConfigHeader:
+    """``ConfigHeader`` of a checkpoint folder; not a checkpoint, an unsupported architecture or a layout its
+    heads cannot hold is one line (as from ``load_config``)."""
+    from types import SimpleNamespace
+
+    from .layout import Layout
+    from .shapes import ModelShape
+
+    values = ladder_config_kwargs(read_config_json(path))
+    shape = ModelShape.from_config(values, Path(path).name)
+    layout = Layout.from_config(SimpleNamespace(num_hidden_layers=shape.num_hidden_layers, **{
+        key: values.get(key) for key in ("layer_modes", "spd_tp_size", "spd_head_order")}))
+    layout.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)
+    return ConfigHeader(values, shape, layout)
+
+
 def read_config_file(config_file: Path | str) -> dict[str, Any]:
     """A ``config.json`` file as a dict, or one line saying why it cannot be read."""
     config_file = Path(config_file).expanduser()

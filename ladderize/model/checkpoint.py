@@ -25,7 +25,7 @@ from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
 from . import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama, residual as residual_module
-from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json
+from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
 from .shards import ShardWriter
 
@@ -118,17 +118,6 @@ def copy_modeling_files(directory: Path) -> None:
 
 def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:
     (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
-
-
-def read_provenance(path: Path | str) -> dict[str, Any]:
-    """The ``ladderize.json`` provenance of a checkpoint (empty dict for a non-ladderize checkpoint)."""
-    file = Path(path) / PROVENANCE_FILE
-    if not file.is_file():
-        return {}
-    try:
-        return json.loads(file.read_text())
-    except ValueError as exc:
-        raise LadderizeError(f"corrupt provenance file {file}: {exc}") from None
 
 
 def load_config(path: Path | str) -> LadderLlamaConfig:

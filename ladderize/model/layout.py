@@ -190,6 +190,26 @@ def format_layer_ranges(layers: Iterable[int]) -> str:
     return ",".join(runs)
 
 
+def described_layers(description: str) -> dict[str, list[int]] | None:
+    """The converted layers per mode of a ``Layout.describe()`` text (``"ladder 22:30 + spd@tp3 0:4"``;
+    ``"dense"`` has none), or ``None`` when the text is not one. Records that keep only the description use it."""
+    text = description.strip()
+    if text == "dense":
+        return {}
+    layers: dict[str, list[int]] = {}
+    for part in text.split(" + "):
+        mode, _, spec = part.strip().partition(" ")
+        name = mode.split("@", 1)[0]
+        if name not in (LayerMode.LADDER.value, LayerMode.SPD.value) or not spec:
+            return None
+        try:
+            stop = max(int(item.partition(":")[2] or item) for item in spec.split(","))
+            layers[name] = parse_layer_ranges(spec, stop)
+        except (ValueError, LayoutError):
+            return None
+    return layers
+
+
 @dataclass(frozen=True)
 class Layout:
     """The mode of every decoder layer, plus the TP degree SPD layers were converted for.

@@ -16,11 +16,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError, one_line
 from .atomic import apply_umask
+
+if TYPE_CHECKING:
+    import torch
+
+# Header reads (names, shapes, parameter counts) open files without torch, so ``inspect`` and the argument
+# checks stay light; reads of tensor data use torch, imported then.
+HEADER = "numpy"
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,14 +37,15 @@ def _corrupt(file: Path | str, exc: BaseException) -> LadderizeError:
 
 
 @contextlib.contextmanager
-def open_safetensors(file: Path | str) -> Iterator[Any]:
-    """``safe_open`` (torch) of one file; a missing, truncated or corrupt file is one ``LadderizeError`` line."""
+def open_safetensors(file: Path | str, framework: str = "pt") -> Iterator[Any]:
+    """``safe_open`` of one file (torch tensors; ``HEADER`` for the header only, without torch); a missing,
+    truncated or corrupt file is one ``LadderizeError`` line."""
     from safetensors import safe_open
 
     if not Path(file).is_file():
         raise LadderizeError(f"safetensors file {file} not found")
     try:
-        handle = safe_open(str(file), framework="pt")
+        handle = safe_open(str(file), framework=framework)
     except Exception as exc:
         raise _corrupt(file, exc) from None
     with handle:
@@ -76,6 +83,8 @@ class _CheckedHandle:
         """The tensor, or the concatenation of its row slices (dim 0) or column slices (dim 1)."""
         if rows is None and cols is None:
             return self.get_tensor(name)
+        import torch
+
         view = self.get_slice(name)
         try:
             if rows is not None:
@@ -86,14 +95,14 @@ class _CheckedHandle:
 
 
 def tensor_names(file: Path | str) -> list[str]:
-    """The tensor names in one file's header (no data read)."""
-    with open_safetensors(file) as handle:
+    """The tensor names in one file's header (no data read, no torch)."""
+    with open_safetensors(file, HEADER) as handle:
         return handle.keys()
 
 
 def tensor_shapes(file: Path | str) -> dict[str, list[int]]:
-    """``{name: shape}`` from one file's header (no data read)."""
-    with open_safetensors(file) as handle:
+    """``{name: shape}`` from one file's header (no data read, no torch)."""
+    with open_safetensors(file, HEADER) as handle:
         return {name: handle.shape(name) for name in handle.keys()}
 
 
@@ -139,10 +148,11 @@ class CheckpointTensors:
     """Lazy reads from a checkpoint folder's safetensors (single file or sharded index): names, shapes, tensors, slices.
 
     Handles stay open (memory-mapped) until ``close``; every failure is one ``LadderizeError`` line.
+    ``framework=HEADER`` reads names and shapes only, without torch (``inspect``).
     """
 
-    def __init__(self, path: Path | str):
-        self.path = Path(path)
+    def __init__(self, path: Path | str, framework: str = "pt"):
+        self.path, self.framework = Path(path), framework
         index = self.path / INDEX_FILE
         if index.is_file():
             self.files: dict[str, Path] = {name: self.path / file for name, file in _weight_map(index).items()}
@@ -158,7 +168,7 @@ class CheckpointTensors:
 
     def _handle(self, file: Path) -> _CheckedHandle:
         if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(open_safetensors(file))
+            self._handles[file] = self._stack.enter_context(open_safetensors(file, self.framework))
         return self._handles[file]
 
     def names(self) -> list[str]:
@@ -202,6 +212,8 @@ class CheckpointTensors:
 
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path | str, metadata: dict[str, str] | None = None) -> None:
     """``safetensors.torch.save_file`` with the file mode the umask gives (safetensors itself writes 0600)."""
+    from safetensors.torch import save_file
+
     save_file(tensors, str(path), metadata=metadata)
     apply_umask(path)
 

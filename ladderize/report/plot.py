@@ -133,8 +133,10 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
                        edgecolors="tab:red" if runs.index(run) in front else "none", linewidths=1.8, zorder=4)
         ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="tab:red", linestyle="--",
                 linewidth=1.1, zorder=3)
+        xerrs = [run.decode_speedup_stderr.get(config) or 0.0 for run in runs]
         xs = [p[0] for p in points]
-        low, high = min(xs + [1.0]), max(xs + [1.0])
+        low = min([x - e for x, e in zip(xs, xerrs)] + [1.0])  # the error bars stay inside the panel
+        high = max([x + e for x, e in zip(xs, xerrs)] + [1.0])
         pad = max(0.02, 0.12 * (high - low))
         ax.set_xlim(low - pad, high + pad)
         ax.axvline(1.0, color="black", linewidth=0.6, alpha=0.4)
@@ -155,7 +157,12 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
     if not metric.higher_is_better:
         axes.flat[0].invert_yaxis()  # shared: better is up in every panel
     ax0 = axes.flat[0]
-    y_low, y_high = sorted(ax0.get_ylim())
+    # every point with its error bar (positive on a log axis), so the bars stay inside the panels
+    y_ends = [y + sign * (run.metric_stderr.get(metric) or 0.0) for _ax, runs, points in panels
+              for run, (_x, y) in zip(runs, points) for sign in (-1, 1)]
+    y_low, y_high = min(y_ends), max(y_ends)
+    if log_y:
+        y_low = min(y_low, min(values)) if y_low > 0 else min(values)
     if log_y:
         ax0.set_ylim(*(sorted((y_low / 1.15, y_high * 1.15), reverse=not metric.higher_is_better)))
     else:
@@ -163,6 +170,8 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
         ax0.set_ylim(*(sorted((y_low - pad, y_high + pad), reverse=not metric.higher_is_better)))
 
     fig.canvas.draw()  # final limits, so that labels can be placed apart in display space
+    for (ax, _runs, _points), panel in zip(panels, info["panels"]):
+        panel.update(xlim=tuple(sorted(ax.get_xlim())), ylim=tuple(sorted(ax.get_ylim())))
     for ax, runs, points in panels:
         x_low, x_high = ax.get_xlim()
         middle = (x_low + x_high) / 2

@@ -140,9 +140,10 @@ def _run_for(runs: dict[str, LayoutRun], checkpoint: str | None, layout: str) ->
 
 def _add_eval(runs: dict[str, LayoutRun], file: Path, record: EvalRecord) -> None:
     run = _run_for(runs, record.checkpoint or None, record.layout)
-    run.layers_converted = record.layers_converted if run.layers_converted is None else run.layers_converted
-    run.num_layers = record.num_layers if run.num_layers is None else run.num_layers
-    if run.allreduces_per_decode_step is None:
+    # the eval record read the checkpoint's config: its counts replace any a bench record gave (_layout_from_bench)
+    run.layers_converted = run.layers_converted if record.layers_converted is None else record.layers_converted
+    run.num_layers = run.num_layers if record.num_layers is None else record.num_layers
+    if record.allreduces_per_decode_step is not None:
         run.allreduces_per_decode_step = record.allreduces_per_decode_step
         run.overlappable_allreduces_per_decode_step = record.overlappable_allreduces_per_decode_step
     run.adapted = run.adapted or "adapt" in record.history
@@ -168,8 +169,33 @@ def _add_bench(runs: dict[str, LayoutRun], file: Path, record: BenchRecord) -> N
     # The checkpoint's own layout names the run; a row's layout is the layout its schedule ran.
     run = _run_for(runs, record.checkpoint, record.layout)
     run.bench_rows += record.rows
+    _layout_from_bench(run, record)
     if str(file) not in run.sources:
         run.sources.append(str(file))
+
+
+def _layout_from_bench(run: LayoutRun, record: BenchRecord) -> None:
+    """What a run without an eval record knows of its layout from its bench record: layers converted (from the
+    meta, else the layout's description) and all-reduces per decode step (the meta's program count, else the
+    native rows' count at TP > 1, where the ranks really communicate)."""
+    from ..model.layout import described_layers
+
+    meta = record.meta
+    if run.layers_converted is None:
+        layers = described_layers(record.layout)
+        run.layers_converted = meta.get("layers_converted", None if layers is None else sum(map(len, layers.values())))
+    if run.num_layers is None:
+        run.num_layers = meta.get("num_layers")
+    if run.allreduces_per_decode_step is None:
+        counts = meta.get("allreduces_per_token")
+        native = next((r for r in record.rows if r.schedule == NATIVE_SCHEDULE and r.tp > 1
+                       and r.allreduces_per_decode_step is not None), None)  # fmt: skip
+        if isinstance(counts, dict) and "total" in counts:
+            run.allreduces_per_decode_step = counts["total"]
+            run.overlappable_allreduces_per_decode_step = counts.get("overlappable")
+        elif native is not None and not native.domino_chunks:
+            run.allreduces_per_decode_step = native.allreduces_per_decode_step
+            run.overlappable_allreduces_per_decode_step = native.overlapped_allreduces_per_decode_step
 
 
 def _merge_by_layout(runs: dict[str, LayoutRun]) -> None:

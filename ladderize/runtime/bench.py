@@ -1,6 +1,7 @@
 """Benchmarks of the runtime: prefill and decode timings per (schedule, tp, batch), as ``BenchRow`` records.
 
-Each configuration runs ``warmup`` untimed passes, then ``repeats`` timed passes of one
+Each configuration runs ``warmup`` untimed passes (with 0, still one untimed prefill and decode step,
+so that one-time costs stay out of the first schedule's timing), then ``repeats`` timed passes of one
 prefill (``prompt_len`` tokens per row) followed by ``gen_len`` decode steps; the row
 reports medians. The schedules of one batch size run in interleaved rounds (one pass of
 each per round), so that load changes on a shared machine hit them alike.
@@ -177,6 +178,11 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
         runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
         # a compiled or graphed decoder compiles / captures on its first step: always one untimed round first
         warmup = max(spec.warmup, 1) if options.compile or options.cuda_graphs else spec.warmup
+        if warmup == 0:
+            # still one untimed prefill and decode step per schedule: one-time costs (first-touch allocation,
+            # kernel selection) would otherwise land in the first schedule's timing
+            for decoder in decoders:
+                _time_once(context, decoder, prompt, 1)
         # rounds interleave the schedules, so that a change of machine load hits all of them alike
         for round_index in range(warmup + spec.repeats):
             for index, decoder in enumerate(decoders):
@@ -292,6 +298,8 @@ def run_bench(
         raise LadderizeError("bench needs at least one schedule and one batch size")
     if spec.gen_len < 1 or spec.prompt_len < 1 or spec.repeats < 1:
         raise LadderizeError("--prompt, --gen and --repeats must be at least 1")
+    if spec.warmup < 0:
+        raise LadderizeError(f"--warmup must be at least 0, got {spec.warmup}")
     spec = BenchSpec(schedules, spec.batches, spec.prompt_len, spec.gen_len, spec.warmup, spec.repeats, spec.seed)
     for tp in tps:
         check_machine(dataclasses.replace(launch, tp=tp))
@@ -318,6 +326,10 @@ def run_bench(
         "pin_cores": launch.pin_cores,
         "comm_nice": launch.comm_nice,
         "load_average": load_average(),
+        # the layout's shape, so a report without this checkpoint's eval still shows it (report.runs)
+        "num_layers": layout.num_layers,
+        "layers_converted": len(layout.converted_layers),
+        "allreduces_per_token": layout.allreduces_per_token(),
         "warmup": spec.warmup,
         "repeats": spec.repeats,
         "domino_chunks": options.domino_chunks,

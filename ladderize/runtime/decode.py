@@ -26,22 +26,9 @@ from typing import Callable
 import torch
 
 from .engine import RankModel
+from .sampling import Sampling  # the decoder's settings (light, checked before torch by the command line)
 from .plan import CommPlan
 from .state import KVCache
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Greedy when ``temperature == 0``; otherwise temperature / top-k / top-p sampling with a seed."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
 
 
 def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:

@@ -6,8 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LadderizeError
-from .decode import Sampling
+from .sampling import Sampling, check_sampling  # noqa: F401 (check_sampling: the module's former home)
 from .generate import RuntimeOptions
 from .launch import LaunchSpec
 
@@ -23,16 +22,6 @@ class GeneratedText:
     @property
     def wall_tokens_per_s(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
-
-
-def check_sampling(sampling: Sampling) -> None:
-    """One line of error for a sampling setting the decoder cannot use."""
-    if sampling.temperature < 0:
-        raise LadderizeError(f"--temperature must be 0 (greedy) or positive, got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise LadderizeError(f"--top-p must be in (0, 1], got {sampling.top_p}")
-    if sampling.top_k < 0:
-        raise LadderizeError(f"--top-k must be 0 (all tokens) or positive, got {sampling.top_k}")
 
 
 def generate_text(

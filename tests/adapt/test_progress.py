@@ -118,11 +118,12 @@ def test_a_two_stage_recipe_never_prints_a_negative_rate(ladder_dir, text_file, 
     assert len(rates) == 6 and all(rate > 0 for rate in rates), lines
 
 
-def test_layer_summary_takes_first_and_last_loss_of_each_layer():
-    curve = [{"layer": 5, "loss_local": 4.0}, {"layer": 5, "loss_local": 2.0}, {"layer": 5, "loss_local": 1.0},
-             {"layer": 7, "loss_local": 3.0}]
-    assert layer_summary(curve) == [{"layer": 5, "steps": 3, "before": 4.0, "after": 1.0},
-                                    {"layer": 7, "steps": 1, "before": 3.0, "after": 3.0}]
+def test_layer_summary_takes_the_evaluation_batch_losses_else_first_and_last_step():
+    curve = [{"layer": 5, "loss_local": 4.0}, {"layer": 5, "loss_local": 2.0},
+             {"layer": 5, "loss_local": 1.0, "eval_before": 3.5, "eval_after": 1.5, "eval_held_out": True},
+             {"layer": 7, "loss_local": 3.0}]  # a curve from before the evaluation batch
+    assert layer_summary(curve) == [{"layer": 5, "steps": 3, "before": 3.5, "after": 1.5, "held_out": True},
+                                    {"layer": 7, "steps": 1, "before": 3.0, "after": 3.0, "held_out": None}]
 
 
 def test_sensitivity_reports_progress_per_measured_suffix(dense_dir, text_file, tmp_path, capsys, monkeypatch):

@@ -95,3 +95,43 @@ def test_attention_maps_are_the_models_own_attention():
         heads = attn.heads(hidden, **{**attn_kwargs, "past_key_values": None})
     assert torch.allclose(maps.sum(-1), torch.ones(()), atol=1e-6)
     assert (mixed.transpose(1, 2).reshape(heads.shape) - heads).abs().max() <= 1e-5
+
+
+def test_sensitivity_table_shows_total_increase_and_step(tmp_path):
+    """Issue 26 item 7: the column named 'increase vs dense' held the block's step; both are shown, named for what they hold."""
+    from rich.console import Console
+
+    from ladderize.cli_render import sensitivity_table
+
+    report = measure_sensitivity(tiny_model(), IDS, mode=LayerMode.SPD, spd_tp_size=3)
+    for block in report.blocks:
+        assert block.increase_vs_dense == pytest.approx((block.ppl_suffix - report.dense_ppl) / report.dense_ppl)
+    # the last row converts every candidate: its total is the sum of every step
+    assert report.blocks[-1].increase_vs_dense == pytest.approx(sum(b.delta for b in report.blocks))
+    console = Console(width=300, record=True)
+    console.print(sensitivity_table(report, "spd", "random"))
+    text = console.export_text()
+    assert "total vs dense" in text and "step of this block" in text
+    last = report.blocks[-1]
+    row = next(line for line in text.splitlines() if line.strip("│ ").startswith(str(last.layer)) and f"{last.ppl_suffix:.2f}" in line)
+    assert f"{100 * last.increase_vs_dense:+.2f}%" in row and f"{100 * last.delta:+.2f}%" in row
+
+
+def test_sensitivity_json_is_a_record_and_old_files_still_load(tmp_path):
+    """Issue 26 item 15: the sensitivity JSON names its record and version like bench/predict/eval."""
+    from ladderize.records import RECORD_VERSION, SENSITIVITY_RECORD
+
+    report = measure_sensitivity(tiny_model(), IDS, mode=LayerMode.SPD, spd_tp_size=3)
+    report.save(tmp_path / "s.json")
+    raw = json.loads((tmp_path / "s.json").read_text())
+    assert raw["record"] == SENSITIVITY_RECORD and raw["version"] == RECORD_VERSION
+    for key in ("record", "version"):
+        raw.pop(key)
+    for block in raw["blocks"]:
+        block.pop("increase_vs_dense")
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    old = SensitivityReport.load(tmp_path / "old.json")
+    assert [b.increase_vs_dense for b in old.blocks] == pytest.approx([b.increase_vs_dense for b in report.blocks])
+    (tmp_path / "bench.json").write_text(json.dumps({**raw, "record": "ladderize-bench"}))
+    with pytest.raises(LadderizeError, match="not a ladderize-sensitivity record"):
+        SensitivityReport.load(tmp_path / "bench.json")

@@ -72,3 +72,28 @@ def test_sequential_resume_after_interruption_is_bit_identical(hybrid_dir, text_
 def test_sequential_refuses_what_it_cannot_do(change, message, hybrid_dir, text_file, tmp_path):
     with pytest.raises(LadderizeError, match=message):
         adapt(_config(hybrid_dir, tmp_path / "x", text_file, **change))
+
+
+def test_a_one_step_layer_reports_its_loss_before_and_after_on_the_same_held_out_batch(hybrid_dir, text_file, tmp_path):
+    """Issue 26 item 8: with one step per layer, 'before' and 'after' were the same step's loss (+0.0%)."""
+    from ladderize.adapt.layer_training import layer_summary
+
+    result = adapt(_config(hybrid_dir, tmp_path / "one", text_file, tokens=32 * 2, epochs=1, lr=1e-3))
+    summary = layer_summary(result.curve)
+    assert [(e["layer"], e["steps"]) for e in summary] == [(1, 1), (3, 1)]
+    for entry in summary:
+        assert entry["held_out"] is True  # the text file goes on past the 2 calibration sequences
+        assert abs(entry["after"] - entry["before"]) > 1e-3 * entry["before"], entry  # the step moved the layer
+
+
+def test_a_calibration_set_smaller_than_a_batch_counts_true_tokens_and_steps(hybrid_dir, text_file, tmp_path):
+    """Issue 26 item 9: one sequence with --batch-size 4 reported 4 x seq_len tokens per step (copies of one sequence)."""
+    messages: list[str] = []
+    result = adapt(_config(hybrid_dir, tmp_path / "small", text_file, tokens=32, batch_size=4, epochs=2), on_message=messages.append)
+    assert result.calibration_tokens == 32
+    assert result.steps == 2 * 2  # 2 epochs of the one sequence, one sequence a step, 2 converted layers
+    assert result.tokens == result.steps * 32  # each step trains the one sequence once
+    text = "\n".join(messages)
+    assert "data: 1 sequence of 32 tokens" in text and "1 sequences" not in text
+    assert "smaller than --batch-size 4: a step trains 1 sequence" in text
+    assert "2 steps each" in text

@@ -142,7 +142,7 @@ def test_cli_eval_writes_json(tiny_ladder_dir: Path, tiny_data_dir: Path, tmp_pa
         ("missing-text", "missing data file"),
         ("missing-data-dir", "does not exist"),
         ("not-a-model", "is not a model checkpoint: it has no config.json"),
-        ("a-file", "is not a model checkpoint directory"),
+        ("a-file", "is not a checkpoint: a checkpoint is a directory"),  # the one config reader's words, before torch
     ],
 )
 def test_cli_eval_bad_input_is_one_line(case, message, tiny_ladder_dir: Path, tiny_data_dir: Path, tmp_path: Path, monkeypatch, capsys):

@@ -122,3 +122,58 @@ def test_report_plot_error_bars_from_lm_eval_stderr(tmp_path: Path):
     assert ladder.decode_speedup_stderr[(2, 1)] > 0
     assert written["plot"]["y_label"] == "lambada_openai acc" and not written["plot"]["log_y"]
     assert written["plot"]["title"] == "dense: lambada_openai acc vs decode speed-up, TP=2"
+
+
+def test_report_plot_error_bars_stay_inside_the_axes(tmp_path: Path):
+    """Issue 26 item 11: the x limits came from the points alone, so wide speed-up spreads ran off the panel."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "dense.json").write_text(json.dumps(_eval("/x/dense", "dense", 0, 500.0, acc=0.40)))
+    (folder / "ladder.json").write_text(json.dumps(_eval("/x/ladder", "ladder 22:30", 8, 600.0, acc=0.35)))
+    # rounds of very different speed: a speed-up stderr far wider than the 12% padding around the points
+    rows = _rows("ladder 22:30", {(2, 1): ([0.03, 0.03, 0.03], [0.010, 0.030, 0.090])})
+    (folder / "bench.json").write_text(json.dumps(_bench("/x/ladder", "ladder 22:30", rows)))
+    written = write_report([folder], tmp_path / "report")
+    ladder = next(r for r in written["report"].runs if r.layout == "ladder 22:30")
+    acc = next(m for m in ladder.metrics if m.name == "acc")
+    (panel,) = written["plot"]["panels"]
+    (x_low, x_high), (y_low, y_high) = panel["xlim"], panel["ylim"]
+    for point in panel["points"]:
+        run = next(r for r in written["report"].runs if r.label == point["layout"])
+        xerr = run.decode_speedup_stderr.get((2, 1), 0.0)
+        yerr = run.metric_stderr.get(acc, 0.0)
+        assert x_low <= point["decode_speedup"] - xerr and point["decode_speedup"] + xerr <= x_high, (point, xerr, panel["xlim"])
+        assert y_low <= point["quality"] - yerr and point["quality"] + yerr <= y_high, (point, yerr, panel["ylim"])
+    assert ladder.decode_speedup_stderr[(2, 1)] > 0.3  # the case above is a real one
+
+
+def test_a_bench_without_an_eval_fills_layers_and_allreduces_from_its_layout(tmp_path: Path):
+    """Issue 26 item 11: a zero-shot checkpoint's bench row showed '–' for layers converted and all-reduces."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "dense.json").write_text(json.dumps(_eval("/x/dense", "dense", 0, 500.0, acc=0.40)))
+    rows = _rows(SPD, {(3, 1): ([0.03, 0.03], [0.025, 0.027])})
+    for row in rows:
+        if row.schedule == "native":
+            row.overlapped_allreduces_per_decode_step = 0
+            row.allreduces_per_decode_step = 52
+    old = _bench("/x/spd-zero-shot", SPD, rows)  # a record from before the layout's counts were in its meta
+    (folder / "bench-old.json").write_text(json.dumps(old))
+    written = write_report([folder], tmp_path / "report")
+    run = next(r for r in written["report"].runs if r.layout == SPD)
+    assert (run.layers_converted, run.allreduces_per_decode_step) == (8, 52)
+    line = next(l for l in written["markdown"].read_text().splitlines() if l.startswith(f"| {SPD} |"))
+    assert line.split("|")[2].strip() == "8" and line.split("|")[3].strip() == "52"
+
+    new = dict(old, meta={"num_layers": 30, "layers_converted": 8, "allreduces_per_token": {"total": 52, "overlappable": 0}})
+    (folder / "bench-old.json").write_text(json.dumps(new))
+    run = next(r for r in write_report([folder], tmp_path / "report2")["report"].runs if r.layout == SPD)
+    assert (run.layers_converted, run.num_layers, run.allreduces_per_decode_step) == (8, 30, 52)
+
+
+def test_described_layers_reads_layout_descriptions():
+    from ladderize.model.layout import Layout, described_layers
+
+    layout = Layout.from_ranges(30, ladder="22:30", spd="0:4,10", spd_tp_size=3)
+    assert described_layers(layout.describe()) == {"ladder": list(range(22, 30)), "spd": [0, 1, 2, 3, 10]}
+    assert described_layers("dense") == {} and described_layers("something else") is None

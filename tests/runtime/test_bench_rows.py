@@ -67,3 +67,23 @@ def test_single_rank_bench_runs_in_process():
     ]
     assert all(r.allreduces_per_decode_step == 0 for r in result.rows)  # one rank has nothing to sum
     assert result.meta["params"] > 0 and result.layout == "dense"
+
+
+def test_warmup_zero_still_runs_one_untimed_step_per_schedule(monkeypatch):
+    """Issue 26 item 10: with --warmup 0 the first schedule's first timed pass absorbed one-time costs (0.01x vs dense)."""
+    import ladderize.runtime.bench as bench
+
+    calls: list[int] = []
+    real = bench._time_once
+
+    def counting(context, decoder, prompt, gen_len):
+        calls.append(gen_len)
+        return real(context, decoder, prompt, gen_len)
+
+    monkeypatch.setattr(bench, "_time_once", counting)
+    spec = BenchSpec(schedules=("native", "dense"), batches=(1,), prompt_len=4, gen_len=3, warmup=0, repeats=1)
+    record = run_bench(synthetic_source("tiny"), [1], spec, LaunchSpec(tp=1, device="cpu"))
+    assert calls == [1, 1, 3, 3]  # an untimed prefill + one decode step for each schedule, then the timed passes
+    assert len(record.rows) == 2 and record.meta["warmup"] == 0
+    with pytest.raises(LadderizeError, match="--warmup must be at least 0"):
+        run_bench(synthetic_source("tiny"), [1], BenchSpec(warmup=-1), LaunchSpec(tp=1, device="cpu"))

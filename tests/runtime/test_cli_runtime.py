@@ -52,9 +52,13 @@ def test_tp_that_does_not_divide_heads_is_one_line(chat_ckpt, monkeypatch, capsy
     assert code == 2 and "does not divide" in err and len(err.strip().splitlines()) == 1
 
 
-def test_more_ranks_than_cores_needs_oversubscribe(chat_ckpt, monkeypatch, capsys):
+def test_more_ranks_than_cores_needs_oversubscribe(tmp_path, monkeypatch, capsys):
+    # a model TP 3 can run: the checkpoint's own TP checks come first, before the runtime (and torch) loads
+    path = tmp_path / "dense"
+    save_tiny(path, **TINY_TP23)
+    save_char_tokenizer(path)
     monkeypatch.setattr("ladderize.runtime.launch.cpu_cores", lambda: 2)
-    code, out, err = run_cli(monkeypatch, capsys, "generate", chat_ckpt[0], "--prompt", "hi", "--tp", "4")
+    code, out, err = run_cli(monkeypatch, capsys, "generate", path, "--prompt", "hi", "--tp", "3")
     assert code == 2 and "--oversubscribe" in err and len(err.strip().splitlines()) == 1
 
 
