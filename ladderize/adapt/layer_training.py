@@ -160,8 +160,11 @@ def train_layer(
     max_grad_norm: float,
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
+    autocast: torch.dtype | None = None,
 ) -> list[float]:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step."""
+    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states; return its losses per step.
+
+    ``autocast`` (``--mixed-precision bf16``): the forward pass and the loss run under ``torch.autocast`` to that dtype."""
     from .lr_curve import warmup_cosine
 
     index = cache.layer
@@ -179,8 +182,9 @@ def train_layer(
         rows = layer_rows(cache.data.shape[0], index, step, batch_size, seed)
         t_in = (cache.teacher_state[0][rows], cache.teacher_state[1][rows])
         t_out = (teacher_out[0][rows], teacher_out[1][rows])
-        s_out = layer(inputs[0][rows], inputs[1][rows], **cache.kwargs(len(rows)))
-        loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
+        with torch.autocast(inputs[0].device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            s_out = layer(inputs[0][rows], inputs[1][rows], **cache.kwargs(len(rows)))
+            loss = layer_error(mode, t_in, s_out, t_out, local_inputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm > 0:

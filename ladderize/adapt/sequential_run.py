@@ -175,7 +175,8 @@ def _train_layers(
                 if index in converted and index > done:
                     train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=config.batch_size,
                                 lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record)
+                                max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record,
+                                autocast=torch.bfloat16 if config.mixed_precision == "bf16" else None)
                     _save_layer(state_dir, index, layer)
                     student.use_trained(index, layer_file(state_dir, index))
                     write_trainer_state(state_dir, config, {
