@@ -261,7 +261,9 @@ def bench_cmd(
     from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
-    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp or tps[0])
+    from .model.layout import spd_tp_for
+
+    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp_for(spd, spd_tp, default=tps[0], default_from="the first --tp"))
     spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
                      prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(

@@ -53,7 +53,7 @@ def plan_prediction(
     """Resolve the shape (``model``, else the ``layout`` checkpoint's own) and the layout (``layout`` or
     ``ladder``/``spd``, never both), validate the request and build the compute model (``measured`` times
     modules on ``device``)."""
-    from ..model.layout import Layout
+    from ..model.layout import Layout, spd_tp_for
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
     from .gpus import load_gpu_profile
@@ -75,7 +75,8 @@ def plan_prediction(
     else:
         raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
     if ladder or spd:
-        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
+        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd,
+                                           spd_tp_size=spd_tp_for(spd, spd_tp, default=max(tps), default_from="the largest --tp"))
     profile = load_interconnect(interconnect)
     gpu_profile = load_gpu_profile(gpu)
     request = PredictRequest(
