@@ -44,6 +44,10 @@ def convert_layout(
 
     device = check_device(device)
     dtype = check_dtype(dtype) or "auto"
+    if max_shard_bytes is not None:
+        from ..model.shards import check_shard_bytes
+
+        check_shard_bytes(max_shard_bytes)
     ladder, _ = auto_ranges(ladder or "none", ladder_budget, sensitivity, LayerMode.LADDER)
     spd, report_tp = auto_ranges(spd or "none", spd_budget, sensitivity, LayerMode.SPD)
     spd_tp = spd_tp_for(spd, spd_tp, default=report_tp, default_from="the sensitivity report")
