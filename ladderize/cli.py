@@ -59,8 +59,9 @@ def main() -> None:
     """
     import os
 
-    from .errors import Interrupted, LadderizeError, install_interrupt_handlers, restore_handlers
+    from .errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
+    entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
     previous_handlers = install_interrupt_handlers()
     # transformers reads these when it is first imported (lazily, by the commands that need it)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
@@ -72,6 +73,10 @@ def main() -> None:
         hf_logging.set_verbosity_error()
     try:
         app()
+    except SystemExit:
+        if entry:
+            ignore_late_signals()  # finished: a late signal must not turn this exit code into 130
+        raise
     except Exception as exc:
         layout = sys.modules.get("ladderize.model.layout")  # not imported: no LayoutError can have come
         if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
@@ -82,9 +87,14 @@ def main() -> None:
         code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
         hint = f"; {exc.hint}" if getattr(exc, "hint", "") else ""
         err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
+        if entry:
+            exit_now(code)  # cleanup has run (finally blocks, ranks stopped): skip the slow interpreter teardown
         sys.exit(code)
     finally:
-        restore_handlers(previous_handlers)
+        if entry:
+            ignore_late_signals()
+        else:
+            restore_handlers(previous_handlers)
 
 
 # --- core: convert, pull, inspect -------------------------------------------------------------
