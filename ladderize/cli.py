@@ -387,7 +387,7 @@ def adapt_cmd(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
     states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
     save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
-    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate)."),
+    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
