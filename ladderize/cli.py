@@ -337,7 +337,10 @@ def predict_cmd(
 
     device, _ = opts.check_placement(device, dtype, resolve=compute == "measured")
     opts.check_output(json_path, "--json file")
-    opts.check_output(None if cache_dir is None else Path(cache_dir) / "measurements.json", "--cache-dir file")
+    if compute == "measured":
+        from .paths import cache_path
+
+        opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
     plan = plan_prediction(
         model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,

@@ -47,6 +47,8 @@ COMMANDS = {
               lambda src, d: ["bench", "--synthetic", "tiny", "--tp", "1", "--json", d / "b.json"]),
     "predict": ("ladderize.predict.plan", "plan_prediction",
                 lambda src, d: ["predict", "--model", "llama-3.1-8b", "--compute", "roofline", "--json", d / "p.json"]),
+    "predict-cache": ("ladderize.predict.plan", "plan_prediction",
+                      lambda src, d: ["predict", "--model", "llama-3.1-8b", "--device", "cpu", "--cache-dir", d / "cache"]),
     "sensitivity": ("ladderize.adapt.sensitivity", "checkpoint_sensitivity",
                     lambda src, d: ["sensitivity", src, "--spd-tp", "3", "--json", d / "s.json"]),
     "sample": ("ladderize.adapt.sample", "sample_text", lambda src, d: ["sample", src, d / "s.jsonl"]),
