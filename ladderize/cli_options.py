@@ -114,6 +114,14 @@ def check_source(src: str) -> None:
     check(src)
 
 
+def check_output(path: Path | str | None, what: str = "output") -> None:
+    """An output location (``OUT``, ``--out``, ``--json FILE``) checked writable before any work: one line if not."""
+    if path is not None:
+        from .model.atomic import check_writable
+
+        check_writable(path, what)
+
+
 def write_json(path: Path, record: Any) -> Path:
     """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
     import json

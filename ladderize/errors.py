@@ -119,3 +119,34 @@ def restore_handlers(previous: dict) -> None:
 
     for signum, handler in previous.items():
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def ignore_late_signals() -> None:
+    """The command is over (its output printed): from here SIGINT and SIGTERM are ignored, so one that lands
+    during the interpreter's teardown cannot turn a finished command into exit 130/143. (Python resets its
+    own handlers to the default, killing, action at teardown; an ignored signal stays ignored.)"""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` after the ``atexit`` handlers and a flush, skipping the interpreter's
+    teardown (seconds of garbage collection with torch loaded): an interrupted command exits promptly."""
+    import atexit
+    import os
+    import sys
+
+    ignore_late_signals()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken stream: nothing more to say
+                pass
+        os._exit(code)

@@ -130,7 +130,32 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
     check_dtype(config.dtype)
     if config.lr <= 0:
         raise LadderizeError(f"learning rate must be positive, got {config.lr}")
+    check_mixed_precision(config)
     return weights
+
+
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+def check_mixed_precision(config: AdaptConfig) -> None:
+    """``--mixed-precision``: no, bf16 or fp16, and only where the stage really trains that way.
+
+    The joint schedule hands it to Accelerate (autocast; fp16 with loss scaling, which Accelerate
+    gives on CUDA only and silently drops on the CPU); the sequential schedule autocasts each layer's
+    training step to bf16 and has no loss scaling, so it refuses fp16.
+    """
+    value = config.mixed_precision
+    if value not in MIXED_PRECISION:
+        raise LadderizeError(f"unknown --mixed-precision {value!r}; choose from {', '.join(MIXED_PRECISION)}")
+    if value == "fp16" and config.local_schedule == "sequential":
+        raise LadderizeError("the sequential local schedule (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
+                             "or no there (a recipe can set it per stage: --stage seq-local:mixed_precision=bf16)")
+    if value == "fp16":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise LadderizeError("--mixed-precision fp16 needs a CUDA GPU (on the CPU Accelerate would train in fp32); "
+                                 "use bf16 or no")
 
 
 def local_inputs_of(config: AdaptConfig) -> str:

@@ -56,6 +56,14 @@ def iter_documents(spec: str) -> Iterator[str]:
     yield from _hub_documents(spec)
 
 
+def check_data(spec: str) -> None:
+    """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
+    document of each part (a missing or empty file, an empty folder, a bad mixture, an unreachable dataset)."""
+    for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
+        if next(iter(iter_documents(part)), None) is None:
+            raise LadderizeError(f"data {part} holds no text")
+
+
 def _file_documents(path: Path) -> Iterator[str]:
     if path.stat().st_size == 0:
         raise LadderizeError(f"data file {path} is empty")

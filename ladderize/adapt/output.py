@@ -27,9 +27,6 @@ from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
 CURVE_FILE = "adapt_curve.json"
-# The streamed writer holds one output shard in memory: half the converter's 1 GB keeps the
-# assembly of OUT below the training's own peak (a layer, its gradients and AdamW state).
-STREAMED_SHARD_BYTES = 500_000_000
 
 
 def adapt_provenance(
@@ -96,12 +93,13 @@ def write_streamed_output(
 ) -> None:
     """Assemble OUT from ``student`` (a ``layer_source.StreamedLayers`` whose trained layers point at their files).
 
-    Tensors stream into fp32 shards of at most ``STREAMED_SHARD_BYTES``; the config is the
+    Tensors stream into fp32 shards of at most ``DEFAULT_MAX_SHARD_BYTES``, the converter's rule (the same
+    model is sharded the same way by convert and adapt); the config is the
     checkpoint's, as ``load_model(checkpoint, float32)`` would save it.
     """
     from transformers import GenerationConfig
 
-    from ..model.checkpoint import write_checkpoint
+    from ..model.checkpoint import DEFAULT_MAX_SHARD_BYTES, write_checkpoint
 
     model_config = student.model.config
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)
@@ -113,7 +111,7 @@ def write_streamed_output(
     else:
         generation_config = GenerationConfig.from_model_config(saved)
     write_checkpoint(
-        out, saved, student.iter_tensors(), force=config.force, max_shard_bytes=STREAMED_SHARD_BYTES,
+        out, saved, student.iter_tensors(), force=config.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
         tokenizer=tokenizer, generation_config=generation_config, provenance=provenance,
         extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n"),
     )

@@ -43,7 +43,7 @@ from ..errors import LadderizeError, one_line
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
-from .run import adapt
+from .run import adapt, preflight
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -274,6 +274,10 @@ def run_recipe(
             shutil.rmtree(top)
     elif resume:
         say(f"nothing to resume in {top}; starting a new run")
+    for index, step in enumerate(steps):  # every stage's settings, data and teacher, before the run dir exists
+        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
+        staged = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=True, **settings)
+        preflight(staged, checkpoint=checkpoint, own_input=index == 0)
     if on_plan is not None:
         on_plan(steps)
     top.mkdir(parents=True, exist_ok=True)

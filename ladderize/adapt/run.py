@@ -41,27 +41,13 @@ def adapt(
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``).
     """
-    from ..model.checkpoint import load_config
-
     say = on_message or (lambda _m: None)
-    weights = validate_config(config)
+    weights = preflight(config)
     out = Path(config.out).expanduser().absolute()
-    if out.exists() and not config.force:
-        raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     checkpoint = str(Path(config.checkpoint).expanduser())
-    if not Path(checkpoint).exists():
-        raise LadderizeError(f"checkpoint {checkpoint} not found")
-    if not Path(checkpoint).is_dir():
-        raise LadderizeError(f"{checkpoint} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
     run_dir = config.resolved_run_dir()
     if (run_dir / STATE_DIR).exists() and not resume and not config.force:
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
-    layout = load_config(checkpoint).layout
-    if not layout.converted_layers:
-        raise LadderizeError(
-            f"{checkpoint} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
-            f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
-        )
     run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
     if config.local_schedule == "sequential":
         from .sequential_run import adapt_sequential
@@ -70,3 +56,39 @@ def adapt(
     from .joint import adapt_joint
 
     return adapt_joint(config, weights, checkpoint, out, **run)
+
+
+def preflight(config: AdaptConfig, checkpoint: str | None = None, own_input: bool = True) -> dict[str, float]:
+    """Everything a run can be refused for, checked before it writes anything (its run dir included).
+
+    The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and, for the stage's
+    own input checkpoint (``own_input``; a recipe's later stages read a checkpoint not written yet):
+    that it exists, has converted layers and a tokenizer, and that the teacher the schedule needs
+    resolves. ``checkpoint``: where the teacher is looked up (default ``config.checkpoint``).
+    Returns the objective weights.
+    """
+    from ..model.checkpoint import load_config, load_tokenizer
+    from .data import check_data
+    from .teacher import resolve_teacher
+
+    weights = validate_config(config)
+    out = Path(config.out).expanduser().absolute()
+    if own_input and out.exists() and not config.force:
+        raise LadderizeError(f"output {out} already exists; pass --force to replace it")
+    source = str(Path(checkpoint or config.checkpoint).expanduser())
+    if own_input or checkpoint is not None:
+        if not Path(source).exists():
+            raise LadderizeError(f"checkpoint {source} not found")
+        if not Path(source).is_dir():
+            raise LadderizeError(f"{source} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
+        layout = load_config(source).layout
+        if not layout.converted_layers:
+            raise LadderizeError(
+                f"{source} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
+                f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
+            )
+        if config.local_schedule == "sequential" or {"kd", "local"} & set(weights) or config.head_grouping:
+            resolve_teacher(source, config.teacher)
+        load_tokenizer(source, "adaptation")
+    check_data(config.data)
+    return weights

@@ -38,15 +38,19 @@ def convert_layout(
     ``dtype`` is the output dtype (``auto`` keeps the source's); ``device`` is where head grouping computes.
     """
     from ..adapt.convert_support import auto_ranges
-    from ..model.layout import LayerMode
+    from ..model.layout import LayerMode, spd_tp_for
     from ..model.placement import check_device, check_dtype
     from .conversion import convert_checkpoint
 
     device = check_device(device)
     dtype = check_dtype(dtype) or "auto"
+    if max_shard_bytes is not None:
+        from ..model.shards import check_shard_bytes
+
+        check_shard_bytes(max_shard_bytes)
     ladder, _ = auto_ranges(ladder or "none", ladder_budget, sensitivity, LayerMode.LADDER)
     spd, report_tp = auto_ranges(spd or "none", spd_budget, sensitivity, LayerMode.SPD)
-    spd_tp = spd_tp or report_tp or 1
+    spd_tp = spd_tp_for(spd, spd_tp, default=report_tp, default_from="the sensitivity report")
     extra = {} if max_shard_bytes is None else {"max_shard_bytes": max_shard_bytes}
     path = convert_checkpoint(src, out, ladder=ladder, spd=spd, spd_tp_size=spd_tp, dtype=dtype, force=force,
                               progress=progress, **extra)

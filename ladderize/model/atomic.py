@@ -30,6 +30,30 @@ def check_output_free(out: Path, force: bool) -> None:
         raise LadderizeError(f"output {out} exists and is not a directory")
 
 
+def check_writable(path: Path | str, what: str = "output") -> Path:
+    """Raise one line unless ``path`` (a file or a directory, written atomically beside itself) can be created.
+
+    Probes the nearest existing ancestor of its parent with a real temp file (so a read-only mount, a
+    full quota or a parent that is a file are caught too, also for root) before any work starts.
+    Returns the absolute path.
+    """
+    target = Path(path).expanduser().absolute()
+    if target.is_dir() and what.endswith("file"):
+        raise LadderizeError(f"cannot write {what} {target}: it is a directory")
+    anchor = target.parent
+    while not anchor.exists() and anchor != anchor.parent:
+        anchor = anchor.parent
+    if not anchor.is_dir():
+        raise LadderizeError(f"cannot write {what} {target}: {anchor} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=anchor, prefix=".ladderize-write-check-")
+    except OSError as exc:
+        raise LadderizeError(f"cannot write {what} {target}: {exc.strerror or exc} in {anchor}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
 def current_umask() -> int:
     """The process umask (read without changing it where /proc allows)."""
     try:

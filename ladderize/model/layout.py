@@ -131,6 +131,27 @@ def module_program(modes: Sequence[LayerMode]) -> tuple[ModuleOp, ...]:
     return tuple(replace(op, overlaps_next=op.allreduce and op.k < len(ops) and ops[op.k].reads < op.k) for op in ops)
 
 
+def spd_tp_for(spd: str | None, spd_tp: int | None, default: int | None = None, default_from: str = "") -> int:
+    """The TP degree the ``--spd`` layers are converted for (the one rule of every command taking ``--spd``).
+
+    SPD at TP 1 is exactly dense (one rank: nothing to drop), so with SPD layers the degree must be
+    given (``--spd-tp``) or defaulted by the command (``default``, from ``default_from``, e.g. "--tp";
+    a sensitivity report's) and be at least 2. Without SPD layers it is ``spd_tp`` or ``default`` or 1.
+    """
+    wanted = spd is not None and str(spd).strip().lower() not in ("", "none")
+    chosen = spd_tp if spd_tp is not None else default
+    if not wanted:
+        return chosen or 1
+    if chosen is None:
+        raise LayoutError("--spd needs --spd-tp N, the tensor-parallel degree the SPD layers will run at "
+                          "(SPD at TP 1 is exactly dense)")
+    if chosen < 2:
+        given = "--spd-tp" if spd_tp is not None else (default_from or "the default")
+        raise LayoutError(f"--spd at TP {chosen} ({given}) is exactly dense: one rank has no all-reduce to drop; "
+                          "give --spd-tp with the TP degree the model will run at (2 or more)")
+    return int(chosen)
+
+
 def parse_layer_ranges(spec: str | None, num_layers: int) -> list[int]:
     """Parse ``"16:32"``, ``"-8:"``, ``"0:4,10"``, ``"all"`` or ``"none"`` into sorted layer indices.
 

@@ -218,12 +218,19 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path | str, metadat
     apply_umask(path)
 
 
+def check_shard_bytes(max_shard_bytes: int) -> int:
+    """``--max-shard-bytes``: a positive byte count (0 or less would write one file per tensor), else one line."""
+    if int(max_shard_bytes) < 1:
+        raise LadderizeError(f"--max-shard-bytes must be a positive number of bytes, got {max_shard_bytes}")
+    return int(max_shard_bytes)
+
+
 class ShardWriter:
     """Collect tensors and write Hugging Face-style shards (``model-00001-of-00003.safetensors``) plus an index."""
 
     def __init__(self, out_dir: Path, max_shard_bytes: int = 2_000_000_000):
         self.out_dir = Path(out_dir)
-        self.max_shard_bytes = int(max_shard_bytes)
+        self.max_shard_bytes = check_shard_bytes(max_shard_bytes)
         self._buffer: dict[str, torch.Tensor] = {}
         self._buffer_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []

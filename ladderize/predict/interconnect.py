@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -244,6 +244,9 @@ def load_interconnect(spec: str | Path) -> InterconnectProfile:
     """A built-in profile name, or a JSON file with the ``InterconnectProfile`` fields."""
     text = str(spec).strip()
     key = _ALIASES.get(text.lower(), text.lower())
+    if key in PROFILES and key != text.lower():  # an alias: say which profile it stands for
+        profile = PROFILES[key]
+        return replace(profile, description=f"{profile.description} ('{text}' is an alias of {profile.name})")
     if key in PROFILES:
         return PROFILES[key]
     path = Path(text).expanduser()

@@ -8,6 +8,11 @@ CPU) is timed as a proxy: tokens (compute-bound shapes) or KV length and width (
 are halved until it fits, and the proxy's time above the device's fixed per-module floor (the time
 of the smallest such module) is scaled by the ratio of the two shapes' roofline times under this
 device's own measured matmul FLOP/s and streaming bytes/s. Such entries say so in their ``source``.
+
+Memory is bounded by what the build really allocates (``build_bytes``: the module's own weights only,
+twice for the transient copies, its KV cache, rotary table and activations), never the whole rank:
+a proxy stays within ``max_bytes`` and within half the memory this machine has available, and a
+module whose smallest proxy still does not fit is refused in one line before anything is allocated.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from ..errors import LadderizeError
 from ..model.atomic import write_file_atomic
 from ..model.placement import resolve_device
+from ..model.shapes import ModelShape
 from ..paths import cache_path
 from .work import ModuleKind, ModuleWork, roofline_s
 
@@ -39,11 +46,57 @@ def _cpu_name() -> str:
 CACHE_FORMAT = 2  # 2: modules timed through the runtime's RankModel and kernels (1: plain matmuls)
 
 
+def _cgroup_room() -> float | None:
+    """Bytes this process's cgroup (v2, then v1) may still use, or ``None`` without a limit."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit_text = Path(limit_file).read_text().strip()
+            if limit_text == "max" or int(limit_text) >= 2**60:
+                return None
+            return float(int(limit_text) - int(Path(usage_file).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory_bytes(device: "object | None" = None) -> float:
+    """Bytes that can still be allocated on ``device``: free GPU memory on CUDA; on the CPU the kernel's
+    ``MemAvailable``, bounded by the cgroup's room and the address-space limit (``ulimit -v``)."""
+    import resource
+
+    import torch
+
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return float(free)
+    room = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                room.append(float(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        room.append(cgroup)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            mapped = float(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+        except (OSError, ValueError, IndexError):
+            mapped = 0.0
+        room.append(float(soft) - mapped)
+    return max(0.0, min(room)) if room else float("inf")
+
+
 class MeasuredCompute:
     """Time modules on the local device (GPU if present, else CPU) and cache the medians.
 
     ``max_call_s`` and ``max_bytes`` bound what is timed directly (defaults: 0.25 s and 8 GiB on a GPU,
-    0.1 s and 512 MiB on a CPU); larger shapes are timed as scaled proxies (see module docstring).
+    0.1 s and 512 MiB on a CPU; never more than half the memory available when the instance is made);
+    larger shapes are timed as scaled proxies (see module docstring). ``build_bytes`` is what timing a
+    shape allocates; one that cannot fit in the available memory is refused before it is built.
     """
 
     def __init__(
@@ -73,6 +126,7 @@ class MeasuredCompute:
         self.repeats = max(1, repeats)
         self.max_call_s = max_call_s if max_call_s is not None else (0.25 if self.is_gpu else 0.1)
         self.max_bytes = max_bytes if max_bytes is not None else (8 * 2**30 if self.is_gpu else 512 * 2**20)
+        self.max_bytes = min(self.max_bytes, 0.5 * available_memory_bytes(self.device))
         self.cache_path = Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json"
         self._device_key = f"{self.device_name}|{dtype_name}|torch {torch.__version__}"
         self._cache = self._load_cache()
@@ -126,17 +180,49 @@ class MeasuredCompute:
     def _local(self, work: ModuleWork) -> ModuleWork:
         return replace(work, dtype_bytes=self.dtype_bytes)
 
-    def _footprint_bytes(self, work: ModuleWork) -> float:
+    @staticmethod
+    def _positions(work: ModuleWork) -> int:
+        return max(work.kv_len, work.q_len) + 1
+
+    @staticmethod
+    def build_shape(work: ModuleWork) -> ModelShape:
+        """The one-layer shape ``_build`` allocates for ``work``: the module's own weights at full size, the
+        others' at their smallest (an attention module gets no real MLP or vocabulary, and so on)."""
+        attention, mlp, head = work.kind == "attention", work.kind == "mlp", work.kind == "head"
+        return ModelShape(
+            "module", hidden_size=work.hidden_size, intermediate_size=max(1, work.intermediate_size) if mlp else 1,
+            num_hidden_layers=1, num_attention_heads=max(1, work.heads) if attention else 1,
+            num_key_value_heads=max(1, work.kv_heads) if attention else 1, head_dim=work.head_dim,
+            vocab_size=max(1, work.vocab_size) if head else 1, tie_word_embeddings=True,  # one vocabulary matrix
+        )
+
+    def build_bytes(self, work: ModuleWork) -> float:
+        """Peak bytes that timing ``work`` allocates: the build shape's weights twice (random generation
+        and kernel packing copy them), the KV cache and rotary table, activations and attention scores."""
         w = self._local(work)
+        weights = self.build_shape(w).num_parameters
+        positions = self._positions(w)
+        kv = 2 * w.batch * positions * w.kv_heads * w.head_dim if w.kind == "attention" else 0
+        rope = 2 * positions * w.head_dim
         widest = max(w.hidden_size, 2 * w.intermediate_size if w.kind == "mlp" else 0,
                      w.vocab_size if w.kind == "head" else 0,
                      (w.heads + 2 * w.kv_heads) * w.head_dim if w.kind == "attention" else 0)
-        kv = 2 * w.batch * w.kv_len * w.kv_heads * w.head_dim if w.kind == "attention" else 0
-        scores = w.batch * w.heads * w.q_len * w.kv_len if w.kind == "attention" else 0
-        return w.dtype_bytes * (w.weight_params + kv + 4 * w.tokens * widest + scores)
+        scores = 2 * w.batch * w.heads * w.q_len * positions if w.kind == "attention" else 0
+        return float(w.dtype_bytes * (2 * weights + kv + rope + 4 * w.tokens * widest + scores))
 
     def _affordable(self, work: ModuleWork) -> bool:
-        return self._estimate_s(work) <= self.max_call_s and self._footprint_bytes(work) <= self.max_bytes
+        return self._estimate_s(work) <= self.max_call_s and self.build_bytes(work) <= self.max_bytes
+
+    def check_fits(self, work: ModuleWork) -> None:
+        """Refuse, in one line and before anything is allocated, a module this machine cannot hold."""
+        needed, room = self.build_bytes(work), available_memory_bytes(self.device)
+        if needed > 0.8 * room:
+            where = "GPU" if self.is_gpu else "CPU"
+            raise LadderizeError(
+                f"timing one {work.kind} module (hidden {work.hidden_size}, batch {work.batch}, q_len {work.q_len}, "
+                f"kv_len {work.kv_len}) needs about {needed / 2**30:.2f} GiB, but only {room / 2**30:.2f} GiB of "
+                f"{where} memory is available; free memory or use --compute roofline"
+            )
 
     def proxy_for(self, work: ModuleWork) -> ModuleWork:
         """The largest shape within budget, shrinking whatever makes it expensive.
@@ -246,19 +332,17 @@ class MeasuredCompute:
         from ..runtime.allreduce import Communicator
         from ..runtime.engine import RankModel
         from ..runtime.plan import StepKind
-        from ..model.shapes import ModelShape
         from ..runtime.weights import random_rank_weights
 
-        b, s, d, hd = work.batch, work.q_len, work.hidden_size, work.head_dim
-        heads, kv_heads, inner = max(1, work.heads), max(1, work.kv_heads), max(1, work.intermediate_size)
-        positions = max(work.kv_len, s) + 1
-        dims = ModelShape("module", hidden_size=d, intermediate_size=inner, num_hidden_layers=1, num_attention_heads=heads,
-                          num_key_value_heads=kv_heads, head_dim=hd, vocab_size=max(1, work.vocab_size))  # fmt: skip
-        config = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd,
-                             intermediate_size=inner, num_hidden_layers=1, vocab_size=dims.vocab_size,
-                             max_position_embeddings=positions)  # fmt: skip
-        weights = random_rank_weights(dims, 1, 0, dtype=self.dtype, device=self.device)
-        model = RankModel(weights, config, Communicator(1), max_positions=positions)
+        self.check_fits(work)
+        b, s, d = work.batch, work.q_len, work.hidden_size
+        positions = self._positions(work)
+        dims = self.build_shape(work)  # only this module's weights are full size
+        config = LlamaConfig(hidden_size=d, num_attention_heads=dims.num_heads, num_key_value_heads=dims.num_kv_heads,
+                             head_dim=dims.head_dim, intermediate_size=dims.intermediate_size, num_hidden_layers=1,
+                             vocab_size=dims.vocab_size, tie_word_embeddings=True, max_position_embeddings=positions)  # fmt: skip
+        model = RankModel(random_rank_weights(dims, 1, 0, dtype=self.dtype, device=self.device), config,
+                          Communicator(1), max_positions=positions)
         x = torch.full((b, s, d), 0.01, device=self.device, dtype=self.dtype)  # values do not change the timing
         if work.kind == "head":
             return lambda: model.logits(x)  # [B, 1, V]

@@ -58,7 +58,7 @@ def plan_prediction(
     ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
     measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
     the profile's, else ``h100-nvlink``."""
-    from ..model.layout import Layout
+    from ..model.layout import Layout, spd_tp_for
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
     from .gpus import load_gpu_profile
@@ -80,7 +80,8 @@ def plan_prediction(
     else:
         raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
     if ladder or spd:
-        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp or max(tps))
+        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd,
+                                           spd_tp_size=spd_tp_for(spd, spd_tp, default=max(tps), default_from="the largest --tp"))
     measured_interconnect = None
     if profile is not None:
         from .calibrate import load_profile

@@ -252,25 +252,54 @@ def run_ranks(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
     return _spawn(job, spec)
 
 
+def _stop_ranks(ranks: list, grace_s: float = 2.0) -> None:
+    """End rank processes now (SIGTERM, then SIGKILL after ``grace_s``) and reap them.
+
+    On an interrupt the parent must not wait for its ranks: ``multiprocessing`` joins live
+    children at exit, so a benchmark's ranks would otherwise finish their whole run first.
+    """
+    import time
+
+    for process in ranks:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in ranks:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)
+
+
 def _spawn(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    processes = mp.start_processes(
-        _spawned, args=(job, spec, free_port(), results), nprocs=spec.tp, join=False, start_method="spawn"
-    )
+    before = set(mp.active_children())
+    try:
+        processes = mp.start_processes(
+            _spawned, args=(job, spec, free_port(), results), nprocs=spec.tp, join=False, start_method="spawn"
+        )
+    except BaseException:  # interrupted while starting: end the ranks already started
+        _stop_ranks([p for p in mp.active_children() if p not in before])
+        raise
     messages: list[tuple[str, Any]] = []
     failure: Exception | None = None
-    while True:
-        try:  # drain while the ranks run, so a large result never blocks a rank's exit
-            messages.append(results.get(timeout=0.05))
-        except queue_module.Empty:
-            pass
-        try:
-            if processes.join(timeout=0.05):
+    try:
+        while True:
+            try:  # drain while the ranks run, so a large result never blocks a rank's exit
+                messages.append(results.get(timeout=0.05))
+            except queue_module.Empty:
+                pass
+            try:
+                if processes.join(timeout=0.05):
+                    break
+            except Exception as exc:  # a rank failed; join() has stopped the others
+                failure = exc
                 break
-        except Exception as exc:  # a rank failed; join() has stopped the others
-            failure = exc
-            break
+    except BaseException:  # Interrupted (SIGINT/SIGTERM): stop the ranks instead of waiting for them
+        _stop_ranks(processes.processes)
+        raise
     while True:
         try:
             messages.append(results.get(timeout=0.2))

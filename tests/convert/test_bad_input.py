@@ -33,9 +33,9 @@ def test_non_llama_checkpoint(tmp_path: Path, capsys, monkeypatch) -> None:
     "flags,pattern",
     [
         (["--ladder", "2:9"], "outside the model's 4 layers"),
-        (["--spd", "-6:"], "outside the model's 4 layers"),
+        (["--spd", "-6:", "--spd-tp", "3"], "outside the model's 4 layers"),
         (["--ladder", "3:1"], "selects no layers"),
-        (["--ladder", "1:3", "--spd", "2:4"], "both ladder and spd"),
+        (["--ladder", "1:3", "--spd", "2:4", "--spd-tp", "3"], "both ladder and spd"),
         (["--ladder", "x:y"], "cannot parse layer range"),
         (["--spd", "all", "--spd-tp", "4"], "SPD TP degree 4 does not divide the model's 6 query heads"),
         (["--spd", "all", "--spd-tp", "2"], "SPD TP degree 2 does not divide the model's 3 key/value heads"),

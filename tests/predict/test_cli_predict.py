@@ -80,3 +80,17 @@ def test_user_errors_exit_2_with_one_line(monkeypatch, capsys, args, message):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_an_interconnect_alias_names_the_profile_it_stands_for(capsys, monkeypatch):
+    """Issue 26 item 12: ``--interconnect nvlink`` was taken as h100-nvlink without a word."""
+    from tests.cli_helpers import run_cli
+
+    code, out, err = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "8", "--batch", "1", "--interconnect", "nvlink",
+                              "--compute", "roofline"], capsys, monkeypatch)
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("interconnect:"))
+    assert header.startswith("interconnect: h100-nvlink:") and "'nvlink' is an alias of h100-nvlink" in " ".join(out.split())
+    code, out, err = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "8", "--batch", "1", "--interconnect", "h100-nvlink",
+                              "--compute", "roofline"], capsys, monkeypatch)
+    assert code == 0 and "alias" not in out

@@ -111,3 +111,56 @@ def test_measured_times_the_runtimes_own_modules_and_kernels(tmp_path, monkeypat
         compute.module_s(module_work(TINY, kind, 2, 3, q_len, kv_len))
     assert {(name, shape) for name, shape in ran} >= {
         (StepKind.ATTENTION.value, (3, 1, 64)), (StepKind.MLP.value, (3, 1, 64)), ("head", (3, 1, 64))}  # fmt: skip
+
+
+def test_measured_builds_only_the_module_within_its_memory_budget(tmp_path, monkeypatch):
+    """Issue 26: a 70B TP8 rank's modules are built within the budget (no full-vocabulary embedding beside an
+    attention block); the old build asked for 2 x 128256 x 8192 fp32 (8.4 GB) and the OOM killer ended predict."""
+    from ladderize.runtime import weights
+
+    built: list[tuple[str, float]] = []
+    real = weights.random_rank_weights
+
+    def bounded(dims, *args, **kwargs):
+        built.append((dims.name, 4.0 * dims.num_parameters))
+        assert 4.0 * dims.num_parameters <= compute.max_bytes, f"build of {dims.num_parameters:,} params over budget"
+        return real(dims, *args, **kwargs)
+
+    monkeypatch.setattr(weights, "random_rank_weights", bounded)
+    compute = MeasuredCompute(cache_dir=tmp_path, repeats=1, device="cpu")
+    shape = load_model_shape("llama-3.1-70b")
+    for work in (module_work(shape, "attention", 8, 1, 1, 1280), module_work(shape, "mlp", 8, 1, 1, 0),
+                 module_work(shape, "head", 8, 1, 1, 0)):
+        assert compute.module_s(work) > 0
+        assert compute.build_bytes(compute.proxy_for(work)) <= compute.max_bytes
+    assert len(built) >= 3
+
+
+def test_measured_refuses_in_one_line_what_cannot_fit(tmp_path, monkeypatch, capsys):
+    """Before anything is allocated: the bytes a module needs against the memory available."""
+    from ladderize.predict import measured
+    from tests.cli_helpers import error_lines, run_cli
+
+    monkeypatch.setattr(measured, "available_memory_bytes", lambda device=None: 64 * 2**10)
+    code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1", "--prompt", "64",
+                              "--gen", "8", "--schedules", "dense", "--device", "cpu", "--cache-dir", tmp_path],
+                             capsys, monkeypatch)
+    assert code == 2 and "Traceback" not in err
+    (line,) = error_lines(err)
+    assert "needs about" in line and "GiB" in line and "--compute roofline" in line
+
+
+def test_available_memory_is_bounded_by_the_address_space_limit():
+    import resource
+
+    from ladderize.predict.measured import available_memory_bytes
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    room = available_memory_bytes()
+    assert 0 < room < float("inf")
+    cap = 64 * 2**30
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        assert available_memory_bytes() <= cap
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

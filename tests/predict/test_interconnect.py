@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -69,7 +70,10 @@ def test_profiles_cite_every_parameter_and_order_sensibly():
 
 
 def test_load_by_name_alias_and_json(tmp_path):
-    assert load_interconnect("NVLink") is PROFILES["h100-nvlink"]
+    assert load_interconnect("h100-nvlink") is PROFILES["h100-nvlink"]
+    alias = load_interconnect("NVLink")  # the same profile, and its description says which one the alias named
+    assert alias == dataclasses.replace(PROFILES["h100-nvlink"], description=alias.description)
+    assert alias.description.endswith("('NVLink' is an alias of h100-nvlink)")
     assert load_interconnect("h100-host").name == "h100-no-p2p"
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"algorithm": "tree", "launch_s": 0, "latency_s": 3e-6, "bus_bytes_per_s": 25e9,

@@ -1,0 +1,90 @@
+"""Issue 26 items 4 and 5: a refused ``adapt`` leaves nothing behind, and ``--mixed-precision`` is checked and honoured.
+
+A refusal (dense checkpoint, missing --data, a bad --mixed-precision) comes before the run dir exists,
+so the corrected command runs without --resume or --force.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.adapt.conftest import convert
+from tests.cli_helpers import error_lines, run_cli
+
+SMALL = ["--seq-len", 32, "--batch-size", 2]
+
+
+def _one_error(stderr: str) -> str:
+    lines = [line for line in error_lines(stderr) if not line.endswith(": started")]
+    assert len(lines) == 1 and lines[0].startswith("error:"), stderr
+    return lines[0]
+
+
+def _nothing_beside(tmp_path, name: str) -> None:
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(name)) == []
+
+
+@pytest.mark.parametrize("recipe", [[], ["--recipe", "seq-local"], ["--stage", "seq-local:tokens=128", "--stage", "kd:tokens=128"]])
+def test_refused_adapt_leaves_no_run_dir_and_the_fixed_command_runs(recipe, dense_dir, ladder_dir, text_file, tmp_path,
+                                                                     capsys, monkeypatch):
+    plain = convert(dense_dir, tmp_path / "plain")  # converted format, every layer dense: nothing to adapt
+    out = tmp_path / "o"
+    code, _, stderr = run_cli(["adapt", plain, out, "--data", text_file, *SMALL, *recipe], capsys, monkeypatch)
+    assert code == 2 and "has no converted layers" in _one_error(stderr)
+    _nothing_beside(tmp_path, "o")
+
+    code, _, stderr = run_cli(["adapt", ladder_dir, out, "--data", tmp_path / "typo.txt", *SMALL, *recipe], capsys, monkeypatch)
+    assert code == 2 and "does not exist" in _one_error(stderr)
+    _nothing_beside(tmp_path, "o")
+
+    if "--stage" in recipe:  # the corrected command (a small recipe): no --resume, no --force needed
+        code, _, stderr = run_cli(["adapt", ladder_dir, out, "--data", text_file, *SMALL, *recipe], capsys, monkeypatch)
+        assert code == 0, stderr
+        assert (out / "adapt_curve.json").is_file()
+
+
+def test_a_later_stages_bad_setting_is_refused_before_the_first_stage(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o"
+    code, _, stderr = run_cli(["adapt", ladder_dir, out, "--data", text_file, *SMALL, "--stage", "seq-local:tokens=128",
+                               "--stage", f"kd:tokens=128,data={tmp_path / 'missing.jsonl'}"], capsys, monkeypatch)
+    assert code == 2 and "does not exist" in _one_error(stderr)
+    _nothing_beside(tmp_path, "o")
+
+
+@pytest.mark.parametrize("value", ["fp8", "int8", "bf17"])
+def test_mixed_precision_outside_no_bf16_fp16_is_one_line(value, ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    for extra in (["--objective", "kd", "--tokens", 128], []):  # a single joint stage, the default recipe
+        code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, *extra,
+                                   "--mixed-precision", value], capsys, monkeypatch)
+        line = _one_error(stderr)
+        assert code == 2 and f"unknown --mixed-precision '{value}'" in line and "no, bf16, fp16" in line
+        _nothing_beside(tmp_path, "o")
+
+
+def test_sequential_stage_refuses_fp16_and_fp16_needs_cuda(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--recipe", "seq-local",
+                               "--mixed-precision", "fp16"], capsys, monkeypatch)
+    assert code == 2 and "no fp16 loss scaling" in _one_error(stderr)
+    if not torch.cuda.is_available():
+        code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--objective", "kd",
+                                   "--tokens", 128, "--mixed-precision", "fp16"], capsys, monkeypatch)
+        assert code == 2 and "needs a CUDA GPU" in _one_error(stderr)
+    _nothing_beside(tmp_path, "o")
+
+
+def test_sequential_stage_honours_bf16(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    """The same seq-local run in fp32 and under --mixed-precision bf16: the bf16 losses differ (they were identical)."""
+    losses = {}
+    for value in ("no", "bf16"):
+        out = tmp_path / value
+        code, _, stderr = run_cli(["adapt", ladder_dir, out, "--data", text_file, *SMALL, "--tokens", 128,
+                                   "--local-schedule", "sequential", "--epochs", 1, "--mixed-precision", value],
+                                  capsys, monkeypatch)
+        assert code == 0, stderr
+        losses[value] = [row["loss_local"] for row in json.loads((out / "adapt_curve.json").read_text())]
+    assert len(losses["no"]) == len(losses["bf16"]) > 0
+    assert losses["no"] != losses["bf16"]
+    assert losses["bf16"] == pytest.approx(losses["no"], rel=0.1)  # the same training, in lower precision
