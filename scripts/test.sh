@@ -7,4 +7,7 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec python -m pytest -q -ra --durations=15 "$@"
+# one worker per core (at most 4: several tests start 2-3 ranks or a vLLM engine each); a test that hangs
+# fails after LADDERIZE_TEST_TIMEOUT seconds (default 1800) instead of holding the run
+workers="${LADDERIZE_TEST_WORKERS:-$(python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}"
+exec python -m pytest -q -ra --durations=15 -n "$workers" --timeout "${LADDERIZE_TEST_TIMEOUT:-1800}" "$@"

@@ -87,3 +87,12 @@ def smollm2_dir() -> Path:
     from ladderize.convert.pull import pull_model
 
     return pull_model("smollm2-135m")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long tests first (the real SmolLM2 ones, marked ``slow``, and the vLLM engines), so that under
+    ``pytest -n`` (scripts/test.sh) the workers start them early and finish together; order is kept otherwise."""
+    def long(item: pytest.Item) -> bool:
+        return item.get_closest_marker("slow") is not None or "runtime/vllm/" in item.nodeid
+
+    items.sort(key=lambda item: not long(item))

@@ -66,6 +66,9 @@ def kv_bytes(work: ModuleWork) -> float:
     return float(work.dtype_bytes * work.batch * work.kv_len * 2 * work.kv_heads * work.head_dim)
 
 
+MAX_EFFICIENCY = 1.5  # of the datasheet (or measured) peak FLOP/s: above it a fitted efficiency is noise
+
+
 @dataclass(frozen=True)
 class ComputeFit:
     """Fitted constants of the compute model for one GPU and runtime; ``sources`` says what fixed each."""
@@ -83,8 +86,8 @@ class ComputeFit:
             raise LadderizeError("compute fit: overhead_s needs a non-negative value for attention, mlp and head")
         for kind in KINDS:
             anchors = self.flops_efficiency.get(kind)
-            if not anchors or any(not 0 < eff <= 1.5 or width < 1 for width, eff in anchors):
-                raise LadderizeError(f"compute fit: flops_efficiency[{kind!r}] needs (width, efficiency in (0, 1.5])")
+            if not anchors or any(not 0 < eff <= MAX_EFFICIENCY or width < 1 for width, eff in anchors):
+                raise LadderizeError(f"compute fit: flops_efficiency[{kind!r}] needs (width, efficiency in (0, {MAX_EFFICIENCY}])")
 
     def efficiency(self, kind: str, width: int) -> float:
         """The FLOP efficiency of a ``kind`` module of this width: log2-linear between anchors, flat outside."""
@@ -253,9 +256,14 @@ def fit_compute(
     if not efficiency:
         raise LadderizeError("compute fit: no prefill row is longer than its module's fixed cost")
     anchors: dict[str, tuple[tuple[int, float], ...]] = {}
+    clamped = []
     for kind, by_width in efficiency.items():
         # Least squares on relative time error for t = flops / (peak * e): 1/e is the mean of the rows' 1/e.
-        anchors[kind] = tuple(sorted((w, 1.0 / float(np.mean([1.0 / e for e in effs]))) for w, effs in by_width.items()))
+        fitted = sorted((w, 1.0 / float(np.mean([1.0 / e for e in effs]))) for w, effs in by_width.items())
+        # Noisy timings of tiny shapes (a loaded CPU) can leave a prefill row barely above its fixed cost, and so an
+        # efficiency far above the peak: such an anchor is held at MAX_EFFICIENCY, and the sources say so.
+        clamped += [f"{kind}@{w}" for w, e in fitted if e > MAX_EFFICIENCY]
+        anchors[kind] = tuple((w, min(e, MAX_EFFICIENCY)) for w, e in fitted)
     present = sorted(anchors)
     sources = {
         **({"weight_bytes_per_s_fallback": "the rows gave no positive bandwidth: the measured stream rate"}
@@ -266,6 +274,8 @@ def fit_compute(
         "kv_bytes_per_s": f"fitted (decode rows) on {source}",
         "overhead_s": f"fitted per kind (decode rows) on {source}",
         "flops_efficiency": f"fitted per kind and width (prefill rows) on {source}",
+        **({"flops_efficiency_clamped": f"{', '.join(clamped)}: fitted above {MAX_EFFICIENCY} of the peak (noise), "
+                                        f"held at {MAX_EFFICIENCY}"} if clamped else {}),
     }
     for kind in KINDS:
         if kind not in anchors:

@@ -95,3 +95,17 @@ def test_fit_round_trips_and_rejects_bad_input():
     assert H100_FIT.efficiency("mlp", 1) == H100_FIT.flops_efficiency["mlp"][0][1]  # flat outside the anchors
     middle = H100_FIT.efficiency("mlp", 3584 * 2 ** 1.5)
     assert H100_FIT.flops_efficiency["mlp"][0][1] < middle < H100_FIT.flops_efficiency["mlp"][1][1]
+
+
+def test_a_noisy_prefill_row_is_held_at_the_efficiency_cap_and_said(rows):
+    """A prefill row barely above its fixed cost (a loaded CPU's calibration) would fit an efficiency far above the
+    peak; the fit holds it at MAX_EFFICIENCY and its sources name the anchor, instead of failing the calibration."""
+    fit_rows = [t for t in rows if F.is_fit_row(t)]
+    base = F.fit_compute(fit_rows, PEAK, "x")
+    assert "flops_efficiency_clamped" not in base.sources
+    fast = [replace(t, seconds=base.overhead_s[t.work.kind] * 1.0001)
+            if t.phase == "prefill" and t.work.kind == "mlp" else t for t in fit_rows]
+    noisy = F.fit_compute(fast, PEAK, "x")
+    assert all(e == F.MAX_EFFICIENCY for _, e in noisy.flops_efficiency["mlp"])
+    assert "mlp@" in noisy.sources["flops_efficiency_clamped"]
+    assert noisy.flops_efficiency["attention"] == base.flops_efficiency["attention"]
