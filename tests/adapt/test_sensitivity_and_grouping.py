@@ -101,7 +101,7 @@ def test_sensitivity_table_shows_total_increase_and_step(tmp_path):
     """Issue 26 item 7: the column named 'increase vs dense' held the block's step; both are shown, named for what they hold."""
     from rich.console import Console
 
-    from ladderize.cli_render import sensitivity_table
+    from ladderize.cli.render import sensitivity_table
 
     report = measure_sensitivity(tiny_model(), IDS, mode=LayerMode.SPD, spd_tp_size=3)
     for block in report.blocks:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli_helpers import error_lines, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_flags_show_no_value_tag(capsys, monkeypatch):

@@ -13,8 +13,8 @@ from rich.table import Table
 
 def inspection(path: Path) -> tuple[Table, str]:
     """A checkpoint's layer runs (table) and its summary lines (rich markup)."""
-    from .convert.inspect import inspect_checkpoint
-    from .model.layout import LayerMode
+    from ..convert.inspect import inspect_checkpoint
+    from ..model.layout import LayerMode
 
     info = inspect_checkpoint(path)
     table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
@@ -109,7 +109,7 @@ def adapt_summary(result: Any) -> list[str]:
     """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
-    from .progress import counted
+    from ..progress import counted
 
     lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min; "
              f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
@@ -120,7 +120,7 @@ def adapt_summary(result: Any) -> list[str]:
 
 def layer_summary_table(curve: list[dict]) -> Table:
     """The sequential schedule's per-layer table: each layer's local loss on one fixed batch before and after its training."""
-    from .adapt.layer_training import layer_summary
+    from ..adapt.layer_training import layer_summary
 
     entries = layer_summary(curve)
     held = {entry["held_out"] for entry in entries}
@@ -152,7 +152,7 @@ def sensitivity_table(report: Any, mode_name: str, data: str) -> Table:
 
 def eval_table(record: dict) -> Table:
     """An eval record's headline metrics with their standard errors."""
-    from .eval.harness import headline_metrics
+    from ..eval.harness import headline_metrics
 
     where = f" on {record['device']}, {record['dtype']}" if record.get("device") else ""
     if (record.get("processes") or 1) > 1:
@@ -170,7 +170,7 @@ def eval_table(record: dict) -> Table:
 
 def report_table(report: Any) -> Table:
     """The accuracy-vs-speed report as a table (``report.render.markdown`` is its form off a terminal)."""
-    from .report.render import table_rows
+    from ..report.render import table_rows
 
     table = Table(show_edge=False)
     for index, name in enumerate(report.columns()):
@@ -182,7 +182,7 @@ def report_table(report: Any) -> Table:
 
 def print_report(console: Any, report: Any) -> None:
     """The report on a terminal as a table; piped or logged, its Markdown table, unwrapped."""
-    from .report.render import markdown
+    from ..report.render import markdown
 
     if not console.is_terminal:
         console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)
@@ -202,7 +202,7 @@ class RequestProgress:
         return self
 
     def __call__(self, kind: str, done: int, total: int, tokens: int) -> None:
-        from .progress import Progress
+        from ..progress import Progress
 
         if self.kind != kind:
             self.close()

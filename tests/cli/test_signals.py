@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The entry point with a slow teardown, as torch's gives under load: an atexit hook and a module global whose
 # finalizer each take a while, so the signal surely lands after the output and before the process ends.

@@ -1,0 +1,70 @@
+"""The ``ladderize`` command line: one Typer app, one module per verb group. Only this package prints.
+
+A command parses its options (shared groups: ``options``), validates them, calls its pipeline in the
+package (``convert.pipeline.convert_layout``, ``adapt.recipe.adapt_checkpoint``, ``predict.plan.plan_prediction``,
+``runtime.text.generate_text``, ...) and renders the result (tables: ``render``).
+
+- ``app``: the Typer app, ``--version``, the consoles
+- ``convert``: convert, pull, inspect; ``runtime``: generate, bench; ``predict``: predict
+- ``adapt``: adapt, sample, sensitivity; ``evaluate``: eval, report; ``demo``: demo
+
+Importing it imports neither torch nor transformers (``ladderize --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .app import app, err_console
+# the command modules register their commands on ``app`` when imported, in the order --help lists them
+from . import convert, runtime, predict, adapt, evaluate, demo  # noqa: E402,F401  isort: skip
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line on stderr and exit code 2.
+
+    SIGINT and SIGTERM raise ``Interrupted`` in every command, so ``finally`` blocks remove
+    temp folders; the exit code is 130 (SIGINT) or 143 (SIGTERM), with one line saying so.
+    """
+    import os
+
+    from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
+
+    entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
+    previous_handlers = install_interrupt_handlers()
+    # transformers reads these when it is first imported (lazily, by the commands that need it)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "--verbose" not in sys.argv:  # third-party tqdm bars (GGUF de-quantizing, datasets' splits, lm-eval); read at tqdm's import
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    try:
+        app()
+    except SystemExit:
+        if entry:
+            ignore_late_signals()  # finished: a late signal must not turn this exit code into 130
+        raise
+    except Exception as exc:
+        layout = sys.modules.get("ladderize.model.layout")  # not imported: no LayoutError can have come
+        if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
+        hint = f"; {exc.hint}" if getattr(exc, "hint", "") else ""
+        err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
+        if entry:
+            exit_now(code)  # cleanup has run (finally blocks, ranks stopped): skip the slow interpreter teardown
+        sys.exit(code)
+    finally:
+        if entry:
+            ignore_late_signals()
+        else:
+            restore_handlers(previous_handlers)

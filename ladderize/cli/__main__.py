@@ -1,0 +1,5 @@
+"""``python -m ladderize.cli``: the console script."""
+
+from . import main
+
+main()

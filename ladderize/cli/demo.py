@@ -1,0 +1,49 @@
+"""``ladderize demo``: the main job, offline, with no flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console, err_console
+
+
+
+@app.command()
+def demo(
+    out: Path = opts.out_option(Path("runs/demo"), "Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
+    quick: bool = typer.Option(False, "--quick", help="The same path with tiny budgets (a few minutes; for CI)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2)."),
+    force: bool = opts.force_option("Start over: replace OUT."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show library log messages."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """The main job, offline: pull SmolLM2-135M, convert ladder and SPD layouts, adapt, evaluate, bench at TP=3, report."""
+    import time
+
+    from rich.markup import escape
+
+    from ..demo import run_demo
+
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_output(out / "report.md", "--out file")
+    opts.quiet_libraries(verbose)
+    started = time.perf_counter()
+
+    def on_event(kind: str, message: str) -> None:
+        elapsed = time.perf_counter() - started
+        style = {"start": "bold cyan", "skip": "dim", "done": "green", "note": "yellow"}.get(kind, "default")
+        err_console.print(f"[dim]{elapsed:7.1f}s[/] [{style}]{kind:>5}[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+    with err_console.status("[bold]ladderize demo[/]", spinner="dots"):
+        result = run_demo(out, quick=quick, data_dir=data_dir, force=force, on_event=on_event, device=device, dtype=dtype_name)
+    render.print_report(console, result.report)
+    console.print(f"report: {result.markdown}  (also {result.csv.name}, {result.png.name})", highlight=False, soft_wrap=True)
+    if result.notes:
+        for note in result.notes:
+            console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)

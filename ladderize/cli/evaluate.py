@@ -1,0 +1,66 @@
+"""``ladderize eval`` and ``report``: lm-eval accuracy and the accuracy-vs-speed table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console, err_console
+
+
+
+@app.command("eval")
+def eval_command(
+    ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
+    tasks: str = typer.Option(..., "--tasks", help="Comma-separated tasks: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE, or any lm-eval task."),
+    limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval."),
+    batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N (lm-eval's largest-batch search, on the accelerator)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder with lambada_openai/lambada_test.jsonl and wikitext-2/valid.txt (default: $LADDERIZE_DATA_DIR)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length for lm-eval (and the rolling-perplexity window); default: the model's."),
+    bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="lm-eval bootstrap iterations for standard errors (its CLI default is 100000)."),
+    json_path: Optional[Path] = opts.json_file_option(what="the eval record (lm-eval results + layout)"),
+    verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results.
+
+    Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
+    --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
+    as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
+    from ..eval.harness import evaluate_checkpoint, write_json
+
+    device, dtype_name = opts.check_placement(device, dtype)
+    opts.check_checkpoint(ckpt)
+    opts.check_output(json_path, "--json file")
+    opts.quiet_libraries(verbose)
+    limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
+    with render.RequestProgress(err_console) as on_progress:
+        record = evaluate_checkpoint(
+            ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
+            max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,
+        )  # fmt: skip
+    if record is None:  # a rank other than 0 under data parallelism: rank 0 reports
+        return
+    console.print(render.eval_table(record))
+    if json_path is not None:
+        console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def report(
+    runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
+    out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True),
+) -> None:
+    """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
+    from ..report import write_report
+
+    opts.check_output(out / "report.md", "--out file")
+    written = write_report(runs, out)
+    render.print_report(console, written["report"])
+    for key in ("markdown", "csv", "png"):
+        console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)

@@ -1,0 +1,111 @@
+"""``ladderize predict``: latency and throughput of each schedule under TP, before retraining."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console
+
+
+
+@app.command("predict")
+def predict_cmd(
+    model: Optional[str] = typer.Option(
+        None, "--model",
+        help="Model shape: a preset (llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, llama-2-70b) or a config.json / "
+             "checkpoint folder. Defaults to the --layout checkpoint's own shape.",
+    ),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="Comma-separated tensor-parallel degrees to predict."),
+    batch: str = typer.Option("1,4,16,64", "--batch", help="Comma-separated batch sizes (sequences decoded together)."),
+    prompt: int = typer.Option(1024, "--prompt", help="Prompt tokens per sequence (the prefill length)."),
+    gen: int = typer.Option(512, "--gen", help="New tokens generated per sequence."),
+    interconnect: Optional[str] = typer.Option(
+        None, "--interconnect",
+        help="All-reduce profile: h100-nvlink (default, unless --profile measured one), h100-no-p2p (peer-to-peer "
+             "disabled, via host memory), pcie-gen5, infiniband-ndr, or a JSON file with the profile's fields.",
+    ),
+    layout: Optional[Path] = typer.Option(
+        None, "--layout", help="Converted checkpoint (folder or config.json): predict its layer_modes as the 'layout' schedule."
+    ),
+    ladder: Optional[str] = opts.ladder_option(note=" Instead of --layout."),
+    spd: Optional[str] = opts.spd_option(note=" Instead of --layout."),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)"),
+    compute: str = typer.Option(
+        "measured", "--compute",
+        help="measured: time one rank's modules on this machine (a GPU if present, else the CPU; cached). "
+             "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured timings).",
+    ),
+    gpu: str = typer.Option(
+        "h100", "--gpu",
+        help="GPU profile for --compute roofline: h100 (ladderize's runtime), h100-gpt-fast (the Ladder authors' "
+             "runtime), h200, a100, or a profile JSON.",
+    ),
+    calibrate: bool = typer.Option(
+        False, "--calibrate",
+        help="Instead of predicting: time this device's modules (and the all-reduce when >1 GPU) for --model at "
+             "--tp/--batch, fit the compute model, and write it to --profile FILE.",
+    ),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="With --calibrate: the profile JSON to write. Otherwise: a profile to predict with "
+                                "(its fitted GPU, roofline; its measured all-reduce unless --interconnect is given).",
+    ),
+    force: bool = opts.force_option("With --calibrate: replace an existing --profile file."),
+    schedules: Optional[str] = typer.Option(
+        None, "--schedules", help="Comma-separated subset of dense, ladder, spd, domino, upper-bound, layout (default: all that apply)."
+    ),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks the domino schedule splits the batch (or a lone prompt) into."),
+    json_path: Optional[Path] = opts.json_file_option(what="the rows, module timings and profiles used"),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="Cache of measured module timings (default ~/.cache/ladderize/predict)."
+    ),
+    show_modules: bool = typer.Option(False, "--show-modules", help="Also print the per-module compute timings."),
+    device: str = opts.DEVICE_OPTION,
+    dtype: str = opts.DTYPE_OPTION,
+) -> None:
+    """Predict prefill/decode latency and tokens/s of dense, ladder, SPD and domino schedules under TP, before retraining."""
+    from ..predict.plan import calibrate_from_options, plan_prediction
+
+    if calibrate:
+        from ..predict.calibrate import fit_summary
+
+        device, _ = opts.check_placement(device, dtype)
+        opts.check_output(profile, "--profile file")
+        result = calibrate_from_options(model=model, layout=layout, tp=tp, batch=batch, prompt=prompt, gen=gen,
+                                        out=profile, force=force, cache_dir=cache_dir, device=device)
+        for line in fit_summary(result):
+            console.print(line, highlight=False, markup=False)
+        console.print(f"wrote {profile}", highlight=False, markup=False)
+        return
+    device, _ = opts.check_placement(device, dtype, resolve=compute == "measured" and profile is None)
+    opts.check_output(json_path, "--json file")
+    if compute == "measured" and profile is None:
+        from ..paths import cache_path
+
+        opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
+    plan = plan_prediction(
+        model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
+        interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
+        cache_dir=cache_dir, device=device, dtype=dtype, profile=profile,
+    )
+    for line in render.predict_header(plan):
+        console.print(line, highlight=False, markup=False)
+    if compute == "measured" and profile is None and not plan.compute.is_gpu:
+        console.print(
+            "[yellow]no GPU here: module times are CPU timings (big shapes via scaled proxies). Against a GPU "
+            "fabric they make communication look cheap; use --compute roofline to predict a GPU node.[/]"
+        )
+    result = plan.run()
+
+    table, notes = render.predict_table(result, prompt, gen)
+    console.print(table)
+    for number, note in enumerate(notes, 1):
+        console.print(f"[{number}] {note}", highlight=False, markup=False)
+    if show_modules:
+        console.print(render.module_table(result))
+    if json_path is not None:
+        console.print(f"wrote {opts.write_json(json_path, result.to_record().to_json())}", highlight=False)

@@ -1,0 +1,135 @@
+"""``ladderize generate`` and ``bench``: the tensor-parallel runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import options as opts
+from . import render
+from .app import app, console, err_console
+
+
+
+def _runtime_launch(tp: int, device: str, backend: str, oversubscribe: bool, threads_per_rank: int = 0,
+                    pin_cores: bool = False, comm: str = "auto"):
+    from ..runtime.launch import LaunchSpec
+
+    return LaunchSpec(tp=tp, device=device, backend=backend, oversubscribe=oversubscribe,
+                      threads_per_rank=threads_per_rank, pin_cores=pin_cores, comm=comm)
+
+
+@app.command("generate")
+def generate_cmd(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint directory (config.json, safetensors, tokenizer)."),
+    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to generate (stops early at EOS)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (ranks)."),
+    json_output: bool = opts.JSON_PRINT_OPTION,
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Sampling seed (the same on every rank)."),
+    schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
+    dtype: str = opts.DTYPE_OPTION,
+    device: str = opts.DEVICE_OPTION,
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
+) -> None:
+    """Generate text on the tensor-parallel runtime (greedy by default)."""
+    from ..runtime.sampling import Sampling, check_sampling
+
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    check_sampling(sampling)
+    opts.check_placement(device, dtype)
+    opts.check_runtime_checkpoint(checkpoint, [tp], allow_spd_mismatch or schedule.strip().lower() != "native")
+    from ..runtime.generate import RuntimeOptions
+    from ..runtime.text import generate_text
+    options = RuntimeOptions(
+        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
+    )
+    launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
+    with err_console.status(f"generating on {tp} rank(s)...") if not json_output else contextlib.nullcontext():
+        out = generate_text(checkpoint, prompt, max_new_tokens, launch, sampling, options, schedule, chat=chat)
+    if out is None:  # a torchrun rank other than 0: rank 0 prints
+        return
+    if json_output:
+        typer.echo(json.dumps({"tokens": out.tokens, "text": out.text, "wall_s": round(out.seconds, 4),
+                               "wall_tokens_per_s": round(out.wall_tokens_per_s, 2)}))
+        return
+    console.print(f"[dim]{prompt}[/]" + ("\n" if chat else "") + out.text, highlight=False, markup=True)
+    err_console.print(f"[dim]{len(out.tokens)} tokens in {out.seconds:.2f} s: {out.wall_tokens_per_s:,.1f} tokens/s "
+                      f"(TP {tp}, start-up and prefill included)[/]", highlight=False)
+
+
+@app.command("bench")
+def bench_cmd(
+    checkpoint: Optional[Path] = typer.Argument(None, help="Checkpoint directory (or use --synthetic)."),
+    synthetic: Optional[str] = typer.Option(
+        None, "--synthetic", help="Random weights of a shape: a preset (tiny, cpu-512, cpu-1024, smollm2-135m, llama-1b, llama-8b, llama-70b) or a config.json."
+    ),
+    tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
+    batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
+    prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
+    gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
+    schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
+    json_path: Optional[Path] = opts.json_file_option(what="the rows and metadata"),
+    warmup: int = typer.Option(2, help="Untimed runs first (0 still runs one untimed prefill and decode step per schedule)."),
+    repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
+    ladder: Optional[str] = opts.ladder_option(note=" Synthetic only (a checkpoint brings its own layout)."),
+    spd: Optional[str] = opts.spd_option(note=" Synthetic only."),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (synthetic only; default: the first --tp)"),
+    dtype: str = opts.DTYPE_OPTION,
+    device: str = opts.DEVICE_OPTION,
+    backend: str = opts.BACKEND_OPTION,
+    comm: str = opts.COMM_OPTION,
+    oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
+    threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
+    pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
+    allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
+    cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
+    compile_modules: bool = opts.COMPILE_OPTION,
+    linear: str = opts.LINEAR_OPTION,
+    seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
+) -> None:
+    """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
+    from ..errors import LadderizeError
+    from ..parsing import parse_int_list
+
+    if (checkpoint is None) == (synthetic is None):
+        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+    tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    opts.check_placement(device, dtype)
+    if checkpoint is not None:
+        opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
+    opts.check_output(json_path, "--json file")
+    from ..runtime.bench import BenchSpec, model_source, run_bench
+    from ..runtime.generate import RuntimeOptions
+
+    from ..model.layout import spd_tp_for
+
+    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp_for(spd, spd_tp, default=tps[0], default_from="the first --tp"))
+    spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
+                     prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
+    options = RuntimeOptions(
+        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
+        compile=compile_modules, linear=linear,
+    )
+    with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
+        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
+    if result is None:  # a torchrun rank other than 0: rank 0 prints
+        return
+    console.print(render.bench_table(result, source.name, prompt, gen, repeats))
+    if json_path is not None:
+        console.print(f"wrote {opts.write_json(json_path, result.to_json())}")
