@@ -80,9 +80,10 @@ class ProgressLine:
     Tokens per second are measured between two lines when ``tokens`` is given (else the
     caller's ``tokens_per_s``). A count that went down started over (the next stage of a
     recipe, shown on the same line): its first line takes the caller's rate, or the count
-    over the time since the previous line, never a difference across the two counts. The ETA is ``elapsed / done * (total - done)``, with
-    ``elapsed`` the caller's (e.g. training time without loading) or the time since the
-    first update.
+    over the time since the previous line, never a difference across the two counts. The ETA is the
+    pace since the first line times the steps left, with ``elapsed`` the caller's (e.g. training
+    time without loading) or the time since the first update; the first line shows ``ETA ?``: its
+    step carries one-time costs (a sequential stage's first teacher pass) that would inflate it.
     """
 
     def __init__(self, label: str, total: int | None = None, *, interval: float | None = None,
@@ -94,6 +95,8 @@ class ProgressLine:
         self.started = clock()
         self._last_time: float | None = None
         self._last_tokens: int | None = None
+        self._first: tuple[float, int] | None = None  # (elapsed, done) at the first line of the current count
+        self._last_done = 0
 
     def update(
         self,
@@ -124,17 +127,24 @@ class ProgressLine:
             tokens_per_s = tokens / (now - self.started)
         self._last_time, self._last_tokens = now, tokens
         spent = elapsed if elapsed is not None else now - self.started
-        return self.format(done, loss=loss, tokens_per_s=tokens_per_s, layer=layer, elapsed=spent, extra=extra)
+        if self._first is None or done < self._last_done:  # the first line, or a count that started over
+            self._first = (spent, done)
+        self._last_done = done
+        first_spent, first_done = self._first
+        pace = (spent - first_spent) / (done - first_done) if done > first_done else None
+        return self.format(done, loss=loss, tokens_per_s=tokens_per_s, layer=layer, elapsed=spent, extra=extra, pace=pace)
 
     def format(self, done: int, *, loss: float | None = None, tokens_per_s: float | None = None,
-               layer: int | str | None = None, elapsed: float = 0.0, extra: str | None = None) -> str:
+               layer: int | str | None = None, elapsed: float = 0.0, extra: str | None = None,
+               pace: float | None = None) -> str:
+        """The line's text; ``pace`` (seconds per step) gives the ETA (``?`` without it)."""
         parts = [f"{self.label} {done}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {done}"]
         details = self.details(loss=loss, tokens_per_s=tokens_per_s, layer=layer, extra=extra)
         if details:
             parts.append(details)
         parts.append(f"elapsed {format_duration(elapsed)}")
         if self.total and 0 < done < self.total:
-            parts.append(f"ETA {format_duration(elapsed / done * (self.total - done))}")
+            parts.append("ETA ?" if pace is None else f"ETA {format_duration(pace * (self.total - done))}")
         elif self.total and done >= self.total:
             parts.append("done")
         return "  ".join(parts)

@@ -32,9 +32,21 @@ def test_progress_line_is_periodic_with_step_loss_rate_and_eta():
     assert printed[5].startswith("adapt 5/20 (25%)")
     assert "loss 0.2000" in printed[5]
     assert "200 tok/s" in printed[5]  # 2,400 tokens in the 12 s since the previous line
-    assert "ETA 45s" in printed[5]  # 15 s for 5 steps, 15 to go
+    assert "ETA 45s" in printed[5]  # 12 s for the 4 steps since the first line, 15 to go
+    assert "ETA ?" in printed[1]  # one step says nothing of the pace
     assert printed[20].endswith("done")
     assert line.update(20, force=True) is not None
+
+
+def test_eta_leaves_out_the_first_steps_one_time_cost_and_restarts_with_the_count():
+    """The demo's sequential stage: 38 s of teacher states before step 1, then 0.4 s a step (it said ETA 2h41m)."""
+    clock = FakeClock()
+    line = ProgressLine("adapt", 256, interval=0.0, clock=clock)
+    assert "ETA ?" in line.update(1, elapsed=38.0)
+    assert "ETA 1m26s" in line.update(41, elapsed=54.0)  # 16 s for 40 steps: 0.4 s a step, 215 to go
+    # the next stage of a recipe counts again from 1: its pace is its own
+    assert "ETA ?" in line.update(1, 10, elapsed=5.0)
+    assert "ETA 14s" in line.update(3, 10, elapsed=9.0)  # 2 s a step, 7 to go
 
 
 def test_progress_interval_from_environment(monkeypatch):
