@@ -62,9 +62,37 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def cpu_seconds() -> tuple[float, float] | None:
+    """(the machine's busy CPU seconds since boot, steal included; this process's and its reaped
+    children's CPU seconds), from Linux's ``/proc/stat`` and ``os.times``; None where unreadable."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(v) for v in stat.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        machine = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    own = os.times()
+    return machine, own[0] + own[1] + own[2] + own[3]
+
+
+def busy_elsewhere(window_s: float = 1.0) -> float | None:
+    """CPU cores that other processes keep busy over the next ``window_s`` seconds: the machine's busy
+    time less this process's (``cpu_seconds``), per second. Unlike the load average it leaves out this
+    process's own recent work (a demo's previous step) and threads waiting on I/O. None where
+    ``cpu_seconds`` cannot read (not Linux)."""
+    import time
+
+    first = cpu_seconds()
+    time.sleep(window_s)
+    last = cpu_seconds()
+    if first is None or last is None:
+        return None
+    return round(max(0.0, (last[0] - first[0]) - (last[1] - first[1])) / window_s, 2)
+
+
 def worker_source() -> str:
     """This module's text, for a benchmark worker to ``exec`` where ladderize is not installed."""
     return Path(__file__).read_text()
 
 
-__all__ = ["load_average", "time_decode", "worker_source"]
+__all__ = ["busy_elsewhere", "cpu_seconds", "load_average", "time_decode", "worker_source"]
