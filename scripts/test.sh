@@ -7,7 +7,9 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# one worker per core (at most 4: several tests start 2-3 ranks or a vLLM engine each); a test that hangs
-# fails after LADDERIZE_TEST_TIMEOUT seconds (default 1800) instead of holding the run
+# one worker per core (at most 4: several tests start 2-3 ranks or a vLLM engine each), handed one test at a
+# time (--maxschedchunk 1), so the long tests that tests/conftest.py puts first spread over the workers
+# (xdist's default hands each worker a quarter of its share at once: one worker got every long test);
+# a test that hangs fails after LADDERIZE_TEST_TIMEOUT seconds (default 1800) instead of holding the run
 workers="${LADDERIZE_TEST_WORKERS:-$(python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}"
-exec python -m pytest -q -ra --durations=15 -n "$workers" --timeout "${LADDERIZE_TEST_TIMEOUT:-1800}" "$@"
+exec python -m pytest -q -ra --durations=15 -n "$workers" --maxschedchunk 1 --timeout "${LADDERIZE_TEST_TIMEOUT:-1800}" "$@"
