@@ -118,18 +118,18 @@ class ProgressLine:
         due = self._last_time is None or now - self._last_time >= self.interval
         if not (due or final or force):
             return None
-        restarted = tokens is not None and self._last_tokens is not None and tokens < self._last_tokens
-        if restarted and tokens_per_s is None and now > self._last_time:
+        # a count that went down started over (the next stage of a recipe)
+        restarted = done < self._last_done or (tokens is not None and self._last_tokens is not None and tokens < self._last_tokens)
+        if restarted and tokens is not None and tokens_per_s is None and now > self._last_time:
             tokens_per_s = tokens / (now - self._last_time)  # a new count, begun after the previous line
         elif tokens is not None and self._last_tokens is not None and now > self._last_time and not restarted:
             tokens_per_s = (tokens - self._last_tokens) / (now - self._last_time)  # since the previous line
         elif tokens and tokens_per_s is None and now > self.started:
             tokens_per_s = tokens / (now - self.started)
-        self._last_time, self._last_tokens = now, tokens
+        self._last_time, self._last_tokens, self._last_done = now, tokens, done
         spent = elapsed if elapsed is not None else now - self.started
-        if self._first is None or done < self._last_done:  # the first line, or a count that started over
+        if self._first is None or restarted:
             self._first = (spent, done)
-        self._last_done = done
         first_spent, first_done = self._first
         pace = (spent - first_spent) / (done - first_done) if done > first_done else None
         return self.format(done, loss=loss, tokens_per_s=tokens_per_s, layer=layer, elapsed=spent, extra=extra, pace=pace)

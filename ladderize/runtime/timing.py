@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,6 @@ def busy_elsewhere(window_s: float = 1.0) -> float | None:
     time less this process's (``cpu_seconds``), per second. Unlike the load average it leaves out this
     process's own recent work (a demo's previous step) and threads waiting on I/O. None where
     ``cpu_seconds`` cannot read (not Linux)."""
-    import time
-
     first = cpu_seconds()
     time.sleep(window_s)
     last = cpu_seconds()
