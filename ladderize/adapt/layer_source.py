@@ -70,11 +70,6 @@ def layer_prefix(index: int) -> str:
     return f"model.layers.{index}."
 
 
-def _on(module: nn.Module, device: torch.device) -> None:
-    """Move ``module``'s parameters and buffers to ``device`` (in place: the parameter objects stay)."""
-    module.to(device, non_blocking=device.type == "cuda")
-
-
 class ResidentLayers:
     """A model loaded whole: every layer is always in (host) memory; the layer in use is on ``device``."""
 
@@ -89,7 +84,7 @@ class ResidentLayers:
         if self.device == self.home:
             yield module
             return
-        _on(module, self.device)
+        module.to(self.device, non_blocking=self.device.type == "cuda")  # in place: the parameter objects stay
         try:
             yield module
         finally:

@@ -274,10 +274,10 @@ def run_recipe(
             shutil.rmtree(top)
     elif resume:
         say(f"nothing to resume in {top}; starting a new run")
-    for index, step in enumerate(steps):  # every stage's settings, data and teacher, before the run dir exists
+    for step in steps:  # every stage's settings, data and teacher, before the run dir exists
         settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
         staged = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=True, **settings)
-        preflight(staged, checkpoint=checkpoint, own_input=index == 0)
+        preflight(staged, checkpoint=checkpoint)
     if on_plan is not None:
         on_plan(steps)
     top.mkdir(parents=True, exist_ok=True)
@@ -371,8 +371,8 @@ def adapt_checkpoint(
 
     shared, single = dict(shared or {}), dict(single or {})
     shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate
-    if check_dtype(dtype) is not None:
-        shared["dtype"] = check_dtype(dtype)
+    if (dtype_name := check_dtype(dtype)) is not None:
+        shared["dtype"] = dtype_name
     if single and (recipe or stages):
         names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
         raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")

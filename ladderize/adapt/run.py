@@ -58,14 +58,13 @@ def adapt(
     return adapt_joint(config, weights, checkpoint, out, **run)
 
 
-def preflight(config: AdaptConfig, checkpoint: str | None = None, own_input: bool = True) -> dict[str, float]:
+def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, float]:
     """Everything a run can be refused for, checked before it writes anything (its run dir included).
 
-    The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and, for the stage's
-    own input checkpoint (``own_input``; a recipe's later stages read a checkpoint not written yet):
-    that it exists, has converted layers and a tokenizer, and that the teacher the schedule needs
-    resolves. ``checkpoint``: where the teacher is looked up (default ``config.checkpoint``).
-    Returns the objective weights.
+    The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and the input checkpoint
+    (``checkpoint``, default ``config.checkpoint``; a recipe passes its first input for every stage, since
+    later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer,
+    and that the teacher the schedule needs resolves from it. Returns the objective weights.
     """
     from ..model.checkpoint import load_config, load_tokenizer
     from .data import check_data
@@ -73,22 +72,21 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None, own_input: boo
 
     weights = validate_config(config)
     out = Path(config.out).expanduser().absolute()
-    if own_input and out.exists() and not config.force:
+    if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     source = str(Path(checkpoint or config.checkpoint).expanduser())
-    if own_input or checkpoint is not None:
-        if not Path(source).exists():
-            raise LadderizeError(f"checkpoint {source} not found")
-        if not Path(source).is_dir():
-            raise LadderizeError(f"{source} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
-        layout = load_config(source).layout
-        if not layout.converted_layers:
-            raise LadderizeError(
-                f"{source} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
-                f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
-            )
-        if config.local_schedule == "sequential" or {"kd", "local"} & set(weights) or config.head_grouping:
-            resolve_teacher(source, config.teacher)
-        load_tokenizer(source, "adaptation")
+    if not Path(source).exists():
+        raise LadderizeError(f"checkpoint {source} not found")
+    if not Path(source).is_dir():
+        raise LadderizeError(f"{source} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
+    layout = load_config(source).layout
+    if not layout.converted_layers:
+        raise LadderizeError(
+            f"{source} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
+            f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
+        )
+    if config.local_schedule == "sequential" or {"kd", "local"} & set(weights) or config.head_grouping:
+        resolve_teacher(source, config.teacher)
+    load_tokenizer(source, "adaptation")
     check_data(config.data)
     return weights

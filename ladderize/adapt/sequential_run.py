@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from ..model.placement import TrainingPrecision
 from ..model.shards import save_safetensors
 from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
@@ -101,14 +102,14 @@ def adapt_sequential(
     from accelerate.utils import set_seed
 
     from ..model.checkpoint import load_model, load_tokenizer
-    from ..model.placement import resolve_device, training_precision
+    from ..model.placement import resolve_device, training_precision, world_size
     from .data import pack_tokens
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
     device = resolve_device(config.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
     ranks = Ranks()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # data parallel: the launcher's process group and device win
+    if world_size() > 1:  # data parallel: the launcher's process group and device win
         from accelerate import PartialState
 
         launched = PartialState(cpu=device.type == "cpu")
@@ -159,17 +160,16 @@ def adapt_sequential(
     if device.type != "cpu":
         say(f"sequential on {device} ({precision.name}); states in {store.where}")
     try:
-        run, finished = _train_layers(config, out, student, teacher, data, 0 if held_out is None else len(held_out), store,
+        run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
                                       state_dir, resume, progress, say, stop_after_steps, device, precision, ranks)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
-    calibration = data.shape[0] - (0 if held_out is None else len(held_out))
-    run.calibration_tokens = calibration * config.seq_len
+    run.calibration_tokens = calibration_rows * config.seq_len
     if not ranks.main:  # the main process writes OUT and settles the run dir
         ranks.barrier()
         return run
     if run.calibration_tokens != config.tokens:
-        say(f"--tokens {config.tokens:,} is the calibration set: {counted(calibration, 'whole sequence')} of {config.seq_len} "
+        say(f"--tokens {config.tokens:,} is the calibration set: {counted(calibration_rows, 'whole sequence')} of {config.seq_len} "
             f"tokens = {run.calibration_tokens:,} tokens")
     if finished:  # else stopped early, as a kill would
         if stream:
@@ -196,7 +196,7 @@ def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) ->
 def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
-    stop_after_steps: int | None, device: torch.device | None = None, precision=None, ranks: Ranks = Ranks(),
+    stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
 
@@ -257,7 +257,7 @@ def _train_layers(
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
     say(f"sequential: layers {', '.join(map(str, converted))}, {counted(per_layer, 'step')} each ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    cache = StateCache(teacher, data, first, store, device or torch.device("cpu"), precision, held_out=held_out)
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
     try:
         for index in range(first, last + 1):
             with teacher.layer(index) as teacher_layer:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
+from ..model.placement import world_size
 from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, plan_tasks, resolve_data_dir
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def join_data_parallel(lm) -> None:
     """Put an ``HFLM`` built around a model instance into lm-eval's data-parallel mode when several
     processes were launched (``WORLD_SIZE`` > 1): the rank, world size and Accelerator that HFLM
     sets itself when it loads a model under ``accelerate launch`` (it does not for an instance)."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    if world_size() <= 1:
         return
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -249,7 +250,7 @@ def evaluate_checkpoint(
     )  # fmt: skip
     if output is None:  # a rank other than 0 under data parallelism
         return None
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world = world_size()
     layout = Layout.from_config(model.config)
     provenance = read_provenance(ckpt)
     allreduces = layout.allreduces_per_token()

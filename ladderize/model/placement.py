@@ -75,6 +75,11 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0") or 0)
 
 
+def world_size() -> int:
+    """Processes in the launched job under torchrun / accelerate launch (1 outside them)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device":
     """The torch device of ``spec`` by the rule in this module's docstring."""
     import torch
@@ -196,6 +201,7 @@ __all__ = [
     "inference_dtype",
     "eval_dtype",
     "local_rank",
+    "world_size",
     "parse_dtype",
     "resolve_device",
     "runtime_dtype",

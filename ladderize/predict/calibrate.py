@@ -240,7 +240,7 @@ def load_profile(path: Path | str) -> tuple[GPUProfile, InterconnectProfile | No
     if not section:
         return gpu, None
     try:
-        return gpu, InterconnectProfile(**{**section, "sources": section.get("sources", {})})
+        return gpu, InterconnectProfile(**section)
     except TypeError as exc:
         raise LadderizeError(f"profile {path}: bad interconnect section ({exc})") from None
 

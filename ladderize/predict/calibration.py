@@ -35,7 +35,7 @@ from ..model.layout import Layout
 import numpy as np
 
 from .compute import ComputeModel, RooflineCompute
-from .fit import ComputeFit, kv_bytes
+from .fit import ComputeFit
 from .gpus import GPU_PROFILES, GPUProfile
 from .interconnect import PROFILES, InterconnectProfile
 from .estimate import PredictRequest, decode_kv_len, predict
@@ -200,7 +200,7 @@ def _decode_features(model: ModelShape, tp: int, batch: int) -> list[float]:
     works = [module_work(model, kind, tp, batch, 1, kv) for kind in ("attention", "mlp")]
     head = module_work(model, "head", tp, batch, 1, 0)
     layers = model.num_hidden_layers
-    kv_read = layers * sum(kv_bytes(w) for w in works)
+    kv_read = layers * sum(w.kv_bytes for w in works)
     other = layers * sum(w.bytes for w in works) + head.bytes - kv_read
     return [other, kv_read, 2 * layers + 1]
 

@@ -59,13 +59,6 @@ def width_of(work: ModuleWork) -> int:
     return work.vocab_size
 
 
-def kv_bytes(work: ModuleWork) -> float:
-    """KV-cache bytes an attention module reads in one step (0 for the other kinds)."""
-    if work.kind != "attention":
-        return 0.0
-    return float(work.dtype_bytes * work.batch * work.kv_len * 2 * work.kv_heads * work.head_dim)
-
-
 MAX_EFFICIENCY = 1.5  # of the datasheet (or measured) peak FLOP/s: above it a fitted efficiency is noise
 
 
@@ -104,7 +97,7 @@ class ComputeFit:
 
     def terms(self, work: ModuleWork, peak_flops_per_s: float) -> tuple[float, float, float]:
         """(memory seconds, FLOP seconds, fixed seconds) of one module."""
-        kv = kv_bytes(work)
+        kv = work.kv_bytes
         memory_s = (work.bytes - kv) / self.weight_bytes_per_s + kv / self.kv_bytes_per_s
         flops_s = work.flops / (peak_flops_per_s * self.efficiency(work.kind, width_of(work)))
         return memory_s, flops_s, self.overhead_s[work.kind]
@@ -218,7 +211,7 @@ def fit_compute(
         )
     rows, target = [], []
     for t in decode:
-        kv = kv_bytes(t.work)
+        kv = t.work.kv_bytes
         rows.append([(t.work.bytes - kv) / t.seconds, kv / t.seconds] + [float(t.work.kind == k) / t.seconds for k in kinds])
         target.append(1.0)
     matrix, rhs = np.array(rows), np.array(target)

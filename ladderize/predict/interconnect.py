@@ -54,7 +54,7 @@ NO_P2P_LATENCY_S = 5.447e-6
 NVLINK_CHANNELS = 24  # NCCL channels with NVLink, and 16 with P2P disabled: the authors' enable.log / disable.log
 NO_P2P_CHANNELS = 16
 NO_P2P_BUS_BYTES_PER_S = 40e9
-PCIE5_BUS_BYTES_PER_S = 63e9
+NO_P2P_OVERLAP_SLOWDOWN = OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS  # the SMs NCCL's channels hold
 IB_NDR_BUS_BYTES_PER_S = 50e9
 H100_HBM_BYTES_PER_S = 3.35e12
 
@@ -130,20 +130,17 @@ class InterconnectProfile:
         return data
 
 
-def _nvlink(launch_s: float = NVLINK_LAUNCH_S, latency_s: float = NVLINK_LATENCY_S,
-            overlap_slowdown: float = OVERLAP_SLOWDOWN, small_bus_bytes_per_s: float = NVLINK_SMALL_BUS_BYTES_PER_S,
-            large_latency_s: float = NVLINK_LARGE_LATENCY_S,
-            bus_bytes_per_s: float = NVLINK_BUS_BYTES_PER_S) -> InterconnectProfile:
+def _nvlink() -> InterconnectProfile:
     return InterconnectProfile(
         name="h100-nvlink",
         description="8x H100 SXM on NVLink 4 / NVSwitch (HGX/DGX H100), NCCL ring",
         algorithm="ring",
-        launch_s=launch_s,
-        latency_s=latency_s,
-        bus_bytes_per_s=bus_bytes_per_s,
-        overlap_slowdown=overlap_slowdown,
-        large_latency_s=large_latency_s,
-        small_bus_bytes_per_s=small_bus_bytes_per_s,
+        launch_s=NVLINK_LAUNCH_S,
+        latency_s=NVLINK_LATENCY_S,
+        bus_bytes_per_s=NVLINK_BUS_BYTES_PER_S,
+        overlap_slowdown=OVERLAP_SLOWDOWN,
+        large_latency_s=NVLINK_LARGE_LATENCY_S,
+        small_bus_bytes_per_s=NVLINK_SMALL_BUS_BYTES_PER_S,
         hbm_traffic=3.0,
         sources={
             "launch_s": f"fitted: dense minus upper-bound decode per all-reduce at TP4 and TP8, batch 1 (16 KB), jointly "
@@ -164,17 +161,16 @@ def _nvlink(launch_s: float = NVLINK_LAUNCH_S, latency_s: float = NVLINK_LATENCY
     )
 
 
-def _no_p2p(latency_s: float = NO_P2P_LATENCY_S, launch_s: float = NVLINK_LAUNCH_S,
-            overlap_slowdown: float = OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS) -> InterconnectProfile:
+def _no_p2p() -> InterconnectProfile:
     return InterconnectProfile(
         name="h100-no-p2p",
         description="8x H100 with peer-to-peer disabled (NCCL_P2P_DISABLE): NCCL stages every hop through host "
                     "memory over PCIe Gen5",
         algorithm="ring",
-        launch_s=launch_s,
-        latency_s=latency_s,
+        launch_s=NVLINK_LAUNCH_S,
+        latency_s=NO_P2P_LATENCY_S,
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
-        overlap_slowdown=overlap_slowdown,
+        overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=2.0,
         sources={
             "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s, the middle of the PCIe range (host-staged hops cross PCIe twice "
@@ -197,7 +193,7 @@ def _pcie(latency_s: float = NO_P2P_LATENCY_S / 2) -> InterconnectProfile:
         launch_s=NVLINK_LAUNCH_S,
         latency_s=latency_s,
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
-        overlap_slowdown=OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS,
+        overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=3.0,
         sources={
             "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s for 8xH100 PCIe",
@@ -229,9 +225,9 @@ def _infiniband() -> InterconnectProfile:
     )
 
 
-def builtin_profiles(**nvlink: float) -> dict[str, InterconnectProfile]:
-    """The shipped profiles (the calibration passes trial values for the fitted NVLink parameters)."""
-    profiles = [_nvlink(**nvlink), _no_p2p(), _pcie(), _infiniband()]
+def builtin_profiles() -> dict[str, InterconnectProfile]:
+    """The shipped profiles (the calibration fits trial values with ``dataclasses.replace`` on them)."""
+    profiles = [_nvlink(), _no_p2p(), _pcie(), _infiniband()]
     return {p.name: p for p in profiles}
 
 

@@ -27,15 +27,15 @@ def load_model_shape(spec: str | Path) -> ModelShape:
         return found
     path = Path(text).expanduser()
     if path.is_dir() or path.is_file():
-        # The one config reader: a folder through load_config, a lone config file through config_from_dict.
+        # The one config reader (load_config is config_from_dict of the folder's config.json), on the dict read once.
         from ..model.architectures import read_config_file, read_config_json
-        from ..model.checkpoint import config_from_dict, load_config, model_shape
+        from ..model.checkpoint import config_from_dict, model_shape
 
         label = path.name if path.is_dir() else (path.parent.name if path.name == "config.json" else path.stem)
         try:
             raw = read_config_json(path) if path.is_dir() else read_config_file(path)
             ModelShape.from_config(raw, label)  # a shape field missing is an error, not a transformers default
-            config = load_config(path) if path.is_dir() else config_from_dict(raw)
+            config = config_from_dict(raw)
         except LadderizeError as exc:
             raise LadderizeError(f"cannot read model config {path}: {str(exc).split(': ', 1)[-1]}") from None
         except (TypeError, ValueError) as exc:

@@ -62,14 +62,20 @@ class ModuleWork:
         return dense + 4.0 * self.batch * self.heads * self.q_len * mean_keys * self.head_dim
 
     @property
+    def kv_bytes(self) -> float:
+        """KV-cache bytes an attention module reads in one step (0 for the other kinds)."""
+        if self.kind != "attention":
+            return 0
+        return self.dtype_bytes * self.batch * self.kv_len * 2 * self.kv_heads * self.head_dim
+
+    @property
     def bytes(self) -> float:
         """HBM traffic: weights once, activations in and out, and the KV cache read once per step."""
         e, d, t = self.dtype_bytes, self.hidden_size, self.tokens
         if self.kind == "attention":
             qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
             activations = t * (2 * d + 2 * qkv + 2 * self.heads * self.head_dim)
-            kv_cache = self.batch * self.kv_len * 2 * self.kv_heads * self.head_dim
-            return e * (self.weight_params + activations + kv_cache)
+            return e * (self.weight_params + activations) + self.kv_bytes
         if self.kind == "mlp":
             return e * (self.weight_params + t * (2 * d + 6 * self.intermediate_size))
         return e * (self.weight_params + t * (d + self.vocab_size))
@@ -96,6 +102,6 @@ def module_work(model: ModelShape, kind: ModuleKind, tp: int, batch: int, q_len:
     )
 
 
-def roofline_s(work: ModuleWork, flops_per_s: float, bytes_per_s: float, overhead_s: float = 0.0) -> float:
-    """Roofline time: the slower of compute and memory traffic, plus a fixed per-module overhead."""
-    return max(work.flops / flops_per_s, work.bytes / bytes_per_s) + overhead_s
+def roofline_s(work: ModuleWork, flops_per_s: float, bytes_per_s: float) -> float:
+    """Roofline time: the slower of compute and memory traffic."""
+    return max(work.flops / flops_per_s, work.bytes / bytes_per_s)

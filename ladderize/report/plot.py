@@ -162,8 +162,8 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
               for run, (_x, y) in zip(runs, points) for sign in (-1, 1)]
     y_low, y_high = min(y_ends), max(y_ends)
     if log_y:
-        y_low = min(y_low, min(values)) if y_low > 0 else min(values)
-    if log_y:
+        if y_low <= 0:  # an error bar reaching zero or below: the lowest value instead
+            y_low = min(values)
         ax0.set_ylim(*(sorted((y_low / 1.15, y_high * 1.15), reverse=not metric.higher_is_better)))
     else:
         pad = 0.08 * (y_high - y_low or 1.0)

@@ -151,19 +151,24 @@ def _time_once(
     return prefilled - start, done - prefilled, stats.exposed_s, stats.allreduce_count, stats.issue_s, stats.wait_s
 
 
-def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[BenchRow]:
+def _rank_model(source: ModelSource, options: RuntimeOptions, world: int, rank: int, seed: int, device, comm,
+                max_len: int) -> tuple[RankModel, Layout, ModelShape]:
+    """Rank ``rank`` of ``world``'s model of ``source`` (its checkpoint's shard, or random weights from ``seed``)."""
     config, layout = source.config_and_layout()
     dims = ModelShape.from_config(config)
-    dtype = runtime_dtype(options.dtype, context.device)
+    dtype = runtime_dtype(options.dtype, device)
     if source.checkpoint is not None:
-        weights = load_rank_weights(
-            SafetensorsSource(source.checkpoint), dims, layout, context.world_size, context.rank, dtype, context.device
-        )
+        weights = load_rank_weights(SafetensorsSource(source.checkpoint), dims, layout, world, rank, dtype, device)
     else:
-        weights = random_rank_weights(dims, context.world_size, context.rank, spec.seed, dtype, context.device)
+        weights = random_rank_weights(dims, world, rank, seed, dtype, device)
+    model = RankModel(weights, config, comm, max_positions=max_len, compile_modules=options.compile, linear=options.linear)
+    return model, layout, dims
+
+
+def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, options: RuntimeOptions) -> list[BenchRow]:
     max_len = spec.prompt_len + spec.gen_len + 1
-    model = RankModel(weights, config, context.comm, max_positions=max_len, compile_modules=options.compile,
-                      linear=options.linear)
+    model, layout, dims = _rank_model(source, options, context.world_size, context.rank, spec.seed, context.device,
+                                      context.comm, max_len)
     generator = torch.Generator().manual_seed(spec.seed)
     rows = []
     for batch in spec.batches:
@@ -235,15 +240,8 @@ def decode_runner(
     from .decode import generate_on_rank
 
     target = resolve_device(device)
-    config, layout = source.config_and_layout()
-    dims = ModelShape.from_config(config)
-    dtype = runtime_dtype(options.dtype, target)
-    if source.checkpoint is not None:
-        weights = load_rank_weights(SafetensorsSource(source.checkpoint), dims, layout, 1, 0, dtype, target)
-    else:
-        weights = random_rank_weights(dims, 1, 0, seed, dtype, target)
     max_len = prompt_len + max_new_tokens + 1
-    model = RankModel(weights, config, Communicator(1), max_positions=max_len, compile_modules=options.compile, linear=options.linear)
+    model, layout, dims = _rank_model(source, options, 1, 0, seed, target, Communicator(1), max_len)
     decoder = Decoder(model, build_plan(layout, "native"), batch, max_len, cuda_graphs=options.cuda_graphs,
                       static=options.static_decode, compiled=options.compile)
     prompt = torch.randint(0, dims.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed)).to(target)

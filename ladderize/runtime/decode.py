@@ -20,7 +20,6 @@ steps. In float32 the tokens equal eager's (tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -88,10 +87,9 @@ class Decoder:
     ):
         self.model, self.plan = model, plan
         self.cache = cache if cache is not None else model.new_cache(batch, max_len)
-        self.compiled = compiled
+        self._step_fn = compiled_decode_step() if compiled else decode_forward
         if compiled:
             self.plan = model.canonical_plan(plan)
-            self._step_fn = compiled_decode_step()
         self.static = static or cuda_graphs or compiled
         self.cuda_graphs = cuda_graphs and model.device.type == "cuda"
         self._graph = None
@@ -121,9 +119,7 @@ class Decoder:
 
     def _step(self) -> torch.Tensor:
         """The static decode step on ``_tokens`` at ``_position``: compiled, or eager."""
-        if self.compiled:
-            return self._step_fn(self.model, self._tokens, self._position, self.cache, self.plan)
-        return self.model.forward(self._tokens, self._position, self.cache, self.plan)
+        return self._step_fn(self.model, self._tokens, self._position, self.cache, self.plan)
 
     def _capture(self) -> None:
         """Record one decode step (communication included) into a CUDA graph. Unvalidated without a GPU."""

@@ -66,9 +66,6 @@ class RankModel:
         self.group = self.heads // self.kv_heads  # query heads per local KV head (fewer under KV replication)
         self.act = activation(self.dims.hidden_act)
         self.rope = RotaryTable(config, max_positions, self.device, self.dtype)
-        self.attention_partial = self._attention_partial
-        self.mlp_partial = self._mlp_partial
-        self.attention_partial_static = self._attention_partial_static
         self.plans: dict[CommPlan, CommPlan] = {}  # one object per equal plan: a compiled step's guards match it again
 
     def canonical_plan(self, plan: CommPlan) -> CommPlan:
@@ -130,12 +127,12 @@ class RankModel:
     def _attention(self, lw: LayerWeights, h, keys, values, position):
         if isinstance(position, torch.Tensor):
             cos, sin = self.rope.at_tensor(position)
-            return self.attention_partial_static(h, lw.qkv, lw.qkv_bias, lw.o, keys, values, cos, sin, position)
+            return self._attention_partial_static(h, lw.qkv, lw.qkv_bias, lw.o, keys, values, cos, sin, position)
         cos, sin = self.rope.at(position, h.shape[1])
-        return self.attention_partial(h, lw.qkv, lw.qkv_bias, lw.o, keys, values, cos, sin, position)
+        return self._attention_partial(h, lw.qkv, lw.qkv_bias, lw.o, keys, values, cos, sin, position)
 
     def _mlp(self, lw: LayerWeights, h):
-        return self.mlp_partial(h, lw.gate_up, lw.gate_up_bias, lw.down)
+        return self._mlp_partial(h, lw.gate_up, lw.gate_up_bias, lw.down)
 
     def step_partial(self, kind: StepKind, lw: LayerWeights, x: torch.Tensor, keys, values, position):
         """One step alone on input ``x``: ``(partial, bias)``, its output being ``x + (sum_r(partial) + bias)``.
