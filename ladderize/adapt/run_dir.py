@@ -40,6 +40,9 @@ def save_accelerate_state(
         tmp.parent.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=False)
+    # every process writes its own RNG file into ``tmp`` and Accelerate does not wait for them: the main
+    # process renames ``tmp`` only after all of them are done (else a slower one finds no folder and dies)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
         (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")

@@ -19,6 +19,12 @@ from tests.adapt.conftest import convert
 LOSS_RTOL = 1e-4
 
 
+def launch_failure(stderr: str) -> str:
+    """Every process's error lines first (a crashed rank's own error is far above the launcher's last lines), then the end."""
+    errors = [line for line in stderr.splitlines() if "Error" in line and "File " not in line]
+    return "\n".join(errors[:30]) + "\n...\n" + stderr[-1500:]
+
+
 def sharp_dense(path):
     """A tiny dense checkpoint with larger weights than the shared one: peaked logits, so that kd's KL is O(0.1),
     far above fp32 noise (with near-uniform logits it is ~1e-4 and Adam amplifies the noise of its tiny gradients)."""
@@ -44,7 +50,7 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
               "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--batch-size", "1", *common]
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done.stderr)
     assert f"adapted {steps} steps, {steps * 2 * seq_len} tokens" in done.stdout
 
     one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="kd",
@@ -72,7 +78,7 @@ def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(l
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
               "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), *common]
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done.stderr)
 
     one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="local",
                             local_schedule="sequential", tokens=sequences * seq_len, seq_len=seq_len, batch_size=batch,

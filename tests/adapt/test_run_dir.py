@@ -1,0 +1,57 @@
+"""The run dir's saved training state: every process's part is in it when the main process renames it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.run_dir import save_accelerate_state
+
+
+class TwoRanks:
+    """Two processes' Accelerators as threads: ``save_state`` writes each rank's own file, as Accelerate's does
+    (every process makes the folder, the main process writes the model, every process ``random_states_{rank}.pkl``,
+    with no wait at the end)."""
+
+    def __init__(self, rank: int, barrier: threading.Barrier, slow_rank: int):
+        self.process_index, self.barrier, self.slow_rank = rank, barrier, slow_rank
+        self.is_main_process = rank == 0
+
+    def wait_for_everyone(self) -> None:
+        self.barrier.wait(timeout=30)
+
+    def save_state(self, output_dir: str, safe_serialization: bool) -> None:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.is_main_process:
+            (out / "model.bin").write_bytes(b"weights")
+        if self.process_index == self.slow_rank:
+            time.sleep(0.5)  # a process that is slower to reach its write
+        (out / f"random_states_{self.process_index}.pkl").write_bytes(b"rng")
+
+
+def test_every_process_state_file_is_saved_before_the_rename(tmp_path):
+    state_dir = tmp_path / "run" / "state"
+    config = AdaptConfig(checkpoint="c", out="o")
+    barrier, errors = threading.Barrier(2), []
+
+    def rank(r: int) -> None:
+        try:
+            for step in (2, 4):  # the second save replaces the first
+                save_accelerate_state(TwoRanks(r, barrier, slow_rank=1), state_dir, config, step, 64 * step, 1.0, 1.0,
+                                      [{"step": step}])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
+            barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert sorted(p.name for p in state_dir.iterdir()) == ["model.bin", "random_states_0.pkl", "random_states_1.pkl",
+                                                           "trainer_state.json"]
+    assert sorted(p.name for p in state_dir.parent.iterdir()) == ["curve.json", "state"]  # no temp folders left
