@@ -6,7 +6,9 @@
 Prints one ``RESULT {json}`` line: per run, the greedy token ids and the log-prob of each chosen
 token per prompt, whether vLLM compiled the model, the ladderize layout, and the seconds the
 engine took to start and to generate. Runs share one process (the imports are paid once); each
-run gets its own engine, shut down before the next. A run that fails reports its error's last
+run gets its own engine, shut down before the next. A TP=1 run asks for vLLM's single-process executor;
+vLLM's CPU build still starts an engine and a worker process for it unless
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the tests set it: each started process pays vLLM's import). A run that fails reports its error's last
 line instead of stopping the others. The tests (tests/serving/) and benchmarks/bench_vllm_layouts.py
 drive this script; it is also a quick way to check a converted checkpoint by hand.
 """
@@ -35,7 +37,7 @@ def run_one(spec: dict, prompts: list[list[int]], max_tokens: int) -> dict:
         model=spec["model"], tensor_parallel_size=tp, dtype=spec.get("dtype", "float32"), skip_tokenizer_init=True,
         enforce_eager=bool(spec.get("eager", True)), max_model_len=int(spec.get("max_model_len", 256)),
         max_num_seqs=max(len(prompts), 1), seed=0, disable_log_stats=True,
-        distributed_executor_backend="mp" if tp > 1 else None, **spec.get("engine_args", {}),
+        distributed_executor_backend="mp" if tp > 1 else "uni", **spec.get("engine_args", {}),
     )
     try:
         ready = time.perf_counter()

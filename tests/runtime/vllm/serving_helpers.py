@@ -78,7 +78,9 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_tokens: int) -> list[dic
 
 
 def vllm_env(extra: dict | None = None) -> dict:
-    """The vLLM subprocess's environment: no venv leakage, one OpenMP thread per rank, a private compile cache.
+    """The vLLM subprocess's environment: no venv leakage, one OpenMP thread per rank, a private compile cache, and the
+    engine in the driver's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: at TP=1 no process is started, at TP > 1
+    only the ranks' workers; each started process pays vLLM's ~15 s import, most of these tests' time).
 
     vLLM keys its compile cache on the model path, not its contents; a fresh cache per run keeps a
     reused temporary path from loading a graph compiled for another layout.
@@ -86,7 +88,7 @@ def vllm_env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="ladderize-vllm-cache-")
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="1", OMP_NUM_THREADS="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
                VLLM_CPU_OMP_THREADS_BIND="nobind")  # correctness runs: let the OS place ranks on a shared machine
     env.update(extra or {})
     return env
