@@ -156,7 +156,9 @@ def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
         torch.cuda.synchronize(device)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static")
+            # disable_compile: the forward is compiled above; generate's own auto-compile would compile it a second time
+            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static",
+                                 disable_compile=True)
         torch.cuda.synchronize(device)
         return time.perf_counter() - start, out[:, prompt_len:].tolist()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from .objectives import DIVERGENCES, LOCAL_INPUTS, parse_objectives
+from .objectives import DIVERGENCES, LOCAL_INPUTS, TEACHER_OBJECTIVES, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 SCHEDULES = ("joint", "sequential")
@@ -156,6 +156,12 @@ def check_mixed_precision(config: AdaptConfig) -> None:
         if not torch.cuda.is_available():
             raise LadderizeError("--mixed-precision fp16 needs a CUDA GPU (on the CPU Accelerate would train in fp32); "
                                  "use bf16 or no")
+
+
+def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:
+    """Whether a run loads a teacher: an objective compares with it, head grouping reads it, or the sequential
+    schedule runs it for every layer's inputs and targets."""
+    return config.local_schedule == "sequential" or bool(TEACHER_OBJECTIVES & set(weights)) or config.head_grouping
 
 
 def local_inputs_of(config: AdaptConfig) -> str:

@@ -20,7 +20,7 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..progress import counted
-from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
+from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .data import batch_at, pack_tokens
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
@@ -98,9 +98,9 @@ def adapt_joint(
 
     student = load_model(checkpoint, dtype=torch.float32)
     tokenizer = load_tokenizer(checkpoint, "adaptation")
-    needs_teacher = "kd" in weights or "local" in weights or config.head_grouping
-    teacher_path = resolve_teacher(checkpoint, config.teacher) if needs_teacher else config.teacher
-    teacher = load_teacher(teacher_path, student) if needs_teacher else None
+    with_teacher = needs_teacher(config, weights)
+    teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else config.teacher
+    teacher = load_teacher(teacher_path, student) if with_teacher else None
 
     world = accelerator.num_processes
     sequences_per_step = config.batch_size * config.grad_accum * world

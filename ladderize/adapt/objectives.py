@@ -48,6 +48,7 @@ from .fsdp import head_gathered
 from .residual_states import State, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
+TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare the student with a teacher
 LOCAL_INPUTS = ("teacher", "student")
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
@@ -119,8 +120,7 @@ class AdaptLoss(nn.Module):
         super().__init__()
         if local_inputs not in LOCAL_INPUTS:
             raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
-        needs_teacher = "kd" in weights or "local" in weights
-        if needs_teacher and teacher is None:
+        if TEACHER_OBJECTIVES & set(weights) and teacher is None:
             raise LadderizeError("objectives kd and local need a teacher model")
         self.student = student
         object.__setattr__(self, "teacher", teacher)  # not a submodule: never wrapped, never trained

@@ -38,15 +38,9 @@ def attention_kwargs(
     kwargs = model.model.layer_kwargs(torch.zeros(batch, seq_len, model.config.hidden_size, dtype=dtype, device=home))
     if device is None:
         return kwargs
-    return {k: _to(v, torch.device(device)) for k, v in kwargs.items()}
+    from accelerate.utils import send_to_device
 
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device) for v in value)
-    return value
+    return send_to_device(kwargs, torch.device(device))
 
 
 def run_layers(

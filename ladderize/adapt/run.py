@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
-from .config import AdaptConfig, AdaptResult, StepInfo, validate_config
+from ..model.placement import tf32_restored
+from .config import AdaptConfig, AdaptResult, StepInfo, needs_teacher, validate_config
 from .run_dir import STATE_DIR
 
 
@@ -49,13 +50,14 @@ def adapt(
     if (run_dir / STATE_DIR).exists() and not resume and not config.force:
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
     run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
-    if config.local_schedule == "sequential":
-        from .sequential_run import adapt_sequential
+    with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
+        if config.local_schedule == "sequential":
+            from .sequential_run import adapt_sequential
 
-        return adapt_sequential(config, weights, checkpoint, out, **run)
-    from .joint import adapt_joint
+            return adapt_sequential(config, weights, checkpoint, out, **run)
+        from .joint import adapt_joint
 
-    return adapt_joint(config, weights, checkpoint, out, **run)
+        return adapt_joint(config, weights, checkpoint, out, **run)
 
 
 def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, float]:
@@ -85,7 +87,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
             f"{source} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
             f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
         )
-    if config.local_schedule == "sequential" or {"kd", "local"} & set(weights) or config.head_grouping:
+    if needs_teacher(config, weights):
         resolve_teacher(source, config.teacher)
     load_tokenizer(source, "adaptation")
     check_data(config.data)

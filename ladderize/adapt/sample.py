@@ -22,9 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError
+
+if TYPE_CHECKING:
+    import torch
 
 STORIES = "stories"
 # Narrative openers: {a} and {b} are two characters, {p} a place.
@@ -213,16 +216,14 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
     return texts, _generated_tokens(new_ids, eos_ids)
 
 
-def load_teacher_for_sampling(path: Path, device: str = "cpu", dtype: str | None = None):
-    """The dense model (through the one loader ``load_model``, on ``device``; dtype ``auto`` as
-    ``placement.inference_dtype``: fp32 on CPU, the checkpoint's own on CUDA) and its tokenizer, padding on the left."""
+def load_teacher_for_sampling(path: Path, device: torch.device, dtype: torch.dtype | None):
+    """The dense model (through the one loader ``load_model``) on ``device`` in ``dtype`` (``None``: the checkpoint's
+    own), both as ``sample_text`` resolved them, and its tokenizer, padding on the left."""
     from ..model.checkpoint import load_model, load_tokenizer
-    from ..model.placement import inference_dtype, resolve_device
 
-    target = resolve_device(device)
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
-    return load_model(path, dtype=inference_dtype(dtype, target), device=target), tokenizer
+    return load_model(path, dtype=dtype, device=device), tokenizer
 
 
 def sample_text(
@@ -276,7 +277,7 @@ def sample_text(
     done = resumed = min(len(batches) * batch_size, sequences)
     if done and on_message:
         on_message(f"resuming {partial} at {done}/{sequences} records")
-    model, tokenizer = load_teacher_for_sampling(path, str(target), dtype)
+    model, tokenizer = load_teacher_for_sampling(path, target, torch_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_state(out, settings, batches)
     tokens = sum(int(b["tokens"]) for b in batches)

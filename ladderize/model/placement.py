@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -157,12 +158,25 @@ class TrainingPrecision:
         return torch.autocast(device_type.split(":")[0], dtype=self.autocast)
 
     def apply(self) -> None:
-        """Set torch's TF32 switches for CUDA matmuls and convolutions (process-wide) to ``tf32``."""
+        """Set torch's TF32 switches for CUDA matmuls and convolutions (process-wide) to ``tf32``; a run that sets
+        them is wrapped in ``tf32_restored()``, so that what runs after it (eval in the demo) computes as before."""
         import torch
 
         if torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = self.tf32
             torch.backends.cudnn.allow_tf32 = self.tf32
+
+
+@contextlib.contextmanager
+def tf32_restored() -> Iterator[None]:
+    """Put torch's process-wide TF32 switches back as they were when the block ends (``TrainingPrecision.apply``)."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def training_precision(
@@ -205,5 +219,6 @@ __all__ = [
     "parse_dtype",
     "resolve_device",
     "runtime_dtype",
+    "tf32_restored",
     "training_precision",
 ]

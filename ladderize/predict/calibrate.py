@@ -29,7 +29,7 @@ from ..model.shapes import ModelShape
 from .estimate import decode_kv_len
 from .fit import ComputeFit, ModuleTiming, errors, fit_compute
 from .gpus import GPUProfile
-from .interconnect import InterconnectProfile
+from .interconnect import InterconnectProfile, ring_volume
 from .work import module_work
 
 PROFILE_RECORD = "ladderize-predict-profile"
@@ -160,11 +160,10 @@ def fit_allreduce(points: Sequence[dict[str, Any]], ranks: int, name: str) -> In
         raise LadderizeError("all-reduce calibration needs at least 4 message sizes")
     ordered = sorted(points, key=lambda p: p["bytes"])
     steps = 2 * (ranks - 1)
-    factor = 2.0 * (ranks - 1) / ranks
 
     def line(part: Sequence[dict[str, Any]]) -> tuple[float, float, float]:
         y = np.array([p["seconds"] for p in part])
-        x = np.array([[1.0, factor * p["bytes"]] for p in part]) / y[:, None]
+        x = np.array([[1.0, ring_volume(p["bytes"], ranks)] for p in part]) / y[:, None]
         (alpha, beta), *_ = np.linalg.lstsq(x, np.ones(len(part)), rcond=None)
         alpha, beta = max(0.0, float(alpha)), max(float(beta), 1e-15)
         residual = float(np.sum((x @ np.array([alpha, beta]) - 1.0) ** 2))

@@ -37,7 +37,7 @@ import numpy as np
 from .compute import ComputeModel, RooflineCompute
 from .fit import ComputeFit
 from .gpus import GPU_PROFILES, GPUProfile
-from .interconnect import PROFILES, InterconnectProfile
+from .interconnect import PROFILES, InterconnectProfile, ring_volume
 from .estimate import PredictRequest, decode_kv_len, predict
 from .presets import PRESETS, ModelShape
 from .work import module_work
@@ -249,10 +249,10 @@ def fit_nvlink_allreduce(base: InterconnectProfile | None = None) -> Interconnec
     """Step 2: the NVLink all-reduce curve from the logged dense-minus-upper-bound costs (``FIT_RUNS``)."""
     nvlink = base or PROFILES["h100-nvlink"]
     small = [(tp, b) for tp, b in FIT_RUNS]  # decode messages: 16 KB, 16 KB, 1 MB
-    rows = [[1.0, nvlink.steps(tp), 2.0 * (tp - 1) / tp * allreduce_bytes(b, "decode")] for tp, b in small]
+    rows = [[1.0, nvlink.steps(tp), ring_volume(allreduce_bytes(b, "decode"), tp)] for tp, b in small]
     launch, hop, inv_small = np.linalg.solve(np.array(rows), np.array([logged_allreduce_s(tp, b, "decode") for tp, b in small]))
     large = [(8, 1), (8, 64)]  # prefill messages: 16.8 MB and 1.07 GB
-    rows = [[nvlink.steps(tp), 2.0 * (tp - 1) / tp * allreduce_bytes(b, "prefill")] for tp, b in large]
+    rows = [[nvlink.steps(tp), ring_volume(allreduce_bytes(b, "prefill"), tp)] for tp, b in large]
     rhs = [logged_allreduce_s(tp, b, "prefill") - launch for tp, b in large]
     large_hop, inv_large = np.linalg.solve(np.array(rows), np.array(rhs))
     return replace(nvlink, launch_s=float(launch), latency_s=float(hop), small_bus_bytes_per_s=1.0 / float(inv_small),
@@ -394,6 +394,6 @@ def allreduce_vs_logged(nvlink: InterconnectProfile | None = None) -> list[dict[
             table.append({
                 "tp": tp, "batch": batch, "phase": phase, "bytes": nbytes, "measured_s": measured,
                 "predicted_s": predicted, "error": predicted / measured - 1.0,
-                "busbw_measured": 2.0 * (tp - 1) / tp * nbytes / measured, "role": "fit" if used else "held out",
+                "busbw_measured": ring_volume(nbytes, tp) / measured, "role": "fit" if used else "held out",
             })
     return table

@@ -65,6 +65,12 @@ _NCCL_TESTS = ("public nccl-tests all_reduce_perf figures (docs.alayanew.com tec
 _NCCL_TUNER = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc: per-protocol base and per-hop latencies)"
 
 
+def ring_volume(nbytes: float, ranks: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of an ``nbytes`` buffer: ``2 (n - 1) / n`` of it (the factor that
+    turns nccl-tests' algorithm bandwidth into its "busbw")."""
+    return 2.0 * (ranks - 1) / ranks * nbytes
+
+
 @dataclass(frozen=True)
 class InterconnectProfile:
     """Latency/bandwidth parameters of one collective fabric, each with its source."""
@@ -106,7 +112,7 @@ class InterconnectProfile:
         """Seconds for one all-reduce of ``nbytes`` (the full buffer each rank holds) over ``ranks`` ranks."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
-        volume = 2.0 * (ranks - 1) / ranks * nbytes
+        volume = ring_volume(nbytes, ranks)
         steps = self.steps(ranks)
         small = steps * self.latency_s + volume / (self.small_bus_bytes_per_s or self.bus_bytes_per_s)
         if self.large_latency_s is None:
@@ -116,7 +122,7 @@ class InterconnectProfile:
     def bus_rate(self, nbytes: float, ranks: int) -> float:
         """The achieved bus bandwidth (nccl-tests "busbw") of one all-reduce of ``nbytes``."""
         seconds = self.allreduce_s(nbytes, ranks)
-        return 0.0 if seconds <= 0 else 2.0 * (ranks - 1) / ranks * nbytes / seconds
+        return 0.0 if seconds <= 0 else ring_volume(nbytes, ranks) / seconds
 
     def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool) -> float:
         """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones."""

@@ -286,6 +286,12 @@ class MeasuredCompute:
         return statistics.median(samples)
 
     def _time_cuda(self, fn: Callable[[], object]) -> float:
+        """Median seconds of ``fn`` on ``self.device`` (made current: the graph and the events belong to it),
+        replayed from a CUDA graph when it captures, else launched eagerly."""
+        with self.torch.cuda.device(self.device):
+            return self._time_cuda_here(fn)
+
+    def _time_cuda_here(self, fn: Callable[[], object]) -> float:
         torch = self.torch
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))

@@ -194,8 +194,11 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                 timing = _time_once(context, decoder, prompt, spec.gen_len)
                 if round_index >= warmup:
                     runs[index].append(timing)
-        for plan, timings in zip(plans, runs):
+        for plan, decoder, timings in zip(plans, decoders, runs):
             decode_s = statistics.median(t[1] for t in timings)
+            counted = int(round(statistics.median(t[3] for t in timings) / spec.gen_len))
+            # a CUDA graph replays its all-reduces without running Python, so the counter sees none: the plan's count
+            allreduces = plan.allreduces_per_forward if decoder.cuda_graphs else counted
             row = BenchRow(
                 schedule=plan.schedule.value,
                 layout=plan.layout.describe(),
@@ -205,7 +208,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                 decode_steps=spec.gen_len,
                 prefill_s=statistics.median(t[0] for t in timings),
                 decode_s_per_token=decode_s / spec.gen_len,
-                allreduces_per_decode_step=int(round(statistics.median(t[3] for t in timings) / spec.gen_len)),
+                allreduces_per_decode_step=allreduces,
                 comm=context.transport,
                 decode_allreduce_share=statistics.median(t[2] / t[1] for t in timings),
                 # per decode step, this rank: host time issuing all-reduces / waiting for in-flight ones

@@ -115,23 +115,28 @@ class Decoder:
         if self._graph is None:
             self._capture()
         self._graph.replay()
-        return self._graph_logits
+        # the graph writes every step into the same buffer: a copy, so that a caller keeping several steps'
+        # logits (scoring in pieces) does not see the last step's in all of them (B x V, small beside a step)
+        return self._graph_logits.clone()
 
     def _step(self) -> torch.Tensor:
         """The static decode step on ``_tokens`` at ``_position``: compiled, or eager."""
         return self._step_fn(self.model, self._tokens, self._position, self.cache, self.plan)
 
     def _capture(self) -> None:
-        """Record one decode step (communication included) into a CUDA graph. Unvalidated without a GPU."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, NCCL communicators, the compile)
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._graph_logits = self._step()
+        """Record one decode step (communication included) into a CUDA graph, on the model's device (not merely the
+        current one: a single rank may run on ``cuda:N``)."""
+        device = self.model.device
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):  # warm-up outside the graph (allocator, NCCL communicators, the compile)
+                for _ in range(2):
+                    self._step()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._graph_logits = self._step()
 
 
 def generate_on_rank(

@@ -118,6 +118,9 @@ def check_machine(spec: LaunchSpec) -> None:
     else:
         local = spec.tp
     if spec.device_type == "cuda":
+        if spec.tp > 1 and str(spec.device).startswith("cuda:"):
+            raise LadderizeError(f"--device {spec.device} names one GPU, but --tp {spec.tp} runs a rank on each local GPU "
+                                 "(cuda:LOCAL_RANK); use --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
         if local > torch.cuda.device_count():
             raise LadderizeError(f"{local} ranks on this node but only {torch.cuda.device_count()} CUDA devices")
     elif local > cpu_cores() and not spec.oversubscribe:
@@ -135,8 +138,9 @@ def free_port() -> int:
 
 def _init_rank(spec: LaunchSpec, rank: int, world: int, local_rank: int, local_world: int) -> RankContext:
     if spec.device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # one rank: the device asked for (``cuda:N``, or cuda:LOCAL_RANK); several: each rank its own local GPU
+        device = resolve_device(spec.device) if world == 1 else torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
         threads = spec.threads_per_rank or max(1, cpu_cores() // max(1, local_world))

@@ -55,6 +55,8 @@ class RotaryTable:
 
     def at_tensor(self, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin at a 1-element position tensor (static decode)."""
+        if self.dynamic:
+            return self._compute(position)
         return self.cos.index_select(0, position), self.sin.index_select(0, position)
 
 

@@ -118,3 +118,25 @@ def test_sample_records_its_device_and_dtype_and_equals_the_default(dense_dir, t
     assert provenance["device"] == "cpu" and provenance["dtype"] == "float32"
     bf16 = sample_text(str(dense_dir), tmp_path / "bf16.jsonl", device="cpu", dtype="bf16", **kwargs)
     assert json.loads((tmp_path / "bf16.jsonl.json").read_text())["dtype"] == "bfloat16" and bf16.records == 4
+
+
+def test_a_stage_puts_the_process_wide_tf32_switches_back(ladder_dir, text_file, tmp_path, monkeypatch):
+    """A CUDA stage turns TF32 on for its training (``TrainingPrecision.apply``); what runs after it in the same
+    process (the demo's eval) must compute as before. Here ``apply`` turns them on as it would on CUDA."""
+    from ladderize.model.placement import TrainingPrecision
+
+    def apply_as_on_cuda(self) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    monkeypatch.setattr(TrainingPrecision, "apply", apply_as_on_cuda)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        seen: list = []
+        adapt(_config(ladder_dir, tmp_path / "out", text_file, device="cpu"),
+              progress=lambda info, model: seen.append(torch.backends.cuda.matmul.allow_tf32))
+        after = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert seen and all(seen)  # on while the stage trained
+    assert after == (False, False)

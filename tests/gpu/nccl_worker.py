@@ -20,7 +20,8 @@ def main() -> None:
     pieces = (7,) + (1,) * (len(rows[0]) - 7)
     options = RuntimeOptions(dtype="float32", cuda_graphs=mode == "graphs")
     requests = [Request(checkpoint, rows, score_pieces=pieces), Request(checkpoint, tuple(r[:7] for r in rows), max_new_tokens=10)]
-    responses = run_requests(requests, LaunchSpec(tp=2, device="cuda", comm="nccl"), options)
+    # a short collective timeout: a rank whose peer died fails in two minutes instead of ten
+    responses = run_requests(requests, LaunchSpec(tp=2, device="cuda", comm="nccl", timeout_s=120), options)
     if responses is not None:  # rank 0
         np.save(out + ".npy", responses[0].logits)
         with open(out + ".json", "w") as handle:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,17 +38,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _two_nodes(checkpoint: Path, ids_file: Path, out: Path, mode: str) -> None:
+def _two_nodes(checkpoint: Path, ids_file: Path, out: Path, mode: str, timeout_s: float = 300.0) -> None:
+    """Both "nodes", each logging to its own file (a full pipe cannot stall a rank) in its own session; when one fails
+    or the time is up, the other's whole process tree is ended too (no rank left holding the GPU)."""
     port = _free_port()
-    procs = []
+    procs, logs = [], []
     for rank in range(2):
         env = {**os.environ, "NCCL_HOSTID": f"fakehost{rank}", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
                "--master_addr", "127.0.0.1", "--master_port", str(port),
                str(ROOT / "tests" / "gpu" / "nccl_worker.py"), str(checkpoint), str(ids_file), str(out), mode]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+        logs.append(out.parent / f"node{rank}.log")
+        with logs[-1].open("w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    text = "\n".join(f"--- node {rank}:\n" + log.read_text()[-3000:] for rank, log in enumerate(logs))
+    assert all(p.returncode == 0 for p in procs), text
 
 
 @pytest.mark.parametrize("mode", ["eager", "graphs"])

@@ -47,7 +47,9 @@ def assert_same(vllm_run: dict, reference: list[dict], what: str) -> None:
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_eager_equals_hf(vllm_venv, checkpoints, tp):
-    names = list(LAYOUTS)
+    # every layout at TP=1 (in the driver's process: cheap); at TP=2 (a worker process per rank and engine) all but
+    # the all-ladder one, whose ladder-after-ladder flow with real all-reduces the hybrid's layers 4-5 cover
+    names = list(LAYOUTS) if tp == 1 else [name for name in LAYOUTS if name != "ladder"]
     runs = [{"model": str(checkpoints[(name, tp)]), "tp": tp, "eager": True} for name in names]
     if tp == 1:  # an SPD checkpoint converted for another TP degree is refused with one line, as by ladderize's runtime
         runs.append({"model": str(checkpoints[("hybrid", 2)]), "tp": tp, "eager": True})
