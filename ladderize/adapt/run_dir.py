@@ -3,8 +3,9 @@
 ``RUN_DIR/state/`` holds ``trainer_state.json`` (step, tokens, times, curve and the config's
 fingerprint) and what the schedule needs to continue exactly:
 
-- joint schedule: Accelerate's ``save_state`` (model, optimizer, scheduler, RNG), the whole
-  folder replaced atomically every ``save_every`` optimizer steps;
+- joint schedule: Accelerate's ``save_state`` (the model as safetensors; optimizer, scheduler and
+  RNG as torch files, which Accelerate reads back with ``weights_only=True``), the whole folder
+  replaced atomically every ``save_every`` optimizer steps;
 - sequential schedule: one ``layer-NNNNN.safetensors`` per finished converted layer, each
   written (atomically) as soon as the layer is trained, then ``trainer_state.json``
   rewritten (atomically) to name the last finished layer.
@@ -39,7 +40,7 @@ def save_accelerate_state(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=False)
+    accelerator.save_state(str(tmp), safe_serialization=True)
     # every process writes its own RNG file into ``tmp`` and Accelerate does not wait for them: the main
     # process renames ``tmp`` only after all of them are done (else a slower one finds no folder and dies)
     accelerator.wait_for_everyone()

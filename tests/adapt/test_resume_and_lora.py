@@ -30,6 +30,31 @@ def test_resume_after_interruption_is_bit_identical(scope, objectives, spd_dir, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_of_a_tied_model_trained_whole_is_bit_identical(text_file, tmp_path):
+    """The resume state's weights are safetensors, which hold a tensor shared by two names once (the tied embedding
+    and LM head of SmolLM2-like models): training every parameter and resuming must still give the same model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.adapt.conftest import convert
+    from tests.conftest import TINY, char_tokenizer
+
+    torch.manual_seed(3)
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "tie_word_embeddings": True})).save_pretrained(tmp_path / "dense")
+    char_tokenizer().save_pretrained(tmp_path / "dense")
+    ladder = convert(tmp_path / "dense", tmp_path / "ladder", ladder="2:4")
+    common = dict(checkpoint=str(ladder), data=str(text_file), objectives="kd,lm", train="all",
+                  tokens=32 * 2 * 5, seq_len=32, batch_size=2, lr=1e-3, save_every=2)
+    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
+    interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **common)
+    adapt(interrupted, stop_after_steps=3)  # the last state is step 2
+    assert (tmp_path / "resumed.adapt-run" / "state" / "model.safetensors").is_file()
+    resumed = adapt(interrupted, resume=True)
+    assert resumed.resumed_from_step == 2 and [r["loss_total"] for r in resumed.curve] == [r["loss_total"] for r in whole.curve]
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(b["model.embed_tokens.weight"], b["lm_head.weight"])  # still tied after training
+
+
 def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
     common = dict(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file), tokens=32 * 2 * 3, seq_len=32, batch_size=2, save_every=1)
     adapt(AdaptConfig(**common), stop_after_steps=2)
