@@ -191,13 +191,13 @@ def _no_p2p() -> InterconnectProfile:
     )
 
 
-def _pcie(latency_s: float = NO_P2P_LATENCY_S / 2) -> InterconnectProfile:
+def _pcie() -> InterconnectProfile:
     return InterconnectProfile(
         name="pcie-gen5",
         description="GPUs with peer-to-peer over PCIe Gen5 switches and no NVLink (e.g. PCIe-card servers)",
         algorithm="ring",
         launch_s=NVLINK_LAUNCH_S,
-        latency_s=latency_s,
+        latency_s=NO_P2P_LATENCY_S / 2,
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
         overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=3.0,

@@ -6,11 +6,12 @@
 Prints one ``RESULT {json}`` line: per run, the greedy token ids and the log-prob of each chosen
 token per prompt, whether vLLM compiled the model, the ladderize layout, and the seconds the
 engine took to start and to generate. Runs share one process (the imports are paid once); each
-run gets its own engine, shut down before the next. A TP=1 run asks for vLLM's single-process executor;
-vLLM's CPU build still starts an engine and a worker process for it unless
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the tests set it: each started process pays vLLM's import). A run that fails reports its error's last
-line instead of stopping the others. The tests (tests/serving/) and benchmarks/bench_vllm_layouts.py
-drive this script; it is also a quick way to check a converted checkpoint by hand.
+run gets its own engine, shut down before the next. A TP=1 run asks for vLLM's single-process
+executor; vLLM's CPU build still starts an engine and a worker process for it unless
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the tests set it: each started process pays vLLM's import).
+A run that fails reports its error's last line instead of stopping the others. The tests
+(tests/runtime/vllm/) and benchmarks/bench_vllm_layouts.py drive this script; it is also a quick way
+to check a converted checkpoint by hand.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from ladderize.runtime.vllm.plugin import check_parallel
 logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it
 
 # Whether a model with ladder layers may run under vLLM's torch.compile. True only together with a test
-# that proves compiled == eager for ladder layouts: tests/serving/test_vllm_parity.py compiles a ladder
+# that proves compiled == eager for ladder layouts: tests/runtime/vllm/test_vllm_parity.py compiles a ladder
 # and a hybrid model on every CI run and fails if this flag is True while their outputs differ.
 # It holds because of the workaround below (FUNCTIONAL_LINEARS_WHEN_COMPILED), and only on CPU, where the
 # tests run: on other platforms (CUDA) layouts with ladder layers stay eager until a test there proves them.
