@@ -50,6 +50,25 @@ def tiny_model(seed: int = 0, **overrides) -> LadderLlamaForCausalLM:
     return model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _token_stores(tmp_path_factory: pytest.TempPathFactory):
+    """Token stores (``adapt/token_store.py``) of this session in a folder of its own, removed at the end:
+    tests tokenize temp files, whose stores would pile up in the user's cache. Subprocesses inherit it."""
+    import shutil
+
+    from ladderize.adapt.token_store import ROOT_ENV
+
+    root = tmp_path_factory.mktemp("token-stores")
+    previous = os.environ.get(ROOT_ENV)
+    os.environ[ROOT_ENV] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop(ROOT_ENV, None)
+    else:
+        os.environ[ROOT_ENV] = previous
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """Tiny models gain nothing from threads; one thread avoids oversubscribing a small CPU."""

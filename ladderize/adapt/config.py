@@ -87,6 +87,7 @@ class StepInfo:
     train_s: float
     tokens_per_s: float
     layer: int | None = None  # the layer being trained (sequential schedule)
+    pace: str | None = None  # tokens/s per process and in total, MFU on a known GPU (``throughput.Throughput.describe``)
 
 
 @dataclass
@@ -99,6 +100,8 @@ class AdaptResult:
     resumed_from_step: int = 0
     calibration_tokens: int | None = None  # sequential schedule: the calibration set (``tokens`` is what was trained)
     state_dir: Path | None = None  # the training state left behind (``keep_state``, or an unfinished run)
+    stopped_early: bool = False  # ended by ``stop_after_steps``/``--max-steps`` before its budget; OUT not written
+    throughput: dict[str, Any] | None = None  # tokens/s in total and per process, MFU on a known GPU (``throughput.py``)
 
 
 def validate_config(config: AdaptConfig) -> dict[str, float]:

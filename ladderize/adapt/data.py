@@ -15,17 +15,23 @@ A data spec is one of
   its own, gets the share ``w / (w + v + ...)`` of the sequences, and the parts' sequences are
   interleaved in proportion, so that any prefix of the packed set keeps the mixture.
 
-Documents are tokenized, joined with the EOS token and cut into ``[N, seq_len]`` blocks;
-a token budget stops reading early. Every failure is a one-line ``LadderizeError``.
+- a token store folder (``ladderize tokenize --out``), read as it is (its tokenizer must be the checkpoint's).
+
+Documents are tokenized once into a token store (``token_store.py``: memory-mapped, reused by later
+runs and stages), joined with the EOS token and cut into sequences of ``seq_len`` tokens that training
+reads on demand (``TokenWindows``); a token budget stops tokenizing early (a larger one later continues
+the store). Every failure is a one-line ``LadderizeError``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import LadderizeError, one_line
@@ -34,33 +40,47 @@ TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json")
 
 
-def iter_documents(spec: str) -> Iterator[str]:
-    """Yield the documents of a data spec (see the module docstring)."""
+def spec_files(spec: str) -> list[Path] | None:
+    """The files a file or folder spec reads, in reading order; None for a built-in corpus or a hub dataset.
+    One line when a path-like spec names nothing, or a folder holds no text files."""
     if spec in BUILTIN_CORPORA:
-        yield from BUILTIN_CORPORA[spec]()
-        return
+        return None
     path = Path(spec).expanduser()
     if path.is_dir():
         # .jsonl only: a folder's .json files are metadata (``ladderize sample``'s OUT.json provenance)
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + (".jsonl",))
         if not files:
             raise LadderizeError(f"data directory {path} holds no .txt, .md or .jsonl files")
-        for file in files:
-            yield from _file_documents(file)
-        return
+        return [f.absolute() for f in files]
     if path.is_file():
-        yield from _file_documents(path)
-        return
+        return [path.absolute()]
     if path.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES or os.sep in spec or spec.startswith("."):
         raise LadderizeError(f"data file {spec} does not exist")
-    yield from _hub_documents(spec)
+    return None
+
+
+def iter_documents(spec: str) -> Iterator[str]:
+    """Yield the documents of a data spec (see the module docstring)."""
+    if spec in BUILTIN_CORPORA:
+        yield from BUILTIN_CORPORA[spec]()
+        return
+    files = spec_files(spec)
+    if files is None:
+        yield from _hub_documents(spec)
+        return
+    for file in files:
+        yield from _file_documents(file)
 
 
 def check_data(spec: str) -> None:
     """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
     document of each part (a missing or empty file, an empty folder, a bad mixture, an unreachable dataset)."""
+    from .token_store import is_store, open_store
+
     for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
-        if next(iter(iter_documents(part)), None) is None:
+        if is_store(part):
+            open_store(part)
+        elif next(iter(iter_documents(part)), None) is None:
             raise LadderizeError(f"data {part} holds no text")
 
 
@@ -146,7 +166,7 @@ def mixture_parts(spec: str) -> list[tuple[str, float]] | None:
     A spec that names an existing file or folder, or a built-in corpus, is never split, so
     a path with ``+`` in its name still reads as one file.
     """
-    if spec in BUILTIN_CORPORA or Path(spec).expanduser().exists() or "+" not in spec:
+    if spec in BUILTIN_CORPORA or "+" not in spec or Path(spec).expanduser().exists():
         return None
     parts = []
     for part in spec.split("+"):
@@ -163,86 +183,130 @@ def mixture_parts(spec: str) -> list[tuple[str, float]] | None:
     return parts
 
 
-def _pack_mixture(parts: list[tuple[str, float]], tokenizer, seq_len: int, max_tokens: int | None) -> torch.Tensor:
-    """Pack each part on its own (its share of the budget) and interleave them in proportion."""
+def _mixture_shares(parts: list[tuple[str, float]], wanted: int | None) -> list[int | None]:
+    """Each part's sequences of a budget of ``wanted`` (largest remainder: they add up, each at least 1)."""
+    if wanted is None:
+        return [None] * len(parts)
     total = sum(weight for _, weight in parts)
+    exact = [wanted * weight / total for _, weight in parts]
+    shares = [int(x) for x in exact]
+    by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - shares[i], reverse=True)
+    for i in by_remainder[: wanted - sum(shares)]:
+        shares[i] += 1
+    return [max(1, share) for share in shares]
+
+
+class TokenWindows:
+    """Sequences of ``seq_len`` tokens cut from token stores (``token_store.py``), read on demand.
+
+    Sequence ``i`` of a single store is its tokens ``[i * seq_len, (i + 1) * seq_len)``. A mixture
+    interleaves its parts' sequences: sequence ``j`` of a part of ``n`` sits at fraction ``(j + 0.5) / n``
+    of the set (ties by part), so any prefix keeps the mixture. Only that order (8 bytes a sequence) is
+    held in memory; the tokens stay in the memory-mapped stores.
+    """
+
+    def __init__(self, stores: list, counts: list[int], seq_len: int, limit: int | None = None):
+        self.stores, self.counts, self.seq_len = stores, counts, seq_len
+        total = sum(counts)
+        self.length = total if limit is None else min(total, limit)
+        self._part = self._index = None
+        if len(stores) > 1:
+            keys = np.concatenate([(np.arange(n) + 0.5) / n for n in counts])
+            parts = np.concatenate([np.full(n, p, dtype=np.int64) for p, n in enumerate(counts)])
+            within = np.concatenate([np.arange(n, dtype=np.int64) for n in counts])
+            order = np.lexsort((within, parts, keys))[: self.length]
+            self._part, self._index = parts[order], within[order]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def rows(self, indices) -> torch.Tensor:
+        """The sequences at ``indices`` (a sequence of ints or a 1-D tensor), as ``[len(indices), seq_len]`` int64."""
+        out = np.empty((len(indices), self.seq_len), dtype=np.int64)
+        for row, index in enumerate(int(i) for i in indices):
+            if not 0 <= index < self.length:
+                raise IndexError(f"sequence {index} of {self.length}")
+            part, within = (0, index) if self._part is None else (int(self._part[index]), int(self._index[index]))
+            out[row] = self.stores[part].tokens[within * self.seq_len:(within + 1) * self.seq_len]
+        return torch.from_numpy(out)
+
+    def head(self, count: int) -> torch.Tensor:
+        """The first ``count`` sequences (at most all of them)."""
+        return self.rows(range(min(count, self.length)))
+
+    def all(self) -> torch.Tensor:
+        return self.head(self.length)
+
+
+def token_windows(
+    spec: str, tokenizer, seq_len: int, max_tokens: int | None = None, min_sequences: int = 1, *,
+    workers: int | None = None, progress=None, say=None,
+) -> TokenWindows:
+    """``spec``'s sequences of ``seq_len`` tokens (at least ``min_sequences``), up to ``max_tokens`` (rounded up to
+    whole sequences; None: all). Tokenizes into the token store first where it does not hold them yet."""
+    from .token_store import ensure_store
+
+    if seq_len < 2:
+        raise LadderizeError(f"sequence length must be at least 2, got {seq_len}")
     wanted = None if max_tokens is None else -(-max_tokens // seq_len)
-    shares: list[int | None] = [None] * len(parts)
-    if wanted is not None:  # largest remainder: the shares add up to the budget (each at least 1)
-        exact = [wanted * weight / total for _, weight in parts]
-        shares = [int(x) for x in exact]
-        by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - shares[i], reverse=True)
-        for i in by_remainder[: wanted - sum(shares)]:
-            shares[i] += 1
-        shares = [max(1, share) for share in shares]
-    packed = []
-    for (name, _), share in zip(parts, shares):
-        ids = pack_tokens(name, tokenizer, seq_len, None if share is None else share * seq_len)
-        if share is not None and ids.shape[0] < share:
+    parts = mixture_parts(spec)
+    build = dict(workers=workers, progress=progress, say=say)
+    if parts is None:
+        store = ensure_store(spec, tokenizer, min_tokens=None if wanted is None else wanted * seq_len, **build)
+        count = store.num_tokens // seq_len if wanted is None else min(store.num_tokens // seq_len, wanted)
+        if count < min_sequences:
             raise LadderizeError(
-                f"data mixture part {name!r} has {ids.shape[0]} sequences of {seq_len} tokens, fewer than its share of {share}"
+                f"data {spec} has {store.num_tokens} tokens, fewer than {min_sequences} sequence(s) of {seq_len} tokens"
             )
-        packed.append(ids)
-    # interleave: sequence i of a part of n sequences sits at fraction (i + 0.5) / n of the set
-    keyed = sorted(
-        ((index + 0.5) / len(ids), part, index) for part, ids in enumerate(packed) for index in range(len(ids))
-    )
-    rows = torch.stack([packed[part][index] for _, part, index in keyed])
-    return rows if wanted is None else rows[:wanted]
+        return TokenWindows([store], [count], seq_len)
+    stores, counts = [], []
+    for (name, _), share in zip(parts, _mixture_shares(parts, wanted)):
+        store = ensure_store(name, tokenizer, min_tokens=None if share is None else share * seq_len, **build)
+        count = store.num_tokens // seq_len
+        if share is not None and count < share:
+            raise LadderizeError(
+                f"data mixture part {name!r} has {count} sequences of {seq_len} tokens, fewer than its share of {share}"
+            )
+        stores.append(store)
+        counts.append(count if share is None else share)
+    windows = TokenWindows(stores, counts, seq_len, wanted)
+    if len(windows) < min_sequences:
+        raise LadderizeError(f"data {spec} has {len(windows)} sequence(s) of {seq_len} tokens, fewer than {min_sequences}")
+    return windows
 
 
 def pack_tokens(
     spec: str, tokenizer, seq_len: int, max_tokens: int | None = None, min_sequences: int = 1
 ) -> torch.Tensor:
-    """Tokenize the documents of ``spec`` and pack them into ``[N, seq_len]`` (N >= ``min_sequences``).
+    """Tokenize the documents of ``spec`` and pack them into ``[N, seq_len]`` (N >= ``min_sequences``), in memory.
 
     Documents are separated by the tokenizer's EOS token. Reading stops once ``max_tokens``
     (rounded up to whole sequences) are collected; the incomplete tail is dropped. A mixture
-    spec (``A*w+B*v``) packs each part on its own, see the module docstring.
+    spec (``A*w+B*v``) packs each part on its own, see the module docstring. For the small
+    calibration sets; training reads ``token_windows`` on demand.
     """
-    if seq_len < 2:
-        raise LadderizeError(f"sequence length must be at least 2, got {seq_len}")
-    parts = mixture_parts(spec)
-    if parts is not None:
-        rows = _pack_mixture(parts, tokenizer, seq_len, max_tokens)
-        if rows.shape[0] < min_sequences:
-            raise LadderizeError(f"data {spec} has {rows.shape[0]} sequence(s) of {seq_len} tokens, fewer than {min_sequences}")
-        return rows
-    wanted = None if max_tokens is None else -(-max_tokens // seq_len) * seq_len
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for text in iter_documents(spec):
-        if not text.strip():
-            continue
-        stream.extend(tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])
-        if eos is not None:
-            stream.append(eos)
-        if wanted is not None and len(stream) >= wanted:
-            break
-    if eos is not None and stream:
-        stream.pop()  # no separator after the last document
-    count = len(stream) // seq_len
-    if wanted is not None:
-        count = min(count, wanted // seq_len)
-    if count < min_sequences:
-        raise LadderizeError(
-            f"data {spec} has {len(stream)} tokens, fewer than {min_sequences} sequence(s) of {seq_len} tokens"
-        )
-    return torch.tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+    return token_windows(spec, tokenizer, seq_len, max_tokens, min_sequences).all()
 
 
+@functools.lru_cache(maxsize=4)
 def batch_order(num_sequences: int, epoch: int, seed: int) -> torch.Tensor:
-    """The shuffled order of sequences in ``epoch``: a pure function of (epoch, seed), so resume is exact."""
+    """The shuffled order of sequences in ``epoch``: a pure function of (epoch, seed), so resume is exact.
+    Computed once per epoch (cached): the rows of a step look it up in O(1)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(num_sequences, generator=generator)
 
 
-def batch_at(data: torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
+def micro_batch_index(step: int, micro: int, grad_accum: int, processes: int, rank: int) -> int:
+    """The global micro-step whose rows process ``rank`` trains at micro-batch ``micro`` of optimizer step ``step``:
+    the processes take consecutive micro-steps, so their shares are disjoint and together read, in order, what one
+    process with ``processes`` times the batch would."""
+    return (step * grad_accum + micro) * processes + rank
+
+
+def batch_at(data: TokenWindows | torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
     """The ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
-    num = data.shape[0]
+    num = len(data)
     start = step * batch_size
-    rows = []
-    for position in range(start, start + batch_size):
-        epoch, offset = divmod(position, num)
-        rows.append(batch_order(num, epoch, seed)[offset])
-    return data[torch.stack(rows)]
+    rows = [int(batch_order(num, epoch, seed)[offset]) for epoch, offset in
+            (divmod(position, num) for position in range(start, start + batch_size))]
+    return data.rows(rows) if isinstance(data, TokenWindows) else data[torch.tensor(rows)]

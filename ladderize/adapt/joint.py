@@ -21,7 +21,9 @@ from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
-from .data import batch_at, pack_tokens
+from .data import batch_at, micro_batch_index, token_windows
+from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
+from .token_store import build_reporter
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
@@ -67,8 +69,12 @@ def adapt_joint(
     progress: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None,
     say: Callable[[str], None],
     stop_after_steps: int | None,
+    save_at_stop: bool = False,
 ) -> AdaptResult:
-    """Run the joint schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
+    """Run the joint schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``.
+
+    ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state
+    of that step first, so that ``--resume`` continues from it."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
 
@@ -103,24 +109,30 @@ def adapt_joint(
     teacher = load_teacher(teacher_path, student) if with_teacher else None
 
     world = accelerator.num_processes
+    if not accelerator.is_main_process:  # one voice: the main process says the plan, the data and the pace
+        say = _silent
     sequences_per_step = config.batch_size * config.grad_accum * world
     tokens_per_step = sequences_per_step * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
     if total_steps * tokens_per_step != config.tokens:
         say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
             f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
-    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step)
-    say(f"data: {counted(int(data.shape[0]), 'sequence')} of {config.seq_len} tokens from {config.data}")
-    if data.shape[0] < sequences_per_step:
+    say(plan_line(total_steps * tokens_per_step, total_steps, sequences_per_step, config.batch_size, config.grad_accum,
+                  world, config.seq_len))
+    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
+                         progress=build_reporter(say, config.data), say=say)
+    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data} "
+        f"(token store {data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path})")
+    if len(data) < sequences_per_step:
         say(f"the data holds fewer sequences than a step trains ({sequences_per_step}): every step repeats them, "
-            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(int(data.shape[0]) * config.seq_len, 'distinct token')}")
+            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")
 
     if config.head_grouping:  # before ``prepare``, on the Accelerator's device
         from .head_grouping import group_heads_for_spd
 
         student.to(accelerator.device)
         teacher.to(accelerator.device)
-        student, orders = group_heads_for_spd(student, teacher, data[: min(len(data), 8)])
+        student, orders = group_heads_for_spd(student, teacher, data.head(8))
         say(f"head grouping: {orders}")
 
     spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
@@ -158,15 +170,20 @@ def adapt_joint(
         say(f"nothing to resume in {run_dir}; starting a new run")
 
     model = accelerator.unwrap_model(loss_module).student
+    pace = Throughput(world, flops_per_token(model, teacher), peak_flops_per_s(accelerator.device))
     loss_module.train()
     rank = accelerator.process_index
+    first_step_s, saved_step = None, step
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
-            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None)
+            if save_at_stop and saved_step != step:
+                save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
+                               stopped_early=True, throughput=pace.record(tokens_done, train_s))
         started, cpu_started = time.perf_counter(), time.process_time()
         sums: dict[str, float] = {}
         for micro in range(config.grad_accum):
-            index = (step * config.grad_accum + micro) * world + rank
+            index = micro_batch_index(step, micro, config.grad_accum, world, rank)
             batch = batch_at(data, index, config.batch_size, config.seed).to(accelerator.device)
             with accelerator.accumulate(loss_module):
                 losses = loss_module(batch)
@@ -187,13 +204,20 @@ def adapt_joint(
         averaged = {k: _mean_across(accelerator, v) for k, v in sums.items()}
         record = {"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3), "lr": lr, **{f"loss_{k}": v for k, v in averaged.items()}}
         curve.append(record)
+        if first_step_s is None:
+            first_step_s = train_s
+        elif step - resumed_from == PROJECT_AFTER_STEPS + 1 and step < total_steps:
+            say(projection_line(PROJECT_AFTER_STEPS, train_s - first_step_s, total_steps - step, total_steps, tokens_per_step, pace))
         if accelerator.is_main_process and progress is not None:
-            progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s, tokens_per_step / elapsed), model)
+            progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s,
+                              tokens_per_step / elapsed,
+                              pace=pace.per_process(tokens_per_step / elapsed) or None), model)
         if step % config.save_every == 0 or step == total_steps:
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+            saved_step = step
 
     accelerator.wait_for_everyone()
-    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from)
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     full_state = None
     if accelerator.distributed_type == DistributedType.FSDP:  # every rank takes part in gathering the full weights
         full_state = accelerator.get_state_dict(loss_module)
@@ -212,6 +236,10 @@ def adapt_joint(
         result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
     accelerator.wait_for_everyone()
     return result
+
+
+def _silent(_message: str) -> None:
+    """What a process other than the main one says: nothing."""
 
 
 def _fresh_single_process_state(mixed_precision: str, cpu: bool) -> None:

@@ -56,6 +56,7 @@ def adapt_provenance(
             "seq_len": config.seq_len,
             "steps": result.steps,
             "train_s": round(result.train_s, 1),
+            **({"throughput": result.throughput} if result.throughput else {}),
             "final_loss": result.curve[-1] if result.curve else None,
             "head_grouping": config.head_grouping,
             "device": device.type,

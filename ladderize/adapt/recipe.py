@@ -239,11 +239,12 @@ def run_recipe(
     on_stage_start: Callable[[str], None] | None = None,
     on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None,
     stop_after_steps: int | None = None,
+    max_steps: int | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
     ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
-    kill would (tests of resume). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
+    kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
     keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
     """
@@ -300,13 +301,14 @@ def run_recipe(
             say(f"stage {step['stage']}/{len(steps)} {step['name']}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
             continue
-        if stop_after_steps is not None and done_steps >= stop_after_steps:
+        if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top)
         (on_stage_start or say)(f"stage {step['stage']}/{len(steps)} {describe(step)[len(str(step['stage'])) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
-                       stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps)
+                       stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
+                       max_steps=None if max_steps is None else max_steps - done_steps)
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
@@ -335,6 +337,7 @@ class AdaptRun:
 
     result: AdaptResult
     stages: list[AdaptResult]
+    finished: bool = True  # False: stopped at --max-steps, OUT not written (resume continues)
 
 
 def _resume_hint(exc: BaseException, where: Path) -> None:
@@ -360,11 +363,14 @@ def adapt_checkpoint(
     on_message: Callable[[str], None] | None = None,
     on_plan: Callable[[str, list[dict[str, Any]]], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
+    max_steps: int | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
     A single stage without ``lr`` takes the measured rate of its kind and the converted modes. An
-    interrupt gets a hint on how to continue. ``on_plan(recipe_name, steps)`` shows a recipe's plan.
+    interrupt gets a hint on how to continue. ``on_plan(recipe_name, steps)`` shows a recipe's plan. ``max_steps``
+    stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's ``max_steps`` for
+    a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly.
     """
     from ..errors import Interrupted
     from ..model.placement import check_device, check_dtype
@@ -386,24 +392,26 @@ def adapt_checkpoint(
         config = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=force, keep_state=keep_state,
                              **{**shared, **single})
         try:
-            result = adapt(config, resume=resume, progress=progress, on_message=on_message)
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
-        return AdaptRun(result, [result])
+        return AdaptRun(result, [result], not result.stopped_early)
     chosen = Recipe("command line", [parse_stage(s) for s in stages]) if stages else load_recipe(recipe or "best")
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     try:
         outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
                              resume=resume, progress=progress, on_message=on_message,
                              on_plan=None if on_plan is None else (lambda steps: on_plan(chosen.name, steps)),
-                             on_stage_start=on_stage_start)
+                             on_stage_start=on_stage_start, max_steps=max_steps)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise
+    if not outcome.stages:  # --max-steps reached before this run's first stage (resumed past it)
+        raise LadderizeError(f"--max-steps {max_steps}: the run in {top} is already past that step; resume without it")
     result = outcome.stages[-1]
     result.steps, result.tokens = sum(r.steps for r in outcome.stages), sum(r.tokens for r in outcome.stages)
     result.train_s = sum(r.train_s for r in outcome.stages)
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
-    return AdaptRun(result, outcome.stages)
+    return AdaptRun(result, outcome.stages, outcome.finished)

@@ -34,13 +34,16 @@ def adapt(
     progress: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None = None,
     on_message: Callable[[str], None] | None = None,
     stop_after_steps: int | None = None,
+    max_steps: int | None = None,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
     ``progress(info, model)`` runs after every optimizer step on the main process (its time is
     not counted as training time; under the streamed sequential schedule ``model`` holds the
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
-    writing OUT, as a kill would (for tests of ``resume``).
+    writing OUT, as a kill would (for tests of ``resume``). ``max_steps`` (``--max-steps``) ends it there too, with the
+    state of that step saved (the joint schedule; the sequential one keeps its finished layers), so that
+    ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run.
     """
     say = on_message or (lambda _m: None)
     weights = preflight(config)
@@ -49,6 +52,8 @@ def adapt(
     run_dir = config.resolved_run_dir()
     if (run_dir / STATE_DIR).exists() and not resume and not config.force:
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
+    if max_steps is not None:
+        stop_after_steps = max_steps if stop_after_steps is None else min(stop_after_steps, max_steps)
     run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
     with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
         if config.local_schedule == "sequential":
@@ -57,7 +62,7 @@ def adapt(
             return adapt_sequential(config, weights, checkpoint, out, **run)
         from .joint import adapt_joint
 
-        return adapt_joint(config, weights, checkpoint, out, **run)
+        return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
 
 
 def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, float]:

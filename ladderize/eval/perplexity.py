@@ -44,11 +44,16 @@ def wikitext2_ids(tokenizer, seq_len: int = 512, num_sequences: int = 16) -> tor
     return packed_token_ids(tokenizer, _wikitext2_valid_text(), seq_len, num_sequences)
 
 
-def _wikitext2_valid_text() -> str:
+def wikitext2_valid_path() -> Path:
+    """The WikiText-2 validation text file (one line when it is missing)."""
     path = shared_data_dir() / WIKITEXT2_VALID
     if not path.is_file():
         raise LadderizeError(f"WikiText-2 validation text not found at {path}")
-    return path.read_text(encoding="utf-8")
+    return path
+
+
+def _wikitext2_valid_text() -> str:
+    return wikitext2_valid_path().read_text(encoding="utf-8")
 
 
 def wikitext2_heldout_articles() -> list[str]:
