@@ -462,6 +462,8 @@ def _init_worker(tokenizer) -> None:
 def encode_batch(texts: list[str], tokenizer=None, direct: bool = False) -> list[np.ndarray]:
     """Token ids of each text (no special tokens), as ``int64`` arrays: the tokenizer's own batched call, or with
     ``direct`` its Rust backend's (the same ids where ``backend_matches`` says so, without the wrapper's work)."""
+    if not texts:
+        return []
     tokenizer = tokenizer or _WORKER_TOKENIZER
     if direct:
         backend = tokenizer.backend_tokenizer
