@@ -263,7 +263,7 @@ def ensure_store(
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LadderizeError(f"cannot create the token store {path}: {exc.strerror or exc}") from None
-    with _locked(path / LOCK_FILE):
+    with _locked(path / LOCK_FILE, say):
         meta = read_meta(path)
         if meta is not None:
             check_tokenizer(meta, tokenizer, path)
@@ -276,11 +276,17 @@ def ensure_store(
 
 
 @contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
+def _locked(lock: Path, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold ``lock`` (an advisory file lock: one builder per store; the others wait, then read what it built)."""
     import fcntl
 
     with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if say is not None:
+                say(f"waiting for another process that builds the token store {lock.parent}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -460,7 +466,7 @@ def _init_worker(tokenizer) -> None:
 
 
 def encode_batch(texts: list[str], tokenizer=None, direct: bool = False) -> list[np.ndarray]:
-    """Token ids of each text (no special tokens), as ``int64`` arrays: the tokenizer's own batched call, or with
+    """Token ids of each text (no special tokens), as ``uint32`` arrays: the tokenizer's own batched call, or with
     ``direct`` its Rust backend's (the same ids where ``backend_matches`` says so, without the wrapper's work)."""
     if not texts:
         return []
@@ -468,9 +474,9 @@ def encode_batch(texts: list[str], tokenizer=None, direct: bool = False) -> list
     if direct:
         backend = tokenizer.backend_tokenizer
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: the same ids, no character offsets
-        return [np.asarray(e.ids, dtype=np.int64) for e in encode(texts, add_special_tokens=False)]
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
     ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-    return [np.asarray(one, dtype=np.int64) for one in ids]
+    return [np.asarray(one, dtype=np.uint32) for one in ids]
 
 
 def backend_matches(tokenizer, sample: str) -> bool:

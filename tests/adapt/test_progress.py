@@ -81,7 +81,9 @@ def test_adapt_prints_periodic_progress_lines_when_not_a_terminal(ladder_dir, te
     for line in lines[:-1]:
         assert re.search(r"loss \d+\.\d{4}", line) and re.search(r"[\d,]+ tok/s", line) and " ETA " in line
     assert lines[-1].endswith("done")
-    assert "data: 8 sequences of 32 tokens" in stderr.splitlines()[0]  # before the first step, while loading
+    before_first_step = stderr[: stderr.index(lines[0])]  # the plan and the data, said while loading
+    assert before_first_step.startswith("plan: 256 tokens = 4 steps x 2 sequences (2 per micro-batch x 1 accumulated x 1 process) x 32 tokens")
+    assert "data: 8 sequences of 32 tokens" in before_first_step
 
     monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "3600")  # only the first and the last step
     code, _, stderr = run_cli([*args[:2], tmp_path / "joint2", *args[3:]], capsys, monkeypatch)
