@@ -36,7 +36,7 @@ FIXED_BY = {
     "h100-nvlink.small_bus_bytes_per_s": "the same three logged runs",
     "h100-nvlink.large_latency_s": "dense - upper bound per all-reduce, prefill TP8 b1 and b64 (logs)",
     "h100-nvlink.bus_bytes_per_s": "the same two logged runs",
-    "overlap_slowdown": "1.31x Ladder, TP8, batch 1, NVLink (paper)",
+    "overlap_slowdown": "derived, not fitted: 24 NCCL channels (one SM each) of the H100's 132 SMs, share / (1 - share)",
     "h100-no-p2p.latency_s": "1.60x Ladder, TP8, batch 1, peer-to-peer disabled (paper)",
 }
 

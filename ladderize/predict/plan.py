@@ -42,8 +42,8 @@ def plan_prediction(
     prompt: int = 1024,
     gen: int = 512,
     interconnect: str | None = None,
-    compute: str = "measured",
-    gpu: str = "h100",
+    compute: str | None = None,
+    gpu: str | None = None,
     schedules: str | None = None,
     domino_chunks: int = 2,
     cache_dir: Path | str | None = None,
@@ -57,7 +57,8 @@ def plan_prediction(
 
     ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
     measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
-    the profile's, else ``h100-nvlink``."""
+    the profile's, else ``h100-nvlink``. ``compute`` None: ``default_compute`` (measured only on a local GPU);
+    ``gpu`` None: the interconnect's own GPU profile (``InterconnectProfile.gpu``)."""
     from ..model.layout import Layout, spd_tp_for
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
@@ -87,20 +88,57 @@ def plan_prediction(
         from .calibrate import load_profile
 
         gpu_profile, measured_interconnect = load_profile(profile)
-        compute = "roofline"
-    else:
-        gpu_profile = load_gpu_profile(gpu)
     if interconnect is None and measured_interconnect is not None:
         link = measured_interconnect
     else:
         link = load_interconnect(interconnect or "h100-nvlink")
+    if profile is not None:
+        compute, why = "roofline", ""
+    else:
+        gpu_profile = load_gpu_profile(gpu or link.gpu or "h100")
+        compute, why = resolve_compute(compute, device, link)
     request = PredictRequest(
         model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=link,
         layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
         domino_chunks=domino_chunks,
     )
     request.validate()
-    return PredictPlan(request, make_compute(compute, gpu_profile, cache_dir, device=device))
+    model_of_compute = make_compute(compute, gpu_profile, cache_dir, device=device)
+    if why:
+        model_of_compute.label += f" ({why})"
+    return PredictPlan(request, model_of_compute)
+
+
+def local_gpu_present() -> bool:
+    """Whether torch sees a CUDA GPU here (torch is imported only where an NVIDIA driver is installed)."""
+    import shutil
+
+    if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_compute(compute: str | None, device: str, link: InterconnectProfile) -> tuple[str, str]:
+    """The compute mode, and why when it was not asked for.
+
+    ``None``: ``measured`` where ``device`` is (or ``auto`` finds) a local GPU, else ``roofline`` of the
+    interconnect's GPU. ``measured`` on a CPU against a GPU fabric is refused: its table would be CPU compute
+    against GPU communication (every speed-up near 1.000x, issue 35), and CPU timings are noise at these shapes.
+    """
+    on_gpu = device.startswith("cuda") or (device == "auto" and local_gpu_present())
+    if compute is None:
+        if on_gpu:
+            return "measured", ""
+        return "roofline", f"default: no GPU here; {link.name}'s GPUs priced by their fitted model"
+    if compute == "measured" and not on_gpu and link.gpu is not None:
+        raise LadderizeError(
+            f"--compute measured would time this CPU against {link.name}, a GPU fabric: CPU compute against GPU "
+            f"communication is no prediction of either; leave --compute out (roofline of {link.gpu} here) or run "
+            "on a machine with that GPU"
+        )
+    return compute, ""
 
 
 def calibrate_from_options(

@@ -39,15 +39,37 @@ def test_roofline_prediction_writes_json(tmp_path):
 
 
 def test_measured_prediction_on_a_tiny_config(tmp_path):
+    """``--compute measured`` on a CPU runs against a CPU fabric (a profile naming no GPU), with its warning."""
     config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
               "num_key_value_heads": 4, "vocab_size": 128}
     (tmp_path / "config.json").write_text(json.dumps(config))
+    fabric = tmp_path / "cpu-shm.json"
+    fabric.write_text(json.dumps({"algorithm": "ring", "launch_s": 5e-6, "latency_s": 2e-6, "bus_bytes_per_s": 5e9,
+                                  "overlap_slowdown": 0.0}))
     result = runner.invoke(cli.app, ["predict", "--model", str(tmp_path), "--tp", "2", "--batch", "2", "--prompt",
                                      "16", "--gen", "8", "--cache-dir", str(tmp_path / "cache"), "--show-modules",
-                                     "--interconnect", "pcie-gen5"], env={"COLUMNS": "200"})
+                                     "--interconnect", str(fabric), "--compute", "measured", "--device", "cpu"],
+                           env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "a CPU, not a GPU" in result.output and "no GPU here" in result.output
+    assert "a CPU, not a GPU" in result.output and "this CPU's" in result.output
     assert (tmp_path / "cache" / "measurements.json").is_file()
+
+
+def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(capsys, monkeypatch):
+    """Issue 35: no --compute, a GPU fabric and no GPU here: the fabric's fitted GPU model, said on the compute line
+    (it was CPU timings against NVLink: every speed-up 1.000x); --compute measured there is refused in one line."""
+    from tests.cli_helpers import run_cli
+
+    monkeypatch.setattr("ladderize.predict.plan.local_gpu_present", lambda: False)
+    code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1,4,16,64",
+                              "--interconnect", "h100-nvlink", "--ladder", "all", "--schedules", "ladder"], capsys, monkeypatch)
+    assert code == 0, err
+    compute = next(line for line in out.splitlines() if line.startswith("compute:"))
+    assert "roofline" in compute and "default: no GPU here" in compute
+    assert "1.000x" not in out.replace("│       1.000x │          1.000x", "")  # only dense's own 1.000x
+    code, out, err = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "8", "--batch", "1", "--compute", "measured"],
+                             capsys, monkeypatch)
+    assert code == 2 and err.count("error:") == 1 and "GPU fabric" in err
 
 
 def test_layout_from_a_checkpoint_folder(tmp_path):
