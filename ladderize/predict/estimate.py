@@ -275,6 +275,8 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
                     )
                 )
             add_speedups(rows)
+            for row in rows:
+                row.prefill_speedup_vs_dense = dense_timings["prefill"].total_s / row.prefill_s
             prediction.rows += rows
     prediction.module_timings = list(pricer.records.values())
     return prediction

@@ -97,6 +97,12 @@ def plan_prediction(
     else:
         gpu_profile = load_gpu_profile(gpu or link.gpu or "h100")
         compute, why = resolve_compute(compute, device, link)
+    if compute == "roofline" and gpu_profile.name.startswith("CPU") and link.gpu is not None:
+        raise LadderizeError(
+            f"{gpu_profile.name} was calibrated on a CPU, and {link.name} is a GPU fabric: CPU compute against GPU "
+            "communication is no prediction of either; calibrate on the GPU, or give --interconnect a CPU fabric "
+            "(a profile JSON without \"gpu\")"
+        )
     request = PredictRequest(
         model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=link,
         layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
@@ -105,7 +111,7 @@ def plan_prediction(
     request.validate()
     model_of_compute = make_compute(compute, gpu_profile, cache_dir, device=device)
     if why:
-        model_of_compute.label += f" ({why})"
+        model_of_compute.label += f"; {why}"
     return PredictPlan(request, model_of_compute)
 
 

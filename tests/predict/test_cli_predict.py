@@ -55,18 +55,21 @@ def test_measured_prediction_on_a_tiny_config(tmp_path):
     assert (tmp_path / "cache" / "measurements.json").is_file()
 
 
-def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(capsys, monkeypatch):
+def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(tmp_path, capsys, monkeypatch):
     """Issue 35: no --compute, a GPU fabric and no GPU here: the fabric's fitted GPU model, said on the compute line
     (it was CPU timings against NVLink: every speed-up 1.000x); --compute measured there is refused in one line."""
     from tests.cli_helpers import run_cli
 
     monkeypatch.setattr("ladderize.predict.plan.local_gpu_present", lambda: False)
     code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1,4,16,64",
-                              "--interconnect", "h100-nvlink", "--ladder", "all", "--schedules", "ladder"], capsys, monkeypatch)
+                              "--interconnect", "h100-nvlink", "--ladder", "all", "--schedules", "ladder",
+                              "--json", tmp_path / "p.json"], capsys, monkeypatch)
     assert code == 0, err
     compute = next(line for line in out.splitlines() if line.startswith("compute:"))
     assert "roofline" in compute and "default: no GPU here" in compute
-    assert "1.000x" not in out.replace("│       1.000x │          1.000x", "")  # only dense's own 1.000x
+    ladder = [r for r in json.loads((tmp_path / "p.json").read_text())["rows"] if r["schedule"] == "ladder"]
+    assert len(ladder) == 4 and all(r["e2e_speedup_vs_dense"] > 1.1 and r["prefill_speedup_vs_dense"] > 1.05
+                                    for r in ladder)
     code, out, err = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "8", "--batch", "1", "--compute", "measured"],
                              capsys, monkeypatch)
     assert code == 2 and err.count("error:") == 1 and "GPU fabric" in err
