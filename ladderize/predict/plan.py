@@ -137,7 +137,7 @@ def resolve_compute(compute: str | None, device: str, link: InterconnectProfile)
     if compute is None:
         if on_gpu:
             return "measured", ""
-        return "roofline", f"default: no GPU here; {link.name}'s GPUs priced by their fitted model"
+        return "roofline", f"the default without a local GPU: {link.name}'s GPUs priced by their fitted model"
     if compute == "measured" and not on_gpu and link.gpu is not None:
         raise LadderizeError(
             f"--compute measured would time this CPU against {link.name}, a GPU fabric: CPU compute against GPU "

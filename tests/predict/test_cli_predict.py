@@ -66,7 +66,7 @@ def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(tmp_path, capsys, monkeyp
                               "--json", tmp_path / "p.json"], capsys, monkeypatch)
     assert code == 0, err
     compute = next(line for line in out.splitlines() if line.startswith("compute:"))
-    assert "roofline" in compute and "default: no GPU here" in compute
+    assert "roofline" in compute and "the default without a local GPU" in compute
     ladder = [r for r in json.loads((tmp_path / "p.json").read_text())["rows"] if r["schedule"] == "ladder"]
     assert len(ladder) == 4 and all(r["e2e_speedup_vs_dense"] > 1.1 and r["prefill_speedup_vs_dense"] > 1.05
                                     for r in ladder)
