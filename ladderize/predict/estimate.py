@@ -216,7 +216,7 @@ UPPER_BOUND_SLACK = 1.01  # a schedule faster than the no-communication bound by
 
 
 def check_upper_bound(results: dict[str, tuple[dict[str, StepTiming], str]], bound: dict[str, StepTiming], tp: int,
-                      batch: int, label: str) -> None:
+                      batch: int, label: str, cache: str = "") -> None:
     """Refuse a row that beats the no-communication upper bound of its own (TP, batch): no schedule can, so the
     module timings behind it are noise (a loaded CPU timing chunked and whole modules apart)."""
     for schedule, (timings, _) in results.items():
@@ -225,8 +225,9 @@ def check_upper_bound(results: dict[str, tuple[dict[str, StepTiming], str]], bou
                 ratio = bound[phase].total_s / timings[phase].total_s
                 raise LadderizeError(
                     f"{schedule} {phase} at TP {tp}, batch {batch} comes out {ratio:.2f}x faster than the "
-                    f"no-communication upper bound: the module timings ({label}) are noise; rerun on an idle machine "
-                    "or leave --compute out"
+                    f"no-communication upper bound: the module timings ({label}) are noise; rerun on an idle machine"
+                    + (f" with another --cache-dir (timings are kept in {cache})" if cache else "")
+                    + " or leave --compute out"
                 )
 
 
@@ -255,7 +256,7 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
                             f"{compute.memory_bytes / 1e9:.0f} GB of {compute.device_name}")
             bound = results.get("upper-bound") or _simulate_schedule(
                 request, pricer, "upper-bound", modes_of["upper-bound"], tp, batch, shapes, costs)
-            check_upper_bound(results, bound[0], tp, batch, compute.label)
+            check_upper_bound(results, bound[0], tp, batch, compute.label, str(getattr(compute, "cache_path", "") or ""))
             dense_timings = results["dense"][0]
             rows = []
             for schedule in schedules:
