@@ -286,6 +286,8 @@ def _infiniband() -> InterconnectProfile:
                          f"proxy; {_NCCL_TUNER}); no published figure in this project's calibration set",
             "launch_s": "shared with h100-nvlink",
             "overlap_slowdown": "derived from nccl_channels (assumption: as h100-nvlink's 24)",
+            "nccl_channels": f"assumption: as h100-nvlink's {NVLINK_CHANNELS} ({_CHANNELS}); no inter-node log",
+            "gpu_sm_count": _SM_COUNT,
             "gpu": _DEFAULT_GPU,
         },
     )

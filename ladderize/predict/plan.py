@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import LadderizeError
 from ..parsing import parse_int_list
@@ -179,3 +180,16 @@ def calibrate_from_options(
 def run_prediction(**options) -> Prediction:
     """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
     return plan_prediction(**options).run()
+
+
+def gpu_node_prediction(
+    checkpoint: Path | str, tps: Sequence[int], batches: Sequence[int], prompt: int = 1024, gen: int = 512,
+    interconnect: str = "h100-nvlink",
+) -> Prediction:
+    """What ``predict`` gives for a converted checkpoint's own layout on a GPU node, whatever this machine is:
+    dense, the checkpoint's ``layout`` and the upper bound, priced by the interconnect's fitted GPU model
+    (never this machine's timings). For tables that set predicted GPU speed beside measured CPU speed (the
+    demo); label the figures with ``compute_label`` and the interconnect's name."""
+    return plan_prediction(layout=checkpoint, tp=",".join(map(str, tps)), batch=",".join(map(str, batches)),
+                           prompt=prompt, gen=gen, interconnect=interconnect, compute="roofline",
+                           schedules="dense,layout,upper-bound").run()

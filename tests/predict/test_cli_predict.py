@@ -119,3 +119,17 @@ def test_an_interconnect_alias_names_the_profile_it_stands_for(capsys, monkeypat
     code, out, err = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "8", "--batch", "1", "--interconnect", "h100-nvlink",
                               "--compute", "roofline"], capsys, monkeypatch)
     assert code == 0 and "alias" not in out
+
+
+def test_gpu_node_prediction_prices_a_checkpoints_layout_on_the_fabrics_gpu(tmp_path):
+    """The call the demo can make for 'what would this layout give on a GPU node' (issue 37 item 5)."""
+    from ladderize.predict.plan import gpu_node_prediction
+    from tests.conftest import tiny_config
+
+    tiny_config(num_attention_heads=8, num_key_value_heads=4, hidden_size=64, intermediate_size=128,
+                layer_modes=["dense", "dense", "ladder", "ladder"]).save_pretrained(tmp_path)
+    result = gpu_node_prediction(tmp_path, (2,), (1, 4), prompt=32, gen=8)
+    assert {r.schedule for r in result.rows} == {"dense", "layout", "upper-bound"}
+    assert "roofline" in result.compute_label and "gpt-fast" in result.compute_label
+    layout = [r for r in result.rows if r.schedule == "layout"]
+    assert all(1.0 < r.e2e_speedup_vs_dense for r in layout)

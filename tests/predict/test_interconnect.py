@@ -62,7 +62,8 @@ def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
 
 def test_profiles_cite_every_parameter_and_order_sensibly():
     for profile in PROFILES.values():
-        for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown"):
+        for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown", "nccl_channels",
+                          "gpu_sm_count", "gpu"):
             assert profile.sources.get(parameter), (profile.name, parameter)
     decode = 16 * 1024
     nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
