@@ -116,30 +116,37 @@ def plan_prediction(
     return PredictPlan(request, model_of_compute)
 
 
-def local_gpu_present() -> bool:
-    """Whether torch sees a CUDA GPU here (torch is imported only where an NVIDIA driver is installed)."""
+def local_gpu_name(device: str = "auto") -> str | None:
+    """The name of the CUDA GPU ``device`` would use here, or None when there is none (torch is imported only where
+    an NVIDIA driver is installed)."""
     import shutil
 
-    if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
-        return False
+    if device == "cpu" or not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
+        return None
     import torch
 
-    return torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.device(device) if device.startswith("cuda") else None)
 
 
 def resolve_compute(compute: str | None, device: str, link: InterconnectProfile) -> tuple[str, str]:
     """The compute mode, and why when it was not asked for.
 
-    ``None``: ``measured`` where ``device`` is (or ``auto`` finds) a local GPU, else ``roofline`` of the
-    interconnect's GPU. ``measured`` on a CPU against a GPU fabric is refused: its table would be CPU compute
-    against GPU communication (every speed-up near 1.000x, issue 35), and CPU timings are noise at these shapes.
+    ``None``: ``measured`` where ``device`` is (or ``auto`` finds) a GPU of the fabric's kind (an H100 for the H100
+    fabrics), else ``roofline`` of the interconnect's GPU. ``measured`` on a CPU against a GPU fabric is refused:
+    its table would be CPU compute against GPU communication (every speed-up near 1.000x, issue 35), and CPU
+    timings are noise at these shapes.
     """
-    on_gpu = device.startswith("cuda") or (device == "auto" and local_gpu_present())
+    local = local_gpu_name(device)
+    family = _gpu_family(link.gpu)
     if compute is None:
-        if on_gpu:
+        if local is not None and (family is None or family in local.upper()):
             return "measured", ""
+        if local is not None:
+            return "roofline", f"the default: this machine's {local} is not {link.name}'s {family}"
         return "roofline", f"the default without a local GPU: {link.name}'s GPUs priced by their fitted model"
-    if compute == "measured" and not on_gpu and link.gpu is not None:
+    if compute == "measured" and local is None and link.gpu is not None:
         raise LadderizeError(
             f"--compute measured would time this CPU against {link.name}, a GPU fabric: CPU compute against GPU "
             f"communication is no prediction of either; leave --compute out (roofline of {link.gpu} here) or run "
@@ -148,38 +155,9 @@ def resolve_compute(compute: str | None, device: str, link: InterconnectProfile)
     return compute, ""
 
 
-def calibrate_from_options(
-    *, model: str | None, layout: Path | str | None = None, tp: str = "1,2,4,8", batch: str = "1,4,16,64",
-    prompt: int = 1024, gen: int = 512, out: Path | str | None = None, force: bool = False,
-    cache_dir: Path | str | None = None, device: str = "auto",
-):
-    """``ladderize predict --calibrate --profile OUT``: the shape from ``model`` (or the ``layout`` checkpoint),
-    the TP degrees and batches to time, then ``calibrate.run_calibration``."""
-    from ..model.placement import check_device
-    from .calibrate import run_calibration
-    from .estimate import layout_from_checkpoint
-    from .presets import load_model_shape
-
-    if out is None:
-        raise LadderizeError("--calibrate writes a profile: give --profile FILE")
-    if prompt < 1 or gen < 1:
-        raise LadderizeError("--prompt and --gen must be at least 1 token")
-    if model:
-        shape = load_model_shape(model)
-    elif layout is not None:
-        shape = layout_from_checkpoint(layout)[1]
-    else:
-        raise LadderizeError("--calibrate needs --model (a preset or config.json) or --layout")
-    tps, batches = parse_int_list(tp, "--tp"), parse_int_list(batch, "--batch")
-    if min(tps) < 1 or min(batches) < 1:
-        raise LadderizeError("TP degrees and batch sizes must be positive")
-    return run_calibration(shape, tps, batches, prompt, gen, out, force=force, cache_dir=cache_dir,
-                           device=check_device(device))
-
-
-def run_prediction(**options) -> Prediction:
-    """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
-    return plan_prediction(**options).run()
+def _gpu_family(profile: str | None) -> str | None:
+    """``h100-gpt-fast`` -> ``H100``: the part of a GPU profile's name a local device name contains."""
+    return profile.split("-")[0].upper() if profile else None
 
 
 def gpu_node_prediction(

@@ -60,7 +60,7 @@ def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(tmp_path, capsys, monkeyp
     (it was CPU timings against NVLink: every speed-up 1.000x); --compute measured there is refused in one line."""
     from tests.cli_helpers import run_cli
 
-    monkeypatch.setattr("ladderize.predict.plan.local_gpu_present", lambda: False)
+    monkeypatch.setattr("ladderize.predict.plan.local_gpu_name", lambda device="auto": None)
     code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1,4,16,64",
                               "--interconnect", "h100-nvlink", "--ladder", "all", "--schedules", "ladder",
                               "--json", tmp_path / "p.json"], capsys, monkeypatch)
@@ -133,3 +133,17 @@ def test_gpu_node_prediction_prices_a_checkpoints_layout_on_the_fabrics_gpu(tmp_
     assert "roofline" in result.compute_label and "gpt-fast" in result.compute_label
     layout = [r for r in result.rows if r.schedule == "layout"]
     assert all(1.0 < r.e2e_speedup_vs_dense for r in layout)
+
+
+def test_measured_is_the_default_only_on_the_fabrics_own_gpu(monkeypatch):
+    """Issue 35: ``measured`` stays for the case where the profile's GPU is the local one."""
+    from ladderize.predict import plan
+    from ladderize.predict.interconnect import PROFILES
+
+    nvlink = PROFILES["h100-nvlink"]
+    monkeypatch.setattr(plan, "local_gpu_name", lambda device="auto": "NVIDIA H100 80GB HBM3")
+    assert plan.resolve_compute(None, "auto", nvlink) == ("measured", "")
+    monkeypatch.setattr(plan, "local_gpu_name", lambda device="auto": "NVIDIA A100-SXM4-80GB")
+    mode, why = plan.resolve_compute(None, "auto", nvlink)
+    assert mode == "roofline" and "A100" in why and "H100" in why
+    assert plan.resolve_compute("measured", "auto", nvlink) == ("measured", "")  # asked for: the A100's timings
