@@ -160,6 +160,40 @@ def _gpu_family(profile: str | None) -> str | None:
     return profile.split("-")[0].upper() if profile else None
 
 
+def calibrate_from_options(
+    *, model: str | None, layout: Path | str | None = None, tp: str = "1,2,4,8", batch: str = "1,4,16,64",
+    prompt: int = 1024, gen: int = 512, out: Path | str | None = None, force: bool = False,
+    cache_dir: Path | str | None = None, device: str = "auto",
+):
+    """``ladderize predict --calibrate --profile OUT``: the shape from ``model`` (or the ``layout`` checkpoint),
+    the TP degrees and batches to time, then ``calibrate.run_calibration``."""
+    from ..model.placement import check_device
+    from .calibrate import run_calibration
+    from .estimate import layout_from_checkpoint
+    from .presets import load_model_shape
+
+    if out is None:
+        raise LadderizeError("--calibrate writes a profile: give --profile FILE")
+    if prompt < 1 or gen < 1:
+        raise LadderizeError("--prompt and --gen must be at least 1 token")
+    if model:
+        shape = load_model_shape(model)
+    elif layout is not None:
+        shape = layout_from_checkpoint(layout)[1]
+    else:
+        raise LadderizeError("--calibrate needs --model (a preset or config.json) or --layout")
+    tps, batches = parse_int_list(tp, "--tp"), parse_int_list(batch, "--batch")
+    if min(tps) < 1 or min(batches) < 1:
+        raise LadderizeError("TP degrees and batch sizes must be positive")
+    return run_calibration(shape, tps, batches, prompt, gen, out, force=force, cache_dir=cache_dir,
+                           device=check_device(device))
+
+
+def run_prediction(**options) -> Prediction:
+    """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
+    return plan_prediction(**options).run()
+
+
 def gpu_node_prediction(
     checkpoint: Path | str, tps: Sequence[int], batches: Sequence[int], prompt: int = 1024, gen: int = 512,
     interconnect: str = "h100-nvlink",
