@@ -39,7 +39,7 @@ def predict_cmd(
         None, "--compute",
         help="measured: time one rank's modules on this machine's GPU (cached; refused on a CPU against a GPU fabric). "
              "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured "
-             "timings). Default: measured on a local GPU, else roofline of the interconnect's GPU.",
+             "timings). Default: measured where the interconnect's GPU is the local one, else roofline of that GPU.",
     ),
     gpu: Optional[str] = typer.Option(
         None, "--gpu",

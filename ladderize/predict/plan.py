@@ -58,7 +58,7 @@ def plan_prediction(
 
     ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
     measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
-    the profile's, else ``h100-nvlink``. ``compute`` None: ``default_compute`` (measured only on a local GPU);
+    the profile's, else ``h100-nvlink``. ``compute`` None: ``resolve_compute`` (measured only on the fabric's GPU, local);
     ``gpu`` None: the interconnect's own GPU profile (``InterconnectProfile.gpu``)."""
     from ..model.layout import Layout, spd_tp_for
     from ..model.placement import check_device, check_dtype
@@ -138,6 +138,8 @@ def resolve_compute(compute: str | None, device: str, link: InterconnectProfile)
     its table would be CPU compute against GPU communication (every speed-up near 1.000x, issue 35), and CPU
     timings are noise at these shapes.
     """
+    if compute == "roofline":
+        return compute, ""
     local = local_gpu_name(device)
     family = _gpu_family(link.gpu)
     if compute is None:
