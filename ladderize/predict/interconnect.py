@@ -82,8 +82,8 @@ _NCCL_TESTS = ("public nccl-tests all_reduce_perf figures (docs.alayanew.com tec
                "practice'): 8xH100 SXM5 NVLink busbw 460-480 GB/s at large sizes, 8xH100 PCIe 35-45 GB/s")
 _NCCL_TUNER = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc: per-protocol base and per-hop latencies)"
 _CHANNELS = ("the Ladder authors' NCCL logs (github.com/mayank31398/ladder-residual-inference enable.log: 24 channels "
-             "on 8xH100 NVLink; disable.log: 16 with NCCL_P2P_DISABLE=1); NCCL runs one thread block (one SM) per channel "
-             "(NVIDIA/nccl src/enqueue.cc: grid = nChannels)")
+             "on 8xH100 NVLink; disable.log, NCCL 2.20.5 with NCCL_P2P_LEVEL=LOC: 16); NCCL launches one thread block "
+             "(one SM) per channel it uses (NVIDIA/nccl src/enqueue.cc: the grid is the plan's channel count)")
 _DEFAULT_GPU = ("H100: the h100-gpt-fast fit (a compiled, CUDA-graph runtime: the one the published speed-ups were "
                 "measured on); --gpu h100 prices ladderize's RankModel kernels in a CUDA graph without compile")
 _SM_COUNT = "NVIDIA H100 Tensor Core GPU architecture whitepaper: H100 SXM5 has 132 SMs"
