@@ -8,8 +8,12 @@ Re-fits every constant, then prints (and saves as JSON):
    constants, each with what fixed it;
 3. the all-reduce model against the logs' per-call costs;
 4. predicted against published speed-ups with two compute columns: the roofline of the runtime the figures were
-   measured on (``h100-gpt-fast``), and measured compute (the H100 table's modules, the h100 fit elsewhere);
-5. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
+   measured on (``h100-gpt-fast``, the default for an H100 fabric), and measured compute (the H100 table's modules,
+   the h100 fit elsewhere); each with the previous model's prediction (main c2ebed1: one overlap slowdown fitted to
+   the 1.31x figure) beside it;
+5. the summary: mean and worst error, fit and held-out points apart, per source;
+6. other methods' published overlap speed-ups against the predicted no-communication bound;
+7. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
 
 Usage: python benchmarks/predict_validation.py [--json benchmarks/results/predict_validation.json]
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ladderize.predict import calibration
@@ -36,9 +41,18 @@ FIXED_BY = {
     "h100-nvlink.small_bus_bytes_per_s": "the same three logged runs",
     "h100-nvlink.large_latency_s": "dense - upper bound per all-reduce, prefill TP8 b1 and b64 (logs)",
     "h100-nvlink.bus_bytes_per_s": "the same two logged runs",
-    "overlap_slowdown": "1.31x Ladder, TP8, batch 1, NVLink (paper)",
+    "overlap_slowdown": "derived, not fitted: 24 NCCL channels (one SM each) of the H100's 132 SMs, share / (1 - share)",
     "h100-no-p2p.latency_s": "1.60x Ladder, TP8, batch 1, peer-to-peer disabled (paper)",
 }
+
+
+def previous_model() -> dict:
+    """The shipped profiles as main c2ebed1 had them: one overlap slowdown fitted to the 1.31x figure (0.2587, and
+    16/24 of it without P2P), the no-P2P hop latency fitted under it; everything else is unchanged."""
+    fitted = 0.2587
+    return {"h100-nvlink": replace(PROFILES["h100-nvlink"], nccl_channels=0, overlap_slowdown=fitted),
+            "h100-no-p2p": replace(PROFILES["h100-no-p2p"], nccl_channels=0, overlap_slowdown=fitted * 16 / 24,
+                                   latency_s=5.447e-6)}
 
 
 def main() -> None:
@@ -81,14 +95,41 @@ def main() -> None:
         print(f"| {r['tp']} | {r['batch']} | {r['phase']} | {r['bytes']:,} | {r['measured_s'] * 1e6:.1f} | "
               f"{r['predicted_s'] * 1e6:.1f} | {r['error'] * 100:+.1f}% | {r['busbw_measured'] / 1e9:.0f} | {r['role']} |")
 
+    table_compute = lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"]))  # noqa: E731
     roof = calibration.validation_table()
-    measured = calibration.validation_table(compute=lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"])))
-    print("\n## Predicted against published\n")
-    print("| figure | setting | published | roofline (gpt-fast fit) | error | measured compute (H100 table) | error | role |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r, m in zip(roof, measured):
+    measured = calibration.validation_table(compute=table_compute)
+    before = previous_model()
+    roof_before = calibration.validation_table(interconnects=before)
+    measured_before = calibration.validation_table(interconnects=before, compute=table_compute)
+    print("\n## Predicted against published (before: main c2ebed1's overlap model)\n")
+    print("| figure | setting | published | roofline (gpt-fast fit) | error | before | measured compute (H100 table) "
+          "| error | before | role | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r, m, rb, mb in zip(roof, measured, roof_before, measured_before):
         print(f"| {r['key']} | {r['description']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% "
-              f"| {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {r['role']} |")
+              f"| {rb['error'] * 100:+.1f}% | {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {mb['error'] * 100:+.1f}% "
+              f"| {r['role']} | {r['source']} |")
+
+    summaries = {name: calibration.validation_summary(rows) for name, rows in
+                 (("roofline", roof), ("roofline_before", roof_before), ("measured", measured),
+                  ("measured_before", measured_before))}
+    print("\n## Summary: end-to-end speed-ups (Ladder and upper bound), |error|\n")
+    print("| role | source | points | roofline mean | worst | before: mean | worst | measured mean | worst "
+          "| before: mean | worst |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for a, b, c, d in zip(*summaries.values()):
+        print(f"| {a['role']} | {a['source']} | {a['points']} | {a['mean_abs_error'] * 100:.1f}% | "
+              f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
+              f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
+              f"| {d['worst_error'] * 100:+.1f}% |")
+
+    others = calibration.other_figures_table()
+    print("\n## Other methods' published speed-ups against the predicted no-communication bound (70B, TP8, NVLink)\n")
+    print("| figure | published | bound | consistent | source |")
+    print("| --- | --- | --- | --- | --- |")
+    for o in others:
+        bound = f"{o['bound']:.3f} ({o['bound_phase']})" if o["bound"] is not None else f"not compared: {o['why']}"
+        print(f"| {o['description']} | {o['published']:.2f} | {bound} | {o['consistent']} | {o['source']} |")
 
     logged = calibration.roofline_vs_logged()
     print("\n## Roofline (h100-gpt-fast) against the authors' measured H100 upper-bound runs, Llama-3.1-70B\n")
@@ -106,6 +147,10 @@ def main() -> None:
         "allreduce_vs_logged": allreduce,
         "validation_roofline": roof,
         "validation_measured": measured,
+        "validation_roofline_before": roof_before,
+        "validation_measured_before": measured_before,
+        "summary": summaries,
+        "other_figures": others,
         "roofline_vs_measured": logged,
         "logged_runs": [run.__dict__ for run in calibration.LOGGED_RUNS],
         "settings": {"prompt_tokens": calibration.PROMPT, "new_tokens": calibration.GEN},

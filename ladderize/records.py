@@ -180,6 +180,7 @@ class PredictRow(SpeedRow):
 
     prefill_exposed_comm_s: float | None = None  # all-reduce time compute did not hide, in the prefill step
     decode_exposed_comm_s_per_token: float | None = None  # the same, per decode step
+    prefill_speedup_vs_dense: float | None = None  # dense prefill_s / this prefill_s (same TP, batch)
     note: str = ""
 
 

@@ -35,15 +35,17 @@ def predict_cmd(
     ladder: Optional[str] = opts.ladder_option(note=" Instead of --layout."),
     spd: Optional[str] = opts.spd_option(note=" Instead of --layout."),
     spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)"),
-    compute: str = typer.Option(
-        "measured", "--compute",
-        help="measured: time one rank's modules on this machine (a GPU if present, else the CPU; cached). "
-             "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured timings).",
+    compute: Optional[str] = typer.Option(
+        None, "--compute",
+        help="measured: time one rank's modules on this machine's GPU (cached; refused on a CPU against a GPU fabric). "
+             "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured "
+             "timings). Default: measured where the interconnect's GPU is the local one, else roofline of that GPU.",
     ),
-    gpu: str = typer.Option(
-        "h100", "--gpu",
-        help="GPU profile for --compute roofline: h100 (ladderize's runtime), h100-gpt-fast (the Ladder authors' "
-             "runtime), h200, a100, or a profile JSON.",
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu",
+        help="GPU profile for --compute roofline: h100-gpt-fast (a compiled runtime, the one the published figures "
+             "used; the H100 fabrics' default), h100 (ladderize's RankModel kernels, uncompiled), h200, a100, or a "
+             "profile JSON.",
     ),
     calibrate: bool = typer.Option(
         False, "--calibrate",
@@ -81,9 +83,9 @@ def predict_cmd(
             console.print(line, highlight=False, markup=False)
         console.print(f"wrote {profile}", highlight=False, markup=False)
         return
-    device, _ = opts.check_placement(device, dtype, resolve=compute == "measured" and profile is None)
+    device, _ = opts.check_placement(device, dtype, resolve=compute != "roofline" and profile is None)
     opts.check_output(json_path, "--json file")
-    if compute == "measured" and profile is None:
+    if (compute == "measured" or cache_dir is not None) and profile is None:
         from ..paths import cache_path
 
         opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
@@ -94,12 +96,11 @@ def predict_cmd(
     )
     for line in render.predict_header(plan):
         console.print(line, highlight=False, markup=False)
-    if compute == "measured" and profile is None and not plan.compute.is_gpu:
-        console.print(
-            "[yellow]no GPU here: module times are CPU timings (big shapes via scaled proxies). Against a GPU "
-            "fabric they make communication look cheap; use --compute roofline to predict a GPU node.[/]"
-        )
+    if getattr(plan.compute, "timed_here", False) and not plan.compute.is_gpu:
+        console.print("[yellow]warning: module times are this CPU's (big shapes via scaled proxies), not a GPU's[/]")
     result = plan.run()
+    for line in getattr(plan.compute, "warnings", []):
+        console.print(f"[yellow]warning: {line}[/]")
 
     table, notes = render.predict_table(result, prompt, gen)
     console.print(table)

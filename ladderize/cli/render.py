@@ -65,8 +65,8 @@ def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> 
 def predict_table(result: Any, prompt: int, gen: int) -> tuple[Table, list[str]]:
     """``ladderize predict``'s rows, a section per (TP, batch), and the notes their marks refer to."""
     table = Table(title=f"prompt {prompt}, {gen} new tokens; each speed-up against the same phase of dense (same TP, batch)")
-    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up", "decode speed-up",
-                   "exposed comm ms/tok"):
+    for column in ("TP", "batch", "schedule", "prefill ms", "decode ms/tok", "e2e tok/s", "e2e speed-up",
+                   "prefill speed-up", "decode speed-up", "exposed comm ms/tok"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
     notes: list[str] = []
     previous = None
@@ -81,7 +81,8 @@ def predict_table(result: Any, prompt: int, gen: int) -> tuple[Table, list[str]]
             mark = f" [{notes.index(row.note) + 1}]"
         table.add_row(
             str(row.tp), str(row.batch), row.layout + mark, f"{row.prefill_s * 1e3:.2f}", f"{row.decode_s_per_token * 1e3:.3f}",
-            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.decode_speedup_vs_dense:.3f}x",
+            f"{row.e2e_tokens_per_s:,.1f}", f"{row.e2e_speedup_vs_dense:.3f}x", f"{row.prefill_speedup_vs_dense:.3f}x",
+            f"{row.decode_speedup_vs_dense:.3f}x",
             f"{row.decode_exposed_comm_s_per_token * 1e3:.3f}",
         )
     return table, notes

@@ -193,7 +193,7 @@ def _simulate_schedule(
     note = ""
     for phase, (q_len, kv_len) in shapes.items():
         cost, chunks = costs[phase], 1
-        if schedule == "domino":
+        if schedule == "domino" and tp > 1:  # at TP 1 nothing communicates: domino is the dense path
             split = _domino_split(batch, q_len, kv_len, request.domino_chunks)
             if split is not None:
                 chunks = request.domino_chunks
@@ -210,6 +210,25 @@ def _simulate_schedule(
         note = (f"SPD layers were converted for TP={layout.spd_tp_size}; at TP={tp} their outputs differ "
                 "(speed is still as shown)")
     return timings, note
+
+
+UPPER_BOUND_SLACK = 1.01  # a schedule faster than the no-communication bound by more than this is noise
+
+
+def check_upper_bound(results: dict[str, tuple[dict[str, StepTiming], str]], bound: dict[str, StepTiming], tp: int,
+                      batch: int, label: str, cache: str = "") -> None:
+    """Refuse a row that beats the no-communication upper bound of its own (TP, batch): no schedule can, so the
+    module timings behind it are noise (a loaded CPU timing chunked and whole modules apart)."""
+    for schedule, (timings, _) in results.items():
+        for phase in ("prefill", "decode"):
+            if timings[phase].total_s * UPPER_BOUND_SLACK < bound[phase].total_s:
+                ratio = bound[phase].total_s / timings[phase].total_s
+                raise LadderizeError(
+                    f"{schedule} {phase} at TP {tp}, batch {batch} comes out {ratio:.2f}x faster than the "
+                    f"no-communication upper bound: the module timings ({label}) are noise; rerun on an idle machine"
+                    + (f" with another --cache-dir (timings are kept in {cache})" if cache else "")
+                    + " or leave --compute out"
+                )
 
 
 def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
@@ -235,6 +254,9 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
             if compute.memory_bytes and needed > compute.memory_bytes:
                 fit_note = (f"needs {needed / 1e9:.0f} GB per rank (weights + KV cache), more than the "
                             f"{compute.memory_bytes / 1e9:.0f} GB of {compute.device_name}")
+            bound = results.get("upper-bound") or _simulate_schedule(
+                request, pricer, "upper-bound", modes_of["upper-bound"], tp, batch, shapes, costs)
+            check_upper_bound(results, bound[0], tp, batch, compute.label, str(getattr(compute, "cache_path", "") or ""))
             dense_timings = results["dense"][0]
             rows = []
             for schedule in schedules:
@@ -254,6 +276,8 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
                     )
                 )
             add_speedups(rows)
+            for row in rows:
+                row.prefill_speedup_vs_dense = dense_timings["prefill"].total_s / row.prefill_s
             prediction.rows += rows
     prediction.module_timings = list(pricer.records.values())
     return prediction

@@ -17,14 +17,21 @@ nccl-tests ``all_reduce_perf`` curve. A profile without ``large_latency_s`` has 
   2 (N - 1) / N factor converts it to the time for the whole buffer.
 * ``launch_s`` is the fixed cost of one collective call (kernel launch, synchronisation).
 
-Overlap: an all-reduce running beside a compute kernel slows it. While both run, compute progresses at
-``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slowdown_for(...)``:
+Overlap with interference: an all-reduce running beside a compute kernel slows it. While both run, compute
+progresses at ``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slowdown_for(...)``:
 
-* ``overlap_slowdown``: the SMs NCCL's channels hold (every overlapped module pays it);
+* the SMs NCCL holds: one thread block per channel (``sms_per_channel``), ``nccl_channels`` channels, out of
+  the GPU's ``gpu_sm_count``; a kernel that needs every SM (a compute-bound GEMM, and on an H100 a
+  weight-streaming GEMV too, which needs nearly all SMs' load slots to reach HBM bandwidth) then runs on
+  ``1 - share`` of them: ``overlap_slowdown = share / (1 - share)`` (``sm_share_slowdown``). NVLink copies
+  and host-staged (P2P-off) copies are both SM-driven, through fewer channels on the host path;
 * plus, for memory-bound (decode) modules only, the HBM bandwidth the all-reduce itself uses:
   ``hbm_traffic * volume / allreduce_s / gpu_hbm_bytes_per_s`` (a ring step reads two chunks and writes
   one, so ``hbm_traffic`` is 3 on NVLink; a host-staged all-reduce moves its bytes at PCIe rate, a
   negligible share of HBM).
+
+Nothing in the overlap model is fitted to a speed-up: the channel counts are NCCL's own (the Ladder authors'
+``enable.log`` / ``disable.log``), the SM counts the datasheets'.
 
 Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
 figure that fixed them (``ladderize.predict.calibration`` re-derives them, docs/predict.md tabulates them).
@@ -48,21 +55,38 @@ NVLINK_LATENCY_S = 1.187e-6
 NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9
 NVLINK_LARGE_LATENCY_S = 5.716e-6
 NVLINK_BUS_BYTES_PER_S = 433.4e9
-OVERLAP_SLOWDOWN = 0.2587
-NO_P2P_LATENCY_S = 5.447e-6
+NO_P2P_LATENCY_S = 5.270e-6
 
 NVLINK_CHANNELS = 24  # NCCL channels with NVLink, and 16 with P2P disabled: the authors' enable.log / disable.log
 NO_P2P_CHANNELS = 16
+H100_SM_COUNT = 132  # NVIDIA H100 SXM5: 132 SMs
 NO_P2P_BUS_BYTES_PER_S = 40e9
-NO_P2P_OVERLAP_SLOWDOWN = OVERLAP_SLOWDOWN * NO_P2P_CHANNELS / NVLINK_CHANNELS  # the SMs NCCL's channels hold
 IB_NDR_BUS_BYTES_PER_S = 50e9
 H100_HBM_BYTES_PER_S = 3.35e12
+
+
+def sm_share_slowdown(channels: int, sms_per_channel: int, gpu_sm_count: int) -> float:
+    """How much slower a kernel that needs every SM runs while NCCL holds ``channels * sms_per_channel`` of them."""
+    share = channels * sms_per_channel / gpu_sm_count
+    if not 0 <= share < 1:
+        raise LadderizeError(f"NCCL would hold {channels * sms_per_channel} of {gpu_sm_count} SMs: not a valid profile")
+    return share / (1.0 - share)
+
+
+OVERLAP_SLOWDOWN = sm_share_slowdown(NVLINK_CHANNELS, 1, H100_SM_COUNT)  # 24 / 108 = 0.222
+NO_P2P_OVERLAP_SLOWDOWN = sm_share_slowdown(NO_P2P_CHANNELS, 1, H100_SM_COUNT)  # 16 / 116 = 0.138
 
 _LADDER = "Ladder Residual (arXiv:2501.06589) and its authors' blog table, Llama-3.1-70B at TP8 on 8xH100"
 _LOGS = "the Ladder authors' published logs, github.com/mayank31398/ladder-residual-inference final-results-512/"
 _NCCL_TESTS = ("public nccl-tests all_reduce_perf figures (docs.alayanew.com tech-blog 2026-05-06 'NCCL-tests in "
                "practice'): 8xH100 SXM5 NVLink busbw 460-480 GB/s at large sizes, 8xH100 PCIe 35-45 GB/s")
 _NCCL_TUNER = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc: per-protocol base and per-hop latencies)"
+_CHANNELS = ("the Ladder authors' NCCL logs (github.com/mayank31398/ladder-residual-inference enable.log: 24 channels "
+             "on 8xH100 NVLink; disable.log, NCCL 2.20.5 with NCCL_P2P_LEVEL=LOC: 16); NCCL launches one thread block "
+             "(one SM) per channel it uses (NVIDIA/nccl src/enqueue.cc: the grid is the plan's channel count)")
+_DEFAULT_GPU = ("H100: the h100-gpt-fast fit (a compiled, CUDA-graph runtime: the one the published speed-ups were "
+                "measured on); --gpu h100 prices ladderize's RankModel kernels in a CUDA graph without compile")
+_SM_COUNT = "NVIDIA H100 Tensor Core GPU architecture whitepaper: H100 SXM5 has 132 SMs"
 
 
 def ring_volume(nbytes: float, ranks: int) -> float:
@@ -81,12 +105,16 @@ class InterconnectProfile:
     launch_s: float
     latency_s: float
     bus_bytes_per_s: float
-    overlap_slowdown: float
+    overlap_slowdown: float  # derived from nccl_channels when that is > 0; as given otherwise
     sources: Mapping[str, str] = field(default_factory=dict)
     large_latency_s: float | None = None  # per hop of the bandwidth protocol; None: one protocol only
     small_bus_bytes_per_s: float | None = None  # bandwidth of the latency protocol; None: bus_bytes_per_s
     hbm_traffic: float = 0.0  # HBM bytes the all-reduce moves per bus byte (memory-bound overlap)
     gpu_hbm_bytes_per_s: float = H100_HBM_BYTES_PER_S
+    nccl_channels: int = 0  # channels NCCL runs on this fabric (0: unknown, overlap_slowdown as given)
+    sms_per_channel: int = 1  # thread blocks (SMs) per channel
+    gpu_sm_count: int = H100_SM_COUNT
+    gpu: str | None = None  # the GPU profile (ladderize.predict.gpus) that prices this fabric's GPUs; None: not a GPU fabric
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "tree"):
@@ -99,6 +127,17 @@ class InterconnectProfile:
             raise LadderizeError(f"interconnect {self.name!r}: bandwidths must be positive")
         if self.gpu_hbm_bytes_per_s <= 0:
             raise LadderizeError(f"interconnect {self.name!r}: gpu_hbm_bytes_per_s must be positive")
+        if self.nccl_channels < 0 or self.sms_per_channel < 1 or self.gpu_sm_count < 1:
+            raise LadderizeError(f"interconnect {self.name!r}: nccl_channels must be >= 0, sms_per_channel and "
+                                 "gpu_sm_count >= 1")
+        if self.nccl_channels > 0:  # the SM share decides; overlap_slowdown records the value used
+            object.__setattr__(self, "overlap_slowdown",
+                               sm_share_slowdown(self.nccl_channels, self.sms_per_channel, self.gpu_sm_count))
+
+    @property
+    def sm_slowdown(self) -> float:
+        """How much the SMs NCCL holds slow an overlapped kernel (``overlap_slowdown``)."""
+        return self.overlap_slowdown
 
     def steps(self, ranks: int) -> int:
         """Sequential hops of one all-reduce over ``ranks`` ranks."""
@@ -127,8 +166,8 @@ class InterconnectProfile:
     def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool) -> float:
         """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones."""
         if not memory_bound or self.hbm_traffic <= 0:
-            return self.overlap_slowdown
-        return self.overlap_slowdown + self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s
+            return self.sm_slowdown
+        return self.sm_slowdown + self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -148,6 +187,8 @@ def _nvlink() -> InterconnectProfile:
         large_latency_s=NVLINK_LARGE_LATENCY_S,
         small_bus_bytes_per_s=NVLINK_SMALL_BUS_BYTES_PER_S,
         hbm_traffic=3.0,
+        nccl_channels=NVLINK_CHANNELS,
+        gpu="h100-gpt-fast",
         sources={
             "launch_s": f"fitted: dense minus upper-bound decode per all-reduce at TP4 and TP8, batch 1 (16 KB), jointly "
                         f"with latency_s ({_LOGS})",
@@ -159,7 +200,12 @@ def _nvlink() -> InterconnectProfile:
                                f"{_NCCL_TUNER}",
             "bus_bytes_per_s": f"fitted: the same at TP8, batch 64 (1.07 GB) ({_LOGS}); against {_NCCL_TESTS} and the "
                                "H100 datasheet's 450 GB/s NVLink each way",
-            "overlap_slowdown": f"fitted: 1.31x Ladder speed-up at batch 1 ({_LADDER}); {NVLINK_CHANNELS} NCCL channels",
+            "overlap_slowdown": f"derived, not fitted: {NVLINK_CHANNELS} of {H100_SM_COUNT} SMs held by NCCL, "
+                                f"share / (1 - share) = {OVERLAP_SLOWDOWN:.3f}",
+            "nccl_channels": _CHANNELS,
+            "sms_per_channel": _CHANNELS,
+            "gpu_sm_count": _SM_COUNT,
+            "gpu": _DEFAULT_GPU,
             "hbm_traffic": "a ring step reads the local and the received chunk and writes the sum: 3 HBM bytes per bus "
                            "byte (assumption from the algorithm, not measured)",
             "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
@@ -178,13 +224,19 @@ def _no_p2p() -> InterconnectProfile:
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
         overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=2.0,
+        nccl_channels=NO_P2P_CHANNELS,
+        gpu="h100-gpt-fast",
         sources={
             "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s, the middle of the PCIe range (host-staged hops cross PCIe twice "
                                "but pipeline; below the 63 GB/s PCIe 5.0 x16 link, PCI-SIG)",
             "latency_s": f"fitted: 1.60x Ladder speed-up at batch 1 with peer-to-peer disabled ({_LADDER})",
             "launch_s": "shared with h100-nvlink (same NCCL call path)",
-            "overlap_slowdown": f"h100-nvlink's fitted SM slowdown scaled by NCCL's channels, {NO_P2P_CHANNELS} against "
-                                f"{NVLINK_CHANNELS} (the authors' disable.log / enable.log): the SMs the all-reduce holds",
+            "overlap_slowdown": f"derived, not fitted: {NO_P2P_CHANNELS} of {H100_SM_COUNT} SMs held by NCCL's host-staged "
+                                f"copies, share / (1 - share) = {NO_P2P_OVERLAP_SLOWDOWN:.3f}",
+            "nccl_channels": _CHANNELS,
+            "sms_per_channel": _CHANNELS,
+            "gpu_sm_count": _SM_COUNT,
+            "gpu": _DEFAULT_GPU,
             "hbm_traffic": "2 HBM bytes per bus byte (read the chunk, write the result); at PCIe rate a negligible share",
             "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
         },
@@ -201,12 +253,17 @@ def _pcie() -> InterconnectProfile:
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
         overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=3.0,
+        nccl_channels=NO_P2P_CHANNELS,
+        gpu="h100-gpt-fast",
         sources={
             "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s for 8xH100 PCIe",
+            "nccl_channels": f"assumption: as h100-no-p2p ({NO_P2P_CHANNELS}), the PCIe ring's channel count ({_CHANNELS})",
+            "gpu_sm_count": _SM_COUNT,
+            "gpu": _DEFAULT_GPU + " (SXM peaks; a PCIe H100's are lower)",
             "latency_s": "derived, not calibrated: half the fitted h100-no-p2p hop latency (one PCIe crossing per hop "
                          "instead of two through host memory)",
             "launch_s": "shared with h100-nvlink",
-            "overlap_slowdown": "as h100-no-p2p (assumption: PCIe rings use the same channel count)",
+            "overlap_slowdown": "derived from nccl_channels as h100-no-p2p (SM-driven PCIe copies)",
         },
     )
 
@@ -220,13 +277,18 @@ def _infiniband() -> InterconnectProfile:
         latency_s=5e-6,
         bus_bytes_per_s=IB_NDR_BUS_BYTES_PER_S,
         overlap_slowdown=OVERLAP_SLOWDOWN,
+        nccl_channels=NVLINK_CHANNELS,
+        gpu="h100-gpt-fast",
         sources={
             "bus_bytes_per_s": "NVIDIA ConnectX-7 datasheet: 400 Gb/s NDR per port = 50 GB/s each way; DGX H100 user "
                                "guide: one ConnectX-7 per GPU on the compute fabric",
             "latency_s": f"assumption, not calibrated: 5 us per inter-node hop (NET ring LL hwLat 0.9 us plus switch and "
                          f"proxy; {_NCCL_TUNER}); no published figure in this project's calibration set",
             "launch_s": "shared with h100-nvlink",
-            "overlap_slowdown": "shared with h100-nvlink (assumption)",
+            "overlap_slowdown": "derived from nccl_channels (assumption: as h100-nvlink's 24)",
+            "nccl_channels": f"assumption: as h100-nvlink's {NVLINK_CHANNELS} ({_CHANNELS}); no inter-node log",
+            "gpu_sm_count": _SM_COUNT,
+            "gpu": _DEFAULT_GPU,
         },
     )
 

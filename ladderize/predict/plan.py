@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import LadderizeError
 from ..parsing import parse_int_list
@@ -42,8 +43,8 @@ def plan_prediction(
     prompt: int = 1024,
     gen: int = 512,
     interconnect: str | None = None,
-    compute: str = "measured",
-    gpu: str = "h100",
+    compute: str | None = None,
+    gpu: str | None = None,
     schedules: str | None = None,
     domino_chunks: int = 2,
     cache_dir: Path | str | None = None,
@@ -57,7 +58,8 @@ def plan_prediction(
 
     ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
     measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
-    the profile's, else ``h100-nvlink``."""
+    the profile's, else ``h100-nvlink``. ``compute`` None: ``resolve_compute`` (measured only on the fabric's GPU, local);
+    ``gpu`` None: the interconnect's own GPU profile (``InterconnectProfile.gpu``)."""
     from ..model.layout import Layout, spd_tp_for
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
@@ -87,20 +89,77 @@ def plan_prediction(
         from .calibrate import load_profile
 
         gpu_profile, measured_interconnect = load_profile(profile)
-        compute = "roofline"
-    else:
-        gpu_profile = load_gpu_profile(gpu)
     if interconnect is None and measured_interconnect is not None:
         link = measured_interconnect
     else:
         link = load_interconnect(interconnect or "h100-nvlink")
+    if profile is not None:
+        compute, why = "roofline", ""
+    else:
+        gpu_profile = load_gpu_profile(gpu or link.gpu or "h100")
+        compute, why = resolve_compute(compute, device, link)
+    if compute == "roofline" and gpu_profile.name.startswith("CPU") and link.gpu is not None:
+        raise LadderizeError(
+            f"{gpu_profile.name} was calibrated on a CPU, and {link.name} is a GPU fabric: CPU compute against GPU "
+            "communication is no prediction of either; calibrate on the GPU, or give --interconnect a CPU fabric "
+            "(a profile JSON without \"gpu\")"
+        )
     request = PredictRequest(
         model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=link,
         layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
         domino_chunks=domino_chunks,
     )
     request.validate()
-    return PredictPlan(request, make_compute(compute, gpu_profile, cache_dir, device=device))
+    model_of_compute = make_compute(compute, gpu_profile, cache_dir, device=device)
+    if why:
+        model_of_compute.label += f"; {why}"
+    return PredictPlan(request, model_of_compute)
+
+
+def local_gpu_name(device: str = "auto") -> str | None:
+    """The name of the CUDA GPU ``device`` would use here, or None when there is none (torch is imported only where
+    an NVIDIA driver is installed)."""
+    import shutil
+
+    if device == "cpu" or not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.device(device) if device.startswith("cuda") else None)
+
+
+def resolve_compute(compute: str | None, device: str, link: InterconnectProfile) -> tuple[str, str]:
+    """The compute mode, and why when it was not asked for.
+
+    ``None``: ``measured`` where ``device`` is (or ``auto`` finds) a GPU of the fabric's kind (an H100 for the H100
+    fabrics), else ``roofline`` of the interconnect's GPU. ``measured`` on a CPU against a GPU fabric is refused:
+    its table would be CPU compute against GPU communication (every speed-up near 1.000x, issue 35), and CPU
+    timings are noise at these shapes.
+    """
+    if compute == "roofline":
+        return compute, ""
+    local = local_gpu_name(device)
+    family = _gpu_family(link.gpu)
+    if compute is None:
+        if local is not None and (family is None or family in local.upper()):
+            return "measured", ""
+        if local is not None:
+            return "roofline", f"the default: this machine's {local} is not {link.name}'s {family}"
+        return "roofline", f"the default without a local GPU: {link.name}'s GPUs priced by their fitted model"
+    if compute == "measured" and local is None and link.gpu is not None:
+        raise LadderizeError(
+            f"--compute measured would time this CPU against {link.name}, a GPU fabric: CPU compute against GPU "
+            f"communication is no prediction of either; leave --compute out (roofline of {link.gpu} here) or run "
+            "on a machine with that GPU"
+        )
+    return compute, ""
+
+
+def _gpu_family(profile: str | None) -> str | None:
+    """``h100-gpt-fast`` -> ``H100``: the part of a GPU profile's name a local device name contains."""
+    return profile.split("-")[0].upper() if profile else None
 
 
 def calibrate_from_options(
@@ -135,3 +194,16 @@ def calibrate_from_options(
 def run_prediction(**options) -> Prediction:
     """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
     return plan_prediction(**options).run()
+
+
+def gpu_node_prediction(
+    checkpoint: Path | str, tps: Sequence[int], batches: Sequence[int], prompt: int = 1024, gen: int = 512,
+    interconnect: str = "h100-nvlink",
+) -> Prediction:
+    """What ``predict`` gives for a converted checkpoint's own layout on a GPU node, whatever this machine is:
+    dense, the checkpoint's ``layout`` and the upper bound, priced by the interconnect's fitted GPU model
+    (never this machine's timings). For tables that set predicted GPU speed beside measured CPU speed (the
+    demo); label the figures with ``compute_label`` and the interconnect's name."""
+    return plan_prediction(layout=checkpoint, tp=",".join(map(str, tps)), batch=",".join(map(str, batches)),
+                           prompt=prompt, gen=gen, interconnect=interconnect, compute="roofline",
+                           schedules="dense,layout,upper-bound").run()

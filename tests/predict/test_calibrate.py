@@ -22,13 +22,38 @@ CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "
           "num_key_value_heads": 4, "vocab_size": 128, "model_type": "llama"}
 
 
+def cpu_fabric(folder) -> "Path":
+    """An interconnect profile that names no GPU: a CPU fabric, the one a CPU's profile may be priced against."""
+    path = folder / "cpu-fabric.json"
+    path.write_text(json.dumps({"algorithm": "ring", "launch_s": 5e-6, "latency_s": 2e-6, "bus_bytes_per_s": 5e9,
+                                "overlap_slowdown": 0.0}))
+    return path
+
+
+def steady_timings(patch: pytest.MonkeyPatch, noise: dict | None = None) -> None:
+    """Module times of a steady device (a roofline plus a fixed cost): what an idle GPU gives. A loaded 2-core CPU
+    times these tiny shapes 4x apart from one run to the next, which the fit check (issue 37) refuses; ``noise``
+    multiplies the time of modules of a given (kind, batch)."""
+    from ladderize.predict import measured
+    from ladderize.predict.work import roofline_s
+
+    def measure(self, work):
+        factor = (noise or {}).get((work.kind, work.batch), 1.0)
+        return factor * (roofline_s(self._local(work), 2e10, 5e9) + 30e-6)
+
+    patch.setattr(measured.MeasuredCompute, "device_rates", lambda self: (2e10, 5e9))
+    patch.setattr(measured.MeasuredCompute, "_measure", measure)
+
+
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("calibrate")
     out = folder / "profile.json"
     begin = time.perf_counter()
-    profile = run_calibration(TINY, (1, 2), (1, 2), prompt=16, gen=4, out=out, cache_dir=folder / "cache",
-                              device="cpu", repeats=2, max_call_s=0.05, max_bytes=64 * 2**20)
+    with pytest.MonkeyPatch.context() as patch:
+        steady_timings(patch)
+        profile = run_calibration(TINY, (1, 2), (1, 2), prompt=16, gen=4, out=out, cache_dir=folder / "cache",
+                                  device="cpu", repeats=2, max_call_s=0.05, max_bytes=64 * 2**20)
     return out, profile, time.perf_counter() - begin
 
 
@@ -56,9 +81,10 @@ def test_the_profile_is_what_predict_uses(calibrated, tmp_path):
     gpu, interconnect = load_profile(out)
     assert gpu == profile.gpu and interconnect is None
     assert load_gpu_profile(out) == gpu
+    fabric = cpu_fabric(tmp_path)
     plan = plan_prediction(model=str(config), layout=None, ladder=None, spd=None, tp="2", batch="1,2", prompt=16, gen=4,
-                           interconnect="h100-nvlink", profile=out, schedules="dense,ladder", device="cpu")
-    assert plan.interconnect.name == "h100-nvlink" and plan.compute.gpu == gpu
+                           interconnect=str(fabric), profile=out, schedules="dense,ladder", device="cpu")
+    assert plan.interconnect.name == fabric.stem and plan.compute.gpu == gpu
     prediction = plan.run()
     for timing in prediction.module_timings:
         assert timing["seconds"] > 0
@@ -108,15 +134,48 @@ def test_cli_calibrate_errors_are_one_line(tmp_path, capsys, monkeypatch):
 def test_cli_calibrate_then_predict_with_the_profile(tmp_path, capsys, monkeypatch):
     config, profile = tmp_path / "tiny.json", tmp_path / "mine.json"
     config.write_text(json.dumps(CONFIG))
+    steady_timings(monkeypatch)
     code, out, err = run_cli(["predict", "--calibrate", "--model", config, "--tp", "1,2", "--batch", "1", "--prompt", "16",
                               "--gen", "4", "--profile", profile, "--device", "cpu", "--cache-dir", tmp_path / "c"],
                              capsys, monkeypatch)
     assert code == 0, err
     assert "fit: weights" in out and f"wrote {profile}" in out.replace("\n", "")
     code, out, err = run_cli(["predict", "--model", config, "--tp", "2", "--batch", "1", "--prompt", "16", "--gen", "4",
-                              "--profile", profile, "--schedules", "dense,ladder", "--json", tmp_path / "p.json"],
-                             capsys, monkeypatch)
+                              "--profile", profile, "--schedules", "dense,ladder", "--json", tmp_path / "p.json",
+                              "--interconnect", cpu_fabric(tmp_path)], capsys, monkeypatch)
     assert code == 0, err
     record = json.loads((tmp_path / "p.json").read_text())
     assert record["compute"]["device"] == json.loads(profile.read_text())["gpu"]["name"]
-    assert record["interconnect"]["name"] == "h100-nvlink"  # no all-reduce measured on one device
+    assert record["interconnect"]["name"] == "cpu-fabric"  # no all-reduce measured on one device
+    # Issue 35: a CPU's profile against a GPU fabric (the default h100-nvlink) is CPU compute against NVLink: refused.
+    code, out, err = run_cli(["predict", "--model", config, "--tp", "2", "--batch", "1", "--prompt", "16", "--gen", "4",
+                              "--profile", profile], capsys, monkeypatch)
+    (line,) = error_lines(err)
+    assert code == 2 and "calibrated on a CPU" in line and "GPU fabric" in line
+
+
+def test_a_noisy_calibration_is_refused_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Issue 37 item 2: a CPU calibration whose worst fit error was +40,275% exited 0 and wrote the profile."""
+    config, profile = tmp_path / "tiny.json", tmp_path / "noisy.json"
+    config.write_text(json.dumps(CONFIG))
+    steady_timings(monkeypatch, noise={("attention", 2): 40.0})  # one module 40x off: a loaded machine
+    code, out, err = run_cli(["predict", "--calibrate", "--model", config, "--tp", "1,2", "--batch", "1,2", "--prompt",
+                              "16", "--gen", "4", "--profile", profile, "--device", "cpu", "--cache-dir", tmp_path / "c"],
+                             capsys, monkeypatch)
+    (line,) = error_lines(err)
+    assert code == 2 and "the fit misses" in line and "limit" in line and not profile.exists()
+
+
+def test_a_bad_profile_is_refused_by_predict(calibrated, tmp_path, capsys, monkeypatch):
+    """Issue 37 item 2: ``--profile`` with a profile written before the check (a bad fit) predicted without a word."""
+    out, _, _ = calibrated
+    data = json.loads(out.read_text())
+    data["timings"][0]["error"] = 402.756  # as the issue's profile: +40,275.6%
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(CONFIG))
+    code, _, err = run_cli(["predict", "--model", config, "--tp", "2", "--batch", "1", "--prompt", "16", "--gen", "4",
+                            "--profile", bad], capsys, monkeypatch)
+    (line,) = error_lines(err)
+    assert code == 2 and f"profile {bad} refused" in line and "+40,275.6%" in line

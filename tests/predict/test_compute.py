@@ -142,9 +142,12 @@ def test_measured_refuses_in_one_line_what_cannot_fit(tmp_path, monkeypatch, cap
     from tests.cli_helpers import error_lines, run_cli
 
     monkeypatch.setattr(measured, "available_memory_bytes", lambda device=None: 64 * 2**10)
+    fabric = tmp_path / "cpu-fabric.json"  # no "gpu": a CPU fabric, where measuring this CPU is the question
+    fabric.write_text('{"algorithm": "ring", "launch_s": 5e-6, "latency_s": 2e-6, "bus_bytes_per_s": 5e9, '
+                      '"overlap_slowdown": 0.0}')
     code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1", "--prompt", "64",
-                              "--gen", "8", "--schedules", "dense", "--device", "cpu", "--cache-dir", tmp_path],
-                             capsys, monkeypatch)
+                              "--gen", "8", "--schedules", "dense", "--device", "cpu", "--cache-dir", tmp_path,
+                              "--compute", "measured", "--interconnect", fabric], capsys, monkeypatch)
     assert code == 2 and "Traceback" not in err
     (line,) = error_lines(err)
     assert "needs about" in line and "GiB" in line and "--compute roofline" in line

@@ -53,13 +53,17 @@ def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
     assert nvlink.overlap_slowdown_for(decode, 8, memory_bound=True) > nvlink.overlap_slowdown
     assert nvlink.overlap_slowdown_for(16 * 1024, 8, True) < nvlink.overlap_slowdown_for(decode, 8, True)
     # Host-staged: fewer channels (16 against 24), and PCIe-rate traffic is a negligible share of HBM.
-    assert no_p2p.overlap_slowdown == pytest.approx(nvlink.overlap_slowdown * 16 / 24)
+    # Issue 35: the SM share is derived from NCCL's channels (one SM each) against the H100's 132 SMs, not fitted.
+    assert nvlink.overlap_slowdown == pytest.approx(24 / (132 - 24))
+    assert no_p2p.overlap_slowdown == pytest.approx(16 / (132 - 16))
+    assert all(p.nccl_channels > 0 and p.gpu for p in PROFILES.values())
     assert no_p2p.overlap_slowdown_for(decode, 8, True) - no_p2p.overlap_slowdown < 0.03
 
 
 def test_profiles_cite_every_parameter_and_order_sensibly():
     for profile in PROFILES.values():
-        for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown"):
+        for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown", "nccl_channels",
+                          "gpu_sm_count", "gpu"):
             assert profile.sources.get(parameter), (profile.name, parameter)
     decode = 16 * 1024
     nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]

@@ -100,3 +100,60 @@ def test_layout_from_a_converted_checkpoint(tmp_path):
     assert shape.num_hidden_layers == 4 and shape.num_key_value_heads == 4
     with pytest.raises(LadderizeError, match="no config.json"):
         layout_from_checkpoint(tmp_path / "missing")
+
+
+class _NoisyCompute:
+    """Module times as a loaded CPU gave them (issue 37 item 1): a half-batch or half-prompt chunk timed far faster
+    than half the whole module, so chunked schedules look like gains where nothing was split or communicated."""
+
+    label, device_name, is_gpu, memory_bytes = "noisy timings", "a loaded CPU", False, 0.0
+
+    def module_s(self, work):
+        whole = 1e-3 * work.batch * work.q_len if work.kind != "head" else 1e-4
+        chunked = (work.batch in (2, 8, 32) and work.q_len == 1) or work.q_len in (512,)
+        return whole * (0.05 if chunked else 1.0)
+
+    def source(self, work):
+        return "measured"
+
+
+def test_domino_at_tp1_is_the_dense_path_exactly():
+    """Issue 37 item 1: domino showed 1.72x at TP 1, batch 1 (nothing communicates; batch 1 cannot split)."""
+    request = PredictRequest(MODEL, (1,), (1, 4), 1024, 512, PROFILES["h100-nvlink"], schedules=("dense", "domino"))
+    rows = {(r.batch, r.schedule): r for r in predict(request, _NoisyCompute()).rows}
+    for batch in (1, 4):
+        assert rows[batch, "domino"].e2e_speedup_vs_dense == 1.0 and rows[batch, "domino"].prefill_s == rows[batch, "dense"].prefill_s
+
+
+def test_a_row_beating_its_upper_bound_is_refused():
+    """Issue 37 item 1: domino showed 18.07x at TP 8, batch 4, ten times the no-communication upper bound."""
+    request = PredictRequest(MODEL, (8,), (4,), 1024, 512, PROFILES["h100-nvlink"], schedules=("dense", "domino"))
+    with pytest.raises(LadderizeError, match="faster than the no-communication upper bound"):
+        predict(request, _NoisyCompute())
+
+
+def test_unsteady_cpu_timings_are_retried_then_flagged(tmp_path, monkeypatch):
+    """Issue 37 item 1: CPU runs 16x apart were printed as answers; repeats that disagree are retried, then flagged."""
+    import itertools
+
+    from ladderize.predict import measured
+
+    clock = itertools.count()
+    durations = itertools.cycle([1.0, 1.0, 9.0])  # every third call 9x slower: a loaded machine
+    now = [0.0]
+
+    def perf_counter():
+        next(clock)
+        return now[0]
+
+    def call():
+        now[0] += next(durations) * 1e-3
+
+    monkeypatch.setattr(measured.time, "perf_counter", perf_counter)
+    compute = measured.MeasuredCompute(cache_dir=tmp_path, device="cpu", repeats=3)
+    compute._time_cpu(call)
+    assert compute.unsteady == 1 and "noise" in compute.warnings[0]
+    steady = measured.MeasuredCompute(cache_dir=tmp_path, device="cpu", repeats=3)
+    durations = itertools.repeat(1.0)
+    steady._time_cpu(lambda: now.__setitem__(0, now[0] + next(durations) * 1e-3))
+    assert steady.unsteady == 0 and steady.warnings == []
