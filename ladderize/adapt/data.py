@@ -72,14 +72,15 @@ def iter_documents(spec: str) -> Iterator[str]:
         yield from _file_documents(file)
 
 
-def check_data(spec: str) -> None:
+def check_data(spec: str, tokenizer=None) -> None:
     """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
-    document of each part (a missing or empty file, an empty folder, a bad mixture, an unreachable dataset)."""
+    document of each part (a missing or empty file, an empty folder, a bad mixture, an unreachable dataset);
+    a token store is opened instead, and refused when it was built with another tokenizer than ``tokenizer``."""
     from .token_store import is_store, open_store
 
     for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
         if is_store(part):
-            open_store(part)
+            open_store(part, tokenizer)
         elif next(iter(iter_documents(part)), None) is None:
             raise LadderizeError(f"data {part} holds no text")
 

@@ -94,6 +94,5 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
         )
     if needs_teacher(config, weights):
         resolve_teacher(source, config.teacher)
-    load_tokenizer(source, "adaptation")
-    check_data(config.data)
+    check_data(config.data, load_tokenizer(source, "adaptation"))
     return weights

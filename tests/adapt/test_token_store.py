@@ -319,3 +319,15 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
         shutil.copytree(spd_dir, copy)
         orders.append(head_group_checkpoint(copy, str(dense_dir), data=data, samples=2, seq_len=32))
     assert orders[0] == orders[1]
+
+
+def test_adapt_refuses_a_store_of_another_tokenizer_before_writing_anything(ladder_dir, tmp_path):
+    from ladderize.adapt.config import AdaptConfig
+    from ladderize.adapt.run import adapt
+
+    store = ensure_store(str(jsonl(tmp_path / "d.jsonl", DOCS * 50)), wide_tokenizer(), out=tmp_path / "wide-store")
+    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",
+                         tokens=64, seq_len=16)
+    with pytest.raises(LadderizeError, match="another tokenizer"):
+        adapt(config)
+    assert not config.resolved_run_dir().exists() and not (tmp_path / "out").exists()
