@@ -259,6 +259,7 @@ def ensure_store(
                                 progress=progress, say=say)
         return store
     path = Path(out).expanduser() if out is not None else (root or default_root()) / store_key(spec, tokenizer)
+    spec = _absolute(spec)  # recorded so that the store can be continued from any folder
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -273,6 +274,13 @@ def ensure_store(
         if meta is None or not (meta.complete or (min_tokens is not None and meta.tokens >= min_tokens)):
             meta = _build(spec, tokenizer, path, meta, min_tokens, workers, progress, say)
         return open_store(path)
+
+
+def _absolute(spec: str) -> str:
+    """A file or folder spec as an absolute path; a corpus or dataset name as it is."""
+    from .data import spec_files
+
+    return str(Path(spec).expanduser().absolute()) if spec_files(spec) is not None else spec
 
 
 @contextlib.contextmanager
@@ -344,10 +352,12 @@ def _build(spec: str, tokenizer, path: Path, meta: StoreMeta | None, min_tokens:
                 raise LadderizeError(f"data {spec} holds no text")
             _commit(path, meta, tokens_file, starts_file, started)
     except OSError as exc:
+        committed = read_meta(path)
+        kept = f"{committed.tokens:,} tokens committed, kept" if committed is not None else "nothing committed"
         if exc.errno == errno.ENOSPC:
-            raise LadderizeError(f"disk full while writing the token store {path} ({meta.tokens:,} tokens committed): free "
-                                 f"space or set LADDERIZE_HOME to a larger disk, then run again to continue") from None
-        raise LadderizeError(f"cannot write the token store {path}: {one_line(exc)}") from None
+            raise LadderizeError(f"disk full while writing the token store {path} ({kept}): free space or set "
+                                 f"{ROOT_ENV} to a larger disk, then run again to continue") from None
+        raise LadderizeError(f"cannot write the token store {path} ({kept}): {one_line(exc)}") from None
     return meta
 
 
