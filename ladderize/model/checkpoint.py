@@ -12,7 +12,6 @@ A converted checkpoint is a normal Hugging Face directory:
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,16 +23,11 @@ from .placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
-from . import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama, residual as residual_module
+from .configuration_ladder_llama import AUTO_MAP
 from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
 from .shards import ShardWriter
 
-MODELING_MODULES = (layout_module, configuration_ladder_llama, block_module, residual_module, modeling_ladder_llama)
-AUTO_MAP = {
-    "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
-    "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
-}
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, tensor name)
@@ -95,9 +89,7 @@ def write_checkpoint(
         for name, tensor in tensors:
             writer.add(name, tensor)
         files = writer.finish()
-        stamp_config(config).save_pretrained(tmp)
-        if isinstance(config, LadderLlamaConfig):  # a plain Llama config needs no custom code
-            copy_modeling_files(tmp)
+        stamp_config(config).save_pretrained(tmp)  # a LadderLlamaConfig writes its code files beside it
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         if tokenizer is not None:
@@ -108,12 +100,6 @@ def write_checkpoint(
         if extra is not None:
             extra(tmp)
     return out
-
-
-def copy_modeling_files(directory: Path) -> None:
-    """Copy the self-contained modeling code beside a checkpoint (for ``trust_remote_code`` users)."""
-    for module in MODELING_MODULES:
-        shutil.copyfile(module.__file__, Path(directory) / Path(module.__file__).name)
 
 
 def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:
