@@ -90,6 +90,8 @@ def write_checkpoint(
             writer.add(name, tensor)
         files = writer.finish()
         stamp_config(config).save_pretrained(tmp)  # a LadderLlamaConfig writes its code files beside it
+        if not isinstance(config, LadderLlamaConfig):
+            add_legacy_rope_fields(tmp / "config.json")
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         if tokenizer is not None:
@@ -100,6 +102,21 @@ def write_checkpoint(
         if extra is not None:
             extra(tmp)
     return out
+
+
+def add_legacy_rope_fields(config_file: Path) -> None:
+    """Write ``rope_theta`` / ``rope_scaling`` (what transformers 4.x reads) beside a plain config's ``rope_parameters``.
+
+    Without them a 4.x reader falls back to its default theta (10000) without a word. transformers 5
+    reads ``rope_scaling`` in place of ``rope_parameters``, so it holds the same parameters less the theta.
+    """
+    values = json.loads(config_file.read_text())
+    rope = dict(values.get("rope_parameters") or {})
+    if "rope_theta" not in rope:
+        return
+    values["rope_theta"] = rope.pop("rope_theta")
+    values["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    config_file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:

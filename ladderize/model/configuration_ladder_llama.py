@@ -13,11 +13,11 @@ from pathlib import Path
 
 import transformers
 
-TRANSFORMERS_REQUIREMENT = "transformers>=5.0,<6"
-if int(transformers.__version__.split(".")[0]) < 5:  # before the strict-dataclass import below fails obscurely
+TRANSFORMERS_REQUIREMENT = "transformers>=5.4,<6"  # 5.4: the first whose configs are dataclasses (@strict below)
+if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 4):  # else @strict fails obscurely
     raise ImportError(
         f"ladder_llama checkpoints need {TRANSFORMERS_REQUIREMENT} (found transformers {transformers.__version__}): "
-        "pip install 'transformers>=5,<6'"
+        f"pip install '{TRANSFORMERS_REQUIREMENT}'"
     )
 
 from huggingface_hub.dataclasses import strict  # noqa: E402
