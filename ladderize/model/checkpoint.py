@@ -6,7 +6,9 @@ A converted checkpoint is a normal Hugging Face directory:
 - ``config.json``: ``model_type: ladder_llama`` with ``layer_modes``/``spd_tp_size`` and an
   ``auto_map`` pointing at the modeling files copied beside it;
 - tokenizer files and ``generation_config.json``;
-- ``ladderize.json``: the provenance record (source, ranges, tool version, source hashes, history).
+- ``ladderize.json``: the provenance record (source, ranges, tool version, source hashes, history; paths
+  relative to the folder);
+- ``README.md``: the model card (``card.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
 from .configuration_ladder_llama import AUTO_MAP
-from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json, read_provenance  # noqa: F401 (re-exported)
+from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
+from .card import CARD_FILE, model_card
 from .shards import ShardWriter
 
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
@@ -80,8 +83,9 @@ def write_checkpoint(
 
     ``tensors`` stream into shards of at most ``max_shard_bytes`` (+ index); then the config
     (``stamp_config``; read after the tensors, so they may set its ``dtype``), the modeling files
-    beside a ``LadderLlamaConfig``, the generation config, the tokenizer, the provenance (a dict,
-    or a function of the weight file names) and ``extra(tmp)``.
+    beside a ``LadderLlamaConfig``, the generation config, the tokenizer (its ``model_max_length`` at most
+    the config's positions), the provenance (a dict, or a function of the weight file names; its paths
+    relative to OUT), the model card ``README.md`` and ``extra(tmp)``.
     """
     out = Path(out).expanduser().absolute()
     with atomic_directory(out, force=force) as tmp:
@@ -95,10 +99,16 @@ def write_checkpoint(
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         if tokenizer is not None:
+            positions = getattr(config, "max_position_embeddings", None)
+            if positions and tokenizer.model_max_length > positions:  # unset (1e30) or past what the model encodes
+                tokenizer.model_max_length = positions
             tokenizer.save_pretrained(tmp)
+        record = None
         if provenance is not None:
             record = provenance(files) if callable(provenance) else provenance
-            write_provenance(tmp, {**record, "ladderize_version": __version__})
+            record = portable_paths({**record, "ladderize_version": __version__}, out)
+            write_provenance(tmp, record)
+        (tmp / CARD_FILE).write_text(model_card(config, record, out.name))
         if extra is not None:
             extra(tmp)
     return out
