@@ -63,7 +63,15 @@ def adapt_cmd(
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
 
+    from ..model.placement import launch_mismatch, process_rank
+
+    main = process_rank() == 0  # under a launcher, rank 0 alone prints the plan and the result
+    if main and (mismatch := launch_mismatch()):
+        err_console.print(mismatch, highlight=False, soft_wrap=True)
+
     def on_plan(name: str, steps) -> None:
+        if not main:
+            return
         console.print(f"plan (recipe {name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
         for step in steps:
             console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
@@ -79,9 +87,11 @@ def adapt_cmd(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
-            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True),
+            on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True),
         )
     result, stages = run.result, run.stages
+    if not main:
+        return
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
             console.print(render.layer_summary_table(done.curve))
