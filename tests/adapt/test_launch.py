@@ -51,3 +51,27 @@ def test_only_rank_zero_prints_the_plan_and_result(ladder_dir, text_file, tmp_pa
     code, stdout, stderr = _adapt(ladder_dir, text_file, tmp_path / "one", capsys, monkeypatch)
     assert code == 0, stderr
     assert stdout.strip() == ""
+
+
+def test_two_process_staged_run_prints_once(ladder_dir, text_file, tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` (gloo on CPU) of a two-stage run: the plan, the stage lines
+    and the result appear once, and the second rank does not take the plan file rank 0 wrote for an earlier run."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.adapt.test_multiprocess import launch_failure
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}  # fmt: skip
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
+              "--stage", "local:tokens=128", "--stage", "kd:tokens=128", "--seq-len", "32", "--batch-size", "1"]  # fmt: skip
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("plan (") for line in lines) == 1
+    assert sum(line.startswith("stage 2/2") for line in lines) == 1
+    assert sum(line.startswith("adapted 4 steps") for line in lines) == 1, done.stdout
+    assert "warning:" not in done.stderr
