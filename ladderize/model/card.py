@@ -32,7 +32,7 @@ def model_card(config: Any, provenance: dict[str, Any] | None, name: str) -> str
     lines = [*front, "---", "", f"# {name}", ""]
     lines += _layout_section(layout, config) if custom else ["A plain Llama checkpoint (`model_type: llama`, no custom code), written by ladderize.", ""]
     lines += _source_section(provenance)
-    lines += _adapt_section(provenance)
+    lines += _adapt_section(provenance) if custom or provenance.get("history") else []
     lines += _load_section(name, custom)
     if custom:
         lines += _vllm_section(name, layout)
