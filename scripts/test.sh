@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # .venv-vllm: vLLM's CPU build with ladderize's plugin, driven by tests/runtime/vllm (idempotent; ~10 min the first time)
 bash scripts/setup_vllm.sh
+# .venv-tf4: torch and the newest transformers 4.x only, driven by tests/model/test_transformers4.py (idempotent; ~1 min once)
+bash scripts/setup_tf4.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # one worker per core (at most 4: several tests start 2-3 ranks or a vLLM engine each), handed one test at a

@@ -41,17 +41,20 @@ def adapt_provenance(
     device = resolve_device(config.device)
     provenance = read_provenance(checkpoint)
     if not provenance.get("source") and teacher_path:
-        provenance["source"] = {"path": str(teacher_path)}
+        provenance["source"] = {"path": _absolute(teacher_path)}
+    recipe = config.recipe and {**config.recipe, "name": _absolute(config.recipe["name"]),
+                                "plan": [{**step, **({"data": _absolute(step["data"])} if "data" in step else {})}
+                                         for step in config.recipe.get("plan", [])]}  # fmt: skip
     provenance.setdefault("history", []).append(
         {
             "step": "adapt",
             "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "from": checkpoint,
-            "teacher": teacher_path,
+            "from": _absolute(checkpoint),
+            "teacher": _absolute(teacher_path),
             "objectives": weights,
             "local_schedule": config.local_schedule,
             "train": config.train,
-            "data": config.data,
+            "data": _absolute(config.data),
             "tokens": result.tokens,
             "seq_len": config.seq_len,
             "steps": result.steps,
@@ -63,11 +66,18 @@ def adapt_provenance(
             "precision": training_precision(config.dtype, device, config.mixed_precision).name,
             "layout": layout.describe(),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
-            **({"recipe": config.recipe} if config.recipe else {}),
+            **({"recipe": recipe} if recipe else {}),
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
     return provenance
+
+
+def _absolute(value: Any) -> Any:
+    """A local path as an absolute one (the checkpoint writer then records it relative to OUT); else unchanged."""
+    if isinstance(value, str) and value and Path(value).expanduser().exists():
+        return str(Path(value).expanduser().absolute())
+    return value
 
 
 def write_output(

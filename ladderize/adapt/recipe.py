@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
+from ..model.placement import process_rank
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
@@ -261,7 +262,9 @@ def run_recipe(
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     plan_file = top / PLAN_FILE
     record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
-    if plan_file.is_file():
+    # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
+    main = process_rank() == 0
+    if main and plan_file.is_file():
         if resume:
             saved = _comparable(json.loads(plan_file.read_text()))
             if saved != _comparable(json.loads(json.dumps(record))):
@@ -273,7 +276,7 @@ def run_recipe(
             raise LadderizeError(f"{top} holds an earlier run; pass --resume to continue it or --force to start over")
         else:
             shutil.rmtree(top)
-    elif resume:
+    elif main and resume:
         say(f"nothing to resume in {top}; starting a new run")
     for step in steps:  # every stage's settings, data and teacher, before the run dir exists
         settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
@@ -282,7 +285,8 @@ def run_recipe(
     if on_plan is not None:
         on_plan(steps)
     top.mkdir(parents=True, exist_ok=True)
-    plan_file.write_text(json.dumps(record, indent=1) + "\n")
+    if main:
+        plan_file.write_text(json.dumps(record, indent=1) + "\n")
 
     results: list[AdaptResult] = []
     current, done_steps = str(checkpoint), 0

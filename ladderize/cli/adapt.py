@@ -64,7 +64,15 @@ def adapt_cmd(
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
 
+    from ..model.placement import launch_mismatch, process_rank
+
+    main = process_rank() == 0  # under a launcher, rank 0 alone prints the plan and the result
+    if main and (mismatch := launch_mismatch()):
+        err_console.print(mismatch, highlight=False, soft_wrap=True)
+
     def on_plan(name: str, steps) -> None:
+        if not main:
+            return
         console.print(f"plan (recipe {name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
         for step in steps:
             console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
@@ -81,9 +89,11 @@ def adapt_cmd(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
-            on_stage_start=lambda line: console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
+            on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
         )
     result, stages = run.result, run.stages
+    if not main:
+        return
     if not run.finished:
         console.print(render.stopped_at_max_steps(result, max_steps), highlight=False, soft_wrap=True)
         return

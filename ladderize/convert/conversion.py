@@ -89,10 +89,10 @@ def convert_checkpoint(
         return {
             "ladderize_version": __version__,
             "created": _now(),
-            "source": {
-                "spec": src,
+            "source": {  # local paths absolute here; the writer records them relative to OUT (portable_paths)
+                "spec": src if source.kind == "hub" else str(Path(src).expanduser().absolute()),
                 "kind": source.kind,
-                "path": str(source.path / source.gguf_file if source.gguf_file else source.path),
+                "path": str((source.path / source.gguf_file if source.gguf_file else source.path).absolute()),
                 "architecture": (source.config.get("architectures") or [source.config.get("model_type")])[0],
                 "files_sha256": source.hashed_files(),
             },

@@ -7,6 +7,8 @@ checks a checkpoint against this table instead of scattering names through funct
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -136,14 +138,58 @@ def read_config_json(path: Path | str) -> dict[str, Any]:
 
 
 def read_provenance(path: Path | str) -> dict[str, Any]:
-    """The ``ladderize.json`` provenance of a checkpoint (empty dict for a non-ladderize checkpoint)."""
+    """The ``ladderize.json`` provenance of a checkpoint (empty dict for a non-ladderize checkpoint).
+
+    Its recorded paths come back absolute (``absolute_paths``), whatever folder the checkpoint was moved to.
+    """
     file = Path(path) / PROVENANCE_FILE
     if not file.is_file():
         return {}
     try:
-        return json.loads(file.read_text())
+        record = json.loads(file.read_text())
     except ValueError as exc:
         raise LadderizeError(f"corrupt provenance file {file}: {exc}") from None
+    return absolute_paths(record, Path(path).expanduser().absolute())
+
+
+def portable_paths(record: Any, base: Path) -> Any:
+    """``record`` as a shared checkpoint keeps it: every absolute path made relative to ``base``.
+
+    ``base`` is the checkpoint's folder: ``../source`` where the two share a folder below the root, else
+    ``~/...`` under the home folder, else ``../../data/...``; so no user name or home folder is published.
+    """
+    home = Path.home().absolute()
+
+    def portable(text: str) -> str:
+        path = Path(text)
+        if os.path.commonpath([path, base]) == path.anchor and path.is_relative_to(home) and home != Path(path.anchor):
+            return (Path("~") / path.relative_to(home)).as_posix()
+        return Path(os.path.relpath(path, base)).as_posix()
+
+    return _map_strings(record, lambda text: portable(text) if os.path.isabs(text) else text)
+
+
+def absolute_paths(record: Any, base: Path) -> Any:
+    """The inverse of ``portable_paths`` on reading: ``../`` and ``~/`` paths made absolute again."""
+
+    def absolute(text: str) -> str:
+        if text.startswith("~/"):
+            return str(Path(text).expanduser())
+        if text == ".." or text.startswith("../"):
+            return os.path.normpath(base / text)
+        return text
+
+    return _map_strings(record, absolute)
+
+
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {key: _map_strings(item, change) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(item, change) for item in value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ A converted checkpoint is a normal Hugging Face directory:
 - ``config.json``: ``model_type: ladder_llama`` with ``layer_modes``/``spd_tp_size`` and an
   ``auto_map`` pointing at the modeling files copied beside it;
 - tokenizer files and ``generation_config.json``;
-- ``ladderize.json``: the provenance record (source, ranges, tool version, source hashes, history).
+- ``ladderize.json``: the provenance record (source, ranges, tool version, source hashes, history; paths
+  relative to the folder);
+- ``README.md``: the model card (``card.py``).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,12 @@ from .placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
-from . import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama, residual as residual_module
-from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json, read_provenance  # noqa: F401 (re-exported)
+from .configuration_ladder_llama import AUTO_MAP
+from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
+from .card import CARD_FILE, model_card
 from .shards import ShardWriter
 
-MODELING_MODULES = (layout_module, configuration_ladder_llama, block_module, residual_module, modeling_ladder_llama)
-AUTO_MAP = {
-    "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
-    "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
-}
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, tensor name)
@@ -86,8 +83,9 @@ def write_checkpoint(
 
     ``tensors`` stream into shards of at most ``max_shard_bytes`` (+ index); then the config
     (``stamp_config``; read after the tensors, so they may set its ``dtype``), the modeling files
-    beside a ``LadderLlamaConfig``, the generation config, the tokenizer, the provenance (a dict,
-    or a function of the weight file names) and ``extra(tmp)``.
+    beside a ``LadderLlamaConfig``, the generation config, the tokenizer (its ``model_max_length`` at most
+    the config's positions), the provenance (a dict, or a function of the weight file names; its paths
+    relative to OUT), the model card ``README.md`` and ``extra(tmp)``.
     """
     out = Path(out).expanduser().absolute()
     with atomic_directory(out, force=force) as tmp:
@@ -95,25 +93,40 @@ def write_checkpoint(
         for name, tensor in tensors:
             writer.add(name, tensor)
         files = writer.finish()
-        stamp_config(config).save_pretrained(tmp)
-        if isinstance(config, LadderLlamaConfig):  # a plain Llama config needs no custom code
-            copy_modeling_files(tmp)
+        stamp_config(config).save_pretrained(tmp)  # a LadderLlamaConfig writes its code files beside it
+        if not isinstance(config, LadderLlamaConfig):
+            add_legacy_rope_fields(tmp / "config.json")
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         if tokenizer is not None:
+            positions = getattr(config, "max_position_embeddings", None)
+            if positions and tokenizer.model_max_length > positions:  # unset (1e30) or past what the model encodes
+                tokenizer.model_max_length = positions
             tokenizer.save_pretrained(tmp)
+        record = None
         if provenance is not None:
             record = provenance(files) if callable(provenance) else provenance
-            write_provenance(tmp, {**record, "ladderize_version": __version__})
+            record = portable_paths({**record, "ladderize_version": __version__}, out)
+            write_provenance(tmp, record)
+        (tmp / CARD_FILE).write_text(model_card(config, record, out.name))
         if extra is not None:
             extra(tmp)
     return out
 
 
-def copy_modeling_files(directory: Path) -> None:
-    """Copy the self-contained modeling code beside a checkpoint (for ``trust_remote_code`` users)."""
-    for module in MODELING_MODULES:
-        shutil.copyfile(module.__file__, Path(directory) / Path(module.__file__).name)
+def add_legacy_rope_fields(config_file: Path) -> None:
+    """Write ``rope_theta`` / ``rope_scaling`` (what transformers 4.x reads) beside a plain config's ``rope_parameters``.
+
+    Without them a 4.x reader falls back to its default theta (10000) without a word. transformers 5
+    reads ``rope_scaling`` in place of ``rope_parameters``, so it holds the same parameters less the theta.
+    """
+    values = json.loads(config_file.read_text())
+    rope = dict(values.get("rope_parameters") or {})
+    if "rope_theta" not in rope:
+        return
+    values["rope_theta"] = rope.pop("rope_theta")
+    values["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    config_file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:

@@ -1,11 +1,48 @@
-"""Configuration of the Ladder/SPD Llama: a LlamaConfig plus the per-layer layout."""
+"""Configuration of the Ladder/SPD Llama: a LlamaConfig plus the per-layer layout.
+
+Saving one (``save_pretrained``, which a model's ``save_pretrained``, ``push_to_hub``,
+``Trainer.save_model`` and peft's ``merge_and_unload().save_pretrained`` all call) writes the code
+files beside ``config.json`` and names them in ``auto_map``, so the folder loads with
+``trust_remote_code=True`` where ladderize is not installed.
+"""
 
 from __future__ import annotations
 
-from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig
+import shutil
+from pathlib import Path
 
-from .layout import Layout
+import transformers
+
+TRANSFORMERS_REQUIREMENT = "transformers>=5.4,<6"  # 5.4: the first whose configs are dataclasses (@strict below)
+if tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 4):  # else @strict fails obscurely
+    raise ImportError(
+        f"ladder_llama checkpoints need {TRANSFORMERS_REQUIREMENT} (found transformers {transformers.__version__}): "
+        f"pip install '{TRANSFORMERS_REQUIREMENT}'"
+    )
+
+from huggingface_hub.dataclasses import strict  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+
+from .layout import Layout  # noqa: E402
+
+# The self-contained code a checkpoint carries (need only torch and transformers), and the auto_map naming it.
+CODE_FILES = ("layout.py", "configuration_ladder_llama.py", "block.py", "residual.py", "modeling_ladder_llama.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
+    "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
+}
+
+
+def write_code_files(directory: str | Path) -> None:
+    """Copy the code files (``CODE_FILES``) beside a checkpoint in ``directory``.
+
+    A file missing beside this one is skipped: only under ``trust_remote_code`` after loading the
+    config alone, where transformers' own ``custom_object_save`` copies what it loaded.
+    """
+    here = Path(__file__).resolve().parent
+    for name in CODE_FILES:
+        if (here / name).is_file():
+            shutil.copyfile(here / name, Path(directory) / name)
 
 
 @strict
@@ -36,6 +73,14 @@ class LadderLlamaConfig(LlamaConfig):
         if self.attention_out_bias is None:
             self.attention_out_bias = self.attention_bias
         self.layout.validate(self.num_attention_heads, self.num_key_value_heads, self.intermediate_size)
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs) -> None:
+        """``PretrainedConfig.save_pretrained``, plus the code files and the ``auto_map`` that names them."""
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        self.architectures = ["LadderLlamaForCausalLM"]
+        self.auto_map = dict(AUTO_MAP)
+        write_code_files(save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     @property
     def layout(self) -> Layout:

@@ -81,6 +81,29 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def process_rank() -> int:
+    """This process's rank in the launched job (``RANK``; 0 outside one): rank 0 prints a command's plan and result."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def launch_mismatch(world: int | None = None) -> str | None:
+    """One line when the launcher meant more (or other) processes than the run has (``world``: Accelerate's), else None.
+
+    ``accelerate launch --num_processes 2`` without ``--multi_gpu`` (``--cpu``, or no GPU) takes Accelerate's
+    simple launcher: one process, which gets ``MASTER_ADDR`` (set only when several were asked for) and no
+    ``WORLD_SIZE``. A torchrun-style launch names its size in ``WORLD_SIZE``.
+    """
+    world = world_size() if world is None else world
+    launched = os.environ.get("WORLD_SIZE")
+    if launched and int(launched) != world:
+        return f"warning: the launcher started {launched} processes (WORLD_SIZE) but Accelerate runs {world}"
+    if not launched and world == 1 and "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ:
+        return ("warning: accelerate launch was asked for several processes but started one (its simple launcher: "
+                "--cpu, or no --multi_gpu); this run trains in 1 process. For data parallel on CPU use "
+                "'accelerate launch --multi_gpu --num_processes N' or 'torchrun --nproc_per_node N'")
+    return None
+
+
 def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device":
     """The torch device of ``spec`` by the rule in this module's docstring."""
     import torch

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from ladderize.model.checkpoint import load_model, read_provenance
 from ladderize.convert.conversion import convert_checkpoint
 from ladderize.convert.sources import sha256_file
 from ladderize.model import LadderLlamaForCausalLM
+from tests.model.helpers import logits_without_ladderize
 
 TOL = 1e-4
 
@@ -117,19 +116,7 @@ def test_remote_code_loads_without_ladderize(tiny_llama_dir: Path, tmp_path: Pat
     ids = _ids(128, (1, 7))
     with torch.no_grad():
         expected = load_model(out)(ids).logits
-    torch.save(ids, tmp_path / "ids.pt")
-    script = f"""
-import sys, torch
-from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-assert "ladderize" not in sys.modules, "the remote-code path must not need ladderize"
-assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-with torch.no_grad():
-    torch.save(model(torch.load({str(tmp_path / 'ids.pt')!r})).logits, {str(tmp_path / 'logits.pt')!r})
-"""
-    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
-    assert (torch.load(tmp_path / "logits.pt") - expected).abs().max() <= TOL
+    assert (logits_without_ladderize(out, ids, tmp_path) - expected).abs().max() <= TOL
 
 
 def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):

@@ -42,3 +42,30 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 @torch.no_grad()
 def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     return model(ids, use_cache=False, **kwargs).logits
+
+
+def logits_without_ladderize(folder, ids: torch.Tensor, workdir, python: str | None = None, remote: bool = True):
+    """Logits of ``folder`` loaded by ``AutoModelForCausalLM`` in a fresh process where ``import ladderize``
+    fails: through ``auto_map`` + ``trust_remote_code`` (``remote``), or as a plain Llama.
+    ``python``: another interpreter (e.g. the transformers-4 venv); its failure raises ``CalledProcessError``
+    with its output."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workdir = Path(workdir)
+    torch.save(ids, workdir / "ids.pt")
+    script = f"""
+import sys
+sys.modules["ladderize"] = None  # no ladderize in this process, whatever is installed
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code={remote}).eval()
+assert type(model).__module__.startswith("transformers_modules") == {remote}, type(model).__module__
+with torch.no_grad():
+    torch.save(model(torch.load({str(workdir / 'ids.pt')!r})).logits, {str(workdir / 'logits.pt')!r})
+"""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(workdir / "hf"), "PATH": "/usr/bin:/bin"}
+    subprocess.run([python or sys.executable, "-c", script], check=True, env=env, timeout=300, cwd=workdir,
+                   capture_output=True, text=True)
+    return torch.load(workdir / "logits.pt")

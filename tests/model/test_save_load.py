@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import ladderize
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM, LayerMode
 
-from .helpers import ATOL, logits, max_diff, token_ids
+from .helpers import ATOL, logits, logits_without_ladderize, max_diff, token_ids
 
 HYBRID_WITH_ORDER = dict(
     layer_modes=["ladder", "spd", "dense", "spd"],
@@ -78,3 +78,36 @@ def test_dense_llama_checkpoint_loads_unchanged(tiny_llama_dir):
     dense = LadderLlamaForCausalLM.from_pretrained(tiny_llama_dir, config=LadderLlamaConfig(**base)).eval()
     ids = token_ids()
     assert max_diff(logits(dense, ids), logits(llama, ids)) <= ATOL
+
+
+CODE_FILES = ("configuration_ladder_llama.py", "modeling_ladder_llama.py", "layout.py", "residual.py", "block.py")
+
+
+def test_saving_through_the_registered_class_writes_a_checkpoint_that_loads_without_ladderize(tmp_path):
+    """``import ladderize`` + Auto classes load ladderize's own class; its saves (save_pretrained, and
+    so push_to_hub / Trainer.save_model / peft's merged model) carry the code files auto_map names."""
+    tiny_model(**HYBRID_WITH_ORDER).save_pretrained(tmp_path / "first")
+    auto = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "first").eval()
+    assert type(auto) is LadderLlamaForCausalLM
+    for name in CODE_FILES:  # as a plain from-scratch save wrote them
+        (tmp_path / "first" / name).unlink()
+    auto.save_pretrained(tmp_path / "saved")
+    assert all((tmp_path / "saved" / name).is_file() for name in CODE_FILES)
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"]["AutoConfig"] == (
+        "configuration_ladder_llama.LadderLlamaConfig"
+    )
+    ids = token_ids()
+    remote = logits_without_ladderize(tmp_path / "saved", ids, tmp_path)
+    assert max_diff(remote, logits(auto, ids)) <= ATOL
+
+
+def test_a_merged_peft_model_saves_loadable_code(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model(layer_modes=["dense", "ladder", "ladder", "dense"])
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    merged = peft_model.merge_and_unload().eval()
+    merged.save_pretrained(tmp_path / "merged")
+    assert all((tmp_path / "merged" / name).is_file() for name in CODE_FILES)
+    ids = token_ids(batch=1)
+    assert max_diff(logits_without_ladderize(tmp_path / "merged", ids, tmp_path), logits(merged, ids)) <= ATOL

@@ -11,6 +11,9 @@ exactly as ``import ladderize`` does for transformers, and the architecture with
 
 from __future__ import annotations
 
+import logging
+
+from ladderize.errors import one_line
 from ladderize.model.layout import LayerMode, Layout
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
@@ -52,7 +55,22 @@ class LadderConfigCheck:
 
 
 def register() -> None:
-    """Register the config with transformers and the model with vLLM (idempotent, as vLLM requires)."""
+    """Register the config with transformers and the model with vLLM (idempotent, as vLLM requires).
+
+    Never raises: vLLM calls every installed plugin in every process, so an exception here would stop
+    vLLM for every model in the environment. A failure is one logged warning; only ladder_llama
+    checkpoints then fail to serve (vLLM names their unknown architecture).
+    """
+    try:
+        _register()
+    except Exception as exc:  # noqa: BLE001 (any failure: vLLM must keep serving other models)
+        logging.getLogger(__name__).warning(
+            "ladderize: vLLM plugin not registered, ladder_llama checkpoints will not serve (%s: %s)",
+            type(exc).__name__, one_line(exc),
+        )
+
+
+def _register() -> None:
     import ladderize
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
