@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # .venv-vllm: vLLM's CPU build with ladderize's plugin, driven by tests/runtime/vllm (idempotent; ~10 min the first time)
 bash scripts/setup_vllm.sh
-# .venv-tf4: torch and the newest transformers 4.x only, driven by tests/model/test_transformers4.py (idempotent; ~1 min once)
+# .venv-tf4: torch and the newest transformers 4.x only, driven by tests/model/test_transformers_versions.py (idempotent; ~1 min once)
 bash scripts/setup_tf4.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
