@@ -3,7 +3,9 @@
 ``import ladderize`` is cheap (it imports neither torch nor transformers, so the command line
 answers ``--help`` at once) and still registers the ``ladder_llama`` model type with
 transformers' ``AutoConfig`` / ``AutoModelForCausalLM``: at once if transformers' auto classes
-are already loaded, else right after they are first imported.
+are already loaded, else right after they are first imported. It also gives ``ladder_llama`` Llama's
+rows in peft's default target-module tables (``register_peft_targets``), at once or right after peft
+loads them, so ``LoraConfig(task_type="CAUSAL_LM")`` without ``target_modules`` works as on Llama.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
 _AUTO_PACKAGE = "transformers.models.auto"
+_PEFT_TABLES = "peft.utils.constants"
+_MODEL_TYPE = "ladder_llama"  # LadderLlamaConfig.model_type (not imported here: that needs transformers)
 _MODEL_NAMES = ("LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError")
 _registered = False
 
@@ -37,6 +41,50 @@ def register_auto_classes() -> None:
     AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
 
 
+def register_peft_targets() -> None:
+    """Give ``ladder_llama`` Llama's entry in every default table of peft (target modules, IA3's
+    feed-forward modules, ...): the modules and their names are Llama's. Idempotent; needs peft loaded."""
+    tables = sys.modules.get(_PEFT_TABLES)
+    if tables is None:
+        return
+    for table in vars(tables).values():
+        if isinstance(table, dict) and "llama" in table:
+            table.setdefault(_MODEL_TYPE, table["llama"])
+
+
+class _PatchPeftTables(importlib.abc.MetaPathFinder):
+    """Calls ``register_peft_targets`` right after ``peft.utils.constants`` is executed, before peft's
+    tuners copy any of its tables; then leaves ``sys.meta_path``."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _PEFT_TABLES:
+            return None
+        spec = _spec_from_others(self, name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            loader_exec(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            register_peft_targets()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _spec_from_others(finder, name, path, target):
+    """The spec the other finders of ``sys.meta_path`` give for ``name`` (``finder`` skipped)."""
+    for other in sys.meta_path:
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(name, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
 class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
     """Registers once ``transformers.models.auto`` is loaded and no transformers or ladderize module is mid-import.
 
@@ -51,13 +99,7 @@ class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if not name.startswith(("transformers.", "ladderize.")) and name != "transformers":
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
+        spec = _spec_from_others(self, name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
@@ -82,6 +124,11 @@ if _AUTO_PACKAGE in sys.modules:
 elif not any(type(finder).__name__ == "_RegisterAfterAutoImport" for finder in sys.meta_path):
     sys.meta_path.insert(0, _RegisterAfterAutoImport())
 
+if _PEFT_TABLES in sys.modules:
+    register_peft_targets()
+elif not any(type(finder).__name__ == "_PatchPeftTables" for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PatchPeftTables())
+
 
 def __getattr__(name: str):
     if name in _MODEL_NAMES:
@@ -91,4 +138,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'ladderize' has no attribute {name!r}")
 
 
-__all__ = ["LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError", "__version__", "register_auto_classes"]
+__all__ = ["LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError", "__version__", "register_auto_classes",
+           "register_peft_targets"]
