@@ -52,40 +52,65 @@ def register_peft_targets() -> None:
             table.setdefault(_MODEL_TYPE, table["llama"])
 
 
-class _PatchPeftTables(importlib.abc.MetaPathFinder):
-    """Calls ``register_peft_targets`` right after ``peft.utils.constants`` is executed, before peft's
-    tuners copy any of its tables; then leaves ``sys.meta_path``."""
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Runs code around the import of the modules it ``watches``: ``entered`` before a module executes,
+    ``left`` after (even on error), ``done`` after a module executed without error. It finds nothing itself."""
+
+    def watches(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def entered(self) -> None:
+        pass
+
+    def left(self) -> None:
+        pass
+
+    def done(self) -> None:
+        raise NotImplementedError
 
     def find_spec(self, name, path, target=None):
-        if name != _PEFT_TABLES:
+        if not self.watches(name):
             return None
-        spec = _spec_from_others(self, name, path, target)
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
 
         def exec_module(module):
-            loader_exec(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            register_peft_targets()
+            self.entered()
+            try:
+                loader_exec(module)
+            finally:
+                self.left()
+            self.done()
 
         spec.loader.exec_module = exec_module
         return spec
 
-
-def _spec_from_others(finder, name, path, target):
-    """The spec the other finders of ``sys.meta_path`` give for ``name`` (``finder`` skipped)."""
-    for other in sys.meta_path:
-        if other is finder or not hasattr(other, "find_spec"):
-            continue
-        spec = other.find_spec(name, path, target)
-        if spec is not None:
-            return spec
-    return None
+    def leave_meta_path(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
-class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
+class _PatchPeftTables(_ImportWatcher):
+    """Calls ``register_peft_targets`` right after ``peft.utils.constants`` is executed, before peft's
+    tuners copy any of its tables; then leaves ``sys.meta_path``."""
+
+    def watches(self, name: str) -> bool:
+        return name == _PEFT_TABLES
+
+    def done(self) -> None:
+        self.leave_meta_path()
+        register_peft_targets()
+
+
+class _RegisterAfterAutoImport(_ImportWatcher):
     """Registers once ``transformers.models.auto`` is loaded and no transformers or ladderize module is mid-import.
 
     Registering imports ladderize's modeling code, which needs ``transformers.modeling_utils``
@@ -96,27 +121,19 @@ class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
     def __init__(self):
         self.depth = 0
 
-    def find_spec(self, name, path, target=None):
-        if not name.startswith(("transformers.", "ladderize.")) and name != "transformers":
-            return None
-        spec = _spec_from_others(self, name, path, target)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader_exec = spec.loader.exec_module
+    def watches(self, name: str) -> bool:
+        return name.startswith(("transformers.", "ladderize.")) or name == "transformers"
 
-        def exec_module(module):
-            self.depth += 1
-            try:
-                loader_exec(module)
-            finally:
-                self.depth -= 1
-            if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
-                if self in sys.meta_path:
-                    sys.meta_path.remove(self)
-                register_auto_classes()
+    def entered(self) -> None:
+        self.depth += 1
 
-        spec.loader.exec_module = exec_module
-        return spec
+    def left(self) -> None:
+        self.depth -= 1
+
+    def done(self) -> None:
+        if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
+            self.leave_meta_path()
+            register_auto_classes()
 
 
 if _AUTO_PACKAGE in sys.modules:

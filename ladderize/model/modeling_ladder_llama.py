@@ -232,8 +232,8 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         ``output_attentions`` the attention probabilities (None unless the implementation gives them).
 
         ``residual`` is what Llama's layer returns (``output[0]``, as transformers 4's layers put it);
-        ``stale`` travels as an output, not a side channel, because gradient checkpointing (reentrant or
-        not) keeps gradients only through a layer's outputs, and a ladder layer after this one reads it.
+        ``stale`` travels as an output, not a side channel: a ladder layer after this one reads it, and
+        reentrant gradient checkpointing (transformers 4's default) keeps gradients only through outputs.
         One device holds every rank's share, so the sum over ranks is already complete (``residual.COMPLETE``).
         """
         stream = ResidualStream(residual, stale, self.entry_slots)
@@ -244,15 +244,15 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         return out + (kernels.attention_weights,) if output_attentions else out
 
     def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, slice]]:
-        """Per head group: its ``o_proj`` input columns (indices and a boolean mask) and its MLP slice, on ``device``."""
+        """Per head group: its ``o_proj`` input columns, a mask of the other groups' columns, and its MLP slice."""
         cached = getattr(self, "_spd_groups_cache", None)
         if cached is None or cached[0] != device:
             width = self.self_attn.o_proj_inputs()
             groups = []
             for cols, shard in self.spd_groups:
                 columns = torch.tensor(cols, dtype=torch.long, device=device)
-                mask = torch.zeros(width, dtype=torch.bool, device=device).index_fill_(0, columns, True)
-                groups.append((columns, mask, shard))
+                others = torch.ones(width, dtype=torch.bool, device=device).index_fill_(0, columns, False)
+                groups.append((columns, others, shard))
             self._spd_groups_cache = cached = (device, groups)
         return cached[1]
 
@@ -299,7 +299,7 @@ class _LayerKernels:
         if is_plain_linear(o_proj):
             return [attention_partial(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
                     for columns, _, _ in groups]
-        return [linear_part(o_proj, heads.masked_fill(~mask, 0.0)) for _, mask, _ in groups]
+        return [linear_part(o_proj, heads.masked_fill(others, 0.0)) for _, others, _ in groups]
 
     def spd_mlp(self, op, h: torch.Tensor, share: int) -> torch.Tensor:
         layer = self.layer
