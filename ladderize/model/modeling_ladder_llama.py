@@ -70,7 +70,11 @@ class LadderAttention(nn.Module):
             config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias
         )
 
-    def heads(
+    def heads(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        """Attention output of every head before ``o_proj``: ``[B, S, H * head_dim]``."""
+        return self.heads_and_weights(hidden_states, **kwargs)[0]
+
+    def heads_and_weights(
         self,
         hidden_states: torch.Tensor,  # [B, S, D]
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
@@ -133,7 +137,7 @@ class LadderAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(o_proj(heads), attention probabilities or None)``, as Llama's attention returns them."""
-        heads, weights = self.heads(hidden_states, **kwargs)
+        heads, weights = self.heads_and_weights(hidden_states, **kwargs)
         return self.o_proj(heads), weights
 
 
@@ -294,7 +298,7 @@ class _LayerKernels:
         """Every head group's ``Y_r``: the heads once, then each group's ``o_proj`` columns (a bare
         ``nn.Linear``), or ``o_proj`` called on the heads with the other groups' columns zeroed (a wrapper)."""
         layer = self.layer
-        heads, self.attention_weights = layer.self_attn.heads(layer.input_layernorm(h), **self.attn_kwargs)
+        heads, self.attention_weights = layer.self_attn.heads_and_weights(layer.input_layernorm(h), **self.attn_kwargs)
         o_proj, groups = layer.self_attn.o_proj, layer._spd_groups_on(heads.device)
         if is_plain_linear(o_proj):
             return [attention_partial(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
