@@ -155,16 +155,17 @@ class LadderMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
-    def partial(self, x: torch.Tensor, shard: slice) -> torch.Tensor:
-        """This shard's contribution to ``down_proj`` (without its constant term): one TP rank's MLP."""
+    def partial(self, x: torch.Tensor, shard: slice, down_constant: torch.Tensor | None = None) -> torch.Tensor:
+        """This shard's contribution to ``down_proj`` (without its constant term): one TP rank's MLP.
+
+        A wrapped ``down_proj`` runs on the zero-padded slice, less ``down_constant`` (``constant_term``;
+        computed here when not given)."""
         gate, up = column_shard(self.gate_proj, x, shard), column_shard(self.up_proj, x, shard)
         if is_plain_linear(self.down_proj):
             return mlp_partial(gate, up, self.down_proj.weight[:, shard], self.act_fn)
-        inner = self.down_proj_inputs()
-        return linear_part(self.down_proj, F.pad(self.act_fn(gate) * up, (shard.start, inner - shard.stop)))
-
-    def down_proj_inputs(self) -> int:
-        return base_linear(self.down_proj).in_features
+        inner = base_linear(self.down_proj).in_features
+        padded = F.pad(self.act_fn(gate) * up, (shard.start, inner - shard.stop))  # [B, S, I], zero off the slice
+        return linear_part(self.down_proj, padded, down_constant)
 
 
 def is_plain_linear(module: nn.Module) -> bool:
@@ -188,9 +189,11 @@ def constant_term(module: nn.Module, like: torch.Tensor) -> torch.Tensor | None:
     return module(like.new_zeros(1, 1, base_linear(module).in_features))
 
 
-def linear_part(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x) - module(0)``: an affine module's output without its constant term (exact where it has none)."""
-    return module(x) - constant_term(module, x)
+def linear_part(module: nn.Module, x: torch.Tensor, constant: torch.Tensor | None = None) -> torch.Tensor:
+    """``module(x) - module(0)``: an affine module's output without its constant term (exact where it has none).
+    ``constant``: ``constant_term(module, x)`` when the caller has it already."""
+    constant = constant_term(module, x) if constant is None else constant
+    return module(x) if constant is None else module(x) - constant
 
 
 def column_shard(module: nn.Module, x: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -273,11 +276,20 @@ class _LayerKernels:
     peft's Linear adapters are affine in their input, and dropout falls on each group's own inputs.
     """
 
-    __slots__ = ("layer", "attn_kwargs", "attention_weights")
+    __slots__ = ("layer", "attn_kwargs", "attention_weights", "constants")
 
     def __init__(self, layer: LadderDecoderLayer, attn_kwargs: dict):
         self.layer, self.attn_kwargs = layer, attn_kwargs
         self.attention_weights: torch.Tensor | None = None
+        self.constants: dict[str, torch.Tensor | None] = {}  # constant_term of o_proj / down_proj, once a forward
+
+    def constant(self, name: str) -> torch.Tensor | None:
+        """``constant_term`` of the layer's ``o_proj`` or ``down_proj`` (computed once per forward)."""
+        if name not in self.constants:
+            layer = self.layer
+            module = layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj
+            self.constants[name] = constant_term(module, layer.input_layernorm.weight)
+        return self.constants[name]
 
     def attention(self, op, h: torch.Tensor) -> torch.Tensor:
         layer = self.layer
@@ -290,9 +302,7 @@ class _LayerKernels:
     def bias(self, op) -> torch.Tensor | None:
         if not (op.reads_local_partial or (op.kind is ModuleKind.ATTENTION and not op.allreduce)):
             return None  # inside the module's own output
-        layer = self.layer
-        module = layer.mlp.down_proj if op.kind is ModuleKind.MLP else layer.self_attn.o_proj
-        return constant_term(module, layer.input_layernorm.weight)
+        return self.constant("down_proj" if op.kind is ModuleKind.MLP else "o_proj")
 
     def spd_attention(self, op, h: torch.Tensor) -> list[torch.Tensor]:
         """Every head group's ``Y_r``: the heads once, then each group's ``o_proj`` columns (a bare
@@ -303,12 +313,14 @@ class _LayerKernels:
         if is_plain_linear(o_proj):
             return [attention_partial(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
                     for columns, _, _ in groups]
-        return [linear_part(o_proj, heads.masked_fill(others, 0.0)) for _, others, _ in groups]
+        constant = self.constant("o_proj")
+        return [linear_part(o_proj, heads.masked_fill(others, 0.0), constant) for _, others, _ in groups]
 
     def spd_mlp(self, op, h: torch.Tensor, share: int) -> torch.Tensor:
         layer = self.layer
         shard = layer._spd_groups_on(h.device)[share][2]
-        return layer.mlp.partial(layer.post_attention_layernorm(h), shard)
+        down_constant = None if is_plain_linear(layer.mlp.down_proj) else self.constant("down_proj")
+        return layer.mlp.partial(layer.post_attention_layernorm(h), shard, down_constant)
 
 
 def _spd_groups(

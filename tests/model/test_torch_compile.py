@@ -38,3 +38,15 @@ def test_compiled_training_step_matches_eager_on_a_hybrid():
     (eager_loss, eager_grads), (compiled_loss, compiled_grads) = grads
     assert max_diff(eager_loss, compiled_loss) <= 1e-6
     assert max(max_diff(a, b) for a, b in zip(eager_grads, compiled_grads)) <= 1e-6
+
+
+def test_a_peft_adapted_hybrid_is_one_graph():
+    """SPD blocks call peft's wrapped modules per head group; the forward still traces whole."""
+    import peft
+    import torch._dynamo as dynamo
+
+    targets = ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapted = peft.get_peft_model(tiny_model(**HYBRID), peft.LoraConfig(r=2, target_modules=targets, lora_dropout=0.1))
+    dynamo.reset()
+    explained = dynamo.explain(adapted)(input_ids=token_ids(), use_cache=False)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
