@@ -3,7 +3,9 @@
 ``import ladderize`` is cheap (it imports neither torch nor transformers, so the command line
 answers ``--help`` at once) and still registers the ``ladder_llama`` model type with
 transformers' ``AutoConfig`` / ``AutoModelForCausalLM``: at once if transformers' auto classes
-are already loaded, else right after they are first imported.
+are already loaded, else right after they are first imported. It also gives ``ladder_llama`` Llama's
+rows in peft's default target-module tables (``register_peft_targets``), at once or right after peft
+loads them, so ``LoraConfig(task_type="CAUSAL_LM")`` without ``target_modules`` works as on Llama.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
 _AUTO_PACKAGE = "transformers.models.auto"
+_PEFT_TABLES = "peft.utils.constants"
+_MODEL_TYPE = "ladder_llama"  # LadderLlamaConfig.model_type (not imported here: that needs transformers)
 _MODEL_NAMES = ("LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError")
 _registered = False
 
@@ -37,19 +41,35 @@ def register_auto_classes() -> None:
     AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
 
 
-class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
-    """Registers once ``transformers.models.auto`` is loaded and no transformers or ladderize module is mid-import.
+def register_peft_targets() -> None:
+    """Give ``ladder_llama`` Llama's entry in every default table of peft (target modules, IA3's
+    feed-forward modules, ...): the modules and their names are Llama's. Idempotent; needs peft loaded."""
+    tables = sys.modules.get(_PEFT_TABLES)
+    if tables is None:
+        return
+    for table in vars(tables).values():
+        if isinstance(table, dict) and "llama" in table:
+            table.setdefault(_MODEL_TYPE, table["llama"])
 
-    Registering imports ladderize's modeling code, which needs ``transformers.modeling_utils``
-    (and ``ladderize.model``) complete; transformers imports its auto package from inside other
-    modules' imports, so the registration waits until the outermost such import has finished.
-    """
 
-    def __init__(self):
-        self.depth = 0
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Runs code around the import of the modules it ``watches``: ``entered`` before a module executes,
+    ``left`` after (even on error), ``done`` after a module executed without error. It finds nothing itself."""
+
+    def watches(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def entered(self) -> None:
+        pass
+
+    def left(self) -> None:
+        pass
+
+    def done(self) -> None:
+        raise NotImplementedError
 
     def find_spec(self, name, path, target=None):
-        if not name.startswith(("transformers.", "ladderize.")) and name != "transformers":
+        if not self.watches(name):
             return None
         spec = None
         for finder in sys.meta_path:
@@ -63,24 +83,68 @@ class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
         loader_exec = spec.loader.exec_module
 
         def exec_module(module):
-            self.depth += 1
+            self.entered()
             try:
                 loader_exec(module)
             finally:
-                self.depth -= 1
-            if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
-                if self in sys.meta_path:
-                    sys.meta_path.remove(self)
-                register_auto_classes()
+                self.left()
+            self.done()
 
         spec.loader.exec_module = exec_module
         return spec
+
+    def leave_meta_path(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _PatchPeftTables(_ImportWatcher):
+    """Calls ``register_peft_targets`` right after ``peft.utils.constants`` is executed, before peft's
+    tuners copy any of its tables; then leaves ``sys.meta_path``."""
+
+    def watches(self, name: str) -> bool:
+        return name == _PEFT_TABLES
+
+    def done(self) -> None:
+        self.leave_meta_path()
+        register_peft_targets()
+
+
+class _RegisterAfterAutoImport(_ImportWatcher):
+    """Registers once ``transformers.models.auto`` is loaded and no transformers or ladderize module is mid-import.
+
+    Registering imports ladderize's modeling code, which needs ``transformers.modeling_utils``
+    (and ``ladderize.model``) complete; transformers imports its auto package from inside other
+    modules' imports, so the registration waits until the outermost such import has finished.
+    """
+
+    def __init__(self):
+        self.depth = 0
+
+    def watches(self, name: str) -> bool:
+        return name.startswith(("transformers.", "ladderize.")) or name == "transformers"
+
+    def entered(self) -> None:
+        self.depth += 1
+
+    def left(self) -> None:
+        self.depth -= 1
+
+    def done(self) -> None:
+        if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
+            self.leave_meta_path()
+            register_auto_classes()
 
 
 if _AUTO_PACKAGE in sys.modules:
     register_auto_classes()
 elif not any(type(finder).__name__ == "_RegisterAfterAutoImport" for finder in sys.meta_path):
     sys.meta_path.insert(0, _RegisterAfterAutoImport())
+
+if _PEFT_TABLES in sys.modules:
+    register_peft_targets()
+elif not any(type(finder).__name__ == "_PatchPeftTables" for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PatchPeftTables())
 
 
 def __getattr__(name: str):
@@ -91,4 +155,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'ladderize' has no attribute {name!r}")
 
 
-__all__ = ["LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError", "__version__", "register_auto_classes"]
+__all__ = ["LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError", "__version__", "register_auto_classes",
+           "register_peft_targets"]

@@ -6,11 +6,10 @@ plan's linear modules (``model/architectures.py``) of the converted layers only
 ``lora.Linear`` wrappers, so the model object keeps its structure (``model.model.layers``)
 and the objectives run on it unchanged.
 
-SPD blocks read ``o_proj`` and the MLP weights per rank instead of calling the modules; they
-go through ``modeling_ladder_llama.effective_weight``, which returns the base weight plus the
-adapter's delta (peft's ``get_delta_weight``) for a LoRA layer, so the per-rank partial sums
-see the adapter exactly. ``lora_dropout`` is 0 for the same reason: a dropout on the input
-of the low-rank branch has no weight form.
+SPD blocks call the wrapped modules on each head group's input (``modeling_ladder_llama.column_shard``,
+``linear_part``), as dense and ladder blocks do on the whole input, so the adapter (any peft Linear
+method, dropout included) acts in them exactly as its merged weights would. ``lora_dropout`` stays 0
+here: the recipe was measured without it.
 
 The saved adapter loads with ``PeftModel.from_pretrained(<converted base>, OUT/adapter)``;
 ``merge_lora`` bakes it in (``merge_and_unload``) for the merged checkpoint.
@@ -39,7 +38,7 @@ class LoraSpec:
 
 
 def lora_config(layers: list[int], spec: LoraSpec = LoraSpec(), base: str | None = None):
-    """peft's ``LoraConfig`` for the target linears of ``layers`` (no dropout: SPD reads the weights directly)."""
+    """peft's ``LoraConfig`` for the target linears of ``layers`` (no dropout: the recipe was measured without)."""
     from peft import LoraConfig
 
     if not layers:

@@ -70,15 +70,20 @@ class LadderAttention(nn.Module):
             config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias
         )
 
-    def heads(
+    def heads(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        """Attention output of every head before ``o_proj``: ``[B, S, H * head_dim]``."""
+        return self.heads_and_weights(hidden_states, **kwargs)[0]
+
+    def heads_and_weights(
         self,
         hidden_states: torch.Tensor,  # [B, S, D]
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
         past_key_values: Cache | None,
         **kwargs,
-    ) -> torch.Tensor:
-        """Attention output of every head before ``o_proj``: ``[B, S, H * head_dim]``."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention output of every head before ``o_proj`` ``[B, S, H * head_dim]``, and the attention
+        probabilities ``[B, H, S, S_kv]`` where the attention implementation returns them (eager), else None."""
         input_shape = hidden_states.shape[:-1]
         query, key, value = self.projections(hidden_states, position_embeddings)
         if past_key_values is not None:
@@ -86,7 +91,7 @@ class LadderAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        output, _ = attention(
+        output, weights = attention(
             self,
             query,
             key,
@@ -96,7 +101,7 @@ class LadderAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        return output.reshape(*input_shape, -1).contiguous()
+        return output.reshape(*input_shape, -1).contiguous(), weights
 
     def projections(
         self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
@@ -127,8 +132,13 @@ class LadderAttention(nn.Module):
         causal = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()
         return scores.masked_fill(~causal, float("-inf")).softmax(-1)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        return self.o_proj(self.heads(hidden_states, **kwargs))
+    def o_proj_inputs(self) -> int:
+        return base_linear(self.o_proj).in_features
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(o_proj(heads), attention probabilities or None)``, as Llama's attention returns them."""
+        heads, weights = self.heads_and_weights(hidden_states, **kwargs)
+        return self.o_proj(heads), weights
 
 
 class LadderMLP(nn.Module):
@@ -145,28 +155,52 @@ class LadderMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
-    def partial(self, x: torch.Tensor, shard: slice) -> torch.Tensor:
-        """This shard's contribution to ``down_proj`` (without its bias): one TP rank's MLP."""
-        gate = F.linear(x, effective_weight(self.gate_proj)[shard], _bias_rows(self.gate_proj, shard))
-        up = F.linear(x, effective_weight(self.up_proj)[shard], _bias_rows(self.up_proj, shard))
-        return mlp_partial(gate, up, effective_weight(self.down_proj)[:, shard], self.act_fn)
+    def partial(self, x: torch.Tensor, shard: slice, down_constant: torch.Tensor | None = None) -> torch.Tensor:
+        """This shard's contribution to ``down_proj`` (without its constant term): one TP rank's MLP.
+
+        A wrapped ``down_proj`` runs on the zero-padded slice, less ``down_constant`` (``constant_term``;
+        computed here when not given)."""
+        gate, up = column_shard(self.gate_proj, x, shard), column_shard(self.up_proj, x, shard)
+        if is_plain_linear(self.down_proj):
+            return mlp_partial(gate, up, self.down_proj.weight[:, shard], self.act_fn)
+        inner = base_linear(self.down_proj).in_features
+        padded = F.pad(self.act_fn(gate) * up, (shard.start, inner - shard.stop))  # [B, S, I], zero off the slice
+        return linear_part(self.down_proj, padded, down_constant)
 
 
-def effective_weight(linear: nn.Module) -> torch.Tensor:
-    """The weight ``linear`` applies: its own ``weight``, or, for a peft LoRA layer (which wraps
-    ``base_layer`` and adds its delta only in ``forward``), the base weight plus the delta of every
-    active, unmerged adapter. SPD slices weights per rank without calling the modules; this keeps
-    an adapter in effect there. Duck-typed, so this file needs no peft."""
-    base = getattr(linear, "base_layer", None)
-    if base is None or not hasattr(linear, "get_delta_weight"):
-        return linear.weight
-    weight = base.weight
-    if getattr(linear, "disable_adapters", False) or getattr(linear, "merged", False):
-        return weight
-    for name in linear.active_adapters:
-        if name in linear.lora_A:
-            weight = weight + linear.get_delta_weight(name).to(weight.dtype)
-    return weight
+def is_plain_linear(module: nn.Module) -> bool:
+    """A bare ``nn.Linear``: SPD slices its weight per rank. Any other module (a peft wrapper: LoRA, DoRA,
+    IA3, LoHa, LoKr, ...) is called whole on each rank's input, so whatever it adds is in effect."""
+    return type(module) is nn.Linear
+
+
+def base_linear(module: nn.Module) -> nn.Module:
+    """The ``nn.Linear`` under any wrappers (peft keeps it as ``base_layer``)."""
+    while hasattr(module, "base_layer"):
+        module = module.base_layer
+    return module
+
+
+def constant_term(module: nn.Module, like: torch.Tensor) -> torch.Tensor | None:
+    """What an affine module adds to every input: its bias (``nn.Linear``), or ``module(0)`` for a wrapper
+    (IA3 scales the bias, LoRA may add its own). ``like`` gives dtype and device."""
+    if is_plain_linear(module):
+        return module.bias
+    return module(like.new_zeros(1, 1, base_linear(module).in_features))
+
+
+def linear_part(module: nn.Module, x: torch.Tensor, constant: torch.Tensor | None = None) -> torch.Tensor:
+    """``module(x) - module(0)``: an affine module's output without its constant term (exact where it has none).
+    ``constant``: ``constant_term(module, x)`` when the caller has it already."""
+    constant = constant_term(module, x) if constant is None else constant
+    return module(x) if constant is None else module(x) - constant
+
+
+def column_shard(module: nn.Module, x: torch.Tensor, rows: slice) -> torch.Tensor:
+    """``module(x)[..., rows]``: a bare ``nn.Linear`` computes only those rows; a wrapper runs whole."""
+    if is_plain_linear(module):
+        return F.linear(x, module.weight[rows], _bias_rows(module, rows))
+    return module(x)[..., rows]
 
 
 def _bias_rows(linear: nn.Linear, rows: slice | torch.Tensor) -> torch.Tensor | None:
@@ -198,22 +232,34 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         self,
         residual: torch.Tensor,  # r_{k-1}, [B, S, D]
         stale: torch.Tensor,  # r_{k-2}, [B, S, D]
+        output_attentions: bool = False,
         **attn_kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the new ``(residual, stale)`` pair after this layer's two modules.
+    ) -> tuple[torch.Tensor, ...]:
+        """Return the new ``(residual, stale)`` pair after this layer's two modules, and with
+        ``output_attentions`` the attention probabilities (None unless the implementation gives them).
 
+        ``residual`` is what Llama's layer returns (``output[0]``, as transformers 4's layers put it);
+        ``stale`` travels as an output, not a side channel: a ladder layer after this one reads it, and
+        reentrant gradient checkpointing (transformers 4's default) keeps gradients only through outputs.
         One device holds every rank's share, so the sum over ranks is already complete (``residual.COMPLETE``).
         """
         stream = ResidualStream(residual, stale, self.entry_slots)
-        kernels = _LayerKernels(self, attn_kwargs)
+        kernels = _LayerKernels(self, dict(attn_kwargs, output_attentions=True) if output_attentions else attn_kwargs)
         stream.run(self.attn_op, kernels)
         stream.run(self.mlp_op, kernels)
-        return stream.resolve(), stream.prev
+        out = (stream.resolve(), stream.prev)
+        return out + (kernels.attention_weights,) if output_attentions else out
 
-    def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, slice]]:
+    def _spd_groups_on(self, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, slice]]:
+        """Per head group: its ``o_proj`` input columns, a mask of the other groups' columns, and its MLP slice."""
         cached = getattr(self, "_spd_groups_cache", None)
         if cached is None or cached[0] != device:
-            groups = [(torch.tensor(cols, dtype=torch.long, device=device), shard) for cols, shard in self.spd_groups]
+            width = self.self_attn.o_proj_inputs()
+            groups = []
+            for cols, shard in self.spd_groups:
+                columns = torch.tensor(cols, dtype=torch.long, device=device)
+                others = torch.ones(width, dtype=torch.bool, device=device).index_fill_(0, columns, False)
+                groups.append((columns, others, shard))
             self._spd_groups_cache = cached = (device, groups)
         return cached[1]
 
@@ -225,39 +271,56 @@ class _LayerKernels:
     transformers' Llama computes it: bit-identical), so ``bias`` is None for them. An SPD block
     holds every head group's share (``block.attention_partial`` of its ``o_proj`` columns, and
     ``LadderMLP.partial`` of its intermediate slice); its biases are added once, after the sum.
+    A bare ``nn.Linear`` is sliced; any other module (a peft wrapper) is called on the group's input
+    (``column_shard``, ``linear_part``), so an adapter is exact in SPD as its merged weights would be:
+    peft's Linear adapters are affine in their input, and dropout falls on each group's own inputs.
     """
 
-    __slots__ = ("layer", "attn_kwargs")
+    __slots__ = ("layer", "attn_kwargs", "attention_weights", "constants")
 
     def __init__(self, layer: LadderDecoderLayer, attn_kwargs: dict):
         self.layer, self.attn_kwargs = layer, attn_kwargs
+        self.attention_weights: torch.Tensor | None = None
+        self.constants: dict[str, torch.Tensor | None] = {}  # constant_term of o_proj / down_proj, once a forward
+
+    def constant(self, name: str) -> torch.Tensor | None:
+        """``constant_term`` of the layer's ``o_proj`` or ``down_proj`` (computed once per forward)."""
+        if name not in self.constants:
+            layer = self.layer
+            module = layer.self_attn.o_proj if name == "o_proj" else layer.mlp.down_proj
+            self.constants[name] = constant_term(module, layer.input_layernorm.weight)
+        return self.constants[name]
 
     def attention(self, op, h: torch.Tensor) -> torch.Tensor:
         layer = self.layer
-        return layer.self_attn(layer.input_layernorm(h), **self.attn_kwargs)
+        output, self.attention_weights = layer.self_attn(layer.input_layernorm(h), **self.attn_kwargs)
+        return output
 
     def mlp(self, op, h: torch.Tensor) -> torch.Tensor:
         return self.layer.mlp(self.layer.post_attention_layernorm(h))
 
     def bias(self, op) -> torch.Tensor | None:
         if not (op.reads_local_partial or (op.kind is ModuleKind.ATTENTION and not op.allreduce)):
-            return None  # inside the module's own nn.Linear
-        return self.layer.mlp.down_proj.bias if op.kind is ModuleKind.MLP else self.layer.self_attn.o_proj.bias
+            return None  # inside the module's own output
+        return self.constant("down_proj" if op.kind is ModuleKind.MLP else "o_proj")
 
     def spd_attention(self, op, h: torch.Tensor) -> list[torch.Tensor]:
-        """Every head group's ``Y_r``: the heads once, then each group's ``o_proj`` columns."""
+        """Every head group's ``Y_r``: the heads once, then each group's ``o_proj`` columns (a bare
+        ``nn.Linear``), or ``o_proj`` called on the heads with the other groups' columns zeroed (a wrapper)."""
         layer = self.layer
-        heads = layer.self_attn.heads(layer.input_layernorm(h), **self.attn_kwargs)  # [B, S, H*hd]
-        o_weight = effective_weight(layer.self_attn.o_proj)
-        return [
-            attention_partial(heads.index_select(-1, columns), o_weight.index_select(1, columns))
-            for columns, _ in layer._spd_groups_on(heads.device)
-        ]
+        heads, self.attention_weights = layer.self_attn.heads_and_weights(layer.input_layernorm(h), **self.attn_kwargs)
+        o_proj, groups = layer.self_attn.o_proj, layer._spd_groups_on(heads.device)
+        if is_plain_linear(o_proj):
+            return [attention_partial(heads.index_select(-1, columns), o_proj.weight.index_select(1, columns))
+                    for columns, _, _ in groups]
+        constant = self.constant("o_proj")
+        return [linear_part(o_proj, heads.masked_fill(others, 0.0), constant) for _, others, _ in groups]
 
     def spd_mlp(self, op, h: torch.Tensor, share: int) -> torch.Tensor:
         layer = self.layer
-        shard = layer._spd_groups_on(h.device)[share][1]
-        return layer.mlp.partial(layer.post_attention_layernorm(h), shard)
+        shard = layer._spd_groups_on(h.device)[share][2]
+        down_constant = None if is_plain_linear(layer.mlp.down_proj) else self.constant("down_proj")
+        return layer.mlp.partial(layer.post_attention_layernorm(h), shard, down_constant)
 
 
 def _spd_groups(
@@ -340,14 +403,15 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast:
+    ) -> BaseModelOutputWithPast | tuple:
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        output_hidden_states = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        )
+        output_hidden_states = _flag(output_hidden_states, self.config, "output_hidden_states")
+        output_attentions = _flag(output_attentions, self.config, "output_attentions")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # [B, S, D]
         if use_cache and past_key_values is None:
@@ -355,18 +419,25 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         attn_kwargs = self.layer_kwargs(inputs_embeds, attention_mask, position_ids, past_key_values, **kwargs)
         residual = stale = inputs_embeds  # r_0 and r_{-1} = r_0
         all_hidden = [residual] if output_hidden_states else None
+        all_attentions = [] if output_attentions else None
         for layer in self.layers:
-            residual, stale = layer(residual, stale, **attn_kwargs)
+            if all_attentions is not None:
+                residual, stale, weights = layer(residual, stale, output_attentions=True, **attn_kwargs)
+                all_attentions.append(weights)
+            else:
+                residual, stale = layer(residual, stale, **attn_kwargs)
             if all_hidden is not None:
                 all_hidden.append(residual)
         hidden = self.norm(residual)
         if all_hidden is not None:
             all_hidden[-1] = hidden
-        return BaseModelOutputWithPast(
+        outputs = BaseModelOutputWithPast(
             last_hidden_state=hidden,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            attentions=tuple(all_attentions) if all_attentions is not None else None,
         )
+        return outputs if _flag(return_dict, self.config, "return_dict") else outputs.to_tuple()
 
 
 class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
@@ -395,11 +466,11 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
-        kwargs.pop("output_attentions", None)
+    ) -> CausalLMOutputWithPast | tuple:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -408,6 +479,8 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            return_dict=True,
             **kwargs,
         )
         hidden = outputs.last_hidden_state
@@ -416,12 +489,19 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
+        result = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
+        return result if _flag(return_dict, self.config, "return_dict") else result.to_tuple()
+
+
+def _flag(value: bool | None, config: LadderLlamaConfig, name: str) -> bool:
+    """A forward's ``output_*`` / ``return_dict`` argument, or the config's default when it is None."""
+    return bool(getattr(config, name, name == "return_dict")) if value is None else value
 
 
 __all__ = ["LadderLlamaForCausalLM", "LadderLlamaModel", "LadderLlamaPreTrainedModel"]

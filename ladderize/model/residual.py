@@ -143,13 +143,15 @@ class ResidualStream:
         raise ProgramError(f"module {op.k} reads r_{op.reads}; the stream holds r_{self.cur_k} and r_{self.prev_k}")
 
     def run(
-        self, op: ModuleOp, kernels: ModuleKernels, reduction: Reduction = COMPLETE, overlap: bool | None = None
+        self, op: ModuleOp, kernels: ModuleKernels, reduction: Reduction | None = None, overlap: bool | None = None
     ) -> None:
         """Run module ``op``: read, compute its partial, issue its all-reduce, then wait for the previous one.
 
         ``overlap`` (default ``op.overlaps_next``) is passed to ``reduction.start``; a caller that
-        splits the batch (domino) sets it for every all-reduce.
+        splits the batch (domino) sets it for every all-reduce. ``reduction`` defaults to ``COMPLETE``
+        (read from the module's globals, not a default argument: torch.compile traces it there).
         """
+        reduction = COMPLETE if reduction is None else reduction
         h = self.read(op)
         if op.kind is ModuleKind.ATTENTION:
             if not op.allreduce:  # SPD: Y_r stays on the rank until the MLP's all-reduce
@@ -174,7 +176,7 @@ class ResidualStream:
         self.cur, self.pending, self.pending_bias, self.reduction = None, handle, biases, reduction
 
     def run_all(
-        self, ops: Sequence[ModuleOp], kernels: ModuleKernels, reduction: Reduction = COMPLETE
+        self, ops: Sequence[ModuleOp], kernels: ModuleKernels, reduction: Reduction | None = None
     ) -> torch.Tensor:
         """Run ``ops`` in order and return the complete final state."""
         for op in ops:

@@ -11,9 +11,7 @@ from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.run import adapt
 from ladderize.model.checkpoint import load_model, read_provenance
 from ladderize.errors import LadderizeError
-from ladderize.model.modeling_ladder_llama import effective_weight
 from tests.adapt.conftest import convert
-from tests.conftest import tiny_model
 
 
 @pytest.mark.parametrize("layout", [{"ladder": "2:4"}, {"spd": "1:4", "spd_tp_size": 3}, {"ladder": "3:4", "spd": "1:3", "spd_tp_size": 3}],
@@ -44,22 +42,6 @@ def test_saved_adapter_loads_with_peft_and_equals_merged(layout, dense_dir, text
     before, after = load_model(base_dir).state_dict(), load_model(out).state_dict()
     changed = {k.split(".")[2] for k in after if not torch.equal(after[k], before[k])}
     assert changed and {int(i) for i in changed} <= set(converted)
-
-
-def test_spd_partials_see_the_lora_delta_and_plain_weights_stay_identical():
-    from ladderize.adapt.lora import LoraSpec, add_lora
-
-    model = tiny_model(layer_modes=["dense", "spd", "spd", "dense"], spd_tp_size=3)
-    linear = model.model.layers[1].mlp.up_proj
-    assert effective_weight(linear) is linear.weight  # the non-LoRA path reads the parameter itself
-    peft_model, params = add_lora(model, [1, 2], LoraSpec(rank=2, alpha=4))
-    with torch.no_grad():
-        for p in params:
-            p.normal_(0, 0.1)
-    wrapped = model.model.layers[1].mlp.up_proj
-    expected = wrapped.base_layer.weight + wrapped.get_delta_weight("default")
-    assert torch.equal(effective_weight(wrapped), expected)
-    assert not torch.equal(effective_weight(wrapped), wrapped.weight)  # peft's .weight is the base weight alone
 
 
 def test_lora_refuses_a_layout_without_converted_layers(dense_dir, text_file, tmp_path):
