@@ -27,7 +27,7 @@ from .shapes import ModelShape
 from . import block as block_module, configuration_ladder_llama, layout as layout_module, modeling_ladder_llama, residual as residual_module
 from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
-from .shards import ShardWriter
+from .shards import ShardWriter, check_finite
 
 MODELING_MODULES = (layout_module, configuration_ladder_llama, block_module, residual_module, modeling_ladder_llama)
 AUTO_MAP = {
@@ -178,6 +178,8 @@ def load_model(
         raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
     if hasattr(model, "hf_device_map"):  # one device: a plain module there, as after .to(); Accelerate then wraps it freely
         del model.hf_device_map
+    for name, param in model.named_parameters():  # NaN/Inf weights (an overwritten file) are one line, not NaN results
+        check_finite(name, param.detach(), path)
     return model.to(target).eval()
 
 
