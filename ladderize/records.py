@@ -65,6 +65,11 @@ class SpeedupSpread:
         stderr = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
         return cls(min(ratios), statistics.median(ratios), max(ratios), stderr)
 
+    def within_noise(self) -> bool:
+        """Whether the rounds disagree on the sign of the change (some faster than dense, some slower): the
+        median speed-up is then noise, not a gain or a loss."""
+        return self.min < 1.0 < self.max
+
 
 @dataclass
 class SpeedRow:

@@ -44,22 +44,43 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> Table:
-    """``ladderize bench``'s rows."""
+    """``ladderize bench``'s rows. A decode speed-up whose rounds straddle 1.00x is marked as noise (``~``), a gap
+    that noise makes is ``n/a``, and domino with one chunk is said to be the dense path it is."""
     table = Table(title=f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
                   f"prompt {prompt}, gen {gen}, median of {repeats}")
     for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
                    "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
+    uppers = {(row.tp, row.batch) for row in result.rows if row.schedule == "upper-bound"}
+    notes = []
     for row in result.rows:
         schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
+        if row.schedule == "domino" and row.domino_chunks == 1:
+            schedule_name += " = dense"
+            _add_note(notes, f"domino x1: a batch of {row.batch} cannot be split, so domino runs the dense path (its timings are dense's)")
+        spread = row.speedup_spread()
+        noisy = spread is not None and spread.within_noise()
+        speedup = _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None)
+        if noisy:
+            speedup = "~" + speedup
+            _add_note(notes, "~: the rounds' decode speed-ups straddle 1.00x (some faster than dense, some slower): noise, not a gain")
+        gap = _cell(row.decode_gap_closed, ".0%").replace("-0%", "0%")
+        if row.decode_gap_closed is None and (row.tp, row.batch) in uppers and row.schedule != "dense":
+            gap = "n/a"
+            _add_note(notes, "n/a gap closed: the dense vs upper-bound gap, or this row's difference from dense, is within the rounds' noise")
         table.add_row(
             schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
             f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), _cell(row.decode_allreduce_share, ".0%"),
-            _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
-            _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
-            _cell(row.decode_gap_closed, ".0%"),
+            speedup, _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None), gap,
         )
+    if notes:
+        table.caption = "\n".join(notes)
     return table
+
+
+def _add_note(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
 
 
 def predict_table(result: Any, prompt: int, gen: int) -> tuple[Table, list[str]]:
