@@ -147,14 +147,11 @@ def run_demo(
         _evaluate(name, path, out / "eval" / f"{name}.json", tasks, data_root, settings, say, device, dtype)
 
     # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
-    warned = False
     for name in ("ladder", "spd"):
         busy = None if (out / "bench" / f"{name}.json").is_file() else load_warning()  # a reused bench says its own
         if busy:
             say("note", busy)
-            if not warned:
-                notes.append(f"{busy} (during the bench of {name})")
-                warned = True
+            notes.append(f"{busy} (during the bench of {name})")  # every noisy bench, not only the first
         reused = _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
         if reused:
             notes.append(reused)
@@ -406,15 +403,13 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
 def reused_bench_note(name: str, path: Path) -> str | None:
     """A note when a bench record the demo reuses was measured with the load average above the cores
     (``runtime.timing.load_average`` and ``cpu_cores`` in its meta): its speed figures are then noise."""
+    from .records import BenchRecord
+
     try:
-        meta = json.loads(Path(path).read_text()).get("meta") or {}
-        load, cores = float((meta.get("load_average") or [0.0])[0]), int(meta.get("cpu_cores") or 0)
-    except (OSError, ValueError, TypeError, AttributeError, IndexError):
+        note = BenchRecord("", "", [], json.loads(Path(path).read_text()).get("meta") or {}).load_note(f"bench {name} reused from {path}")
+    except (OSError, ValueError, AttributeError):
         return None
-    if not cores or load <= cores:
-        return None
-    return (f"bench {name} reused from {path}: it was measured at load average {load:.1f} on {cores} CPU cores, "
-            f"so its speed figures are noise; remove it and re-run the demo on an idle machine to measure again")
+    return None if note is None else f"{note}; remove it and re-run the demo on an idle machine to measure again"
 
 
 # --- helpers -------------------------------------------------------------------------------

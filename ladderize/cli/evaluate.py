@@ -63,4 +63,6 @@ def report(
     written = write_report(runs, out)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
-        console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)
+        empty = key == "png" and not written["plot"].get("points")
+        console.print(f"wrote {written[key]}" + (" (no plot: no layout has both an accuracy and a speed-up)" if empty else ""),
+                      highlight=False, soft_wrap=True)

@@ -147,7 +147,7 @@ def plot_pareto(report: "Report", path: Path) -> dict[str, Any]:
             ax.yaxis.set_minor_formatter(plain)
         panels.append((ax, runs, points))
         ax.set_title(f"TP={config[0]}, batch {config[1]}", fontsize=10)
-        ax.set_xlabel("decode speed-up against dense")
+        ax.set_xlabel("decode speed-up against dense\n(median of rounds; error bars ±1 standard error)")
         ax.grid(True, alpha=0.3, which="both")
         info["panels"].append({"config": config, "points": [{"layout": r.label, "decode_speedup": x, "quality": y} for r, (x, y) in zip(runs, points)],
                                "front": [runs[i].label for i in front]})
