@@ -8,7 +8,8 @@
    held-out play (Macbeth, never trained on), plus lambada_openai and WikiText-2 when
    ``--data-dir`` holds them;
 5. benchmark decode speed of each layout against dense on the TP=3 runtime (gloo);
-6. write the accuracy-vs-speed report (Markdown, CSV, PNG).
+6. write the accuracy-vs-speed report (Markdown, CSV, PNG), with what ``ladderize predict`` gives for
+   each layout on a GPU node beside the measured speed-ups (labelled as predicted).
 
 Every step writes its outputs atomically and is skipped when they already exist, so an
 interrupted demo resumes where it stopped. ``demo.json`` in the output folder records the
@@ -29,6 +30,7 @@ from .errors import LadderizeError
 
 if TYPE_CHECKING:
     from .adapt.config import AdaptConfig
+    from .report import Predicted
 
 MANIFEST = "demo.json"
 EventFn = Callable[[str, str], None]  # (kind: start | skip | done | note | step, message)
@@ -160,7 +162,9 @@ def run_demo(
     from .report import write_report
 
     say("start", "report")
-    written = write_report([out / "eval", out / "bench"], out / "report", title="ladderize demo: SmolLM2-135M-Instruct, accuracy vs speed at TP=3")
+    predicted = predicted_speedups({name: checkpoints[name] for name in ("ladder", "spd")}, settings)
+    written = write_report([out / "eval", out / "bench"], out / "report", predicted=predicted,
+                           title="ladderize demo: SmolLM2-135M-Instruct, accuracy vs speed at TP=3")
     say("done", f"report: {written['markdown']}")
     if data_root is None:
         notes.append("accuracy is Shakespeare perplexity only; pass --data-dir with lambada_openai/ and wikitext-2/ for the real benchmarks")
@@ -398,6 +402,29 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
     )
     say("done", f"bench {name}: decode speed-up against dense {speeds}")
     return None
+
+
+GPU_NODE = {"interconnect": "h100-nvlink", "compute": "roofline", "gpu": "h100"}  # what the predicted column models
+
+
+def predicted_speedups(checkpoints: dict[str, Path], settings: DemoSettings) -> "Predicted":
+    """What ``ladderize predict`` gives for each layout on a GPU node (``GPU_NODE``) at the bench's TP degree, batches
+    and lengths: the question the CPU bench (gloo on shared cores, noise) cannot answer. Through predict's public
+    ``run_prediction``; the roofline prices modules from the GPU profile, so nothing is timed here."""
+    from .predict.plan import run_prediction
+    from .report import Predicted
+
+    speedups: dict[str, dict[tuple[int, int], float]] = {}
+    label = ""
+    for path in checkpoints.values():
+        prediction = run_prediction(layout=path, tp=str(settings.tp), batch=",".join(map(str, settings.bench_batches)),
+                                    prompt=settings.bench_prompt_len, gen=settings.bench_gen_len, schedules="dense,layout",
+                                    **GPU_NODE)
+        label = f"{prediction.request.interconnect.name}, {prediction.compute_label}"
+        for row in prediction.rows:
+            if row.schedule == "layout" and row.decode_speedup_vs_dense is not None:
+                speedups.setdefault(row.layout, {})[(row.tp, row.batch)] = row.decode_speedup_vs_dense
+    return Predicted(label, speedups)
 
 
 def reused_bench_note(name: str, path: Path) -> str | None:
