@@ -32,15 +32,18 @@ def convert(
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
     from ..convert.pipeline import check_auto_options
+    from ..model.atomic import check_output_free
 
     check_auto_options(ladder, spd, ladder_budget, spd_budget, sensitivity)
+    device, _ = opts.check_placement(device, dtype)
+    opts.check_source(src)  # before the heavy imports: a typo is one line at once
+    check_output_free(Path(out).expanduser().absolute(), force)
+    opts.check_output(out, "output")
+    opts.check_layout_of_source(src, ladder, spd, spd_tp)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..convert.pipeline import convert_layout
 
-    device, _ = opts.check_placement(device, dtype)
-    opts.check_source(src)  # before the heavy imports: a typo is one line at once
-    opts.check_output(out, "output")
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line

@@ -99,6 +99,51 @@ def check_checkpoint(path: Path | str) -> Any:
     return read_config_header(path)
 
 
+def check_weights(path: Path | str) -> None:
+    """A checkpoint folder's safetensors headers read (no data, no torch): missing, truncated or corrupt weights are one
+    line in under a second, not after torch and the model load."""
+    from ..convert.inspect import count_parameters
+
+    count_parameters(Path(path).expanduser())
+
+
+def check_layout_of_source(src: str, ladder: str | None, spd: str | None, spd_tp: int | None) -> None:
+    """``convert``'s ``--ladder``/``--spd``/``--spd-tp`` against a local source's config, before torch loads: a range
+    that does not parse, lies outside the model or overlaps, and an SPD degree its heads cannot split, are one line.
+    (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)"""
+    from ..convert.sources import check_source as kind_of
+    from ..model.layout import Layout, spd_tp_for
+
+    if "auto" in (ladder, spd) or kind_of(src) != "local":
+        return
+    header = check_checkpoint(src)
+    if (ladder or "none") == "none" and (spd or "none") == "none":
+        return  # a converted source keeps its own layout
+    shape = header.shape
+    layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp_for(spd, spd_tp))
+    layout.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)
+
+
+def check_ranks(tps: list[int], device: str, oversubscribe: bool) -> None:
+    """More CPU ranks than cores without ``--oversubscribe`` (``runtime.host.check_cores``, the runtime's own rule),
+    refused before torch loads where the ranks surely run on the CPU: ``--device cpu``, or ``auto`` on a machine
+    without an NVIDIA driver. (Elsewhere the runtime's ``check_machine`` decides, once torch knows the GPUs.)"""
+    from ..runtime.host import check_cores, in_torchrun, no_cuda_here
+
+    on_cpu = device.startswith("cpu") or (device == "auto" and no_cuda_here())
+    if on_cpu and not in_torchrun():
+        for tp in tps:
+            check_cores(tp, tp, oversubscribe)
+
+
+def check_schedules(names: list[str]) -> None:
+    """Each ``--schedule``/``--schedules`` name known (``runtime.plan.Schedule``; no torch)."""
+    from ..runtime.plan import Schedule
+
+    for name in names:
+        Schedule.parse(name)
+
+
 def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatch: bool) -> None:
     """``check_checkpoint``, and that each TP degree can run it (``runtime.dims.validate_tp``, the runtime's own
     rule): heads that do not split are one line before torch is imported, not after the ranks start."""
@@ -107,6 +152,7 @@ def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatc
     header = check_checkpoint(path)
     for tp in tps:
         validate_tp(header.shape, header.layout, tp, allow_spd_mismatch)
+    check_weights(path)
 
 
 def check_source(src: str) -> None:

@@ -49,10 +49,16 @@ def generate_cmd(
     """Generate text on the tensor-parallel runtime (greedy by default)."""
     from ..runtime.sampling import Sampling, check_sampling
 
+    from ..errors import LadderizeError
+
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     check_sampling(sampling)
+    if not prompt and not chat:
+        raise LadderizeError("the prompt is empty")
+    opts.check_schedules([schedule])
     opts.check_placement(device, dtype)
     opts.check_runtime_checkpoint(checkpoint, [tp], allow_spd_mismatch or schedule.strip().lower() != "native")
+    opts.check_ranks([tp], device, oversubscribe)
     from ..runtime.generate import RuntimeOptions
     from ..runtime.text import generate_text
     options = RuntimeOptions(
@@ -110,10 +116,12 @@ def bench_cmd(
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
     opts.check_output(json_path, "--json file")
+    opts.check_ranks(tps, device, oversubscribe)
     from ..runtime.bench import BenchSpec, model_source, run_bench
     from ..runtime.generate import RuntimeOptions
 

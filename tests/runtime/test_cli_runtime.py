@@ -57,7 +57,7 @@ def test_more_ranks_than_cores_needs_oversubscribe(tmp_path, monkeypatch, capsys
     path = tmp_path / "dense"
     save_tiny(path, **TINY_TP23)
     save_char_tokenizer(path)
-    monkeypatch.setattr("ladderize.runtime.launch.cpu_cores", lambda: 2)
+    monkeypatch.setattr("ladderize.runtime.host.cpu_cores", lambda: 2)
     code, out, err = run_cli(monkeypatch, capsys, "generate", path, "--prompt", "hi", "--tp", "3")
     assert code == 2 and "--oversubscribe" in err and len(err.strip().splitlines()) == 1
 
