@@ -318,7 +318,10 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
-    result = adapt(config, resume=True, progress=on_progress, on_message=lambda msg: say("note", msg))
+    from .adapt.run_dir import STATE_DIR
+
+    resume = (config.resolved_run_dir() / STATE_DIR).is_dir()  # an interrupted demo continues; a fresh one is not told
+    result = adapt(config, resume=resume, progress=on_progress, on_message=lambda msg: say("note", msg))  # "nothing to resume"
     from .adapt.layer_training import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))

@@ -20,7 +20,7 @@ def convert(
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
     ladder: str = opts.ladder_option("none", auto=True),
     spd: str = opts.spd_option("none", auto=True),
-    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; with --spd auto the sensitivity report's by default, otherwise required with --spd)"),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     device: str = opts.DEVICE_OPTION,
     max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),

@@ -132,8 +132,12 @@ def adapt_summary(result: Any) -> list[str]:
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     from ..progress import counted
 
+    if "layer" in last:  # sequential: the curve's last loss is the last layer's last step, not the model's; the table says more
+        loss = f"last layer ({last['layer']}) final step loss {last.get('loss_total', float('nan')):.4f}"
+    else:
+        loss = f"final loss {last.get('loss_total', float('nan')):.4f}"
     lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min; "
-             f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
+             f"{loss} -> {result.out}"]
     if result.state_dir is not None:
         lines.append(f"training state kept in {result.state_dir} (remove it when done)")
     return lines

@@ -114,7 +114,7 @@ def bench_cmd(
     from ..parsing import parse_int_list
 
     if (checkpoint is None) == (synthetic is None):
-        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+        raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)

@@ -102,7 +102,7 @@ def model_source(
     """What ``ladderize bench`` measures: a checkpoint (its own layout) or a ``--synthetic`` shape (layout from
     ``ladder``/``spd``), exactly one of the two."""
     if (checkpoint is None) == (synthetic is None):
-        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+        raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
     if synthetic is not None:
         return synthetic_source(synthetic, ladder, spd, spd_tp_size)
     if ladder or spd:
