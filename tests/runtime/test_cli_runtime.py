@@ -97,6 +97,6 @@ def test_bench_writes_rows_and_comparisons(tmp_path, monkeypatch, capsys):
 
 def test_bench_rejects_two_sources(tmp_path, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "bench", tmp_path, "--synthetic", "tiny")
-    assert code == 2 and "either" in err
+    assert code == 2 and "not both" in err
     code, out, err = run_cli(monkeypatch, capsys, "bench", "--synthetic", "no-such-shape")
     assert code == 2 and "preset" in err
