@@ -11,13 +11,19 @@ from typing import Any
 from rich.table import Table
 
 
+def titled(title: str, **options: Any) -> Table:
+    """A table at least as wide as its title: rich wraps a title to the table's width, which folded a checkpoint path
+    mid-word under a narrow table (in logs too); now only the console's own width can fold it."""
+    return Table(title=title, min_width=len(title), **options)
+
+
 def inspection(path: Path) -> tuple[Table, str]:
     """A checkpoint's layer runs (table) and its summary lines (rich markup)."""
     from ..convert.inspect import inspect_checkpoint
     from ..model.layout import LayerMode
 
     info = inspect_checkpoint(path)
-    table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
+    table = titled(info["path"], title_justify="left", show_edge=False)
     table.add_column("layers")
     table.add_column("mode")
     table.add_column("all-reduces / token", justify="right")
@@ -46,8 +52,8 @@ def _cell(value: float | None, spec: str) -> str:
 def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> Table:
     """``ladderize bench``'s rows. A decode speed-up whose rounds straddle 1.00x is marked as noise (``~``), a gap
     that noise makes is ``n/a``, and domino with one chunk is said to be the dense path it is."""
-    table = Table(title=f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
-                  f"prompt {prompt}, gen {gen}, median of {repeats}")
+    table = titled(f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
+                   f"prompt {prompt}, gen {gen}, median of {repeats}")
     for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
                    "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
@@ -182,7 +188,7 @@ def eval_table(record: dict) -> Table:
     where = f" on {record['device']}, {record['dtype']}" if record.get("device") else ""
     if (record.get("processes") or 1) > 1:
         where += f" x {record['processes']} processes"
-    table = Table(title=f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
+    table = titled(f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
     table.add_column("task")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -37,3 +37,20 @@ def test_sequential_summary_names_the_last_layers_loss() -> None:
                              tokens=32768, train_s=120.0, out="OUT", state_dir=None)
     line = adapt_summary(result)[0]
     assert "last layer (29) final step loss 44.5000" in line and "; final loss" not in line
+
+
+def test_table_titles_keep_a_long_checkpoint_path_on_one_line(tmp_path: Path) -> None:
+    """Issue 37 item 13: a table title wrapped the checkpoint path mid-word at the (narrow) table's width."""
+    import io
+
+    from rich.console import Console
+
+    from ladderize.cli.render import inspection
+    from tests.runtime.runtime_helpers import TINY_TP23, save_tiny
+
+    path = tmp_path / "a-rather-long-checkpoint-folder-name-ladder"
+    save_tiny(path, **TINY_TP23)
+    console = Console(width=len(str(path.absolute())) + 10, file=io.StringIO(), record=True)  # wider than the path
+    table, _ = inspection(path)
+    console.print(table)
+    assert str(path.absolute()) in console.export_text().splitlines()[0]
