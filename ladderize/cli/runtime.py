@@ -65,6 +65,8 @@ def generate_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
     launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
+    if not json_output and not err_console.is_terminal:
+        err_console.print(f"generating up to {max_new_tokens} tokens on {tp} rank(s)...", highlight=False)
     with err_console.status(f"generating on {tp} rank(s)...") if not json_output else contextlib.nullcontext():
         out = generate_text(checkpoint, prompt, max_new_tokens, launch, sampling, options, schedule, chat=chat)
     if out is None:  # a torchrun rank other than 0: rank 0 prints
@@ -134,6 +136,11 @@ def bench_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
         compile=compile_modules, linear=linear,
     )
+    rounds = (max(warmup, 1) if compile_modules or cuda_graphs else warmup) + repeats
+    if not err_console.is_terminal:  # the spinner below shows nothing in a log: say what runs, and how much
+        err_console.print(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
+                          f"size(s) x {rounds} round(s) of a {prompt}-token prefill and {gen} decode steps; the table "
+                          "comes at the end", highlight=False, soft_wrap=True)
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
