@@ -85,11 +85,33 @@ def build_report(paths: list[Path | str], predicted: Predicted | None = None) ->
     runs = collect_runs(paths)
     metrics = _metric_order({m for r in runs for m in r.metrics})
     configs = sorted({c for r in runs for c in r.decode_speedups})
-    for run in runs:  # the dense layout is the reference: 1x by definition where it was not benched
+    for run in runs:  # the dense layout is the reference: 1x by definition where it was not benched (and can run)
         if run.is_dense:
             for config in configs:
-                run.decode_speedups.setdefault(config, 1.0)
+                if _can_run(run, config[0]):
+                    run.decode_speedups.setdefault(config, 1.0)
     return Report(runs, metrics, configs, dense_run(runs), predicted)
+
+
+def _can_run(run: LayoutRun, tp: int) -> bool:
+    """Whether ``run``'s checkpoint can run at TP ``tp`` (``runtime.dims.validate_tp``); True when its config is not
+    readable. A model that cannot run a degree (SmolLM2's 9 heads at TP 2) gets no 1.00x there."""
+    if not run.checkpoint:
+        return True
+    from ..errors import LadderizeError
+    from ..model.architectures import read_config_header
+    from ..model.layout import LayoutError
+    from ..runtime.dims import validate_tp
+
+    try:
+        header = read_config_header(run.checkpoint)
+    except (LadderizeError, LayoutError):
+        return True
+    try:
+        validate_tp(header.shape, header.layout, tp)
+    except (LadderizeError, LayoutError):
+        return False
+    return True
 
 
 def _metric_order(metrics: set[Metric]) -> list[Metric]:

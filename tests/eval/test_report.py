@@ -249,3 +249,16 @@ def test_report_cli_says_when_the_png_is_a_placeholder(tmp_path: Path, capsys, m
     code, out, err = run_cli(["report", path, "--out", tmp_path / "out"], capsys, monkeypatch)
     assert code == 0, err
     assert "accuracy_vs_speedup.png (no plot: no layout has both an accuracy and a speed-up)" in out.replace("\n", "")
+
+
+def test_dense_gets_no_row_at_a_tp_it_cannot_run(tiny_llama_dir: Path, tmp_path: Path):
+    """Issue 37 item 4: SmolLM2 dense showed 1.00x at TP 2, which its 9 heads cannot run (here: 3 KV heads)."""
+    record = EvalRecord(checkpoint=str(tiny_llama_dir), layout="dense", layout_ranges={}, num_layers=4, layers_converted=0,
+                        allreduces_per_decode_step=8, overlappable_allreduces_per_decode_step=0, history=[],
+                        lm_eval={"higher_is_better": HIGHER}, results=_results(0.4, 20.0, 30.0)).to_json()
+    (tmp_path / "dense.json").write_text(json.dumps(record))
+    rows = [_row(schedule, tp, 1, tps, "ladder 2:4", None) for tp in (2, 3) for schedule, tps in (("native", 110.0), ("dense", 100.0))]
+    (tmp_path / "bench.json").write_text(json.dumps(BenchRecord("/gone/ladder", "ladder 2:4", rows, {"num_layers": 4}).to_json()))
+    report = build_report([tmp_path])
+    dense = next(run for run in report.runs if run.is_dense)
+    assert (3, 1) in dense.decode_speedups and (2, 1) not in dense.decode_speedups
