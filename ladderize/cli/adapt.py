@@ -118,9 +118,6 @@ def sample_cmd(
     opts.check_checkpoint(source)
     opts.check_output(out, "output file")
     with Progress("sample", err_console, total=sequences) as progress:
-        progress.message(f"sampling up to {sequences * new_tokens:,} tokens ({sequences} records x up to {new_tokens}) in batches "
-                         f"of {batch_size}; on a CPU at a few tokens/s per sequence that takes hours (lower --sequences or "
-                         "--new-tokens); the first batch's speed gives the ETA")
         try:
             result = sample_text(
                 source, out, prompts=prompts, sequences=sequences, new_tokens=new_tokens, batch_size=batch_size,
