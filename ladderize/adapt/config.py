@@ -153,6 +153,10 @@ def check_mixed_precision(config: AdaptConfig) -> None:
     if value == "fp16" and config.local_schedule == "sequential":
         raise LadderizeError("the sequential local schedule (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
                              "or no there (a recipe can set it per stage: --stage seq-local:mixed_precision=bf16)")
+    from ..model.placement import check_dtype
+
+    if check_dtype(config.dtype) == "float16" and config.local_schedule == "sequential":  # before anything is written
+        raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
     if value == "fp16":
         import torch
 

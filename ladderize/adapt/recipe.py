@@ -284,10 +284,34 @@ def run_recipe(
         preflight(staged, checkpoint=checkpoint)
     if on_plan is not None:
         on_plan(steps)
+    fresh = not top.exists()
     top.mkdir(parents=True, exist_ok=True)
     if main:
         plan_file.write_text(json.dumps(record, indent=1) + "\n")
+    try:
+        return _run_stages(recipe, steps, checkpoint, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
+                           keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
+                           on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
+                           max_steps=max_steps)
+    except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
+        if fresh and main and not _saved_anything(top):
+            shutil.rmtree(top, ignore_errors=True)
+        raise
 
+
+def _saved_anything(top: Path) -> bool:
+    """Whether a run dir holds training state or a finished stage (what ``--resume`` continues from)."""
+    from .run_dir import STATE_DIR
+
+    return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
+
+
+def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, out: str, final: Path, top: Path, *,
+                run_dir: str | None, force: bool, keep_state: bool, keep_stages: bool, resume: bool, progress,
+                on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
+                on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
+                stop_after_steps: int | None, max_steps: int | None) -> RecipeResult:
+    say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
     current, done_steps = str(checkpoint), 0
     for index, step in enumerate(steps):

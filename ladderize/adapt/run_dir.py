@@ -40,7 +40,8 @@ def save_accelerate_state(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
+    with _quiet_tied_weights():
+        accelerator.save_state(str(tmp), safe_serialization=True)
     # every process writes its own RNG file into ``tmp`` and Accelerate does not wait for them: the main
     # process renames ``tmp`` only after all of them are done (else a slower one finds no folder and dies)
     accelerator.wait_for_everyone()
@@ -55,6 +56,21 @@ def save_accelerate_state(
         os.replace(tmp, state_dir)
         shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+@contextlib.contextmanager
+def _quiet_tied_weights():
+    """Accelerate warns "Removed shared tensor {'student.lm_head.weight'} while saving" at every save of a model with a
+    tied LM head: the tie is stored once by design (resumes are bit-identical, tests/adapt), so the line is noise."""
+    import logging
+
+    log = logging.getLogger("accelerate.utils.other")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str, Any]) -> None:

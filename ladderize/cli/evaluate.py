@@ -32,11 +32,12 @@ def eval_command(
     Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
     --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
     as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
-    from ..eval.harness import evaluate_checkpoint, write_json
-
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)
+    opts.check_weights(ckpt)
     opts.check_output(json_path, "--json file")
+    from ..eval.harness import evaluate_checkpoint, write_json
+
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
     with render.RequestProgress(err_console) as on_progress:
@@ -63,4 +64,6 @@ def report(
     written = write_report(runs, out)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
-        console.print(f"wrote {written[key]}", highlight=False, soft_wrap=True)
+        empty = key == "png" and not written["plot"].get("points")
+        console.print(f"wrote {written[key]}" + (" (no plot: no layout has both an accuracy and a speed-up)" if empty else ""),
+                      highlight=False, soft_wrap=True)

@@ -2,6 +2,7 @@
 
 - layout: ``--ladder``, ``--spd``, ``--spd-tp`` (convert, bench, predict; sensitivity ranks with ``--spd-tp``)
 - placement: ``--device``, ``--dtype`` (every command that computes), checked early by ``check_placement``
+- numbers: every int/float option's range, one table (``NUMBER_RANGES``), checked as the option is parsed (``check_ranges``)
 - output: ``--json`` has two meanings only: a flag that prints JSON on stdout instead of the human
   output (inspect, generate), or a FILE the command's JSON record is written to (bench, predict,
   sensitivity, eval); ``--force`` (replace OUT) and ``--out`` (where results go).
@@ -11,6 +12,7 @@ Importing this module imports neither torch nor transformers (``ladderize --help
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,51 @@ def check_checkpoint(path: Path | str) -> Any:
     return read_config_header(path)
 
 
+def check_weights(path: Path | str) -> None:
+    """A checkpoint folder's safetensors headers read (no data, no torch): missing, truncated or corrupt weights are one
+    line in under a second, not after torch and the model load."""
+    from ..convert.inspect import count_parameters
+
+    count_parameters(Path(path).expanduser())
+
+
+def check_layout_of_source(src: str, ladder: str | None, spd: str | None, spd_tp: int | None) -> None:
+    """``convert``'s ``--ladder``/``--spd``/``--spd-tp`` against a local source's config, before torch loads: a range
+    that does not parse, lies outside the model or overlaps, and an SPD degree its heads cannot split, are one line.
+    (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)"""
+    from ..convert.sources import check_source as kind_of
+    from ..model.layout import Layout, spd_tp_for
+
+    if "auto" in (ladder, spd) or kind_of(src) != "local":
+        return
+    header = check_checkpoint(src)
+    if (ladder or "none") == "none" and (spd or "none") == "none":
+        return  # a converted source keeps its own layout
+    shape = header.shape
+    layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp_for(spd, spd_tp))
+    layout.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)
+
+
+def check_ranks(tps: list[int], device: str, oversubscribe: bool) -> None:
+    """More CPU ranks than cores without ``--oversubscribe`` (``runtime.host.check_cores``, the runtime's own rule),
+    refused before torch loads where the ranks surely run on the CPU: ``--device cpu``, or ``auto`` on a machine
+    without an NVIDIA driver. (Elsewhere the runtime's ``check_machine`` decides, once torch knows the GPUs.)"""
+    from ..runtime.host import check_cores, in_torchrun, no_cuda_here
+
+    on_cpu = device.startswith("cpu") or (device == "auto" and no_cuda_here())
+    if on_cpu and not in_torchrun():
+        for tp in tps:
+            check_cores(tp, tp, oversubscribe)
+
+
+def check_schedules(names: list[str]) -> None:
+    """Each ``--schedule``/``--schedules`` name known (``runtime.plan.Schedule``; no torch)."""
+    from ..runtime.plan import Schedule
+
+    for name in names:
+        Schedule.parse(name)
+
+
 def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatch: bool) -> None:
     """``check_checkpoint``, and that each TP degree can run it (``runtime.dims.validate_tp``, the runtime's own
     rule): heads that do not split are one line before torch is imported, not after the ranks start."""
@@ -105,6 +152,7 @@ def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatc
     header = check_checkpoint(path)
     for tp in tps:
         validate_tp(header.shape, header.layout, tp, allow_spd_mismatch)
+    check_weights(path)
 
 
 def check_source(src: str) -> None:
@@ -171,3 +219,89 @@ def _plain_arguments() -> None:
     argument._usage_display_name = usage_name
     argument.display_type_rich = lambda self, ctx: None
     argument._ladderize = True
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: ``low`` (excluded when ``low_open``) up to ``high`` (included); ``None``: unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    words: str = ""  # what the values mean, where the bounds alone do not say it
+
+    def describe(self) -> str:
+        if self.words:
+            return self.words
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.low is not None:
+            if self.low == 0:
+                return "positive" if self.low_open else "0 or more"
+            return f"{'above' if self.low_open else 'at least'} {self.low:g}"
+        return f"at most {self.high:g}" if self.high is not None else "a number"
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low if self.low is not None else True
+        return above and (self.high is None or value <= self.high)
+
+
+COUNT, NATURAL, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, low_open=True)
+# Every int/float option of every command, by flag; ``command --flag`` where one command's differs.
+# tests/cli/test_option_ranges.py checks that no numeric option is missing here.
+NUMBER_RANGES: dict[str, Range] = {
+    "--tp": COUNT, "--spd-tp": COUNT, "--max-shard-bytes": COUNT, "--ladder-budget": POSITIVE, "--spd-budget": POSITIVE,
+    "--max-new-tokens": COUNT, "--temperature": Range(0, words="0 (greedy) or positive"),
+    "--top-k": Range(0, words="0 (all tokens) or positive"), "--top-p": FRACTION, "--seed": NATURAL,
+    "--prompt": COUNT, "--gen": COUNT, "--warmup": NATURAL, "--repeats": COUNT, "--domino-chunks": COUNT,
+    "--threads-per-rank": NATURAL, "--tokens": COUNT, "--seq-len": COUNT, "--batch-size": COUNT, "--grad-accum": COUNT,
+    "--lr": POSITIVE, "--epochs": POSITIVE, "--lora-rank": COUNT, "--save-every": COUNT, "--sequences": COUNT,
+    "--new-tokens": COUNT, "--samples": COUNT, "--limit": POSITIVE, "--max-length": Range(2), "--bootstrap-iters": NATURAL,
+    "sample --temperature": POSITIVE,  # sampling text needs a temperature; generate's 0 is greedy
+    "sensitivity --seq-len": Range(2),  # a perplexity needs one predicted token per sequence
+}
+
+
+def option_range(command: str, flag: str) -> Range | None:
+    """The range of ``command``'s option ``flag`` (``NUMBER_RANGES``), or ``None`` when it has none."""
+    return NUMBER_RANGES.get(f"{command} {flag}", NUMBER_RANGES.get(flag))
+
+
+def numeric_options(app: typer.Typer) -> list[tuple[str, str, Any]]:
+    """``(command, --flag, OptionInfo)`` of every int/float option (``Optional`` included) the app's commands take."""
+    import inspect
+    import typing
+
+    from typer.models import OptionInfo
+
+    found = []
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__.replace("_", "-")
+        hints = typing.get_type_hints(command.callback)
+        for param, signature in inspect.signature(command.callback).parameters.items():
+            kinds = [t for t in typing.get_args(hints.get(param)) if t is not type(None)] or [hints.get(param)]
+            if isinstance(signature.default, OptionInfo) and kinds[0] in (int, float):
+                flags = [d for d in (signature.default.param_decls or ()) if d.startswith("--")]
+                found.append((name, flags[0] if flags else "--" + param.replace("_", "-"), signature.default))
+    return found
+
+
+def check_ranges(app: typer.Typer) -> None:
+    """Give every numeric option with a ``NUMBER_RANGES`` entry a parse-time check: a value outside is one line
+    (``--samples must be at least 1, got 0``) and exit 2, before the command runs or imports torch."""
+    for command, flag, info in numeric_options(app):
+        allowed = option_range(command, flag)
+        if allowed is not None and not hasattr(info.callback, "range"):
+            info.callback = _range_check(flag, allowed)
+
+
+def _range_check(flag: str, allowed: Range):
+    def check(value):  # Typer passes the value to a callback's one untyped parameter
+        if value is not None and not allowed.contains(value):
+            from ..errors import LadderizeError
+
+            raise LadderizeError(f"{flag} must be {allowed.describe()}, got {value}")
+        return value
+
+    check.range = allowed
+    return check

@@ -11,13 +11,19 @@ from typing import Any
 from rich.table import Table
 
 
+def titled(title: str, **options: Any) -> Table:
+    """A table at least as wide as its title: rich wraps a title to the table's width, which folded a checkpoint path
+    mid-word under a narrow table (in logs too); now only the console's own width can fold it."""
+    return Table(title=title, min_width=len(title), **options)
+
+
 def inspection(path: Path) -> tuple[Table, str]:
     """A checkpoint's layer runs (table) and its summary lines (rich markup)."""
     from ..convert.inspect import inspect_checkpoint
     from ..model.layout import LayerMode
 
     info = inspect_checkpoint(path)
-    table = Table(title=f"{info['path']}", title_justify="left", show_edge=False)
+    table = titled(info["path"], title_justify="left", show_edge=False)
     table.add_column("layers")
     table.add_column("mode")
     table.add_column("all-reduces / token", justify="right")
@@ -44,22 +50,43 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> Table:
-    """``ladderize bench``'s rows."""
-    table = Table(title=f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
-                  f"prompt {prompt}, gen {gen}, median of {repeats}")
+    """``ladderize bench``'s rows. A decode speed-up whose rounds straddle 1.00x is marked as noise (``~``), a gap
+    that noise makes is ``n/a``, and domino with one chunk is said to be the dense path it is."""
+    table = titled(f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
+                   f"prompt {prompt}, gen {gen}, median of {repeats}")
     for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
                    "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
+    uppers = {(row.tp, row.batch) for row in result.rows if row.schedule == "upper-bound"}
+    notes = []
     for row in result.rows:
         schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
+        if row.schedule == "domino" and row.domino_chunks == 1:
+            schedule_name += " = dense"
+            _add_note(notes, f"domino x1: a batch of {row.batch} cannot be split, so domino runs the dense path (its timings are dense's)")
+        spread = row.speedup_spread()
+        noisy = spread is not None and spread.within_noise()
+        speedup = _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None)
+        if noisy:
+            speedup = "~" + speedup
+            _add_note(notes, "~: the rounds' decode speed-ups straddle 1.00x (some faster than dense, some slower): noise, not a gain")
+        gap = _cell(row.decode_gap_closed, ".0%").replace("-0%", "0%")
+        if row.decode_gap_closed is None and (row.tp, row.batch) in uppers and row.schedule != "dense":
+            gap = "n/a"
+            _add_note(notes, "n/a gap closed: the dense vs upper-bound gap, or this row's difference from dense, is within the rounds' noise")
         table.add_row(
             schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
             f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), _cell(row.decode_allreduce_share, ".0%"),
-            _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None),
-            _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None),
-            _cell(row.decode_gap_closed, ".0%"),
+            speedup, _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None), gap,
         )
+    if notes:
+        table.caption = "\n".join(notes)
     return table
+
+
+def _add_note(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
 
 
 def predict_table(result: Any, prompt: int, gen: int) -> tuple[Table, list[str]]:
@@ -115,8 +142,12 @@ def adapt_summary(result: Any) -> list[str]:
     pace = result.throughput or {}
     rate = f" ({pace['tokens_per_s']:,.0f} tokens/s, {pace['tokens_per_s_per_process']:,.0f} per process" + (
         f", MFU {100 * pace['mfu']:.1f}%" if "mfu" in pace else "") + ")" if pace else ""
+    if "layer" in last:  # sequential: the curve's last loss is the last layer's last step, not the model's; the table says more
+        loss = f"last layer ({last['layer']}) final step loss {last.get('loss_total', float('nan')):.4f}"
+    else:
+        loss = f"final loss {last.get('loss_total', float('nan')):.4f}"
     lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min{rate}; "
-             f"final loss {last.get('loss_total', float('nan')):.4f} -> {result.out}"]
+             f"{loss} -> {result.out}"]
     if result.state_dir is not None:
         lines.append(f"training state kept in {result.state_dir} (remove it when done)")
     return lines
@@ -170,7 +201,7 @@ def eval_table(record: dict) -> Table:
     where = f" on {record['device']}, {record['dtype']}" if record.get("device") else ""
     if (record.get("processes") or 1) > 1:
         where += f" x {record['processes']} processes"
-    table = Table(title=f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
+    table = titled(f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
     table.add_column("task")
     table.add_column("metric")
     table.add_column("value", justify="right")

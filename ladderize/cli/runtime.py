@@ -49,16 +49,24 @@ def generate_cmd(
     """Generate text on the tensor-parallel runtime (greedy by default)."""
     from ..runtime.sampling import Sampling, check_sampling
 
+    from ..errors import LadderizeError
+
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     check_sampling(sampling)
+    if not prompt and not chat:
+        raise LadderizeError("the prompt is empty")
+    opts.check_schedules([schedule])
     opts.check_placement(device, dtype)
     opts.check_runtime_checkpoint(checkpoint, [tp], allow_spd_mismatch or schedule.strip().lower() != "native")
+    opts.check_ranks([tp], device, oversubscribe)
     from ..runtime.generate import RuntimeOptions
     from ..runtime.text import generate_text
     options = RuntimeOptions(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, cuda_graphs=cuda_graphs, compile=compile_modules, linear=linear
     )
     launch = _runtime_launch(tp, device, backend, oversubscribe, comm=comm)
+    if not json_output and not err_console.is_terminal:
+        err_console.print(f"generating up to {max_new_tokens} tokens on {tp} rank(s)...", highlight=False)
     with err_console.status(f"generating on {tp} rank(s)...") if not json_output else contextlib.nullcontext():
         out = generate_text(checkpoint, prompt, max_new_tokens, launch, sampling, options, schedule, chat=chat)
     if out is None:  # a torchrun rank other than 0: rank 0 prints
@@ -108,12 +116,14 @@ def bench_cmd(
     from ..parsing import parse_int_list
 
     if (checkpoint is None) == (synthetic is None):
-        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+        raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
     opts.check_output(json_path, "--json file")
+    opts.check_ranks(tps, device, oversubscribe)
     from ..runtime.bench import BenchSpec, model_source, run_bench
     from ..runtime.generate import RuntimeOptions
 
@@ -126,6 +136,11 @@ def bench_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
         compile=compile_modules, linear=linear,
     )
+    rounds = (max(warmup, 1) if compile_modules or cuda_graphs else warmup) + repeats
+    if not err_console.is_terminal:  # the spinner below shows nothing in a log: say what runs, and how much
+        err_console.print(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
+                          f"size(s) x {rounds} round(s) of a {prompt}-token prefill and {gen} decode steps; the table "
+                          "comes at the end", highlight=False, soft_wrap=True)
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints

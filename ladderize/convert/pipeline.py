@@ -15,6 +15,20 @@ class Converted:
     head_orders: dict[int, list[int]] | None = None
 
 
+def check_auto_options(ladder: str | None, spd: str | None, ladder_budget: float | None, spd_budget: float | None,
+                       sensitivity: str | None) -> None:
+    """``--ladder-budget``/``--spd-budget`` and ``--sensitivity`` choose the layers of an ``auto`` layout only: given
+    beside explicit ranges they would be ignored, so they are one line instead (no torch)."""
+    from ..errors import LadderizeError
+
+    for name, spec, budget in (("ladder", ladder, ladder_budget), ("spd", spd, spd_budget)):
+        if budget is not None and (spec or "none") != "auto":
+            raise LadderizeError(f"--{name}-budget chooses the layers of --{name} auto; --{name} {spec or 'none'} names them "
+                                 f"itself (drop --{name}-budget, or use --{name} auto --sensitivity FILE)")
+    if sensitivity is not None and "auto" not in (ladder, spd):
+        raise LadderizeError("--sensitivity is read by --ladder auto or --spd auto only; neither is given")
+
+
 def convert_layout(
     src: str,
     out: Path | str,
@@ -42,6 +56,7 @@ def convert_layout(
     from ..model.placement import check_device, check_dtype
     from .conversion import convert_checkpoint
 
+    check_auto_options(ladder, spd, ladder_budget, spd_budget, sensitivity)
     device = check_device(device)
     dtype = check_dtype(dtype) or "auto"
     if max_shard_bytes is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError, one_line
 from ..model.architectures import architecture_for, read_config_file, read_config_json
-from ..model.shards import iter_file_tensors, tensor_names, weight_files as safetensors_files
+from ..model.shards import check_finite, iter_file_tensors, tensor_names, weight_files as safetensors_files
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,8 @@ class Source:
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(name, tensor)`` pairs, keeping at most one shard open."""
         if self.kind == "gguf":
-            yield from self._load_gguf().items()
+            where = self.path / self.gguf_file
+            yield from ((name, check_finite(name, tensor, where)) for name, tensor in self._load_gguf().items())
             return
         for file in self.weight_files:
             yield from iter_file_tensors(file)

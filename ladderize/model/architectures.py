@@ -241,7 +241,7 @@ def architecture_for(config: dict[str, Any]) -> Architecture:
         )
         declared = ",".join(config.get("architectures") or []) or model_type or "unknown"
         raise LadderizeError(
-            f"unsupported architecture {declared!r} (model_type {model_type!r}) is not supported; ladderize reads {names}"
+            f"unsupported architecture {declared!r} (model_type {model_type!r}); ladderize reads {names}"
         )
     _check_no_sliding_window(config)
     return arch

@@ -29,7 +29,7 @@ from .configuration_ladder_llama import AUTO_MAP
 from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
 from .card import CARD_FILE, model_card
-from .shards import ShardWriter
+from .shards import ShardWriter, check_finite
 
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
 
@@ -191,6 +191,8 @@ def load_model(
         raise LadderizeError(f"cannot load model weights from {path}: {one_line(exc)}") from None
     if hasattr(model, "hf_device_map"):  # one device: a plain module there, as after .to(); Accelerate then wraps it freely
         del model.hf_device_map
+    for name, param in model.named_parameters():  # NaN/Inf weights (an overwritten file) are one line, not NaN results
+        check_finite(name, param.detach(), path)
     return model.to(target).eval()
 
 

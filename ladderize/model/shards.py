@@ -3,7 +3,8 @@
 Reading: ``open_safetensors`` (one file) and ``CheckpointTensors`` (a checkpoint folder, single
 file or sharded index) turn a truncated or corrupt file into one line,
 ``corrupt safetensors file PATH: <safetensors' reason>``, wherever it is read (convert,
-inspect, adapt's streamed layers, the runtime's rank weights).
+inspect, adapt's streamed layers, the runtime's rank weights); tensor data read through it is
+checked finite on the way (``check_finite``: NaN/Inf weights are one line too).
 Writing: ``ShardWriter`` flushes a shard whenever ``max_shard_bytes`` would be exceeded.
 """
 
@@ -34,6 +35,18 @@ INDEX_FILE = "model.safetensors.index.json"
 
 def _corrupt(file: Path | str, exc: BaseException) -> LadderizeError:
     return LadderizeError(f"corrupt safetensors file {file}: {one_line(exc)}")
+
+
+def check_finite(name: str, tensor: torch.Tensor, where: Path | str) -> torch.Tensor:
+    """``tensor`` unchanged if every value is finite, else one line naming the tensor and its file: NaN or Inf
+    weights are corrupt (an overwritten file keeps a valid header), and a model built from them would
+    generate token 0 forever. One pass over values that are being read anyway."""
+    import torch
+
+    if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise LadderizeError(f"corrupt weights in {where}: tensor {name} has {bad:,} non-finite values (NaN/Inf) of {tensor.numel():,}")
+    return tensor
 
 
 @contextlib.contextmanager
@@ -69,9 +82,10 @@ class _CheckedHandle:
 
     def get_tensor(self, name: str) -> torch.Tensor:
         try:
-            return self._handle.get_tensor(name)
+            tensor = self._handle.get_tensor(name)
         except Exception as exc:
             raise _corrupt(self.file, exc) from None
+        return check_finite(name, tensor, self.file)
 
     def get_slice(self, name: str) -> Any:
         try:
@@ -87,11 +101,10 @@ class _CheckedHandle:
 
         view = self.get_slice(name)
         try:
-            if rows is not None:
-                return torch.cat([view[s] for s in rows], dim=0)
-            return torch.cat([view[:, s] for s in cols], dim=1)
+            part = torch.cat([view[s] for s in rows], dim=0) if rows is not None else torch.cat([view[:, s] for s in cols], dim=1)
         except Exception as exc:
             raise _corrupt(self.file, exc) from None
+        return check_finite(name, part, self.file)
 
 
 def tensor_names(file: Path | str) -> list[str]:

@@ -4,7 +4,7 @@
 ``plot`` (the figure) and ``write`` (the report folder).
 """
 
-from .table import Report, build_report
+from .table import Predicted, Report, build_report
 from .write import write_report
 
-__all__ = ["Report", "build_report", "write_report"]
+__all__ = ["Predicted", "Report", "build_report", "write_report"]

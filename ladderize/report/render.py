@@ -20,6 +20,8 @@ def table_rows(report: Report) -> list[list[str]]:
             row += [_fmt_value(run.metrics.get(metric)), _fmt_delta(report.delta(run, metric), run.is_dense)]
         for config in report.configs:
             row.append(_fmt_speedup(run.decode_speedups.get(config), run.decode_speedup_spread.get(config)))
+        if report.predicted is not None:
+            row += [_fmt_speedup(report.predicted.of(run, config), None) for config in report.predicted.configs()]
         out.append(row)
     return out
 
@@ -50,8 +52,10 @@ def notes(report: Report, plot_info: dict[str, Any]) -> str:
     if report.configs:
         lines.append(
             "- Decode speed-up: the dense schedule's decode time per token over the layout's own schedule's, on the "
-            "same weights, per tensor-parallel degree (TP) and batch (b), from `ladderize bench`; in brackets the "
-            "lowest and highest speed-up over the bench's rounds (each round runs every schedule once)."
+            "same weights, per tensor-parallel degree (TP) and batch (b), from `ladderize bench`: the median over the "
+            "bench's rounds of each round's speed-up (each round runs every schedule once); in brackets the lowest and "
+            "highest round. The plot's error bars are ± one standard error (of the rounds' speed-ups; of the metric, "
+            "from lm-eval), not the bracketed range."
         )
     else:
         lines.append("- No bench run was given, so there are no speed-up columns.")
@@ -62,6 +66,11 @@ def notes(report: Report, plot_info: dict[str, Any]) -> str:
             + "; ".join(f"{r.label} uses the bench of {r.speed_shared_from}" for r in shared)
             + "."
         )
+    if report.predicted is not None:
+        lines.append(f"- Predicted decode speed-up: what `ladderize predict` gives for the same layout, TP degree, batch and "
+                     f"lengths on a GPU node ({report.predicted.label}); a model, not a measurement.")
+    for note in dict.fromkeys(n for r in report.runs for n in r.load_notes):
+        lines.append(f"- Load: {note}.")
     lines.append("- All-reduces per token: per forward pass under TP; ladder layers' all-reduces overlap compute.")
     if plot_info.get("points"):
         lines.append(

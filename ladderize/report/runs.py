@@ -4,12 +4,13 @@ Records are read with ``ladderize.records.read_record`` (files from before the r
 legacy reader) and by their names only:
 
 - an ``EvalRecord`` gives a checkpoint's layout, its all-reduce counts and lm-eval's ``results``;
-- a ``BenchRecord`` gives ``BenchRow``s. A layout's speed is its ``native`` rows: a row's
-  ``decode_speedup_vs_dense`` when it has one, else its decode time against the ``dense`` row of the
-  same (TP degree, batch, prompt, decode steps), from the same file or from the dense layout's bench.
+- a ``BenchRecord`` gives ``BenchRow``s. A layout's speed is its ``native`` rows: the median of a row's
+  per-round speed-ups (``decode_speedup_vs_dense_median``) when it has them, else its
+  ``decode_speedup_vs_dense``, else its decode time against the ``dense`` row of the same (TP degree,
+  batch, prompt, decode steps), from the same file or from the dense layout's bench.
 - a ``PredictRecord`` (a model, not a measurement) is refused with one line.
 
-Runs are joined per layout, keyed by checkpoint path when both sides name one, else by the layout's
+The records must be of one model (``check_one_model``). Runs are joined per layout, keyed by checkpoint path when both sides name one, else by the layout's
 description. The dense layout is the reference for every difference.
 """
 
@@ -61,6 +62,7 @@ class LayoutRun:
     decode_speedup_stderr: dict[Config, float] = field(default_factory=dict)
     decode_tokens_per_s: dict[Config, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    load_notes: list[str] = field(default_factory=list)  # benches measured under load (``BenchRecord.load_note``)
     adapted: bool = False  # the checkpoint's provenance records an adapt step
     speed_shared_from: str | None = None  # speed-ups borrowed from a run of the same layout
 
@@ -111,10 +113,65 @@ def load_records(paths: list[Path | str]) -> list[tuple[Path, Record]]:
     return records
 
 
+@dataclass(frozen=True)
+class ModelOf:
+    """Which model a record measured: a name for messages, its layer count and its parameter count (where known)."""
+
+    name: str
+    num_layers: int | None
+    params: int | None
+
+    def differs(self, other: "ModelOf") -> bool:
+        known = [(a, b) for a, b in ((self.num_layers, other.num_layers), (self.params, other.params)) if a and b]
+        return any(a != b for a, b in known)
+
+    def describe(self) -> str:
+        shape = [f"{self.num_layers} layers" if self.num_layers else "", f"{self.params / 1e6:,.1f}M parameters" if self.params else ""]
+        return f"{self.name} ({', '.join(s for s in shape if s)})" if any(shape) else self.name
+
+
+def model_of(record: Record) -> ModelOf:
+    """The model behind an eval or bench record: a bench's meta, or the checkpoint's config (read without torch)."""
+    checkpoint = record.checkpoint if isinstance(record, (EvalRecord, BenchRecord)) else None
+    if isinstance(record, BenchRecord) and record.checkpoint is None:
+        return ModelOf(record.model, record.meta.get("num_layers"), record.meta.get("params"))
+    params = record.meta.get("params") if isinstance(record, BenchRecord) else None
+    layers = record.meta.get("num_layers") if isinstance(record, BenchRecord) else record.num_layers
+    if checkpoint and params is None:
+        try:
+            from ..model.architectures import read_config_header
+
+            shape = read_config_header(checkpoint).shape
+            params, layers = shape.num_parameters, layers or shape.num_hidden_layers
+        except LadderizeError:  # moved or deleted since: the layer count still tells models apart
+            pass
+    return ModelOf(Path(checkpoint).name if checkpoint else "model", layers, params)
+
+
+def check_one_model(records: list[tuple[Path, Record]]) -> None:
+    """Refuse, in one line, records of different models (a synthetic bench beside a real model's eval): one table
+    would put one model's speed beside another's accuracy."""
+    groups: list[tuple[ModelOf, list[str]]] = []
+    for file, record in records:
+        model = model_of(record)
+        group = next((g for g in groups if not g[0].differs(model)), None)
+        if group is None:
+            groups.append((model, [file.name]))
+        else:
+            group[1].append(file.name)
+    if len(groups) > 1:
+        described = "; ".join(f"{model.describe()}: {', '.join(files)}" for model, files in groups)
+        raise LadderizeError(f"report joins the runs of one model, but these runs hold {len(groups)}: {described}; "
+                             "report each model apart (one 'ladderize report' per model)")
+
+
 def collect_runs(paths: list[Path | str]) -> list[LayoutRun]:
-    """The runs of every record, joined per layout, dense first, with their decode speed-ups."""
+    """The runs of every record (of one model: ``check_one_model``), joined per layout, dense first, with their
+    decode speed-ups."""
     runs: dict[str, LayoutRun] = {}
-    for file, record in load_records(paths):
+    records = load_records(paths)
+    check_one_model(records)
+    for file, record in records:
         if isinstance(record, EvalRecord):
             _add_eval(runs, file, record)
         elif isinstance(record, BenchRecord):
@@ -169,6 +226,9 @@ def _add_bench(runs: dict[str, LayoutRun], file: Path, record: BenchRecord) -> N
     # The checkpoint's own layout names the run; a row's layout is the layout its schedule ran.
     run = _run_for(runs, record.checkpoint, record.layout)
     run.bench_rows += record.rows
+    note = record.load_note(f"bench {file.name}")
+    if note and note not in run.load_notes:
+        run.load_notes.append(note)
     _layout_from_bench(run, record)
     if str(file) not in run.sources:
         run.sources.append(str(file))
@@ -225,6 +285,7 @@ def _absorb(target: LayoutRun, other: LayoutRun, metrics: bool = True) -> None:
     if metrics:
         target.metrics.update({m: v for m, v in other.metrics.items() if m not in target.metrics})
     target.bench_rows += other.bench_rows
+    target.load_notes += [n for n in other.load_notes if n not in target.load_notes]
     target.sources += [s for s in other.sources if s not in target.sources]
 
 
@@ -258,7 +319,9 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
                 continue
             run.decode_tokens_per_s[config] = row.decode_tokens_per_s
             reference = own_dense.get(row.config()) or dense_reference.get(row.config())
-            if row.decode_speedup_vs_dense is not None:
+            if row.decode_speedup_vs_dense_median is not None:  # the headline is the median of the rounds' speed-ups
+                speed = row.decode_speedup_vs_dense_median
+            elif row.decode_speedup_vs_dense is not None:
                 speed = row.decode_speedup_vs_dense
             elif run.is_dense:
                 speed = 1.0
@@ -276,4 +339,5 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
                     run.decode_speedup_stderr[config] = spread.stderr
 
 
-__all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Metric", "collect_runs", "dense_run", "load_records"]
+__all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Metric", "ModelOf", "check_one_model", "collect_runs",
+           "dense_run", "load_records", "model_of"]

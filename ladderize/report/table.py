@@ -14,11 +14,27 @@ from .runs import ACCURACY_METRICS, PERPLEXITY_METRICS, Config, LayoutRun, Metri
 
 
 @dataclass
+class Predicted:
+    """Decode speed-ups ``ladderize predict`` gives for layouts on a GPU node (``label``: its interconnect and
+    compute model), shown beside the measured ones and labelled as predicted."""
+
+    label: str
+    speedups: dict[str, dict[Config, float]]  # layout description -> (tp, batch) -> predicted decode speed-up
+
+    def configs(self) -> list[Config]:
+        return sorted({c for by_config in self.speedups.values() for c in by_config})
+
+    def of(self, run: LayoutRun, config: Config) -> float | None:
+        return 1.0 if run.is_dense else self.speedups.get(run.layout, {}).get(config)
+
+
+@dataclass
 class Report:
     runs: list[LayoutRun]
     metrics: list[Metric]
     configs: list[Config]  # (tp, batch) with decode speed-ups
     dense: LayoutRun | None
+    predicted: Predicted | None = None
 
     def columns(self) -> list[str]:
         """Display labels; every speed-up column names its phase."""
@@ -26,7 +42,11 @@ class Report:
         for metric in self.metrics:
             cols += [metric.label, f"Δ {metric.label}"]
         cols += [f"decode speed-up TP{tp} b{batch}" for tp, batch in self.configs]
+        cols += [f"predicted decode speed-up TP{tp} b{batch}" for tp, batch in self._predicted_configs()]
         return cols
+
+    def _predicted_configs(self) -> list[Config]:
+        return self.predicted.configs() if self.predicted is not None else []
 
     def csv_columns(self) -> list[str]:
         cols = ["layout", "layers_converted", "allreduces_per_decode_step"]
@@ -36,6 +56,7 @@ class Report:
         for tp, batch in self.configs:
             name = f"decode_speedup_vs_dense/tp{tp}/batch{batch}"
             cols += [name, f"{name}/min", f"{name}/max"]
+        cols += [f"predicted_decode_speedup_vs_dense/tp{tp}/batch{batch}" for tp, batch in self._predicted_configs()]
         return cols
 
     def delta(self, run: LayoutRun, metric: Metric) -> float | None:
@@ -53,20 +74,44 @@ class Report:
             for config in self.configs:
                 spread = run.decode_speedup_spread.get(config) or (None, None)
                 row += [run.decode_speedups.get(config), *spread]
+            row += [self.predicted.of(run, config) for config in self._predicted_configs()]
             out.append(row)
         return out
 
 
-def build_report(paths: list[Path | str]) -> Report:
-    """Collect the runs, join them per layout, and compute differences and decode speed-ups."""
+def build_report(paths: list[Path | str], predicted: Predicted | None = None) -> Report:
+    """Collect the runs, join them per layout, and compute differences and decode speed-ups (and the ``predicted``
+    ones beside them)."""
     runs = collect_runs(paths)
     metrics = _metric_order({m for r in runs for m in r.metrics})
     configs = sorted({c for r in runs for c in r.decode_speedups})
-    for run in runs:  # the dense layout is the reference: 1x by definition where it was not benched
+    for run in runs:  # the dense layout is the reference: 1x by definition where it was not benched (and can run)
         if run.is_dense:
             for config in configs:
-                run.decode_speedups.setdefault(config, 1.0)
-    return Report(runs, metrics, configs, dense_run(runs))
+                if _can_run(run, config[0]):
+                    run.decode_speedups.setdefault(config, 1.0)
+    return Report(runs, metrics, configs, dense_run(runs), predicted)
+
+
+def _can_run(run: LayoutRun, tp: int) -> bool:
+    """Whether ``run``'s checkpoint can run at TP ``tp`` (``runtime.dims.validate_tp``); True when its config is not
+    readable. A model that cannot run a degree (SmolLM2's 9 heads at TP 2) gets no 1.00x there."""
+    if not run.checkpoint:
+        return True
+    from ..errors import LadderizeError
+    from ..model.architectures import read_config_header
+    from ..model.layout import LayoutError
+    from ..runtime.dims import validate_tp
+
+    try:
+        header = read_config_header(run.checkpoint)
+    except (LadderizeError, LayoutError):
+        return True
+    try:
+        validate_tp(header.shape, header.layout, tp)
+    except (LadderizeError, LayoutError):
+        return False
+    return True
 
 
 def _metric_order(metrics: set[Metric]) -> list[Metric]:
@@ -74,4 +119,4 @@ def _metric_order(metrics: set[Metric]) -> list[Metric]:
     return sorted(metrics, key=lambda m: (m.task, order.index(m.name) if m.name in order else len(order), m.name))
 
 
-__all__ = ["Report", "build_report"]
+__all__ = ["Predicted", "Report", "build_report"]

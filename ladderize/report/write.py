@@ -12,12 +12,14 @@ from typing import Any
 from ..model.atomic import write_file_atomic
 from .plot import plot_pareto
 from .render import csv_text, markdown, notes
-from .table import build_report
+from .table import Predicted, build_report
 
 
-def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderize: accuracy vs speed") -> dict[str, Any]:
-    """Write ``report.md``, ``report.csv`` and ``accuracy_vs_speedup.png`` into ``out``; return paths and the report."""
-    report = build_report(paths)
+def write_report(paths: list[Path | str], out: Path | str, title: str = "ladderize: accuracy vs speed",
+                 predicted: Predicted | None = None) -> dict[str, Any]:
+    """Write ``report.md``, ``report.csv`` and ``accuracy_vs_speedup.png`` into ``out``; return paths and the report.
+    ``predicted``: speed-ups from ``ladderize predict`` shown beside the measured ones (the demo's GPU-node figure)."""
+    report = build_report(paths, predicted)
     out = Path(out).expanduser().absolute()
     out.mkdir(parents=True, exist_ok=True)
     png = out / "accuracy_vs_speedup.png"

@@ -102,7 +102,7 @@ def model_source(
     """What ``ladderize bench`` measures: a checkpoint (its own layout) or a ``--synthetic`` shape (layout from
     ``ladder``/``spd``), exactly one of the two."""
     if (checkpoint is None) == (synthetic is None):
-        raise LadderizeError("give either a checkpoint directory or --synthetic SHAPE (not both)")
+        raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
     if synthetic is not None:
         return synthetic_source(synthetic, ladder, spd, spd_tp_size)
     if ladder or spd:
@@ -181,19 +181,23 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
             for plan in plans
         ]
         runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
+        same = _same_as_dense(plans)  # domino with one chunk is the dense plan: it gets dense's timings, not its own noise
         # a compiled or graphed decoder compiles / captures on its first step: always one untimed round first
         warmup = max(spec.warmup, 1) if options.compile or options.cuda_graphs else spec.warmup
+        timed = [(index, decoder) for index, decoder in enumerate(decoders) if index not in same]
         if warmup == 0:
             # still one untimed prefill and decode step per schedule: one-time costs (first-touch allocation,
             # kernel selection) would otherwise land in the first schedule's timing
-            for decoder in decoders:
+            for _, decoder in timed:
                 _time_once(context, decoder, prompt, 1)
         # rounds interleave the schedules, so that a change of machine load hits all of them alike
         for round_index in range(warmup + spec.repeats):
-            for index, decoder in enumerate(decoders):
+            for index, decoder in timed:
                 timing = _time_once(context, decoder, prompt, spec.gen_len)
                 if round_index >= warmup:
                     runs[index].append(timing)
+        for index, dense_index in same.items():
+            runs[index] = runs[dense_index]
         for plan, decoder, timings in zip(plans, decoders, runs):
             decode_s = statistics.median(t[1] for t in timings)
             counted = int(round(statistics.median(t[3] for t in timings) / spec.gen_len))
@@ -228,6 +232,15 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
             for k, key in enumerate(keys):
                 setattr(row, key, statistics.fmean(rank_values[index][k] for rank_values in shares))
     return rows
+
+
+def _same_as_dense(plans: list) -> dict[int, int]:
+    """``{index: dense index}`` of the plans that run exactly the dense plan (domino with one chunk), where a dense
+    plan is timed too."""
+    dense = next((i for i, plan in enumerate(plans) if plan.schedule is Schedule.DENSE), None)
+    if dense is None:
+        return {}
+    return {i: dense for i, plan in enumerate(plans) if plan.schedule is Schedule.DOMINO and plan.chunks == 1}
 
 
 def decode_runner(
@@ -274,11 +287,19 @@ def add_comparisons(rows: list[BenchRow], estimate_share: bool = False) -> None:
         if dense is not None:
             row.set_speedup_spread(SpeedupSpread.of(dense.decode_s_per_token_runs, row.decode_s_per_token_runs))
         row.decode_gap_closed = None
-        if dense and upper and dense.decode_s_per_token > upper.decode_s_per_token:
+        if dense and upper and dense.decode_s_per_token > upper.decode_s_per_token and not _noise(dense, upper) \
+                and not _noise(dense, row):
             gap = dense.decode_s_per_token - upper.decode_s_per_token
             row.decode_gap_closed = (dense.decode_s_per_token - this) / gap
         if estimate_share:
             row.decode_allreduce_share = max(0.0, 1 - upper.decode_s_per_token / this) if upper else None
+
+
+def _noise(dense: BenchRow, row: BenchRow) -> bool:
+    """Whether ``row``'s difference from ``dense`` is within the noise of the rounds (``SpeedupSpread.within_noise``):
+    a gap that noise makes cannot be a fraction's denominator or numerator (it printed -301%)."""
+    spread = SpeedupSpread.of(dense.decode_s_per_token_runs, row.decode_s_per_token_runs)
+    return spread is not None and spread.within_noise()
 
 
 def run_bench(

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import LadderizeError
 from .engine import RankModel
 from .sampling import Sampling  # the decoder's settings (light, checked before torch by the command line)
 from .plan import CommPlan
@@ -152,6 +153,7 @@ def generate_on_rank(
     if not sampling.greedy:
         generator = torch.Generator(device=input_ids.device).manual_seed(sampling.seed)
     logits = decoder.prefill(input_ids)[:, -1]
+    finite = torch.isfinite(logits).all()  # NaN logits pick token 0 forever; checked once at the end (no sync per step)
     position = input_ids.shape[1]
     finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     eos = torch.tensor(eos_token_ids, device=input_ids.device, dtype=torch.long)
@@ -166,7 +168,11 @@ def generate_on_rank(
                 break
         if index + 1 < max_new_tokens:
             logits = decoder.extend(token[:, None], position)[:, -1]
+            finite &= torch.isfinite(logits).all()
             position += 1
+    if not bool(finite):
+        raise LadderizeError("the model produced non-finite logits (NaN/Inf): its weights or activations overflow "
+                             "(a float16 run, or a damaged checkpoint); no tokens returned")
     return torch.stack(out, dim=1) if out else input_ids.new_zeros(input_ids.shape[0], 0)
 
 

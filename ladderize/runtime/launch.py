@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from ..errors import LadderizeError
 from ..model.placement import resolve_device
 from .allreduce import Communicator
+from .host import check_cores, cpu_cores, in_torchrun  # noqa: F401  (cpu_cores and in_torchrun are imported from here too)
 
 COMMS = ("auto", "shm", "gloo", "nccl")
 
@@ -85,17 +86,6 @@ class RankContext:
             dist.barrier()
 
 
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def in_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def check_machine(spec: LaunchSpec) -> None:
     """Refuse a rank count the machine cannot host (one line, ``LadderizeError``)."""
     if spec.tp < 1:
@@ -123,11 +113,8 @@ def check_machine(spec: LaunchSpec) -> None:
                                  "(cuda:LOCAL_RANK); use --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
         if local > torch.cuda.device_count():
             raise LadderizeError(f"{local} ranks on this node but only {torch.cuda.device_count()} CUDA devices")
-    elif local > cpu_cores() and not spec.oversubscribe:
-        raise LadderizeError(
-            f"--tp {spec.tp} starts {local} processes on this machine but it has only {cpu_cores()} CPU cores; "
-            "pass --oversubscribe to run anyway (timings will not mean much)"
-        )
+    else:
+        check_cores(spec.tp, local, spec.oversubscribe)
 
 
 def free_port() -> int:

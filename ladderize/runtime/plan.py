@@ -20,7 +20,8 @@ Schedules (applicable to any checkpoint):
 - ``upper-bound``: dense math with no communication at all. Wrong outputs; the speed ceiling.
 - ``domino``: dense math, the batch split into ``chunks`` micro-batches; every all-reduce
   is asynchronous and waited on only when the same chunk needs it, so chunk i's all-reduce
-  overlaps chunk i+1's compute.
+  overlaps chunk i+1's compute. With one chunk (a batch of 1 cannot be split) it is the
+  dense plan, and the bench reports the dense row's timings for it (speed-up exactly 1).
 """
 
 from __future__ import annotations
@@ -112,14 +113,15 @@ def build_plan(layout: Layout, schedule: Schedule | str = Schedule.NATIVE, chunk
     schedule = Schedule.parse(schedule) if isinstance(schedule, str) else schedule
     math_layout = layout if schedule is Schedule.NATIVE else Layout.dense(layout.num_layers)
     domino = schedule is Schedule.DOMINO
-    steps = tuple(
-        # domino: every all-reduce is async; a chunk waits for its own result when it next needs it
-        Step(layer, kind, stale, overlapped=domino or overlaps, ops=ops)
-        for layer, kind, stale, overlaps, ops in layer_steps(math_layout)
-    )
     if chunks < 1:
         raise LadderizeError(f"domino needs at least 1 chunk, got {chunks}")
     chunks = chunks if domino else 1
+    split = domino and chunks > 1  # domino with one chunk (a batch of 1) is the dense path, step for step
+    steps = tuple(
+        # domino: every all-reduce is async; a chunk waits for its own result when it next needs it
+        Step(layer, kind, stale, overlapped=split or overlaps, ops=ops)
+        for layer, kind, stale, overlaps, ops in layer_steps(math_layout)
+    )
     return CommPlan(schedule, math_layout, steps, communicate=schedule is not Schedule.UPPER_BOUND, chunks=chunks)
 
 

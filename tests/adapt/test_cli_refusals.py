@@ -88,3 +88,32 @@ def test_sequential_stage_honours_bf16(ladder_dir, text_file, tmp_path, capsys, 
     assert len(losses["no"]) == len(losses["bf16"]) > 0
     assert losses["no"] != losses["bf16"]
     assert losses["bf16"] == pytest.approx(losses["no"], rel=0.1)  # the same training, in lower precision
+
+
+@pytest.mark.parametrize("recipe", [["--stage", "seq-local:tokens=128"], ["--local-schedule", "sequential", "--tokens", 128]])
+def test_dtype_float16_is_refused_before_the_plan_and_the_fixed_command_runs(recipe, ladder_dir, text_file, tmp_path,
+                                                                            capsys, monkeypatch):
+    """Issue 37 item 7: ``--dtype float16`` was refused after recipe.json was written, blocking the bfloat16 rerun."""
+    out = tmp_path / "o"
+    code, stdout, stderr = run_cli(["adapt", ladder_dir, out, "--data", text_file, *SMALL, *recipe, "--dtype", "float16"],
+                                   capsys, monkeypatch)
+    assert code == 2 and "float32 or bfloat16" in _one_error(stderr)
+    assert "plan" not in stdout  # refused before the plan is printed
+    _nothing_beside(tmp_path, "o")
+    code, _, stderr = run_cli(["adapt", ladder_dir, out, "--data", text_file, *SMALL, *recipe, "--dtype", "bfloat16"],
+                              capsys, monkeypatch)
+    assert code == 0, stderr
+
+
+def test_a_refusal_inside_a_stage_removes_the_fresh_run_dir(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    """A check that only a stage can make (here: a failing model load) leaves no run dir when nothing was saved."""
+    from ladderize.errors import LadderizeError
+
+    def refuse(*_args, **_kwargs):
+        raise LadderizeError("refused inside the stage")
+
+    monkeypatch.setattr("ladderize.adapt.recipe.adapt", refuse)
+    code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL,
+                               "--stage", "seq-local:tokens=128"], capsys, monkeypatch)
+    assert code == 2 and "refused inside the stage" in _one_error(stderr)
+    _nothing_beside(tmp_path, "o")

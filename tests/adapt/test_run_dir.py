@@ -55,3 +55,27 @@ def test_every_process_state_file_is_saved_before_the_rename(tmp_path):
     assert sorted(p.name for p in state_dir.iterdir()) == ["model.bin", "random_states_0.pkl", "random_states_1.pkl",
                                                            "trainer_state.json"]
     assert sorted(p.name for p in state_dir.parent.iterdir()) == ["curve.json", "state"]  # no temp folders left
+
+
+def test_saving_a_tied_model_does_not_warn_about_the_shared_tensor(caplog, monkeypatch) -> None:
+    """Issue 37 item 13: "[RANK 0] Removed shared tensor {'student.lm_head.weight'} while saving" at every kd save."""
+    import logging
+
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils.other import clean_state_dict_for_safetensors
+
+    from ladderize.adapt.run_dir import _quiet_tied_weights
+
+    PartialState()  # accelerate's logger needs its state
+    log = logging.getLogger("accelerate.utils.other")
+    monkeypatch.setattr(log, "level", logging.WARNING)
+    weight = torch.zeros(4, 4)
+    with caplog.at_level(logging.WARNING, logger="accelerate.utils.other"):
+        clean_state_dict_for_safetensors({"embed.weight": weight, "lm_head.weight": weight})  # accelerate's own line
+        assert "Removed shared tensor" in caplog.text
+        caplog.clear()
+        with _quiet_tied_weights():
+            clean_state_dict_for_safetensors({"embed.weight": weight, "lm_head.weight": weight})
+        assert "Removed shared tensor" not in caplog.text
+        assert log.level == logging.WARNING  # put back

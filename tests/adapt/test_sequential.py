@@ -96,4 +96,4 @@ def test_a_calibration_set_smaller_than_a_batch_counts_true_tokens_and_steps(hyb
     text = "\n".join(messages)
     assert "data: 1 sequence of 32 tokens" in text and "1 sequences" not in text
     assert "smaller than --batch-size 4: a step trains 1 sequence" in text
-    assert "2 steps each" in text
+    assert "sequential: 2 layers (" in text and "2 steps per layer" in text  # was "layers 2, 3, 2 steps each"

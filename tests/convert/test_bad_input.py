@@ -40,6 +40,9 @@ def test_non_llama_checkpoint(tmp_path: Path, capsys, monkeypatch) -> None:
         (["--spd", "all", "--spd-tp", "4"], "SPD TP degree 4 does not divide the model's 6 query heads"),
         (["--spd", "all", "--spd-tp", "2"], "SPD TP degree 2 does not divide the model's 3 key/value heads"),
         (["--dtype", "int8"], "unknown dtype"),
+        (["--spd", "0:3", "--spd-tp", "3", "--spd-budget", "8"], "--spd-budget chooses the layers of --spd auto"),
+        (["--ladder", "2:4", "--ladder-budget", "0.05"], "--ladder-budget chooses the layers of --ladder auto"),
+        (["--ladder", "2:4", "--sensitivity", "report.json"], "--sensitivity is read by --ladder auto or --spd auto only"),
     ],
 )
 def test_bad_layout(tiny_llama_dir: Path, tmp_path: Path, capsys, monkeypatch, flags, pattern) -> None:

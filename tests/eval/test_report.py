@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ladderize.errors import LadderizeError
-from ladderize.records import BenchRecord, BenchRow, EvalRecord
+from ladderize.records import BenchRecord, BenchRow, EvalRecord, SpeedupSpread
 from ladderize.report import build_report, write_report
 from ladderize.report.plot import pareto_front
 
@@ -212,3 +212,53 @@ def test_report_speedups_are_decode_speedups_even_when_end_to_end_differs(tmp_pa
     report = build_report([tmp_path])
     assert report.columns()[-1] == "decode speed-up TP2 b1"
     assert report.runs[0].decode_speedups == {(2, 1): pytest.approx(1.2)}
+
+
+def test_report_refuses_runs_of_different_models(tmp_path: Path):
+    """Issue 37 item 4: a synthetic bench's row went into a SmolLM2 table."""
+    (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/smollm2", "dense", 0, 60, 0, 0.4, 20.0, 30.0)))
+    rows = [_row("native", 2, 1, 50.0, "dense", None), _row("dense", 2, 1, 50.0, "dense", 1.0)]
+    synthetic = BenchRecord("synthetic:tiny", "dense", rows, {"device": "cpu", "num_layers": 4, "params": 100_000})
+    (tmp_path / "bench.json").write_text(json.dumps(synthetic.to_json()))
+    with pytest.raises(LadderizeError, match=r"one model, but these runs hold 2: synthetic:tiny \(4 layers, 0.1M parameters\): "
+                                             r"bench.json; smollm2 \(30 layers\): eval.json"):
+        build_report([tmp_path])
+
+
+def test_report_headline_is_the_median_and_load_is_noted(tmp_path: Path):
+    """The headline was the ratio of median times (1.0326), neither the rounds' median (1.0191) nor said to be the mean;
+    a bench measured under load said nothing in report.md."""
+    dense = _row("dense", 3, 1, 100.0, "dense", 1.0)
+    native = _row("native", 3, 1, 103.26, "ladder 22:30", 1.0326)
+    native.set_speedup_spread(SpeedupSpread(0.96, 1.0191, 1.17, 0.04))
+    record = BenchRecord("/m/ladder", "ladder 22:30", [native, dense], {"device": "cpu", "load_average": [3.93, 2, 1], "cpu_cores": 2})
+    (tmp_path / "bench.json").write_text(json.dumps(record.to_json()))
+    (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/ladder", "ladder 22:30", 8, 60, 8, 0.4, 20.0, 30.0)))
+    written = write_report([tmp_path], tmp_path / "rep")
+    text = written["markdown"].read_text()
+    assert "1.02x (0.96–1.17)" in text and "1.03x" not in text
+    assert "median over the bench's rounds" in text and "standard error" in text
+    assert "- Load: bench bench.json was measured at load average 3.9 on 2 CPU cores" in text
+
+
+def test_report_cli_says_when_the_png_is_a_placeholder(tmp_path: Path, capsys, monkeypatch):
+    from tests.cli_helpers import run_cli
+
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(_eval("/m/dense", "dense", 0, 60, 0, 0.4, 20.0, 50.0)))
+    code, out, err = run_cli(["report", path, "--out", tmp_path / "out"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "accuracy_vs_speedup.png (no plot: no layout has both an accuracy and a speed-up)" in out.replace("\n", "")
+
+
+def test_dense_gets_no_row_at_a_tp_it_cannot_run(tiny_llama_dir: Path, tmp_path: Path):
+    """Issue 37 item 4: SmolLM2 dense showed 1.00x at TP 2, which its 9 heads cannot run (here: 3 KV heads)."""
+    record = EvalRecord(checkpoint=str(tiny_llama_dir), layout="dense", layout_ranges={}, num_layers=4, layers_converted=0,
+                        allreduces_per_decode_step=8, overlappable_allreduces_per_decode_step=0, history=[],
+                        lm_eval={"higher_is_better": HIGHER}, results=_results(0.4, 20.0, 30.0)).to_json()
+    (tmp_path / "dense.json").write_text(json.dumps(record))
+    rows = [_row(schedule, tp, 1, tps, "ladder 2:4", None) for tp in (2, 3) for schedule, tps in (("native", 110.0), ("dense", 100.0))]
+    (tmp_path / "bench.json").write_text(json.dumps(BenchRecord("/gone/ladder", "ladder 2:4", rows, {"num_layers": 4}).to_json()))
+    report = build_report([tmp_path])
+    dense = next(run for run in report.runs if run.is_dense)
+    assert (3, 1) in dense.decode_speedups and (2, 1) not in dense.decode_speedups

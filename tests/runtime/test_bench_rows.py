@@ -87,3 +87,59 @@ def test_warmup_zero_still_runs_one_untimed_step_per_schedule(monkeypatch):
     assert len(record.rows) == 2 and record.meta["warmup"] == 0
     with pytest.raises(LadderizeError, match="--warmup must be at least 0"):
         run_bench(synthetic_source("tiny"), [1], BenchSpec(warmup=-1), LaunchSpec(tp=1, device="cpu"))
+
+
+def _with_runs(schedule: str, runs: list[float], **kwargs) -> BenchRow:
+    bench_row = row(schedule, sorted(runs)[len(runs) // 2], **kwargs)
+    bench_row.set_decode_runs(runs)
+    return bench_row
+
+
+def test_gap_closed_is_none_when_the_gap_is_noise():
+    """Issue 37 item 3: dense and upper-bound whose rounds overlap made 'decode gap closed' print -301%."""
+    rows = [_with_runs("dense", [0.0100, 0.0104, 0.0098]), _with_runs("upper-bound", [0.0101, 0.0097, 0.0099]),
+            _with_runs("native", [0.0110, 0.0112, 0.0111])]
+    add_comparisons(rows)
+    assert rows[2].decode_gap_closed is None and rows[1].decode_gap_closed is None
+    assert rows[2].speedup_spread() is not None and not rows[2].speedup_spread().within_noise()  # slower every round
+
+
+def test_gap_closed_is_none_when_the_row_is_within_noise_of_dense():
+    rows = [_with_runs("dense", [0.010, 0.011, 0.009]), _with_runs("upper-bound", [0.005, 0.005, 0.005]),
+            _with_runs("native", [0.0095, 0.0115, 0.0101])]
+    add_comparisons(rows)
+    assert rows[2].speedup_spread().within_noise() and rows[2].decode_gap_closed is None
+    assert rows[1].decode_gap_closed is not None  # a real gap stays measured
+
+
+def test_domino_at_batch_1_is_the_dense_path_with_dense_timings(monkeypatch):
+    """Issue 37 item 3: 'domino x1' at batch 1 showed 1.07x and 33% gap closed; it is the dense plan."""
+    from ladderize.model.layout import Layout
+    from ladderize.runtime.plan import build_plan
+
+    dense, domino = build_plan(Layout.dense(2), "dense"), build_plan(Layout.dense(2), "domino", 1)
+    assert domino.steps == dense.steps and domino.overlapped_allreduces == 0
+    result = run_bench(synthetic_source("tiny"), [1], BenchSpec(("dense", "domino"), (1,), 4, 2, 0, 3), LaunchSpec(tp=1))
+    by = {r.schedule: r for r in result.rows}
+    assert by["domino"].domino_chunks == 1
+    assert by["domino"].decode_s_per_token_runs == by["dense"].decode_s_per_token_runs
+    assert by["domino"].decode_speedup_vs_dense == 1.0
+
+
+def test_bench_table_says_noise_and_dense_path():
+    from rich.console import Console
+
+    from ladderize.cli.render import bench_table
+    from ladderize.records import BenchRecord
+
+    rows = [_with_runs(name, runs, prefill_s=0.1) for name, runs in (
+        ("dense", [0.010, 0.011, 0.009]), ("upper-bound", [0.0101, 0.0097, 0.0099]), ("native", [0.0095, 0.0115, 0.0101]),
+        ("domino", [0.010, 0.011, 0.009]))]
+    rows[3].domino_chunks = 1
+    add_comparisons(rows)
+    console = Console(width=250, record=True)
+    console.print(bench_table(BenchRecord("m", "dense", rows, {"device": "cpu", "dtype": "float32"}), "m", 16, 8, 3))
+    text = console.export_text()
+    assert "domino x1 = dense" in text and "~" in text and "n/a" in text and "noise" in text
+    native = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("native"))
+    assert "~" in native and native.rstrip(" │").endswith("n/a") and "-0%" not in text

@@ -57,7 +57,7 @@ def test_more_ranks_than_cores_needs_oversubscribe(tmp_path, monkeypatch, capsys
     path = tmp_path / "dense"
     save_tiny(path, **TINY_TP23)
     save_char_tokenizer(path)
-    monkeypatch.setattr("ladderize.runtime.launch.cpu_cores", lambda: 2)
+    monkeypatch.setattr("ladderize.runtime.host.cpu_cores", lambda: 2)
     code, out, err = run_cli(monkeypatch, capsys, "generate", path, "--prompt", "hi", "--tp", "3")
     assert code == 2 and "--oversubscribe" in err and len(err.strip().splitlines()) == 1
 
@@ -97,6 +97,25 @@ def test_bench_writes_rows_and_comparisons(tmp_path, monkeypatch, capsys):
 
 def test_bench_rejects_two_sources(tmp_path, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "bench", tmp_path, "--synthetic", "tiny")
-    assert code == 2 and "either" in err
+    assert code == 2 and "not both" in err
     code, out, err = run_cli(monkeypatch, capsys, "bench", "--synthetic", "no-such-shape")
     assert code == 2 and "preset" in err
+
+
+def test_bench_off_a_terminal_says_what_it_runs(monkeypatch, capsys):
+    """Issue 37 item 12: off a terminal the spinner shows nothing, and bench was silent for 93 s."""
+    code, out, err = run_cli(monkeypatch, capsys, "bench", "--synthetic", "tiny", "--tp", "1", "--batch", "1", "--prompt", "4",
+                             "--gen", "2", "--warmup", "0", "--repeats", "1", "--schedules", "native,dense")
+    assert code == 0, err
+    assert "benchmarking synthetic:tiny at TP 1: 2 schedule(s) x 1 batch size(s) x 1 round(s)" in err.replace("\n", " ")
+
+
+def test_sample_says_how_much_it_will_sample(tmp_path, monkeypatch, capsys):
+    """Issue 37 item 12: sample's defaults (200 x 512 tokens) take hours on a CPU, and it gave no estimate."""
+    path = tmp_path / "dense"
+    save_tiny(path, **TINY_TP23)
+    save_char_tokenizer(path)
+    code, out, err = run_cli(monkeypatch, capsys, "sample", path, tmp_path / "s.jsonl", "--sequences", "2", "--new-tokens", "3",
+                             "--batch-size", "2")
+    assert code == 0, err
+    assert "sampling up to 6 tokens (2 records x up to 3) in batches of 2" in err.replace("\n", " ")

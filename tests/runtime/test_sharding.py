@@ -121,5 +121,5 @@ def test_missing_checkpoint_is_one_line(tmp_path):
     with pytest.raises(LadderizeError, match="no config.json"):
         load_config(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(LadderizeError, match="not supported"):
+    with pytest.raises(LadderizeError, match="unsupported architecture"):
         load_config(tmp_path)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -77,6 +79,23 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_tokens: int) -> list[dic
     return results
 
 
+SHM = Path("/dev/shm")
+
+
+@contextlib.contextmanager
+def removing_new_shm(marker: str = "cpushm"):
+    """Remove the shared-memory files with ``marker`` in their name that appeared in ``/dev/shm`` meanwhile: vLLM's CPU
+    all-reduce (``vllm_dist_*-cpushm*``, 4 MB a rank) never unlinks its segments, and 18 were left per suite run."""
+    before = set(os.listdir(SHM)) if SHM.is_dir() else set()
+    try:
+        yield
+    finally:
+        if SHM.is_dir():
+            for name in set(os.listdir(SHM)) - before:
+                if marker in name:
+                    (SHM / name).unlink(missing_ok=True)
+
+
 def vllm_env(extra: dict | None = None) -> dict:
     """The vLLM subprocess's environment: no venv leakage, one OpenMP thread per rank, a private compile cache, and the
     engine in the driver's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: at TP=1 no process is started, at TP > 1
@@ -98,8 +117,13 @@ def vllm_greedy(runs: list[dict], prompts: list[list[int]], max_tokens: int, tim
                 env: dict | None = None) -> tuple[list[dict], str]:
     """Run ladderize.runtime.vllm.check in .venv-vllm; return its runs and the captured log."""
     payload = json.dumps({"runs": runs, "prompts": prompts, "max_tokens": max_tokens})
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "ladderize.runtime.vllm.check", payload], cwd=REPO, env=vllm_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    environment = vllm_env(env)
+    try:
+        with removing_new_shm():
+            done = subprocess.run([str(VLLM_PYTHON), "-m", "ladderize.runtime.vllm.check", payload], cwd=REPO, env=environment,
+                                  capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(environment["VLLM_CACHE_ROOT"], ignore_errors=True)  # the private compile cache (was left in /tmp)
     log = done.stdout + done.stderr
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
