@@ -233,6 +233,11 @@ def loader_cost(store: Path, tokenizer: Path, seq_len: int, batch: int, steps: i
     return {"sequences": len(windows), "batch": batch, "seconds_per_batch": (time.perf_counter() - started) / steps}
 
 
+def replot(path: Path) -> None:
+    """Draw the PNG again from a saved JSON (``--replot FILE``)."""
+    plot(json.loads(path.read_text()), path.with_suffix(".png"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus-mb", type=float, default=1024.0, help="Size of the large corpus (the small one is a tenth).")
@@ -242,7 +247,11 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--workers", type=int, default=None, help="Tokenizer processes (default: one per core).")
     parser.add_argument("--json", type=Path, default=RESULTS / "data_at_scale.json")
+    parser.add_argument("--replot", type=Path, default=None, help="Only draw the PNG again from this saved JSON.")
     args = parser.parse_args()
+    if args.replot is not None:
+        replot(args.replot)
+        return
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LADDERIZE_PROGRESS_INTERVAL": "0", "OMP_NUM_THREADS": "1",
@@ -353,7 +362,9 @@ def plot(record: dict, path: Path) -> None:
     right.axhline(2.0, color="red", linestyle="--", label="2 GB")
     right.set_ylabel("peak PSS of the process tree, GB")
     right.legend()
-    fig.suptitle("ladderize's data path: token store and training from it")
+    load = record["machine"]["load_at_start"][0]
+    fig.suptitle(f"ladderize's data path: token store and training from it ({record['machine']['cpus']} cores, "
+                 f"load {load:.1f} at start: rates fall with load)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
