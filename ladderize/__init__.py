@@ -11,12 +11,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("ladderize")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+from .version import __version__
 
 _AUTO_PACKAGE = "transformers.models.auto"
 _MODEL_NAMES = ("LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError")

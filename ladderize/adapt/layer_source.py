@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model.shards import read_tensors, tensor_names
+from ..model.shards import read_tensors, tensor_names, weight_files
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
@@ -114,16 +114,19 @@ class StreamedLayers:
         from accelerate import init_empty_weights
 
         from ..model.checkpoint import load_config
-        from ..convert.sources import resolve_source
 
         self.path = Path(path)
         self.dtype = dtype
         self.device = torch.device(device)
+        config = load_config(self.path)
+        files = weight_files(self.path)
+        if not files:
+            raise LadderizeError(f"{self.path} has no .safetensors weights")
         self.files: dict[str, Path] = {}  # tensor name -> the safetensors file holding it
-        for file in resolve_source(str(self.path)).weight_files:
+        for file in files:
             self.files.update(_names_in(file))
         with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
-            self.model = LadderLlamaForCausalLM(load_config(self.path)).eval()
+            self.model = LadderLlamaForCausalLM(config).eval()
         self.model.requires_grad_(False)
         self.trained: dict[int, Path] = {}  # layers to read from a finished layer's file instead
 

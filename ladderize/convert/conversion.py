@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..errors import LadderizeError
 from ..model import Layout
 from ..model.architectures import architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from .placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
