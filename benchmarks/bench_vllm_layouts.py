@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402
 from ladderize.model.layout import Layout  # noqa: E402
 from ladderize.runtime.timing import load_average  # noqa: E402
-from tests.serving.serving_helpers import vllm_greedy  # noqa: E402
+from tests.runtime.vllm.serving_helpers import vllm_greedy  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 # bench_peers.py's shape: the cpu-512 preset with 12 layers
