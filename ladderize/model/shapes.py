@@ -250,17 +250,14 @@ def write_synthetic_checkpoint(
     """A random-weight checkpoint of ``shape`` at ``out`` (seed ``seed``), with a character tokenizer.
 
     Plain Llama (``model_type: llama``) when every layer is dense, a ``ladder_llama`` config
-    otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``). Written through
-    ``save_pretrained`` into a temp folder renamed to ``out``; an existing ``out`` is replaced
-    only with ``force``.
+    otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``; shards with an index above
+    ``checkpoint.DEFAULT_MAX_SHARD_BYTES``). Written by ``checkpoint.write_checkpoint`` (atomically);
+    an existing ``out`` is replaced only with ``force``.
     """
-    import os
-    import shutil
-
     import torch
-    from transformers import LlamaConfig
 
     from ..synthetic import char_tokenizer
+    from .checkpoint import model_tensors, plain_llama_config, write_checkpoint
     from .configuration_ladder_llama import LadderLlamaConfig
     from .modeling_ladder_llama import LadderLlamaForCausalLM
 
@@ -280,21 +277,10 @@ def write_synthetic_checkpoint(
     model = LadderLlamaForCausalLM(config).eval()
     if dtype is not None:
         model = model.to(dtype)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if dense:  # a plain Llama config: the model's tensors are Llama's
-        plain = LlamaConfig(**values)
-        plain.architectures = ["LlamaForCausalLM"]
-        plain.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        (tmp / "config.json").unlink()
-        plain.save_pretrained(tmp)
-    if tokenizer:
-        char_tokenizer().save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    written = plain_llama_config(values) if dense else model.config  # dense: the model's tensors are Llama's
+    written.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return write_checkpoint(out, written, model_tensors(model), force=force, tokenizer=char_tokenizer() if tokenizer else None,
+                            generation_config=model.generation_config)
 
 
 __all__ = [
