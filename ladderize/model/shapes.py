@@ -246,11 +246,12 @@ def write_synthetic_checkpoint(
     spd_tp_size: int = 1,
     tokenizer: bool = True,
     force: bool = False,
+    plain: bool | None = None,
 ) -> Path:
     """A random-weight checkpoint of ``shape`` at ``out`` (seed ``seed``), with a character tokenizer.
 
-    Plain Llama (``model_type: llama``) when every layer is dense, a ``ladder_llama`` config
-    otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``; shards with an index above
+    Plain Llama (``model_type: llama``) when every layer is dense (unless ``plain=False``), a
+    ``ladder_llama`` config otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``; shards with an index above
     ``checkpoint.DEFAULT_MAX_SHARD_BYTES``). Written by ``checkpoint.write_checkpoint`` (atomically);
     an existing ``out`` is replaced only with ``force``.
     """
@@ -272,12 +273,15 @@ def write_synthetic_checkpoint(
     values.setdefault("bos_token_id", 1)
     values.setdefault("eos_token_id", 2)
     dense = not layer_modes or all(mode == "dense" for mode in layer_modes)
+    if plain and not dense:
+        raise LadderizeError(f"a plain Llama checkpoint cannot hold the layer modes {layer_modes}")
+    plain = dense if plain is None else plain
     config = LadderLlamaConfig(**values, layer_modes=layer_modes, spd_tp_size=spd_tp_size)
     torch.manual_seed(seed)
     model = LadderLlamaForCausalLM(config).eval()
     if dtype is not None:
         model = model.to(dtype)
-    written = plain_llama_config(values) if dense else model.config  # dense: the model's tensors are Llama's
+    written = plain_llama_config(values) if plain else model.config  # all dense: the model's tensors are Llama's
     written.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return write_checkpoint(out, written, model_tensors(model), force=force, tokenizer=char_tokenizer() if tokenizer else None,
                             generation_config=model.generation_config)
