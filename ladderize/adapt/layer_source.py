@@ -36,8 +36,9 @@ from torch import nn
 from ..model.shards import read_tensors, tensor_names, weight_files
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
+from ..model.architectures import EMBED_TENSOR, layer_prefix
 
-EMBEDDING = "model.embed_tokens."
+EMBEDDING = EMBED_TENSOR.removesuffix("weight")  # the embedding module's tensors: "model.embed_tokens."
 
 
 def return_free_memory() -> None:
@@ -64,10 +65,6 @@ def layer_of(name: str) -> int:
     """``model.layers.12.mlp.up_proj.weight`` -> 12 (-1 for tensors outside the layers)."""
     parts = name.split(".")
     return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else -1
-
-
-def layer_prefix(index: int) -> str:
-    return f"model.layers.{index}."
 
 
 class ResidentLayers:
