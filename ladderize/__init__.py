@@ -12,25 +12,11 @@ import importlib.abc
 import importlib.util
 import sys
 
+from .model.auto_classes import is_registered, register_auto_classes
 from .version import __version__
 
 _AUTO_PACKAGE = "transformers.models.auto"
 _MODEL_NAMES = ("LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError")
-_registered = False
-
-
-def register_auto_classes() -> None:
-    """Register ``ladder_llama`` with ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .model import LadderLlamaConfig, LadderLlamaForCausalLM
-
-    AutoConfig.register(LadderLlamaConfig.model_type, LadderLlamaConfig, exist_ok=True)
-    AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
 
 
 class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
@@ -64,7 +50,7 @@ class _RegisterAfterAutoImport(importlib.abc.MetaPathFinder):
                 loader_exec(module)
             finally:
                 self.depth -= 1
-            if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
+            if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not is_registered():
                 if self in sys.meta_path:
                     sys.meta_path.remove(self)
                 register_auto_classes()

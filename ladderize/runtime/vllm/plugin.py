@@ -11,6 +11,7 @@ exactly as ``import ladderize`` does for transformers, and the architecture with
 
 from __future__ import annotations
 
+from ladderize.model.auto_classes import register_auto_classes
 from ladderize.model.layout import LayerMode, Layout
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
@@ -53,11 +54,10 @@ class LadderConfigCheck:
 
 def register() -> None:
     """Register the config with transformers and the model with vLLM (idempotent, as vLLM requires)."""
-    import ladderize
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    ladderize.register_auto_classes()
+    register_auto_classes()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
     MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, LadderConfigCheck)  # the TP/SPD refusal, before workers start
