@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -36,7 +36,9 @@ def rows(report: dict) -> list[str]:
 
 
 def main() -> None:
-    for name in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="result files in benchmarks/results/ (with or without .json)")
+    for name in parser.parse_args().names:
         report = json.loads((RESULTS / f"{name.removesuffix('.json')}.json").read_text())
         print(f"\n{name}\n")
         print("\n".join(rows(report)))

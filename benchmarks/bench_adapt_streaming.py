@@ -114,23 +114,11 @@ def run_mode(mode: str, ladder: Path, work: Path, args: argparse.Namespace) -> d
 def same_output(a: Path, b: Path) -> bool:
     """Whether two checkpoints hold the same tensors bit for bit (read one at a time)."""
     import torch
-    from safetensors import safe_open
 
-    def index(path: Path) -> dict[str, Path]:
-        names = {}
-        for file in path.glob("*.safetensors"):
-            with safe_open(str(file), framework="pt") as handle:
-                names.update({n: file for n in handle.keys()})
-        return names
+    from ladderize.model.shards import CheckpointTensors
 
-    ia, ib = index(a), index(b)
-    if ia.keys() != ib.keys():
-        return False
-    for name in ia:
-        with safe_open(str(ia[name]), framework="pt") as fa, safe_open(str(ib[name]), framework="pt") as fb:
-            if not torch.equal(fa.get_tensor(name), fb.get_tensor(name)):
-                return False
-    return True
+    with CheckpointTensors(a) as ta, CheckpointTensors(b) as tb:
+        return set(ta.names()) == set(tb.names()) and all(torch.equal(ta.read(n), tb.read(n)) for n in ta.names())
 
 
 def to_json(result: dict) -> str:

@@ -37,51 +37,37 @@ def run_measured(code: str, *args: str) -> dict[str, float]:
 
 
 def make_synthetic(directory: Path, target_gb: float) -> dict[str, int]:
-    """Write a random Llama-shaped fp16 checkpoint of about ``target_gb`` GB in ~500 MB shards."""
+    """Write a random Llama-shaped fp16 checkpoint of about ``target_gb`` GB in ~500 MB shards.
+
+    Through ``write_checkpoint`` (its shard writer and index), the tensor names from ``architectures``'
+    table; one shard's tensors are in memory at a time.
+    """
     import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
+
+    from ladderize.model.architectures import expected_tensors
+    from ladderize.model.checkpoint import plain_llama_config, write_checkpoint
 
     hidden, inner, heads, kv, vocab = 2048, 5632, 16, 4, 32000
     per_layer = 2 * hidden * hidden + 2 * hidden * (hidden // heads * kv) + 3 * hidden * inner + 2 * hidden
     layers = max(1, int((target_gb * 1e9 / 2 - 2 * vocab * hidden) / per_layer))
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=inner, num_attention_heads=heads,
-                         num_key_value_heads=kv, num_hidden_layers=layers, vocab_size=vocab, dtype="float16")  # fmt: skip
-    directory.mkdir(parents=True)
-    config.save_pretrained(directory)
+    values = dict(hidden_size=hidden, intermediate_size=inner, num_attention_heads=heads, num_key_value_heads=kv,
+                  num_hidden_layers=layers, vocab_size=vocab, dtype="float16")  # fmt: skip
     kv_dim = hidden // heads * kv
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv_dim, hidden),
-            p + "self_attn.v_proj.weight": (kv_dim, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
-            p + "mlp.gate_proj.weight": (inner, hidden), p + "mlp.up_proj.weight": (inner, hidden),
-            p + "mlp.down_proj.weight": (hidden, inner),
-        })  # fmt: skip
-    shards: list[dict] = [{}]
-    size = 0
-    for name, shape in shapes.items():
-        numel = 1
-        for d in shape:
-            numel *= d
-        if size + 2 * numel > 500_000_000 and shards[-1]:
-            shards.append({})
-            size = 0
-        shards[-1][name] = shape
-        size += 2 * numel
-    weight_map, total = {}, 0
-    for index, shard in enumerate(shards, start=1):
-        file = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {n: torch.randn(s, dtype=torch.float16) * 0.02 for n, s in shard.items()}
-        save_file(tensors, directory / file, metadata={"format": "pt"})
-        total += sum(t.numel() * 2 for t in tensors.values())
-        weight_map.update({n: file for n in shard})
-        del tensors
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index_doc))
-    return {"layers": layers, "shards": len(shards), "bytes": total}
+    shapes = {"embed_tokens": (vocab, hidden), "lm_head": (vocab, hidden), "norm": (hidden,), "layernorm": (hidden,),
+              "q_proj": (hidden, hidden), "k_proj": (kv_dim, hidden), "v_proj": (kv_dim, hidden), "o_proj": (hidden, hidden),
+              "gate_proj": (inner, hidden), "up_proj": (inner, hidden), "down_proj": (hidden, inner)}  # fmt: skip
+    total = 0
+
+    def tensors():
+        nonlocal total
+        for name in expected_tensors(values):
+            module = name.split(".")[-2]  # q_proj, input_layernorm, norm, embed_tokens, lm_head
+            tensor = torch.randn(shapes["layernorm" if module.endswith("layernorm") else module], dtype=torch.float16) * 0.02
+            total += tensor.numel() * 2
+            yield name, tensor
+
+    write_checkpoint(directory, plain_llama_config(values), tensors(), max_shard_bytes=500_000_000)
+    return {"layers": layers, "shards": len(list(directory.glob("*.safetensors"))), "bytes": total}
 
 
 def bench_case(name: str, src: Path, work: Path) -> dict:

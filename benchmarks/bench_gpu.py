@@ -141,12 +141,12 @@ def x_bytes(gib: float) -> int:
 def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
     """transformers' recipe for fast decode: static cache, ``torch.compile`` of the forward; ``run(n)`` as ``decode_runner``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
+    from ladderize.model.checkpoint import plain_llama_config
     from ladderize.runtime.bench import PRESETS
 
-    values = {k: v for k, v in PRESETS[shape].items() if k not in ("layer_modes", "spd_tp_size", "model_type")}
-    config = LlamaConfig(**values)
+    config = plain_llama_config(PRESETS[shape])
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)

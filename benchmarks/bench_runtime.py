@@ -129,15 +129,15 @@ def _smollm2_path(arg: str | None) -> Path:
 
 def stock_llama(path: Path, dtype: torch.dtype):
     """transformers' own LlamaForCausalLM on the checkpoint (a dense ladder_llama config is read as Llama)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from ladderize.model.checkpoint import plain_llama_config
 
     raw = json.loads((path / "config.json").read_text())
     if raw.get("model_type") == "ladder_llama":
         if any(mode != "dense" for mode in raw.get("layer_modes") or []):
             raise SystemExit("the transformers baseline needs a dense checkpoint")
-        drop = ("layer_modes", "spd_tp_size", "spd_head_order", "auto_map", "architectures", "model_type", "attention_out_bias")
-        config = LlamaConfig(**{k: v for k, v in raw.items() if k not in drop})
-        return LlamaForCausalLM.from_pretrained(path, config=config, dtype=dtype).eval()
+        return LlamaForCausalLM.from_pretrained(path, config=plain_llama_config(raw), dtype=dtype).eval()
     return LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 

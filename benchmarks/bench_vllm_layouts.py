@@ -27,10 +27,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402
 from ladderize.model.layout import Layout  # noqa: E402
+from ladderize.model.shapes import write_synthetic_checkpoint  # noqa: E402
 from ladderize.runtime.timing import load_average  # noqa: E402
-from tests.serving.serving_helpers import vllm_greedy  # noqa: E402
+from tests.runtime.vllm.serving_helpers import vllm_greedy  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 # bench_peers.py's shape: the cpu-512 preset with 12 layers
@@ -41,13 +41,11 @@ LAYOUTS = {"dense": dict(), "spd": dict(spd="all"), "ladder": dict(ladder="all")
 
 
 def write(root: Path, name: str, tp: int) -> Path:
+    """A random checkpoint (seed 0: the same weights for every layout), a ``ladder_llama`` config even when dense."""
     layout = Layout.from_ranges(SHAPE["num_hidden_layers"], spd_tp_size=tp, **LAYOUTS[name])
-    config = LadderLlamaConfig(**SHAPE, **layout.config_fields())
-    torch.manual_seed(0)
-    model = LadderLlamaForCausalLM(config).eval()
-    out = root / name
-    model.save_pretrained(out)
-    return out
+    fields = layout.config_fields()
+    return write_synthetic_checkpoint(root / name, SHAPE, seed=0, layer_modes=fields["layer_modes"],
+                                      spd_tp_size=fields["spd_tp_size"], tokenizer=False, plain=False)
 
 
 def main() -> int:

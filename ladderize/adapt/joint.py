@@ -23,7 +23,7 @@ from ..progress import counted
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .data import batch_at, micro_batch_index, token_windows
 from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
-from .token_store import build_reporter
+from .token_store import build_reporter, is_store
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
@@ -121,8 +121,9 @@ def adapt_joint(
                   world, config.seq_len))
     data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
                          progress=build_reporter(say, config.data), say=say)
-    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data} "
-        f"(token store {data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path})")
+    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
+    stored = "" if is_store(config.data) else f" (token store {where})"
+    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{stored}")
     if len(data) < sequences_per_step:
         say(f"the data holds fewer sequences than a step trains ({sequences_per_step}): every step repeats them, "
             f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")

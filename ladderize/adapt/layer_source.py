@@ -33,11 +33,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model.shards import read_tensors, tensor_names
+from ..model.shards import read_tensors, tensor_names, weight_files
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
+from ..model.architectures import EMBED_TENSOR, layer_prefix
 
-EMBEDDING = "model.embed_tokens."
+EMBEDDING = EMBED_TENSOR.removesuffix("weight")  # the embedding module's tensors: "model.embed_tokens."
 
 
 def return_free_memory() -> None:
@@ -64,10 +65,6 @@ def layer_of(name: str) -> int:
     """``model.layers.12.mlp.up_proj.weight`` -> 12 (-1 for tensors outside the layers)."""
     parts = name.split(".")
     return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else -1
-
-
-def layer_prefix(index: int) -> str:
-    return f"model.layers.{index}."
 
 
 class ResidentLayers:
@@ -114,16 +111,19 @@ class StreamedLayers:
         from accelerate import init_empty_weights
 
         from ..model.checkpoint import load_config
-        from ..convert.sources import resolve_source
 
         self.path = Path(path)
         self.dtype = dtype
         self.device = torch.device(device)
+        config = load_config(self.path)
+        files = weight_files(self.path)
+        if not files:
+            raise LadderizeError(f"{self.path} has no .safetensors weights")
         self.files: dict[str, Path] = {}  # tensor name -> the safetensors file holding it
-        for file in resolve_source(str(self.path)).weight_files:
+        for file in files:
             self.files.update(_names_in(file))
         with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
-            self.model = LadderLlamaForCausalLM(load_config(self.path)).eval()
+            self.model = LadderLlamaForCausalLM(config).eval()
         self.model.requires_grad_(False)
         self.trained: dict[int, Path] = {}  # layers to read from a finished layer's file instead
 

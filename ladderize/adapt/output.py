@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
+from ..model.architectures import layer_prefix
 from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
@@ -130,4 +131,4 @@ def write_streamed_output(
 
 def layer_tensors(layer: torch.nn.Module, index: int) -> dict[str, torch.Tensor]:
     """A decoder layer's tensors under their checkpoint names (``model.layers.N.*``), contiguous."""
-    return {f"model.layers.{index}.{key}": value.detach().contiguous() for key, value in layer.state_dict().items()}
+    return {f"{layer_prefix(index)}{key}": value.detach().contiguous() for key, value in layer.state_dict().items()}

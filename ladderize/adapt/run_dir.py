@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from ..model.atomic import write_file_atomic
+from ..model.atomic import replace_directory, write_file_atomic
 from ..errors import LadderizeError
 from .config import AdaptConfig
 
@@ -49,12 +48,7 @@ def save_accelerate_state(
         payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
         (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
         _write_curve(state_dir, curve)
-        old = state_dir.parent / f".{state_dir.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if state_dir.exists():
-            os.replace(state_dir, old)
-        os.replace(tmp, state_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, state_dir)
     accelerator.wait_for_everyone()
 
 

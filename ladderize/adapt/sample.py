@@ -309,12 +309,10 @@ def sample_text(
 
 def _finish(out: Path, settings: SampleSettings, tokens: int, seconds: float) -> None:
     """Write the provenance ``OUT.json``, rename ``OUT.partial`` to ``OUT`` and drop the settings sidecar."""
-    from ..model.atomic import apply_umask, write_file_atomic
+    from ..model.atomic import move_file_atomic, write_file_atomic
 
     provenance: dict[str, Any] = {**asdict(settings), "records": settings.sequences, "tokens_generated": tokens,
                                   "seconds": round(seconds, 3)}
     write_file_atomic(out.with_name(out.name + ".json"), json.dumps(provenance, indent=2) + "\n")
-    partial = partial_path(out)
-    apply_umask(partial)
-    os.replace(partial, out)
+    move_file_atomic(partial_path(out), out)
     _settings_file(out).unlink(missing_ok=True)

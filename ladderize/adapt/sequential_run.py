@@ -38,7 +38,6 @@ weights and (layer, seed), so the result equals an uninterrupted run's bit for b
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..model.atomic import atomic_file
 from ..model.placement import TrainingPrecision
 from ..model.shards import save_safetensors
 from ..errors import LadderizeError
@@ -290,7 +290,5 @@ def _train_layers(
 def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
     """Write the trained layer's tensors (checkpoint names) to its file, atomically."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    file = layer_file(state_dir, index)
-    tmp = file.with_name(f".{file.name}.tmp")
-    save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)
-    os.replace(tmp, file)
+    with atomic_file(layer_file(state_dir, index)) as tmp:
+        save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LadderizeError, one_line
+from ..model.atomic import write_file_atomic
 from ..paths import cache_path
 
 STORE_FORMAT = 1
@@ -170,7 +171,7 @@ def foreign_files(path: Path) -> list[Path]:
     """What a folder holds besides a store's own files (a store's folder may be replaced; others' files may not)."""
     if not path.is_dir():
         return []
-    return [p for p in path.iterdir() if p.name not in STORE_FILES and not p.name.startswith(f".{META_FILE}.tmp-")]
+    return [p for p in path.iterdir() if p.name not in STORE_FILES and not p.name.startswith(f".{META_FILE}.tmp")]
 
 
 def read_meta(path: Path) -> StoreMeta | None:
@@ -367,9 +368,7 @@ def _commit(path: Path, meta: StoreMeta, tokens_file, starts_file, started: floa
         handle.flush()
         os.fsync(handle.fileno())
     meta.build_s = round(meta.build_s + time.perf_counter() - started, 3)
-    temp = path / f".{META_FILE}.tmp-{os.getpid()}"
-    temp.write_text(json.dumps(asdict(meta), indent=1))
-    os.replace(temp, path / META_FILE)
+    write_file_atomic(path / META_FILE, json.dumps(asdict(meta), indent=1))
 
 
 def _skip(documents: Iterator[str], count: int) -> Iterator[str]:

@@ -147,8 +147,14 @@ def tokenize_cmd(
                 shutil.rmtree(target)
             before = read_meta(target) if target.exists() else None
             started = time.perf_counter()
+            first = before.tokens if before is not None else 0
+
+            def report(docs: int, tokens: int, _chars: int) -> None:  # this build's rate since it started
+                rate = (tokens - first) / max(time.perf_counter() - started, 1e-9)
+                progress.update(tokens, tokens_per_s=rate, extra=f"{docs:,} documents")
+
             store = ensure_store(part, loaded, min_tokens=max_tokens, out=target, workers=workers, say=progress.message,
-                                 progress=lambda docs, tokens, _chars: progress.update(tokens, tokens=tokens, extra=f"{docs:,} documents"))
+                                 progress=report)
             seconds = time.perf_counter() - started
             records.append({"data": part, "path": str(store.path), "tokens": store.num_tokens, "documents": store.meta.documents,
                             "dtype": store.meta.dtype, "bytes": store.nbytes(), "complete": store.meta.complete,

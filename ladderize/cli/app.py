@@ -20,7 +20,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from ..version import __version__
 
         typer.echo(f"ladderize {__version__}")
         raise typer.Exit()

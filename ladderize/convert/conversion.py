@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..errors import LadderizeError
 from ..model import Layout
-from ..model.architectures import architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
+from ..model.architectures import LM_HEAD, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
 from ..model.atomic import check_output_free
 from ..model.checkpoint import DEFAULT_MAX_SHARD_BYTES, ProgressFn, build_config, write_checkpoint
 from ..model.placement import parse_dtype
@@ -114,7 +114,7 @@ def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None
     missing = [n for n in expected if n not in present]
     if missing:
         raise LadderizeError(f"source {source.spec} is missing tensor {missing[0]} ({len(missing)} missing in all)")
-    allowed = set(expected) | ({"lm_head.weight"} if tied else set())
+    allowed = set(expected) | ({LM_HEAD} if tied else set())
     unexpected = sorted(n for n in present - allowed if not is_ignored_tensor(n))
     if unexpected:
         raise LadderizeError(

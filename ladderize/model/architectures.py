@@ -36,15 +36,22 @@ LINEAR_MODULES: tuple[str, ...] = tuple(m for m, (style, _) in TP_PLAN.items() i
 LAYER_TENSORS: tuple[str, ...] = tuple(f"{LAYER_PREFIX}{module}.weight" for module in TP_PLAN)
 
 
+def layer_prefix(layer: int) -> str:
+    """The prefix of every tensor of decoder layer ``layer``: ``model.layers.3.``."""
+    return Template(LAYER_PREFIX).substitute(layer=layer)
+
+
 def layer_tensor(layer: int, module: str, kind: str = "weight") -> str:
     """The checkpoint name of one layer tensor, e.g. ``model.layers.3.self_attn.q_proj.weight``."""
-    return Template(f"{LAYER_PREFIX}{module}.{kind}").substitute(layer=layer)
+    return f"{layer_prefix(layer)}{module}.{kind}"
 
 
 QKV_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.self_attn.{p}_proj.bias" for p in "qkv")
 O_BIAS_TENSORS = ("model.layers.${layer}.self_attn.o_proj.bias",)
 MLP_BIAS_TENSORS = tuple(f"model.layers.${{layer}}.mlp.{p}_proj.bias" for p in ("gate", "up", "down"))
-GLOBAL_TENSORS: tuple[str, ...] = ("model.embed_tokens.weight", "model.norm.weight")
+EMBED_TENSOR = "model.embed_tokens.weight"
+FINAL_NORM_TENSOR = "model.norm.weight"
+GLOBAL_TENSORS: tuple[str, ...] = (EMBED_TENSOR, FINAL_NORM_TENSOR)
 LM_HEAD = "lm_head.weight"
 # Buffers some exporters save that carry no information (recomputed from the config).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

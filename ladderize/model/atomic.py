@@ -144,37 +144,73 @@ def atomic_directory(out: Path | str, force: bool = False) -> Iterator[Path]:
         yield tmp
         apply_umask(tmp, umask)
         check_output_free(out, force)  # someone may have created it meanwhile
-        if out.exists():
-            old = _make_temp(out, "old")
-            try:
-                os.replace(out, old / "replaced")
-                os.replace(tmp, out)
-            finally:
-                if not out.exists() and (old / "replaced").exists():  # interrupted between the renames
-                    os.replace(old / "replaced", out)
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_directory(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_file_atomic(path: Path | str, data: str | bytes) -> Path:
-    """Write ``data`` (text as UTF-8) to ``path`` through a temp file beside it and a rename (mode from the umask).
+def replace_directory(done: Path | str, out: Path | str) -> Path:
+    """Rename the finished directory ``done`` (beside ``out``) to ``out``, replacing an existing ``out``.
 
-    Readers see the old file or the new one, never a half-written one; concurrent writers
-    each rename a whole file. The single-file sibling of ``atomic_directory``.
+    The old ``out`` is moved aside first and removed after; interrupted between the two renames, it is
+    put back. For writers that cannot use ``atomic_directory``'s block (several processes filling one
+    temp dir of a name they agree on: ``adapt``'s training state).
+    """
+    done, out = Path(done), Path(out)
+    if not out.exists():
+        os.replace(done, out)
+        return out
+    old = _make_temp(out, "old")
+    try:
+        os.replace(out, old / "replaced")
+        os.replace(done, out)
+    finally:
+        if not out.exists() and (old / "replaced").exists():  # interrupted between the renames
+            os.replace(old / "replaced", out)
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path | str) -> Iterator[Path]:
+    """Yield a temp file's path beside ``path`` that becomes ``path`` only if the block finishes (mode from the umask).
+
+    Readers see the old file or the new one, never a half-written one; concurrent writers each rename
+    a whole file; on any exception the temp file is removed. The single-file sibling of ``atomic_directory``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        yield tmp
         apply_umask(tmp)
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_file_atomic(path: Path | str, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` through ``atomic_file``."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+def move_file_atomic(source: Path | str, path: Path | str) -> Path:
+    """Move the finished file ``source`` to ``path`` (mode from the umask); readers never see part of it.
+
+    From the same folder it is one rename (``source`` is never lost half-way: a resumable partial file
+    stays put if this fails); from elsewhere (another file system) it is copied through ``atomic_file``.
+    """
+    source, path = Path(source), Path(path)
+    if source.parent.absolute() == path.parent.absolute():
+        apply_umask(source)
+        os.replace(source, path)
+        return path
+    with atomic_file(path) as tmp:
+        shutil.move(str(source), str(tmp))
     return path

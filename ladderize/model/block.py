@@ -20,7 +20,7 @@ Depends on torch only: it travels beside the modeling file in a converted checkp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -120,11 +120,33 @@ def spd_block(x: torch.Tensor, shares: Iterable[torch.Tensor], biases: Iterable[
     return out
 
 
+def permute_attention(
+    name: str, tensor: torch.Tensor, kv_order: Sequence[int], q_order: Sequence[int], head_dim: int
+) -> torch.Tensor:
+    """One attention tensor with its heads reordered: the one head-order permutation (SPD head grouping, vLLM's load).
+
+    ``name`` ends in ``q_proj.weight``/``.bias``, ``k_proj.*`` or ``v_proj.*`` (output rows in blocks of
+    ``head_dim``) or ``o_proj.weight`` (input columns); any other tensor (``o_proj.bias``) comes back as it
+    is. New KV head j is old KV head ``kv_order[j]``; ``q_order`` lists the query heads that follow them
+    (``layout.rank_query_heads(kv_order, H, K)``: GQA groups stay together). A relabelling of heads: the
+    layer's function is unchanged.
+    """
+    proj, kind = name.split(".")[-2:]
+    if proj in ("q_proj", "k_proj", "v_proj"):
+        index = torch.tensor(list(q_order if proj == "q_proj" else kv_order), device=tensor.device)
+        return tensor.reshape(-1, head_dim, *tensor.shape[1:]).index_select(0, index).reshape(tensor.shape)
+    if proj == "o_proj" and kind == "weight":
+        index = torch.tensor(list(q_order), device=tensor.device)
+        return tensor.reshape(tensor.shape[0], -1, head_dim).index_select(1, index).reshape(tensor.shape)
+    return tensor
+
+
 __all__ = [
     "LinearFn",
     "attention_partial",
     "fold_rotary_sign",
     "mlp_partial",
+    "permute_attention",
     "qkv_heads",
     "rms_norm",
     "rotate",

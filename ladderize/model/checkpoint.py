@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from .placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
 from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
@@ -50,13 +50,25 @@ def build_config(source_config: dict[str, Any], layout: Layout, plain: bool = Fa
             raise LadderizeError(f"a plain Llama checkpoint cannot hold the converted layers of {layout.describe()}")
         if config.attention_out_bias != config.attention_bias:
             raise LadderizeError("this source's attention biases have no plain Llama config (q/k/v and o_proj differ)")
-        from transformers import LlamaConfig
-
-        ladder_only = ("layer_modes", "spd_tp_size", "spd_head_order", "attention_out_bias")
-        plain_config = LlamaConfig(**{k: v for k, v in kwargs.items() if k not in ladder_only})
-        plain_config.architectures = ["LlamaForCausalLM"]
-        return plain_config
+        return plain_llama_config(kwargs)
     return stamp_config(config)
+
+
+#: What a plain ``LlamaConfig`` leaves out of a ladder config's values: the layout, the o_proj bias flag and the class names.
+LADDER_ONLY_KEYS = ("layer_modes", "spd_tp_size", "spd_head_order", "attention_out_bias", "auto_map", "architectures", "model_type")
+
+
+def plain_llama_config(values: dict[str, Any]):
+    """The plain ``LlamaConfig`` (``LlamaForCausalLM``, no custom code) of a ladder config's values (the one place).
+
+    ``values``: a ``config.json`` dict, ``LadderLlamaConfig`` keyword arguments or a preset's config dict; the
+    caller has checked that every layer is dense and that o_proj's bias follows ``attention_bias``.
+    """
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**{k: v for k, v in values.items() if k not in LADDER_ONLY_KEYS})
+    config.architectures = ["LlamaForCausalLM"]
+    return config
 
 
 def stamp_config(config):

@@ -246,21 +246,19 @@ def write_synthetic_checkpoint(
     spd_tp_size: int = 1,
     tokenizer: bool = True,
     force: bool = False,
+    plain: bool | None = None,
 ) -> Path:
     """A random-weight checkpoint of ``shape`` at ``out`` (seed ``seed``), with a character tokenizer.
 
-    Plain Llama (``model_type: llama``) when every layer is dense, a ``ladder_llama`` config
-    otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``). Written through
-    ``save_pretrained`` into a temp folder renamed to ``out``; an existing ``out`` is replaced
-    only with ``force``.
+    Plain Llama (``model_type: llama``) when every layer is dense (unless ``plain=False``), a
+    ``ladder_llama`` config otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``; shards with an index above
+    ``checkpoint.DEFAULT_MAX_SHARD_BYTES``). Written by ``checkpoint.write_checkpoint`` (atomically);
+    an existing ``out`` is replaced only with ``force``.
     """
-    import os
-    import shutil
-
     import torch
-    from transformers import LlamaConfig
 
     from ..synthetic import char_tokenizer
+    from .checkpoint import model_tensors, plain_llama_config, write_checkpoint
     from .configuration_ladder_llama import LadderLlamaConfig
     from .modeling_ladder_llama import LadderLlamaForCausalLM
 
@@ -275,26 +273,18 @@ def write_synthetic_checkpoint(
     values.setdefault("bos_token_id", 1)
     values.setdefault("eos_token_id", 2)
     dense = not layer_modes or all(mode == "dense" for mode in layer_modes)
+    if plain and not dense:
+        raise LadderizeError(f"a plain Llama checkpoint cannot hold the layer modes {layer_modes}")
+    plain = dense if plain is None else plain
     config = LadderLlamaConfig(**values, layer_modes=layer_modes, spd_tp_size=spd_tp_size)
     torch.manual_seed(seed)
     model = LadderLlamaForCausalLM(config).eval()
     if dtype is not None:
         model = model.to(dtype)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if dense:  # a plain Llama config: the model's tensors are Llama's
-        plain = LlamaConfig(**values)
-        plain.architectures = ["LlamaForCausalLM"]
-        plain.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        (tmp / "config.json").unlink()
-        plain.save_pretrained(tmp)
-    if tokenizer:
-        char_tokenizer().save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    written = plain_llama_config(values) if plain else model.config  # all dense: the model's tensors are Llama's
+    written.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return write_checkpoint(out, written, model_tensors(model), force=force, tokenizer=char_tokenizer() if tokenizer else None,
+                            generation_config=model.generation_config)
 
 
 __all__ = [

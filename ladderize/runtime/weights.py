@@ -13,16 +13,11 @@ from typing import Sequence
 
 import torch
 
-from ..model.architectures import TP_PLAN, layer_tensor
+from ..model.architectures import EMBED_TENSOR as EMBED, FINAL_NORM_TENSOR as FINAL_NORM, LM_HEAD, TP_PLAN, layer_tensor
 from ..errors import LadderizeError
 from ..model.layout import Layout, kv_heads_per_rank
 from ..model.shapes import ModelShape
 from .sharding import TensorSource, head_slices, layer_shard, shard_linear
-
-# Tensor names (Llama's, kept by ladder_llama checkpoints).
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
 
 
 @dataclass

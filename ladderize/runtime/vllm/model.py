@@ -61,6 +61,7 @@ from vllm.model_executor.models.utils import (
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
+from ladderize.model.block import permute_attention
 from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp, rank_query_heads
 from ladderize.model.residual import ResidualStream
 from ladderize.model.shapes import head_dim_of
@@ -345,21 +346,13 @@ def permute_spd_heads(weights: Iterable[tuple[str, torch.Tensor]], config) -> It
     for layer in range(layout.num_layers):
         order = layout.head_order(layer, kv_heads)
         if order != list(range(kv_heads)):
-            orders[layer] = (torch.tensor(order), torch.tensor(rank_query_heads(order, heads, kv_heads)))
+            orders[layer] = (order, rank_query_heads(order, heads, kv_heads))
     for name, tensor in weights:
         parts = name.split(".")
         if orders and "layers" in parts and "self_attn" in parts:
             layer = int(parts[parts.index("layers") + 1])
             if layer in orders:
-                kv_order, q_order = orders[layer]
-                proj = parts[parts.index("self_attn") + 1]
-                if proj in ("q_proj", "k_proj", "v_proj"):
-                    index = q_order if proj == "q_proj" else kv_order
-                    shaped = tensor.reshape(-1, head_dim, *tensor.shape[1:])
-                    tensor = shaped.index_select(0, index).reshape(tensor.shape)
-                elif proj == "o_proj" and parts[-1] == "weight":
-                    shaped = tensor.reshape(tensor.shape[0], heads, head_dim)
-                    tensor = shaped.index_select(1, q_order).reshape(tensor.shape)
+                tensor = permute_attention(name, tensor, *orders[layer], head_dim)
         yield name, tensor
 
 

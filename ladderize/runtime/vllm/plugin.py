@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from ladderize.errors import one_line
+from ladderize.model.auto_classes import register_auto_classes
 from ladderize.model.layout import LayerMode, Layout
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
@@ -71,11 +72,10 @@ def register() -> None:
 
 
 def _register() -> None:
-    import ladderize
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    ladderize.register_auto_classes()
+    register_auto_classes()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
     MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, LadderConfigCheck)  # the TP/SPD refusal, before workers start

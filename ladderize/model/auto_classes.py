@@ -1,0 +1,32 @@
+"""Registration of ``ladder_llama`` with transformers' ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent).
+
+``import ladderize`` calls it at once when transformers' auto classes are loaded, else right after they are
+first imported (the root's import hook); vLLM's plugin (``runtime/vllm/plugin.register``) calls it too.
+Importing this module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+_registered = False
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def register_auto_classes() -> None:
+    """Register ``ladder_llama`` with ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .configuration_ladder_llama import LadderLlamaConfig
+    from .modeling_ladder_llama import LadderLlamaForCausalLM
+
+    AutoConfig.register(LadderLlamaConfig.model_type, LadderLlamaConfig, exist_ok=True)
+    AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
+
+
+__all__ = ["is_registered", "register_auto_classes"]

@@ -1,0 +1,106 @@
+"""The import graph between ladderize's packages runs one way: no cycle, and nothing imports the package root.
+
+Every ``import`` in every module counts, function-level (lazy) imports included, since a lazy import
+is still an arrow between packages. A node is a subpackage (``model``, ``adapt``, ...) or a module
+at the root (``errors``, ``demo``, ...); ``ladderize`` is the root ``__init__``, which only hands
+names on. docs/architecture.md records the edges this test prints.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ladderize"
+ROOT = "ladderize"
+
+
+def _node(module: str) -> str:
+    """``ladderize.model.shards`` -> ``model``; ``ladderize.errors`` -> ``errors``; ``ladderize`` -> ``ladderize``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def _imported(file: Path) -> list[tuple[str, int]]:
+    """The ladderize modules ``file`` imports (absolute dotted names) and the line of each import."""
+    parts = list(file.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = parts[:-1]  # the package a relative import starts from (an __init__'s own package too)
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:  # `from . import errors` imports a module; `from .. import x` may name an attribute
+                sub = PACKAGE.parent.joinpath(*module.split("."), alias.name)
+                is_module = sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
+                found.append((f"{module}.{alias.name}" if is_module else module, node.lineno))
+    return [(name, line) for name, line in found if name.split(".")[0] == ROOT]
+
+
+def import_graph() -> dict[tuple[str, str], list[str]]:
+    """``(importer, imported) -> ["file:line", ...]`` between distinct nodes."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for file in sorted(PACKAGE.rglob("*.py")):
+        rel = file.relative_to(PACKAGE.parent)
+        parts = list(rel.with_suffix("").parts)
+        source = ROOT if parts[-1] == "__init__" and len(parts) == 2 else _node(".".join(parts))
+        for module, line in _imported(file):
+            target = _node(module)
+            if target != source:
+                edges[source, target].append(f"{rel.as_posix()}:{line}")
+    return dict(edges)
+
+
+def find_cycle(edges) -> list[str] | None:
+    graph = defaultdict(set)
+    for source, target in edges:
+        graph[source].add(target)
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_package_import_graph_is_acyclic():
+    edges = import_graph()
+    for (source, target), where in sorted(edges.items()):
+        print(f"{source} -> {target}  ({len(where)}: {where[0]})")
+    assert ("model", "adapt") not in edges  # a sanity check that the graph sees the packages at all
+    assert ("adapt", "model") in edges and ("convert", "model") in edges
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle) + "; " + "; ".join(
+        f"{a} -> {b} at {', '.join(edges[a, b])}" for a, b in zip(cycle, cycle[1:])
+    )
+
+
+def test_nothing_imports_the_package_root():
+    up = [w for (source, target), where in import_graph().items() if target == ROOT for w in where]
+    assert not up, f"imports of the package root (import the name from the module that defines it): {up}"
+
+
+def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
+    # adapt/layer_source.py imported convert.sources inside a method: that lazy import closed a cycle
+    assert find_cycle({("a", "b"): [], ("b", "c"): [], ("c", "a"): []}) == ["a", "b", "c", "a"]
+    assert find_cycle({("a", "b"): [], ("b", "c"): []}) is None
+    file = PACKAGE / "cli" / "app.py"
+    assert any(name == "ladderize.version" for name, _ in _imported(file))  # `from ..version import __version__`, in a function
