@@ -109,6 +109,7 @@ def adapt_joint(
     teacher = load_teacher(teacher_path, student) if with_teacher else None
 
     world = accelerator.num_processes
+    pace = Throughput(world, flops_per_token(student, teacher), peak_flops_per_s(accelerator.device))  # whole models, before sharding
     if not accelerator.is_main_process:  # one voice: the main process says the plan, the data and the pace
         say = _silent
     sequences_per_step = config.batch_size * config.grad_accum * world
@@ -171,7 +172,6 @@ def adapt_joint(
         say(f"nothing to resume in {run_dir}; starting a new run")
 
     model = accelerator.unwrap_model(loss_module).student
-    pace = Throughput(world, flops_per_token(model, teacher), peak_flops_per_s(accelerator.device))
     loss_module.train()
     rank = accelerator.process_index
     first_step_s, saved_step = None, step
