@@ -139,7 +139,7 @@ def adapt_summary(result: Any) -> list[str]:
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
     from ..progress import counted
 
-    pace = result.throughput or {}
+    pace = getattr(result, "throughput", None) or {}
     rate = f" ({pace['tokens_per_s']:,.0f} tokens/s, {pace['tokens_per_s_per_process']:,.0f} per process" + (
         f", MFU {100 * pace['mfu']:.1f}%" if "mfu" in pace else "") + ")" if pace else ""
     if "layer" in last:  # sequential: the curve's last loss is the last layer's last step, not the model's; the table says more

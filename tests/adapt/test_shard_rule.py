@@ -34,5 +34,5 @@ def test_max_shard_bytes_must_be_positive(value, dense_dir, tmp_path, capsys, mo
     out = tmp_path / "c"
     code, _, stderr = run_cli(["convert", dense_dir, out, "--ladder", "2:4", "--max-shard-bytes", value], capsys, monkeypatch)
     lines = error_lines(stderr)
-    assert code == 2 and len(lines) == 1 and "--max-shard-bytes must be a positive number of bytes" in lines[0], stderr
+    assert code == 2 and len(lines) == 1 and "--max-shard-bytes must be at least 1" in lines[0], stderr
     assert not out.exists()
