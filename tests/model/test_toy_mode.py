@@ -160,3 +160,32 @@ def test_inspect_reports_it(toy, tmp_path):
     assert [entry["mode"] for entry in info["layers"]] == ["dense", TOY, "ladder", TOY]
     assert info["allreduces_per_token"] == {"total": 6, "overlappable": 4}
     json.dumps(info, default=str)
+
+
+def _serve_with_toy(context, requests, options):
+    """A rank's job: the toy mode registered in this (spawned) rank process, then the runtime's own serving."""
+    from ladderize.runtime.generate import _serve
+
+    register_toy_mode()
+    return _serve(context, requests=requests, options=options)
+
+
+@pytest.mark.parametrize("comm", ["shm", "gloo"])
+def test_tp2_runtime_matches_the_hf_model(toy, tmp_path, comm):
+    """TP=2 ranks on the CPU reproduce the single-device HF model's logits (scored in pieces: prefill and cached decode)."""
+    import functools
+
+    from ladderize.runtime.generate import Request, RuntimeOptions
+    from ladderize.runtime.launch import LaunchSpec, run_ranks
+
+    path = tmp_path / "toy"
+    model = tiny_model(seed=5, **TINY_TP2, **toy_layout(toy).config_fields())
+    model.save_pretrained(path)
+    ids = torch.randint(3, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = model(ids).logits.numpy()
+    request = Request(str(path), tuple(tuple(row) for row in ids.tolist()), score_pieces=(5, 2, 1))
+    job = functools.partial(_serve_with_toy, requests=(request,), options=RuntimeOptions())
+    (response,) = run_ranks(job, LaunchSpec(tp=2, oversubscribe=True, comm=comm))
+    assert response.allreduces_per_forward == 6
+    assert abs(response.logits - expected).max() <= 1e-4
