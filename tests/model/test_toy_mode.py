@@ -189,3 +189,36 @@ def test_tp2_runtime_matches_the_hf_model(toy, tmp_path, comm):
     (response,) = run_ranks(job, LaunchSpec(tp=2, oversubscribe=True, comm=comm))
     assert response.allreduces_per_forward == 6
     assert abs(response.logits - expected).max() <= 1e-4
+
+
+def test_convert_writes_it(toy, tiny_llama_dir, tmp_path):
+    """``convert_checkpoint`` given the layout writes the toy mode into config and provenance; the model loads it."""
+    from ladderize.convert.conversion import convert_checkpoint
+    from ladderize.model.checkpoint import load_model, read_provenance
+
+    layout = toy_layout(toy, tp=3)
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", layout=layout)
+    model = load_model(out)
+    assert model.layout == layout
+    assert read_provenance(out)["layout"]["describe"] == "ladder 2:3 + lspd@tp3 1:2,3:4"
+    with pytest.raises(LayoutError, match="SPD TP degree 2 does not divide"):
+        convert_checkpoint(str(tiny_llama_dir), tmp_path / "bad", layout=toy_layout(toy, tp=2))
+
+
+def test_predict_prices_it(toy):
+    """Predict's layout schedule runs the toy's program: SPD's all-reduce count, and no slower than all-SPD
+    (the stale read lets more all-reduces overlap); at another TP degree the row says its outputs differ."""
+    from ladderize.predict import PredictRequest, RooflineCompute, load_model_shape, predict
+    from ladderize.predict.gpus import GPU_PROFILES
+    from ladderize.predict.interconnect import PROFILES
+
+    shape = load_model_shape("llama-3.1-70b")
+    layout = Layout((toy,) * shape.num_hidden_layers, spd_tp_size=8)
+    request = PredictRequest(shape, (4, 8), (1,), 1024, 512, PROFILES["h100-nvlink"], layout=layout,
+                             schedules=("dense", "spd", "layout"))
+    prediction = predict(request, RooflineCompute(GPU_PROFILES["h100"]))
+    rows = {(r.tp, r.schedule): r for r in prediction.rows}
+    assert rows[8, "layout"].allreduces_per_decode_step == rows[8, "spd"].allreduces_per_decode_step == 80
+    assert rows[8, "layout"].e2e_speedup_vs_dense >= rows[8, "spd"].e2e_speedup_vs_dense > 1.0
+    assert "converted for TP=8" in rows[4, "layout"].note and not rows[8, "layout"].note
+    assert prediction.to_record().to_json()["layout"]["describe"] == "lspd@tp8 0:80"
