@@ -12,6 +12,7 @@ mode") lists the files a new mode touches; this test is the check that nothing e
 from __future__ import annotations
 
 import json
+import multiprocessing
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ import torch
 from ladderize.errors import LadderizeError
 from ladderize.model.layout import MODE_TRAITS, LayerMode, Layout, LayoutError, described_layers
 from ladderize.model.shapes import ModelShape
+from ladderize.runtime.bench import _bench_job as _BENCH_JOB
 from ladderize.runtime.dims import validate_tp
 from tests.conftest import TINY, TINY_TP2, tiny_model
 from tests.model.reference import Reference, rms_norm, rope_cos_sin
@@ -41,6 +43,10 @@ def register_toy_mode(monkeypatch: pytest.MonkeyPatch | None = None) -> LayerMod
     patch.setitem(LayerMode._member_map_, TOY.upper(), member)
     patch.setitem(LayerMode._value2member_map_, TOY, member)
     return member
+
+
+if multiprocessing.current_process().name != "MainProcess":  # a spawned rank unpickling its job, before its arguments
+    register_toy_mode()
 
 
 @pytest.fixture
@@ -163,10 +169,9 @@ def test_inspect_reports_it(toy, tmp_path):
 
 
 def _serve_with_toy(context, requests, options):
-    """A rank's job: the toy mode registered in this (spawned) rank process, then the runtime's own serving."""
+    """A rank's job (its module registered the toy mode in the spawned rank on import): the runtime's own serving."""
     from ladderize.runtime.generate import _serve
 
-    register_toy_mode()
     return _serve(context, requests=requests, options=options)
 
 
@@ -222,3 +227,25 @@ def test_predict_prices_it(toy):
     assert rows[8, "layout"].e2e_speedup_vs_dense >= rows[8, "spd"].e2e_speedup_vs_dense > 1.0
     assert "converted for TP=8" in rows[4, "layout"].note and not rows[8, "layout"].note
     assert prediction.to_record().to_json()["layout"]["describe"] == "lspd@tp8 0:80"
+
+
+def _bench_with_toy(context, source, spec, options):
+    """A bench rank's job (its module registered the toy mode in the spawned rank on import): the bench's own job."""
+    return _BENCH_JOB(context, source=source, spec=spec, options=options)
+
+
+def test_bench_labels_and_refuses_it(toy, monkeypatch):
+    """``run_bench`` at the converted degree (TP=2 ranks) labels its record and rows with the toy; TP 1 is refused."""
+    from ladderize.runtime import bench
+    from ladderize.runtime.launch import LaunchSpec
+
+    monkeypatch.setattr(bench, "_bench_job", _bench_with_toy)  # pickled by name: the ranks import this module
+    source = bench.ModelSource(synthetic=dict(bench.PRESETS["tiny"]), synthetic_name="tiny", layout_override=toy_layout(toy))
+    spec = bench.BenchSpec(("native",), (1,), prompt_len=4, gen_len=2, warmup=0, repeats=1)
+    with pytest.raises(LadderizeError, match="converted for TP=2: it needs --tp 2, not --tp 1"):
+        bench.run_bench(source, [1], spec, LaunchSpec(tp=1))
+    record = bench.run_bench(source, [2], spec, LaunchSpec(tp=2, oversubscribe=True, comm="shm"))
+    assert record.layout == "ladder 2:3 + lspd@tp2 1:2,3:4"
+    (row,) = record.rows
+    assert row.layout == record.layout and row.allreduces_per_decode_step == 6
+    assert record.meta["layers_converted"] == 3
