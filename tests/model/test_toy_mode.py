@@ -249,3 +249,15 @@ def test_bench_labels_and_refuses_it(toy, monkeypatch):
     (row,) = record.rows
     assert row.layout == record.layout and row.allreduces_per_decode_step == 6
     assert record.meta["layers_converted"] == 3
+
+
+def test_architecture_doc_lists_what_this_test_touched():
+    """docs/architecture.md's list of files a new mode touches starts with the mode table, the only file whose
+    objects this test patches; the others are conditional ("only if"), and the doc names this test."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    section = doc.split("## Adding a layer mode", 1)[1].split("\n## ", 1)[0]
+    items = [line for line in section.splitlines() if line[:3] in {f"{n}. " for n in range(1, 10)}]
+    assert items[0].startswith("1. `model/layout.py`") and all("only if" in item for item in items[1:])
+    assert LayerMode.__module__ == "ladderize.model.layout" and "tests/model/test_toy_mode.py" in section
