@@ -234,8 +234,11 @@ def _bench_with_toy(context, source, spec, options):
     return _BENCH_JOB(context, source=source, spec=spec, options=options)
 
 
-def test_bench_labels_and_refuses_it(toy, monkeypatch):
-    """``run_bench`` at the converted degree (TP=2 ranks) labels its record and rows with the toy; TP 1 is refused."""
+def test_bench_labels_and_refuses_it(toy, monkeypatch, tmp_path):
+    """``run_bench`` at the converted degree (TP=2 ranks) labels its record and rows with the toy; TP 1 is refused;
+    a report reads the record's label back (its converted layers from the label when the meta lacks them)."""
+    from ladderize.report.runs import collect_runs
+
     from ladderize.runtime import bench
     from ladderize.runtime.launch import LaunchSpec
 
@@ -249,6 +252,11 @@ def test_bench_labels_and_refuses_it(toy, monkeypatch):
     (row,) = record.rows
     assert row.layout == record.layout and row.allreduces_per_decode_step == 6
     assert record.meta["layers_converted"] == 3
+    saved = record.to_json()
+    del saved["meta"]["layers_converted"]
+    (tmp_path / "bench.json").write_text(json.dumps(saved))
+    (run,) = collect_runs([tmp_path / "bench.json"])
+    assert run.label == "ladder 2:3 + lspd@tp2 1:2,3:4" and run.layers_converted == 3 and not run.is_dense
 
 
 def test_architecture_doc_lists_what_this_test_touched():
