@@ -30,7 +30,7 @@ def auto_ranges(spec: str, budget: float | None, report_path: str | None, mode: 
     if num_layers is not None and max(b.layer for b in report.blocks) >= num_layers:
         raise LadderizeError(f"{report_path} was measured on a model with more than {num_layers} layers")
     layers = select_layers(report, budget)
-    return format_layer_ranges(layers), report.spd_tp_size if mode is LayerMode.SPD else None
+    return format_layer_ranges(layers), report.spd_tp_size if mode.traits.tp_dependent else None
 
 
 def head_group_checkpoint(
@@ -46,7 +46,7 @@ def head_group_checkpoint(
     from .teacher import load_teacher
 
     model = load_model(path, dtype=torch.float32, device=target)
-    if not model.layout.layers(LayerMode.SPD):
+    if not model.layout.head_split_layers:
         raise LadderizeError("--head-grouping needs SPD layers (--spd ...)")
     tokenizer = load_tokenizer(path, "head grouping")
     dense = load_teacher(teacher, model, device=target)

@@ -81,7 +81,7 @@ def group_heads(
 ) -> dict[int, tuple[int, ...]]:
     """The KV-head order chosen for each SPD layer of ``model`` (or ``layers``), from dense states of ``teacher``."""
     layout = model.layout
-    targets = layers if layers is not None else layout.layers(LayerMode.SPD)
+    targets = layers if layers is not None else layout.head_split_layers
     config = model.config
     tp, kv = layout.spd_tp_size, config.num_key_value_heads
     if not targets or tp == 1:

@@ -119,13 +119,13 @@ def measure_sensitivity(
     """
     if model.layout.converted_layers:
         raise LadderizeError(f"sensitivity needs the dense source; this checkpoint is {model.layout.describe()}")
-    if mode not in (LayerMode.SPD, LayerMode.LADDER):
+    if not mode.is_converted:
         raise LadderizeError(f"sensitivity ranks spd or ladder blocks, not {mode.value}")
     num_layers = model.config.num_hidden_layers
     candidates = sorted(layers) if layers is not None else list(range(num_layers))
     if not candidates:
         raise LadderizeError("no candidate layers to rank")
-    converted = with_layout(model, Layout(tuple([mode] * num_layers), spd_tp_size if mode is LayerMode.SPD else 1))
+    converted = with_layout(model, Layout(tuple([mode] * num_layers), spd_tp_size if mode.traits.tp_dependent else 1))
     order = candidates[::-1]  # last block first
     nll = torch.zeros(len(order) + 1, dtype=torch.float64)  # [dense, suffix from order[0], ...]
     count = 0
@@ -157,7 +157,7 @@ def measure_sensitivity(
                 progress(done_units, units)
         count += batch[:, 1:].numel()
     ppl = [math.exp(v / count) for v in nll.tolist()]
-    report = SensitivityReport(mode.value, spd_tp_size if mode is LayerMode.SPD else 1, ppl[0], int(ids.shape[0]), int(ids.shape[1]), data)
+    report = SensitivityReport(mode.value, spd_tp_size if mode.traits.tp_dependent else 1, ppl[0], int(ids.shape[0]), int(ids.shape[1]), data)
     for position, layer in enumerate(order, start=1):
         delta = (ppl[position] - ppl[position - 1]) / ppl[0]
         report.blocks.append(BlockSensitivity(layer, ppl[position], delta, classify(delta), (ppl[position] - ppl[0]) / ppl[0]))

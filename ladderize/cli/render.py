@@ -34,7 +34,7 @@ def inspection(path: Path) -> tuple[Table, str]:
         else:
             runs.append([entry["layer"], entry["layer"], entry["mode"]])
     for first, last, mode in runs:
-        note = f" (tp={info['spd_tp_size']})" if mode == "spd" else ""
+        note = f" (tp={info['spd_tp_size']})" if LayerMode(mode).traits.tp_dependent else ""
         table.add_row(f"{first}:{last + 1}", mode + note, str(LayerMode(mode).allreduces_per_layer * (last - first + 1)))
     ar = info["allreduces_per_token"]
     summary = (

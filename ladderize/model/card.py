@@ -26,7 +26,7 @@ def model_card(config: Any, provenance: dict[str, Any] | None, name: str) -> str
     source = provenance.get("source") or {}
     front = ["---", "library_name: transformers", "tags:", "- ladderize"]
     if custom:
-        front += ["- ladder-residual"] * bool(layout.layers(LayerMode.LADDER)) + ["- sync-point-drop"] * bool(layout.layers(LayerMode.SPD))
+        front += [f"- {mode.traits.card_tag}" for mode in LayerMode.converted_modes() if mode.traits.card_tag and layout.layers(mode)]
     if source.get("kind") == "hub":
         front += [f"base_model: {source.get('spec')}"]
     lines = [*front, "---", "", f"# {name}", ""]
@@ -48,16 +48,12 @@ def _layout_section(layout: Layout, config: Any) -> list[str]:
         "| layers | mode | what it means |",
         "| --- | --- | --- |",
     ]
-    meaning = {
-        LayerMode.DENSE: "standard pre-norm Llama layer",
-        LayerMode.LADDER: "each module reads the residual one module late, so its all-reduce overlaps the next module",
-        LayerMode.SPD: f"attention all-reduce dropped: one all-reduce per block, exact at TP={layout.spd_tp_size} only",
-    }
     start = 0
     for mode, run in groupby(layout.modes):
         count = len(list(run))
-        label = f"spd (TP {layout.spd_tp_size})" if mode is LayerMode.SPD else mode.value
-        lines.append(f"| {format_layer_ranges(list(range(start, start + count)))} | {label} | {meaning[mode]} |")
+        label = f"{mode.value} (TP {layout.spd_tp_size})" if mode.traits.tp_dependent else mode.value
+        meaning = mode.traits.card_meaning.format(tp=layout.spd_tp_size)
+        lines.append(f"| {format_layer_ranges(list(range(start, start + count)))} | {label} | {meaning} |")
         start += count
     lines += ["", f"All-reduces per token under tensor parallelism: {allreduces['total']} "
                   f"({allreduces['overlappable']} overlappable by ladder layers).", ""]  # fmt: skip
@@ -135,8 +131,8 @@ def _load_section(name: str, custom: bool) -> list[str]:
 
 
 def _vllm_section(name: str, layout: Layout) -> list[str]:
-    tp = layout.spd_tp_size if layout.layers(LayerMode.SPD) else 2
-    spd = f" SPD layers serve only at `--tensor-parallel-size {tp}`, the degree they were converted for." if layout.layers(LayerMode.SPD) else ""
+    tp = layout.spd_tp_size if layout.tp_dependent_layers else 2
+    spd = f" SPD layers serve only at `--tensor-parallel-size {tp}`, the degree they were converted for." if layout.tp_dependent_layers else ""
     return [
         "## Serve with vLLM",
         "",

@@ -27,7 +27,10 @@ class ModeTraits:
     reads_stale: bool  # both modules read the residual one module late, r_{k-2}
     attention_allreduce: bool  # the attention module ends in its own all-reduce (SPD drops it)
     converted: bool  # the layer's function differs from the dense source layer
-    tp_dependent: bool  # the function depends on the TP degree it was converted for
+    tp_dependent: bool  # the function depends on the TP degree it was converted for (``spd_tp_size``)
+    needs_head_split: bool  # its modules are split into that degree's head groups (no KV-head replication)
+    card_tag: str = ""  # the model card's tag for a layout with such layers ("" for none)
+    card_meaning: str = ""  # the model card's one-line meaning; ``{tp}`` stands for ``spd_tp_size``
 
 
 class LayerMode(str, enum.Enum):
@@ -61,6 +64,11 @@ class LayerMode(str, enum.Enum):
         """The layer's function differs from the dense source layer."""
         return self.traits.converted
 
+    @classmethod
+    def converted_modes(cls) -> tuple["LayerMode", ...]:
+        """The converted modes in table order: the keys of ``Layout.ranges`` and the parts of ``describe``."""
+        return tuple(mode for mode in cls if mode.is_converted)
+
 
 # The mode table. Adding a mode: one row here; ``module_program`` below turns the rows into ModuleOps,
 # and ``residual.ResidualStream`` (the one interpreter the HF model, the TP runtime and vLLM share)
@@ -69,9 +77,14 @@ class LayerMode(str, enum.Enum):
 # module computing something else) is a method of the callers' kernels. Inspect, the plan and
 # predict follow from the program.
 MODE_TRAITS: dict[str, ModeTraits] = {
-    "dense": ModeTraits(reads_stale=False, attention_allreduce=True, converted=False, tp_dependent=False),
-    "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False),
-    "spd": ModeTraits(reads_stale=False, attention_allreduce=False, converted=True, tp_dependent=True),
+    "dense": ModeTraits(reads_stale=False, attention_allreduce=True, converted=False, tp_dependent=False,
+                        needs_head_split=False, card_meaning="standard pre-norm Llama layer"),
+    "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False,
+                         needs_head_split=False, card_tag="ladder-residual",
+                         card_meaning="each module reads the residual one module late, so its all-reduce overlaps the next module"),
+    "spd": ModeTraits(reads_stale=False, attention_allreduce=False, converted=True, tp_dependent=True,
+                      needs_head_split=True, card_tag="sync-point-drop",
+                      card_meaning="attention all-reduce dropped: one all-reduce per block, exact at TP={tp} only"),
 }
 
 
@@ -221,7 +234,7 @@ def described_layers(description: str) -> dict[str, list[int]] | None:
     for part in text.split(" + "):
         mode, _, spec = part.strip().partition(" ")
         name = mode.split("@", 1)[0]
-        if name not in (LayerMode.LADDER.value, LayerMode.SPD.value) or not spec:
+        if name not in {mode.value for mode in LayerMode.converted_modes()} or not spec:
             return None
         try:
             stop = max(int(item.partition(":")[2] or item) for item in spec.split(","))
@@ -256,20 +269,26 @@ class Layout:
         cls, num_layers: int, ladder: str | None = None, spd: str | None = None, spd_tp_size: int = 1
     ) -> "Layout":
         """Build a layout from range specs (see ``parse_layer_ranges``); the rest stays dense."""
-        ladder_layers = set(parse_layer_ranges(ladder, num_layers))
-        spd_layers = set(parse_layer_ranges(spd, num_layers))
-        both = ladder_layers & spd_layers
-        if both:
-            raise LayoutError(
-                f"layers {format_layer_ranges(both)} are selected for both ladder and spd; a layer has one mode"
-            )
+        return cls.from_mode_ranges(num_layers, {"ladder": ladder, "spd": spd}, spd_tp_size)
+
+    @classmethod
+    def from_mode_ranges(cls, num_layers: int, ranges: Mapping[str, str | None], spd_tp_size: int = 1) -> "Layout":
+        """Build a layout from a range spec per converted mode name (``{"ladder": "15:30"}``); the rest stays dense."""
+        chosen: dict[LayerMode, set[int]] = {}
+        for mode in LayerMode.converted_modes():
+            layers = set(parse_layer_ranges(ranges.get(mode.value), num_layers))
+            for other, taken in chosen.items():
+                if layers & taken:
+                    raise LayoutError(f"layers {format_layer_ranges(layers & taken)} are selected for both "
+                                      f"{other.value} and {mode.value}; a layer has one mode")
+            chosen[mode] = layers
+        unknown = set(ranges) - {mode.value for mode in chosen}
+        if unknown:
+            raise LayoutError(f"unknown layer mode {sorted(unknown)[0]!r}: the converted modes are {', '.join(m.value for m in chosen)}")
         if spd_tp_size < 1:
             raise LayoutError(f"spd TP degree must be at least 1, got {spd_tp_size}")
-        modes = tuple(
-            LayerMode.LADDER if i in ladder_layers else LayerMode.SPD if i in spd_layers else LayerMode.DENSE
-            for i in range(num_layers)
-        )
-        return cls(modes, spd_tp_size=spd_tp_size)
+        by_layer = {layer: mode for mode, layers in chosen.items() for layer in layers}
+        return cls(tuple(by_layer.get(i, LayerMode.DENSE) for i in range(num_layers)), spd_tp_size=spd_tp_size)
 
     @classmethod
     def from_config(cls, config: Any) -> "Layout":
@@ -303,16 +322,28 @@ class Layout:
     def converted_layers(self) -> list[int]:
         return [i for i, m in enumerate(self.modes) if m.is_converted]
 
+    @property
+    def tp_dependent_layers(self) -> list[int]:
+        """Layers whose function depends on the TP degree they were converted for (``spd_tp_size``)."""
+        return [i for i, m in enumerate(self.modes) if m.traits.tp_dependent]
+
+    @property
+    def head_split_layers(self) -> list[int]:
+        """Layers split into ``spd_tp_size`` head groups: that degree must divide the heads, with no KV replication."""
+        return [i for i, m in enumerate(self.modes) if m.traits.needs_head_split]
+
     def ranges(self) -> dict[str, str]:
         """Range spec of each converted mode, e.g. ``{"ladder": "15:30", "spd": "none"}``."""
-        return {m.value: format_layer_ranges(self.layers(m)) for m in (LayerMode.LADDER, LayerMode.SPD)}
+        return {m.value: format_layer_ranges(self.layers(m)) for m in LayerMode.converted_modes()}
+
+    def label(self, mode: LayerMode) -> str:
+        """A mode's name in ``describe``: ``spd@tp3`` for a TP-dependent mode, else the name."""
+        return f"{mode.value}@tp{self.spd_tp_size}" if mode.traits.tp_dependent else mode.value
 
     def describe(self) -> str:
         """Short human-readable name such as ``ladder 15:30 + spd@tp3 0:4`` or ``dense``."""
-        parts = []
-        for mode, spec in self.ranges().items():
-            if spec != "none":
-                parts.append(f"{mode}{'@tp' + str(self.spd_tp_size) if mode == 'spd' else ''} {spec}")
+        parts = [f"{self.label(mode)} {format_layer_ranges(self.layers(mode))}"
+                 for mode in LayerMode.converted_modes() if self.layers(mode)]
         return " + ".join(parts) or "dense"
 
     def program(self) -> tuple[ModuleOp, ...]:
@@ -337,7 +368,7 @@ class Layout:
             order = self.head_order(layer, num_key_value_heads)
             if sorted(order) != list(range(num_key_value_heads)):
                 raise LayoutError(f"spd_head_order of layer {layer} is not a permutation of {num_key_value_heads} KV heads")
-        if not self.layers(LayerMode.SPD):
+        if not self.head_split_layers:
             return
         check_tp_divides(self.spd_tp_size, num_attention_heads, num_key_value_heads, intermediate_size, what="SPD TP degree")
 

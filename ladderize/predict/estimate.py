@@ -172,10 +172,8 @@ def _domino_split(batch: int, q_len: int, kv_len: int, chunks: int) -> tuple[int
 def _modes_of(request: PredictRequest) -> dict[str, tuple[LayerMode, ...]]:
     """The per-layer modes each schedule runs: whole-model what-ifs, plus the given layout."""
     layers = request.model.num_hidden_layers
-    modes = {
-        "dense": (LayerMode.DENSE,) * layers,
-        "ladder": (LayerMode.LADDER,) * layers,
-        "spd": (LayerMode.SPD,) * layers,
+    modes = {mode.value: (mode,) * layers for mode in LayerMode}  # "dense", "ladder", "spd": every layer one mode
+    modes |= {
         "domino": (LayerMode.DENSE,) * layers,
         "upper-bound": (LayerMode.DENSE,) * layers,
     }
@@ -206,7 +204,7 @@ def _simulate_schedule(
             chunks=chunks, communicate=schedule != "upper-bound" and tp > 1,
         )
     layout = request.layout
-    if schedule == "layout" and layout is not None and layout.layers(LayerMode.SPD) and layout.spd_tp_size != tp:
+    if schedule == "layout" and layout is not None and layout.tp_dependent_layers and layout.spd_tp_size != tp:
         note = (f"SPD layers were converted for TP={layout.spd_tp_size}; at TP={tp} their outputs differ "
                 "(speed is still as shown)")
     return timings, note

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from ..errors import LadderizeError
-from ..model.layout import LayerMode, Layout, check_tp_divides, format_layer_ranges
+from ..model.layout import Layout, check_tp_divides, format_layer_ranges
 from ..model.shapes import ModelShape
 
 
@@ -15,9 +15,9 @@ def validate_tp(dims: ModelShape, layout: Layout, tp: int, allow_spd_mismatch: b
     """
     if tp < 1:
         raise LadderizeError(f"--tp must be at least 1, got {tp}")
-    spd_layers = layout.layers(LayerMode.SPD)
     # Dense and ladder layers replicate KV heads when tp exceeds their count; SPD's head groups cannot.
-    check_tp_divides(tp, dims.num_heads, dims.num_kv_heads, dims.intermediate_size, replicate_kv=not spd_layers)
+    check_tp_divides(tp, dims.num_heads, dims.num_kv_heads, dims.intermediate_size, replicate_kv=not layout.head_split_layers)
+    spd_layers = layout.tp_dependent_layers  # a different model at another TP degree
     if spd_layers and tp != layout.spd_tp_size and not allow_spd_mismatch:
         raise LadderizeError(
             f"the model has SPD layers converted for TP={layout.spd_tp_size}: it needs --tp {layout.spd_tp_size}, "

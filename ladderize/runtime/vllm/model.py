@@ -62,7 +62,7 @@ from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from ladderize.model.block import permute_attention
-from ladderize.model.layout import LayerMode, Layout, ModuleKind, ModuleOp, rank_query_heads
+from ladderize.model.layout import Layout, ModuleKind, ModuleOp, rank_query_heads
 from ladderize.model.residual import ResidualStream
 from ladderize.model.shapes import head_dim_of
 from ladderize.runtime.vllm.plugin import check_parallel
@@ -98,7 +98,7 @@ def layout_of(config) -> Layout:
 def compile_allowed(vllm_config: VllmConfig) -> bool:
     """``support_torch_compile``'s ``enable_if``: ladder layouts compile only once validated."""
     layout = layout_of(vllm_config.model_config.hf_config)
-    if layout.layers(LayerMode.LADDER) and not (COMPILED_LADDER_VALIDATED and current_platform.is_cpu()):
+    if any(mode.reads_stale_residual for mode in layout.modes) and not (COMPILED_LADDER_VALIDATED and current_platform.is_cpu()):
         # validated on CPU only (the tests run there); on other platforms the compiled ladder flow is untested
         logger.warning(
             "ladderize: layout %s has ladder layers; they run eager (torch.compile is off for this model) because "

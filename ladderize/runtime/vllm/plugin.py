@@ -15,7 +15,7 @@ import logging
 
 from ladderize.errors import one_line
 from ladderize.model.auto_classes import register_auto_classes
-from ladderize.model.layout import LayerMode, Layout
+from ladderize.model.layout import Layout, format_layer_ranges
 
 ARCHITECTURE = "LadderLlamaForCausalLM"
 MODEL_PATH = "ladderize.runtime.vllm.model:VllmLadderLlamaForCausalLM"  # the class; the architecture name stays
@@ -30,10 +30,10 @@ class SPDDegreeError(RuntimeError):
 
 def check_parallel(layout: Layout, tp: int, pp: int) -> None:
     """Refuse what the ladderize model cannot serve exactly, with one readable line."""
-    spd = layout.layers(LayerMode.SPD)
+    spd = layout.tp_dependent_layers
     if spd and tp != layout.spd_tp_size:
         raise SPDDegreeError(
-            f"ladderize: SPD layers {layout.ranges()['spd']} were converted for TP={layout.spd_tp_size}; at "
+            f"ladderize: SPD layers {format_layer_ranges(spd)} were converted for TP={layout.spd_tp_size}; at "
             f"tensor_parallel_size={tp} each rank would hold a different head group, which is a different model. "
             f"Serve with tensor_parallel_size={layout.spd_tp_size}"
         )
