@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create ./.venv-tf4 (once) for tests/model/test_transformers4.py: torch (the CPU pin) and the newest
+# Create ./.venv-tf4 (once) for tests/model/test_transformers_versions.py: torch (the CPU pin) and the newest
 # transformers 4.x, nothing else (what ladderize writes, read by a transformers-4 user without ladderize);
 # and in $VENV/transformers-lowest the lowest transformers ladderize supports (5.4.0, as pyproject pins it)
 # with its own dependencies, put first on PYTHONPATH to run ladderize's model there.
