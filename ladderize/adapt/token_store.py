@@ -135,8 +135,8 @@ def _builtin_version(spec: str) -> dict:
             return {}
     from ..eval.perplexity import wikitext2_valid_path
 
-    path = wikitext2_valid_path()
-    return {"file": path.name, "bytes": path.stat().st_size}
+    path = wikitext2_valid_path()  # the bundled slice or the full file: another text, another store
+    return {"file": str(path), "bytes": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns}
 
 
 def store_key(spec: str, tokenizer) -> str:
