@@ -325,8 +325,13 @@ def check_resume(args, cli: list[str], env: dict, ladder: Path) -> dict:
     import torch
     from safetensors.torch import load_file
 
+    import shutil
+
     common = ["--data", str(args.workdir / "store-small"), "--objective", "kd", "--tokens", str(16 * 4 * 128),
               "--seq-len", "128", "--batch-size", "4", "--save-every", "3", "--force"]
+    for name in ("resume-whole", "resume-cut"):  # a workdir reused: an earlier run's outputs would block the resume
+        for leftover in (args.workdir / name, args.workdir / f"{name}.adapt-run"):
+            shutil.rmtree(leftover, ignore_errors=True)
     whole = args.workdir / "resume-whole"
     first = run_watched([*cli, "adapt", str(ladder), str(whole), *common], env)
     cut = args.workdir / "resume-cut"
