@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -275,6 +276,38 @@ def ensure_store(
         if meta is None or not (meta.complete or (min_tokens is not None and meta.tokens >= min_tokens)):
             meta = _build(spec, tokenizer, path, meta, min_tokens, workers, progress, say)
         return open_store(path)
+
+
+def tokenize_data(
+    data: str, tokenizer, *, out: Path | None = None, max_tokens: int | None = None, workers: int | None = None,
+    force: bool = False, progress: Callable[[int, float, int], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """The pipeline behind ``ladderize tokenize``: the store of each part of ``data`` (a mixture is a store per
+    part), built or continued, in ``out`` or the cache; ``force`` builds it again. A folder holding other files
+    than a store's is refused. ``progress(tokens, tokens_per_s of this build, documents)``. Returns one record per store."""
+    from .data import mixture_parts
+
+    records = []
+    for part in [name for name, _ in mixture_parts(data) or [(data, 1.0)]]:
+        target = Path(out).expanduser() if out is not None else default_root() / store_key(part, tokenizer)
+        if foreign_files(target) and not force:
+            raise LadderizeError(f"--out {target} exists and is not a token store; pass --force to replace it")
+        if force and target.exists():
+            shutil.rmtree(target)
+        before = read_meta(target) if target.exists() else None
+        started, first = time.perf_counter(), before.tokens if before is not None else 0
+
+        def report(documents: int, tokens: int, _chars: int) -> None:  # this build's rate since it started
+            if progress is not None:
+                progress(tokens, (tokens - first) / max(time.perf_counter() - started, 1e-9), documents)
+
+        store = ensure_store(part, tokenizer, min_tokens=max_tokens, out=target, workers=workers, say=say, progress=report)
+        records.append({"data": part, "path": str(store.path), "tokens": store.num_tokens, "documents": store.meta.documents,
+                        "dtype": store.meta.dtype, "bytes": store.nbytes(), "complete": store.meta.complete,
+                        "seconds": round(time.perf_counter() - started, 3), "build_s": store.meta.build_s,
+                        "reused": before is not None and before.tokens == store.num_tokens, "tokenizer": store.meta.tokenizer})
+    return records
 
 
 def _absolute(spec: str) -> str:
@@ -555,6 +588,6 @@ def _tokenized(documents: Iterator[str], tokenizer, workers: int | None) -> Iter
 
 __all__ = [
     "STORE_FORMAT", "StoreMeta", "TokenStore", "check_tokenizer", "default_root", "default_workers", "encode_batch",
-    "ensure_store", "is_store", "open_store", "read_meta", "source_identity", "split_document", "splittable",
-    "store_key", "tokenizer_identity",
+    "ensure_store", "foreign_files", "is_store", "open_store", "read_meta", "source_identity", "split_document", "splittable",
+    "store_key", "tokenize_data", "tokenizer_identity",
 ]

@@ -119,9 +119,6 @@ def tokenize_cmd(
     force: bool = opts.force_option("Build the store again from scratch (removes the existing one)."),
 ) -> None:
     """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and head grouping reuse (resumable)."""
-    import shutil
-    import time
-
     from ..adapt.data import mixture_parts
     from ..errors import LadderizeError
 
@@ -131,36 +128,15 @@ def tokenize_cmd(
         raise LadderizeError("a mixture is a store per part: tokenize each part (its own --out), or leave out --out to use the cache")
     opts.check_output(out, "--out")
     opts.check_output(json_out, "--json file")
-    from ..adapt.token_store import default_root, ensure_store, foreign_files, read_meta, store_key
+    from ..adapt.token_store import tokenize_data
     from ..model.checkpoint import load_tokenizer
     from ..progress import Progress
 
     loaded = load_tokenizer(tokenizer, "tokenize")
-    parts = [name for name, _ in mixture_parts(data) or [(data, 1.0)]]
-    records = []
     with Progress("tokenize", err_console) as progress:
-        for part in parts:
-            target = out if out is not None else default_root() / store_key(part, loaded)
-            if foreign_files(target) and not force:
-                raise LadderizeError(f"--out {target} exists and is not a token store; pass --force to replace it")
-            if force and target.exists():
-                shutil.rmtree(target)
-            before = read_meta(target) if target.exists() else None
-            started = time.perf_counter()
-            first = before.tokens if before is not None else 0
-
-            def report(docs: int, tokens: int, _chars: int) -> None:  # this build's rate since it started
-                rate = (tokens - first) / max(time.perf_counter() - started, 1e-9)
-                progress.update(tokens, tokens_per_s=rate, extra=f"{docs:,} documents")
-
-            store = ensure_store(part, loaded, min_tokens=max_tokens, out=target, workers=workers, say=progress.message,
-                                 progress=report)
-            seconds = time.perf_counter() - started
-            records.append({"data": part, "path": str(store.path), "tokens": store.num_tokens, "documents": store.meta.documents,
-                            "dtype": store.meta.dtype, "bytes": store.nbytes(), "complete": store.meta.complete,
-                            "seconds": round(seconds, 3), "build_s": store.meta.build_s,
-                            "reused": before is not None and before.tokens == store.num_tokens,
-                            "tokenizer": store.meta.tokenizer})
+        records = tokenize_data(data, loaded, out=out, max_tokens=max_tokens, workers=workers, force=force,
+                                progress=lambda tokens, rate, docs: progress.update(tokens, tokens_per_s=rate, extra=f"{docs:,} documents"),
+                                say=progress.message)
     for record in records:
         what = "whole text" if record["complete"] else f"first {record['tokens']:,} tokens (a larger budget continues it)"
         what += ", reused" if record["reused"] else ""
