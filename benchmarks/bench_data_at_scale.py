@@ -178,9 +178,7 @@ json.dump({"rank": accelerator.process_index, "world": accelerator.num_processes
 
 def check_shares(store: Path, tokenizer: Path, workdir: Path, env: dict, seq_len: int) -> dict:
     """Two launched processes' micro-batches against one process's: disjoint, and in order their union."""
-    import torch
-
-    from ladderize.adapt.data import batch_order, micro_batch_index, token_windows
+    from ladderize.adapt.data import batch_at, micro_batch_index, token_windows
     from transformers import AutoTokenizer
 
     steps, batch, accum = 50, 4, 2
@@ -197,20 +195,14 @@ def check_shares(store: Path, tokenizer: Path, workdir: Path, env: dict, seq_len
     ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
     windows = token_windows(str(store), AutoTokenizer.from_pretrained(tokenizer), seq_len)
     # the single process at the same global batch reads positions 0, 1, 2, ... of the shuffled order
-    positions = {}
+    positions: dict[int, list[int]] = {}  # micro-step -> the first token of each of its rows
+    read = [set() for _ in range(2)]  # the positions of the shuffled order each rank read
     for rank in ranks:
         for entry in rank["rows"]:
             index = entry[-1]
             positions[index] = entry[:-1]
-    read = [set() for _ in range(2)]
-    for rank in ranks:
-        for entry in rank["rows"]:
-            start = entry[-1] * batch
-            read[rank["rank"]].update(range(start, start + batch))
-    single = []
-    for position in range(steps * accum * 2 * batch):
-        epoch, offset = divmod(position, len(windows))
-        single.append(int(windows.rows([int(batch_order(len(windows), epoch, 0)[offset])])[0, 0]))
+            read[rank["rank"]].update(range(index * batch, (index + 1) * batch))
+    single = batch_at(windows, 0, steps * accum * 2 * batch, 0)[:, 0].tolist()  # one process, the whole global batch
     merged = [token for index in sorted(positions) for token in positions[index]]
     expected_indices = sorted(micro_batch_index(s, m, accum, 2, r) for s in range(steps) for m in range(accum) for r in range(2))
     return {"ok": not (read[0] & read[1]) and merged == single and sorted(positions) == expected_indices,

@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import LadderizeError, one_line
 from ..model.atomic import write_file_atomic
 from ..paths import cache_path
+from ..runtime.host import cpu_cores
 
 STORE_FORMAT = 1
 META_FILE = "store.json"
@@ -340,10 +341,9 @@ def _build(spec: str, tokenizer, path: Path, meta: StoreMeta | None, min_tokens:
     """Tokenize ``spec`` into ``path`` from ``meta``'s commit (or from nothing) up to ``min_tokens`` or its end."""
     from .data import iter_documents
 
-    identity = tokenizer_identity(tokenizer)
     if meta is None:
         dtype = "uint16" if len(tokenizer) <= UINT16_LIMIT else "uint32"
-        meta = StoreMeta(STORE_FORMAT, spec, source_identity(spec), identity, dtype, tokenizer.eos_token_id,
+        meta = StoreMeta(STORE_FORMAT, spec, source_identity(spec), tokenizer_identity(tokenizer), dtype, tokenizer.eos_token_id,
                          tokens=0, documents=0, documents_read=0, complete=False)
     elif say is not None:
         say(f"token store {path.name}: continuing from {meta.tokens:,} tokens ({meta.documents_read:,} documents)")
@@ -355,7 +355,7 @@ def _build(spec: str, tokenizer, path: Path, meta: StoreMeta | None, min_tokens:
             # bytes after the last commit are an interrupted build's: cut them, then append
             tokens_file.truncate(meta.tokens * itemsize)
             starts_file.truncate(meta.documents * 8)
-            documents = _skip(iter_documents(spec), meta.documents_read)
+            documents = itertools.islice(iter_documents(spec), meta.documents_read, None)  # those committed are in
             since_commit = 0
             for read, chars, pieces_ids in _tokenized(documents, tokenizer, workers):
                 meta.documents_read += read
@@ -404,18 +404,7 @@ def _commit(path: Path, meta: StoreMeta, tokens_file, starts_file, started: floa
     write_file_atomic(path / META_FILE, json.dumps(asdict(meta), indent=1))
 
 
-def _skip(documents: Iterator[str], count: int) -> Iterator[str]:
-    for index, text in enumerate(documents):
-        if index >= count:
-            yield text
-
-
 # ---------------------------------------------------------------- tokenizing
-
-
-def default_workers() -> int:
-    """Worker processes for tokenizing: the cores this process may use (at least 1)."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def splittable(tokenizer) -> bool:
@@ -560,7 +549,7 @@ def _join(counts: list[int], encoded: list[np.ndarray]) -> list[np.ndarray]:
 
 def _tokenized(documents: Iterator[str], tokenizer, workers: int | None) -> Iterator[tuple[int, int, list[np.ndarray]]]:
     """(documents read, characters, their ids) per batch, in order; ``workers`` > 1 tokenizes in that many processes."""
-    workers = default_workers() if workers is None else workers
+    workers = cpu_cores() if workers is None else workers  # one tokenizer process per core by default
     batches = _batches(documents, cut_checker(tokenizer))
     first = next(batches, None)
     if first is None:
@@ -587,7 +576,7 @@ def _tokenized(documents: Iterator[str], tokenizer, workers: int | None) -> Iter
 
 
 __all__ = [
-    "STORE_FORMAT", "StoreMeta", "TokenStore", "check_tokenizer", "default_root", "default_workers", "encode_batch",
+    "STORE_FORMAT", "StoreMeta", "TokenStore", "check_tokenizer", "default_root", "encode_batch",
     "ensure_store", "foreign_files", "is_store", "open_store", "read_meta", "source_identity", "split_document", "splittable",
     "store_key", "tokenize_data", "tokenizer_identity",
 ]
