@@ -62,15 +62,6 @@ RECIPES: dict[str, list[str]] = {
     "kd": ["kd"],
 }
 DEFAULT_RECIPE = "best"
-# Measured peak learning rates per stage kind and converted-layer mode (docs/adapt.md). A
-# layout with both modes takes the smaller rate. Sequential ladder, default recipe on ladder
-# 15-29: 1e-3 gives 96.0% of the WikiText gap and LAMBADA -2.2 points; 2e-3 96.3% and -3.7;
-# 6e-3 (the rate before) 95.4% and -7.6.
-MEASURED_LR: dict[str, dict[str, float]] = {
-    "sequential": {"ladder": 1e-3, "spd": 2e-3},
-    "kd": {"ladder": 2e-4, "spd": 1e-4},
-    "joint": {"ladder": 3e-4, "spd": 3e-4},
-}
 PLAN_FILE = "recipe.json"
 ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs"}
 _FIELDS = {f.name: f for f in fields(AdaptConfig)}
@@ -180,9 +171,13 @@ def stage_kind(settings: dict[str, Any]) -> str:
 
 
 def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
-    """The measured peak learning rate for this stage kind and these converted-layer modes."""
-    rates = MEASURED_LR[stage_kind(settings)]
-    return min((rates[mode] for mode in modes if mode in rates), default=rates["ladder"])
+    """The measured peak learning rate for this stage kind and these converted-layer modes: the smallest of the
+    modes' own rates (``ModeTraits.learning_rates``, the mode table's), else ``learning_rates_fallback``'s."""
+    from ..model.layout import LayerMode, learning_rates_fallback
+
+    kind = stage_kind(settings)
+    own = [rates[kind] for rates in (LayerMode(mode).traits.learning_rates for mode in modes) if kind in rates]
+    return min(own, default=learning_rates_fallback()[kind])
 
 
 def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ interpreter, ``residual.ResidualStream``.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 
@@ -31,6 +31,11 @@ class ModeTraits:
     needs_head_split: bool  # its modules are split into that degree's head groups (no KV-head replication)
     card_tag: str = ""  # the model card's tag for a layout with such layers ("" for none)
     card_meaning: str = ""  # the model card's one-line meaning; ``{tp}`` stands for ``spd_tp_size``
+    option_help: str = ""  # the CLI's ``--<mode> RANGES`` help: which layers it names ("" : "Layers converted to <mode>")
+    what_if: str = ""  # predict's whole-model what-if of the mode ("" : "every layer <mode>")
+    # measured peak learning rates per adapt stage kind (sequential, kd, joint; docs/adapt.md); a mode
+    # without them takes those of the first mode of the table that has them (see ``learning_rates_of``)
+    learning_rates: Mapping[str, float] = field(default_factory=dict, hash=False)
 
 
 class LayerMode(str, enum.Enum):
@@ -69,8 +74,37 @@ class LayerMode(str, enum.Enum):
         """The converted modes in table order: the keys of ``Layout.ranges`` and the parts of ``describe``."""
         return tuple(mode for mode in cls if mode.is_converted)
 
+    @classmethod
+    def with_traits(cls, **wanted: Any) -> "LayerMode":
+        """The first mode of the table whose traits have the ``wanted`` values (``with_traits(converted=False)``:
+        the dense layer); ``LookupError`` when none has."""
+        for mode in cls:
+            if all(getattr(mode.traits, name) == value for name, value in wanted.items()):
+                return mode
+        raise LookupError(f"no layer mode has {wanted}")
 
-# The mode table. Adding a mode: one row here; ``module_program`` below turns the rows into ModuleOps,
+    @property
+    def option_help(self) -> str:
+        """What the CLI's ``--<mode> RANGES`` names (the help text's start)."""
+        return self.traits.option_help or f"Layers converted to {self.value}"
+
+    @property
+    def what_if(self) -> str:
+        """Predict's whole-model what-if of this mode, in words."""
+        return self.traits.what_if or f"every layer {self.value}"
+
+
+def learning_rates_fallback() -> Mapping[str, float]:
+    """The learning rates of a layout none of whose converted modes has measured rates (or with no converted
+    layer): those of the first row of the table that has any (ladder's, measured first, on the gentler conversion)."""
+    return next((mode.traits.learning_rates for mode in LayerMode if mode.traits.learning_rates), {})
+
+
+# The mode table. Its learning rates are the measured peaks per adapt stage kind (docs/adapt.md);
+# a layout with several converted modes takes the smallest. Sequential ladder, default recipe on
+# ladder 15-29: 1e-3 gives 96.0% of the WikiText gap and LAMBADA -2.2 points; 2e-3 96.3% and -3.7;
+# 6e-3 (the rate before) 95.4% and -7.6.
+# Adding a mode: one row here; ``module_program`` below turns the rows into ModuleOps,
 # and ``residual.ResidualStream`` (the one interpreter the HF model, the TP runtime and vLLM share)
 # runs them. A mode whose modules read or reduce in a way ModuleOp cannot say yet needs a field on
 # ModuleOp and its handling in ``residual.py``, not branches in the three loops; a new kernel (a
@@ -81,10 +115,16 @@ MODE_TRAITS: dict[str, ModeTraits] = {
                         needs_head_split=False, card_meaning="standard pre-norm Llama layer"),
     "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False,
                          needs_head_split=False, card_tag="ladder-residual",
-                         card_meaning="each module reads the residual one module late, so its all-reduce overlaps the next module"),
+                         card_meaning="each module reads the residual one module late, so its all-reduce overlaps the next module",
+                         option_help="Layers converted to Ladder Residual",
+                         what_if="every layer ladder: module k's all-reduce hidden behind module k+1",
+                         learning_rates={"sequential": 1e-3, "kd": 2e-4, "joint": 3e-4}),
     "spd": ModeTraits(reads_stale=False, attention_allreduce=False, converted=True, tp_dependent=True,
                       needs_head_split=True, card_tag="sync-point-drop",
-                      card_meaning="attention all-reduce dropped: one all-reduce per block, exact at TP={tp} only"),
+                      card_meaning="attention all-reduce dropped: one all-reduce per block, exact at TP={tp} only",
+                      option_help="Layers whose attention all-reduce is dropped (Sync-Point Drop)",
+                      what_if="every layer SPD: attention all-reduces removed (what SPD buys at most)",
+                      learning_rates={"sequential": 2e-3, "kd": 1e-4, "joint": 3e-4}),
 }
 
 
@@ -145,24 +185,38 @@ def module_program(modes: Sequence[LayerMode]) -> tuple[ModuleOp, ...]:
 
 
 def spd_tp_for(spd: str | None, spd_tp: int | None, default: int | None = None, default_from: str = "") -> int:
-    """The TP degree the ``--spd`` layers are converted for (the one rule of every command taking ``--spd``).
+    """``tp_degree_for`` of the ``--spd`` ranges alone."""
+    return tp_degree_for({"spd": spd}, spd_tp, default, default_from)
 
-    SPD at TP 1 is exactly dense (one rank: nothing to drop), so with SPD layers the degree must be
-    given (``--spd-tp``) or defaulted by the command (``default``, from ``default_from``, e.g. "--tp";
-    a sensitivity report's) and be at least 2. Without SPD layers it is ``spd_tp`` or ``default`` or 1.
+
+def tp_degree_for(ranges: Mapping[str, str | None], spd_tp: int | None, default: int | None = None,
+                  default_from: str = "") -> int:
+    """The TP degree the TP-dependent layers of ``ranges`` (mode name to ``--<mode>`` ranges) are converted for:
+    the one rule of every command taking ``--spd-tp``.
+
+    A TP-dependent mode at TP 1 is exactly dense (SPD: one rank has nothing to drop), so with such layers the
+    degree must be given (``--spd-tp``) or defaulted by the command (``default``, from ``default_from``, e.g.
+    "--tp"; a sensitivity report's) and be at least 2. Without them it is ``spd_tp`` or ``default`` or 1.
     """
-    wanted = spd is not None and str(spd).strip().lower() not in ("", "none")
+    wanted = [name for name, spec in ranges.items() if name in MODE_TRAITS and MODE_TRAITS[name].tp_dependent
+              and spec is not None and str(spec).strip().lower() not in ("", "none")]
     chosen = spd_tp if spd_tp is not None else default
     if not wanted:
         return chosen or 1
+    name = wanted[0]
     if chosen is None:
-        raise LayoutError("--spd needs --spd-tp N, the tensor-parallel degree the SPD layers will run at "
-                          "(SPD at TP 1 is exactly dense)")
+        raise LayoutError(f"--{name} needs --spd-tp N, the tensor-parallel degree the {name.upper()} layers will run at "
+                          f"({name.upper()} at TP 1 is exactly dense)")
     if chosen < 2:
         given = "--spd-tp" if spd_tp is not None else (default_from or "the default")
-        raise LayoutError(f"--spd at TP {chosen} ({given}) is exactly dense: one rank has no all-reduce to drop; "
+        raise LayoutError(f"--{name} at TP {chosen} ({given}) is exactly dense: one rank has no all-reduce to drop; "
                           "give --spd-tp with the TP degree the model will run at (2 or more)")
     return int(chosen)
+
+
+def mode_flags(separator: str = "/") -> str:
+    """The converted modes' ``--<mode>`` options, joined: ``"--ladder/--spd"``."""
+    return separator.join(f"--{mode.value}" for mode in LayerMode.converted_modes())
 
 
 def parse_layer_ranges(spec: str | None, num_layers: int) -> list[int]:

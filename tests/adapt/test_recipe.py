@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.recipe import MEASURED_LR, Recipe, load_recipe, parse_stage, plan, run_recipe
+from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, plan, run_recipe
 from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.model.layout import MODE_TRAITS
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 from tests.cli_helpers import error_lines, run_cli
@@ -25,7 +26,9 @@ def tiny_best() -> Recipe:
 
 
 def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_dir, dense_dir, tmp_path):
-    seq, kd = MEASURED_LR["sequential"], MEASURED_LR["kd"]  # the one table of rates (docs/adapt.md has the runs)
+    # the one table of rates, the mode table's rows (docs/adapt.md has the runs); the values the recipe measured
+    seq, kd = ({mode: MODE_TRAITS[mode].learning_rates[kind] for mode in ("ladder", "spd")} for kind in ("sequential", "kd"))
+    assert (seq, kd) == ({"ladder": 1e-3, "spd": 2e-3}, {"ladder": 2e-4, "spd": 1e-4})
     ladder = plan(load_recipe("best"), str(ladder_dir))
     assert [(s["name"], s["local_schedule"] if "local_schedule" in s else "joint", s["tokens"], s["lr"]) for s in ladder] == [
         ("seq-local", "sequential", 65_536, seq["ladder"]), ("kd", "joint", 32_768, kd["ladder"])]
