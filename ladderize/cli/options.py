@@ -1,6 +1,8 @@
 """Option groups shared by the commands of ``ladderize.cli``, each defined once.
 
-- layout: ``--ladder``, ``--spd``, ``--spd-tp`` (convert, bench, predict; sensitivity ranks with ``--spd-tp``)
+- layout: one ``--<mode> RANGES`` per converted mode of the mode table (``--ladder``, ``--spd``; ``mode_options``, which
+  hands the command one mapping of mode to ranges; convert adds ``auto`` and ``--<mode>-budget``) and ``--spd-tp``, the
+  degree of the TP-dependent modes (convert, bench, predict; sensitivity ranks with ``--spd-tp``)
 - placement: ``--device``, ``--dtype`` (every command that computes), checked early by ``check_placement``
 - numbers: every int/float option's range, one table (``NUMBER_RANGES``), checked as the option is parsed (``check_ranges``)
 - output: ``--json`` has two meanings only: a flag that prints JSON on stdout instead of the human
@@ -12,6 +14,8 @@ Importing this module imports neither torch nor transformers (``ladderize --help
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,16 +28,91 @@ RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4
 AUTO = " 'auto': the least sensitive layers of a --sensitivity report, within --{name}-budget."
 
 
-def ladder_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
-    """``--ladder RANGES``: layers in the Ladder Residual layout (``auto`` where the command offers it: convert)."""
-    extra = AUTO.format(name="ladder") if auto else ""
-    return typer.Option(default, "--ladder", help=f"Layers converted to Ladder Residual: {RANGES}.{extra}{note}")
+class ModeOptions:
+    """A command with one ``--<mode> RANGES`` option per converted mode of the mode table (``model.layout.MODE_TRAITS``,
+    in table order; help: the row's ``option_help``), and with ``budgets`` one ``--<mode>-budget`` each, handed to it
+    as one mapping: ``ranges`` (mode name to the given ranges) and ``budgets`` (mode name to the budget).
+
+    Typer reads a command's parameters from ``inspect.signature``: ``__signature__`` here is the command's own with
+    ``ranges`` (and ``budgets``) replaced by the modes' options, built when Typer asks (when the CLI runs), so a mode
+    registered in the table gets its options with no file of the CLI touched.
+    """
+
+    def __init__(self, command: Callable[..., Any], default: str | None, note: str, later_note: str | None, auto: bool,
+                 budgets: bool):
+        self.__wrapped__ = command
+        self.__name__, self.__qualname__ = command.__name__, command.__qualname__
+        self.__module__, self.__doc__ = command.__module__, command.__doc__
+        self._settings = (default, note, note if later_note is None else later_note, auto)
+        self._budgets = budgets
+        self._options: dict[tuple[str, ...], dict[str, tuple[Any, Any]]] = {}  # per table: the same OptionInfos
+
+    @staticmethod
+    def _modes() -> tuple[str, ...]:
+        from ..model.layout import LayerMode
+
+        return tuple(mode.value for mode in LayerMode.converted_modes())
+
+    def _mode_parameters(self) -> dict[str, tuple[Any, Any]]:
+        """``{parameter: (annotation, OptionInfo)}`` of the current table's modes (ranges first, then budgets)."""
+        modes = self._modes()
+        if modes not in self._options:
+            from typing import Optional
+
+            from ..model.layout import LayerMode
+
+            default, note, later_note, auto = self._settings
+            kind = str if default is not None else Optional[str]
+            made = {}
+            for number, name in enumerate(modes):
+                extra = AUTO.format(name=name) if auto else ""
+                text = f": {RANGES}.{extra}{note}" if number == 0 else f", same syntax.{extra}{later_note}"
+                made[name] = (kind, typer.Option(default, f"--{name}", help=LayerMode(name).option_help + text))
+            for name in modes if self._budgets else ():
+                flag = f"--{name}-budget"
+                made[f"{name}_budget"] = (Optional[float], typer.Option(
+                    None, flag, help=f"With --{name} auto: {LayerMode(name).budget_help}.", callback=_range_check(flag, BUDGET)))
+            self._options[modes] = made
+        return self._options[modes]
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        own = inspect.signature(self.__wrapped__, eval_str=True)
+        options = self._mode_parameters()
+        parameters = []
+        for parameter in own.parameters.values():
+            if parameter.name == "ranges":
+                parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+                               for name, (kind, info) in options.items() if not name.endswith("_budget")]
+            elif parameter.name == "budgets":
+                parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
+                               for name, (kind, info) in options.items() if name.endswith("_budget")]
+            else:
+                parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        return own.replace(parameters=parameters)
+
+    @property
+    def __annotations__(self) -> dict[str, Any]:  # typing.get_type_hints reads these
+        return {name: parameter.annotation for name, parameter in self.__signature__.parameters.items()}
+
+    def __call__(self, **kwargs: Any) -> Any:
+        modes = self._modes()
+        ranges = {name: kwargs.pop(name, None) for name in modes}
+        if self._budgets:
+            kwargs["budgets"] = {name: kwargs.pop(f"{name}_budget", None) for name in modes}
+        return self.__wrapped__(ranges=ranges, **kwargs)
 
 
-def spd_option(default: str | None = None, note: str = "", auto: bool = False) -> Any:
-    """``--spd RANGES``: layers whose attention all-reduce is dropped (Sync-Point Drop)."""
-    extra = AUTO.format(name="spd") if auto else ""
-    return typer.Option(default, "--spd", help=f"Layers whose attention all-reduce is dropped (Sync-Point Drop), same syntax.{extra}{note}")
+def mode_options(default: str | None = None, note: str = "", later_note: str | None = None, auto: bool = False,
+                 budgets: bool = False) -> Callable[[Callable[..., Any]], ModeOptions]:
+    """Decorate a command taking ``ranges`` (and, with ``budgets``, ``budgets``) with the modes' options (``ModeOptions``).
+
+    ``default``: each ``--<mode>``'s (``None``: not given); ``note``: the end of the first mode's help, ``later_note``
+    of the others' (default ``note``); ``auto``: the ranges may be ``auto`` (convert: with ``--<mode>-budget``)."""
+    def decorate(command: Callable[..., Any]) -> ModeOptions:
+        return ModeOptions(command, default, note, later_note, auto, budgets)
+
+    return decorate
 
 
 def spd_tp_option(note: str = "") -> Any:
@@ -107,20 +186,20 @@ def check_weights(path: Path | str) -> None:
     count_parameters(Path(path).expanduser())
 
 
-def check_layout_of_source(src: str, ladder: str | None, spd: str | None, spd_tp: int | None) -> None:
-    """``convert``'s ``--ladder``/``--spd``/``--spd-tp`` against a local source's config, before torch loads: a range
-    that does not parse, lies outside the model or overlaps, and an SPD degree its heads cannot split, are one line.
-    (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)"""
+def check_layout_of_source(src: str, ranges: dict[str, str | None], spd_tp: int | None) -> None:
+    """``convert``'s ``--<mode>`` ranges and ``--spd-tp`` against a local source's config, before torch loads: a range
+    that does not parse, lies outside the model or overlaps, and a TP-dependent degree its heads cannot split, are one
+    line. (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)"""
     from ..convert.sources import check_source as kind_of
-    from ..model.layout import Layout, spd_tp_for
+    from ..model.layout import Layout, tp_degree_for
 
-    if "auto" in (ladder, spd) or kind_of(src) != "local":
+    if "auto" in ranges.values() or kind_of(src) != "local":
         return
     header = check_checkpoint(src)
-    if (ladder or "none") == "none" and (spd or "none") == "none":
+    if all((spec or "none") == "none" for spec in ranges.values()):
         return  # a converted source keeps its own layout
     shape = header.shape
-    layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd, spd_tp_size=spd_tp_for(spd, spd_tp))
+    layout = Layout.from_mode_ranges(shape.num_hidden_layers, ranges, spd_tp_size=tp_degree_for(ranges, spd_tp))
     layout.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)
 
 
@@ -247,10 +326,11 @@ class Range:
 
 
 COUNT, NATURAL, POSITIVE, FRACTION = Range(1), Range(0), Range(0, low_open=True), Range(0, 1, low_open=True)
+BUDGET = POSITIVE  # every --<mode>-budget (``mode_options``), whichever modes the table has
 # Every int/float option of every command, by flag; ``command --flag`` where one command's differs.
 # tests/cli/test_option_ranges.py checks that no numeric option is missing here.
 NUMBER_RANGES: dict[str, Range] = {
-    "--tp": COUNT, "--spd-tp": COUNT, "--max-shard-bytes": COUNT, "--ladder-budget": POSITIVE, "--spd-budget": POSITIVE,
+    "--tp": COUNT, "--spd-tp": COUNT, "--max-shard-bytes": COUNT,
     "--max-new-tokens": COUNT, "--temperature": Range(0, words="0 (greedy) or positive"),
     "--top-k": Range(0, words="0 (all tokens) or positive"), "--top-p": FRACTION, "--seed": NATURAL,
     "--prompt": COUNT, "--gen": COUNT, "--warmup": NATURAL, "--repeats": COUNT, "--domino-chunks": COUNT,
@@ -264,7 +344,13 @@ NUMBER_RANGES: dict[str, Range] = {
 
 
 def option_range(command: str, flag: str) -> Range | None:
-    """The range of ``command``'s option ``flag`` (``NUMBER_RANGES``), or ``None`` when it has none."""
+    """The range of ``command``'s option ``flag`` (``NUMBER_RANGES``; ``BUDGET`` for a mode's ``--<mode>-budget``),
+    or ``None`` when it has none."""
+    if flag.endswith("-budget") and flag.startswith("--"):
+        from ..model.layout import MODE_TRAITS
+
+        if flag[2:-len("-budget")] in MODE_TRAITS:
+            return BUDGET
     return NUMBER_RANGES.get(f"{command} {flag}", NUMBER_RANGES.get(flag))
 
 

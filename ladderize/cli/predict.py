@@ -7,13 +7,20 @@ from typing import Optional
 
 import typer
 
+from ..model.layout import LayerMode
 from . import options as opts
 from . import render
 from .app import app, console
 
 
 
+def converted_modes() -> str:
+    """The whole-model what-ifs of the converted modes (``predict.estimate.what_ifs``), named for ``--schedules``."""
+    return ", ".join(mode.value for mode in LayerMode.converted_modes())
+
+
 @app.command("predict")
+@opts.mode_options(note=" Instead of --layout.")
 def predict_cmd(
     model: Optional[str] = typer.Option(
         None, "--model",
@@ -32,8 +39,7 @@ def predict_cmd(
     layout: Optional[Path] = typer.Option(
         None, "--layout", help="Converted checkpoint (folder or config.json): predict its layer_modes as the 'layout' schedule."
     ),
-    ladder: Optional[str] = opts.ladder_option(note=" Instead of --layout."),
-    spd: Optional[str] = opts.spd_option(note=" Instead of --layout."),
+    ranges: dict[str, Optional[str]] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
     spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)"),
     compute: Optional[str] = typer.Option(
         None, "--compute",
@@ -58,7 +64,7 @@ def predict_cmd(
     ),
     force: bool = opts.force_option("With --calibrate: replace an existing --profile file."),
     schedules: Optional[str] = typer.Option(
-        None, "--schedules", help="Comma-separated subset of dense, ladder, spd, domino, upper-bound, layout (default: all that apply)."
+        None, "--schedules", help=f"Comma-separated subset of dense, {converted_modes()}, domino, upper-bound, layout (default: all that apply)."
     ),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks the domino schedule splits the batch (or a lone prompt) into."),
     json_path: Optional[Path] = opts.json_file_option(what="the rows, module timings and profiles used"),
@@ -90,7 +96,7 @@ def predict_cmd(
 
         opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
     plan = plan_prediction(
-        model=model, layout=layout, ladder=ladder, spd=spd, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
+        model=model, layout=layout, ranges=ranges, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
         cache_dir=cache_dir, device=device, dtype=dtype, profile=profile,
     )

@@ -81,6 +81,7 @@ def generate_cmd(
 
 
 @app.command("bench")
+@opts.mode_options(note=" Synthetic only (a checkpoint brings its own layout).", later_note=" Synthetic only.")
 def bench_cmd(
     checkpoint: Optional[Path] = typer.Argument(None, help="Checkpoint directory (or use --synthetic)."),
     synthetic: Optional[str] = typer.Option(
@@ -95,8 +96,7 @@ def bench_cmd(
     warmup: int = typer.Option(2, help="Untimed runs first (0 still runs one untimed prefill and decode step per schedule)."),
     repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
     domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
-    ladder: Optional[str] = opts.ladder_option(note=" Synthetic only (a checkpoint brings its own layout)."),
-    spd: Optional[str] = opts.spd_option(note=" Synthetic only."),
+    ranges: dict[str, Optional[str]] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
     spd_tp: Optional[int] = opts.spd_tp_option(" (synthetic only; default: the first --tp)"),
     dtype: str = opts.DTYPE_OPTION,
     device: str = opts.DEVICE_OPTION,
@@ -127,9 +127,9 @@ def bench_cmd(
     from ..runtime.bench import BenchSpec, model_source, run_bench
     from ..runtime.generate import RuntimeOptions
 
-    from ..model.layout import spd_tp_for
+    from ..model.layout import tp_degree_for
 
-    source = model_source(checkpoint, synthetic, ladder, spd, spd_tp_for(spd, spd_tp, default=tps[0], default_from="the first --tp"))
+    source = model_source(checkpoint, synthetic, ranges, tp_degree_for(ranges, spd_tp, default=tps[0], default_from="the first --tp"))
     spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
                      prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(

@@ -8,7 +8,7 @@ the config. Llama tensor names are unchanged.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,14 @@ from ..model.placement import parse_dtype
 from .sources import Source, resolve_source
 
 
-def source_layout(source_config: dict[str, Any], ladder: str | None, spd: str | None, spd_tp_size: int) -> Layout:
-    """Parse range specs against the source's layer count; a converted source keeps its own layout otherwise."""
+def source_layout(source_config: dict[str, Any], ranges: Mapping[str, str | None], spd_tp_size: int) -> Layout:
+    """Parse range specs (mode name to ranges) against the source's layer count; with none given, a converted
+    source keeps its own layout."""
     num_layers = int(source_config["num_hidden_layers"])
     own = ladder_config_kwargs(source_config)  # a converted (ours or the Ladder authors') source: its layer_modes
-    if ladder in (None, "none") and spd in (None, "none") and own.get("layer_modes"):
+    if all(spec in (None, "none") for spec in ranges.values()) and own.get("layer_modes"):
         return Layout.from_config(_Namespace({**source_config, **own}))
-    return Layout.from_ranges(num_layers, ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)
+    return Layout.from_mode_ranges(num_layers, ranges, spd_tp_size=spd_tp_size)
 
 
 class _Namespace:
@@ -42,8 +43,6 @@ def convert_checkpoint(
     src: str,
     out: Path | str,
     *,
-    ladder: str | None = "none",
-    spd: str | None = "none",
     spd_tp_size: int = 1,
     layout: Layout | None = None,
     dtype: str | None = "auto",
@@ -52,10 +51,12 @@ def convert_checkpoint(
     progress: ProgressFn | None = None,
     extra_provenance: dict[str, Any] | None = None,
     plain: bool = False,
+    **ranges: str | None,
 ) -> Path:
     """Convert SRC (local dir, hub id or .gguf) into a Ladder/SPD checkpoint at OUT, atomically.
 
-    Layer ranges are half-open slices (see ``parse_layer_ranges``); ``layout`` overrides them.
+    ``ranges``: the layers of each converted mode, by its name (``ladder="15:30", spd="0:4"``, or ``**mapping``), as
+    half-open slices (see ``parse_layer_ranges``); ``layout`` overrides them.
     Tensors stream one at a time into shards of at most ``max_shard_bytes``. ``plain`` writes a
     dense source as a plain Llama checkpoint (see ``build_config``).
     """
@@ -66,7 +67,7 @@ def convert_checkpoint(
     if Path(src).expanduser().absolute() == out:
         raise LadderizeError("OUT must differ from SRC")
     architecture_for(source.config)
-    layout = layout or source_layout(source.config, ladder, spd, spd_tp_size)
+    layout = layout or source_layout(source.config, ranges, spd_tp_size)
     config = build_config(source.config, layout, plain=plain)
     expected = expected_tensors(ladder_config_kwargs(config.to_dict()))
     _check_tensor_names(source, expected, config.tie_word_embeddings)

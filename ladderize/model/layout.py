@@ -32,6 +32,7 @@ class ModeTraits:
     card_tag: str = ""  # the model card's tag for a layout with such layers ("" for none)
     card_meaning: str = ""  # the model card's one-line meaning; ``{tp}`` stands for ``spd_tp_size``
     option_help: str = ""  # the CLI's ``--<mode> RANGES`` help: which layers it names ("" : "Layers converted to <mode>")
+    budget_help: str = ""  # convert's ``--<mode>-budget`` help after "With --<mode> auto: " ("" : generic words)
     what_if: str = ""  # predict's whole-model what-if of the mode ("" : "every layer <mode>")
     # measured peak learning rates per adapt stage kind (sequential, kd, joint; docs/adapt.md); a mode
     # without them takes those of the first mode of the table that has them (see ``learning_rates_of``)
@@ -89,6 +90,11 @@ class LayerMode(str, enum.Enum):
         return self.traits.option_help or f"Layers converted to {self.value}"
 
     @property
+    def budget_help(self) -> str:
+        """What convert's ``--<mode>-budget`` takes (after "With --<mode> auto: ")."""
+        return self.traits.budget_help or "relative perplexity increase or layer count"
+
+    @property
     def what_if(self) -> str:
         """Predict's whole-model what-if of this mode, in words."""
         return self.traits.what_if or f"every layer {self.value}"
@@ -112,17 +118,20 @@ def learning_rates_fallback() -> Mapping[str, float]:
 # predict follow from the program.
 MODE_TRAITS: dict[str, ModeTraits] = {
     "dense": ModeTraits(reads_stale=False, attention_allreduce=True, converted=False, tp_dependent=False,
-                        needs_head_split=False, card_meaning="standard pre-norm Llama layer"),
+                        needs_head_split=False, card_meaning="standard pre-norm Llama layer",
+                        what_if="every layer dense; each all-reduce blocks"),
     "ladder": ModeTraits(reads_stale=True, attention_allreduce=True, converted=True, tp_dependent=False,
                          needs_head_split=False, card_tag="ladder-residual",
                          card_meaning="each module reads the residual one module late, so its all-reduce overlaps the next module",
                          option_help="Layers converted to Ladder Residual",
+                         budget_help="relative perplexity increase (0.05) or layer count (12)",
                          what_if="every layer ladder: module k's all-reduce hidden behind module k+1",
                          learning_rates={"sequential": 1e-3, "kd": 2e-4, "joint": 3e-4}),
     "spd": ModeTraits(reads_stale=False, attention_allreduce=False, converted=True, tp_dependent=True,
                       needs_head_split=True, card_tag="sync-point-drop",
                       card_meaning="attention all-reduce dropped: one all-reduce per block, exact at TP={tp} only",
                       option_help="Layers whose attention all-reduce is dropped (Sync-Point Drop)",
+                      budget_help="relative perplexity increase (0.03) or layer count (15)",
                       what_if="every layer SPD: attention all-reduces removed (what SPD buys at most)",
                       learning_rates={"sequential": 2e-3, "kd": 1e-4, "joint": 3e-4}),
 }

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
-from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank
+from ..model.layout import LayerMode, Layout, LayoutError, check_tp_divides, kv_heads_per_rank, mode_flags
 from ..records import PredictRecord, PredictRow, add_speedups
 from .compute import ComputeModel
 from .work import ModuleWork, module_work
@@ -31,15 +31,23 @@ from .interconnect import InterconnectProfile
 from .presets import ModelShape
 from .schedule import ModuleCost, StepTiming, simulate_step
 
-SCHEDULES = ("dense", "ladder", "spd", "domino", "upper-bound", "layout")
-SCHEDULE_HELP = {
-    "dense": "every layer dense; each all-reduce blocks",
-    "ladder": "every layer ladder: module k's all-reduce hidden behind module k+1",
-    "spd": "every layer SPD: attention all-reduces removed (what SPD buys at most)",
+# The schedules that are not one mode on every layer (each mode's whole-model what-if comes from the table).
+OTHER_SCHEDULES = {
     "domino": "dense model, batch (or prompt) split into chunks whose all-reduces overlap the next chunk",
     "upper-bound": "no communication at all",
-    "layout": "the given layout (--layout, or --ladder/--spd ranges)",
+    "layout": f"the given layout (--layout, or {mode_flags()} ranges)",
 }
+
+
+def schedule_names() -> tuple[str, ...]:
+    """Predict's schedules in order: every mode of the table on every layer (``dense``, ``ladder``, ``spd``: its
+    what-if), then ``domino``, ``upper-bound`` and ``layout``."""
+    return (*(mode.value for mode in LayerMode), *OTHER_SCHEDULES)
+
+
+def schedule_help(name: str) -> str:
+    """A schedule in words: a mode's what-if (``ModeTraits.what_if``), or ``OTHER_SCHEDULES``'s."""
+    return OTHER_SCHEDULES[name] if name in OTHER_SCHEDULES else LayerMode(name).what_if
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class PredictRequest:
     new_tokens: int
     interconnect: InterconnectProfile
     layout: Layout | None = None
-    schedules: tuple[str, ...] = SCHEDULES
+    schedules: tuple[str, ...] = field(default_factory=schedule_names)
     domino_chunks: int = 2
 
     def validate(self) -> None:
@@ -63,9 +71,9 @@ class PredictRequest:
             raise LadderizeError("--prompt and --gen must be at least 1 token")
         if self.domino_chunks < 1:
             raise LadderizeError("--domino-chunks must be at least 1")
-        unknown = [s for s in self.schedules if s not in SCHEDULES]
+        unknown = [s for s in self.schedules if s not in schedule_names()]
         if unknown:
-            raise LadderizeError(f"unknown schedule(s) {', '.join(unknown)}: choose from {', '.join(SCHEDULES)}")
+            raise LadderizeError(f"unknown schedule(s) {', '.join(unknown)}: choose from {', '.join(schedule_names())}")
         if self.layout is not None and self.layout.num_layers != self.model.num_hidden_layers:
             raise LayoutError(
                 f"the layout has {self.layout.num_layers} layers but {self.model.name} has {self.model.num_hidden_layers}"
@@ -97,7 +105,7 @@ class Prediction:
             compute={"label": self.compute_label, "device": self.compute_device, "on_gpu": self.compute_on_gpu},
             prompt_len=r.prompt_tokens, decode_steps=r.new_tokens - 1,
             decode_kv_len=decode_kv_len(r.prompt_tokens, r.new_tokens), domino_chunks=r.domino_chunks, layout=layout,
-            schedules={s: SCHEDULE_HELP[s] for s in r.schedules}, rows=list(self.rows),
+            schedules={s: schedule_help(s) for s in r.schedules}, rows=list(self.rows),
             module_timings=self.module_timings,
         )  # fmt: skip
 
@@ -172,11 +180,9 @@ def _domino_split(batch: int, q_len: int, kv_len: int, chunks: int) -> tuple[int
 def _modes_of(request: PredictRequest) -> dict[str, tuple[LayerMode, ...]]:
     """The per-layer modes each schedule runs: whole-model what-ifs, plus the given layout."""
     layers = request.model.num_hidden_layers
-    modes = {mode.value: (mode,) * layers for mode in LayerMode}  # "dense", "ladder", "spd": every layer one mode
-    modes |= {
-        "domino": (LayerMode.DENSE,) * layers,
-        "upper-bound": (LayerMode.DENSE,) * layers,
-    }
+    modes = {mode.value: (mode,) * layers for mode in LayerMode}  # each mode's what-if: every layer that mode
+    dense = LayerMode.with_traits(converted=False)
+    modes |= {"domino": (dense,) * layers, "upper-bound": (dense,) * layers}
     if request.layout is not None:
         modes["layout"] = request.layout.modes
     return modes
@@ -299,10 +305,10 @@ def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
 
 def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:
     if not text:
-        return tuple(s for s in SCHEDULES if s != "layout" or has_layout)
+        return tuple(s for s in schedule_names() if s != "layout" or has_layout)
     chosen = tuple(s.strip() for s in text.split(",") if s.strip())
     if "layout" in chosen and not has_layout:
-        raise LadderizeError("schedule 'layout' needs --layout or --ladder/--spd")
+        raise LadderizeError(f"schedule 'layout' needs --layout or {mode_flags()}")
     return chosen
 
 

@@ -1,11 +1,11 @@
-"""The pipeline behind ``ladderize predict``: which shape and layout to predict (``--layout``/``--model``/``--ladder``),
+"""The pipeline behind ``ladderize predict``: which shape and layout to predict (``--layout``/``--model``/``--<mode>``),
 the profiles and the compute model, then the prediction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..errors import LadderizeError
 from ..parsing import parse_int_list
@@ -35,8 +35,7 @@ def plan_prediction(
     *,
     model: str | None = None,
     layout: Path | str | None = None,
-    ladder: str | None = None,
-    spd: str | None = None,
+    ranges: Mapping[str, str | None] | None = None,
     spd_tp: int | None = None,
     tp: str = "1,2,4,8",
     batch: str = "1,4,16,64",
@@ -53,14 +52,14 @@ def plan_prediction(
     profile: Path | str | None = None,
 ) -> PredictPlan:
     """Resolve the shape (``model``, else the ``layout`` checkpoint's own) and the layout (``layout`` or
-    ``ladder``/``spd``, never both), validate the request and build the compute model (``measured`` times
+    ``ranges``, mode name to ``--<mode>`` ranges, never both), validate the request and build the compute model (``measured`` times
     modules on ``device``).
 
     ``profile``: a ``--calibrate`` profile JSON; its fitted GPU prices the modules (roofline), and its
     measured all-reduce is the interconnect unless ``interconnect`` names one. ``interconnect`` None:
     the profile's, else ``h100-nvlink``. ``compute`` None: ``resolve_compute`` (measured only on the fabric's GPU, local);
     ``gpu`` None: the interconnect's own GPU profile (``InterconnectProfile.gpu``)."""
-    from ..model.layout import Layout, spd_tp_for
+    from ..model.layout import Layout, mode_flags, tp_degree_for
     from ..model.placement import check_device, check_dtype
     from .compute import make_compute
     from .gpus import load_gpu_profile
@@ -70,8 +69,9 @@ def plan_prediction(
 
     device = check_device(device)
     check_dtype(dtype)  # TODO(predict measured): modules are timed in bf16 on CUDA, fp32 on CPU; honour dtype
-    if layout is not None and (ladder or spd):
-        raise LadderizeError("give either --layout or --ladder/--spd, not both")
+    ranges = {name: spec for name, spec in (ranges or {}).items() if spec}
+    if layout is not None and ranges:
+        raise LadderizeError(f"give either --layout or {mode_flags()}, not both")
     tps, batches = parse_int_list(tp, "--tp"), parse_int_list(batch, "--batch")
     chosen_layout = None
     if layout is not None:
@@ -81,9 +81,9 @@ def plan_prediction(
         shape = load_model_shape(model)
     else:
         raise LadderizeError("--model is required (a preset or config.json) unless --layout gives a checkpoint")
-    if ladder or spd:
-        chosen_layout = Layout.from_ranges(shape.num_hidden_layers, ladder, spd,
-                                           spd_tp_size=spd_tp_for(spd, spd_tp, default=max(tps), default_from="the largest --tp"))
+    if ranges:
+        chosen_layout = Layout.from_mode_ranges(shape.num_hidden_layers, ranges, spd_tp_size=tp_degree_for(
+            ranges, spd_tp, default=max(tps), default_from="the largest --tp"))
     measured_interconnect = None
     if profile is not None:
         from .calibrate import load_profile

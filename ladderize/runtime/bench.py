@@ -33,13 +33,13 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
 from ..errors import LadderizeError
-from ..model.layout import Layout
+from ..model.layout import Layout, mode_flags
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
 from ..model.architectures import read_config_file
@@ -67,7 +67,7 @@ class ModelSource:
     checkpoint: str | None = None
     synthetic: dict[str, Any] | None = None
     synthetic_name: str = ""
-    layout_override: Layout | None = None  # native layout for a synthetic model (--ladder/--spd)
+    layout_override: Layout | None = None  # native layout for a synthetic model (--<mode> ranges)
 
     @property
     def name(self) -> str:
@@ -78,8 +78,9 @@ class ModelSource:
         return config, self.layout_override or config.layout
 
 
-def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = None, spd_tp_size: int = 1) -> ModelSource:
-    """``shape`` is a preset name (see ``PRESETS``) or a path to a config.json."""
+def synthetic_source(shape: str, ranges: Mapping[str, str | None] | None = None, spd_tp_size: int = 1) -> ModelSource:
+    """``shape`` is a preset name (see ``PRESETS``) or a path to a config.json; ``ranges`` (mode name to the layers
+    of that mode, ``{"ladder": "4:8"}``) its layout, dense without."""
     if shape in PRESETS:
         values, name = dict(PRESETS[shape]), shape
     else:
@@ -90,23 +91,23 @@ def synthetic_source(shape: str, ladder: str | None = None, spd: str | None = No
             raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json")
         values, name = read_config_file(path), str(path)
     override = None
-    if ladder or spd:
-        override = Layout.from_ranges(int(values["num_hidden_layers"]), ladder=ladder, spd=spd, spd_tp_size=spd_tp_size)
+    if ranges and any(ranges.values()):
+        override = Layout.from_mode_ranges(int(values["num_hidden_layers"]), ranges, spd_tp_size=spd_tp_size)
     return ModelSource(synthetic=values, synthetic_name=name, layout_override=override)
 
 
 def model_source(
-    checkpoint: str | Path | None, synthetic: str | None, ladder: str | None = None, spd: str | None = None,
+    checkpoint: str | Path | None, synthetic: str | None, ranges: Mapping[str, str | None] | None = None,
     spd_tp_size: int = 1,
 ) -> ModelSource:
     """What ``ladderize bench`` measures: a checkpoint (its own layout) or a ``--synthetic`` shape (layout from
-    ``ladder``/``spd``), exactly one of the two."""
+    ``ranges``, mode name to ``--<mode>`` ranges), exactly one of the two."""
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
     if synthetic is not None:
-        return synthetic_source(synthetic, ladder, spd, spd_tp_size)
-    if ladder or spd:
-        raise LadderizeError("--ladder/--spd set the layout of a synthetic model; a checkpoint brings its own")
+        return synthetic_source(synthetic, ranges, spd_tp_size)
+    if ranges and any(ranges.values()):
+        raise LadderizeError(f"{mode_flags()} set the layout of a synthetic model; a checkpoint brings its own")
     return ModelSource(checkpoint=str(checkpoint))
 
 

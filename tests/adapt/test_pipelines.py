@@ -16,7 +16,7 @@ def test_convert_layout_equals_the_command(dense_dir, tmp_path, capsys, monkeypa
     code, _, stderr = run_cli(["convert", dense_dir, tmp_path / "cli", "--ladder", "2:4", "--spd", "1", "--spd-tp", "3"],
                               capsys, monkeypatch)
     assert code == 0, stderr
-    converted = convert_layout(str(dense_dir), tmp_path / "py", ladder="2:4", spd="1", spd_tp=3, device="cpu")
+    converted = convert_layout(str(dense_dir), tmp_path / "py", ranges={"ladder": "2:4", "spd": "1"}, spd_tp=3, device="cpu")
     assert converted.head_orders is None
     a, b = load_model(tmp_path / "cli"), load_model(converted.path)
     assert a.config.layer_modes == b.config.layer_modes and a.config.spd_tp_size == b.config.spd_tp_size == 3

@@ -82,7 +82,7 @@ def test_the_profile_is_what_predict_uses(calibrated, tmp_path):
     assert gpu == profile.gpu and interconnect is None
     assert load_gpu_profile(out) == gpu
     fabric = cpu_fabric(tmp_path)
-    plan = plan_prediction(model=str(config), layout=None, ladder=None, spd=None, tp="2", batch="1,2", prompt=16, gen=4,
+    plan = plan_prediction(model=str(config), layout=None, ranges=None, tp="2", batch="1,2", prompt=16, gen=4,
                            interconnect=str(fabric), profile=out, schedules="dense,ladder", device="cpu")
     assert plan.interconnect.name == fabric.stem and plan.compute.gpu == gpu
     prediction = plan.run()

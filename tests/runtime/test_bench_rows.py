@@ -47,7 +47,7 @@ def test_speedups_compare_each_phase_with_the_same_phase():
 
 
 def test_synthetic_shapes(tmp_path):
-    source = synthetic_source("cpu-512", ladder="4:8")
+    source = synthetic_source("cpu-512", {"ladder": "4:8"})
     config, layout = source.config_and_layout()
     assert config.hidden_size == 512 and layout.describe() == "ladder 4:8"
     path = tmp_path / "config.json"
