@@ -102,7 +102,12 @@ def _spd_block_error(model, index, order, state, dense_out, attn_kwargs) -> floa
     layout = model.layout
     orders = list(layout.spd_head_order or [None] * layout.num_layers)
     orders[index] = tuple(order)
-    single = [LayerMode.SPD if i == index else LayerMode.DENSE for i in range(layout.num_layers)]
+    # the layer in its own head-split mode (SPD's, or the first such mode of the table where the layer is not one),
+    # every other layer dense
+    own = layout.modes[index]
+    mode = own if own.traits.needs_head_split else LayerMode.with_traits(needs_head_split=True)
+    dense = LayerMode.with_traits(converted=False)
+    single = [mode if i == index else dense for i in range(layout.num_layers)]
     probe = with_layout(model, Layout(tuple(single), layout.spd_tp_size, tuple(orders)))
     out = probe.model.layers[index](state[0], state[1], **attn_kwargs)[0]
     update = dense_out - state[0]

@@ -105,7 +105,7 @@ class SensitivityReport:
 def measure_sensitivity(
     model: LadderLlamaForCausalLM,
     ids: torch.Tensor,
-    mode: LayerMode = LayerMode.SPD,
+    mode: LayerMode | None = None,
     spd_tp_size: int = 1,
     layers: list[int] | None = None,
     batch_size: int = 1,
@@ -115,12 +115,14 @@ def measure_sensitivity(
     """Measure every candidate block's sensitivity on token ids ``[N, S]`` (see the module docstring).
 
     ``progress(done, total)`` is called after each perplexity measured: per batch, the dense
-    model and then each suffix of converted blocks (``total = batches * (candidates + 1)``).
+    model and then each suffix of converted blocks (``total = batches * (candidates + 1)``). ``mode``: the
+    converted mode ranked (default: the table's first TP-dependent mode, SPD).
     """
+    mode = mode if mode is not None else LayerMode.with_traits(converted=True, tp_dependent=True)
     if model.layout.converted_layers:
         raise LadderizeError(f"sensitivity needs the dense source; this checkpoint is {model.layout.describe()}")
     if not mode.is_converted:
-        raise LadderizeError(f"sensitivity ranks spd or ladder blocks, not {mode.value}")
+        raise LadderizeError(f"sensitivity ranks {' or '.join(m.value for m in LayerMode.converted_modes())} blocks, not {mode.value}")
     num_layers = model.config.num_hidden_layers
     candidates = sorted(layers) if layers is not None else list(range(num_layers))
     if not candidates:

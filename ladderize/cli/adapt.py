@@ -218,7 +218,8 @@ def sensitivity_cmd(
     from ..model import LayerMode
     from ..progress import Progress
 
-    mode = LayerMode.LADDER if ladder else LayerMode.SPD
+    # --spd-tp N ranks the table's (first) TP-dependent mode, --ladder its (first) converted mode that is not
+    mode = LayerMode.with_traits(converted=True, tp_dependent=not ladder)
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
                                         progress=lambda done, total: progress.update(done, total), device=device, dtype=dtype_name)  # fmt: skip

@@ -140,7 +140,10 @@ class RankModel:
         For timing one module (``predict/measured.py``) and for tests; it runs the step's ``ModuleOp``s
         (of a one-layer program) through ``ResidualStream`` and keeps the partial the all-reduce would sum.
         """
-        mode = LayerMode.SPD if kind is StepKind.SPD_BLOCK else LayerMode.DENSE
+        # an SPD block: the first mode of the table whose attention drops its all-reduce (and reads r_{k-1}); a single
+        # module: the dense layer's
+        mode = (LayerMode.with_traits(attention_allreduce=False, reads_stale=False) if kind is StepKind.SPD_BLOCK
+                else LayerMode.with_traits(converted=False))
         program = module_program((mode,))
         ops = program if kind is StepKind.SPD_BLOCK else program[:1] if kind is StepKind.ATTENTION else program[1:]
         kernels, capture = _RankKernels(self, (lw,), keys, values, position), _Capture()
