@@ -23,11 +23,13 @@ from ladderize.model.layout import MODE_TRAITS, LayerMode, Layout, LayoutError, 
 from ladderize.model.shapes import ModelShape
 from ladderize.runtime.bench import _bench_job as _BENCH_JOB
 from ladderize.runtime.dims import validate_tp
+from tests.cli_helpers import run_cli
 from tests.conftest import TINY, TINY_TP2, tiny_model
 from tests.model.reference import Reference, rms_norm, rope_cos_sin
 
 TOY = "lspd"
-TOY_TRAITS = replace(MODE_TRAITS["spd"], reads_stale=True, card_meaning="SPD whose attention reads the stale residual")
+TOY_TRAITS = replace(MODE_TRAITS["spd"], reads_stale=True, card_meaning="SPD whose attention reads the stale residual",
+                     option_help="Toy layers (SPD, stale attention read)", what_if="every layer the toy")
 
 
 def register_toy_mode(monkeypatch: pytest.MonkeyPatch | None = None) -> LayerMode:
@@ -257,6 +259,74 @@ def test_bench_labels_and_refuses_it(toy, monkeypatch, tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(saved))
     (run,) = collect_runs([tmp_path / "bench.json"])
     assert run.label == "ladder 2:3 + lspd@tp2 1:2,3:4" and run.layers_converted == 3 and not run.is_dense
+
+
+def test_cli_gives_it_options(toy, capsys, monkeypatch):
+    """convert, bench and predict each get ``--lspd`` (convert also ``--lspd-budget``) from the row, help from its
+    ``option_help``; the old options keep their place and words."""
+    monkeypatch.setenv("COLUMNS", "400")  # one help line per option
+    for command, expected in (("convert", ["--ladder", "--spd", "--lspd", "--lspd-budget"]),
+                              ("bench", ["--ladder", "--spd", "--lspd"]), ("predict", ["--ladder", "--spd", "--lspd"])):
+        code, out, err = run_cli([command, "--help"], capsys, monkeypatch)
+        assert code == 0, err
+        flags = [line.split()[1] for line in out.splitlines() if line.startswith("│ --")]
+        assert [flag for flag in flags if flag in expected] == expected, (command, flags)
+        toy_line = next(line for line in out.splitlines() if line.startswith("│ --lspd "))
+        assert "Toy layers (SPD, stale attention read), same syntax." in toy_line
+    code, out, _ = run_cli(["convert", "--help"], capsys, monkeypatch)
+    assert f"With --lspd auto: {toy.budget_help}." in out
+    assert "Layers converted to Ladder Residual: half-open slices" in out
+
+
+def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, tmp_path, capsys, monkeypatch):
+    """``convert --lspd`` writes the toy layout (its TP degree from ``--spd-tp``: the mode is TP-dependent, and
+    refused without one, in its own name); the recipe finds the row's learning rates, or the first row's without."""
+    from ladderize.adapt.recipe import load_recipe, measured_lr, plan
+    from ladderize.model.checkpoint import read_provenance
+
+    out = tmp_path / "toy"
+    code, _, err = run_cli(["convert", tiny_llama_dir, out, "--ladder", "2:3", "--lspd", "1:2,3", "--device", "cpu"],
+                           capsys, monkeypatch)
+    assert code == 2 and "--lspd needs --spd-tp N" in err
+    code, _, err = run_cli(["convert", tiny_llama_dir, out, "--ladder", "2:3", "--lspd", "1:2,3", "--spd-tp", "3",
+                            "--device", "cpu"], capsys, monkeypatch)
+    assert code == 0, err
+    assert read_provenance(out)["layout"]["describe"] == "ladder 2:3 + lspd@tp3 1:2,3:4"
+    code, _, err = run_cli(["convert", tiny_llama_dir, tmp_path / "x", "--lspd", "0:2", "--spd-tp", "3",
+                            "--lspd-budget", "3"], capsys, monkeypatch)
+    assert code == 2 and "--lspd-budget chooses the layers of --lspd auto" in err
+    # its row's rates (the toy copies SPD's), the smallest of a layout's modes
+    rates = TOY_TRAITS.learning_rates
+    assert [step["lr"] for step in plan(load_recipe("best"), str(out))] == [
+        min(rates["sequential"], MODE_TRAITS["ladder"].learning_rates["sequential"]),
+        min(rates["kd"], MODE_TRAITS["ladder"].learning_rates["kd"])]
+    monkeypatch.setitem(MODE_TRAITS, TOY, replace(TOY_TRAITS, learning_rates={}))  # a row without measured rates
+    assert measured_lr({"local_schedule": "sequential"}, {TOY}) == MODE_TRAITS["ladder"].learning_rates["sequential"]
+    assert measured_lr({"objectives": "kd"}, {TOY, "spd"}) == MODE_TRAITS["spd"].learning_rates["kd"]
+
+
+def test_cli_bench_and_predict_take_it(toy, tmp_path, capsys, monkeypatch):
+    """``bench --synthetic --lspd`` hands the runtime the toy layout (at the first --tp by default); ``predict --lspd``
+    prices it as the 'layout' schedule, and the toy's whole-model what-if is one of predict's schedules."""
+    from ladderize.runtime import bench
+
+    seen = []
+    monkeypatch.setattr(bench, "run_bench", lambda source, *args, **kwargs: seen.append(source))  # None: rank 0 prints
+    code, _, err = run_cli(["bench", "--synthetic", "tiny", "--tp", "2", "--batch", "1", "--lspd", "1:2", "--ladder", "3",
+                            "--device", "cpu", "--oversubscribe"], capsys, monkeypatch)
+    assert code == 0, err
+    assert seen[0].layout_override.describe() == "ladder 3:4 + lspd@tp2 1:2"
+
+    record = tmp_path / "predict.json"
+    code, _, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1", "--lspd", "all",
+                            "--compute", "roofline", "--json", record], capsys, monkeypatch)
+    assert code == 0, err
+    saved = json.loads(record.read_text())
+    assert saved["layout"]["describe"] == "lspd@tp8 0:80" and saved["layout"]["lspd"] == "0:80"
+    assert list(saved["schedules"]) == ["dense", "ladder", "spd", TOY, "domino", "upper-bound", "layout"]
+    assert saved["schedules"][TOY] == "every layer the toy"
+    rows = {row["schedule"]: row for row in saved["rows"]}
+    assert rows[TOY]["allreduces_per_decode_step"] == rows["layout"]["allreduces_per_decode_step"] == 80
 
 
 def test_architecture_doc_lists_what_this_test_touched():
