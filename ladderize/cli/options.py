@@ -45,7 +45,6 @@ class ModeOptions:
         self.__module__, self.__doc__ = command.__module__, command.__doc__
         self._settings = (default, note, note if later_note is None else later_note, auto)
         self._budgets = budgets
-        self._options: dict[tuple[str, ...], dict[str, tuple[Any, Any]]] = {}  # per table: the same OptionInfos
 
     @staticmethod
     def _modes() -> tuple[str, ...]:
@@ -54,26 +53,24 @@ class ModeOptions:
         return tuple(mode.value for mode in LayerMode.converted_modes())
 
     def _mode_parameters(self) -> dict[str, tuple[Any, Any]]:
-        """``{parameter: (annotation, OptionInfo)}`` of the current table's modes (ranges first, then budgets)."""
-        modes = self._modes()
-        if modes not in self._options:
-            from typing import Optional
+        """``{parameter: (annotation, OptionInfo)}`` of the table's modes as it is now (ranges, then budgets; a
+        budget's range is checked as it is parsed, like ``check_ranges``'s)."""
+        from typing import Optional
 
-            from ..model.layout import LayerMode
+        from ..model.layout import LayerMode
 
-            default, note, later_note, auto = self._settings
-            kind = str if default is not None else Optional[str]
-            made = {}
-            for number, name in enumerate(modes):
-                extra = AUTO.format(name=name) if auto else ""
-                text = f": {RANGES}.{extra}{note}" if number == 0 else f", same syntax.{extra}{later_note}"
-                made[name] = (kind, typer.Option(default, f"--{name}", help=LayerMode(name).option_help + text))
-            for name in modes if self._budgets else ():
-                flag = f"--{name}-budget"
-                made[f"{name}_budget"] = (Optional[float], typer.Option(
-                    None, flag, help=f"With --{name} auto: {LayerMode(name).budget_help}.", callback=_range_check(flag, BUDGET)))
-            self._options[modes] = made
-        return self._options[modes]
+        default, note, later_note, auto = self._settings
+        kind = str if default is not None else Optional[str]
+        made = {}
+        for number, name in enumerate(self._modes()):
+            extra = AUTO.format(name=name) if auto else ""
+            text = f": {RANGES}.{extra}{note}" if number == 0 else f", same syntax.{extra}{later_note}"
+            made[name] = (kind, typer.Option(default, f"--{name}", help=LayerMode(name).option_help + text))
+        for name in self._modes() if self._budgets else ():
+            flag = f"--{name}-budget"
+            made[f"{name}_budget"] = (Optional[float], typer.Option(
+                None, flag, help=f"With --{name} auto: {LayerMode(name).budget_help}.", callback=_range_check(flag, BUDGET)))
+        return made
 
     @property
     def __signature__(self) -> inspect.Signature:
