@@ -35,7 +35,7 @@ class ModeTraits:
     budget_help: str = ""  # convert's ``--<mode>-budget`` help after "With --<mode> auto: " ("" : generic words)
     what_if: str = ""  # predict's whole-model what-if of the mode ("" : "every layer <mode>")
     # measured peak learning rates per adapt stage kind (sequential, kd, joint; docs/adapt.md); a mode
-    # without them takes those of the first mode of the table that has them (see ``learning_rates_of``)
+    # without them takes those of the first mode of the table that has them (``learning_rates_fallback``)
     learning_rates: Mapping[str, float] = field(default_factory=dict, hash=False)
 
 
