@@ -12,6 +12,8 @@ Re-fits every constant, then prints (and saves as JSON):
    the h100 fit elsewhere); each with the previous model's prediction (main c2ebed1: one overlap slowdown fitted to
    the 1.31x figure) beside it;
 5. the summary: mean and worst error, fit and held-out points apart, per source;
+5b. the authors' 8B logs as they were read before issue 35's review (``gpt_ensemble``, SPD on every layer, taken for
+   Ladder) beside the same runs priced as SPD everywhere and the ``gpt_ladder`` runs priced as Ladder;
 6. other methods' published overlap speed-ups against the predicted no-communication bound;
 7. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
 
@@ -113,7 +115,7 @@ def main() -> None:
     summaries = {name: calibration.validation_summary(rows) for name, rows in
                  (("roofline", roof), ("roofline_before", roof_before), ("measured", measured),
                   ("measured_before", measured_before))}
-    print("\n## Summary: end-to-end speed-ups (Ladder and upper bound), |error|\n")
+    print("\n## Summary: end-to-end speed-ups (Ladder, SPD on every layer, upper bound), |error|\n")
     print("| role | source | points | roofline mean | worst | before: mean | worst | measured mean | worst "
           "| before: mean | worst |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -122,6 +124,22 @@ def main() -> None:
               f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
               f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
               f"| {d['worst_error'] * 100:+.1f}% |")
+
+    misread = calibration.validation_table(figures=calibration.ENSEMBLE_READ_AS_LADDER)
+    misread_summary = calibration.validation_summary(misread)[0]
+    by_key = {r["key"]: r for r in roof}
+    print("\n## The authors' 8B logs: gpt_ensemble is SPD on every layer, gpt_ladder is Ladder (roofline, gpt-fast fit)\n")
+    print("| TP | batch | gpt_ensemble published | read as Ladder (before) | error | as SPD everywhere | error "
+          "| gpt_ladder published | Ladder | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for old in misread:
+        spd = by_key[old["key"].replace("ensemble-as-ladder-8b", "spd-all-8b")]
+        lad = by_key[old["key"].replace("ensemble-as-ladder-8b", "ladder-8b")]
+        print(f"| {old['tp']} | {old['batch']} | {old['published']:.3f} | {old['predicted']:.3f} | {old['error'] * 100:+.1f}% "
+              f"| {spd['predicted']:.3f} | {spd['error'] * 100:+.1f}% | {lad['published']:.3f} | {lad['predicted']:.3f} "
+              f"| {lad['error'] * 100:+.1f}% |")
+    print(f"\nread as Ladder: mean {misread_summary['mean_abs_error'] * 100:.1f}%, worst "
+          f"{misread_summary['worst_error'] * 100:+.1f}% ({misread_summary['worst']})")
 
     others = calibration.other_figures_table()
     print("\n## Other methods' published speed-ups against the predicted no-communication bound (70B, TP8, NVLink)\n")
@@ -150,6 +168,7 @@ def main() -> None:
         "validation_roofline_before": roof_before,
         "validation_measured_before": measured_before,
         "summary": summaries,
+        "ensemble_read_as_ladder": {"table": misread, "summary": misread_summary},
         "other_figures": others,
         "roofline_vs_measured": logged,
         "logged_runs": [run.__dict__ for run in calibration.LOGGED_RUNS],

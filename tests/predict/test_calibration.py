@@ -58,13 +58,38 @@ def test_validation_table_errors(fitted):
     # Issue 35: the overlap's interference is derived (NCCL's channels against the SMs), so no Ladder figure on
     # NVLink fits anything: the headline 1.31x is held out, and still within 2%.
     assert table["ladder-tp8-b1"]["role"] == "held out" and abs(table["ladder-tp8-b1"]["error"]) < 0.02
-    ladder = [row for row in table.values() if row["schedule"] == "ladder" and row["source"] != calibration.LADDER_LOGS_8B]
+    # Every Ladder figure, paper, blog and the authors' gpt_ladder logs of 8B and 70B (TP 2-8, batch 1-64): the
+    # issue's targets, mean within 5% and no point beyond 10%, on the held-out ones.
+    ladder = [row for row in table.values() if row["schedule"] == "ladder"]
     held = [row for row in ladder if row["role"] == "held out"]
-    assert len(held) >= 7 and all(abs(row["error"]) < 0.06 for row in held), [(r["key"], r["error"]) for r in held]
+    assert len(held) >= 19 and {r["model"] for r in held} == {"llama-3.1-8b", "llama-3.1-70b"}
+    assert {r["tp"] for r in held} == {2, 4, 8} and {1, 64} <= {r["batch"] for r in held}
+    assert all(abs(row["error"]) < 0.10 for row in held), [(r["key"], r["error"]) for r in held]
     assert sum(abs(row["error"]) for row in held) / len(held) < 0.05
+    # SPD on every layer (the logs' gpt_ensemble runs, blocking, half the all-reduces): within 5% each.
+    spd_all = [row for row in table.values() if row["source"] == calibration.SYNC_DROP_LOGS]
+    assert len(spd_all) == 13 and all(row["schedule"] == "spd" and row["role"] == "held out" for row in spd_all)
+    assert all(abs(row["error"]) < 0.05 for row in spd_all), [(r["key"], r["error"]) for r in spd_all]
     summary = calibration.validation_summary(list(table.values()))
     assert {"fit", "held out"} <= {s["role"] for s in summary}
     assert abs(table["spd-nop2p"]["error"]) < 0.15 and table["spd-nvlink"]["error"] < -0.3
+
+
+def test_the_8b_logs_were_spd_not_ladder():
+    """Issue 35: the logs' gpt_ensemble runs (attention all-reduce dropped, SPD on every layer) read as Ladder put the
+    model 10% off on average and 22% at worst; as SPD they are within 5%, and the gpt_ladder runs of the same settings
+    are within 10%. The paper's and the blog's figures are the gpt_ladder logs' (70B TP8 batch 1 and 4, 8B TP8 batch 4)."""
+    misread = calibration.validation_table(figures=calibration.ENSEMBLE_READ_AS_LADDER)
+    assert len(misread) == 8 and all(row["schedule"] == "ladder" for row in misread)
+    summary = calibration.validation_summary(misread)
+    assert len(summary) == 1 and summary[0]["mean_abs_error"] > 0.08 and summary[0]["worst_error"] > 0.15
+    figures = {f.key: f for f in calibration.FIGURES}
+    for log, published in (("ladder-tp8-b1-log", "ladder-tp8-b1"), ("ladder-tp8-b4-log", "ladder-tp8-b4"),
+                           ("ladder-8b-tp8-b4-log", "ladder-8b-tp8-b4-blog")):
+        assert figures[log].published == pytest.approx(figures[published].published, abs=0.005)
+    for old in calibration.ENSEMBLE_READ_AS_LADDER:  # the same runs, now SPD figures
+        spd = figures[old.key.replace("ensemble-as-ladder-8b", "spd-all-8b")]
+        assert (spd.tp, spd.batch, spd.published, spd.schedule) == (old.tp, old.batch, old.published, "spd")
 
 
 def test_speedup_falls_with_batch_for_8b_and_70b():
