@@ -12,7 +12,11 @@ logged runs (Llama-3.1-70B, 8x H100 SXM, prompt 1024, 512 new tokens), in this o
    and TP8 batch 64 (16 KB, 16 KB, 1 MB) fix ``launch_s``, the per-hop ``latency_s`` and the latency
    protocol's bandwidth; prefill at TP8 batch 1 and 64 (16.8 MB, 1.07 GB) fix the bandwidth protocol's
    hop latency and bus bandwidth.
-3. No-P2P ``latency_s``: the 1.60x Ladder speed-up at TP8, batch 1 with peer-to-peer disabled (paper).
+3. ``h100-no-p2p`` all-reduce (``fit_no_p2p_allreduce``): the same dense-minus-upper-bound costs from the authors'
+   P2P-disabled campaign (``NO_P2P_RUNS``; NCCL splits the node into two groups of 4): TP4 decode at batch 1 and 16
+   fixes the hop latency and bandwidth of a ring inside a group, TP8 decode at batch 1 and 4 those of a ring across the
+   groups, TP8 prefill at batch 1 and 4 the bandwidth protocol. The paper's 1.60x (TP8, batch 1) fitted the hop
+   latency before issue 35 and is now held out.
 
 The overlap's interference is not fitted: ``overlap_slowdown`` follows from the SMs NCCL's channels hold
 (``interconnect.sm_share_slowdown``), so the 1.31x Ladder figure is held out like every other Ladder
@@ -38,7 +42,6 @@ against the blog's 1.447). Read as Ladder, the ``gpt_ensemble`` runs put the mod
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
@@ -61,6 +64,8 @@ LADDER_LOGS = "github.com/mayank31398/ladder-residual-inference final-results-51
 _LOG_TAIL = "bs_B_tp_T.log 'Average tokens/sec'"
 LADDER_LOGS_8B = (f"{LADDER_LOGS} gpt_ladder:llama-3-8b against gpt_dense:llama-3-8b, {_LOG_TAIL}")
 LADDER_LOGS_70B = (f"{LADDER_LOGS} gpt_ladder:llama-3-70b against gpt_dense:llama-3-70b, {_LOG_TAIL}")
+LADDER_LOGS_NO_P2P = ("github.com/mayank31398/ladder-residual-inference logs/arxiv/prompt_length_1024_max_new_512/"
+                      f"p2p_disable1/compile/ gpt_ladder:llama-3-70b / llama-3-8b against gpt_dense, {_LOG_TAIL}")
 #: The logs' ``gpt_ensemble`` model is not Ladder: its blocks drop the attention all-reduce and keep the MLP's,
 #: blocking (``reduce_pattern`` attention False, mlp True in gpt_fast/gpt_ensemble_TP.py), which is SPD on every
 #: layer. Its decode step sits halfway between dense and the upper bound in every log (8B TP8 b1: 2.854 ms against
@@ -106,8 +111,26 @@ LOGGED_RUNS: tuple[LoggedRun, ...] = (
 )
 
 
-def logged(model: str, tp: int, batch: int) -> LoggedRun:
-    for run in LOGGED_RUNS:
+#: The authors' P2P-disabled campaign (NCCL_P2P_DISABLE=1, December 2024, the runs behind the paper's arXiv tables):
+#: dense with P2P off, and its own no-communication runs (the same machine, so dense minus upper bound is the all-reduce).
+_ARXIV = "logs/arxiv/prompt_length_1024_max_new_512/p2p_disable1/compile"
+_DENSE_NO_P2P, _UB_ARXIV = f"{_ARXIV}/gpt_dense:llama-3-70b", f"{_ARXIV}/gpt_ensemble:llama-3-70b-upper-bound"
+NO_P2P_RUNS: tuple[LoggedRun, ...] = (
+    LoggedRun("dense", 8, 1, 0.0918, 9.8167, 51.66, f"{_DENSE_NO_P2P}/bs_1_tp_8.log"),
+    LoggedRun("dense", 8, 4, 0.2848, 11.5086, 173.62, f"{_DENSE_NO_P2P}/bs_4_tp_8.log"),
+    LoggedRun("dense", 4, 1, 0.1254, 9.4694, 53.35, f"{_DENSE_NO_P2P}/bs_1_tp_4.log"),
+    LoggedRun("dense", 4, 16, 1.7439, 14.0557, 518.41, f"{_DENSE_NO_P2P}/bs_16_tp_4.log"),
+    LoggedRun("dense", 4, 64, 6.9973, 20.3153, 1199.62, f"{_DENSE_NO_P2P}/bs_64_tp_4.log"),
+    LoggedRun("upper-bound", 8, 1, 0.0589, 4.6425, 108.86, f"{_UB_ARXIV}/bs_1_tp_8.log"),
+    LoggedRun("upper-bound", 8, 4, 0.2074, 5.4728, 360.43, f"{_UB_ARXIV}/bs_4_tp_8.log"),
+    LoggedRun("upper-bound", 4, 1, 0.1056, 7.2855, 69.25, f"{_UB_ARXIV}/bs_1_tp_4.log"),
+    LoggedRun("upper-bound", 4, 16, 1.5548, 10.4259, 683.66, f"{_UB_ARXIV}/bs_16_tp_4.log"),
+    LoggedRun("upper-bound", 4, 64, 6.1584, 16.4335, 1450.27, f"{_UB_ARXIV}/bs_64_tp_4.log"),
+)
+
+
+def logged(model: str, tp: int, batch: int, runs: tuple[LoggedRun, ...] = LOGGED_RUNS) -> LoggedRun:
+    for run in runs:
         if (run.model, run.tp, run.batch) == (model, tp, batch):
             return run
     raise KeyError((model, tp, batch))
@@ -140,7 +163,7 @@ FIGURES: tuple[Figure, ...] = (
            "upper-bound", "h100-nvlink", 4, 1, fixes="its logged runs fit compute and all-reduce"),
     Figure("ladder-tp8-b1", "Ladder / dense, TP8, batch 1, NVLink", 1.31, LADDER_PAPER, "ladder", "h100-nvlink", 8, 1),
     Figure("ladder-nop2p-tp8-b1", "Ladder / dense, TP8, batch 1, peer-to-peer disabled", 1.60, LADDER_PAPER, "ladder",
-           "h100-no-p2p", 8, 1, fixes="h100-no-p2p latency_s"),
+           "h100-no-p2p", 8, 1),
     Figure("ladder-tp8-b16", "Ladder / dense, TP8, batch 16, NVLink", 1.19, LADDER_PAPER, "ladder", "h100-nvlink", 8, 16),
     Figure("ladder-tp8-b4", "Ladder / dense, TP8, batch 4, NVLink", 1.282, LADDER_BLOG, "ladder", "h100-nvlink", 8, 4),
     Figure("ladder-tp8-b64", "Ladder / dense, TP8, batch 64, NVLink", 1.155, LADDER_BLOG, "ladder", "h100-nvlink", 8, 64),
@@ -174,6 +197,12 @@ FIGURES: tuple[Figure, ...] = (
              round(spd / dense, 3), SYNC_DROP_LOGS, "spd", "h100-nvlink", tp, b)
       for tp, b, dense, spd in ((8, 1, 77.39, 91.25), (8, 4, 258.56, 298.86), (8, 16, 843.15, 957.31),
                                 (8, 64, 1980.92, 2186.12), (4, 1, 59.41, 64.52))),
+    *(Figure(f"ladder-nop2p-{size}-tp{tp}-b{b}-log", f"Ladder / dense, {size.upper()}, TP{tp}, batch {b}, peer-to-peer "
+             "disabled (logs)", round(ladder / dense, 3), LADDER_LOGS_NO_P2P, "ladder", "h100-no-p2p", tp, b,
+             model=f"llama-3.1-{size}")
+      for size, tp, b, dense, ladder in (("70b", 8, 1, 51.66, 77.51), ("70b", 8, 4, 173.62, 271.82),
+                                         ("70b", 4, 1, 53.35, 66.60), ("70b", 4, 16, 518.41, 598.71),
+                                         ("70b", 4, 64, 1199.62, 1313.44), ("8b", 8, 4, 567.17, 793.08))),
     Figure("ub-8b-tp8-b1-log", "upper bound / dense, Llama-3.1-8B, TP8, batch 1, NVLink (logs)", round(471.34 / 278.63, 3),
            f"{LADDER_LOGS} gpt_ensemble:llama-3-8b-upper-bound against gpt_dense:llama-3-8b, {_LOG_TAIL}", "upper-bound",
            "h100-nvlink", 8, 1, model="llama-3.1-8b"),
@@ -362,41 +391,43 @@ def fit_nvlink_allreduce(base: InterconnectProfile | None = None) -> Interconnec
                    large_latency_s=float(large_hop), bus_bytes_per_s=1.0 / float(inv_large))
 
 
-def _figure(key: str) -> Figure:
-    return next(f for f in FIGURES if f.key == key)
+#: The P2P-disabled runs the no-P2P fit reads (decode: TP4 b1 and b16 inside a group, TP8 b1 and b4 across the groups;
+#: prefill: TP8 b1 and b4); TP4 b64 decode and every TP4 prefill all-reduce are held out, and every Ladder figure.
+NO_P2P_FIT = {"intra": ((4, 1), (4, 16)), "cross": ((8, 1), (8, 4)), "prefill": ((8, 1), (8, 4))}
+
+
+def logged_no_p2p_allreduce_s(tp: int, batch: int, phase: str) -> float:
+    """One all-reduce's cost in the P2P-disabled logs: (dense - upper bound) / 160, from the same campaign."""
+    dense, bound = logged("dense", tp, batch, NO_P2P_RUNS), logged("upper-bound", tp, batch, NO_P2P_RUNS)
+    if phase == "decode":
+        return (dense.decode_s_per_token - bound.decode_s_per_token) / _ALLREDUCES_PER_STEP
+    return (dense.prefill_s - bound.prefill_s) / _ALLREDUCES_PER_STEP
+
+
+def fit_no_p2p_allreduce(launch_s: float, base: InterconnectProfile | None = None) -> InterconnectProfile:
+    """Step 3: the P2P-disabled curve from the logged dense-minus-upper-bound costs (``NO_P2P_FIT``), with NVLink's
+    ``launch_s``: a ring inside a group of 4 and one across the groups each get their latency-protocol hop and
+    bandwidth (2x2 solves), and the TP8 prefill runs fix the bandwidth protocol."""
+    profile = base or PROFILES["h100-no-p2p"]
+
+    def solve(runs: tuple[tuple[int, int], ...], phase: str) -> tuple[float, float]:
+        rows = [[profile.steps(tp), ring_volume(allreduce_bytes(b, phase), tp)] for tp, b in runs]
+        rhs = [logged_no_p2p_allreduce_s(tp, b, phase) - launch_s for tp, b in runs]
+        hop, inverse = np.linalg.solve(np.array(rows), np.array(rhs))
+        return float(hop), 1.0 / float(inverse)
+
+    hop, small = solve(NO_P2P_FIT["intra"], "decode")
+    cross_hop, cross_small = solve(NO_P2P_FIT["cross"], "decode")
+    large_hop, large = solve(NO_P2P_FIT["prefill"], "prefill")
+    return replace(profile, launch_s=launch_s, latency_s=hop, small_bus_bytes_per_s=small, cross_latency_s=cross_hop,
+                   cross_small_bus_bytes_per_s=cross_small, large_latency_s=large_hop, bus_bytes_per_s=large)
 
 
 def fit_interconnects(gpu: GPUProfile) -> dict[str, InterconnectProfile]:
-    """Steps 2 and 3: the NVLink curve and the no-P2P hop latency (the overlap slowdowns are derived, not fitted)."""
+    """Steps 2 and 3: the NVLink and the P2P-disabled curves, both from logged all-reduce costs (the overlap slowdowns
+    are derived, and no Ladder speed-up is fitted). ``gpu`` is kept for the signature's callers."""
     nvlink = fit_nvlink_allreduce()
-    no_p2p = replace(PROFILES["h100-no-p2p"], launch_s=nvlink.launch_s)
-    target = _figure("ladder-nop2p-tp8-b1")
-    hop_no_p2p = _best_fit(lambda h: predict_figure(target, gpu, replace(no_p2p, latency_s=h)), target.published,
-                           0.0, 100e-6)
-    return {"h100-nvlink": nvlink, "h100-no-p2p": replace(no_p2p, latency_s=hop_no_p2p)}
-
-
-def _best_fit(f: Callable[[float], float], target: float, lo: float, hi: float, grid: int = 50) -> float:
-    """The smallest x in [lo, hi] with f(x) = target, or the x closest to it when the model cannot reach it.
-
-    Ladder's speed-up rises with the all-reduce time until the all-reduce outlasts the module it hides
-    behind, then falls: the curve has a peak, so a target can have two solutions or none.
-    """
-    xs = [lo + (hi - lo) * i / grid for i in range(grid + 1)]
-    values = [f(x) for x in xs]
-    for i in range(grid):
-        if (values[i] - target) * (values[i + 1] - target) <= 0:
-            return _solve(lambda x: f(x) - target, xs[i], xs[i + 1])
-    best = min(range(len(xs)), key=lambda i: abs(values[i] - target))
-    a, b = xs[max(0, best - 1)], xs[min(grid, best + 1)]
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(48):  # golden-section refinement of |f - target|
-        c, d = b - ratio * (b - a), a + ratio * (b - a)
-        if abs(f(c) - target) < abs(f(d) - target):
-            b = d
-        else:
-            a = c
-    return (a + b) / 2
+    return {"h100-nvlink": nvlink, "h100-no-p2p": fit_no_p2p_allreduce(nvlink.launch_s)}
 
 
 @dataclass(frozen=True)
@@ -419,6 +450,11 @@ class Calibration:
             "h100-nvlink.bus_bytes_per_s": nvlink.bus_bytes_per_s,
             "overlap_slowdown": nvlink.overlap_slowdown,
             "h100-no-p2p.latency_s": no_p2p.latency_s,
+            "h100-no-p2p.small_bus_bytes_per_s": no_p2p.small_bus_bytes_per_s or 0.0,
+            "h100-no-p2p.cross_latency_s": no_p2p.cross_latency_s or 0.0,
+            "h100-no-p2p.cross_small_bus_bytes_per_s": no_p2p.cross_small_bus_bytes_per_s or 0.0,
+            "h100-no-p2p.large_latency_s": no_p2p.large_latency_s or 0.0,
+            "h100-no-p2p.bus_bytes_per_s": no_p2p.bus_bytes_per_s,
         }
 
 
@@ -507,3 +543,20 @@ def allreduce_vs_logged(nvlink: InterconnectProfile | None = None) -> list[dict[
                 "busbw_measured": ring_volume(nbytes, tp) / measured, "role": "fit" if used else "held out",
             })
     return table
+
+
+def no_p2p_allreduce_vs_logged(no_p2p: InterconnectProfile | None = None) -> list[dict[str, Any]]:
+    """The P2P-disabled all-reduce model against the P2P-disabled logs' per-call cost (dense minus upper bound / 160)."""
+    no_p2p = no_p2p or PROFILES["h100-no-p2p"]
+    fit = {("decode", tp, b) for tp, b in NO_P2P_FIT["intra"] + NO_P2P_FIT["cross"]}
+    fit |= {("prefill", tp, b) for tp, b in NO_P2P_FIT["prefill"]}
+    table = []
+    for tp, batch in sorted({(r.tp, r.batch) for r in NO_P2P_RUNS}):
+        for phase in ("decode", "prefill"):
+            nbytes = allreduce_bytes(batch, phase)
+            measured, predicted = logged_no_p2p_allreduce_s(tp, batch, phase), no_p2p.allreduce_s(nbytes, tp)
+            table.append({"tp": tp, "batch": batch, "phase": phase, "bytes": nbytes, "measured_s": measured,
+                          "predicted_s": predicted, "error": predicted / measured - 1.0,
+                          "role": "fit" if (phase, tp, batch) in fit else "held out"})
+    return table
+
