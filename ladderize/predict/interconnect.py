@@ -24,11 +24,14 @@ progresses at ``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slow
   the GPU's ``gpu_sm_count``; a kernel that needs every SM (a compute-bound GEMM, and on an H100 a
   weight-streaming GEMV too, which needs nearly all SMs' load slots to reach HBM bandwidth) then runs on
   ``1 - share`` of them: ``overlap_slowdown = share / (1 - share)`` (``sm_share_slowdown``). NVLink copies
-  and host-staged (P2P-off) copies are both SM-driven, through fewer channels on the host path;
+  and P2P-disabled copies are both SM-driven, through fewer channels with P2P off;
 * plus, for memory-bound (decode) modules only, the HBM bandwidth the all-reduce itself uses:
   ``hbm_traffic * volume / allreduce_s / gpu_hbm_bytes_per_s`` (a ring step reads two chunks and writes
-  one, so ``hbm_traffic`` is 3 on NVLink; a host-staged all-reduce moves its bytes at PCIe rate, a
-  negligible share of HBM).
+  one, so ``hbm_traffic`` is 3 on NVLink, and 2 is assumed with P2P off).
+
+A fabric can split the node into groups (``group_size``; the Ladder authors' P2P-disabled node is two groups of
+4): a ring that crosses groups pays its own latency-protocol hop and bandwidth (``cross_latency_s``,
+``cross_small_bus_bytes_per_s``), since its slowest hop sets every step.
 
 Nothing in the overlap model is fitted to a speed-up: the channel counts are NCCL's own (the Ladder authors'
 ``enable.log`` / ``disable.log``), the SM counts the datasheets'.
