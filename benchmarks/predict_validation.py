@@ -12,6 +12,8 @@ Re-fits every constant, then prints (and saves as JSON):
    the h100 fit elsewhere); each with the previous model's prediction (main c2ebed1: one overlap slowdown fitted to
    the 1.31x figure) beside it;
 5. the summary: mean and worst error, fit and held-out points apart, per source;
+5b. the authors' 8B logs as they were read before issue 35's review (``gpt_ensemble``, SPD on every layer, taken for
+   Ladder) beside the same runs priced as SPD everywhere and the ``gpt_ladder`` runs priced as Ladder;
 6. other methods' published overlap speed-ups against the predicted no-communication bound;
 7. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
 
@@ -42,17 +44,33 @@ FIXED_BY = {
     "h100-nvlink.large_latency_s": "dense - upper bound per all-reduce, prefill TP8 b1 and b64 (logs)",
     "h100-nvlink.bus_bytes_per_s": "the same two logged runs",
     "overlap_slowdown": "derived, not fitted: 24 NCCL channels (one SM each) of the H100's 132 SMs, share / (1 - share)",
-    "h100-no-p2p.latency_s": "1.60x Ladder, TP8, batch 1, peer-to-peer disabled (paper)",
+    "h100-no-p2p.latency_s": "P2P-disabled logs: dense - upper bound per all-reduce, decode TP4 b1 and b16 (one group of 4)",
+    "h100-no-p2p.small_bus_bytes_per_s": "the same two TP4 runs",
+    "h100-no-p2p.cross_latency_s": "P2P-disabled logs: decode TP8 b1 and b4 (a ring across both groups)",
+    "h100-no-p2p.cross_small_bus_bytes_per_s": "the same two TP8 runs",
+    "h100-no-p2p.large_latency_s": "P2P-disabled logs: prefill TP8 b1 and b4",
+    "h100-no-p2p.bus_bytes_per_s": "the same two TP8 prefill runs",
 }
 
 
 def previous_model() -> dict:
     """The shipped profiles as main c2ebed1 had them: one overlap slowdown fitted to the 1.31x figure (0.2587, and
-    16/24 of it without P2P), the no-P2P hop latency fitted under it; everything else is unchanged."""
+    16/24 of it without P2P), the no-P2P profile one host-staged ring (40 GB/s, hop latency fitted on the paper's 1.60x
+    under that slowdown); everything else is unchanged."""
     fitted = 0.2587
     return {"h100-nvlink": replace(PROFILES["h100-nvlink"], nccl_channels=0, overlap_slowdown=fitted),
             "h100-no-p2p": replace(PROFILES["h100-no-p2p"], nccl_channels=0, overlap_slowdown=fitted * 16 / 24,
-                                   latency_s=5.447e-6)}
+                                   latency_s=5.447e-6, bus_bytes_per_s=40e9, large_latency_s=None,
+                                   small_bus_bytes_per_s=None, group_size=0, cross_latency_s=None,
+                                   cross_small_bus_bytes_per_s=None)}
+
+
+def main_00a91f1() -> dict:
+    """The no-P2P profile as main 00a91f1 shipped it (the derived overlap slowdown, one host-staged ring at 40 GB/s, hop
+    latency fitted on the paper's 1.60x): the "00a91f1" column of the P2P-disabled table."""
+    return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], latency_s=5.270e-6, bus_bytes_per_s=40e9,
+                                   large_latency_s=None, small_bus_bytes_per_s=None, group_size=0,
+                                   cross_latency_s=None, cross_small_bus_bytes_per_s=None)}
 
 
 def main() -> None:
@@ -95,6 +113,14 @@ def main() -> None:
         print(f"| {r['tp']} | {r['batch']} | {r['phase']} | {r['bytes']:,} | {r['measured_s'] * 1e6:.1f} | "
               f"{r['predicted_s'] * 1e6:.1f} | {r['error'] * 100:+.1f}% | {r['busbw_measured'] / 1e9:.0f} | {r['role']} |")
 
+    no_p2p_allreduce = calibration.no_p2p_allreduce_vs_logged()
+    print("\n## P2P disabled: all-reduce model against the authors' P2P-disabled logs (dense - upper bound, per all-reduce)\n")
+    print("| TP | batch | phase | bytes | logged us | model us | error | role |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in no_p2p_allreduce:
+        print(f"| {r['tp']} | {r['batch']} | {r['phase']} | {r['bytes']:,} | {r['measured_s'] * 1e6:.1f} | "
+              f"{r['predicted_s'] * 1e6:.1f} | {r['error'] * 100:+.1f}% | {r['role']} |")
+
     table_compute = lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"]))  # noqa: E731
     roof = calibration.validation_table()
     measured = calibration.validation_table(compute=table_compute)
@@ -113,7 +139,7 @@ def main() -> None:
     summaries = {name: calibration.validation_summary(rows) for name, rows in
                  (("roofline", roof), ("roofline_before", roof_before), ("measured", measured),
                   ("measured_before", measured_before))}
-    print("\n## Summary: end-to-end speed-ups (Ladder and upper bound), |error|\n")
+    print("\n## Summary: end-to-end speed-ups (Ladder, SPD on every layer, upper bound), |error|\n")
     print("| role | source | points | roofline mean | worst | before: mean | worst | measured mean | worst "
           "| before: mean | worst |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -122,6 +148,35 @@ def main() -> None:
               f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
               f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
               f"| {d['worst_error'] * 100:+.1f}% |")
+
+    misread = calibration.validation_table(figures=calibration.ENSEMBLE_READ_AS_LADDER)
+    misread_summary = calibration.validation_summary(misread)[0]
+    by_key = {r["key"]: r for r in roof}
+    print("\n## The authors' 8B logs: gpt_ensemble is SPD on every layer, gpt_ladder is Ladder (roofline, gpt-fast fit)\n")
+    print("| TP | batch | gpt_ensemble published | read as Ladder (before) | error | as SPD everywhere | error "
+          "| gpt_ladder published | Ladder | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for old in misread:
+        spd = by_key[old["key"].replace("ensemble-as-ladder-8b", "spd-all-8b")]
+        lad = by_key[old["key"].replace("ensemble-as-ladder-8b", "ladder-8b")]
+        print(f"| {old['tp']} | {old['batch']} | {old['published']:.3f} | {old['predicted']:.3f} | {old['error'] * 100:+.1f}% "
+              f"| {spd['predicted']:.3f} | {spd['error'] * 100:+.1f}% | {lad['published']:.3f} | {lad['predicted']:.3f} "
+              f"| {lad['error'] * 100:+.1f}% |")
+    print(f"\nread as Ladder: mean {misread_summary['mean_abs_error'] * 100:.1f}%, worst "
+          f"{misread_summary['worst_error'] * 100:+.1f}% ({misread_summary['worst']})")
+
+    old_no_p2p = {r["key"]: r for r in calibration.validation_table(interconnects=main_00a91f1())}
+    print("\n## Peer-to-peer disabled: Ladder against published, this profile and main 00a91f1's (roofline, gpt-fast fit)\n")
+    print("| figure | published | predicted | error | 00a91f1 | error | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    no_p2p_rows = []
+    for r in roof:
+        if r["interconnect"] == "h100-no-p2p" and r["schedule"] == "ladder":
+            o = old_no_p2p[r["key"]]
+            no_p2p_rows.append({"key": r["key"], "published": r["published"], "predicted": r["predicted"],
+                                "error": r["error"], "predicted_00a91f1": o["predicted"], "error_00a91f1": o["error"]})
+            print(f"| {r['key']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% | "
+                  f"{o['predicted']:.3f} | {o['error'] * 100:+.1f}% | {r['source'][:60]} |")
 
     others = calibration.other_figures_table()
     print("\n## Other methods' published speed-ups against the predicted no-communication bound (70B, TP8, NVLink)\n")
@@ -150,9 +205,13 @@ def main() -> None:
         "validation_roofline_before": roof_before,
         "validation_measured_before": measured_before,
         "summary": summaries,
+        "ensemble_read_as_ladder": {"table": misread, "summary": misread_summary},
+        "no_p2p_allreduce_vs_logged": no_p2p_allreduce,
+        "no_p2p_ladder_vs_00a91f1": no_p2p_rows,
         "other_figures": others,
         "roofline_vs_measured": logged,
         "logged_runs": [run.__dict__ for run in calibration.LOGGED_RUNS],
+        "logged_runs_no_p2p": [run.__dict__ for run in calibration.NO_P2P_RUNS],
         "settings": {"prompt_tokens": calibration.PROMPT, "new_tokens": calibration.GEN},
     }, indent=2) + "\n")
     print(f"\nwrote {args.json}")

@@ -24,11 +24,14 @@ progresses at ``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slow
   the GPU's ``gpu_sm_count``; a kernel that needs every SM (a compute-bound GEMM, and on an H100 a
   weight-streaming GEMV too, which needs nearly all SMs' load slots to reach HBM bandwidth) then runs on
   ``1 - share`` of them: ``overlap_slowdown = share / (1 - share)`` (``sm_share_slowdown``). NVLink copies
-  and host-staged (P2P-off) copies are both SM-driven, through fewer channels on the host path;
+  and P2P-disabled copies are both SM-driven, through fewer channels with P2P off;
 * plus, for memory-bound (decode) modules only, the HBM bandwidth the all-reduce itself uses:
   ``hbm_traffic * volume / allreduce_s / gpu_hbm_bytes_per_s`` (a ring step reads two chunks and writes
-  one, so ``hbm_traffic`` is 3 on NVLink; a host-staged all-reduce moves its bytes at PCIe rate, a
-  negligible share of HBM).
+  one, so ``hbm_traffic`` is 3 on NVLink, and 2 is assumed with P2P off).
+
+A fabric can split the node into groups (``group_size``; the Ladder authors' P2P-disabled node is two groups of
+4): a ring that crosses groups pays its own latency-protocol hop and bandwidth (``cross_latency_s``,
+``cross_small_bus_bytes_per_s``), since its slowest hop sets every step.
 
 Nothing in the overlap model is fitted to a speed-up: the channel counts are NCCL's own (the Ladder authors'
 ``enable.log`` / ``disable.log``), the SM counts the datasheets'.
@@ -55,12 +58,20 @@ NVLINK_LATENCY_S = 1.187e-6
 NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9
 NVLINK_LARGE_LATENCY_S = 5.716e-6
 NVLINK_BUS_BYTES_PER_S = 433.4e9
-NO_P2P_LATENCY_S = 5.270e-6
+# h100-no-p2p: the authors' P2P-disabled logs (dense minus upper bound per all-reduce, calibration.fit_no_p2p_allreduce)
+NO_P2P_LATENCY_S = 3.049e-6  # per hop, latency protocol, inside a group of 4 (TP <= 4)
+NO_P2P_SMALL_BUS_BYTES_PER_S = 20.85e9
+NO_P2P_CROSS_LATENCY_S = 3.752e-6  # the same, for a ring that crosses the two groups (TP 8)
+NO_P2P_CROSS_SMALL_BUS_BYTES_PER_S = 8.162e9
+NO_P2P_LARGE_LATENCY_S = 7.548e-6  # bandwidth protocol
+NO_P2P_BUS_BYTES_PER_S = 316.7e9
+NO_P2P_GROUP_SIZE = 4  # disable.log: NCCL splits the 8 GPUs into two groups of 4
+PCIE_LATENCY_S = 2.64e-6  # pcie-gen5: half the host-staged hop latency fitted on the paper's 1.60x before issue 35
+PCIE_BUS_BYTES_PER_S = 40e9
 
 NVLINK_CHANNELS = 24  # NCCL channels with NVLink, and 16 with P2P disabled: the authors' enable.log / disable.log
 NO_P2P_CHANNELS = 16
 H100_SM_COUNT = 132  # NVIDIA H100 SXM5: 132 SMs
-NO_P2P_BUS_BYTES_PER_S = 40e9
 IB_NDR_BUS_BYTES_PER_S = 50e9
 H100_HBM_BYTES_PER_S = 3.35e12
 
@@ -81,6 +92,8 @@ _LOGS = "the Ladder authors' published logs, github.com/mayank31398/ladder-resid
 _NCCL_TESTS = ("public nccl-tests all_reduce_perf figures (docs.alayanew.com tech-blog 2026-05-06 'NCCL-tests in "
                "practice'): 8xH100 SXM5 NVLink busbw 460-480 GB/s at large sizes, 8xH100 PCIe 35-45 GB/s")
 _NCCL_TUNER = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc: per-protocol base and per-hop latencies)"
+_NO_P2P_LOGS = ("github.com/mayank31398/ladder-residual-inference logs/arxiv/prompt_length_1024_max_new_512/p2p_disable1/"
+                "compile/: gpt_dense:llama-3-70b against gpt_ensemble:llama-3-70b-upper-bound, NCCL_P2P_DISABLE=1")
 _CHANNELS = ("the Ladder authors' NCCL logs (github.com/mayank31398/ladder-residual-inference enable.log: 24 channels "
              "on 8xH100 NVLink; disable.log, NCCL 2.20.5 with NCCL_P2P_LEVEL=LOC: 16); NCCL launches one thread block "
              "(one SM) per channel it uses (NVIDIA/nccl src/enqueue.cc: the grid is the plan's channel count)")
@@ -115,6 +128,9 @@ class InterconnectProfile:
     sms_per_channel: int = 1  # thread blocks (SMs) per channel
     gpu_sm_count: int = H100_SM_COUNT
     gpu: str | None = None  # the GPU profile (ladderize.predict.gpus) that prices this fabric's GPUs; None: not a GPU fabric
+    group_size: int = 0  # ranks per group where the fabric splits the node (0: one group); a larger ring crosses groups
+    cross_latency_s: float | None = None  # latency-protocol hop latency of a ring that crosses groups
+    cross_small_bus_bytes_per_s: float | None = None  # latency-protocol bandwidth of such a ring
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "tree"):
@@ -123,6 +139,10 @@ class InterconnectProfile:
             raise LadderizeError(f"interconnect {self.name!r}: latencies, overlap_slowdown and hbm_traffic must be >= 0")
         if self.large_latency_s is not None and self.large_latency_s < 0:
             raise LadderizeError(f"interconnect {self.name!r}: large_latency_s must be >= 0")
+        if self.group_size < 0 or (self.cross_latency_s is not None and self.cross_latency_s < 0) or (
+                self.cross_small_bus_bytes_per_s is not None and self.cross_small_bus_bytes_per_s <= 0):
+            raise LadderizeError(f"interconnect {self.name!r}: group_size and cross_latency_s must be >= 0, "
+                                 "cross_small_bus_bytes_per_s positive")
         if self.bus_bytes_per_s <= 0 or (self.small_bus_bytes_per_s is not None and self.small_bus_bytes_per_s <= 0):
             raise LadderizeError(f"interconnect {self.name!r}: bandwidths must be positive")
         if self.gpu_hbm_bytes_per_s <= 0:
@@ -153,7 +173,11 @@ class InterconnectProfile:
             return 0.0
         volume = ring_volume(nbytes, ranks)
         steps = self.steps(ranks)
-        small = steps * self.latency_s + volume / (self.small_bus_bytes_per_s or self.bus_bytes_per_s)
+        latency, small_bus = self.latency_s, self.small_bus_bytes_per_s or self.bus_bytes_per_s
+        if self.group_size and ranks > self.group_size:  # the ring crosses groups: its slowest hop sets each step
+            latency = self.cross_latency_s if self.cross_latency_s is not None else latency
+            small_bus = self.cross_small_bus_bytes_per_s or small_bus
+        small = steps * latency + volume / small_bus
         if self.large_latency_s is None:
             return self.launch_s + small
         return self.launch_s + min(small, steps * self.large_latency_s + volume / self.bus_bytes_per_s)
@@ -214,30 +238,47 @@ def _nvlink() -> InterconnectProfile:
 
 
 def _no_p2p() -> InterconnectProfile:
+    fitted = f"fitted: dense minus upper bound per all-reduce in the authors' P2P-disabled logs ({_NO_P2P_LOGS})"
     return InterconnectProfile(
         name="h100-no-p2p",
-        description="8x H100 with peer-to-peer disabled (NCCL_P2P_DISABLE): NCCL stages every hop through host "
-                    "memory over PCIe Gen5",
+        description="8x H100 with peer-to-peer disabled (NCCL_P2P_DISABLE=1), as the Ladder authors ran it: NCCL splits "
+                    "the node into two groups of 4, and small all-reduces pay several times NVLink's latency",
         algorithm="ring",
         launch_s=NVLINK_LAUNCH_S,
         latency_s=NO_P2P_LATENCY_S,
         bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
         overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
+        large_latency_s=NO_P2P_LARGE_LATENCY_S,
+        small_bus_bytes_per_s=NO_P2P_SMALL_BUS_BYTES_PER_S,
         hbm_traffic=2.0,
         nccl_channels=NO_P2P_CHANNELS,
         gpu="h100-gpt-fast",
+        group_size=NO_P2P_GROUP_SIZE,
+        cross_latency_s=NO_P2P_CROSS_LATENCY_S,
+        cross_small_bus_bytes_per_s=NO_P2P_CROSS_SMALL_BUS_BYTES_PER_S,
         sources={
-            "bus_bytes_per_s": f"{_NCCL_TESTS}: 40 GB/s, the middle of the PCIe range (host-staged hops cross PCIe twice "
-                               "but pipeline; below the 63 GB/s PCIe 5.0 x16 link, PCI-SIG)",
-            "latency_s": f"fitted: 1.60x Ladder speed-up at batch 1 with peer-to-peer disabled ({_LADDER})",
+            "latency_s": f"{fitted}: decode at TP4, batch 1 and 16 (16 KB and 256 KB, a ring inside one group of 4), "
+                         "jointly with small_bus_bytes_per_s; before issue 35 it was fitted on the paper's 1.60x Ladder "
+                         "figure, which is now held out",
+            "small_bus_bytes_per_s": f"{fitted}: the same two TP4 decode runs",
+            "cross_latency_s": f"{fitted}: decode at TP8, batch 1 and 4 (16 KB and 64 KB, a ring across both groups), "
+                               "jointly with cross_small_bus_bytes_per_s",
+            "cross_small_bus_bytes_per_s": f"{fitted}: the same two TP8 decode runs",
+            "large_latency_s": f"{fitted}: prefill at TP8, batch 1 and 4 (16.8 MB and 67 MB), jointly with bus_bytes_per_s",
+            "bus_bytes_per_s": f"{fitted}: the same two TP8 prefill runs; the held-out TP4 prefill all-reduces (16.8 MB to "
+                               "1.07 GB) agree. Large messages are not PCIe-bound (nccl-tests put 8x H100 over PCIe at "
+                               f"35-45 GB/s, {_NCCL_TESTS}): the authors' scripts also set NCCL_NVLS_ENABLE=1, and NCCL's "
+                               "NVLink SHARP path does not use the P2P transport (inference from the logs, not measured)",
+            "group_size": "the authors' disable.log (NCCL 2.20.5, NCCL_P2P_LEVEL=LOC): the 8 GPUs form two groups of 4 "
+                          "joined over the network",
             "launch_s": "shared with h100-nvlink (same NCCL call path)",
-            "overlap_slowdown": f"derived, not fitted: {NO_P2P_CHANNELS} of {H100_SM_COUNT} SMs held by NCCL's host-staged "
-                                f"copies, share / (1 - share) = {NO_P2P_OVERLAP_SLOWDOWN:.3f}",
+            "overlap_slowdown": f"derived, not fitted: {NO_P2P_CHANNELS} of {H100_SM_COUNT} SMs held by NCCL "
+                                f"(disable.log), share / (1 - share) = {NO_P2P_OVERLAP_SLOWDOWN:.3f}",
             "nccl_channels": _CHANNELS,
             "sms_per_channel": _CHANNELS,
             "gpu_sm_count": _SM_COUNT,
             "gpu": _DEFAULT_GPU,
-            "hbm_traffic": "2 HBM bytes per bus byte (read the chunk, write the result); at PCIe rate a negligible share",
+            "hbm_traffic": "2 HBM bytes per bus byte (read the chunk, write the result); assumption from the algorithm",
             "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
         },
     )
@@ -249,8 +290,8 @@ def _pcie() -> InterconnectProfile:
         description="GPUs with peer-to-peer over PCIe Gen5 switches and no NVLink (e.g. PCIe-card servers)",
         algorithm="ring",
         launch_s=NVLINK_LAUNCH_S,
-        latency_s=NO_P2P_LATENCY_S / 2,
-        bus_bytes_per_s=NO_P2P_BUS_BYTES_PER_S,
+        latency_s=PCIE_LATENCY_S,
+        bus_bytes_per_s=PCIE_BUS_BYTES_PER_S,
         overlap_slowdown=NO_P2P_OVERLAP_SLOWDOWN,
         hbm_traffic=3.0,
         nccl_channels=NO_P2P_CHANNELS,
@@ -260,7 +301,8 @@ def _pcie() -> InterconnectProfile:
             "nccl_channels": f"assumption: as h100-no-p2p ({NO_P2P_CHANNELS}), the PCIe ring's channel count ({_CHANNELS})",
             "gpu_sm_count": _SM_COUNT,
             "gpu": _DEFAULT_GPU + " (SXM peaks; a PCIe H100's are lower)",
-            "latency_s": "derived, not calibrated: half the fitted h100-no-p2p hop latency (one PCIe crossing per hop "
+            "latency_s": "derived, not calibrated: half the h100-no-p2p hop latency as fitted on the paper's 1.60x before "
+                         "issue 35 (5.27 us; one PCIe crossing per hop "
                          "instead of two through host memory)",
             "launch_s": "shared with h100-nvlink",
             "overlap_slowdown": "derived from nccl_channels as h100-no-p2p (SM-driven PCIe copies)",

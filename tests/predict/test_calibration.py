@@ -36,6 +36,20 @@ def test_fits_read_only_the_listed_logged_runs():
             assert abs(r["error"]) < 0.15, r
 
 
+def test_no_p2p_allreduce_against_the_p2p_disabled_logs():
+    """Issue 35: the P2P-disabled logs' all-reduces (two groups of 4): the fitted runs exact, the held-out TP4 prefill
+    ones within 12%, and large messages far above PCIe's 40 GB/s (the profile before fitted 40 GB/s)."""
+    rows = calibration.no_p2p_allreduce_vs_logged()
+    fit = [r for r in rows if r["role"] == "fit"]
+    assert len(fit) == 6 and all(abs(r["error"]) < 0.005 for r in fit)
+    held_prefill = [r for r in rows if r["role"] == "held out" and r["phase"] == "prefill"]
+    assert len(held_prefill) == 3 and all(abs(r["error"]) < 0.13 for r in held_prefill)
+    no_p2p = PROFILES["h100-no-p2p"]
+    assert no_p2p.bus_rate(2**30, 8) > 250e9 and no_p2p.group_size == 4
+    # A ring across the two groups pays more per small all-reduce than one inside a group, hop for hop.
+    assert no_p2p.allreduce_s(16 * 1024, 8) - no_p2p.launch_s > (14 / 6) * (no_p2p.allreduce_s(16 * 1024, 4) - no_p2p.launch_s)
+
+
 def test_allreduce_curve_against_the_logs():
     rows = calibration.allreduce_vs_logged()
     assert len(rows) == 12
@@ -54,17 +68,51 @@ def test_validation_table_errors(fitted):
     assert set(table) == {f.key for f in calibration.FIGURES}
     for key in ("ub-tp8-b1", "ub-tp4-b1", "ub-tp8-b64"):
         assert abs(table[key]["error"]) < 0.005 and table[key]["role"].startswith("fit")
-    assert abs(table["ladder-nop2p-tp8-b1"]["error"]) < 0.02
+    # The paper's 1.60x without P2P fitted the host-staged hop latency before issue 35; now the P2P-disabled logs' own
+    # all-reduce costs fit the profile and the figure is held out, within 2%.
+    assert table["ladder-nop2p-tp8-b1"]["role"] == "held out" and abs(table["ladder-nop2p-tp8-b1"]["error"]) < 0.02
     # Issue 35: the overlap's interference is derived (NCCL's channels against the SMs), so no Ladder figure on
     # NVLink fits anything: the headline 1.31x is held out, and still within 2%.
     assert table["ladder-tp8-b1"]["role"] == "held out" and abs(table["ladder-tp8-b1"]["error"]) < 0.02
-    ladder = [row for row in table.values() if row["schedule"] == "ladder" and row["source"] != calibration.LADDER_LOGS_8B]
-    held = [row for row in ladder if row["role"] == "held out"]
-    assert len(held) >= 7 and all(abs(row["error"]) < 0.06 for row in held), [(r["key"], r["error"]) for r in held]
+    # Every Ladder figure on NVLink, paper, blog and the authors' gpt_ladder logs of 8B and 70B (TP 2-8, batch 1-64):
+    # the issue's targets, mean within 5% and no point beyond 10%, on the held-out ones.
+    ladder = [row for row in table.values() if row["schedule"] == "ladder"]
+    held = [row for row in ladder if row["role"] == "held out" and row["interconnect"] == "h100-nvlink"]
+    assert len(held) >= 19 and {r["model"] for r in held} == {"llama-3.1-8b", "llama-3.1-70b"}
+    assert {r["tp"] for r in held} == {2, 4, 8} and {1, 64} <= {r["batch"] for r in held}
+    assert all(abs(row["error"]) < 0.10 for row in held), [(r["key"], r["error"]) for r in held]
     assert sum(abs(row["error"]) for row in held) / len(held) < 0.05
+    # Peer-to-peer disabled (the paper's 1.60x and the authors' P2P-disabled logs, TP4 and 8, batch 1-64), all held
+    # out: mean within 5.5%; the worst, 70B TP4 batch 16, is 11% high (the logged overlap hides less there than the
+    # model's; docs/predict.md, Limitations). main 00a91f1's host-staged profile was 9.6% off on average, 25.6% at worst.
+    no_p2p = [row for row in ladder if row["interconnect"] == "h100-no-p2p"]
+    assert len(no_p2p) == 7 and all(row["role"] == "held out" for row in no_p2p)
+    assert sum(abs(row["error"]) for row in no_p2p) / len(no_p2p) < 0.055
+    assert all(abs(row["error"]) < 0.12 for row in no_p2p), [(r["key"], r["error"]) for r in no_p2p]
+    # SPD on every layer (the logs' gpt_ensemble runs, blocking, half the all-reduces): within 5% each.
+    spd_all = [row for row in table.values() if row["source"] == calibration.SYNC_DROP_LOGS]
+    assert len(spd_all) == 13 and all(row["schedule"] == "spd" and row["role"] == "held out" for row in spd_all)
+    assert all(abs(row["error"]) < 0.05 for row in spd_all), [(r["key"], r["error"]) for r in spd_all]
     summary = calibration.validation_summary(list(table.values()))
     assert {"fit", "held out"} <= {s["role"] for s in summary}
     assert abs(table["spd-nop2p"]["error"]) < 0.15 and table["spd-nvlink"]["error"] < -0.3
+
+
+def test_the_8b_logs_were_spd_not_ladder():
+    """Issue 35: the logs' gpt_ensemble runs (attention all-reduce dropped, SPD on every layer) read as Ladder put the
+    model 10% off on average and 22% at worst; as SPD they are within 5%, and the gpt_ladder runs of the same settings
+    are within 10%. The paper's and the blog's figures are the gpt_ladder logs' (70B TP8 batch 1 and 4, 8B TP8 batch 4)."""
+    misread = calibration.validation_table(figures=calibration.ENSEMBLE_READ_AS_LADDER)
+    assert len(misread) == 8 and all(row["schedule"] == "ladder" for row in misread)
+    summary = calibration.validation_summary(misread)
+    assert len(summary) == 1 and summary[0]["mean_abs_error"] > 0.08 and summary[0]["worst_error"] > 0.15
+    figures = {f.key: f for f in calibration.FIGURES}
+    for log, published in (("ladder-tp8-b1-log", "ladder-tp8-b1"), ("ladder-tp8-b4-log", "ladder-tp8-b4"),
+                           ("ladder-8b-tp8-b4-log", "ladder-8b-tp8-b4-blog")):
+        assert figures[log].published == pytest.approx(figures[published].published, abs=0.005)
+    for old in calibration.ENSEMBLE_READ_AS_LADDER:  # the same runs, now SPD figures
+        spd = figures[old.key.replace("ensemble-as-ladder-8b", "spd-all-8b")]
+        assert (spd.tp, spd.batch, spd.published, spd.schedule) == (old.tp, old.batch, old.published, "spd")
 
 
 def test_speedup_falls_with_batch_for_8b_and_70b():
@@ -86,6 +134,7 @@ def test_measured_column_replays_the_h100_table():
 
     table = {row["key"]: row for row in calibration.validation_table(compute=compute)}
     assert sum(c.hits for c in made) > 0 and sum(c.misses for c in made) > 0  # table rows and fallbacks both used
+    # NVLink only: ladderize's modules are a different runtime from the one the P2P-disabled logs measured.
     held_out = [row for row in table.values() if row["role"] == "held out" and row["model"] == "llama-3.1-70b"
-                and not row["key"].startswith("spd")]
+                and not row["key"].startswith("spd") and row["interconnect"] == "h100-nvlink"]
     assert all(abs(row["error"]) < 0.10 for row in held_out)

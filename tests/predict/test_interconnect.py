@@ -45,6 +45,19 @@ def test_small_messages_pay_latency_large_ones_bandwidth():
     assert two.allreduce_s(1e9, 8) == pytest.approx(2e-6 + 14 * 5e-6 + 1.75e9 / 100e9)
 
 
+def test_a_ring_across_groups_pays_the_cross_group_hop():
+    """Issue 35: a node split into groups (P2P disabled: two groups of 4) prices a ring that crosses them with the
+    cross-group latency-protocol hop and bandwidth; a ring inside a group, and the bandwidth protocol, are unchanged."""
+    split = _profile(group_size=4, cross_latency_s=4e-6, cross_small_bus_bytes_per_s=10e9, small_bus_bytes_per_s=50e9,
+                     large_latency_s=5e-6)
+    assert split.allreduce_s(1e3, 4) == pytest.approx(2e-6 + 6 * 1e-6 + 1.5e3 / 50e9)
+    assert split.allreduce_s(1e3, 8) == pytest.approx(2e-6 + 14 * 4e-6 + 1.75e3 / 10e9)
+    assert split.allreduce_s(1e9, 8) == pytest.approx(2e-6 + 14 * 5e-6 + 1.75e9 / 100e9)
+    assert _profile(group_size=4).allreduce_s(1e3, 8) == _profile().allreduce_s(1e3, 8)  # no cross fields: as one group
+    with pytest.raises(LadderizeError):
+        _profile(group_size=-1)
+
+
 def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
     nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
     decode, prefill = 64 * 8192 * 2, 64 * 1024 * 8192 * 2
