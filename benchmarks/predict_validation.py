@@ -10,7 +10,8 @@ Re-fits every constant, then prints (and saves as JSON):
 4. predicted against published speed-ups with two compute columns: the roofline of the runtime the figures were
    measured on (``h100-gpt-fast``, the default for an H100 fabric), and measured compute (the H100 table's modules,
    the h100 fit elsewhere); each with the previous model's prediction (main c2ebed1: one overlap slowdown fitted to
-   the 1.31x figure) beside it;
+   the 1.31x figure) beside it, and the roofline column as main 5903565 had it (before prefill GEMMs were priced as
+   one wave of persistent CTAs: the SM-share slowdown in prefill too);
 5. the summary: mean and worst error, fit and held-out points apart, per source;
 5b. the authors' 8B logs as they were read before issue 35's review (``gpt_ensemble``, SPD on every layer, taken for
    Ladder) beside the same runs priced as SPD everywhere and the ``gpt_ladder`` runs priced as Ladder;
@@ -63,6 +64,12 @@ def previous_model() -> dict:
                                    latency_s=5.447e-6, bus_bytes_per_s=40e9, large_latency_s=None,
                                    small_bus_bytes_per_s=None, group_size=0, cross_latency_s=None,
                                    cross_small_bus_bytes_per_s=None)}
+
+
+def sm_share_prefill(gpu):
+    """``gpu`` as main 5903565 priced it: compute-bound (prefill) modules lose only the SM share NCCL holds, not a
+    wave (``persistent_gemm_grid`` off); c2ebed1 predates the one-wave model too."""
+    return replace(gpu, persistent_gemm_grid=False)
 
 
 def main_00a91f1() -> dict:
@@ -122,30 +129,35 @@ def main() -> None:
               f"{r['predicted_s'] * 1e6:.1f} | {r['error'] * 100:+.1f}% | {r['role']} |")
 
     table_compute = lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"]))  # noqa: E731
+    table_compute_5903565 = lambda: F.TableCompute(RooflineCompute(sm_share_prefill(GPU_PROFILES["h100"])))  # noqa: E731
+    gpt_fast_5903565 = sm_share_prefill(GPU_PROFILES["h100-gpt-fast"])
     roof = calibration.validation_table()
     measured = calibration.validation_table(compute=table_compute)
+    roof_5903565 = calibration.validation_table(gpu=gpt_fast_5903565)
     before = previous_model()
-    roof_before = calibration.validation_table(interconnects=before)
-    measured_before = calibration.validation_table(interconnects=before, compute=table_compute)
-    print("\n## Predicted against published (before: main c2ebed1's overlap model)\n")
-    print("| figure | setting | published | roofline (gpt-fast fit) | error | before | measured compute (H100 table) "
-          "| error | before | role | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r, m, rb, mb in zip(roof, measured, roof_before, measured_before):
+    roof_before = calibration.validation_table(gpu=gpt_fast_5903565, interconnects=before)
+    measured_before = calibration.validation_table(interconnects=before, compute=table_compute_5903565)
+    print("\n## Predicted against published (5903565: before one-wave prefill GEMMs; before: main c2ebed1's overlap model)\n")
+    print("| figure | setting | published | roofline (gpt-fast fit) | error | 5903565 | error | before | measured compute "
+          "(H100 table) | error | before | role | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r, r5, m, rb, mb in zip(roof, roof_5903565, measured, roof_before, measured_before):
         print(f"| {r['key']} | {r['description']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% "
+              f"| {r5['predicted']:.3f} | {r5['error'] * 100:+.1f}% "
               f"| {rb['error'] * 100:+.1f}% | {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {mb['error'] * 100:+.1f}% "
               f"| {r['role']} | {r['source']} |")
 
     summaries = {name: calibration.validation_summary(rows) for name, rows in
-                 (("roofline", roof), ("roofline_before", roof_before), ("measured", measured),
-                  ("measured_before", measured_before))}
+                 (("roofline", roof), ("roofline_5903565", roof_5903565), ("roofline_before", roof_before),
+                  ("measured", measured), ("measured_before", measured_before))}
     print("\n## Summary: end-to-end speed-ups (Ladder, SPD on every layer, upper bound), |error|\n")
-    print("| role | source | points | roofline mean | worst | before: mean | worst | measured mean | worst "
-          "| before: mean | worst |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for a, b, c, d in zip(*summaries.values()):
+    print("| role | source | points | roofline mean | worst | 5903565: mean | worst | before: mean | worst | measured mean "
+          "| worst | before: mean | worst |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for a, a5, b, c, d in zip(*summaries.values()):
         print(f"| {a['role']} | {a['source']} | {a['points']} | {a['mean_abs_error'] * 100:.1f}% | "
-              f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
+              f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {a5['mean_abs_error'] * 100:.1f}% | "
+              f"{a5['worst_error'] * 100:+.1f}% ({a5['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
               f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
               f"| {d['worst_error'] * 100:+.1f}% |")
 
@@ -202,6 +214,7 @@ def main() -> None:
         "allreduce_vs_logged": allreduce,
         "validation_roofline": roof,
         "validation_measured": measured,
+        "validation_roofline_5903565": roof_5903565,
         "validation_roofline_before": roof_before,
         "validation_measured_before": measured_before,
         "summary": summaries,

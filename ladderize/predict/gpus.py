@@ -74,6 +74,9 @@ class GPUProfile:
     fit: ComputeFit
     memory_bytes: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
+    # Compute-bound GEMMs run as one wave of persistent CTAs (grid = SM count): an overlapped collective's CTAs push
+    # part of the wave into a second one (``interconnect.one_wave_slowdown``). False: the SM-share slowdown.
+    persistent_gemm_grid: bool = False
 
     def __post_init__(self) -> None:
         if self.hbm_bytes_per_s <= 0 or self.peak_flops_per_s <= 0:
@@ -93,7 +96,8 @@ class GPUProfile:
         try:
             return cls(name=str(data["name"]), hbm_bytes_per_s=float(data["hbm_bytes_per_s"]),
                        peak_flops_per_s=float(data["peak_flops_per_s"]), fit=ComputeFit.from_dict(data["fit"]),
-                       memory_bytes=float(data.get("memory_bytes", 0.0)), sources=dict(data.get("sources", {})))
+                       memory_bytes=float(data.get("memory_bytes", 0.0)), sources=dict(data.get("sources", {})),
+                       persistent_gemm_grid=bool(data.get("persistent_gemm_grid", False)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LadderizeError(f"{label}: not a GPU profile ({type(exc).__name__}: {exc})") from None
 
@@ -109,15 +113,26 @@ _H100_PEAKS = {
     "peak_flops_per_s": "NVIDIA H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
 }
 
+_PERSISTENT = ("Hopper cuBLAS/CUTLASS 3.x GEMMs are persistent: the grid is one CTA per SM and a tile scheduler hands "
+               "each CTA its tiles (CUTLASS docs, efficient_gemm.md, 'persistent' kernel schedules; NVIDIA developer "
+               "forum, 'Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail "
+               "Effect', forums.developer.nvidia.com/t/337991: on an H100 a library GEMM of exactly 132 CTAs overlapped "
+               "with a 24-CTA NCCL kernel runs part of its CTAs as a second wave and takes nearly twice as long, MFU "
+               "80% to 47%). Applies to compute-bound (prefill) modules; decode GEMVs are not modelled so")
+
 GPU_PROFILES: dict[str, GPUProfile] = {
     "h100": GPUProfile(
         name="H100-SXM5-80GB", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=H100_FIT, memory_bytes=80e9,
-        sources={**_H100_PEAKS, "fit": "ladderize runtime modules measured on an H100 (ladderize.predict.fit)"},
+        sources={**_H100_PEAKS, "fit": "ladderize runtime modules measured on an H100 (ladderize.predict.fit)",
+                 "persistent_gemm_grid": _PERSISTENT},
+        persistent_gemm_grid=True,
     ),
     "h100-gpt-fast": GPUProfile(
         name="H100-SXM5-80GB (gpt-fast)", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=GPT_FAST_FIT,
         memory_bytes=80e9,
-        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.calibration)"},
+        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.calibration)",
+                 "persistent_gemm_grid": _PERSISTENT},
+        persistent_gemm_grid=True,
     ),
     "h200": GPUProfile(
         name="H200-SXM-141GB", hbm_bytes_per_s=4.8e12, peak_flops_per_s=989e12,
@@ -127,7 +142,9 @@ GPU_PROFILES: dict[str, GPUProfile] = {
             "hbm_bytes_per_s": "NVIDIA H200 Tensor Core GPU datasheet: H200 SXM GPU memory bandwidth 4.8 TB/s, 141 GB",
             "peak_flops_per_s": "NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
             "fit": "the h100 fit with bandwidths scaled by the HBM ratio (same Hopper SM and kernels); not measured on an H200",
+            "persistent_gemm_grid": _PERSISTENT,
         },
+        persistent_gemm_grid=True,
     ),
     "a100": GPUProfile(
         name="A100-SXM4-80GB", hbm_bytes_per_s=2.039e12, peak_flops_per_s=312e12,
@@ -137,6 +154,8 @@ GPU_PROFILES: dict[str, GPUProfile] = {
             "hbm_bytes_per_s": "NVIDIA A100 Tensor Core GPU datasheet: A100 80GB SXM GPU memory bandwidth 2,039 GB/s, 80 GB",
             "peak_flops_per_s": "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)",
             "fit": "the h100 fit with bandwidths scaled by the HBM ratio and FLOP efficiencies kept; not measured on an A100",
+            "persistent_gemm_grid": "False (assumption): Ampere GEMMs (CUTLASS 2.x style) launch one CTA per output tile "
+                                    "in several waves, so an overlapped collective costs them its SM share",
         },
     ),
 }

@@ -84,6 +84,16 @@ def sm_share_slowdown(channels: int, sms_per_channel: int, gpu_sm_count: int) ->
     return share / (1.0 - share)
 
 
+def one_wave_slowdown(channels: int, sms_per_channel: int, gpu_sm_count: int) -> float:
+    """How much slower a one-wave GEMM (a persistent grid of exactly ``gpu_sm_count`` CTAs, one per SM) runs while NCCL
+    holds ``channels * sms_per_channel`` SMs: the CTAs that find no free SM run as a second wave, so the kernel takes
+    ``ceil(sm_count / (sm_count - held))`` times as long (2x for any 0 < held < sm_count / 2)."""
+    held = channels * sms_per_channel
+    if not 0 <= held < gpu_sm_count:
+        raise LadderizeError(f"NCCL would hold {held} of {gpu_sm_count} SMs: not a valid profile")
+    return float(math.ceil(gpu_sm_count / (gpu_sm_count - held)) - 1)
+
+
 OVERLAP_SLOWDOWN = sm_share_slowdown(NVLINK_CHANNELS, 1, H100_SM_COUNT)  # 24 / 108 = 0.222
 NO_P2P_OVERLAP_SLOWDOWN = sm_share_slowdown(NO_P2P_CHANNELS, 1, H100_SM_COUNT)  # 16 / 116 = 0.138
 
@@ -187,8 +197,22 @@ class InterconnectProfile:
         seconds = self.allreduce_s(nbytes, ranks)
         return 0.0 if seconds <= 0 else ring_volume(nbytes, ranks) / seconds
 
-    def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool) -> float:
-        """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones."""
+    @property
+    def wave_slowdown(self) -> float:
+        """How much the SMs NCCL holds slow a one-wave (persistent-grid) GEMM: a second wave (``one_wave_slowdown``);
+        the SM share where the channel count is unknown."""
+        if self.nccl_channels <= 0:
+            return self.sm_slowdown
+        return max(self.sm_slowdown, one_wave_slowdown(self.nccl_channels, self.sms_per_channel, self.gpu_sm_count))
+
+    def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool, one_wave_gemms: bool = False) -> float:
+        """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones.
+
+        ``one_wave_gemms``: the GPU's compute-bound GEMMs run as one wave of persistent CTAs (``GPUProfile``
+        ``persistent_gemm_grid``), so a compute-bound (prefill) module pays ``wave_slowdown`` instead of the SM share.
+        """
+        if not memory_bound and one_wave_gemms:
+            return self.wave_slowdown
         if not memory_bound or self.hbm_traffic <= 0:
             return self.sm_slowdown
         return self.sm_slowdown + self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s

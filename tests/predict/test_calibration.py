@@ -82,13 +82,16 @@ def test_validation_table_errors(fitted):
     assert {r["tp"] for r in held} == {2, 4, 8} and {1, 64} <= {r["batch"] for r in held}
     assert all(abs(row["error"]) < 0.10 for row in held), [(r["key"], r["error"]) for r in held]
     assert sum(abs(row["error"]) for row in held) / len(held) < 0.05
+    assert sum(abs(row["error"]) for row in held) / len(held) < 0.02  # 1.9% since prefill GEMMs are one wave
     # Peer-to-peer disabled (the paper's 1.60x and the authors' P2P-disabled logs, TP4 and 8, batch 1-64), all held
-    # out: mean within 5.5%; the worst, 70B TP4 batch 16, is 11% high (the logged overlap hides less there than the
-    # model's; docs/predict.md, Limitations). main 00a91f1's host-staged profile was 9.6% off on average, 25.6% at worst.
+    # out: mean 4.1%; the worst, 70B TP4 batch 16, is 10.4% high, over the issue's 10% (the logged decode overlap hides
+    # 55% of its all-reduce time there, the model 87%; docs/predict.md, Limitations). 5903565 (before one-wave prefill
+    # GEMMs): 4.5% and +11.1%; main 00a91f1's host-staged profile: 9.6% and 25.6%.
     no_p2p = [row for row in ladder if row["interconnect"] == "h100-no-p2p"]
     assert len(no_p2p) == 7 and all(row["role"] == "held out" for row in no_p2p)
-    assert sum(abs(row["error"]) for row in no_p2p) / len(no_p2p) < 0.055
-    assert all(abs(row["error"]) < 0.12 for row in no_p2p), [(r["key"], r["error"]) for r in no_p2p]
+    assert sum(abs(row["error"]) for row in no_p2p) / len(no_p2p) < 0.045
+    assert all(abs(row["error"]) < 0.105 for row in no_p2p), [(r["key"], r["error"]) for r in no_p2p]
+    assert sum(abs(row["error"]) > 0.10 for row in no_p2p) == 1  # only 70B TP4 batch 16
     # SPD on every layer (the logs' gpt_ensemble runs, blocking, half the all-reduces): within 5% each.
     spd_all = [row for row in table.values() if row["source"] == calibration.SYNC_DROP_LOGS]
     assert len(spd_all) == 13 and all(row["schedule"] == "spd" and row["role"] == "held out" for row in spd_all)
@@ -138,3 +141,20 @@ def test_measured_column_replays_the_h100_table():
     held_out = [row for row in table.values() if row["role"] == "held out" and row["model"] == "llama-3.1-70b"
                 and not row["key"].startswith("spd") and row["interconnect"] == "h100-nvlink"]
     assert all(abs(row["error"]) < 0.10 for row in held_out)
+
+
+def test_prefill_gemms_run_as_one_wave_on_hopper():
+    """Issue 35: Hopper GEMMs are persistent (one CTA per SM), so an all-reduce overlapped with a prefill GEMM pushes
+    part of it into a second wave; the 70B TP8 batch-64 Ladder figure (a quarter of its e2e time is prefill) comes
+    within 2.5% where the SM-share model was 3.8% high."""
+    from dataclasses import replace as _replace
+
+    gpu = GPU_PROFILES["h100-gpt-fast"]
+    assert gpu.persistent_gemm_grid and GPU_PROFILES["h100"].persistent_gemm_grid and gpu.sources["persistent_gemm_grid"]
+    assert not GPU_PROFILES["a100"].persistent_gemm_grid
+    assert type(gpu).from_dict(gpu.to_dict()) == gpu
+    figure = {f.key: f for f in calibration.FIGURES}["ladder-tp8-b64-log"]
+    after = calibration.predict_figure(figure, gpu, PROFILES["h100-nvlink"])
+    before = calibration.predict_figure(figure, _replace(gpu, persistent_gemm_grid=False), PROFILES["h100-nvlink"])
+    assert after < before
+    assert abs(after / figure.published - 1) < 0.025 < abs(before / figure.published - 1)

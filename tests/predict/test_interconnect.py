@@ -73,6 +73,28 @@ def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
     assert no_p2p.overlap_slowdown_for(decode, 8, True) - no_p2p.overlap_slowdown < 0.03
 
 
+def test_one_wave_gemms_lose_a_whole_wave_to_the_channels_nccl_holds():
+    from ladderize.predict.interconnect import one_wave_slowdown
+
+    nvlink, no_p2p = PROFILES["h100-nvlink"], PROFILES["h100-no-p2p"]
+    prefill = 1024 * 8192 * 2
+    # A persistent grid of 132 CTAs with 24 (or 16) SMs held: the CTAs left over run as a second wave, 2x the time
+    # (the NVIDIA forum's H100 measurement: nearly 2x, MFU 80% to 47%), against the SM share's 24/108.
+    assert one_wave_slowdown(24, 1, 132) == one_wave_slowdown(16, 1, 132) == 1.0
+    assert one_wave_slowdown(0, 1, 132) == 0.0 and one_wave_slowdown(70, 1, 132) == 2.0
+    with pytest.raises(LadderizeError):
+        one_wave_slowdown(132, 1, 132)
+    for profile in (nvlink, no_p2p):
+        assert profile.overlap_slowdown_for(prefill, 8, memory_bound=False, one_wave_gemms=True) == 1.0
+        assert profile.overlap_slowdown_for(prefill, 8, memory_bound=False) == profile.overlap_slowdown
+        # Decode (memory-bound GEMVs) keeps the SM share plus HBM, one-wave GPU or not.
+        assert (profile.overlap_slowdown_for(64 * 8192 * 2, 8, True, one_wave_gemms=True)
+                == profile.overlap_slowdown_for(64 * 8192 * 2, 8, True))
+    # Without a channel count there is no wave to lose: the given slowdown stands.
+    unknown = dataclasses.replace(nvlink, nccl_channels=0, overlap_slowdown=0.3)
+    assert unknown.overlap_slowdown_for(prefill, 8, False, one_wave_gemms=True) == 0.3
+
+
 def test_profiles_cite_every_parameter_and_order_sensibly():
     for profile in PROFILES.values():
         for parameter in ("bus_bytes_per_s", "latency_s", "launch_s", "overlap_slowdown", "nccl_channels",
