@@ -97,7 +97,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     """
     from ladderize.adapt.recipe import Recipe, load_recipe
     from ladderize.adapt.recipe import run_recipe as run_stages
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     if isinstance(phases, str):  # a built-in recipe keeps its own stage settings; the benchmark gives the data
         recipe = load_recipe(phases)

@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     path = Path(args.results)
     report = json.loads(path.read_text())

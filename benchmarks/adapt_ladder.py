@@ -61,7 +61,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
     from ladderize.convert.conversion import convert_checkpoint
 
     dense_dir = dense_source()

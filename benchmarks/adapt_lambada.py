@@ -29,7 +29,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     dense = str(args.dense or dense_source())
     tokenizer = AutoTokenizer.from_pretrained(dense)

@@ -48,7 +48,7 @@ def main() -> None:
     from ladderize.adapt.convert_support import head_group_checkpoint
     from ladderize.adapt.data import pack_tokens
     from ladderize.adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
     from ladderize.convert.conversion import convert_checkpoint
     from ladderize.model import LayerMode, format_layer_ranges
 

@@ -37,7 +37,7 @@ def build_dense(path: Path, args: argparse.Namespace) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ladderize.model.checkpoint import write_checkpoint
+    from ladderize.checkpoint.io import write_checkpoint
     from ladderize.synthetic import char_tokenizer
 
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -115,7 +115,7 @@ def same_output(a: Path, b: Path) -> bool:
     """Whether two checkpoints hold the same tensors bit for bit (read one at a time)."""
     import torch
 
-    from ladderize.model.shards import CheckpointTensors
+    from ladderize.checkpoint.tensor_files import CheckpointTensors
 
     with CheckpointTensors(a) as ta, CheckpointTensors(b) as tb:
         return set(ta.names()) == set(tb.names()) and all(torch.equal(ta.read(n), tb.read(n)) for n in ta.names())

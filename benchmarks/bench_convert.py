@@ -44,8 +44,8 @@ def make_synthetic(directory: Path, target_gb: float) -> dict[str, int]:
     """
     import torch
 
-    from ladderize.model.architectures import expected_tensors
-    from ladderize.model.checkpoint import plain_llama_config, write_checkpoint
+    from ladderize.checkpoint.architectures import expected_tensors
+    from ladderize.checkpoint.io import plain_llama_config, write_checkpoint
 
     hidden, inner, heads, kv, vocab = 2048, 5632, 16, 4, 32000
     per_layer = 2 * hidden * hidden + 2 * hidden * (hidden // heads * kv) + 3 * hidden * inner + 2 * hidden
@@ -97,7 +97,7 @@ def main() -> None:
     from ladderize.convert.pull import pull_model
 
     smollm2 = pull_model("smollm2-135m")
-    baseline = run_measured("import ladderize.model.checkpoint")
+    baseline = run_measured("import ladderize.checkpoint.io")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-convert-", dir=Path.home()) as tmp:
         work = Path(tmp)

@@ -70,16 +70,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     from ladderize.errors import LadderizeError
     from ladderize.parsing import parse_int_list
-    from ladderize.runtime.bench import PRESETS
+    from ladderize.runtime.bench import SYNTHETIC_CONFIGS
 
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     try:
         args.batches = parse_int_list(args.batches, "--batches")
     except LadderizeError as exc:
         parser.error(str(exc))
-    unknown_shapes = [s for s in args.shapes if s not in PRESETS]
+    unknown_shapes = [s for s in args.shapes if s not in SYNTHETIC_CONFIGS]
     if unknown_shapes:
-        parser.error(f"unknown shape(s) {', '.join(unknown_shapes)}; presets: {', '.join(PRESETS)}")
+        parser.error(f"unknown shape(s) {', '.join(unknown_shapes)}; presets: {', '.join(SYNTHETIC_CONFIGS)}")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.skip = {p.strip() for p in args.skip.split(",") if p.strip()}
     unknown = [m for m in args.modes if m not in MODES] + [p for p in args.skip if p not in PARTS]
@@ -104,8 +104,8 @@ def check_outputs(stem: Path, force: bool) -> None:
 
 
 def write_record(record: dict[str, Any], stem: Path, force: bool) -> Path:
-    """The JSON record, written atomically (``model/atomic``)."""
-    from ladderize.model.atomic import write_file_atomic
+    """The JSON record, written atomically (``checkpoint/atomic``)."""
+    from ladderize.checkpoint.atomic import write_file_atomic
 
     path = outputs(stem)[0]
     check_outputs(stem, force)
@@ -143,10 +143,10 @@ def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
     import torch
     from transformers import LlamaForCausalLM
 
-    from ladderize.model.checkpoint import plain_llama_config
-    from ladderize.runtime.bench import PRESETS
+    from ladderize.checkpoint.io import plain_llama_config
+    from ladderize.runtime.bench import SYNTHETIC_CONFIGS
 
-    config = plain_llama_config(PRESETS[shape])
+    config = plain_llama_config(SYNTHETIC_CONFIGS[shape])
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
@@ -170,9 +170,9 @@ def bench_decode(args, device, say) -> dict[str, Any]:
 
     import torch
 
-    from ladderize.model.shapes import ModelShape
-    from ladderize.model.checkpoint import config_from_dict
-    from ladderize.runtime.bench import PRESETS, decode_runner, synthetic_source
+    from ladderize.checkpoint.shapes import ModelShape
+    from ladderize.checkpoint.io import config_from_dict
+    from ladderize.runtime.bench import SYNTHETIC_CONFIGS, decode_runner, synthetic_source
     from ladderize.runtime.generate import RuntimeOptions
     from ladderize.runtime.timing import time_decode
 
@@ -180,7 +180,7 @@ def bench_decode(args, device, say) -> dict[str, Any]:
     say(f"read bandwidth {bandwidth:,.0f} GB/s")
     rows = []
     for shape in args.shapes:
-        dims = ModelShape.from_config(config_from_dict(PRESETS[shape]))
+        dims = ModelShape.from_config(config_from_dict(SYNTHETIC_CONFIGS[shape]))
         weight_bytes = dims.param_count() * 2  # bfloat16: every weight read once per decode step
         for batch in args.batches:
             runs = {mode: (lambda m=mode: decode_runner(synthetic_source(shape), batch, args.prompt, args.gen,
@@ -313,7 +313,7 @@ def plot(record: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ladderize.model.atomic import write_file_atomic
+    from ladderize.checkpoint.atomic import write_file_atomic
 
     rows = record.get("decode", {}).get("rows", [])
     shapes = list(dict.fromkeys(r["shape"] for r in rows)) or ["(no decode rows)"]

@@ -46,7 +46,7 @@ import torch
 
 import ladderize  # noqa: F401  (registers the model types)
 from ladderize.paths import cache_dir
-from ladderize.runtime.bench import PRESETS, BenchSpec, ModelSource, run_bench
+from ladderize.runtime.bench import SYNTHETIC_CONFIGS, BenchSpec, ModelSource, run_bench
 from ladderize.runtime.generate import RuntimeOptions
 from ladderize.runtime.launch import LaunchSpec
 from ladderize.runtime.timing import load_average, time_decode, worker_source
@@ -54,7 +54,7 @@ from ladderize.runtime.timing import load_average, time_decode, worker_source
 RESULTS = Path(__file__).resolve().parent / "results"
 VLLM_VERSION = "0.32.0"
 # The issue's shape: cpu-512 with 12 layers (hidden 512, 8 heads, 4 KV heads, intermediate 1536, vocab 4096).
-SHAPE = dict(PRESETS["cpu-512"], num_hidden_layers=12)
+SHAPE = dict(SYNTHETIC_CONFIGS["cpu-512"], num_hidden_layers=12)
 
 # How both worker scripts end (``run(n)`` and ``args`` are each worker's own): the one decode-timing formula
 # (ladderize/runtime/timing.py, whose text heads each worker: llama.cpp's venv has no ladderize), one RESULT line.
@@ -125,7 +125,7 @@ def log(message: str) -> None:
 
 def synthetic_checkpoint(dtype: torch.dtype) -> Path:
     """The issue's shape with random weights (seed 0), saved once as a plain Llama checkpoint in the cache."""
-    from ladderize.model.shapes import write_synthetic_checkpoint
+    from ladderize.checkpoint.shapes import write_synthetic_checkpoint
 
     path = peers_dir() / "checkpoints" / "llama-12x512-seed0"
     if (path / "config.json").is_file():

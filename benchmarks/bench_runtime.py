@@ -131,7 +131,7 @@ def stock_llama(path: Path, dtype: torch.dtype):
     """transformers' own LlamaForCausalLM on the checkpoint (a dense ladder_llama config is read as Llama)."""
     from transformers import LlamaForCausalLM
 
-    from ladderize.model.checkpoint import plain_llama_config
+    from ladderize.checkpoint.io import plain_llama_config
 
     raw = json.loads((path / "config.json").read_text())
     if raw.get("model_type") == "ladder_llama":
@@ -145,12 +145,12 @@ def bench_single_device(args) -> dict:
     from ladderize.errors import LadderizeError
     from ladderize.runtime.allreduce import Communicator
     from ladderize.runtime.decode import Decoder, generate_on_rank
-    from ladderize.model.checkpoint import load_config
-    from ladderize.model.shapes import ModelShape
+    from ladderize.checkpoint.io import load_config
+    from ladderize.checkpoint.shapes import ModelShape
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
     from ladderize.runtime.plan import build_plan
-    from ladderize.runtime.sharding import SafetensorsSource
+    from ladderize.runtime.tp_slicing import SafetensorsSource
     from ladderize.runtime.weights import load_rank_weights
 
     before = load_average()

@@ -28,7 +28,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ladderize.predict import calibration
+from ladderize.predict import published_figures as calibration
 from ladderize.predict import fit as F
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.gpus import GPU_PROFILES, H100_FIT

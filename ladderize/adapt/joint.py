@@ -1,4 +1,4 @@
-"""The joint schedule, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
+"""The joint training, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
 
 One process on CPU by default; under ``accelerate launch`` the same code runs DDP or FSDP
 with mixed precision and gradient accumulation. Each process reads its own rows of a
@@ -28,7 +28,7 @@ from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
 from .output import write_output
-from .run_dir import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
+from .training_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
 from .teacher import load_teacher, resolve_teacher
 
@@ -71,16 +71,16 @@ def adapt_joint(
     stop_after_steps: int | None,
     save_at_stop: bool = False,
 ) -> AdaptResult:
-    """Run the joint schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``.
+    """Run the joint training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``.
 
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state
     of that step first, so that ``--resume`` continues from it."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
 
-    from ..model.checkpoint import load_model, load_tokenizer
+    from ..checkpoint.io import load_model, load_tokenizer
 
-    from ..model.placement import resolve_device, training_precision
+    from ..checkpoint.placement import resolve_device, training_precision
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR

@@ -1,6 +1,6 @@
-"""Where the sequential schedule's weights come from: a model loaded whole, or one layer at a time from safetensors.
+"""Where the sequential training's weights come from: a model loaded whole, or one layer at a time from safetensors.
 
-The sequential schedule (``sequential_run.py``) touches one decoder layer at a time, so it
+The sequential training (``sequential_run.py``) touches one decoder layer at a time, so it
 asks a *layer source* for the layer it needs, uses it, and gives it back:
 
 - ``ResidentLayers`` wraps a model loaded whole (``load_model``); giving a layer back does
@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model.shards import read_tensors, tensor_names, weight_files
+from ..checkpoint.tensor_files import read_tensors, tensor_names, weight_files
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
-from ..model.architectures import EMBED_TENSOR, layer_prefix
+from ..checkpoint.architectures import EMBED_TENSOR, layer_prefix
 
 EMBEDDING = EMBED_TENSOR.removesuffix("weight")  # the embedding module's tensors: "model.embed_tokens."
 
@@ -110,7 +110,7 @@ class StreamedLayers:
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         from accelerate import init_empty_weights
 
-        from ..model.checkpoint import load_config
+        from ..checkpoint.io import load_config
 
         self.path = Path(path)
         self.dtype = dtype

@@ -43,7 +43,7 @@ from .state_store import StateStore
 from .residual_states import State, attention_kwargs
 
 if TYPE_CHECKING:
-    from ..model.placement import TrainingPrecision
+    from ..checkpoint.placement import TrainingPrecision
     from .layer_source import ResidentLayers, StreamedLayers
 
     LayerSource = ResidentLayers | StreamedLayers
@@ -90,7 +90,7 @@ class Ranks:
 
 @dataclass
 class LayerStep:
-    """One optimizer step of the sequential schedule."""
+    """One optimizer step of the sequential training."""
 
     layer: int
     step_in_layer: int

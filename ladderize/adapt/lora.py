@@ -1,7 +1,7 @@
 """peft LoRA on the converted layers: a standard adapter in ``OUT/adapter/``, merged into the weights in ``OUT``.
 
 ``add_lora`` applies ``peft.get_peft_model`` with a ``LoraConfig`` whose targets are the TP
-plan's linear modules (``model/architectures.py``) of the converted layers only
+plan's linear modules (``checkpoint/architectures.py``) of the converted layers only
 (``layers_to_transform``). peft replaces those ``nn.Linear`` modules in place with
 ``lora.Linear`` wrappers, so the model object keeps its structure (``model.model.layers``)
 and the objectives run on it unchanged.
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model.architectures import LINEAR_MODULES
+from ..checkpoint.architectures import LINEAR_MODULES
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 
@@ -34,7 +34,7 @@ ADAPTER_DIR = "adapter"
 class LoraSpec:
     rank: int = 16
     alpha: float = 32.0
-    targets: tuple[str, ...] = LINEAR_MODULES  # the TP plan's linear modules (model/architectures.py)
+    targets: tuple[str, ...] = LINEAR_MODULES  # the TP plan's linear modules (checkpoint/architectures.py)
 
 
 def lora_config(layers: list[int], spec: LoraSpec = LoraSpec(), base: str | None = None):

@@ -1,4 +1,4 @@
-"""The learning-rate schedule of every adaptation schedule (joint and sequential)."""
+"""The learning-rate schedule of both trainings (joint and sequential)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Two writers, one result:
 
 Both write fp32 tensors (adaptation trains in fp32), the same config, tokenizer, generation
 config, modeling files and provenance, into a temp dir renamed to OUT at the end
-(``model.atomic.atomic_directory``).
+(``checkpoint.atomic.atomic_directory``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
-from ..model.architectures import layer_prefix
+from ..checkpoint.architectures import layer_prefix
 from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
@@ -35,8 +35,8 @@ def adapt_provenance(
     model_config: LadderLlamaConfig, lora: bool = False,
 ) -> dict[str, Any]:
     """The checkpoint's provenance with this run's ``adapt`` record appended and its layout updated."""
-    from ..model.checkpoint import read_provenance
-    from ..model.placement import resolve_device, training_precision
+    from ..checkpoint.io import read_provenance
+    from ..checkpoint.placement import resolve_device, training_precision
 
     layout = model_config.layout
     device = resolve_device(config.device)
@@ -89,7 +89,7 @@ def write_output(
 
     ``adapter``: a saved peft adapter, moved to ``OUT/adapter/`` once the merged checkpoint is written.
     """
-    from ..model.checkpoint import save_model_checkpoint
+    from ..checkpoint.io import save_model_checkpoint
 
     final.requires_grad_(False)
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config, lora=adapter is not None)
@@ -111,7 +111,7 @@ def write_streamed_output(
     """
     from transformers import GenerationConfig
 
-    from ..model.checkpoint import DEFAULT_MAX_SHARD_BYTES, write_checkpoint
+    from ..checkpoint.io import DEFAULT_MAX_SHARD_BYTES, write_checkpoint
 
     model_config = student.model.config
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)

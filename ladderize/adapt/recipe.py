@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
-from ..model.placement import process_rank
+from ..checkpoint.placement import process_rank
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
-from .run import adapt, preflight
+from .train import adapt, preflight
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -158,7 +158,7 @@ def load_recipe(spec: str) -> Recipe:
 
 def converted_modes(checkpoint: str) -> set[str]:
     """The modes of the converted layers of ``checkpoint`` (read from its config, no weights)."""
-    from ..model.checkpoint import load_config
+    from ..checkpoint.io import load_config
 
     layout = load_config(checkpoint).layout
     return {layout.modes[i].value for i in layout.converted_layers}
@@ -180,7 +180,7 @@ def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
     return min(own, default=learning_rates_fallback()[kind])
 
 
-def plan(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every stage's resolved settings (the AdaptConfig overrides), ``lr`` filled in per layer mode."""
     modes = converted_modes(checkpoint) if Path(checkpoint).is_dir() else set()
     steps = []
@@ -248,7 +248,7 @@ def run_recipe(
     for key in (shared or {}):
         if key in _RESERVED:
             raise LadderizeError(f"{key} is not a stage setting")
-    steps = plan(recipe, checkpoint, shared)
+    steps = resolve_stages(recipe, checkpoint, shared)
     final = Path(out).expanduser().absolute()
     if final.exists() and not force:
         raise LadderizeError(f"output {final} already exists; pass --force to replace it")
@@ -296,7 +296,7 @@ def run_recipe(
 
 def _saved_anything(top: Path) -> bool:
     """Whether a run dir holds training state or a finished stage (what ``--resume`` continues from)."""
-    from .run_dir import STATE_DIR
+    from .training_state import STATE_DIR
 
     return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
 
@@ -396,7 +396,7 @@ def adapt_checkpoint(
     a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly.
     """
     from ..errors import Interrupted
-    from ..model.placement import check_device, check_dtype
+    from ..checkpoint.placement import check_device, check_dtype
 
     shared, single = dict(shared or {}), dict(single or {})
     shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate

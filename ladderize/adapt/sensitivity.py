@@ -82,7 +82,7 @@ class SensitivityReport:
         return {"record": SENSITIVITY_RECORD, "version": RECORD_VERSION, **asdict(self), "ranking": self.ranking()}
 
     def save(self, path: Path | str) -> None:
-        from ..model.atomic import write_file_atomic
+        from ..checkpoint.atomic import write_file_atomic
 
         write_file_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
@@ -206,11 +206,11 @@ def checkpoint_sensitivity(
 ) -> SensitivityReport:
     """The whole pipeline behind ``ladderize sensitivity`` and the demo: load the dense checkpoint and its
     tokenizer, pack ``samples`` x ``seq_len`` tokens of ``data``, and rank the ``layers`` candidates."""
-    from ..model.checkpoint import load_model, load_tokenizer
+    from ..checkpoint.io import load_model, load_tokenizer
     from ..model.layout import parse_layer_ranges
     from .data import pack_tokens
 
-    from ..model.placement import parse_dtype, resolve_device
+    from ..checkpoint.placement import parse_dtype, resolve_device
 
     # on ``device``; ``auto`` dtype is fp32 everywhere: the deltas (1% and 5% thresholds) need more than bf16's 3 digits
     model = load_model(src, dtype=parse_dtype(dtype, auto=torch.float32), device=resolve_device(device))

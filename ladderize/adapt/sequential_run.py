@@ -1,4 +1,4 @@
-"""The sequential schedule as an adapt run: one layer at a time, each trained layer written out at once.
+"""The sequential training as an adapt run: one layer at a time, each trained layer written out at once.
 
 1. Layer sources (``layer_source.py``): by default ``StreamedLayers``, a weightless model of
    the student and of the teacher whose modules are read from their safetensors while in
@@ -45,13 +45,13 @@ from pathlib import Path
 
 import torch
 
-from ..model.atomic import atomic_file
-from ..model.placement import TrainingPrecision
-from ..model.shards import save_safetensors
+from ..checkpoint.atomic import atomic_file
+from ..checkpoint.placement import TrainingPrecision
+from ..checkpoint.tensor_files import save_safetensors
 from ..errors import LadderizeError
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
-from .run_dir import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
 from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
@@ -80,7 +80,7 @@ def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_
 
 
 class _Stop(Exception):
-    """Raised inside the sequential schedule when ``stop_after_steps`` is reached."""
+    """Raised inside the sequential training when ``stop_after_steps`` is reached."""
 
 
 def layer_file(state_dir: Path, index: int) -> Path:
@@ -99,11 +99,11 @@ def adapt_sequential(
     say: Callable[[str], None],
     stop_after_steps: int | None,
 ) -> AdaptResult:
-    """Run the sequential local schedule on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
+    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
     from accelerate.utils import set_seed
 
-    from ..model.checkpoint import load_model, load_tokenizer
-    from ..model.placement import resolve_device, training_precision, world_size
+    from ..checkpoint.io import load_model, load_tokenizer
+    from ..checkpoint.placement import resolve_device, training_precision, world_size
     from .data import pack_tokens
 
     run_dir = config.resolved_run_dir()
@@ -145,7 +145,7 @@ def adapt_sequential(
             from .head_grouping import group_heads_for_spd
 
             if config.stream_layers:
-                say("head grouping needs the student and the teacher whole: the sequential schedule holds them in memory")
+                say("head grouping needs the student and the teacher whole: the sequential training holds them in memory")
             student_model.to(device)  # the maps and block errors on the device, then back to host memory
             teacher_model.to(device)
             student_model, orders = group_heads_for_spd(student_model, teacher_model, data[: min(calibration_rows, 8)])

@@ -1,4 +1,4 @@
-"""Where the sequential schedule keeps the calibration states: in memory, or in memory-mapped files on disk.
+"""Where the sequential training keeps the calibration states: in memory, or in memory-mapped files on disk.
 
 The states (``[N, S, D]`` residual-stream tensors of the calibration set, a few per layer
 boundary) are the one part of the schedule's memory that grows with the calibration set.

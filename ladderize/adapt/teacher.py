@@ -14,7 +14,7 @@ SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention
 
 def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
     """The dense teacher: ``--teacher`` or the source recorded in the checkpoint's provenance."""
-    from ..model.checkpoint import read_provenance
+    from ..checkpoint.io import read_provenance
 
     if teacher is None:
         source = (read_provenance(checkpoint).get("source") or {}).get("path")
@@ -43,7 +43,7 @@ def check_teacher(path: str, teacher_config: LadderLlamaConfig, student_config: 
 
 def load_teacher(path: str, student: LadderLlamaForCausalLM, device: str | torch.device = "cpu") -> LadderLlamaForCausalLM:
     """The dense teacher at ``path``, whole, in fp32 on ``device``, frozen and in eval mode."""
-    from ..model.checkpoint import load_model
+    from ..checkpoint.io import load_model
 
     teacher = load_model(path, dtype=torch.float32, device=device)
     check_teacher(path, teacher.config, student.config)

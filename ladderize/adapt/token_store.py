@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LadderizeError, one_line
-from ..model.atomic import write_file_atomic
+from ..checkpoint.atomic import write_file_atomic
 from ..paths import cache_path
 from ..runtime.host import cpu_cores
 

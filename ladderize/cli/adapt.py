@@ -46,7 +46,7 @@ def adapt_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
-    from ..model.atomic import check_output_free
+    from ..checkpoint.atomic import check_output_free
 
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)  # before the heavy imports
@@ -68,7 +68,7 @@ def adapt_cmd(
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
 
-    from ..model.placement import launch_mismatch, process_rank
+    from ..checkpoint.placement import launch_mismatch, process_rank
 
     main = process_rank() == 0  # under a launcher, rank 0 alone prints the plan and the result
     if main and (mismatch := launch_mismatch()):
@@ -129,7 +129,7 @@ def tokenize_cmd(
     opts.check_output(out, "--out")
     opts.check_output(json_out, "--json file")
     from ..adapt.token_store import tokenize_data
-    from ..model.checkpoint import load_tokenizer
+    from ..checkpoint.io import load_tokenizer
     from ..progress import Progress
 
     loaded = load_tokenizer(tokenizer, "tokenize")
@@ -165,7 +165,7 @@ def sample_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Sample calibration text from a dense teacher (data-free calibration), resumable; writes OUT, OUT.json."""
-    from ..adapt.sample import partial_path, sample_text
+    from ..adapt.teacher_text import partial_path, sample_text
     from ..errors import Interrupted
     from ..progress import Progress
 

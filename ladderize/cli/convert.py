@@ -32,7 +32,7 @@ def convert(
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
     from ..convert.pipeline import check_auto_options
-    from ..model.atomic import check_output_free
+    from ..checkpoint.atomic import check_output_free
 
     check_auto_options(ranges, budgets, sensitivity)
     device, _ = opts.check_placement(device, dtype)

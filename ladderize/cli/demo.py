@@ -28,7 +28,7 @@ def demo(
 
     from rich.markup import escape
 
-    from ..demo import run_demo
+    from ..demo.pipeline import run_demo
 
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_output(out / "report.md", "--out file")

@@ -22,7 +22,7 @@ from typing import Any
 
 import typer
 
-from ..model.placement import DEVICE_HELP, DTYPE_HELP
+from ..checkpoint.placement import DEVICE_HELP, DTYPE_HELP
 
 RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4,10', 'all' or 'none'"
 AUTO = " 'auto': the least sensitive layers of a --sensitivity report, within --{name}-budget."
@@ -156,11 +156,11 @@ def out_option(default: Path | None, help: str, required: bool = False) -> Any:
 def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tuple[str, str | None]:
     """``--device``/``--dtype`` checked before any work: a typo is one line at once (no torch); with ``resolve``,
     a CUDA device where torch sees none is one line too (this imports torch). Returns the device spec and dtype name."""
-    from ..model.placement import check_device, check_dtype
+    from ..checkpoint.placement import check_device, check_dtype
 
     device_spec, dtype_name = check_device(device), check_dtype(dtype)
     if resolve and device_spec.startswith("cuda"):
-        from ..model.placement import resolve_device
+        from ..checkpoint.placement import resolve_device
 
         resolve_device(device_spec)
     return device_spec, dtype_name
@@ -169,8 +169,8 @@ def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tup
 def check_checkpoint(path: Path | str) -> Any:
     """A checkpoint folder's config, read and checked before any heavy import (no torch): not found, not a
     checkpoint, an unsupported architecture or a layout its heads cannot hold is one line at once.
-    Returns its ``model.architectures.ConfigHeader`` (shape and layout)."""
-    from ..model.architectures import read_config_header
+    Returns its ``checkpoint.architectures.ConfigHeader`` (shape and layout)."""
+    from ..checkpoint.architectures import read_config_header
 
     return read_config_header(path)
 
@@ -221,9 +221,9 @@ def check_schedules(names: list[str]) -> None:
 
 
 def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatch: bool) -> None:
-    """``check_checkpoint``, and that each TP degree can run it (``runtime.dims.validate_tp``, the runtime's own
+    """``check_checkpoint``, and that each TP degree can run it (``runtime.tp_check.validate_tp``, the runtime's own
     rule): heads that do not split are one line before torch is imported, not after the ranks start."""
-    from ..runtime.dims import validate_tp
+    from ..runtime.tp_check import validate_tp
 
     header = check_checkpoint(path)
     for tp in tps:
@@ -241,7 +241,7 @@ def check_source(src: str) -> None:
 def check_output(path: Path | str | None, what: str = "output") -> None:
     """An output location (``OUT``, ``--out``, ``--json FILE``) checked writable before any work: one line if not."""
     if path is not None:
-        from ..model.atomic import check_writable
+        from ..checkpoint.atomic import check_writable
 
         check_writable(path, what)
 
@@ -250,7 +250,7 @@ def write_json(path: Path, record: Any) -> Path:
     """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
     import json
 
-    from ..model.atomic import write_file_atomic
+    from ..checkpoint.atomic import write_file_atomic
 
     write_file_atomic(path, json.dumps(record, indent=2) + "\n")
     return path

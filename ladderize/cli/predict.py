@@ -76,7 +76,7 @@ def predict_cmd(
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
     """Predict prefill/decode latency and tokens/s of dense, ladder, SPD and domino schedules under TP, before retraining."""
-    from ..predict.plan import calibrate_from_options, plan_prediction
+    from ..predict.pipeline import calibrate_from_options, prepare_prediction
 
     if calibrate:
         from ..predict.calibrate import fit_summary
@@ -95,7 +95,7 @@ def predict_cmd(
         from ..paths import cache_path
 
         opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
-    plan = plan_prediction(
+    plan = prepare_prediction(
         model=model, layout=layout, ranges=ranges, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,
         cache_dir=cache_dir, device=device, dtype=dtype, profile=profile,

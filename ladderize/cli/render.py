@@ -213,8 +213,8 @@ def eval_table(record: dict) -> Table:
 
 
 def report_table(report: Any) -> Table:
-    """The accuracy-vs-speed report as a table (``report.render.markdown`` is its form off a terminal)."""
-    from ..report.render import table_rows
+    """The accuracy-vs-speed report as a table (``report.formats.markdown`` is its form off a terminal)."""
+    from ..report.formats import table_rows
 
     table = Table(show_edge=False)
     for index, name in enumerate(report.columns()):
@@ -226,7 +226,7 @@ def report_table(report: Any) -> Table:
 
 def print_report(console: Any, report: Any) -> None:
     """The report on a terminal as a table; piped or logged, its Markdown table, unwrapped."""
-    from ..report.render import markdown
+    from ..report.formats import markdown
 
     if not console.is_terminal:
         console.print(markdown(report), highlight=False, soft_wrap=True, markup=False)

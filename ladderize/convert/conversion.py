@@ -1,7 +1,7 @@
 """Conversion: stream a dense (or converted) source checkpoint into the Ladder/SPD format at OUT.
 
 The source is a local directory, a hub id or a GGUF file (``sources.py``); the tensors stream one at a
-time through the one checkpoint writer (``model/checkpoint.write_checkpoint``) with the layout applied to
+time through the one checkpoint writer (``checkpoint/io.write_checkpoint``) with the layout applied to
 the config. Llama tensor names are unchanged.
 """
 
@@ -17,10 +17,10 @@ import torch
 from ..version import __version__
 from ..errors import LadderizeError
 from ..model import Layout
-from ..model.architectures import LM_HEAD, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
-from ..model.atomic import check_output_free
-from ..model.checkpoint import DEFAULT_MAX_SHARD_BYTES, ProgressFn, build_config, write_checkpoint
-from ..model.placement import parse_dtype
+from ..checkpoint.architectures import LM_HEAD, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
+from ..checkpoint.atomic import check_output_free
+from ..checkpoint.io import DEFAULT_MAX_SHARD_BYTES, ProgressFn, build_config, write_checkpoint
+from ..checkpoint.placement import parse_dtype
 from .sources import Source, resolve_source
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..model.architectures import read_config_header, read_provenance
-from ..model.shards import HEADER, CheckpointTensors
+from ..checkpoint.architectures import read_config_header, read_provenance
+from ..checkpoint.tensor_files import HEADER, CheckpointTensors
 
 
 def count_parameters(path: Path) -> int:

@@ -56,7 +56,7 @@ def convert_layout(
     """
     from ..adapt.convert_support import auto_ranges
     from ..model.layout import LayerMode, tp_degree_for
-    from ..model.placement import check_device, check_dtype
+    from ..checkpoint.placement import check_device, check_dtype
     from .conversion import convert_checkpoint
 
     ranges, budgets = dict(ranges or {}), dict(budgets or {})
@@ -64,7 +64,7 @@ def convert_layout(
     device = check_device(device)
     dtype = check_dtype(dtype) or "auto"
     if max_shard_bytes is not None:
-        from ..model.shards import check_shard_bytes
+        from ..checkpoint.tensor_files import check_shard_bytes
 
         check_shard_bytes(max_shard_bytes)
     chosen: dict[str, str] = {}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..paths import cache_path
-from ..model.architectures import PROVENANCE_FILE, read_config_json
-from ..model.atomic import move_file_atomic
+from ..checkpoint.architectures import PROVENANCE_FILE, read_config_json
+from ..checkpoint.atomic import move_file_atomic
 
 
 

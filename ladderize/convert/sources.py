@@ -17,8 +17,8 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError, one_line
-from ..model.architectures import architecture_for, read_config_file, read_config_json
-from ..model.shards import check_finite, iter_file_tensors, tensor_names, weight_files as safetensors_files
+from ..checkpoint.architectures import architecture_for, read_config_file, read_config_json
+from ..checkpoint.tensor_files import check_finite, iter_file_tensors, tensor_names, weight_files as safetensors_files
 
 if TYPE_CHECKING:
     import torch

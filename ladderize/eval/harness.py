@@ -4,8 +4,8 @@
 so ``HFLM(pretrained=model)`` drives it exactly as it drives any transformers model; the
 tasks come from lm-eval's registry plus the local task folder of ``local_tasks``.
 
-Placement, the lm-eval way: the checkpoint is loaded once by ``model/checkpoint.load_model`` on
-the device of ``model/placement`` (``--device auto``: the accelerator when there is one) in
+Placement, the lm-eval way: the checkpoint is loaded once by ``checkpoint/io.load_model`` on
+the device of ``checkpoint/placement`` (``--device auto``: the accelerator when there is one) in
 ``placement.eval_dtype`` (``auto``: the checkpoint's own dtype, as lm-eval's ``dtype=auto``), and
 HFLM is handed that model with its device, dtype and batch size (an int, ``auto`` or ``auto:N``,
 as lm-eval's ``--batch_size``). Under ``accelerate launch``/``torchrun`` with several processes,
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
-from ..model.placement import world_size
-from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, plan_tasks, resolve_data_dir
+from ..checkpoint.placement import world_size
+from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, build_tasks, resolve_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def join_data_parallel(lm) -> None:
 
 
 def load_tokenizer(path: Path | str):
-    from ..model.checkpoint import load_tokenizer as load
+    from ..checkpoint.io import load_tokenizer as load
 
     return load(path, "evaluation")
 
@@ -117,7 +117,7 @@ def evaluate_model(
     if limit is not None and limit <= 0:
         raise LadderizeError(f"--limit must be positive, got {limit}")
     batch_size = parse_batch_size(batch_size)
-    plan = plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
+    plan = build_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
     with tempfile.TemporaryDirectory(prefix="ladderize-tasks-") as folder:
         include = plan.write(Path(folder))
         manager = TaskManager(include_path=str(include) if include else None)
@@ -229,9 +229,9 @@ def evaluate_checkpoint(
 
     Under several processes every rank evaluates its share; rank 0 returns the record, the others ``None``.
     """
-    from ..model.checkpoint import load_model, read_provenance
+    from ..checkpoint.io import load_model, read_provenance
     from ..model import Layout
-    from ..model.placement import dtype_name, eval_dtype, resolve_device
+    from ..checkpoint.placement import dtype_name, eval_dtype, resolve_device
     from ..records import EvalRecord
 
     ckpt = Path(ckpt).expanduser().absolute()
@@ -239,7 +239,7 @@ def evaluate_checkpoint(
         raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
     specs = parse_task_list(tasks)
     batch_size = parse_batch_size(batch_size)
-    plan_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
+    build_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
     target = resolve_device(device)
     model = load_model(ckpt, dtype=eval_dtype(dtype), device=target)
     tokenizer = load_tokenizer(ckpt)
@@ -287,7 +287,7 @@ def evaluate_checkpoint(
 
 def write_json(record: dict[str, Any], path: Path | str) -> Path:
     """Write a JSON record atomically (as lm-eval does, a NaN metric is written as NaN)."""
-    from ..model.atomic import write_file_atomic
+    from ..checkpoint.atomic import write_file_atomic
 
     return write_file_atomic(Path(path).expanduser().absolute(), json.dumps(record, indent=2, default=str) + "\n")
 

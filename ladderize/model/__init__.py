@@ -1,7 +1,7 @@
 """The Ladder/SPD Llama model: layout, configuration and modeling (self-contained, travels with checkpoints),
 and the ground floor every package builds on: ``placement`` (the device and dtype rule).
 
-Names load lazily (PEP 562), so ``ladderize.model.placement`` or ``.layout`` import neither torch nor
+Names load lazily (PEP 562), so ``ladderize.checkpoint.placement`` or ``.layout`` import neither torch nor
 transformers.
 """
 

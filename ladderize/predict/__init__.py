@@ -16,8 +16,8 @@ from .gpus import GPU_PROFILES, GPUProfile, load_gpu_profile
 from .interconnect import PROFILES, InterconnectProfile, load_interconnect
 from .measured import MeasuredCompute
 from .estimate import Prediction, PredictRequest, layout_from_checkpoint, predict
-from .presets import PRESETS, ModelShape, load_model_shape
-from .schedule import ModuleCost, StepTiming, plan_modules, simulate, simulate_step
+from .presets import PUBLIC_PRESETS, ModelShape, load_model_shape
+from .simulate import ModuleCost, StepTiming, plan_modules, simulate, simulate_step
 from .work import ModuleWork, module_work
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "ModelShape",
     "ModuleCost",
     "ModuleWork",
-    "PRESETS",
+    "PUBLIC_PRESETS",
     "PROFILES",
     "Prediction",
     "PredictRequest",

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LadderizeError
-from ..model.atomic import write_file_atomic
+from ..checkpoint.atomic import write_file_atomic
 from ..model.layout import check_tp_divides
-from ..model.shapes import ModelShape
+from ..checkpoint.shapes import ModelShape
 from .estimate import decode_kv_len
 from .fit import ComputeFit, ModuleTiming, errors, fit_compute
 from .gpus import GPUProfile

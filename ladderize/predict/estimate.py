@@ -29,25 +29,25 @@ from .compute import ComputeModel
 from .work import ModuleWork, module_work
 from .interconnect import InterconnectProfile
 from .presets import ModelShape
-from .schedule import ModuleCost, StepTiming, simulate_step
+from .simulate import ModuleCost, StepTiming, simulate_step
 
 # The schedules that are not one mode on every layer (each mode's whole-model what-if comes from the table).
-OTHER_SCHEDULES = {
+OTHER_SCENARIOS = {
     "domino": "dense model, batch (or prompt) split into chunks whose all-reduces overlap the next chunk",
     "upper-bound": "no communication at all",
     "layout": f"the given layout (--layout, or {mode_flags()} ranges)",
 }
 
 
-def schedule_names() -> tuple[str, ...]:
+def scenario_names() -> tuple[str, ...]:
     """Predict's schedules in order: every mode of the table on every layer (``dense``, ``ladder``, ``spd``: its
     what-if), then ``domino``, ``upper-bound`` and ``layout``."""
-    return (*(mode.value for mode in LayerMode), *OTHER_SCHEDULES)
+    return (*(mode.value for mode in LayerMode), *OTHER_SCENARIOS)
 
 
-def schedule_help(name: str) -> str:
-    """A schedule in words: a mode's what-if (``ModeTraits.what_if``), or ``OTHER_SCHEDULES``'s."""
-    return OTHER_SCHEDULES[name] if name in OTHER_SCHEDULES else LayerMode(name).what_if
+def scenario_help(name: str) -> str:
+    """A schedule in words: a mode's what-if (``ModeTraits.what_if``), or ``OTHER_SCENARIOS``'s."""
+    return OTHER_SCENARIOS[name] if name in OTHER_SCENARIOS else LayerMode(name).what_if
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class PredictRequest:
     new_tokens: int
     interconnect: InterconnectProfile
     layout: Layout | None = None
-    schedules: tuple[str, ...] = field(default_factory=schedule_names)
+    schedules: tuple[str, ...] = field(default_factory=scenario_names)
     domino_chunks: int = 2
 
     def validate(self) -> None:
@@ -71,9 +71,9 @@ class PredictRequest:
             raise LadderizeError("--prompt and --gen must be at least 1 token")
         if self.domino_chunks < 1:
             raise LadderizeError("--domino-chunks must be at least 1")
-        unknown = [s for s in self.schedules if s not in schedule_names()]
+        unknown = [s for s in self.schedules if s not in scenario_names()]
         if unknown:
-            raise LadderizeError(f"unknown schedule(s) {', '.join(unknown)}: choose from {', '.join(schedule_names())}")
+            raise LadderizeError(f"unknown schedule(s) {', '.join(unknown)}: choose from {', '.join(scenario_names())}")
         if self.layout is not None and self.layout.num_layers != self.model.num_hidden_layers:
             raise LayoutError(
                 f"the layout has {self.layout.num_layers} layers but {self.model.name} has {self.model.num_hidden_layers}"
@@ -105,7 +105,7 @@ class Prediction:
             compute={"label": self.compute_label, "device": self.compute_device, "on_gpu": self.compute_on_gpu},
             prompt_len=r.prompt_tokens, decode_steps=r.new_tokens - 1,
             decode_kv_len=decode_kv_len(r.prompt_tokens, r.new_tokens), domino_chunks=r.domino_chunks, layout=layout,
-            schedules={s: schedule_help(s) for s in r.schedules}, rows=list(self.rows),
+            schedules={s: scenario_help(s) for s in r.schedules}, rows=list(self.rows),
             module_timings=self.module_timings,
         )  # fmt: skip
 
@@ -297,7 +297,7 @@ def predict(request: PredictRequest, compute: ComputeModel) -> Prediction:
 
 def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
     """The layout and shape stored in a checkpoint's config.json (through the one config reader, ``load_config``)."""
-    from ..model.checkpoint import load_config
+    from ..checkpoint.io import load_config
 
     folder = Path(path).expanduser()
     if folder.is_file():
@@ -311,9 +311,9 @@ def layout_from_checkpoint(path: Path | str) -> tuple[Layout, ModelShape]:
     return config.layout, ModelShape.from_config(config, folder.name)
 
 
-def select_schedules(text: str | None, has_layout: bool) -> tuple[str, ...]:
+def select_scenarios(text: str | None, has_layout: bool) -> tuple[str, ...]:
     if not text:
-        return tuple(s for s in schedule_names() if s != "layout" or has_layout)
+        return tuple(s for s in scenario_names() if s != "layout" or has_layout)
     chosen = tuple(s.strip() for s in text.split(",") if s.strip())
     if "layout" in chosen and not has_layout:
         raise LadderizeError(f"schedule 'layout' needs --layout or {mode_flags()}")

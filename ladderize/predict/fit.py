@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import LadderizeError
-from ..model.shapes import ModelShape
+from ..checkpoint.shapes import ModelShape
 from .work import ModuleKind, ModuleWork, module_work
 
 KINDS: tuple[ModuleKind, ...] = ("attention", "mlp", "head")

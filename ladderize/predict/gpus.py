@@ -47,7 +47,7 @@ H100_FIT = ComputeFit(
 
 GPT_FAST_PREFILL_SCALE = 0.7708  # fitted with the bandwidths below (calibration.fit_gpt_fast)
 
-# Fitted by ladderize.predict.calibration.fit_gpt_fast() on the Ladder authors' logged upper-bound runs.
+# Fitted by ladderize.predict.published_figures.fit_gpt_fast() on the Ladder authors' logged upper-bound runs.
 GPT_FAST_FIT = ComputeFit(
     weight_bytes_per_s=3.293e12,
     kv_bytes_per_s=0.3219e12,
@@ -55,7 +55,7 @@ GPT_FAST_FIT = ComputeFit(
     flops_efficiency={k: tuple((w, round(e * GPT_FAST_PREFILL_SCALE, 4)) for w, e in v)
                       for k, v in H100_FIT.flops_efficiency.items()},
     sources={
-        "all": "fitted by ladderize.predict.calibration.fit_gpt_fast on the Ladder authors' upper-bound (no "
+        "all": "fitted by ladderize.predict.published_figures.fit_gpt_fast on the Ladder authors' upper-bound (no "
                "communication) logs, Llama-3.1-70B on H100 (github.com/mayank31398/ladder-residual-inference, "
                "final-results-512/): decode per token at TP8 batch 1, TP4 batch 1 and TP8 batch 64 fix the two "
                "bandwidths and one overhead for every kind; the prefill at TP8 batch 1 fixes one factor on the h100 "
@@ -130,7 +130,7 @@ GPU_PROFILES: dict[str, GPUProfile] = {
     "h100-gpt-fast": GPUProfile(
         name="H100-SXM5-80GB (gpt-fast)", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=GPT_FAST_FIT,
         memory_bytes=80e9,
-        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.calibration)",
+        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.published_figures)",
                  "persistent_gemm_grid": _PERSISTENT},
         persistent_gemm_grid=True,
     ),

@@ -37,7 +37,7 @@ Nothing in the overlap model is fitted to a speed-up: the channel counts are NCC
 ``enable.log`` / ``disable.log``), the SM counts the datasheets'.
 
 Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
-figure that fixed them (``ladderize.predict.calibration`` re-derives them, docs/predict.md tabulates them).
+figure that fixed them (``ladderize.predict.published_figures`` re-derives them, docs/predict.md tabulates them).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ..errors import LadderizeError
 
 Algorithm = Literal["ring", "tree"]
 
-# Fitted by ladderize.predict.calibration.fit_interconnects() (tests/predict/test_calibration.py re-runs it).
+# Fitted by ladderize.predict.published_figures.fit_interconnects() (tests/predict/test_calibration.py re-runs it).
 NVLINK_LAUNCH_S = 7.241e-6
 NVLINK_LATENCY_S = 1.187e-6
 NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9

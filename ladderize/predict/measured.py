@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import LadderizeError
-from ..model.atomic import write_file_atomic
-from ..model.placement import resolve_device
-from ..model.shapes import ModelShape
+from ..checkpoint.atomic import write_file_atomic
+from ..checkpoint.placement import resolve_device
+from ..checkpoint.shapes import ModelShape
 from ..paths import cache_path
 from .work import ModuleKind, ModuleWork, roofline_s
 

@@ -1,6 +1,6 @@
 """Model shapes for the performance model: public Llama presets, or any Llama-style config.json.
 
-The shape type and the one preset table live in ``model.shapes``; this module picks the public presets.
+The shape type and the one preset table live in ``checkpoint.shapes``; this module picks the public presets.
 
 Only the tensor shapes matter to ``ladderize predict``; weights are never read.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import LadderizeError
-from ..model.shapes import ModelShape, preset, public_presets
+from ..checkpoint.shapes import ModelShape, preset, public_presets
 
-__all__ = ["PRESETS", "ModelShape", "load_model_shape"]
+__all__ = ["PUBLIC_PRESETS", "ModelShape", "load_model_shape"]
 
 
-#: ``predict``'s presets: the shapes of the one table (``model.shapes.PRESETS``) that copy a published config.
-PRESETS: dict[str, ModelShape] = public_presets()
+#: ``predict``'s presets: the shapes of the one table (``checkpoint.shapes.PRESETS``) that copy a published config.
+PUBLIC_PRESETS: dict[str, ModelShape] = public_presets()
 
 
 def load_model_shape(spec: str | Path) -> ModelShape:
@@ -28,8 +28,8 @@ def load_model_shape(spec: str | Path) -> ModelShape:
     path = Path(text).expanduser()
     if path.is_dir() or path.is_file():
         # The one config reader (load_config is config_from_dict of the folder's config.json), on the dict read once.
-        from ..model.architectures import read_config_file, read_config_json
-        from ..model.checkpoint import config_from_dict, model_shape
+        from ..checkpoint.architectures import read_config_file, read_config_json
+        from ..checkpoint.io import config_from_dict, model_shape
 
         label = path.name if path.is_dir() else (path.parent.name if path.name == "config.json" else path.stem)
         try:
@@ -41,5 +41,5 @@ def load_model_shape(spec: str | Path) -> ModelShape:
         except (TypeError, ValueError) as exc:
             raise LadderizeError(f"cannot read model config {path}: {type(exc).__name__}: {exc}") from None
         return model_shape(config, label)
-    names = ", ".join(s.name for s in PRESETS.values())
+    names = ", ".join(s.name for s in PUBLIC_PRESETS.values())
     raise LadderizeError(f"unknown model {text!r}: give a preset ({names}) or a config.json / checkpoint folder")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runs import LayoutRun, Metric
+    from .collect import LayoutRun, Metric
     from .table import Report
 
 
@@ -215,7 +215,7 @@ def _legend_label(short: str, layout: str) -> str:
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from ..model.atomic import write_file_atomic
+    from ..checkpoint.atomic import write_file_atomic
 
     image = io.BytesIO()
     fig.savefig(image, format="png", bbox_inches="tight", pad_inches=0.15)  # everything drawn stays inside the image

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runs import ACCURACY_METRICS, PERPLEXITY_METRICS, Config, LayoutRun, Metric, collect_runs, dense_run
+from .collect import ACCURACY_METRICS, PERPLEXITY_METRICS, Config, LayoutRun, Metric, collect_runs, dense_run
 
 
 @dataclass
@@ -94,14 +94,14 @@ def build_report(paths: list[Path | str], predicted: Predicted | None = None) ->
 
 
 def _can_run(run: LayoutRun, tp: int) -> bool:
-    """Whether ``run``'s checkpoint can run at TP ``tp`` (``runtime.dims.validate_tp``); True when its config is not
+    """Whether ``run``'s checkpoint can run at TP ``tp`` (``runtime.tp_check.validate_tp``); True when its config is not
     readable. A model that cannot run a degree (SmolLM2's 9 heads at TP 2) gets no 1.00x there."""
     if not run.checkpoint:
         return True
     from ..errors import LadderizeError
-    from ..model.architectures import read_config_header
+    from ..checkpoint.architectures import read_config_header
     from ..model.layout import LayoutError
-    from ..runtime.dims import validate_tp
+    from ..runtime.tp_check import validate_tp
 
     try:
         header = read_config_header(run.checkpoint)

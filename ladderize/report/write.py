@@ -1,6 +1,6 @@
 """Writing a report folder: the table (Markdown, CSV) and the plot, side by side.
 
-The one place that joins ``render.py`` (the table as text) and ``plot.py`` (the figure), so
+The one place that joins ``formats.py`` (the table as text) and ``plot.py`` (the figure), so
 neither imports the other at run time.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..model.atomic import write_file_atomic
+from ..checkpoint.atomic import write_file_atomic
 from .plot import plot_pareto
-from .render import csv_text, markdown, notes
+from .formats import csv_text, markdown, notes
 from .table import Predicted, build_report
 
 

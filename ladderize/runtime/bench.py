@@ -42,22 +42,22 @@ from ..errors import LadderizeError
 from ..model.layout import Layout, mode_flags
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
-from ..model.architectures import read_config_file
-from ..model.checkpoint import config_from_dict, load_config
-from ..model.shapes import synthetic_presets
-from ..model.shapes import ModelShape
-from .dims import validate_tp
+from ..checkpoint.architectures import read_config_file
+from ..checkpoint.io import config_from_dict, load_config
+from ..checkpoint.shapes import synthetic_presets
+from ..checkpoint.shapes import ModelShape
+from .tp_check import validate_tp
 from .engine import RankModel
-from ..model.placement import dtype_name, runtime_dtype
+from ..checkpoint.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
 from .timing import load_average
 from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
-from .sharding import SafetensorsSource
+from .tp_slicing import SafetensorsSource
 from .weights import load_rank_weights, random_rank_weights
 
-# Shapes for --synthetic (random weights): the one preset table (``model.shapes``), as config dicts.
-PRESETS: dict[str, dict[str, Any]] = synthetic_presets()
+# Shapes for --synthetic (random weights): the one preset table (``checkpoint.shapes``), as config dicts.
+SYNTHETIC_CONFIGS: dict[str, dict[str, Any]] = synthetic_presets()
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,16 @@ class ModelSource:
 
 
 def synthetic_source(shape: str, ranges: Mapping[str, str | None] | None = None, spd_tp_size: int = 1) -> ModelSource:
-    """``shape`` is a preset name (see ``PRESETS``) or a path to a config.json; ``ranges`` (mode name to the layers
+    """``shape`` is a preset name (see ``SYNTHETIC_CONFIGS``) or a path to a config.json; ``ranges`` (mode name to the layers
     of that mode, ``{"ladder": "4:8"}``) its layout, dense without."""
-    if shape in PRESETS:
-        values, name = dict(PRESETS[shape]), shape
+    if shape in SYNTHETIC_CONFIGS:
+        values, name = dict(SYNTHETIC_CONFIGS[shape]), shape
     else:
         path = Path(shape)
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json")
+            raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(SYNTHETIC_CONFIGS)}) nor a config.json")
         values, name = read_config_file(path), str(path)
     override = None
     if ranges and any(ranges.values()):
@@ -252,7 +252,7 @@ def decode_runner(
     runtime's own decode loop (``decode.generate_on_rank``: prefill, then the decode steps, compiled and/or graphed as
     ``options`` say) and returns ``(seconds, tokens)``: the form ``timing.time_decode`` takes. The model, its cache
     and any CUDA graph are built once and reused by every call."""
-    from ..model.placement import resolve_device
+    from ..checkpoint.placement import resolve_device
     from .allreduce import Communicator
     from .decode import generate_on_rank
 
@@ -367,7 +367,7 @@ def run_bench(
 
 
 __all__ = [
-    "PRESETS",
+    "SYNTHETIC_CONFIGS",
     "BenchSpec",
     "ModelSource",
     "add_comparisons",

@@ -28,7 +28,7 @@ from ..errors import LadderizeError
 from .engine import RankModel
 from .sampling import Sampling  # the decoder's settings (light, checked before torch by the command line)
 from .plan import CommPlan
-from .state import KVCache
+from .kv_cache import KVCache
 
 
 def pick_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:

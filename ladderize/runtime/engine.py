@@ -1,7 +1,7 @@
 """One rank's model: its shard of every layer and the forward pass under a ``CommPlan``.
 
 Each rank holds the replicated embedding, norms and LM head plus its shard of every layer
-(``weights.py``, sliced as ``sharding.py`` says). A module computes a *partial* output from
+(``weights.py``, sliced as ``tp_slicing.py`` says). A module computes a *partial* output from
 its shard; the sum over ranks (the all-reduce) is the module's output. The ``CommPlan``'s
 steps carry the layout's ``ModuleOp``s; ``hidden`` runs them through ``model/residual.py``'s
 ``ResidualStream``, the interpreter the HF and vLLM models use too, which owns the order of
@@ -29,7 +29,7 @@ from ..model.residual import ResidualStream, slots_before
 from .allreduce import Communicator, InFlight
 from .kernels import LinearKernel, linear_fn, prepare_weights, resolve_kernel
 from .plan import CommPlan, StepKind
-from .state import KVCache, RotaryTable
+from .kv_cache import KVCache, RotaryTable
 from .weights import LayerWeights, RankWeights
 
 

@@ -17,17 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.placement import runtime_dtype
+from ..checkpoint.placement import runtime_dtype
 from ..errors import LadderizeError
 from .decode import Decoder, Sampling, generate_on_rank
-from ..model.checkpoint import load_config
-from ..model.shapes import ModelShape
-from .dims import validate_tp
+from ..checkpoint.io import load_config
+from ..checkpoint.shapes import ModelShape
+from .tp_check import validate_tp
 from .engine import RankModel
 from .kernels import LinearKernel, resolve_kernel
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
-from .sharding import SafetensorsSource
+from .tp_slicing import SafetensorsSource
 from .weights import load_rank_weights
 
 @dataclass(frozen=True)

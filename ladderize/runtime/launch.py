@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import LadderizeError
-from ..model.placement import resolve_device
+from ..checkpoint.placement import resolve_device
 from .allreduce import Communicator
 from .host import check_cores, cpu_cores, in_torchrun  # noqa: F401  (cpu_cores and in_torchrun are imported from here too)
 

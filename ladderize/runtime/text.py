@@ -38,8 +38,8 @@ def generate_text(
 
     ``None`` on a torchrun rank other than 0 (rank 0 has the answer).
     """
-    from ..model.architectures import read_config_json
-    from ..model.checkpoint import load_tokenizer
+    from ..checkpoint.architectures import read_config_json
+    from ..checkpoint.io import load_tokenizer
     from .generate import generate
 
     check_sampling(sampling)

@@ -2,7 +2,7 @@
 
 q/k/v are fused into one column-parallel ``qkv`` and gate/up into one ``gate_up``, so a
 rank runs one product for each (``block.qkv_heads`` and ``block.mlp_partial`` split them).
-``load_rank_weights`` reads a checkpoint's slices as ``sharding.py`` assigns them;
+``load_rank_weights`` reads a checkpoint's slices as ``tp_slicing.py`` assigns them;
 ``random_rank_weights`` makes weights of the same shapes for speed benchmarks.
 """
 
@@ -13,11 +13,11 @@ from typing import Sequence
 
 import torch
 
-from ..model.architectures import EMBED_TENSOR as EMBED, FINAL_NORM_TENSOR as FINAL_NORM, LM_HEAD, TP_PLAN, layer_tensor
+from ..checkpoint.architectures import EMBED_TENSOR as EMBED, FINAL_NORM_TENSOR as FINAL_NORM, LM_HEAD, TP_SPLITS, layer_tensor
 from ..errors import LadderizeError
 from ..model.layout import Layout, kv_heads_per_rank
-from ..model.shapes import ModelShape
-from .sharding import TensorSource, head_slices, layer_shard, shard_linear
+from ..checkpoint.shapes import ModelShape
+from .tp_slicing import TensorSource, head_slices, layer_shard, shard_linear
 
 
 @dataclass
@@ -96,12 +96,12 @@ def load_rank_weights(
         parts = {"query_heads": head_slices(shard.q_heads, hd), "kv_heads": head_slices(shard.kv_heads, hd), "inner": [shard.inner]}
 
         def weight(module: str) -> torch.Tensor:  # the rank's part of a weight, as the TP plan splits it
-            style, split = TP_PLAN[module]
+            style, split = TP_SPLITS[module]
             name = layer_tensor(layer, module)
             return source.read(name) if style == "replicate" else shard_linear(source, name, style, parts[split])
 
         def bias(module: str, present: bool) -> torch.Tensor | None:  # column-parallel biases split like their rows
-            style, split = TP_PLAN[module]
+            style, split = TP_SPLITS[module]
             return _optional(source, layer_tensor(layer, module, "bias"), present, parts[split] if style == "colwise" else None)
 
         def fused(modules: tuple[str, ...], present: bool = True) -> torch.Tensor | None:

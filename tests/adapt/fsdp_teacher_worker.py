@@ -12,7 +12,7 @@ from ladderize.adapt import objectives
 from ladderize.adapt.fsdp import shard_teacher
 from ladderize.adapt.objectives import head_losses
 from ladderize.adapt.residual_states import embed, logits_from, run_layers
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 
 
 def logits(model, ids):

@@ -10,7 +10,7 @@ import torch
 
 from ladderize.adapt.data import pack_tokens
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
+from ladderize.adapt.train import adapt
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import char_tokenizer
 

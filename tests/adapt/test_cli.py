@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.checkpoint.io import load_model, read_provenance
 from tests.cli_helpers import error_lines, run_cli
 
 

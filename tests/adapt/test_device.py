@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
+from ladderize.adapt.train import adapt
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 from tests.cli_helpers import error_lines, run_cli
 
@@ -79,7 +79,7 @@ def test_kd_with_bf16_autocast_on_cpu_runs_near_fp32(ladder_dir, text_file, tmp_
     a, b = [r["loss_kd"] for r in fp32.curve], [r["loss_kd"] for r in bf16.curve]
     assert len(a) == len(b) == 3 and a != b
     assert all(abs(x - y) <= 0.1 * abs(x) + 1e-3 for x, y in zip(a, b)), (a, b)
-    from ladderize.model.checkpoint import read_provenance
+    from ladderize.checkpoint.io import read_provenance
 
     assert read_provenance(tmp_path / "bf16")["history"][-1]["precision"] == "bf16-autocast"
     assert read_provenance(tmp_path / "fp32")["history"][-1]["precision"] == "float32"
@@ -108,7 +108,7 @@ def test_head_grouping_on_the_named_device_equals_the_default(dense_dir, text_fi
 
 
 def test_sample_records_its_device_and_dtype_and_equals_the_default(dense_dir, tmp_path):
-    from ladderize.adapt.sample import sample_text
+    from ladderize.adapt.teacher_text import sample_text
 
     kwargs = dict(sequences=4, new_tokens=8, batch_size=2)
     named = sample_text(str(dense_dir), tmp_path / "named.jsonl", device="cpu", **kwargs)
@@ -123,7 +123,7 @@ def test_sample_records_its_device_and_dtype_and_equals_the_default(dense_dir, t
 def test_a_stage_puts_the_process_wide_tf32_switches_back(ladder_dir, text_file, tmp_path, monkeypatch):
     """A CUDA stage turns TF32 on for its training (``TrainingPrecision.apply``); what runs after it in the same
     process (the demo's eval) must compute as before. Here ``apply`` turns them on as it would on CUDA."""
-    from ladderize.model.placement import TrainingPrecision
+    from ladderize.checkpoint.placement import TrainingPrecision
 
     def apply_as_on_cuda(self) -> None:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

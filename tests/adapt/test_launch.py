@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.model.placement import launch_mismatch
+from ladderize.checkpoint.placement import launch_mismatch
 from tests.cli_helpers import run_cli
 
 WARNING = "warning: accelerate launch was asked for several processes but started one"

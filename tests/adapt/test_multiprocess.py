@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
-from ladderize.model.checkpoint import load_model
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import convert
 
 # Per-step relative tolerance of the averaged loss: the two runs see the same sequences and

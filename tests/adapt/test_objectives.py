@@ -9,9 +9,9 @@ from ladderize.adapt import objectives
 from ladderize.adapt.objectives import AdaptLoss, kd_loss, logit_block_rows, parse_objectives
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.joint import select_trainable
-from ladderize.adapt.run import adapt
+from ladderize.adapt.train import adapt
 from ladderize.adapt.lora import LoraSpec
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.conftest import tiny_model
 
@@ -160,7 +160,7 @@ def test_adapt_end_to_end_writes_a_converted_checkpoint(scope, ladder_dir, dense
     assert result.steps == 6 and (out / "adapt_curve.json").is_file()
     model = load_model(out)
     assert model.layout.describe() == "ladder 2:4"
-    from ladderize.model.checkpoint import read_provenance
+    from ladderize.checkpoint.io import read_provenance
 
     provenance = read_provenance(out)
     assert provenance["source"]["path"] == str(dense_dir)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
-from ladderize.model.architectures import PROVENANCE_FILE, read_provenance
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.architectures import PROVENANCE_FILE, read_provenance
 
 
 def test_adapt_writes_its_run_into_the_card_and_relative_paths(ladder_dir, dense_dir, text_file, tmp_path):

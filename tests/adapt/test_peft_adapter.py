@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
-from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 

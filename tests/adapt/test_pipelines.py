@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from tests.cli_helpers import run_cli
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, plan, run_recipe
-from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, resolve_stages, run_recipe
+from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.model.layout import MODE_TRAITS
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
@@ -29,15 +29,15 @@ def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_di
     # the one table of rates, the mode table's rows (docs/adapt.md has the runs); the values the recipe measured
     seq, kd = ({mode: MODE_TRAITS[mode].learning_rates[kind] for mode in ("ladder", "spd")} for kind in ("sequential", "kd"))
     assert (seq, kd) == ({"ladder": 1e-3, "spd": 2e-3}, {"ladder": 2e-4, "spd": 1e-4})
-    ladder = plan(load_recipe("best"), str(ladder_dir))
+    ladder = resolve_stages(load_recipe("best"), str(ladder_dir))
     assert [(s["name"], s["local_schedule"] if "local_schedule" in s else "joint", s["tokens"], s["lr"]) for s in ladder] == [
         ("seq-local", "sequential", 65_536, seq["ladder"]), ("kd", "joint", 32_768, kd["ladder"])]
-    assert [s["lr"] for s in plan(load_recipe("best"), str(spd_dir))] == [seq["spd"], kd["spd"]]
+    assert [s["lr"] for s in resolve_stages(load_recipe("best"), str(spd_dir))] == [seq["spd"], kd["spd"]]
     hybrid = convert(dense_dir, tmp_path / "hybrid", ladder="3:4", spd="1:3", spd_tp_size=3)
     both = [min(seq["ladder"], seq["spd"]), min(kd["ladder"], kd["spd"])]
-    assert [s["lr"] for s in plan(load_recipe("best"), str(hybrid))] == both  # the smaller rate of each stage
+    assert [s["lr"] for s in resolve_stages(load_recipe("best"), str(hybrid))] == both  # the smaller rate of each stage
     # an explicit stage setting wins over the shared settings, which win over the preset
-    steps = plan(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}), str(ladder_dir))
+    steps = resolve_stages(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}), str(ladder_dir))
     assert steps[0]["lr"] == 1e-3 and steps[0]["batch_size"] == 3 and steps[0]["tokens"] == 99
     assert parse_stage("local:objective=kd+local*0.5").settings == {"objectives": "kd,local=0.5"}
 

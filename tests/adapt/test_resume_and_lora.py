@@ -7,8 +7,8 @@ import torch
 
 from ladderize.adapt.lora import LoraSpec, add_lora, merge_lora
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
-from ladderize.model.checkpoint import load_model
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.conftest import tiny_model
 
@@ -64,7 +64,7 @@ def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
 
 def test_resume_reads_a_state_saved_before_a_setting_was_added(tmp_path):
     """A run started before ``kd_divergence`` existed had its default: resuming it with the default is the same run."""
-    from ladderize.adapt.run_dir import check_fingerprint
+    from ladderize.adapt.training_state import check_fingerprint
 
     config = AdaptConfig(checkpoint="c", out="o", objectives="kd")
     saved = {"fingerprint": {k: v for k, v in config.fingerprint().items() if k != "kd_divergence"}}

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run_dir import save_accelerate_state
+from ladderize.adapt.training_state import save_accelerate_state
 
 
 class TwoRanks:
@@ -65,7 +65,7 @@ def test_saving_a_tied_model_does_not_warn_about_the_shared_tensor(caplog, monke
     from accelerate import PartialState
     from accelerate.utils.other import clean_state_dict_for_safetensors
 
-    from ladderize.adapt.run_dir import _quiet_tied_weights
+    from ladderize.adapt.training_state import _quiet_tied_weights
 
     PartialState()  # accelerate's logger needs its state
     log = logging.getLogger("accelerate.utils.other")

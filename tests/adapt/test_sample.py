@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
-from ladderize.adapt import sample
+from ladderize.adapt import teacher_text as sample
 from ladderize.adapt.data import pack_tokens
 from ladderize.errors import Interrupted
 from tests.cli_helpers import error_lines, run_cli
@@ -29,7 +29,7 @@ def test_sample_writes_records_provenance_and_adapt_reads_them(dense_dir, tmp_pa
     assert provenance["source"] == str(dense_dir) and provenance["prompts"] == "stories" and provenance["sequences"] == 5
     assert 0 < provenance["tokens_generated"] <= 5 * 8 and provenance["seconds"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.jsonl", "calib.jsonl.json"]  # no partial or sidecar left
-    from ladderize.model.checkpoint import load_tokenizer
+    from ladderize.checkpoint.io import load_tokenizer
 
     assert pack_tokens(str(out), load_tokenizer(dense_dir), seq_len=16).shape[1] == 16
 

@@ -7,8 +7,8 @@ import torch
 
 from ladderize.adapt.residual_states import embed, run_layers
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
-from ladderize.model.checkpoint import load_model
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 

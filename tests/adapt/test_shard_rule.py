@@ -8,7 +8,7 @@ from tests.cli_helpers import error_lines, run_cli
 
 
 def test_convert_and_adapt_shard_by_one_rule(dense_dir, ladder_dir, text_file, tmp_path, capsys, monkeypatch):
-    from ladderize.model import shards
+    from ladderize.checkpoint import tensor_files as shards
 
     limits: list[tuple[str, int]] = []
     init = shards.ShardWriter.__init__

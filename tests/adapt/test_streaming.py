@@ -11,8 +11,8 @@ from safetensors import safe_open
 
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.sequential_run import layer_file
-from ladderize.adapt.run import adapt
-from ladderize.model.checkpoint import read_provenance
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import read_provenance
 from tests.adapt.conftest import convert
 from tests.cli_helpers import run_cli
 

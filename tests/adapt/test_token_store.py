@@ -295,10 +295,10 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
     """joint (kd), sequential, sensitivity and head grouping give the same results from a store as from its text."""
     from ladderize.adapt.config import AdaptConfig
     from ladderize.adapt.convert_support import head_group_checkpoint
-    from ladderize.adapt.run import adapt
+    from ladderize.adapt.train import adapt
     from ladderize.adapt.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
-    from ladderize.model.checkpoint import read_provenance
+    from ladderize.checkpoint.io import read_provenance
     import shutil
 
     store = str(store_of(text_file, tmp_path))
@@ -323,7 +323,7 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
 
 def test_adapt_refuses_a_store_of_another_tokenizer_before_writing_anything(ladder_dir, tmp_path):
     from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.run import adapt
+    from ladderize.adapt.train import adapt
 
     store = ensure_store(str(jsonl(tmp_path / "d.jsonl", DOCS * 50)), wide_tokenizer(), out=tmp_path / "wide-store")
     config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",

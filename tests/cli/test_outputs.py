@@ -45,15 +45,15 @@ COMMANDS = {
     "report": ("ladderize.report", "write_report", lambda src, d: ["report", src / "config.json", "--out", d / "rep"]),
     "bench": ("ladderize.runtime.bench", "run_bench",
               lambda src, d: ["bench", "--synthetic", "tiny", "--tp", "1", "--json", d / "b.json"]),
-    "predict": ("ladderize.predict.plan", "plan_prediction",
+    "predict": ("ladderize.predict.pipeline", "prepare_prediction",
                 lambda src, d: ["predict", "--model", "llama-3.1-8b", "--compute", "roofline", "--json", d / "p.json"]),
-    "predict-cache": ("ladderize.predict.plan", "plan_prediction",
+    "predict-cache": ("ladderize.predict.pipeline", "prepare_prediction",
                       lambda src, d: ["predict", "--model", "llama-3.1-8b", "--device", "cpu", "--cache-dir", d / "cache"]),
     "sensitivity": ("ladderize.adapt.sensitivity", "checkpoint_sensitivity",
                     lambda src, d: ["sensitivity", src, "--spd-tp", "3", "--json", d / "s.json"]),
-    "sample": ("ladderize.adapt.sample", "sample_text", lambda src, d: ["sample", src, d / "s.jsonl"]),
+    "sample": ("ladderize.adapt.teacher_text", "sample_text", lambda src, d: ["sample", src, d / "s.jsonl"]),
     "adapt": ("ladderize.adapt.recipe", "adapt_checkpoint", lambda src, d: ["adapt", src, d / "adapted"]),
-    "demo": ("ladderize.demo", "run_demo", lambda src, d: ["demo", "--out", d / "demo"]),
+    "demo": ("ladderize.demo.pipeline", "run_demo", lambda src, d: ["demo", "--out", d / "demo"]),
 }
 
 
@@ -76,7 +76,7 @@ def test_unwritable_output_is_one_line_before_the_work(command, tmp_path, tiny_l
 
 def test_writable_check_accepts_new_nested_folders_and_leaves_nothing(tmp_path):
     from ladderize.errors import LadderizeError
-    from ladderize.model.atomic import check_writable
+    from ladderize.checkpoint.atomic import check_writable
 
     target = tmp_path / "new" / "deeper" / "out"
     assert check_writable(target) == target

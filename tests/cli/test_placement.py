@@ -48,7 +48,7 @@ def test_cuda_without_a_gpu_is_one_line(name, tmp_path, capsys, monkeypatch):
 
 
 def test_predict_pipeline_from_python_matches_the_command(tmp_path, capsys, monkeypatch):
-    from ladderize.predict.plan import run_prediction
+    from ladderize.predict.pipeline import run_prediction
 
     path = tmp_path / "p.json"
     code, _, stderr = run_cli(["predict", "--model", "llama-3.1-8b", "--tp", "1,2", "--batch", "1,4", "--compute", "roofline",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from ladderize.convert.conversion import convert_checkpoint
 from ladderize.errors import LadderizeError
 
@@ -58,7 +58,7 @@ def test_ladder_authors_format_converts_to_its_ladder_layers(ladder_layers, expe
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ladderize.model.checkpoint import load_tokenizer
+    from ladderize.checkpoint.io import load_tokenizer
     from tests.conftest import TINY, char_tokenizer
     from tests.model.reference import reference_logits
 

@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from ladderize.model.architectures import expected_tensors
-from ladderize.model.architectures import PROVENANCE_FILE
-from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.checkpoint.architectures import expected_tensors
+from ladderize.checkpoint.architectures import PROVENANCE_FILE
+from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.convert.conversion import convert_checkpoint
 from ladderize.convert.sources import sha256_file
 from ladderize.model import LadderLlamaForCausalLM
@@ -125,7 +125,7 @@ def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):
 
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
     from ladderize.convert.conversion import convert_checkpoint
 
     out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "plain", plain=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ladderize.model.atomic import atomic_directory, sweep_stale
-from ladderize.model.checkpoint import load_model, save_model_checkpoint
+from ladderize.checkpoint.atomic import atomic_directory, sweep_stale
+from ladderize.checkpoint.io import load_model, save_model_checkpoint
 from ladderize.convert.conversion import convert_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ CONVERT_AND_WAIT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ladderize.model import shards
+    from ladderize.checkpoint import tensor_files as shards
     from ladderize import cli
 
     ready = Path(sys.argv[1])
@@ -132,7 +132,7 @@ def test_write_file_atomic_replaces_whole_and_follows_the_umask(tmp_path):
     """The one single-file writer: text or bytes, the old file or the new one, mode from the umask."""
     import os
 
-    from ladderize.model.atomic import write_file_atomic
+    from ladderize.checkpoint.atomic import write_file_atomic
 
     target = tmp_path / "sub" / "record.json"
     write_file_atomic(target, "old\n")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ladderize.model.checkpoint import load_config, load_model, model_shape, save_model_checkpoint
+from ladderize.checkpoint.io import load_config, load_model, model_shape, save_model_checkpoint
 from ladderize.convert.inspect import inspect_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.model import LadderLlamaForCausalLM
-from ladderize.model.shapes import PRESETS, ModelShape, head_dim_of, write_synthetic_checkpoint
+from ladderize.checkpoint.shapes import PRESETS, ModelShape, head_dim_of, write_synthetic_checkpoint
 from tests.cli_helpers import error_lines, run_cli
 from tests.conftest import tiny_config
 
@@ -42,8 +42,8 @@ def test_the_shape_counts_the_models_parameters(overrides, tmp_path):
 
 
 def test_one_preset_table():
-    from ladderize.predict.presets import PRESETS as predict_presets
-    from ladderize.runtime.bench import PRESETS as bench_presets
+    from ladderize.predict.presets import PUBLIC_PRESETS as predict_presets
+    from ladderize.runtime.bench import SYNTHETIC_CONFIGS as bench_presets
 
     assert all(predict_presets[key] is PRESETS[key] for key in predict_presets)
     assert set(PRESETS) <= set(bench_presets)
@@ -89,7 +89,7 @@ def test_truncated_safetensors_is_one_line_in_the_runtime_commands(tmp_path, cap
 
 
 def test_truncated_safetensors_is_one_line_in_the_runtime_reader(tiny_llama_dir):
-    from ladderize.runtime.sharding import SafetensorsSource
+    from ladderize.runtime.tp_slicing import SafetensorsSource
     from ladderize.runtime.weights import load_rank_weights
 
     config = load_config(tiny_llama_dir)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from ladderize.model.checkpoint import load_model, read_provenance
+from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.convert.conversion import convert_checkpoint
 from ladderize.convert.pull import pull_model
 from ladderize.errors import LadderizeError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ladderize.demo import load_warning
+from ladderize.demo.pipeline import load_warning
 from ladderize.runtime.timing import busy_elsewhere, cpu_seconds
 
 
@@ -67,7 +67,7 @@ def test_a_reused_bench_measured_under_load_is_said(tmp_path):
     """Issue 26 item 17: on a re-run the demo reused bench rows measured under load without a word."""
     import json
 
-    from ladderize.demo import DemoSettings, _bench
+    from ladderize.demo.pipeline import DemoSettings, _bench
 
     events: list[tuple[str, str]] = []
     row = {"schedule": "native", "tp": 3, "batch": 1}

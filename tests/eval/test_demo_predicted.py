@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ladderize.demo import QUICK, predicted_speedups
+from ladderize.demo.pipeline import QUICK, predicted_speedups
 from ladderize.records import EvalRecord
 from ladderize.report import write_report
 

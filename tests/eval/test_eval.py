@@ -12,7 +12,7 @@ import torch
 
 from ladderize.errors import LadderizeError
 from ladderize.eval.harness import evaluate_checkpoint, evaluate_model, load_tokenizer
-from ladderize.eval.local_tasks import parse_task_list, plan_tasks, split_documents
+from ladderize.eval.local_tasks import parse_task_list, build_tasks, split_documents
 
 from .conftest import PASSAGES
 
@@ -28,7 +28,7 @@ def direct_lm_eval(model, tokenizer, tasks: list[str], data_dir: Path, tmp_path:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    include = plan_tasks(tasks, data_dir, **plan_kwargs).write(tmp_path / "direct-tasks")
+    include = build_tasks(tasks, data_dir, **plan_kwargs).write(tmp_path / "direct-tasks")
     manager = TaskManager(include_path=str(include))
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, bootstrap_iters=1000, log_samples=False)["results"]
@@ -87,7 +87,7 @@ def test_dense_equals_direct_lm_eval_tiny(tiny_dense_dir: Path, tiny_data_dir: P
 
 def test_rolling_perplexity_is_lm_eval_word_perplexity(tiny_ladder_dir: Path, tmp_path: Path):
     """One short document: word perplexity = exp(-sum log p(token | prefix) / words), the first token after BOS."""
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     text = "to be or not to be"
     path = tmp_path / "line.txt"

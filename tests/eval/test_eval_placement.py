@@ -15,8 +15,8 @@ import torch
 
 from ladderize.errors import LadderizeError
 from ladderize.eval.harness import evaluate_checkpoint, parse_batch_size
-from ladderize.model.checkpoint import load_model
-from ladderize.model.placement import eval_dtype
+from ladderize.checkpoint.io import load_model
+from ladderize.checkpoint.placement import eval_dtype
 
 TASKS = ["lambada_openai", "wikitext2_valid"]
 # 3 documents each over 2 ranks (2 + 1: lm-eval pads rank 1's requests); the tiny wikitext file is 1 document, too few
@@ -47,7 +47,7 @@ def test_device_map_load_equals_plain_load(tiny_ladder_dir: Path):
     """``load_model`` on an accelerator reads the weights straight onto it (``device_map``); that path, taken here to the
     CPU, gives the same model as the plain load."""
     from ladderize.model import LadderLlamaForCausalLM
-    from ladderize.model.checkpoint import load_config
+    from ladderize.checkpoint.io import load_config
 
     plain = load_model(tiny_ladder_dir, device="cpu")
     mapped = LadderLlamaForCausalLM.from_pretrained(str(tiny_ladder_dir), config=load_config(tiny_ladder_dir), dtype="auto",

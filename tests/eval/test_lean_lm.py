@@ -9,7 +9,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from ladderize.eval.lean_lm import LeanHFLM
 from tests.eval.conftest import PASSAGES, TEXT, char_tokenizer
 

@@ -57,7 +57,7 @@ def test_bench_rows_carry_min_median_max_and_round_speedups():
 
 
 def test_short_names_and_decade():
-    from ladderize.report.runs import LayoutRun
+    from ladderize.report.collect import LayoutRun
 
     runs = [LayoutRun("a", "dense"), LayoutRun("b", "ladder 22:30"), LayoutRun("c", "ladder 15:30"),
             LayoutRun("d", "ladder 22:30", adapted=True), LayoutRun("e", f"ladder 22:30 + {SPD}")]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.run import adapt
+from ladderize.adapt.train import adapt
 from tests.adapt.conftest import convert, dense_dir, ladder_dir, spd_dir, text_file  # noqa: F401  (fixtures)
 from tests.adapt.test_multiprocess import LOSS_RTOL, sharp_dense
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
@@ -41,7 +41,7 @@ def _on_device_progress(seen: list):
 
 
 def _close_checkpoints(a: Path, b: Path, atol: float = WEIGHT_ATOL) -> None:
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     wa, wb = load_model(a).state_dict(), load_model(b).state_dict()
     assert wa.keys() == wb.keys()
@@ -85,7 +85,7 @@ def test_sequential_resume_on_cuda_is_bit_identical(ladder_dir, text_file, tmp_p
 
 
 def test_sequential_default_precision_on_cuda_is_bf16_autocast_near_fp32(ladder_dir, text_file, tmp_path):
-    from ladderize.model.checkpoint import read_provenance
+    from ladderize.checkpoint.io import read_provenance
 
     auto = adapt(_config(ladder_dir, tmp_path / "auto", text_file, device="cuda", lr=1e-3))
     fp32 = adapt(_config(ladder_dir, tmp_path / "fp32", text_file, device="cpu", lr=1e-3))
@@ -140,7 +140,7 @@ def test_head_grouping_on_cuda_equals_the_cpu(dense_dir, text_file, tmp_path):
 
 
 def test_sample_on_cuda(dense_dir, tmp_path):
-    from ladderize.adapt.sample import sample_text
+    from ladderize.adapt.teacher_text import sample_text
 
     result = sample_text(str(dense_dir), tmp_path / "s.jsonl", sequences=4, new_tokens=8, batch_size=2, device="cuda")
     assert result.records == 4 and len(result.out.read_text().splitlines()) == 4

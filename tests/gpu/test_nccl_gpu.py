@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec
 from tests.runtime.runtime_helpers import save_tiny, shape_for

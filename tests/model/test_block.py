@@ -117,10 +117,10 @@ def test_dense_model_equals_transformers_llama_bit_for_bit(dtype):
 def test_model_spd_block_equals_the_sum_of_rank_model_shares(case):
     """The HF model's SPD block on one device and three runtime ranks' ``RankModel.step_partial`` shares, summed."""
     from ladderize.runtime.allreduce import Communicator
-    from ladderize.model.shapes import ModelShape
+    from ladderize.checkpoint.shapes import ModelShape
     from ladderize.runtime.engine import RankModel
     from ladderize.runtime.plan import StepKind
-    from ladderize.runtime.sharding import StateDictSource
+    from ladderize.runtime.tp_slicing import StateDictSource
     from ladderize.runtime.weights import load_rank_weights
 
     model = tiny_model(**case_overrides(3)[case])  # layer 2 is SPD with a reversed head order (and biases: hybrid)

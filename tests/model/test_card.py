@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ladderize.convert.conversion import convert_checkpoint
-from ladderize.model.architectures import PROVENANCE_FILE, portable_paths, read_provenance
-from ladderize.model.checkpoint import load_tokenizer
+from ladderize.checkpoint.architectures import PROVENANCE_FILE, portable_paths, read_provenance
+from ladderize.checkpoint.io import load_tokenizer
 from tests.conftest import TINY, char_tokenizer
 
 

@@ -51,7 +51,7 @@ def test_generate_refuses_nan_weights(tmp_path: Path, capsys, monkeypatch) -> No
 
 def test_load_model_refuses_nan_weights(tiny_llama_dir: Path) -> None:
     from ladderize.errors import LadderizeError
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     _poison(tiny_llama_dir, "model.norm.weight")
     with pytest.raises(LadderizeError, match="model.norm.weight has .* non-finite"):

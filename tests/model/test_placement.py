@@ -1,4 +1,4 @@
-"""The one device and dtype rule (``ladderize.model.placement``)."""
+"""The one device and dtype rule (``ladderize.checkpoint.placement``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ladderize.errors import LadderizeError
-from ladderize.model.placement import (
+from ladderize.checkpoint.placement import (
     TrainingPrecision, check_device, check_dtype, inference_dtype, parse_dtype, resolve_device, runtime_dtype,
     training_precision,
 )
@@ -71,5 +71,5 @@ def test_auto_picks_the_local_rank_cuda_device(monkeypatch):
 
 
 def test_placement_imports_no_torch():
-    code = "import sys, ladderize.model.placement as p; p.check_device('cpu'); print('torch' in sys.modules)"
+    code = "import sys, ladderize.checkpoint.placement as p; p.check_device('cpu'); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

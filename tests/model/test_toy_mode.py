@@ -20,9 +20,9 @@ import torch
 
 from ladderize.errors import LadderizeError
 from ladderize.model.layout import MODE_TRAITS, LayerMode, Layout, LayoutError, described_layers
-from ladderize.model.shapes import ModelShape
+from ladderize.checkpoint.shapes import ModelShape
 from ladderize.runtime.bench import _bench_job as _BENCH_JOB
-from ladderize.runtime.dims import validate_tp
+from ladderize.runtime.tp_check import validate_tp
 from tests.cli_helpers import run_cli
 from tests.conftest import TINY, TINY_TP2, tiny_model
 from tests.model.reference import Reference, rms_norm, rope_cos_sin
@@ -82,7 +82,7 @@ def test_labels_and_records_include_it(toy):
 
 
 def test_model_card_names_it(toy):
-    from ladderize.model.card import model_card
+    from ladderize.checkpoint.card import model_card
 
     config = tiny_model(**TINY_TP2, **toy_layout(toy).config_fields()).config
     card = model_card(config, {}, "toy")
@@ -201,7 +201,7 @@ def test_tp2_runtime_matches_the_hf_model(toy, tmp_path, comm):
 def test_convert_writes_it(toy, tiny_llama_dir, tmp_path):
     """``convert_checkpoint`` given the layout writes the toy mode into config and provenance; the model loads it."""
     from ladderize.convert.conversion import convert_checkpoint
-    from ladderize.model.checkpoint import load_model, read_provenance
+    from ladderize.checkpoint.io import load_model, read_provenance
 
     layout = toy_layout(toy, tp=3)
     out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", layout=layout)
@@ -239,13 +239,13 @@ def _bench_with_toy(context, source, spec, options):
 def test_bench_labels_and_refuses_it(toy, monkeypatch, tmp_path):
     """``run_bench`` at the converted degree (TP=2 ranks) labels its record and rows with the toy; TP 1 is refused;
     a report reads the record's label back (its converted layers from the label when the meta lacks them)."""
-    from ladderize.report.runs import collect_runs
+    from ladderize.report.collect import collect_runs
 
     from ladderize.runtime import bench
     from ladderize.runtime.launch import LaunchSpec
 
     monkeypatch.setattr(bench, "_bench_job", _bench_with_toy)  # pickled by name: the ranks import this module
-    source = bench.ModelSource(synthetic=dict(bench.PRESETS["tiny"]), synthetic_name="tiny", layout_override=toy_layout(toy))
+    source = bench.ModelSource(synthetic=dict(bench.SYNTHETIC_CONFIGS["tiny"]), synthetic_name="tiny", layout_override=toy_layout(toy))
     spec = bench.BenchSpec(("native",), (1,), prompt_len=4, gen_len=2, warmup=0, repeats=1)
     with pytest.raises(LadderizeError, match="converted for TP=2: it needs --tp 2, not --tp 1"):
         bench.run_bench(source, [1], spec, LaunchSpec(tp=1))
@@ -282,7 +282,7 @@ def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, t
     """``convert --lspd`` writes the toy layout (its TP degree from ``--spd-tp``: the mode is TP-dependent, and
     refused without one, in its own name); the recipe finds the row's learning rates, or the first row's without."""
     from ladderize.adapt.recipe import load_recipe, measured_lr, plan
-    from ladderize.model.checkpoint import read_provenance
+    from ladderize.checkpoint.io import read_provenance
 
     out = tmp_path / "toy"
     code, _, err = run_cli(["convert", tiny_llama_dir, out, "--ladder", "2:3", "--lspd", "1:2,3", "--device", "cpu"],

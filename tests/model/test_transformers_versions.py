@@ -76,7 +76,7 @@ def test_converted_checkpoint_is_refused_on_transformers4_in_one_line(tiny_llama
 def test_lowest_supported_transformers_loads_saves_and_reloads_with_equal_logits(tiny_llama_dir, tmp_path):
     out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "hybrid", ladder="2:", spd="0:1", spd_tp_size=3)
     ids = token_ids()
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
 
     want = logits(load_model(out), ids)
     torch.save(ids, tmp_path / "ids.pt")
@@ -84,7 +84,7 @@ def test_lowest_supported_transformers_loads_saves_and_reloads_with_equal_logits
 import torch, transformers
 assert transformers.__version__ == "5.4.0", transformers.__version__
 import ladderize
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 model = transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}).eval()
 assert type(model).__module__ == "ladderize.model.modeling_ladder_llama"
 model.save_pretrained({str(tmp_path / "saved")!r})

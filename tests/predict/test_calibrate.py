@@ -11,7 +11,7 @@ from ladderize.errors import LadderizeError
 from ladderize.predict.calibrate import allreduce_sizes, fit_allreduce, load_profile, run_calibration
 from ladderize.predict.fit import ModuleTiming
 from ladderize.predict.gpus import load_gpu_profile
-from ladderize.predict.plan import plan_prediction
+from ladderize.predict.pipeline import prepare_prediction
 from ladderize.predict.presets import ModelShape
 
 from tests.cli_helpers import error_lines, run_cli
@@ -82,7 +82,7 @@ def test_the_profile_is_what_predict_uses(calibrated, tmp_path):
     assert gpu == profile.gpu and interconnect is None
     assert load_gpu_profile(out) == gpu
     fabric = cpu_fabric(tmp_path)
-    plan = plan_prediction(model=str(config), layout=None, ranges=None, tp="2", batch="1,2", prompt=16, gen=4,
+    plan = prepare_prediction(model=str(config), layout=None, ranges=None, tp="2", batch="1,2", prompt=16, gen=4,
                            interconnect=str(fabric), profile=out, schedules="dense,ladder", device="cpu")
     assert plan.interconnect.name == fabric.stem and plan.compute.gpu == gpu
     prediction = plan.run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.predict import calibration
+from ladderize.predict import published_figures as calibration
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.fit import TableCompute
 from ladderize.predict.gpus import GPU_PROFILES
@@ -120,7 +120,7 @@ def test_the_8b_logs_were_spd_not_ladder():
 
 def test_speedup_falls_with_batch_for_8b_and_70b():
     """Issue 35: the published Ladder speed-ups fall as the batch grows; the default prediction follows."""
-    from ladderize.predict.plan import run_prediction
+    from ladderize.predict.pipeline import run_prediction
 
     for model in ("llama-3.1-8b", "llama-3.1-70b"):
         rows = run_prediction(model=model, tp="8", batch="1,4,16,64", compute="roofline", schedules="ladder")

@@ -60,7 +60,7 @@ def test_no_gpu_here_defaults_to_the_fabrics_gpu_model(tmp_path, capsys, monkeyp
     (it was CPU timings against NVLink: every speed-up 1.000x); --compute measured there is refused in one line."""
     from tests.cli_helpers import run_cli
 
-    monkeypatch.setattr("ladderize.predict.plan.local_gpu_name", lambda device="auto": None)
+    monkeypatch.setattr("ladderize.predict.pipeline.local_gpu_name", lambda device="auto": None)
     code, out, err = run_cli(["predict", "--model", "llama-3.1-70b", "--tp", "8", "--batch", "1,4,16,64",
                               "--interconnect", "h100-nvlink", "--ladder", "all", "--schedules", "ladder",
                               "--json", tmp_path / "p.json"], capsys, monkeypatch)
@@ -123,7 +123,7 @@ def test_an_interconnect_alias_names_the_profile_it_stands_for(capsys, monkeypat
 
 def test_gpu_node_prediction_prices_a_checkpoints_layout_on_the_fabrics_gpu(tmp_path):
     """The call the demo can make for 'what would this layout give on a GPU node' (issue 37 item 5)."""
-    from ladderize.predict.plan import gpu_node_prediction
+    from ladderize.predict.pipeline import gpu_node_prediction
     from tests.conftest import tiny_config
 
     tiny_config(num_attention_heads=8, num_key_value_heads=4, hidden_size=64, intermediate_size=128,
@@ -137,7 +137,7 @@ def test_gpu_node_prediction_prices_a_checkpoints_layout_on_the_fabrics_gpu(tmp_
 
 def test_measured_is_the_default_only_on_the_fabrics_own_gpu(monkeypatch):
     """Issue 35: ``measured`` stays for the case where the profile's GPU is the local one."""
-    from ladderize.predict import plan
+    from ladderize.predict import pipeline as plan
     from ladderize.predict.interconnect import PROFILES
 
     nvlink = PROFILES["h100-nvlink"]

@@ -19,7 +19,7 @@ from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.estimate import PredictRequest, predict
 from ladderize.predict.gpus import GPU_PROFILES, H100_FIT
 from ladderize.predict.interconnect import PROFILES
-from ladderize.predict.presets import PRESETS
+from ladderize.predict.presets import PUBLIC_PRESETS
 
 PEAK = GPU_PROFILES["h100"].peak_flops_per_s
 
@@ -68,7 +68,7 @@ def test_roofline_against_every_h100_row(rows):
 def test_the_8b_bench_is_a_held_out_cross_check():
     """A different model and mode (synthetic llama-8b, whole model, CUDA graphs + compile) within 15%."""
     bench = json.loads(F._data_text(F.H100_BENCH_FILE))
-    model = PRESETS["llama-3.1-8b"]
+    model = PUBLIC_PRESETS["llama-3.1-8b"]
     for run in bench["rows"]:
         request = PredictRequest(model, (1,), (run["batch"],), run["prompt_len"], run["decode_steps"] + 1,
                                  PROFILES["h100-nvlink"], schedules=("dense",))

@@ -12,7 +12,7 @@ from ladderize.predict import PredictRequest, RooflineCompute, layout_from_check
 from ladderize.predict.gpus import GPU_PROFILES
 from ladderize.predict.interconnect import PROFILES
 from ladderize.parsing import parse_int_list
-from ladderize.predict.estimate import decode_kv_len, rank_memory_bytes, select_schedules
+from ladderize.predict.estimate import decode_kv_len, rank_memory_bytes, select_scenarios
 from ladderize.records import e2e_tokens_per_s
 
 from tests.conftest import tiny_config
@@ -87,7 +87,7 @@ def test_bad_requests_raise_user_errors():
     with pytest.raises(LadderizeError):
         parse_int_list("1,two", "--tp")
     with pytest.raises(LadderizeError, match="needs --layout"):
-        select_schedules("dense,layout", has_layout=False)
+        select_scenarios("dense,layout", has_layout=False)
     assert decode_kv_len(1024, 512) == 1280
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ladderize.errors import LadderizeError
-from ladderize.predict.presets import PRESETS, ModelShape, load_model_shape
+from ladderize.predict.presets import PUBLIC_PRESETS, ModelShape, load_model_shape
 
 
 def test_presets_have_the_public_shapes():
@@ -17,7 +17,7 @@ def test_presets_have_the_public_shapes():
     assert load_model_shape("meta-llama/Llama-3.1-8B-Instruct").num_parameters / 1e9 == pytest.approx(8.03, abs=0.02)
     assert load_model_shape("llama-3.1-405b").num_parameters / 1e9 == pytest.approx(405.9, abs=0.5)
     assert load_model_shape("Llama-2-70b-hf").vocab_size == 32000
-    assert all(s.source.startswith("https://huggingface.co/") for s in PRESETS.values())
+    assert all(s.source.startswith("https://huggingface.co/") for s in PUBLIC_PRESETS.values())
 
 
 def test_config_json_file_and_folder(tmp_path):
@@ -40,8 +40,8 @@ def test_bad_shapes_are_user_errors(tmp_path):
 
 
 def test_a_config_is_read_through_the_one_config_reader(tmp_path, monkeypatch):
-    """Issue #24: predict reads a checkpoint's config through ``model.checkpoint.load_config``/``config_from_dict``."""
-    from ladderize.model import checkpoint
+    """Issue #24: predict reads a checkpoint's config through ``checkpoint.io.load_config``/``config_from_dict``."""
+    from ladderize.checkpoint import io as checkpoint
 
     calls = []
     real = checkpoint.config_from_dict

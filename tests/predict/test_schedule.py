@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ladderize.model.layout import LayerMode, Layout
-from ladderize.predict.schedule import ModuleCost, plan_modules, simulate, simulate_step
+from ladderize.predict.simulate import ModuleCost, plan_modules, simulate, simulate_step
 
 DENSE, LADDER, SPD = LayerMode.DENSE, LayerMode.LADDER, LayerMode.SPD
 

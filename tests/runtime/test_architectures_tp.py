@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ladderize.model.checkpoint import load_model
+from ladderize.checkpoint.io import load_model
 from ladderize.convert.conversion import convert_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
@@ -100,8 +100,8 @@ def test_kv_replication_rank_heads():
 
 def test_tp_that_neither_divides_nor_multiplies_the_kv_heads_is_one_line():
     from ladderize.model.layout import Layout, LayoutError
-    from ladderize.model.shapes import ModelShape
-    from ladderize.runtime.dims import validate_tp
+    from ladderize.checkpoint.shapes import ModelShape
+    from ladderize.runtime.tp_check import validate_tp
 
     dims = ModelShape("tiny", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=24,
                       num_key_value_heads=4, head_dim=8, vocab_size=128, rms_norm_eps=1e-6)

@@ -8,7 +8,7 @@ import pytest
 
 from ladderize.errors import LadderizeError
 from ladderize.records import BenchRow
-from ladderize.runtime.bench import PRESETS, BenchSpec, add_comparisons, run_bench, synthetic_source
+from ladderize.runtime.bench import SYNTHETIC_CONFIGS, BenchSpec, add_comparisons, run_bench, synthetic_source
 from ladderize.runtime.launch import LaunchSpec
 
 
@@ -51,7 +51,7 @@ def test_synthetic_shapes(tmp_path):
     config, layout = source.config_and_layout()
     assert config.hidden_size == 512 and layout.describe() == "ladder 4:8"
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(dict(PRESETS["tiny"], layer_modes=["dense", "spd", "spd", "dense"], spd_tp_size=2)))
+    path.write_text(json.dumps(dict(SYNTHETIC_CONFIGS["tiny"], layer_modes=["dense", "spd", "spd", "dense"], spd_tp_size=2)))
     config, layout = synthetic_source(str(path)).config_and_layout()
     assert layout.describe() == "spd@tp2 1:3"
     with pytest.raises(LadderizeError, match="neither a preset"):

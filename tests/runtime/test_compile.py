@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ladderize.model.checkpoint import load_config
-from ladderize.model.shapes import ModelShape
+from ladderize.checkpoint.io import load_config
+from ladderize.checkpoint.shapes import ModelShape
 from ladderize.runtime.allreduce import Communicator
 from ladderize.runtime.decode import COMPILED_SHAPES, Decoder
 from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan
-from ladderize.runtime.sharding import SafetensorsSource
+from ladderize.runtime.tp_slicing import SafetensorsSource
 from ladderize.runtime.weights import load_rank_weights
 from tests.runtime.runtime_helpers import save_tiny, shape_for
 

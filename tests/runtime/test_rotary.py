@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from ladderize.runtime.state import RotaryTable
+from ladderize.runtime.kv_cache import RotaryTable
 
 ROPES = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},

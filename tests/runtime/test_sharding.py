@@ -10,12 +10,12 @@ from ladderize.errors import LadderizeError
 from ladderize.model.layout import LayoutError
 from ladderize.runtime.allreduce import Communicator
 from ladderize.runtime.decode import Decoder
-from ladderize.model.checkpoint import load_config
-from ladderize.model.shapes import ModelShape
-from ladderize.runtime.dims import validate_tp
+from ladderize.checkpoint.io import load_config
+from ladderize.checkpoint.shapes import ModelShape
+from ladderize.runtime.tp_check import validate_tp
 from ladderize.runtime.engine import RankModel
 from ladderize.runtime.plan import build_plan
-from ladderize.runtime.sharding import SafetensorsSource, StateDictSource, head_slices, layer_shard
+from ladderize.runtime.tp_slicing import SafetensorsSource, StateDictSource, head_slices, layer_shard
 from ladderize.runtime.weights import load_rank_weights
 from tests.runtime.runtime_helpers import TINY_TP23, case_overrides, save_tiny
 

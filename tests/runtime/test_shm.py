@@ -182,7 +182,7 @@ if __name__ == "__main__":
 
 
 def _start(tmp_path, steps: int) -> tuple[subprocess.Popen, Path]:
-    script, marker = tmp_path / "run.py", tmp_path / f"segment{steps}"
+    script, marker = tmp_path / "train.py", tmp_path / f"segment{steps}"
     script.write_text(CTRL_C_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     # SIGINT as a terminal leaves it: a job started in the background by a non-interactive shell

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_converted_hybrid_at_tp3_matches_the_model(smollm2_dir: Path, tmp_path: Path) -> None:
-    from ladderize.model.checkpoint import load_model
+    from ladderize.checkpoint.io import load_model
     from ladderize.convert.conversion import convert_checkpoint
 
     out = convert_checkpoint(str(smollm2_dir), tmp_path / "hybrid", ladder="24:30", spd="16:24", spd_tp_size=3)

@@ -64,7 +64,7 @@ from vllm.sequence import IntermediateTensors
 from ladderize.model.block import permute_attention
 from ladderize.model.layout import Layout, ModuleKind, ModuleOp, rank_query_heads
 from ladderize.model.residual import ResidualStream
-from ladderize.model.shapes import head_dim_of
+from ladderize.checkpoint.shapes import head_dim_of
 from ladderize.runtime.vllm.plugin import check_parallel
 
 logger = init_logger("vllm.ladderize")  # under "vllm." so that vLLM's log handler prints it

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from ladderize.errors import one_line
-from ladderize.model.auto_classes import register_auto_classes
+from ladderize.checkpoint.auto_classes import register_auto_classes
 from ladderize.model.layout import Layout, format_layer_ranges
 
 ARCHITECTURE = "LadderLlamaForCausalLM"

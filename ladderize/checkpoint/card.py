@@ -11,8 +11,8 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
-from .configuration_ladder_llama import TRANSFORMERS_REQUIREMENT
-from .layout import LayerMode, Layout, format_layer_ranges
+from ..model.configuration_ladder_llama import TRANSFORMERS_REQUIREMENT
+from ..model.layout import LayerMode, Layout, format_layer_ranges
 
 CARD_FILE = "README.md"
 ADAPT_FIELDS = ("objectives", "local_schedule", "train", "data", "tokens", "steps", "seq_len", "train_s", "precision")

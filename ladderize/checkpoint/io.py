@@ -23,13 +23,13 @@ import torch
 from ..version import __version__
 from .placement import parse_dtype, resolve_device
 from ..errors import LadderizeError, one_line
-from . import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
+from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
-from .configuration_ladder_llama import AUTO_MAP
+from ..model.configuration_ladder_llama import AUTO_MAP
 from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
 from .card import CARD_FILE, model_card
-from .shards import ShardWriter, check_finite
+from .tensor_files import ShardWriter, check_finite
 
 DEFAULT_MAX_SHARD_BYTES = 1_000_000_000
 

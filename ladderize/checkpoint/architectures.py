@@ -21,7 +21,7 @@ from ..errors import LadderizeError
 # rank's ``query_heads``, ``kv_heads`` or MLP ``inner`` slice; norms are replicated. The
 # converter's tensor names, the runtime's sharding and the LoRA targets all derive from it.
 LAYER_PREFIX = "model.layers.${layer}."
-TP_PLAN: dict[str, tuple[str, str]] = {
+TP_SPLITS: dict[str, tuple[str, str]] = {
     "input_layernorm": ("replicate", ""),
     "self_attn.q_proj": ("colwise", "query_heads"),
     "self_attn.k_proj": ("colwise", "kv_heads"),
@@ -32,8 +32,8 @@ TP_PLAN: dict[str, tuple[str, str]] = {
     "mlp.up_proj": ("colwise", "inner"),
     "mlp.down_proj": ("rowwise", "inner"),
 }
-LINEAR_MODULES: tuple[str, ...] = tuple(m for m, (style, _) in TP_PLAN.items() if style != "replicate")  # LoRA targets
-LAYER_TENSORS: tuple[str, ...] = tuple(f"{LAYER_PREFIX}{module}.weight" for module in TP_PLAN)
+LINEAR_MODULES: tuple[str, ...] = tuple(m for m, (style, _) in TP_SPLITS.items() if style != "replicate")  # LoRA targets
+LAYER_TENSORS: tuple[str, ...] = tuple(f"{LAYER_PREFIX}{module}.weight" for module in TP_SPLITS)
 
 
 def layer_prefix(layer: int) -> str:
@@ -215,7 +215,7 @@ def read_config_header(path: Path | str) -> ConfigHeader:
     heads cannot hold is one line (as from ``load_config``)."""
     from types import SimpleNamespace
 
-    from .layout import Layout
+    from ..model.layout import Layout
     from .shapes import ModelShape
 
     values = ladder_config_kwargs(read_config_json(path))

@@ -258,9 +258,9 @@ def write_synthetic_checkpoint(
     import torch
 
     from ..synthetic import char_tokenizer
-    from .checkpoint import model_tensors, plain_llama_config, write_checkpoint
-    from .configuration_ladder_llama import LadderLlamaConfig
-    from .modeling_ladder_llama import LadderLlamaForCausalLM
+    from .io import model_tensors, plain_llama_config, write_checkpoint
+    from ..model.configuration_ladder_llama import LadderLlamaConfig
+    from ..model.modeling_ladder_llama import LadderLlamaForCausalLM
 
     out = Path(out).expanduser().absolute()
     if out.exists() and not force:

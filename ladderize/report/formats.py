@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .runs import LayoutRun
+from .collect import LayoutRun
 from .table import Report
 
 

@@ -3,10 +3,10 @@
 ``RUN_DIR/state/`` holds ``trainer_state.json`` (step, tokens, times, curve and the config's
 fingerprint) and what the schedule needs to continue exactly:
 
-- joint schedule: Accelerate's ``save_state`` (the model as safetensors; optimizer, scheduler and
+- joint training: Accelerate's ``save_state`` (the model as safetensors; optimizer, scheduler and
   RNG as torch files, which Accelerate reads back with ``weights_only=True``), the whole folder
   replaced atomically every ``save_every`` optimizer steps;
-- sequential schedule: one ``layer-NNNNN.safetensors`` per finished converted layer, each
+- sequential training: one ``layer-NNNNN.safetensors`` per finished converted layer, each
   written (atomically) as soon as the layer is trained, then ``trainer_state.json``
   rewritten (atomically) to name the last finished layer.
 
@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..model.atomic import replace_directory, write_file_atomic
+from ..checkpoint.atomic import replace_directory, write_file_atomic
 from ..errors import LadderizeError
 from .config import AdaptConfig
 

@@ -1,15 +1,15 @@
 """``adapt``: check a run's settings and paths, then run its schedule.
 
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
-- ``joint.py``: the joint schedule (Accelerate: DDP, FSDP, mixed precision, LoRA);
-- ``sequential_run.py``: the sequential local schedule, one layer at a time;
-- ``run_dir.py``: the training state in the run dir (save, resume, removal);
+- ``joint.py``: the joint training (Accelerate: DDP, FSDP, mixed precision, LoRA);
+- ``sequential_run.py``: the sequential training, one layer at a time;
+- ``training_state.py``: the training state in the run dir (save, resume, removal);
 - ``output.py``: OUT, the adapted checkpoint with its provenance.
 
 Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
-  curve) plus what the schedule needs to continue exactly (``run_dir.py``);
+  curve) plus what the schedule needs to continue exactly (``training_state.py``);
 - ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
-from ..model.placement import tf32_restored
+from ..checkpoint.placement import tf32_restored
 from .config import AdaptConfig, AdaptResult, StepInfo, needs_teacher, validate_config
-from .run_dir import STATE_DIR
+from .training_state import STATE_DIR
 
 
 def adapt(
@@ -39,10 +39,10 @@ def adapt(
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
     ``progress(info, model)`` runs after every optimizer step on the main process (its time is
-    not counted as training time; under the streamed sequential schedule ``model`` holds the
+    not counted as training time; under the streamed sequential training ``model`` holds the
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``). ``max_steps`` (``--max-steps``) ends it there too, with the
-    state of that step saved (the joint schedule; the sequential one keeps its finished layers), so that
+    state of that step saved (the joint training; the sequential one keeps its finished layers), so that
     ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run.
     """
     say = on_message or (lambda _m: None)
@@ -73,7 +73,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer,
     and that the teacher the schedule needs resolves from it. Returns the objective weights.
     """
-    from ..model.checkpoint import load_config, load_tokenizer
+    from ..checkpoint.io import load_config, load_tokenizer
     from .data import check_data
     from .teacher import resolve_teacher
 

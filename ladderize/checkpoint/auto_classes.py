@@ -22,8 +22,8 @@ def register_auto_classes() -> None:
     _registered = True
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .configuration_ladder_llama import LadderLlamaConfig
-    from .modeling_ladder_llama import LadderLlamaForCausalLM
+    from ..model.configuration_ladder_llama import LadderLlamaConfig
+    from ..model.modeling_ladder_llama import LadderLlamaForCausalLM
 
     AutoConfig.register(LadderLlamaConfig.model_type, LadderLlamaConfig, exist_ok=True)
     AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)

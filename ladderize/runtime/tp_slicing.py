@@ -15,7 +15,7 @@ an SPD layer's single-device function (``modeling_ladder_llama._spd_groups``), s
 ``tp == spd_tp_size`` reproduces the converted model exactly. Dense and ladder layers use
 the same order; their sum over ranks does not depend on it.
 
-Weights are read from safetensors slice by slice through the one reader (``SafetensorsSource``, ``model.shards``):
+Weights are read from safetensors slice by slice through the one reader (``SafetensorsSource``, ``checkpoint.tensor_files``):
 each rank reads only its shard (never a pickle). ``weights.load_rank_weights`` assembles them.
 """
 
@@ -27,10 +27,10 @@ from typing import Mapping, Protocol, Sequence
 
 import torch
 
-from ..model.shards import INDEX_FILE, SINGLE_FILE, CheckpointTensors
+from ..checkpoint.tensor_files import INDEX_FILE, SINGLE_FILE, CheckpointTensors
 from ..errors import LadderizeError
 from ..model.layout import Layout, rank_kv_heads, rank_query_heads
-from ..model.shapes import ModelShape
+from ..checkpoint.shapes import ModelShape
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class TensorSource(Protocol):
 
 class SafetensorsSource(CheckpointTensors):
     """Lazy reader over ``model.safetensors`` or a sharded ``model.safetensors.index.json``: the one reader
-    (``model.shards.CheckpointTensors``), whose corrupt-file errors are one line."""
+    (``checkpoint.tensor_files.CheckpointTensors``), whose corrupt-file errors are one line."""
 
     def __init__(self, path: str | Path):
         path = Path(path)

@@ -53,7 +53,7 @@ from .fit import ComputeFit
 from .gpus import GPU_PROFILES, GPUProfile
 from .interconnect import PROFILES, InterconnectProfile, ring_volume
 from .estimate import PredictRequest, decode_kv_len, predict
-from .presets import PRESETS, ModelShape
+from .presets import PUBLIC_PRESETS, ModelShape
 from .work import module_work
 
 PROMPT, GEN = 1024, 512
@@ -261,7 +261,7 @@ def other_figures_table(gpu: GPUProfile | None = None) -> list[dict[str, Any]]:
     for figure in OTHER_FIGURES:
         entry = {**asdict(figure)}
         if figure.bound_phase:
-            request = PredictRequest(PRESETS[figure.model], (8,), (1, 4, 16, 64), PROMPT, GEN, PROFILES["h100-nvlink"],
+            request = PredictRequest(PUBLIC_PRESETS[figure.model], (8,), (1, 4, 16, 64), PROMPT, GEN, PROFILES["h100-nvlink"],
                                      schedules=("dense", "upper-bound"))
             rows = [r for r in predict(request, RooflineCompute(gpu)).rows if r.schedule == "upper-bound"]
             field_name = {"e2e": "e2e_speedup_vs_dense", "decode": "decode_speedup_vs_dense",
@@ -284,7 +284,7 @@ def predict_figure(
     figure: Figure, gpu: GPUProfile, interconnect: InterconnectProfile, compute: ComputeModel | None = None
 ) -> float:
     """The model's value for ``figure``'s setting, under the given profiles (``compute``: roofline of ``gpu``)."""
-    model = PRESETS[figure.model]
+    model = PUBLIC_PRESETS[figure.model]
     compute = compute or RooflineCompute(gpu)
     if figure.schedule == "spd-latency-reduction":
         request = PredictRequest(model, (figure.tp,), (figure.batch,), PROMPT, GEN, interconnect,
@@ -343,7 +343,7 @@ def fit_gpt_fast(base: GPUProfile | None = None) -> GPUProfile:
     """Step 1: the ``h100-gpt-fast`` compute model from the logged upper-bound runs (``FIT_RUNS``)."""
     gpu = base or GPU_PROFILES["h100-gpt-fast"]
     table_fit = GPU_PROFILES["h100"].fit
-    model = PRESETS["llama-3.1-70b"]
+    model = PUBLIC_PRESETS["llama-3.1-70b"]
     features = np.array([_decode_features(model, tp, b) for tp, b in FIT_RUNS])
     targets = np.array([logged("upper-bound", tp, b).decode_s_per_token for tp, b in FIT_RUNS])
     inv_w, inv_kv, overhead = np.linalg.solve(features, targets)
@@ -510,7 +510,7 @@ def validation_summary(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def roofline_vs_logged(gpu: GPUProfile | None = None) -> list[dict[str, Any]]:
     """The roofline's upper-bound (compute-only) latencies against the authors' measured H100 runs."""
     gpu = gpu or GPU_PROFILES["h100-gpt-fast"]
-    model = PRESETS["llama-3.1-70b"]
+    model = PUBLIC_PRESETS["llama-3.1-70b"]
     table = []
     for run in LOGGED_RUNS:
         if run.model != "upper-bound":

@@ -15,7 +15,7 @@ from .estimate import Prediction, PredictRequest
 
 
 @dataclass
-class PredictPlan:
+class PreparedPrediction:
     """A validated request and the compute model that prices it (``run`` predicts)."""
 
     request: PredictRequest
@@ -31,7 +31,7 @@ class PredictPlan:
         return predict(self.request, self.compute)
 
 
-def plan_prediction(
+def prepare_prediction(
     *,
     model: str | None = None,
     layout: Path | str | None = None,
@@ -50,7 +50,7 @@ def plan_prediction(
     device: str = "auto",
     dtype: str | None = None,
     profile: Path | str | None = None,
-) -> PredictPlan:
+) -> PreparedPrediction:
     """Resolve the shape (``model``, else the ``layout`` checkpoint's own) and the layout (``layout`` or
     ``ranges``, mode name to ``--<mode>`` ranges, never both), validate the request and build the compute model (``measured`` times
     modules on ``device``).
@@ -60,11 +60,11 @@ def plan_prediction(
     the profile's, else ``h100-nvlink``. ``compute`` None: ``resolve_compute`` (measured only on the fabric's GPU, local);
     ``gpu`` None: the interconnect's own GPU profile (``InterconnectProfile.gpu``)."""
     from ..model.layout import Layout, mode_flags, tp_degree_for
-    from ..model.placement import check_device, check_dtype
+    from ..checkpoint.placement import check_device, check_dtype
     from .compute import make_compute
     from .gpus import load_gpu_profile
     from .interconnect import load_interconnect
-    from .estimate import layout_from_checkpoint, select_schedules
+    from .estimate import layout_from_checkpoint, select_scenarios
     from .presets import load_model_shape
 
     device = check_device(device)
@@ -106,14 +106,14 @@ def plan_prediction(
         )
     request = PredictRequest(
         model=shape, tps=tps, batches=batches, prompt_tokens=prompt, new_tokens=gen, interconnect=link,
-        layout=chosen_layout, schedules=select_schedules(schedules, chosen_layout is not None),
+        layout=chosen_layout, schedules=select_scenarios(schedules, chosen_layout is not None),
         domino_chunks=domino_chunks,
     )
     request.validate()
     model_of_compute = make_compute(compute, gpu_profile, cache_dir, device=device)
     if why:
         model_of_compute.label += f"; {why}"
-    return PredictPlan(request, model_of_compute)
+    return PreparedPrediction(request, model_of_compute)
 
 
 def local_gpu_name(device: str = "auto") -> str | None:
@@ -169,7 +169,7 @@ def calibrate_from_options(
 ):
     """``ladderize predict --calibrate --profile OUT``: the shape from ``model`` (or the ``layout`` checkpoint),
     the TP degrees and batches to time, then ``calibrate.run_calibration``."""
-    from ..model.placement import check_device
+    from ..checkpoint.placement import check_device
     from .calibrate import run_calibration
     from .estimate import layout_from_checkpoint
     from .presets import load_model_shape
@@ -192,8 +192,8 @@ def calibrate_from_options(
 
 
 def run_prediction(**options) -> Prediction:
-    """``plan_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
-    return plan_prediction(**options).run()
+    """``prepare_prediction(**options).run()``: the same rows as ``ladderize predict`` with those options."""
+    return prepare_prediction(**options).run()
 
 
 def gpu_node_prediction(
@@ -204,6 +204,6 @@ def gpu_node_prediction(
     dense, the checkpoint's ``layout`` and the upper bound, priced by the interconnect's fitted GPU model
     (never this machine's timings). For tables that set predicted GPU speed beside measured CPU speed (the
     demo); label the figures with ``compute_label`` and the interconnect's name."""
-    return plan_prediction(layout=checkpoint, tp=",".join(map(str, tps)), batch=",".join(map(str, batches)),
+    return prepare_prediction(layout=checkpoint, tp=",".join(map(str, tps)), batch=",".join(map(str, batches)),
                            prompt=prompt, gen=gen, interconnect=interconnect, compute="roofline",
                            schedules="dense,layout,upper-bound").run()

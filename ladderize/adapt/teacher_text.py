@@ -126,7 +126,7 @@ def make_prompts(spec: str, count: int, seed: int) -> list[str]:
 
 def check_dense_source(source: str) -> Path:
     """The path of a dense checkpoint directory, or one line: missing, not a checkpoint, or converted."""
-    from ..model.checkpoint import load_config
+    from ..checkpoint.io import load_config
 
     path = Path(source).expanduser()
     config = load_config(path)  # one line for a missing path, a file, no config.json, an unknown architecture
@@ -181,7 +181,7 @@ def _resume_point(out: Path, settings: SampleSettings) -> list[dict[str, float]]
 
 
 def _write_state(out: Path, settings: SampleSettings, batches: list[dict[str, float]]) -> None:
-    from ..model.atomic import write_file_atomic
+    from ..checkpoint.atomic import write_file_atomic
 
     write_file_atomic(_settings_file(out), json.dumps({"settings": asdict(settings), "batches": batches}, indent=1) + "\n")
 
@@ -219,7 +219,7 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: SampleSettings,
 def load_teacher_for_sampling(path: Path, device: torch.device, dtype: torch.dtype | None):
     """The dense model (through the one loader ``load_model``) on ``device`` in ``dtype`` (``None``: the checkpoint's
     own), both as ``sample_text`` resolved them, and its tokenizer, padding on the left."""
-    from ..model.checkpoint import load_model, load_tokenizer
+    from ..checkpoint.io import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(path, "sample")
     tokenizer.padding_side = "left"
@@ -248,7 +248,7 @@ def sample_text(
 
     ``progress(records_done, sequences, tokens_generated)`` follows the progress.
     """
-    from ..model.placement import dtype_name, inference_dtype, resolve_device
+    from ..checkpoint.placement import dtype_name, inference_dtype, resolve_device
 
     target = resolve_device(device)  # the teacher samples there (one line of error for CUDA without one)
     torch_dtype = inference_dtype(dtype, target)
@@ -309,7 +309,7 @@ def sample_text(
 
 def _finish(out: Path, settings: SampleSettings, tokens: int, seconds: float) -> None:
     """Write the provenance ``OUT.json``, rename ``OUT.partial`` to ``OUT`` and drop the settings sidecar."""
-    from ..model.atomic import move_file_atomic, write_file_atomic
+    from ..checkpoint.atomic import move_file_atomic, write_file_atomic
 
     provenance: dict[str, Any] = {**asdict(settings), "records": settings.sequences, "tokens_generated": tokens,
                                   "seconds": round(seconds, 3)}
