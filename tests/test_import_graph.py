@@ -86,7 +86,7 @@ def test_package_import_graph_is_acyclic():
     for (source, target), where in sorted(edges.items()):
         print(f"{source} -> {target}  ({len(where)}: {where[0]})")
     assert ("model", "adapt") not in edges  # a sanity check that the graph sees the packages at all
-    assert ("adapt", "model") in edges and ("convert", "model") in edges
+    assert ("adapt", "model") in edges and ("convert", "checkpoint") in edges and ("checkpoint", "model") in edges
     cycle = find_cycle(edges)
     assert cycle is None, "import cycle between packages: " + " -> ".join(cycle) + "; " + "; ".join(
         f"{a} -> {b} at {', '.join(edges[a, b])}" for a, b in zip(cycle, cycle[1:])
@@ -96,6 +96,24 @@ def test_package_import_graph_is_acyclic():
 def test_nothing_imports_the_package_root():
     up = [w for (source, target), where in import_graph().items() if target == ROOT for w in where]
     assert not up, f"imports of the package root (import the name from the module that defines it): {up}"
+
+
+def test_the_portable_model_imports_nothing_else_of_ladderize():
+    """``ladderize/model/`` is what travels inside a checkpoint (``auto_map`` remote code): its files import
+    one another and nothing else of ladderize, and it holds exactly the code files a checkpoint carries."""
+    from ladderize.model.configuration_ladder_llama import CODE_FILES
+
+    outside = [
+        f"{file.relative_to(PACKAGE.parent).as_posix()}:{line} imports {name}"
+        for file in sorted((PACKAGE / "model").glob("*.py"))
+        for name, line in _imported(file)
+        if not name.startswith(f"{ROOT}.model.") and name != f"{ROOT}.model"
+    ]
+    assert not outside, "the portable model reaches outside itself: " + "; ".join(outside)
+    assert {(f.name) for f in (PACKAGE / "model").glob("*.py")} == set(CODE_FILES) | {"__init__.py"}
+    assert not [d for d in (PACKAGE / "model").iterdir() if d.is_dir() and d.name != "__pycache__"]
+    edges = import_graph()
+    assert not [target for (source, target) in edges if source == "model"]
 
 
 def test_the_graph_sees_lazy_and_relative_imports(tmp_path):

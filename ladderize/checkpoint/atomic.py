@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import LadderizeError
 
@@ -198,6 +199,17 @@ def write_file_atomic(path: Path | str, data: str | bytes) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
+
+
+def write_json(path: Path | str, record: Any) -> Path:
+    """Write ``record`` as indented JSON (one trailing newline) to ``path`` through ``atomic_file``; returns the path.
+
+    Every JSON record ladderize writes goes through here (``--json FILE``, eval, bench and the demo's records).
+    A value JSON has no form for is written as its ``str``; a NaN metric is written as NaN, as lm-eval does.
+    """
+    import json
+
+    return write_file_atomic(Path(path).expanduser(), json.dumps(record, indent=2, default=str) + "\n")
 
 
 def move_file_atomic(source: Path | str, path: Path | str) -> Path:

@@ -1,4 +1,4 @@
-"""Checkpoint surgery: stream a dense checkpoint into the Ladder/SPD format, and load/save that format.
+"""A checkpoint folder: its config (built, read, as plain Llama), the one writer, and the model and tokenizer loaders.
 
 A converted checkpoint is a normal Hugging Face directory:
 

@@ -36,7 +36,8 @@ def eval_command(
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
     opts.check_output(json_path, "--json file")
-    from ..eval.harness import evaluate_checkpoint, write_json
+    from ..checkpoint.atomic import write_json
+    from ..eval.harness import evaluate_checkpoint
 
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
@@ -49,7 +50,7 @@ def eval_command(
         return
     console.print(render.eval_table(record))
     if json_path is not None:
-        console.print(f"wrote {write_json(record, json_path)}", highlight=False, soft_wrap=True)
+        console.print(f"wrote {write_json(json_path.expanduser().absolute(), record)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from typing import Any
 
 import typer
 
+from ..checkpoint.atomic import write_json  # noqa: F401  (opts.write_json: the one JSON record writer)
 from ..checkpoint.placement import DEVICE_HELP, DTYPE_HELP
 
 RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4,10', 'all' or 'none'"
@@ -244,16 +245,6 @@ def check_output(path: Path | str | None, what: str = "output") -> None:
         from ..checkpoint.atomic import check_writable
 
         check_writable(path, what)
-
-
-def write_json(path: Path, record: Any) -> Path:
-    """Write ``record`` to the ``--json FILE`` atomically (indented, one trailing newline); returns ``path``."""
-    import json
-
-    from ..checkpoint.atomic import write_file_atomic
-
-    write_file_atomic(path, json.dumps(record, indent=2) + "\n")
-    return path
 
 
 def quiet_libraries(verbose: bool) -> None:

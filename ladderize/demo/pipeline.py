@@ -331,7 +331,8 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
 
 def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir: Path | None, settings: DemoSettings, say: EventFn,
               device: str = "cpu", dtype: str | None = None) -> None:
-    from ..eval.harness import evaluate_checkpoint, write_json
+    from ..checkpoint.atomic import write_json
+    from ..eval.harness import evaluate_checkpoint
     from ..progress import ProgressLine
     from ..records import EVAL_RECORD
 
@@ -350,7 +351,7 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
             max_length=settings.eval_max_length, device=device, dtype=dtype,
             progress=lambda _kind, done, total, tokens: _step(say, line.update(done, total, tokens=tokens)),
         )  # fmt: skip
-        write_json(record, part)
+        write_json(part, record)
     parts = [json.loads(out.with_name(f".{out.stem}.{task}.json").read_text()) for task in tasks]
     merged = dict(parts[0])
     merged["tasks"] = tasks
@@ -360,7 +361,7 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
     merged["eval_s"] = round(sum(part["eval_s"] for part in parts), 3)
     for key in ("versions", "n-shot", "n-samples", "higher_is_better"):
         merged["lm_eval"][key] = {k: v for part in parts for k, v in part["lm_eval"][key].items()}
-    write_json(merged, out)
+    write_json(out, merged)
     for task in tasks:
         out.with_name(f".{out.stem}.{task}.json").unlink(missing_ok=True)
     summary = ", ".join(_headline(task, merged["results"][task]) for task in tasks if task in merged["results"])
@@ -396,9 +397,9 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
             say("note", f"bench {name} on the CPU: TP={settings.tp} needs {settings.tp} GPUs, torch sees {torch.cuda.device_count()}")
     say("start", f"bench {name} at TP={settings.tp} ({how}), batches {list(settings.bench_batches)}")
     result = run_bench(ModelSource(checkpoint=str(checkpoint)), [settings.tp], spec, launch)
-    from ..eval.harness import write_json
+    from ..checkpoint.atomic import write_json
 
-    write_json(result.to_json(), out)
+    write_json(out, result.to_json())
     speeds = ", ".join(
         f"b{r.batch} {r.decode_speedup_vs_dense:.2f}x" for r in result.rows if r.schedule == "native" and r.decode_speedup_vs_dense
     )

@@ -285,13 +285,6 @@ def evaluate_checkpoint(
     ).to_json()
 
 
-def write_json(record: dict[str, Any], path: Path | str) -> Path:
-    """Write a JSON record atomically (as lm-eval does, a NaN metric is written as NaN)."""
-    from ..checkpoint.atomic import write_file_atomic
-
-    return write_file_atomic(Path(path).expanduser().absolute(), json.dumps(record, indent=2, default=str) + "\n")
-
-
 def headline_metrics(results: dict[str, Any]) -> list[tuple[str, str, float]]:
     """``(task, metric, value)`` for every numeric metric of lm-eval's results (standard errors left out)."""
     rows = []

@@ -1,8 +1,11 @@
-"""The Ladder/SPD Llama model: layout, configuration and modeling (self-contained, travels with checkpoints),
-and the ground floor every package builds on: ``placement`` (the device and dtype rule).
+"""The portable Ladder/SPD Llama model: what travels inside a converted checkpoint (``auto_map`` remote code).
 
-Names load lazily (PEP 562), so ``ladderize.checkpoint.placement`` or ``.layout`` import neither torch nor
-transformers.
+``layout`` (the mode table and its program), ``residual`` (its one interpreter), ``block`` (the math),
+``configuration_ladder_llama`` and ``modeling_ladder_llama`` (the HF classes); ``CODE_FILES`` lists them.
+They import nothing of ladderize outside this package (``tests/test_import_graph.py`` checks it), so a
+checkpoint loads where ladderize is absent. Reading, writing and placing checkpoints is ``ladderize.checkpoint``.
+
+Names load lazily (PEP 562), so ``ladderize.model.layout`` imports neither torch nor transformers.
 """
 
 from __future__ import annotations
