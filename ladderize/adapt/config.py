@@ -167,12 +167,12 @@ def check_mixed_precision(config: AdaptConfig) -> None:
 
 def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:
     """Whether a run loads a teacher: an objective compares with it, head grouping reads it, or the sequential
-    schedule runs it for every layer's inputs and targets."""
+    training runs it for every layer's inputs and targets."""
     return config.local_schedule == "sequential" or bool(TEACHER_OBJECTIVES & set(weights)) or config.head_grouping
 
 
 def local_inputs_of(config: AdaptConfig) -> str:
-    """The local objective's inputs: as given, else the schedule's default."""
+    """The local objective's inputs: as given, else the training order's default."""
     if config.local_inputs is not None:
         return config.local_inputs
     return "student" if config.local_schedule == "sequential" else "teacher"

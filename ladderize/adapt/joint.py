@@ -2,7 +2,7 @@
 
 One process on CPU by default; under ``accelerate launch`` the same code runs DDP or FSDP
 with mixed precision and gradient accumulation. Each process reads its own rows of a
-deterministic batch schedule (a pure function of the step and the seed), so a resumed run
+deterministic batch order (a pure function of the step and the seed), so a resumed run
 replays exactly the batches an uninterrupted run would have seen. The training state is
 saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``).
 """

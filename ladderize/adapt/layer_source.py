@@ -11,7 +11,7 @@ asks a *layer source* for the layer it needs, uses it, and gives it back:
   back returns its parameters to the meta device. Memory is that one module's weights.
 
 Both hand out the same ``LadderDecoderLayer`` modules of the same model class and config,
-cast to the same dtype, so the schedule computes the same numbers either way.
+cast to the same dtype, so the training computes the same numbers either way.
 
 Both take a ``device``: the module in use is there (read straight onto it, or moved there from
 the host copy of a resident model) and leaves it when given back, so the device holds one

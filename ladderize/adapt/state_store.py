@@ -1,7 +1,7 @@
 """Where the sequential training keeps the calibration states: in memory, or in memory-mapped files on disk.
 
 The states (``[N, S, D]`` residual-stream tensors of the calibration set, a few per layer
-boundary) are the one part of the schedule's memory that grows with the calibration set.
+boundary) are the one part of the training's memory that grows with the calibration set.
 ``StateStore(directory)`` hands out tensors backed by files in ``directory`` (shared
 memory maps): the kernel writes their pages back and drops them under memory pressure,
 where anonymous memory would have nowhere to go on a machine without swap. Each file is

@@ -1,4 +1,4 @@
-"""``adapt``: check a run's settings and paths, then run its schedule.
+"""``adapt``: check a run's settings and paths, then run its training (joint or sequential).
 
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
 - ``joint.py``: the joint training (Accelerate: DDP, FSDP, mixed precision, LoRA);
@@ -9,7 +9,7 @@
 Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
-  curve) plus what the schedule needs to continue exactly (``training_state.py``);
+  curve) plus what the training needs to continue exactly (``training_state.py``);
 - ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
@@ -71,7 +71,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and the input checkpoint
     (``checkpoint``, default ``config.checkpoint``; a recipe passes its first input for every stage, since
     later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer,
-    and that the teacher the schedule needs resolves from it. Returns the objective weights.
+    and that the teacher the training needs resolves from it. Returns the objective weights.
     """
     from ..checkpoint.io import load_config, load_tokenizer
     from .data import check_data

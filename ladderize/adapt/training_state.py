@@ -1,7 +1,7 @@
 """The training state in the run dir: saved atomically, checked and read back on resume, removed after a finished run.
 
 ``RUN_DIR/state/`` holds ``trainer_state.json`` (step, tokens, times, curve and the config's
-fingerprint) and what the schedule needs to continue exactly:
+fingerprint) and what the training needs to continue exactly:
 
 - joint training: Accelerate's ``save_state`` (the model as safetensors; optimizer, scheduler and
   RNG as torch files, which Accelerate reads back with ``weights_only=True``), the whole folder
