@@ -52,7 +52,7 @@ from ..errors import LadderizeError
 
 Algorithm = Literal["ring", "tree"]
 
-# Fitted by ladderize.predict.published_figures.fit_interconnects() (tests/predict/test_calibration.py re-runs it).
+# Fitted by ladderize.predict.published_figures.fit_interconnects() (tests/predict/test_published_figures.py re-runs it).
 NVLINK_LAUNCH_S = 7.241e-6
 NVLINK_LATENCY_S = 1.187e-6
 NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9

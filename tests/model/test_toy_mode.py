@@ -281,7 +281,7 @@ def test_cli_gives_it_options(toy, capsys, monkeypatch):
 def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     """``convert --lspd`` writes the toy layout (its TP degree from ``--spd-tp``: the mode is TP-dependent, and
     refused without one, in its own name); the recipe finds the row's learning rates, or the first row's without."""
-    from ladderize.adapt.recipe import load_recipe, measured_lr, plan
+    from ladderize.adapt.recipe import load_recipe, measured_lr, resolve_stages
     from ladderize.checkpoint.io import read_provenance
 
     out = tmp_path / "toy"
@@ -297,7 +297,7 @@ def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, t
     assert code == 2 and "--lspd-budget chooses the layers of --lspd auto" in err
     # its row's rates (the toy copies SPD's), the smallest of a layout's modes
     rates = TOY_TRAITS.learning_rates
-    assert [step["lr"] for step in plan(load_recipe("best"), str(out))] == [
+    assert [step["lr"] for step in resolve_stages(load_recipe("best"), str(out))] == [
         min(rates["sequential"], MODE_TRAITS["ladder"].learning_rates["sequential"]),
         min(rates["kd"], MODE_TRAITS["ladder"].learning_rates["kd"])]
     monkeypatch.setitem(MODE_TRAITS, TOY, replace(TOY_TRAITS, learning_rates={}))  # a row without measured rates
