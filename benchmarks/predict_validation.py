@@ -11,10 +11,13 @@ Re-fits every constant, then prints (and saves as JSON):
    measured on (``h100-gpt-fast``, the default for an H100 fabric), and measured compute (the H100 table's modules,
    the h100 fit elsewhere); each with the previous model's prediction (main c2ebed1: one overlap slowdown fitted to
    the 1.31x figure) beside it, and the roofline column as main 5903565 had it (before prefill GEMMs were priced as
-   one wave of persistent CTAs: the SM-share slowdown in prefill too);
+   one wave of persistent CTAs: the SM-share slowdown in prefill too), and as main ed5eb21 had it (before the
+   P2P-disabled profile's per-channel host-staged slowdown);
 5. the summary: mean and worst error, fit and held-out points apart, per source;
 5b. the authors' 8B logs as they were read before issue 35's review (``gpt_ensemble``, SPD on every layer, taken for
    Ladder) beside the same runs priced as SPD everywhere and the ``gpt_ladder`` runs priced as Ladder;
+5c. the decode overlap slowdown each Ladder figure needs to match its published speed-up, against the channels NCCL
+   runs that figure's all-reduce on and the slowdown the model gives (the evidence for the host-staged term);
 6. other methods' published overlap speed-ups against the predicted no-communication bound;
 7. the gpt-fast roofline's compute-only latencies against the authors' logged upper-bound runs.
 
@@ -51,6 +54,8 @@ FIXED_BY = {
     "h100-no-p2p.cross_small_bus_bytes_per_s": "the same two TP8 runs",
     "h100-no-p2p.large_latency_s": "P2P-disabled logs: prefill TP8 b1 and b4",
     "h100-no-p2p.bus_bytes_per_s": "the same two TP8 prefill runs",
+    "h100-no-p2p.host_staged_channel_slowdown": "one Ladder figure: the P2P-disabled log at 70B TP4 b64 (1 MB decode "
+                                                "all-reduces on 16 channels), so that figure is a fit point",
 }
 
 
@@ -61,6 +66,7 @@ def previous_model() -> dict:
     fitted = 0.2587
     return {"h100-nvlink": replace(PROFILES["h100-nvlink"], nccl_channels=0, overlap_slowdown=fitted),
             "h100-no-p2p": replace(PROFILES["h100-no-p2p"], nccl_channels=0, overlap_slowdown=fitted * 16 / 24,
+                                   host_staged_channel_slowdown=0.0,
                                    latency_s=5.447e-6, bus_bytes_per_s=40e9, large_latency_s=None,
                                    small_bus_bytes_per_s=None, group_size=0, cross_latency_s=None,
                                    cross_small_bus_bytes_per_s=None)}
@@ -75,9 +81,48 @@ def sm_share_prefill(gpu):
 def main_00a91f1() -> dict:
     """The no-P2P profile as main 00a91f1 shipped it (the derived overlap slowdown, one host-staged ring at 40 GB/s, hop
     latency fitted on the paper's 1.60x): the "00a91f1" column of the P2P-disabled table."""
-    return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], latency_s=5.270e-6, bus_bytes_per_s=40e9,
+    return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], host_staged_channel_slowdown=0.0, latency_s=5.270e-6, bus_bytes_per_s=40e9,
                                    large_latency_s=None, small_bus_bytes_per_s=None, group_size=0,
                                    cross_latency_s=None, cross_small_bus_bytes_per_s=None)}
+
+
+def main_ed5eb21() -> dict:
+    """The no-P2P profile as main ed5eb21 shipped it: no host-staged per-channel slowdown (the SM share and HBM terms
+    only, as on NVLink): the "ed5eb21" column."""
+    return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], host_staged_channel_slowdown=0.0)}
+
+
+def needed_decode_slowdowns(gpu) -> list[dict]:
+    """For every Ladder figure: the decode overlap slowdown (one value for every decode module) that reproduces the
+    published speed-up, against the one the model gives and the channels NCCL runs the decode all-reduce on. None
+    where even no slowdown is too slow."""
+    from ladderize.predict.interconnect import InterconnectProfile
+
+    rows = []
+    for figure in calibration.FIGURES:
+        if figure.schedule != "ladder":
+            continue
+        profile = PROFILES[figure.interconnect]
+        hidden = calibration.PRESETS[figure.model].hidden_size
+        nbytes, tp = figure.batch * hidden * 2, figure.tp
+
+        class Fixed(InterconnectProfile):  # every decode module slowed by the same trial value
+            def overlap_slowdown_for(self, n, ranks, memory_bound, one_wave_gemms=False):
+                if memory_bound:
+                    return self.trial
+                return InterconnectProfile.overlap_slowdown_for(self, n, ranks, memory_bound, one_wave_gemms)
+
+        def error(value: float) -> float:
+            trial = Fixed(**{**profile.__dict__, "sources": dict(profile.sources)})
+            object.__setattr__(trial, "trial", value)
+            return calibration.predict_figure(figure, gpu, trial) - figure.published
+
+        needed = None if error(0.0) < 0 else calibration._solve(error, 0.0, 5.0, tol=1e-4, iterations=60)
+        rows.append({"key": figure.key, "interconnect": figure.interconnect, "model": figure.model, "tp": tp,
+                     "batch": figure.batch, "bytes": nbytes, "channels": profile.channels_for(nbytes, tp),
+                     "model_slowdown": profile.overlap_slowdown_for(nbytes, tp, True), "needed_slowdown": needed,
+                     "role": "fit" if figure.fixes else "held out"})
+    return rows
 
 
 def main() -> None:
@@ -133,30 +178,33 @@ def main() -> None:
     gpt_fast_5903565 = sm_share_prefill(GPU_PROFILES["h100-gpt-fast"])
     roof = calibration.validation_table()
     measured = calibration.validation_table(compute=table_compute)
-    roof_5903565 = calibration.validation_table(gpu=gpt_fast_5903565)
+    roof_ed5eb21 = calibration.validation_table(interconnects=main_ed5eb21())
+    roof_5903565 = calibration.validation_table(gpu=gpt_fast_5903565, interconnects=main_ed5eb21())
     before = previous_model()
     roof_before = calibration.validation_table(gpu=gpt_fast_5903565, interconnects=before)
     measured_before = calibration.validation_table(interconnects=before, compute=table_compute_5903565)
-    print("\n## Predicted against published (5903565: before one-wave prefill GEMMs; before: main c2ebed1's overlap model)\n")
-    print("| figure | setting | published | roofline (gpt-fast fit) | error | 5903565 | error | before | measured compute "
-          "(H100 table) | error | before | role | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r, r5, m, rb, mb in zip(roof, roof_5903565, measured, roof_before, measured_before):
+    print("\n## Predicted against published (ed5eb21: before the host-staged per-channel slowdown; 5903565: before one-wave "
+          "prefill GEMMs; before: main c2ebed1's overlap model)\n")
+    print("| figure | setting | published | roofline (gpt-fast fit) | error | ed5eb21 | error | 5903565 | error | before "
+          "| measured compute (H100 table) | error | before | role | source |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r, re, r5, m, rb, mb in zip(roof, roof_ed5eb21, roof_5903565, measured, roof_before, measured_before):
         print(f"| {r['key']} | {r['description']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% "
-              f"| {r5['predicted']:.3f} | {r5['error'] * 100:+.1f}% "
+              f"| {re['predicted']:.3f} | {re['error'] * 100:+.1f}% | {r5['predicted']:.3f} | {r5['error'] * 100:+.1f}% "
               f"| {rb['error'] * 100:+.1f}% | {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {mb['error'] * 100:+.1f}% "
               f"| {r['role']} | {r['source']} |")
 
     summaries = {name: calibration.validation_summary(rows) for name, rows in
-                 (("roofline", roof), ("roofline_5903565", roof_5903565), ("roofline_before", roof_before),
-                  ("measured", measured), ("measured_before", measured_before))}
+                 (("roofline", roof), ("roofline_ed5eb21", roof_ed5eb21), ("roofline_5903565", roof_5903565),
+                  ("roofline_before", roof_before), ("measured", measured), ("measured_before", measured_before))}
     print("\n## Summary: end-to-end speed-ups (Ladder, SPD on every layer, upper bound), |error|\n")
-    print("| role | source | points | roofline mean | worst | 5903565: mean | worst | before: mean | worst | measured mean "
-          "| worst | before: mean | worst |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for a, a5, b, c, d in zip(*summaries.values()):
+    print("| role | source | points | roofline mean | worst | ed5eb21: mean | worst | 5903565: mean | worst | before: mean "
+          "| worst | measured mean | worst | before: mean | worst |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for a, ae, a5, b, c, d in zip(*summaries.values()):
         print(f"| {a['role']} | {a['source']} | {a['points']} | {a['mean_abs_error'] * 100:.1f}% | "
-              f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {a5['mean_abs_error'] * 100:.1f}% | "
+              f"{a['worst_error'] * 100:+.1f}% ({a['worst']}) | {ae['mean_abs_error'] * 100:.1f}% | "
+              f"{ae['worst_error'] * 100:+.1f}% ({ae['worst']}) | {a5['mean_abs_error'] * 100:.1f}% | "
               f"{a5['worst_error'] * 100:+.1f}% ({a5['worst']}) | {b['mean_abs_error'] * 100:.1f}% | {b['worst_error'] * 100:+.1f}% "
               f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
               f"| {d['worst_error'] * 100:+.1f}% |")
@@ -178,17 +226,31 @@ def main() -> None:
           f"{misread_summary['worst_error'] * 100:+.1f}% ({misread_summary['worst']})")
 
     old_no_p2p = {r["key"]: r for r in calibration.validation_table(interconnects=main_00a91f1())}
-    print("\n## Peer-to-peer disabled: Ladder against published, this profile and main 00a91f1's (roofline, gpt-fast fit)\n")
-    print("| figure | published | predicted | error | 00a91f1 | error | source |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    ed5eb21 = {r["key"]: r for r in roof_ed5eb21}
+    print("\n## Peer-to-peer disabled: Ladder against published, this profile, main ed5eb21's and main 00a91f1's "
+          "(roofline, gpt-fast fit)\n")
+    print("| figure | published | predicted | error | ed5eb21 | error | 00a91f1 | error | role |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     no_p2p_rows = []
     for r in roof:
         if r["interconnect"] == "h100-no-p2p" and r["schedule"] == "ladder":
-            o = old_no_p2p[r["key"]]
+            o, e = old_no_p2p[r["key"]], ed5eb21[r["key"]]
             no_p2p_rows.append({"key": r["key"], "published": r["published"], "predicted": r["predicted"],
-                                "error": r["error"], "predicted_00a91f1": o["predicted"], "error_00a91f1": o["error"]})
+                                "error": r["error"], "role": r["role"], "predicted_ed5eb21": e["predicted"],
+                                "error_ed5eb21": e["error"], "predicted_00a91f1": o["predicted"],
+                                "error_00a91f1": o["error"]})
             print(f"| {r['key']} | {r['published']:.3f} | {r['predicted']:.3f} | {r['error'] * 100:+.1f}% | "
-                  f"{o['predicted']:.3f} | {o['error'] * 100:+.1f}% | {r['source'][:60]} |")
+                  f"{e['predicted']:.3f} | {e['error'] * 100:+.1f}% | {o['predicted']:.3f} | {o['error'] * 100:+.1f}% "
+                  f"| {r['role'][:40]} |")
+
+    needed = needed_decode_slowdowns(GPU_PROFILES["h100-gpt-fast"])
+    print("\n## Decode overlap slowdown each Ladder figure needs (one value for every decode module) against the model's\n")
+    print("| figure | fabric | TP | batch | decode all-reduce bytes | NCCL channels | model slowdown | needed | role |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in needed:
+        need = "none (too slow at 0)" if n["needed_slowdown"] is None else f"{n['needed_slowdown']:.3f}"
+        print(f"| {n['key']} | {n['interconnect']} | {n['tp']} | {n['batch']} | {n['bytes']:,} | {n['channels']} | "
+              f"{n['model_slowdown']:.3f} | {need} | {n['role'][:8]} |")
 
     others = calibration.other_figures_table()
     print("\n## Other methods' published speed-ups against the predicted no-communication bound (70B, TP8, NVLink)\n")
@@ -214,6 +276,7 @@ def main() -> None:
         "allreduce_vs_logged": allreduce,
         "validation_roofline": roof,
         "validation_measured": measured,
+        "validation_roofline_ed5eb21": roof_ed5eb21,
         "validation_roofline_5903565": roof_5903565,
         "validation_roofline_before": roof_before,
         "validation_measured_before": measured_before,
@@ -221,6 +284,7 @@ def main() -> None:
         "ensemble_read_as_ladder": {"table": misread, "summary": misread_summary},
         "no_p2p_allreduce_vs_logged": no_p2p_allreduce,
         "no_p2p_ladder_vs_00a91f1": no_p2p_rows,
+        "decode_slowdown_needed": needed,
         "other_figures": others,
         "roofline_vs_measured": logged,
         "logged_runs": [run.__dict__ for run in calibration.LOGGED_RUNS],

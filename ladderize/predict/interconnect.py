@@ -27,14 +27,20 @@ progresses at ``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slow
   and P2P-disabled copies are both SM-driven, through fewer channels with P2P off;
 * plus, for memory-bound (decode) modules only, the HBM bandwidth the all-reduce itself uses:
   ``hbm_traffic * volume / allreduce_s / gpu_hbm_bytes_per_s`` (a ring step reads two chunks and writes
-  one, so ``hbm_traffic`` is 3 on NVLink, and 2 is assumed with P2P off).
+  one, so ``hbm_traffic`` is 3 on NVLink, and 2 is assumed with P2P off);
+* plus, on a host-staged fabric (``host_staged_channel_slowdown`` > 0: P2P disabled, NCCL's SHM transport), for
+  memory-bound modules, ``host_staged_channel_slowdown`` per channel the all-reduce runs on. How many channels NCCL
+  runs a collective on grows with its size (``nccl_ring_channels``: NVIDIA/nccl ``src/enqueue.cc`` drops channels
+  while ``nBytes < channels * threads * threadThreshold``), so a 16 KB all-reduce runs on 1 channel and a 256 KB one
+  on 16. The per-channel cost is fitted on one P2P-disabled Ladder figure (docs/predict.md).
 
 A fabric can split the node into groups (``group_size``; the Ladder authors' P2P-disabled node is two groups of
 4): a ring that crosses groups pays its own latency-protocol hop and bandwidth (``cross_latency_s``,
 ``cross_small_bus_bytes_per_s``), since its slowest hop sets every step.
 
-Nothing in the overlap model is fitted to a speed-up: the channel counts are NCCL's own (the Ladder authors'
-``enable.log`` / ``disable.log``), the SM counts the datasheets'.
+The SM and HBM terms are not fitted to a speed-up: the channel counts are NCCL's own (the Ladder authors'
+``enable.log`` / ``disable.log``), the SM counts the datasheets'. The host-staged per-channel cost is the one overlap
+constant fitted to a speed-up (70B, TP4, batch 64, P2P disabled; that figure is then a fit point, not held out).
 
 Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
 figure that fixed them (``ladderize.predict.published_figures`` re-derives them, docs/predict.md tabulates them).
@@ -69,6 +75,16 @@ NO_P2P_GROUP_SIZE = 4  # disable.log: NCCL splits the 8 GPUs into two groups of 
 PCIE_LATENCY_S = 2.64e-6  # pcie-gen5: half the host-staged hop latency fitted on the paper's 1.60x before issue 35
 PCIE_BUS_BYTES_PER_S = 40e9
 
+# h100-no-p2p: what a host-staged (SHM) channel costs a memory-bound module beside it, per channel running; fitted on the
+# P2P-disabled Ladder log at 70B TP4 batch 64 (calibration.fit_host_staged_channel_slowdown, NO_P2P_OVERLAP_FIT)
+NO_P2P_HOST_STAGED_CHANNEL_SLOWDOWN = 0.06543
+# NCCL's channel tuning constants (NVIDIA/nccl src/include/device.h / src/graph/tuning.cc, 2.20; the authors'
+# disable.log prints the ring thresholds "64/8/64" for LL/LL128/Simple at 8 ranks): a ring's LL threshold is 8 bytes
+# per thread times the ranks, Simple's 64; both protocols run at most 512 threads per channel.
+NCCL_LL_THREAD_THRESHOLD = 8
+NCCL_SIMPLE_THREAD_THRESHOLD = 64
+NCCL_MAX_THREADS_PER_CHANNEL = 512
+
 NVLINK_CHANNELS = 24  # NCCL channels with NVLink, and 16 with P2P disabled: the authors' enable.log / disable.log
 NO_P2P_CHANNELS = 16
 H100_SM_COUNT = 132  # NVIDIA H100 SXM5: 132 SMs
@@ -92,6 +108,26 @@ def one_wave_slowdown(channels: int, sms_per_channel: int, gpu_sm_count: int) ->
     if not 0 <= held < gpu_sm_count:
         raise LadderizeError(f"NCCL would hold {held} of {gpu_sm_count} SMs: not a valid profile")
     return float(math.ceil(gpu_sm_count / (gpu_sm_count - held)) - 1)
+
+
+def nccl_ring_channels(nbytes: float, ranks: int, channels: int, latency_protocol: bool) -> int:
+    """The channels NCCL runs a ring all-reduce of ``nbytes`` on (NVIDIA/nccl ``src/enqueue.cc``, ring/tree channel
+    tuning): starting from the communicator's ``channels``, one channel is dropped while ``nbytes < channels * threads *
+    threadThreshold`` (then threads are halved at one channel). ``threadThreshold`` is 8 bytes per thread times the
+    ranks for the LL (latency) protocol and 64 for Simple; 512 threads at most for both. A 16 KB all-reduce over 4 ranks
+    (LL) runs on 1 channel, a 256 KB one on 16."""
+    if channels <= 0 or ranks <= 1:
+        return max(0, channels)
+    threshold = NCCL_LL_THREAD_THRESHOLD * ranks if latency_protocol else NCCL_SIMPLE_THREAD_THRESHOLD
+    used, threads = channels, NCCL_MAX_THREADS_PER_CHANNEL
+    while nbytes < used * threads * threshold:
+        if used >= 2:
+            used -= 1
+        elif threads % 128 == 0:
+            threads //= 2
+        else:
+            break
+    return used
 
 
 OVERLAP_SLOWDOWN = sm_share_slowdown(NVLINK_CHANNELS, 1, H100_SM_COUNT)  # 24 / 108 = 0.222
@@ -141,12 +177,15 @@ class InterconnectProfile:
     group_size: int = 0  # ranks per group where the fabric splits the node (0: one group); a larger ring crosses groups
     cross_latency_s: float | None = None  # latency-protocol hop latency of a ring that crosses groups
     cross_small_bus_bytes_per_s: float | None = None  # latency-protocol bandwidth of such a ring
+    host_staged_channel_slowdown: float = 0.0  # per running channel, memory-bound modules; > 0: host-staged (SHM) fabric
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("ring", "tree"):
             raise LadderizeError(f"interconnect {self.name!r}: algorithm must be 'ring' or 'tree', got {self.algorithm!r}")
-        if self.launch_s < 0 or self.latency_s < 0 or self.overlap_slowdown < 0 or self.hbm_traffic < 0:
-            raise LadderizeError(f"interconnect {self.name!r}: latencies, overlap_slowdown and hbm_traffic must be >= 0")
+        if (self.launch_s < 0 or self.latency_s < 0 or self.overlap_slowdown < 0 or self.hbm_traffic < 0
+                or self.host_staged_channel_slowdown < 0):
+            raise LadderizeError(f"interconnect {self.name!r}: latencies, overlap_slowdown, hbm_traffic and "
+                                 "host_staged_channel_slowdown must be >= 0")
         if self.large_latency_s is not None and self.large_latency_s < 0:
             raise LadderizeError(f"interconnect {self.name!r}: large_latency_s must be >= 0")
         if self.group_size < 0 or (self.cross_latency_s is not None and self.cross_latency_s < 0) or (
@@ -177,10 +216,8 @@ class InterconnectProfile:
             return 2 * (ranks - 1)
         return 2 * math.ceil(math.log2(ranks))
 
-    def allreduce_s(self, nbytes: float, ranks: int) -> float:
-        """Seconds for one all-reduce of ``nbytes`` (the full buffer each rank holds) over ``ranks`` ranks."""
-        if ranks <= 1 or nbytes <= 0:
-            return 0.0
+    def _protocol_s(self, nbytes: float, ranks: int) -> tuple[float, float | None]:
+        """The latency protocol's and the bandwidth protocol's time (None: one protocol), without ``launch_s``."""
         volume = ring_volume(nbytes, ranks)
         steps = self.steps(ranks)
         latency, small_bus = self.latency_s, self.small_bus_bytes_per_s or self.bus_bytes_per_s
@@ -189,8 +226,23 @@ class InterconnectProfile:
             small_bus = self.cross_small_bus_bytes_per_s or small_bus
         small = steps * latency + volume / small_bus
         if self.large_latency_s is None:
-            return self.launch_s + small
-        return self.launch_s + min(small, steps * self.large_latency_s + volume / self.bus_bytes_per_s)
+            return small, None
+        return small, steps * self.large_latency_s + volume / self.bus_bytes_per_s
+
+    def allreduce_s(self, nbytes: float, ranks: int) -> float:
+        """Seconds for one all-reduce of ``nbytes`` (the full buffer each rank holds) over ``ranks`` ranks."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        small, large = self._protocol_s(nbytes, ranks)
+        return self.launch_s + (small if large is None else min(small, large))
+
+    def channels_for(self, nbytes: float, ranks: int) -> int:
+        """The channels one all-reduce of ``nbytes`` runs on (``nccl_ring_channels``, with the protocol the cost model
+        picks): 0 where the profile has no channel count."""
+        if ranks <= 1 or nbytes <= 0 or self.nccl_channels <= 0:
+            return 0
+        small, large = self._protocol_s(nbytes, ranks)
+        return nccl_ring_channels(nbytes, ranks, self.nccl_channels, latency_protocol=large is None or small <= large)
 
     def bus_rate(self, nbytes: float, ranks: int) -> float:
         """The achieved bus bandwidth (nccl-tests "busbw") of one all-reduce of ``nbytes``."""
@@ -206,16 +258,22 @@ class InterconnectProfile:
         return max(self.sm_slowdown, one_wave_slowdown(self.nccl_channels, self.sms_per_channel, self.gpu_sm_count))
 
     def overlap_slowdown_for(self, nbytes: float, ranks: int, memory_bound: bool, one_wave_gemms: bool = False) -> float:
-        """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones.
+        """How much an all-reduce of ``nbytes`` slows a module it overlaps: SMs always, HBM for memory-bound ones, and on a
+        host-staged fabric ``host_staged_channel_slowdown`` per channel it runs on for memory-bound ones.
 
         ``one_wave_gemms``: the GPU's compute-bound GEMMs run as one wave of persistent CTAs (``GPUProfile``
         ``persistent_gemm_grid``), so a compute-bound (prefill) module pays ``wave_slowdown`` instead of the SM share.
         """
         if not memory_bound and one_wave_gemms:
             return self.wave_slowdown
-        if not memory_bound or self.hbm_traffic <= 0:
+        if not memory_bound:
             return self.sm_slowdown
-        return self.sm_slowdown + self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s
+        slowdown = self.sm_slowdown
+        if self.hbm_traffic > 0:
+            slowdown += self.hbm_traffic * self.bus_rate(nbytes, ranks) / self.gpu_hbm_bytes_per_s
+        if self.host_staged_channel_slowdown > 0:  # P2P off: each running channel's blocks stage through host memory
+            slowdown += self.host_staged_channel_slowdown * self.channels_for(nbytes, ranks)
+        return slowdown
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -280,6 +338,7 @@ def _no_p2p() -> InterconnectProfile:
         group_size=NO_P2P_GROUP_SIZE,
         cross_latency_s=NO_P2P_CROSS_LATENCY_S,
         cross_small_bus_bytes_per_s=NO_P2P_CROSS_SMALL_BUS_BYTES_PER_S,
+        host_staged_channel_slowdown=NO_P2P_HOST_STAGED_CHANNEL_SLOWDOWN,
         sources={
             "latency_s": f"{fitted}: decode at TP4, batch 1 and 16 (16 KB and 256 KB, a ring inside one group of 4), "
                          "jointly with small_bus_bytes_per_s; before issue 35 it was fitted on the paper's 1.60x Ladder "
@@ -304,6 +363,15 @@ def _no_p2p() -> InterconnectProfile:
             "gpu": _DEFAULT_GPU,
             "hbm_traffic": "2 HBM bytes per bus byte (read the chunk, write the result); assumption from the algorithm",
             "gpu_hbm_bytes_per_s": "NVIDIA H100 SXM datasheet: 3.35 TB/s",
+            "host_staged_channel_slowdown": (
+                "fitted, one Ladder figure: the P2P-disabled log at 70B, TP4, batch 64 (1 MB decode all-reduces), so "
+                "that figure is a fit point, not held out. Per channel the all-reduce runs on, added to the slowdown "
+                "of a memory-bound (decode) module. The channel count is NCCL's (src/enqueue.cc channel tuning, the "
+                "thresholds disable.log prints): 1 channel at 16 KB, 16 at 256 KB and 1 MB for TP4. With P2P off the "
+                "intra-group transport is SHM/direct/direct (disable.log: no copy engine, NCCL_SHM_USE_CUDA_MEMCPY "
+                "off), so each channel's thread block stores into and polls pinned host memory over PCIe for the whole "
+                "transfer; why that costs an HBM-streaming kernel about 7.6x a channel's SM share is not documented "
+                "(inference from the logs: 16 KB all-reduces hide 87% of their time at TP4, 256 KB-1 MB ones 55%)"),
         },
     )
 

@@ -70,7 +70,35 @@ def test_overlap_slowdown_depends_on_what_the_allreduce_competes_for():
     assert nvlink.overlap_slowdown == pytest.approx(24 / (132 - 24))
     assert no_p2p.overlap_slowdown == pytest.approx(16 / (132 - 16))
     assert all(p.nccl_channels > 0 and p.gpu for p in PROFILES.values())
-    assert no_p2p.overlap_slowdown_for(decode, 8, True) - no_p2p.overlap_slowdown < 0.03
+    # What a host-staged channel costs a memory-bound module: fitted on P2P off only; every other fabric has none.
+    assert no_p2p.host_staged_channel_slowdown == pytest.approx(0.06543)
+    assert all(p.host_staged_channel_slowdown == 0 for p in PROFILES.values() if p is not no_p2p)
+    sm_and_hbm = dataclasses.replace(no_p2p, host_staged_channel_slowdown=0.0)
+    assert sm_and_hbm.overlap_slowdown_for(decode, 8, True) - no_p2p.overlap_slowdown < 0.03
+    for nbytes, tp in ((16 * 1024, 4), (256 * 1024, 4), (decode, 4), (decode, 8)):
+        extra = no_p2p.overlap_slowdown_for(nbytes, tp, True) - sm_and_hbm.overlap_slowdown_for(nbytes, tp, True)
+        assert extra == pytest.approx(0.06543 * no_p2p.channels_for(nbytes, tp))
+        # Compute-bound (prefill) modules do not pay it.
+        assert no_p2p.overlap_slowdown_for(nbytes, tp, False) == sm_and_hbm.overlap_slowdown_for(nbytes, tp, False)
+
+
+def test_nccl_runs_a_small_allreduce_on_fewer_channels():
+    """NCCL's channel tuning (src/enqueue.cc): channels drop while nBytes < channels x 512 threads x threadThreshold
+    (8 x ranks bytes per thread for LL, 64 for Simple; disable.log prints 64/8/64 at 8 ranks)."""
+    from ladderize.predict.interconnect import nccl_ring_channels
+
+    assert nccl_ring_channels(16 * 1024, 4, 16, latency_protocol=True) == 1
+    assert nccl_ring_channels(64 * 1024, 4, 16, latency_protocol=True) == 4
+    assert nccl_ring_channels(256 * 1024, 4, 16, latency_protocol=True) == 16
+    assert nccl_ring_channels(2**20, 4, 16, latency_protocol=True) == 16
+    assert nccl_ring_channels(64 * 1024, 8, 16, latency_protocol=True) == 2  # 64 bytes per thread at 8 ranks
+    assert nccl_ring_channels(2**20, 8, 24, latency_protocol=False) == 24  # Simple: 32 KB per channel
+    assert nccl_ring_channels(1, 8, 16, latency_protocol=True) == 1
+    assert nccl_ring_channels(2**20, 1, 16, latency_protocol=True) == 16 and nccl_ring_channels(2**20, 4, 0, True) == 0
+    no_p2p = PROFILES["h100-no-p2p"]
+    # The decode all-reduces of 70B at TP4 without P2P: batch 1 (16 KB) on 1 channel, batch 16 and 64 on all 16.
+    assert [no_p2p.channels_for(b * 8192 * 2, 4) for b in (1, 16, 64)] == [1, 16, 16]
+    assert no_p2p.channels_for(0, 4) == 0 and no_p2p.channels_for(16 * 1024, 1) == 0
 
 
 def test_one_wave_gemms_lose_a_whole_wave_to_the_channels_nccl_holds():
