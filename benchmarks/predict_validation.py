@@ -103,7 +103,7 @@ def needed_decode_slowdowns(gpu) -> list[dict]:
         if figure.schedule != "ladder":
             continue
         profile = PROFILES[figure.interconnect]
-        hidden = calibration.PRESETS[figure.model].hidden_size
+        hidden = calibration.PUBLIC_PRESETS[figure.model].hidden_size
         nbytes, tp = figure.batch * hidden * 2, figure.tp
 
         class Fixed(InterconnectProfile):  # every decode module slowed by the same trial value
