@@ -561,19 +561,27 @@ def _tokenized(documents: Iterator[str], tokenizer, workers: int | None) -> Iter
             yield read, chars, _join(counts, encode_batch(texts, tokenizer, direct))
         return
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
+    # A process pool that never blocks its owner's exit: when the consumer stops early (an error, a full disk, a
+    # signal), the batches not started are cancelled and the running ones (at most one per worker) finish; a worker
+    # that dies raises BrokenProcessPool instead of leaving its batch waiting. (multiprocessing.Pool's terminate(),
+    # which its ``with`` calls, could wait forever on its task-handler thread in a process with other threads.)
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with context.Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer,)) as pool:
         pending: deque = deque()  # at most 2 batches per worker in flight: memory stays flat
-        for read, chars, texts, counts in batches:
-            pending.append((read, chars, counts, pool.apply_async(encode_batch, (texts, None, direct))))
-            if len(pending) >= 2 * workers:
+        try:
+            for read, chars, texts, counts in batches:
+                pending.append((read, chars, counts, pool.submit(encode_batch, texts, None, direct)))
+                if len(pending) >= 2 * workers:
+                    read_done, chars_done, counts_done, result = pending.popleft()
+                    yield read_done, chars_done, _join(counts_done, result.result())
+            while pending:
                 read_done, chars_done, counts_done, result = pending.popleft()
-                yield read_done, chars_done, _join(counts_done, result.get())
-        while pending:
-            read_done, chars_done, counts_done, result = pending.popleft()
-            yield read_done, chars_done, _join(counts_done, result.get())
-
+                yield read_done, chars_done, _join(counts_done, result.result())
+        finally:
+            for *_, result in pending:
+                result.cancel()
 
 __all__ = [
     "STORE_FORMAT", "StoreMeta", "TokenStore", "check_tokenizer", "default_root", "encode_batch",
