@@ -1,4 +1,4 @@
-"""Calibration and validation of ``ladderize predict`` against the H100 module table and the published figures.
+"""Calibration and validation of ``ladderize predict`` against the H100 module table and the published published.
 
 Re-fits every constant, then prints (and saves as JSON):
 
@@ -31,7 +31,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ladderize.predict import published_figures as figures
+from ladderize.predict import published_figures as published
 from ladderize.predict import fit as F
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.gpus import GPU_PROFILES, H100_FIT
@@ -99,11 +99,11 @@ def needed_decode_slowdowns(gpu) -> list[dict]:
     from ladderize.predict.interconnect import InterconnectProfile
 
     rows = []
-    for figure in figures.FIGURES:
+    for figure in published.FIGURES:
         if figure.schedule != "ladder":
             continue
         profile = PROFILES[figure.interconnect]
-        hidden = figures.PUBLIC_PRESETS[figure.model].hidden_size
+        hidden = published.PUBLIC_PRESETS[figure.model].hidden_size
         nbytes, tp = figure.batch * hidden * 2, figure.tp
 
         class Fixed(InterconnectProfile):  # every decode module slowed by the same trial value
@@ -115,9 +115,9 @@ def needed_decode_slowdowns(gpu) -> list[dict]:
         def error(value: float) -> float:
             trial = Fixed(**{**profile.__dict__, "sources": dict(profile.sources)})
             object.__setattr__(trial, "trial", value)
-            return figures.predict_figure(figure, gpu, trial) - figure.published
+            return published.predict_figure(figure, gpu, trial) - figure.published
 
-        needed = None if error(0.0) < 0 else figures._solve(error, 0.0, 5.0, tol=1e-4, iterations=60)
+        needed = None if error(0.0) < 0 else published._solve(error, 0.0, 5.0, tol=1e-4, iterations=60)
         rows.append({"key": figure.key, "interconnect": figure.interconnect, "model": figure.model, "tp": tp,
                      "batch": figure.batch, "bytes": nbytes, "channels": profile.channels_for(nbytes, tp),
                      "model_slowdown": profile.overlap_slowdown_for(nbytes, tp, True), "needed_slowdown": needed,
@@ -157,8 +157,8 @@ def main() -> None:
     for e in table:
         print(f"| {e['row']} | {e['measured_s'] * 1e6:.1f} | {e['predicted_s'] * 1e6:.1f} | {e['error'] * 100:+.1f}% | {e['role']} |")
 
-    fitted = figures.calibrate()
-    shipped = figures.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
+    fitted = published.calibrate()
+    shipped = published.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
     parameters = [
         {"parameter": name, "fitted": value, "shipped": shipped[name], "fixed_by": FIXED_BY[name]}
         for name, value in fitted.parameters().items()
@@ -169,23 +169,23 @@ def main() -> None:
     for p in parameters:
         print(f"| {p['parameter']} | {p['fitted']:.4g} | {p['shipped']:.4g} | {p['fixed_by']} |")
 
-    allreduce = figures.allreduce_vs_logged()
+    allreduce = published.allreduce_vs_logged()
     print_allreduce_table("NVLink all-reduce: model against the logs (dense - upper bound, per all-reduce)", allreduce,
                           busbw=True)
-    no_p2p_allreduce = figures.no_p2p_allreduce_vs_logged()
+    no_p2p_allreduce = published.no_p2p_allreduce_vs_logged()
     print_allreduce_table("P2P disabled: all-reduce model against the authors' P2P-disabled logs (dense - upper bound, "
                           "per all-reduce)", no_p2p_allreduce, busbw=False)
 
     table_compute = lambda: F.TableCompute(RooflineCompute(GPU_PROFILES["h100"]))  # noqa: E731
     table_compute_5903565 = lambda: F.TableCompute(RooflineCompute(sm_share_prefill(GPU_PROFILES["h100"])))  # noqa: E731
     gpt_fast_5903565 = sm_share_prefill(GPU_PROFILES["h100-gpt-fast"])
-    roof = figures.validation_table()
-    measured = figures.validation_table(compute=table_compute)
-    roof_ed5eb21 = figures.validation_table(interconnects=main_ed5eb21())
-    roof_5903565 = figures.validation_table(gpu=gpt_fast_5903565, interconnects=main_ed5eb21())
+    roof = published.validation_table()
+    measured = published.validation_table(compute=table_compute)
+    roof_ed5eb21 = published.validation_table(interconnects=main_ed5eb21())
+    roof_5903565 = published.validation_table(gpu=gpt_fast_5903565, interconnects=main_ed5eb21())
     before = previous_model()
-    roof_before = figures.validation_table(gpu=gpt_fast_5903565, interconnects=before)
-    measured_before = figures.validation_table(interconnects=before, compute=table_compute_5903565)
+    roof_before = published.validation_table(gpu=gpt_fast_5903565, interconnects=before)
+    measured_before = published.validation_table(interconnects=before, compute=table_compute_5903565)
     print("\n## Predicted against published (ed5eb21: before the host-staged per-channel slowdown; 5903565: before one-wave "
           "prefill GEMMs; before: main c2ebed1's overlap model)\n")
     print("| figure | setting | published | roofline (gpt-fast fit) | error | ed5eb21 | error | 5903565 | error | before "
@@ -197,7 +197,7 @@ def main() -> None:
               f"| {rb['error'] * 100:+.1f}% | {m['predicted']:.3f} | {m['error'] * 100:+.1f}% | {mb['error'] * 100:+.1f}% "
               f"| {r['role']} | {r['source']} |")
 
-    summaries = {name: figures.validation_summary(rows) for name, rows in
+    summaries = {name: published.validation_summary(rows) for name, rows in
                  (("roofline", roof), ("roofline_ed5eb21", roof_ed5eb21), ("roofline_5903565", roof_5903565),
                   ("roofline_before", roof_before), ("measured", measured), ("measured_before", measured_before))}
     print("\n## Summary: end-to-end speed-ups (Ladder, SPD on every layer, upper bound), |error|\n")
@@ -212,8 +212,8 @@ def main() -> None:
               f"| {c['mean_abs_error'] * 100:.1f}% | {c['worst_error'] * 100:+.1f}% | {d['mean_abs_error'] * 100:.1f}% "
               f"| {d['worst_error'] * 100:+.1f}% |")
 
-    misread = figures.validation_table(figures=figures.ENSEMBLE_READ_AS_LADDER)
-    misread_summary = figures.validation_summary(misread)[0]
+    misread = published.validation_table(figures=published.ENSEMBLE_READ_AS_LADDER)
+    misread_summary = published.validation_summary(misread)[0]
     by_key = {r["key"]: r for r in roof}
     print("\n## The authors' 8B logs: gpt_ensemble is SPD on every layer, gpt_ladder is Ladder (roofline, gpt-fast fit)\n")
     print("| TP | batch | gpt_ensemble published | read as Ladder (before) | error | as SPD everywhere | error "
@@ -228,7 +228,7 @@ def main() -> None:
     print(f"\nread as Ladder: mean {misread_summary['mean_abs_error'] * 100:.1f}%, worst "
           f"{misread_summary['worst_error'] * 100:+.1f}% ({misread_summary['worst']})")
 
-    old_no_p2p = {r["key"]: r for r in figures.validation_table(interconnects=main_00a91f1())}
+    old_no_p2p = {r["key"]: r for r in published.validation_table(interconnects=main_00a91f1())}
     ed5eb21 = {r["key"]: r for r in roof_ed5eb21}
     print("\n## Peer-to-peer disabled: Ladder against published, this profile, main ed5eb21's and main 00a91f1's "
           "(roofline, gpt-fast fit)\n")
@@ -255,7 +255,7 @@ def main() -> None:
         print(f"| {n['key']} | {n['interconnect']} | {n['tp']} | {n['batch']} | {n['bytes']:,} | {n['channels']} | "
               f"{n['model_slowdown']:.3f} | {need} | {n['role'][:8]} |")
 
-    others = figures.other_figures_table()
+    others = published.other_figures_table()
     print("\n## Other methods' published speed-ups against the predicted no-communication bound (70B, TP8, NVLink)\n")
     print("| figure | published | bound | consistent | source |")
     print("| --- | --- | --- | --- | --- |")
@@ -263,7 +263,7 @@ def main() -> None:
         bound = f"{o['bound']:.3f} ({o['bound_phase']})" if o["bound"] is not None else f"not compared: {o['why']}"
         print(f"| {o['description']} | {o['published']:.2f} | {bound} | {o['consistent']} | {o['source']} |")
 
-    logged = figures.roofline_vs_logged()
+    logged = published.roofline_vs_logged()
     print("\n## Roofline (h100-gpt-fast) against the authors' measured H100 upper-bound runs, Llama-3.1-70B\n")
     print("| TP | batch | phase | roofline ms | measured ms | error | role |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -290,9 +290,9 @@ def main() -> None:
         "decode_slowdown_needed": needed,
         "other_figures": others,
         "roofline_vs_measured": logged,
-        "logged_runs": [run.__dict__ for run in figures.LOGGED_RUNS],
-        "logged_runs_no_p2p": [run.__dict__ for run in figures.NO_P2P_RUNS],
-        "settings": {"prompt_tokens": figures.PROMPT, "new_tokens": figures.GEN},
+        "logged_runs": [run.__dict__ for run in published.LOGGED_RUNS],
+        "logged_runs_no_p2p": [run.__dict__ for run in published.NO_P2P_RUNS],
+        "settings": {"prompt_tokens": published.PROMPT, "new_tokens": published.GEN},
     }, indent=2) + "\n")
     print(f"\nwrote {args.json}")
 

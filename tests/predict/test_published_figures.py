@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.predict import published_figures as figures
+from ladderize.predict import published_figures as published
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.fit import TableCompute
 from ladderize.predict.gpus import GPU_PROFILES
@@ -13,19 +13,19 @@ from ladderize.predict.interconnect import PROFILES
 
 @pytest.fixture(scope="module")
 def fitted():
-    return figures.calibrate()
+    return published.calibrate()
 
 
 def test_calibration_reproduces_the_shipped_constants(fitted):
-    shipped = figures.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
+    shipped = published.Calibration(GPU_PROFILES["h100-gpt-fast"], dict(PROFILES)).parameters()
     for name, value in fitted.parameters().items():
         assert shipped[name] == pytest.approx(value, rel=2e-3), name
 
 
 def test_fits_read_only_the_listed_logged_runs():
     # The logged runs at TP8 batch 4 and 16 and TP4 batch 16 are never read by a fit.
-    assert set(figures.FIT_RUNS) == {(8, 1), (4, 1), (8, 64)}
-    rows = figures.roofline_vs_logged()
+    assert set(published.FIT_RUNS) == {(8, 1), (4, 1), (8, 64)}
+    rows = published.roofline_vs_logged()
     assert {(r["tp"], r["batch"]) for r in rows if r["role"] == "fit"} == {(8, 1), (4, 1), (8, 64)}
     held = {(r["tp"], r["batch"]) for r in rows if r["role"] == "held out" and r["phase"].startswith("decode")}
     assert held == {(8, 4), (8, 16), (4, 16)}
@@ -39,7 +39,7 @@ def test_fits_read_only_the_listed_logged_runs():
 def test_no_p2p_allreduce_against_the_p2p_disabled_logs():
     """Issue 35: the P2P-disabled logs' all-reduces (two groups of 4): the fitted runs exact, the held-out TP4 prefill
     ones within 12%, and large messages far above PCIe's 40 GB/s (the profile before fitted 40 GB/s)."""
-    rows = figures.no_p2p_allreduce_vs_logged()
+    rows = published.no_p2p_allreduce_vs_logged()
     fit = [r for r in rows if r["role"] == "fit"]
     assert len(fit) == 6 and all(abs(r["error"]) < 0.005 for r in fit)
     held_prefill = [r for r in rows if r["role"] == "held out" and r["phase"] == "prefill"]
@@ -51,7 +51,7 @@ def test_no_p2p_allreduce_against_the_p2p_disabled_logs():
 
 
 def test_allreduce_curve_against_the_logs():
-    rows = figures.allreduce_vs_logged()
+    rows = published.allreduce_vs_logged()
     assert len(rows) == 12
     decode_fit = [r for r in rows if r["role"] == "fit" and r["phase"] == "decode"]
     assert len(decode_fit) == 3 and all(abs(r["error"]) < 0.005 for r in decode_fit)
@@ -64,8 +64,8 @@ def test_allreduce_curve_against_the_logs():
 
 
 def test_validation_table_errors(fitted):
-    table = {row["key"]: row for row in figures.validation_table()}
-    assert set(table) == {f.key for f in figures.FIGURES}
+    table = {row["key"]: row for row in published.validation_table()}
+    assert set(table) == {f.key for f in published.FIGURES}
     for key in ("ub-tp8-b1", "ub-tp4-b1", "ub-tp8-b64"):
         assert abs(table[key]["error"]) < 0.005 and table[key]["role"].startswith("fit")
     # The paper's 1.60x without P2P fitted the host-staged hop latency before issue 35; now the P2P-disabled logs' own
@@ -91,8 +91,8 @@ def test_validation_table_errors(fitted):
     # ed5eb21 (no host-staged term): 4.1% and +10.4% (70B TP4 batch 16) over the seven; 00a91f1: 9.6% and 25.6%.
     no_p2p = [row for row in ladder if row["interconnect"] == "h100-no-p2p"]
     assert len(no_p2p) == 7
-    assert [r["key"] for r in no_p2p if r["role"] != "held out"] == [figures.NO_P2P_OVERLAP_FIT]
-    assert abs(table[figures.NO_P2P_OVERLAP_FIT]["error"]) < 0.001
+    assert [r["key"] for r in no_p2p if r["role"] != "held out"] == [published.NO_P2P_OVERLAP_FIT]
+    assert abs(table[published.NO_P2P_OVERLAP_FIT]["error"]) < 0.001
     held_no_p2p = [row for row in no_p2p if row["role"] == "held out"]
     assert len(held_no_p2p) == 6 and "ladder-nop2p-70b-tp4-b16-log" in {r["key"] for r in held_no_p2p}
     assert all(abs(row["error"]) < 0.10 for row in held_no_p2p)  # the issue's 10%
@@ -100,10 +100,10 @@ def test_validation_table_errors(fitted):
     assert all(abs(row["error"]) < 0.04 for row in held_no_p2p), [(r["key"], r["error"]) for r in held_no_p2p]
     assert abs(table["ladder-nop2p-70b-tp4-b16-log"]["error"]) < 0.025  # +10.4% at ed5eb21
     # SPD on every layer (the logs' gpt_ensemble runs, blocking, half the all-reduces): within 5% each.
-    spd_all = [row for row in table.values() if row["source"] == figures.SYNC_DROP_LOGS]
+    spd_all = [row for row in table.values() if row["source"] == published.SYNC_DROP_LOGS]
     assert len(spd_all) == 13 and all(row["schedule"] == "spd" and row["role"] == "held out" for row in spd_all)
     assert all(abs(row["error"]) < 0.05 for row in spd_all), [(r["key"], r["error"]) for r in spd_all]
-    summary = figures.validation_summary(list(table.values()))
+    summary = published.validation_summary(list(table.values()))
     assert {"fit", "held out"} <= {s["role"] for s in summary}
     assert abs(table["spd-nop2p"]["error"]) < 0.15 and table["spd-nvlink"]["error"] < -0.3
 
@@ -112,16 +112,16 @@ def test_the_8b_logs_were_spd_not_ladder():
     """Issue 35: the logs' gpt_ensemble runs (attention all-reduce dropped, SPD on every layer) read as Ladder put the
     model 10% off on average and 22% at worst; as SPD they are within 5%, and the gpt_ladder runs of the same settings
     are within 10%. The paper's and the blog's figures are the gpt_ladder logs' (70B TP8 batch 1 and 4, 8B TP8 batch 4)."""
-    misread = figures.validation_table(figures=figures.ENSEMBLE_READ_AS_LADDER)
+    misread = published.validation_table(figures=published.ENSEMBLE_READ_AS_LADDER)
     assert len(misread) == 8 and all(row["schedule"] == "ladder" for row in misread)
-    summary = figures.validation_summary(misread)
+    summary = published.validation_summary(misread)
     assert len(summary) == 1 and summary[0]["mean_abs_error"] > 0.08 and summary[0]["worst_error"] > 0.15
-    figures = {f.key: f for f in figures.FIGURES}
-    for log, published in (("ladder-tp8-b1-log", "ladder-tp8-b1"), ("ladder-tp8-b4-log", "ladder-tp8-b4"),
-                           ("ladder-8b-tp8-b4-log", "ladder-8b-tp8-b4-blog")):
-        assert figures[log].published == pytest.approx(figures[published].published, abs=0.005)
-    for old in figures.ENSEMBLE_READ_AS_LADDER:  # the same runs, now SPD figures
-        spd = figures[old.key.replace("ensemble-as-ladder-8b", "spd-all-8b")]
+    by_key = {f.key: f for f in published.FIGURES}
+    for log, paper in (("ladder-tp8-b1-log", "ladder-tp8-b1"), ("ladder-tp8-b4-log", "ladder-tp8-b4"),
+                       ("ladder-8b-tp8-b4-log", "ladder-8b-tp8-b4-blog")):
+        assert by_key[log].published == pytest.approx(by_key[paper].published, abs=0.005)
+    for old in published.ENSEMBLE_READ_AS_LADDER:  # the same runs, now SPD figures
+        spd = by_key[old.key.replace("ensemble-as-ladder-8b", "spd-all-8b")]
         assert (spd.tp, spd.batch, spd.published, spd.schedule) == (old.tp, old.batch, old.published, "spd")
 
 
@@ -142,7 +142,7 @@ def test_measured_column_replays_the_h100_table():
         made.append(TableCompute(RooflineCompute(GPU_PROFILES["h100"])))
         return made[-1]
 
-    table = {row["key"]: row for row in figures.validation_table(compute=compute)}
+    table = {row["key"]: row for row in published.validation_table(compute=compute)}
     assert sum(c.hits for c in made) > 0 and sum(c.misses for c in made) > 0  # table rows and fallbacks both used
     # NVLink only: ladderize's modules are a different runtime from the one the P2P-disabled logs measured.
     held_out = [row for row in table.values() if row["role"] == "held out" and row["model"] == "llama-3.1-70b"
@@ -160,8 +160,8 @@ def test_prefill_gemms_run_as_one_wave_on_hopper():
     assert gpu.persistent_gemm_grid and GPU_PROFILES["h100"].persistent_gemm_grid and gpu.sources["persistent_gemm_grid"]
     assert not GPU_PROFILES["a100"].persistent_gemm_grid
     assert type(gpu).from_dict(gpu.to_dict()) == gpu
-    figure = {f.key: f for f in figures.FIGURES}["ladder-tp8-b64-log"]
-    after = figures.predict_figure(figure, gpu, PROFILES["h100-nvlink"])
-    before = figures.predict_figure(figure, _replace(gpu, persistent_gemm_grid=False), PROFILES["h100-nvlink"])
+    figure = {f.key: f for f in published.FIGURES}["ladder-tp8-b64-log"]
+    after = published.predict_figure(figure, gpu, PROFILES["h100-nvlink"])
+    before = published.predict_figure(figure, _replace(gpu, persistent_gemm_grid=False), PROFILES["h100-nvlink"])
     assert after < before
     assert abs(after / figure.published - 1) < 0.025 < abs(before / figure.published - 1)
