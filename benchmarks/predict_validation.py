@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ladderize.predict import published_figures as published
 from ladderize.predict import fit as F
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.gpus import GPU_PROFILES, H100_FIT
-from ladderize.predict.interconnect import PROFILES
+from ladderize.predict.interconnect import PROFILES, InterconnectProfile
 
 FIXED_BY = {
     "h100-gpt-fast.weight_bytes_per_s": "upper-bound decode per token, TP8 b1 + TP4 b1 + TP8 b64 (logs), 3x3 solve",
@@ -59,17 +59,21 @@ FIXED_BY = {
 }
 
 
+def _host_staged_ring(latency_s: float, **changes) -> InterconnectProfile:
+    """The no-P2P profile as one host-staged ring at 40 GB/s with the hop latency ``latency_s`` (fitted on the paper's
+    1.60x), before the P2P-disabled logs gave it groups, two protocols and the per-channel term."""
+    return replace(PROFILES["h100-no-p2p"], host_staged_channel_slowdown=0.0, latency_s=latency_s, bus_bytes_per_s=40e9,
+                   large_latency_s=None, small_bus_bytes_per_s=None, group_size=0, cross_latency_s=None,
+                   cross_small_bus_bytes_per_s=None, **changes)
+
+
 def previous_model() -> dict:
     """The shipped profiles as main c2ebed1 had them: one overlap slowdown fitted to the 1.31x figure (0.2587, and
     16/24 of it without P2P), the no-P2P profile one host-staged ring (40 GB/s, hop latency fitted on the paper's 1.60x
     under that slowdown); everything else is unchanged."""
     fitted = 0.2587
     return {"h100-nvlink": replace(PROFILES["h100-nvlink"], nccl_channels=0, overlap_slowdown=fitted),
-            "h100-no-p2p": replace(PROFILES["h100-no-p2p"], nccl_channels=0, overlap_slowdown=fitted * 16 / 24,
-                                   host_staged_channel_slowdown=0.0,
-                                   latency_s=5.447e-6, bus_bytes_per_s=40e9, large_latency_s=None,
-                                   small_bus_bytes_per_s=None, group_size=0, cross_latency_s=None,
-                                   cross_small_bus_bytes_per_s=None)}
+            "h100-no-p2p": _host_staged_ring(5.447e-6, nccl_channels=0, overlap_slowdown=fitted * 16 / 24)}
 
 
 def sm_share_prefill(gpu):
@@ -81,9 +85,7 @@ def sm_share_prefill(gpu):
 def main_00a91f1() -> dict:
     """The no-P2P profile as main 00a91f1 shipped it (the derived overlap slowdown, one host-staged ring at 40 GB/s, hop
     latency fitted on the paper's 1.60x): the "00a91f1" column of the P2P-disabled table."""
-    return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], host_staged_channel_slowdown=0.0, latency_s=5.270e-6, bus_bytes_per_s=40e9,
-                                   large_latency_s=None, small_bus_bytes_per_s=None, group_size=0,
-                                   cross_latency_s=None, cross_small_bus_bytes_per_s=None)}
+    return {"h100-no-p2p": _host_staged_ring(5.270e-6)}
 
 
 def main_ed5eb21() -> dict:
@@ -92,12 +94,22 @@ def main_ed5eb21() -> dict:
     return {"h100-no-p2p": replace(PROFILES["h100-no-p2p"], host_staged_channel_slowdown=0.0)}
 
 
+@dataclass(frozen=True)
+class _FixedDecodeSlowdown(InterconnectProfile):
+    """A profile whose every decode (memory-bound) module is slowed by the same ``trial`` value."""
+
+    trial: float = 0.0
+
+    def overlap_slowdown_for(self, nbytes, ranks, memory_bound, one_wave_gemms=False):
+        if memory_bound:
+            return self.trial
+        return super().overlap_slowdown_for(nbytes, ranks, memory_bound, one_wave_gemms)
+
+
 def needed_decode_slowdowns(gpu) -> list[dict]:
     """For every Ladder figure: the decode overlap slowdown (one value for every decode module) that reproduces the
     published speed-up, against the one the model gives and the channels NCCL runs the decode all-reduce on. None
     where even no slowdown is too slow."""
-    from ladderize.predict.interconnect import InterconnectProfile
-
     rows = []
     for figure in published.FIGURES:
         if figure.schedule != "ladder":
@@ -106,15 +118,8 @@ def needed_decode_slowdowns(gpu) -> list[dict]:
         hidden = published.PUBLIC_PRESETS[figure.model].hidden_size
         nbytes, tp = figure.batch * hidden * 2, figure.tp
 
-        class Fixed(InterconnectProfile):  # every decode module slowed by the same trial value
-            def overlap_slowdown_for(self, n, ranks, memory_bound, one_wave_gemms=False):
-                if memory_bound:
-                    return self.trial
-                return InterconnectProfile.overlap_slowdown_for(self, n, ranks, memory_bound, one_wave_gemms)
-
         def error(value: float) -> float:
-            trial = Fixed(**{**profile.__dict__, "sources": dict(profile.sources)})
-            object.__setattr__(trial, "trial", value)
+            trial = _FixedDecodeSlowdown(**{**profile.__dict__, "sources": dict(profile.sources)}, trial=value)
             return published.predict_figure(figure, gpu, trial) - figure.published
 
         needed = None if error(0.0) < 0 else published._solve(error, 0.0, 5.0, tol=1e-4, iterations=60)

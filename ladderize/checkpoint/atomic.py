@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import tempfile
@@ -207,8 +208,6 @@ def write_json(path: Path | str, record: Any) -> Path:
     Every JSON record ladderize writes goes through here (``--json FILE``, eval, bench and the demo's records).
     A value JSON has no form for is written as its ``str``; a NaN metric is written as NaN, as lm-eval does.
     """
-    import json
-
     return write_file_atomic(Path(path).expanduser(), json.dumps(record, indent=2, default=str) + "\n")
 
 

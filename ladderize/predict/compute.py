@@ -22,6 +22,9 @@ class ComputeModel(Protocol):
     device_name: str
     is_gpu: bool
     memory_bytes: float  # one device's memory; 0 when unknown (CPU)
+    # compute-bound GEMMs run as one wave of persistent CTAs (``GPUProfile.persistent_gemm_grid``): an overlapped
+    # all-reduce costs them a second wave (``InterconnectProfile.overlap_slowdown_for``)
+    one_wave_gemms: bool
 
     def module_s(self, work: ModuleWork) -> float: ...
 
@@ -36,6 +39,7 @@ class RooflineCompute:
         self.device_name = gpu.name
         self.is_gpu = False  # nothing ran on a GPU
         self.memory_bytes = gpu.memory_bytes
+        self.one_wave_gemms = gpu.persistent_gemm_grid
         self.label = f"roofline estimate for {gpu.name} (fitted compute model)"
 
     def module_s(self, work: ModuleWork) -> float:

@@ -133,13 +133,6 @@ class _PhaseCosts:
     overlap_slowdown: float  # how much this phase's all-reduce slows the compute it overlaps
 
 
-def one_wave_gemms(compute: ComputeModel) -> bool:
-    """Whether ``compute``'s GPU runs compute-bound GEMMs as one wave of persistent CTAs (``GPUProfile``
-    ``persistent_gemm_grid``); a measured table answers for the roofline it falls back to."""
-    gpu = getattr(compute, "gpu", None) or getattr(getattr(compute, "fallback", None), "gpu", None)
-    return bool(getattr(gpu, "persistent_gemm_grid", False))
-
-
 class _Pricer:
     """Prices modules and all-reduces for one request, recording every module timing once."""
 
@@ -169,7 +162,7 @@ class _Pricer:
             costs[kind] = ModuleCost(self._module_s(phase, tp, work), allreduce_s)
         head_s = 0.0 if chunks > 1 else self._module_s(phase, tp, module_work(m, "head", tp, batch, 1, 0))
         slowdown = self.request.interconnect.overlap_slowdown_for(
-            ar_bytes, tp, memory_bound=phase == "decode", one_wave_gemms=one_wave_gemms(self.compute))
+            ar_bytes, tp, memory_bound=phase == "decode", one_wave_gemms=self.compute.one_wave_gemms)
         return _PhaseCosts(costs["attention"], costs["mlp"], head_s, slowdown)
 
 

@@ -323,6 +323,7 @@ class TableCompute:
         self.fallback = fallback
         self.device_name = device_name or data.get("device", "H100")
         self.memory_bytes = fallback.memory_bytes
+        self.one_wave_gemms = fallback.one_wave_gemms  # the GPU the table was measured on is the roofline's
         self.label = f"measured on {self.device_name} (bundled table), {fallback.device_name} roofline elsewhere"
         rows = timings if timings is not None else table_timings(data)
         self._table = {t.work.key(): t.seconds for t in rows}

@@ -126,6 +126,7 @@ class MeasuredCompute:
         self.dtype = torch.bfloat16 if self.is_gpu else torch.float32
         dtype_name = str(self.dtype).removeprefix("torch.")
         self.memory_bytes = 0.0
+        self.one_wave_gemms = False  # its modules are timed alone: no overlap wave is known
         if self.is_gpu:
             self.device_name = torch.cuda.get_device_name(self.device)
             self.memory_bytes = float(torch.cuda.get_device_properties(self.device).total_memory)

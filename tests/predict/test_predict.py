@@ -106,7 +106,7 @@ class _NoisyCompute:
     """Module times as a loaded CPU gave them (issue 37 item 1): a half-batch or half-prompt chunk timed far faster
     than half the whole module, so chunked schedules look like gains where nothing was split or communicated."""
 
-    label, device_name, is_gpu, memory_bytes = "noisy timings", "a loaded CPU", False, 0.0
+    label, device_name, is_gpu, memory_bytes, one_wave_gemms = "noisy timings", "a loaded CPU", False, 0.0, False
 
     def module_s(self, work):
         whole = 1e-3 * work.batch * work.q_len if work.kind != "head" else 1e-4
