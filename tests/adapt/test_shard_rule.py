@@ -8,16 +8,16 @@ from tests.cli_helpers import error_lines, run_cli
 
 
 def test_convert_and_adapt_shard_by_one_rule(dense_dir, ladder_dir, text_file, tmp_path, capsys, monkeypatch):
-    from ladderize.checkpoint import tensor_files as shards
+    from ladderize.checkpoint import tensor_files
 
     limits: list[tuple[str, int]] = []
-    init = shards.ShardWriter.__init__
+    init = tensor_files.ShardWriter.__init__
 
     def recording(self, out_dir, max_shard_bytes=2_000_000_000):
         limits.append((stage, max_shard_bytes))
         init(self, out_dir, max_shard_bytes)
 
-    monkeypatch.setattr(shards.ShardWriter, "__init__", recording)
+    monkeypatch.setattr(tensor_files.ShardWriter, "__init__", recording)
     stage = "convert"
     code, _, stderr = run_cli(["convert", dense_dir, tmp_path / "c", "--ladder", "2:4"], capsys, monkeypatch)
     assert code == 0, stderr

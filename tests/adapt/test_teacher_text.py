@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 
-from ladderize.adapt import teacher_text as sample
+from ladderize.adapt import teacher_text
 from ladderize.adapt.data import pack_tokens
 from ladderize.errors import Interrupted
 from tests.cli_helpers import error_lines, run_cli
@@ -23,7 +23,7 @@ def test_sample_writes_records_provenance_and_adapt_reads_them(dense_dir, tmp_pa
     assert code == 0, stderr
     assert "sampled 5 records" in stdout
     texts = records(out)
-    prompts = sample.story_prompts(5, 0)
+    prompts = teacher_text.story_prompts(5, 0)
     assert len(texts) == 5 and all(text.startswith(prompt) for text, prompt in zip(texts, prompts))
     provenance = json.loads((tmp_path / "calib.jsonl.json").read_text())
     assert provenance["source"] == str(dense_dir) and provenance["prompts"] == "stories" and provenance["sequences"] == 5
@@ -46,19 +46,19 @@ def test_resume_writes_the_same_bytes_as_an_uninterrupted_run(dense_dir, tmp_pat
     code, _, stderr = run_cli(["sample", dense_dir, whole, "--sequences", 4, *FAST], capsys, monkeypatch)
     assert code == 0, stderr
 
-    real = sample.sample_batch
+    real = teacher_text.sample_batch
 
     def interrupted_at_second_batch(model, tokenizer, prompts, settings, index):
         if index == 1:
             raise Interrupted(signal.SIGINT)
         return real(model, tokenizer, prompts, settings, index)
 
-    monkeypatch.setattr(sample, "sample_batch", interrupted_at_second_batch)
+    monkeypatch.setattr(teacher_text, "sample_batch", interrupted_at_second_batch)
     code, _, stderr = run_cli(["sample", dense_dir, resumed, "--sequences", 4, *FAST], capsys, monkeypatch)
     assert code == 130 and "--resume" in stderr
     partial = tmp_path / "resumed.jsonl.partial"
     assert not resumed.exists() and len(partial.read_text().splitlines()) == 2
-    monkeypatch.setattr(sample, "sample_batch", real)
+    monkeypatch.setattr(teacher_text, "sample_batch", real)
     with partial.open("a") as handle:
         handle.write('{"text": "a line cut by the kil')  # an incomplete trailing line is dropped
 

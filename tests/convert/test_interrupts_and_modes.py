@@ -25,11 +25,11 @@ CONVERT_AND_WAIT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ladderize.checkpoint import tensor_files as shards
+    from ladderize.checkpoint import tensor_files
     from ladderize import cli
 
     ready = Path(sys.argv[1])
-    original_add = shards.ShardWriter.add
+    original_add = tensor_files.ShardWriter.add
 
     def slow_add(self, name, tensor):
         original_add(self, name, tensor)
@@ -37,7 +37,7 @@ CONVERT_AND_WAIT = textwrap.dedent(
             ready.write_text("writing")
         time.sleep(0.5)
 
-    shards.ShardWriter.add = slow_add
+    tensor_files.ShardWriter.add = slow_add
     sys.argv = ["ladderize", "convert", *sys.argv[2:]]
     cli.main()
     """
