@@ -30,10 +30,12 @@ need only torch and transformers, so they travel with a checkpoint (``auto_map``
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
@@ -42,12 +44,47 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, eager_attention_forward
+from transformers.models.llama.modeling_llama import (
+    LlamaModel,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    eager_attention_forward,
+)
 
 from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, split_heads
 from .configuration_ladder_llama import LadderLlamaConfig
 from .layout import LayerMode, Layout, ModuleKind, module_program, rank_kv_heads, rank_query_heads
 from .residual import ResidualStream, slots_before
+
+# The KV cache's names: transformers calls it ``past_key_values`` up to 5.23 and ``cache`` from 5.24 on, as
+# an argument (forward, ``create_causal_mask``, ``generate``'s model inputs) and as an output field. The
+# name in use is the one transformers' own ``LlamaModel.forward`` declares, so this file follows it; a
+# transformers that names it otherwise is refused when this file loads, not run with a cache nobody reads.
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def _installed_cache_name() -> str:
+    declared = inspect.signature(LlamaModel.forward).parameters
+    for name in CACHE_NAMES:
+        if name in declared:
+            return name
+    raise ImportError(
+        f"ladderize's model does not know this transformers' KV cache argument: LlamaModel.forward takes "
+        f"none of {', '.join(CACHE_NAMES)} (transformers {transformers.__version__})"
+    )
+
+
+CACHE = _installed_cache_name()
+
+
+def take_cache(kwargs: dict) -> Cache | None:
+    """Pop the KV cache from a forward's keyword arguments, under whichever of ``CACHE_NAMES`` the caller used
+    (transformers' ``generate``, peft, a user's script on either side of the rename)."""
+    given = [kwargs.pop(name) for name in CACHE_NAMES if name in kwargs]
+    given = [cache for cache in given if cache is not None]
+    if len(given) > 1:
+        raise ValueError(f"pass the KV cache once, as `{CACHE}`, not under both of {', '.join(CACHE_NAMES)}")
+    return given[0] if given else None
 
 
 class LadderAttention(nn.Module):
@@ -79,15 +116,16 @@ class LadderAttention(nn.Module):
         hidden_states: torch.Tensor,  # [B, S, D]
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention output of every head before ``o_proj`` ``[B, S, H * head_dim]``, and the attention
-        probabilities ``[B, H, S, S_kv]`` where the attention implementation returns them (eager), else None."""
+        probabilities ``[B, H, S, S_kv]`` where the attention implementation returns them (eager), else None.
+        The KV cache, if any, comes in ``kwargs`` under either name (``take_cache``)."""
         input_shape = hidden_states.shape[:-1]
+        cache = take_cache(kwargs)
         query, key, value = self.projections(hidden_states, position_embeddings)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -344,7 +382,7 @@ class LadderLlamaPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LadderDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
@@ -370,27 +408,28 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         inputs_embeds: torch.Tensor,  # [B, S, D]
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> dict:
-        """The keyword arguments every decoder layer receives: rotary tables, causal mask, cache.
+        """The keyword arguments every decoder layer receives: rotary tables, causal mask, and the cache under
+        transformers' name for it (``CACHE``: gradient checkpointing looks for it there).
 
         ``position_embeddings`` is ``(cos, sin_signed)`` (``block.fold_rotary_sign``): the form ``block.rotate`` takes.
         """
         if position_ids is None:
-            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past_seen = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen).unsqueeze(0)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             position_ids=position_ids,
+            **{CACHE: cache},
         )
         return dict(
             position_embeddings=fold_rotary_sign(*self.rotary_emb(inputs_embeds, position_ids=position_ids)),
             attention_mask=causal_mask,
-            past_key_values=past_key_values,
+            **{CACHE: cache},
             **kwargs,
         )
 
@@ -399,7 +438,7 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        *,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -407,6 +446,10 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
+        """Llama's forward. The KV cache comes as a keyword, ``cache`` or ``past_key_values`` (``take_cache``),
+        and returns in the output field transformers names (``CACHE``); the arguments after ``position_ids``
+        are keyword-only, so that a cache passed by position fails instead of being read as something else."""
+        cache = take_cache(kwargs)
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -414,9 +457,9 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         output_attentions = _flag(output_attentions, self.config, "output_attentions")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # [B, S, D]
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        attn_kwargs = self.layer_kwargs(inputs_embeds, attention_mask, position_ids, past_key_values, **kwargs)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        attn_kwargs = self.layer_kwargs(inputs_embeds, attention_mask, position_ids, cache, **kwargs)
         residual = stale = inputs_embeds  # r_0 and r_{-1} = r_0
         all_hidden = [residual] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
@@ -433,7 +476,7 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
             all_hidden[-1] = hidden
         outputs = BaseModelOutputWithPast(
             last_hidden_state=hidden,
-            past_key_values=past_key_values if use_cache else None,
+            **{CACHE: cache if use_cache else None},
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             attentions=tuple(all_attentions) if all_attentions is not None else None,
         )
@@ -461,7 +504,7 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        *,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -471,12 +514,14 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
+        """Llama's causal-LM forward; the KV cache as in ``LadderLlamaModel.forward``."""
+        cache = take_cache(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            **{CACHE: cache},
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
@@ -492,7 +537,7 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         result = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE: getattr(outputs, CACHE)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
