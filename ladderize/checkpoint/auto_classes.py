@@ -15,7 +15,8 @@ def is_registered() -> bool:
 
 
 def register_auto_classes() -> None:
-    """Register ``ladder_llama`` with ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent)."""
+    """Register ``ladder_llama`` with ``AutoConfig`` and ``AutoModelForCausalLM`` (idempotent), and the writer
+    of the card and provenance that the model's saves put beside the weights."""
     global _registered
     if _registered:
         return
@@ -23,8 +24,11 @@ def register_auto_classes() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..model.configuration_ladder_llama import LadderLlamaConfig
-    from ..model.modeling_ladder_llama import LadderLlamaForCausalLM
+    from ..model.modeling_ladder_llama import LadderLlamaForCausalLM, LadderLlamaPreTrainedModel
+    from .io import write_companion_files
 
+    # a save through the model writes ladderize's card and provenance as the checkpoint writer does
+    LadderLlamaPreTrainedModel.companion_writer = staticmethod(write_companion_files)
     AutoConfig.register(LadderLlamaConfig.model_type, LadderLlamaConfig, exist_ok=True)
     AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
 

@@ -115,6 +115,7 @@ def write_checkpoint(
             if positions and tokenizer.model_max_length > positions:  # unset (1e30) or past what the model encodes
                 tokenizer.model_max_length = positions
             tokenizer.save_pretrained(tmp)
+            name_tokenizer_class_portably(tmp)
         record = None
         if provenance is not None:
             record = provenance(files) if callable(provenance) else provenance
@@ -124,6 +125,22 @@ def write_checkpoint(
         if extra is not None:
             extra(tmp)
     return out
+
+
+# transformers 5 saves a fast tokenizer's class as ``TokenizersBackend``, a name transformers 4 does not know;
+# ``PreTrainedTokenizerFast`` is the same class in 5 (an alias) and the one 4 reads.
+PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def name_tokenizer_class_portably(directory: Path) -> None:
+    """Rename a saved tokenizer's class to the name every supported transformers reads (``PORTABLE_TOKENIZER_CLASSES``)."""
+    file = Path(directory) / "tokenizer_config.json"
+    if not file.is_file():
+        return
+    values = json.loads(file.read_text())
+    if values.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
+        values["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[values["tokenizer_class"]]
+        file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def add_legacy_rope_fields(config_file: Path) -> None:
@@ -139,6 +156,18 @@ def add_legacy_rope_fields(config_file: Path) -> None:
     values["rope_theta"] = rope.pop("rope_theta")
     values["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
     config_file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
+def write_companion_files(config, source: Path | None, out: Path) -> None:
+    """The model card and provenance beside a model's own save (``save_pretrained``, ``push_to_hub``): the
+    provenance of the folder it was loaded from (``source``; its paths made relative to ``out``), and the card
+    built from it, as ``write_checkpoint`` writes them. A model loaded from no ladderize folder gets the card alone."""
+    out = Path(out).expanduser().absolute()
+    record = read_provenance(source) if source is not None else {}
+    if record:
+        record = portable_paths(record, out)
+        write_provenance(out, record)
+    (out / CARD_FILE).write_text(model_card(config, record or None, out.name))
 
 
 def write_provenance(directory: Path, provenance: dict[str, Any]) -> None:

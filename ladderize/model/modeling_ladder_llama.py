@@ -31,7 +31,9 @@ need only torch and transformers, so they travel with a checkpoint (``auto_map``
 from __future__ import annotations
 
 import inspect
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -376,7 +378,15 @@ def _spd_groups(
     return groups
 
 
+COMPANION_FILES = ("README.md", "ladderize.json")  # the model card and the provenance of a ladderize checkpoint
+
+
 class LadderLlamaPreTrainedModel(PreTrainedModel):
+    """Saves (``save_pretrained``, ``push_to_hub``, ``Trainer.save_model``) keep ladderize's model card and
+    provenance beside the weights: ``companion_writer`` builds them where ladderize is installed (it sets it:
+    ``checkpoint/io.write_companion_files``); under remote code alone the loaded folder's two files are copied."""
+
+    companion_writer: Callable[[LadderLlamaConfig, Path | None, Path], None] | None = None
     config_class = LadderLlamaConfig
     config: LadderLlamaConfig
     base_model_prefix = "model"
@@ -387,6 +397,27 @@ class LadderLlamaPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """``PreTrainedModel.save_pretrained``, then the model card and provenance (``write_companions``)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        self.write_companions(save_directory)
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):
+        # push_to_hub saves, then writes transformers' template card over README.md, then uploads: put ours back.
+        self.write_companions(working_dir)
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
+
+    def write_companions(self, directory: str | Path) -> None:
+        """Write the model card and provenance into ``directory``, from the folder this model was loaded from."""
+        source = Path(self.name_or_path) if self.name_or_path and Path(self.name_or_path).is_dir() else None
+        writer = type(self).companion_writer
+        if writer is not None:
+            writer(self.config, source, Path(directory))
+            return
+        for name in COMPANION_FILES if source is not None else ():
+            if (source / name).is_file() and (source / name).resolve() != (Path(directory) / name).resolve():
+                shutil.copyfile(source / name, Path(directory) / name)
 
 
 class LadderLlamaModel(LadderLlamaPreTrainedModel):

@@ -111,3 +111,51 @@ def test_a_merged_peft_model_saves_loadable_code(tmp_path):
     assert all((tmp_path / "merged" / name).is_file() for name in CODE_FILES)
     ids = token_ids(batch=1)
     assert max_diff(logits_without_ladderize(tmp_path / "merged", ids, tmp_path), logits(merged, ids)) <= ATOL
+
+
+def _converted(tiny_llama_dir, tmp_path):
+    from ladderize.convert.conversion import convert_checkpoint
+
+    return convert_checkpoint(str(tiny_llama_dir), tmp_path / "converted", ladder="2:")
+
+
+def test_save_pretrained_of_a_loaded_checkpoint_keeps_its_card_and_provenance(tiny_llama_dir, tmp_path):
+    from ladderize.checkpoint.io import read_provenance
+
+    converted = _converted(tiny_llama_dir, tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(converted)
+    model.save_pretrained(tmp_path / "elsewhere" / "saved")
+    saved = tmp_path / "elsewhere" / "saved"
+    card = (saved / "README.md").read_text()
+    assert "- ladderize" in card and "ladder" in card and "# saved" in card, card[:400]
+    assert "automatically generated" not in card
+    # the provenance travels, its relative paths rebased on the new folder: it still names the same source
+    assert read_provenance(saved)["source"] == read_provenance(converted)["source"]
+    assert json.loads((saved / "ladderize.json").read_text()) != json.loads((converted / "ladderize.json").read_text())
+
+
+def test_push_to_hub_uploads_ladderizes_card_not_the_template(tiny_llama_dir, tmp_path, monkeypatch):
+    """The hub is out of reach here: its two endpoints are replaced by ones that record what would be sent."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(_converted(tiny_llama_dir, tmp_path))
+    uploaded: dict[str, bytes] = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        for op in operations:
+            uploaded[op.path_in_repo] = open(op.path_or_fileobj, "rb").read()
+
+    def no_card(*args, **kwargs):
+        raise EntryNotFoundError("no README.md yet")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(huggingface_hub.ModelCard, "load", classmethod(lambda cls, *a, **k: no_card()))
+    model.push_to_hub("someone/tiny-ladder")
+    assert {"config.json", "README.md", "ladderize.json", "modeling_ladder_llama.py"} <= set(uploaded)
+    card = uploaded["README.md"].decode()
+    assert "- ladderize" in card and "automatically generated" not in card, card[:400]

@@ -95,3 +95,24 @@ with torch.no_grad():
     run = subprocess.run([str(TF4_PYTHON), "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert max_diff(torch.load(tmp_path / "low.pt"), want) <= ATOL
+
+
+@needs_tf4
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "converted"])
+def test_the_written_tokenizer_loads_on_transformers4_with_the_same_ids(tiny_llama_dir, tmp_path, plain):
+    """transformers 5 names a fast tokenizer's class ``TokenizersBackend``; ladderize writes the name 4.x reads too."""
+    from ladderize.synthetic import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.save_pretrained(tiny_llama_dir)
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", plain=plain, ladder=None if plain else "2:")
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    text = "To be, or not to be"
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out)(text).input_ids == tokenizer(text).input_ids
+    script = f"from transformers import AutoTokenizer; print(AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=False)({text!r}).input_ids)"
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run([str(TF4_PYTHON), "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == tokenizer(text).input_ids
