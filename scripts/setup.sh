@@ -8,6 +8,8 @@
 #   build (on Linux PyPI's default wheel is the CUDA build);
 # - else the CPU build pinned in constraints-cpu.txt (torch==2.13.0).
 # LADDERIZE_TORCH=cpu|cuda forces the CPU pin or the CUDA path.
+# Every other package comes at the exact version in locks/main.txt (the set the suite passed on; scripts/lock.sh
+# writes it). LADDERIZE_LOCK=0 installs without it: the newest versions pyproject.toml's ranges allow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -39,22 +41,24 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+LOCK=(-c locks/main.txt)
+[ "${LADDERIZE_LOCK:-1}" = 0 ] && LOCK=()
 
 installed="$(cuda_torch python || true)"
 if [ "$CHOICE" = cpu ]; then
   echo "torch: the CPU build pinned in constraints-cpu.txt (LADDERIZE_TORCH=cpu)"
-  python -m pip install --quiet -c constraints-cpu.txt -e ".[test]"
+  python -m pip install --quiet -c constraints-cpu.txt "${LOCK[@]}" -e ".[test]"
 elif [ -n "$installed" ]; then
   echo "torch: the CUDA build already installed, $installed"
-  python -m pip install --quiet -e ".[test]"
+  python -m pip install --quiet "${LOCK[@]}" -e ".[test]"
 elif [ "$CHOICE" = cuda ] || gpu_present; then
   echo "torch: an NVIDIA GPU is present; installing the registry's default torch build (CUDA on Linux)"
-  python -m pip install --quiet -e ".[test]"
+  python -m pip install --quiet "${LOCK[@]}" -e ".[test]"
   if [ -z "$(cuda_torch python || true)" ]; then
     echo "torch: note: the torch in .venv is a CPU build (installed earlier); for the GPU run" \
       "'. .venv/bin/activate && pip install --force-reinstall torch', or install your CUDA build" >&2
   fi
 else
   echo "torch: no NVIDIA GPU found; the CPU build pinned in constraints-cpu.txt"
-  python -m pip install --quiet -c constraints-cpu.txt -e ".[test]"
+  python -m pip install --quiet -c constraints-cpu.txt "${LOCK[@]}" -e ".[test]"
 fi

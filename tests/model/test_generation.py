@@ -83,3 +83,33 @@ def test_generate_greedy_matches_full_forwards(overrides):
     expected = greedy_without_cache(model, ids, mask, new_tokens)
     assert generated.shape[1] > ids.shape[1]
     assert torch.equal(generated, expected[:, : generated.shape[1]])
+
+
+@pytest.mark.parametrize("overrides", MODES, ids=MODE_IDS)
+def test_generate_with_the_cache_equals_generate_without_it(overrides):
+    """What a transformers release that renames the cache breaks first (5.24 passed it as ``cache``, the model read
+    ``past_key_values`` and rebuilt an empty cache every step): a batch of 2, the second row left-padded."""
+    model = tiny_model(**overrides)
+    ids, mask = left_padded(token_ids(batch=2, seq=7, seed=5), pads=[0, 3])
+    settings = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, min_new_tokens=10)
+    with torch.no_grad():
+        cached = model.generate(ids, use_cache=True, **settings)
+        uncached = model.generate(ids, use_cache=False, **settings)
+    assert cached.shape == (2, ids.shape[1] + 10)
+    assert torch.equal(cached, uncached)
+
+
+def test_the_cache_is_taken_under_either_name_and_returned_under_transformers_own():
+    from ladderize.model.modeling_ladder_llama import CACHE, CACHE_NAMES
+
+    model = tiny_model(**HYBRID)
+    ids = token_ids(batch=1, seq=6)
+    full = logits(model, ids[:, :5])[:, -1]
+    for name in CACHE_NAMES:  # a user's script on either side of the rename
+        cache = getattr(model(ids[:, :4], use_cache=True), CACHE)
+        assert cache is not None and cache.get_seq_length() == 4
+        step = model(ids[:, 4:5], use_cache=True, **{name: cache})
+        assert getattr(step, CACHE) is cache and cache.get_seq_length() == 5
+        assert max_diff(step.logits[:, -1], full) <= ATOL
+    with pytest.raises(ValueError, match="once"):
+        model(ids[:, 4:5], use_cache=True, **{name: cache for name in CACHE_NAMES})

@@ -116,3 +116,20 @@ def test_the_written_tokenizer_loads_on_transformers4_with_the_same_ids(tiny_lla
     run = subprocess.run([str(TF4_PYTHON), "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == tokenizer(text).input_ids
+
+
+@needs_tf4
+def test_generation_tests_pass_on_the_lowest_supported_transformers(tmp_path):
+    """tests/model/test_generation.py (cached against uncached generate, every layout, left padding) under 5.4.0;
+    the rest of the suite runs them on the locked version (locks/main.txt)."""
+    env = {**os.environ, "PYTHONPATH": f"{LOWEST}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1"}
+    check = subprocess.run([str(TF4_PYTHON), "-c", "import transformers; print(transformers.__version__)"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.stdout.strip() == "5.4.0", check.stdout + check.stderr[-2000:]
+    run = subprocess.run(
+        [str(TF4_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--timeout", "300",
+         str(ROOT / "tests" / "model" / "test_generation.py")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout.strip().splitlines()[-1] and "failed" not in run.stdout.strip().splitlines()[-1]
