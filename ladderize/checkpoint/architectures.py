@@ -15,6 +15,7 @@ from string import Template
 from typing import Any
 
 from ..errors import LadderizeError
+from .atomic import write_file_atomic
 
 # The tensor-parallel plan as data (torchtitan style): each module of a decoder layer, and how
 # TP splits its weight. ``colwise`` keeps output rows, ``rowwise`` keeps input columns, of the
@@ -142,6 +143,22 @@ def read_config_json(path: Path | str) -> dict[str, Any]:
     if not config_file.is_file():
         raise LadderizeError(f"{path} is not a model checkpoint: it has no config.json")
     return read_config_file(config_file)
+
+
+# transformers 5 saves a fast tokenizer's class as ``TokenizersBackend``, a name transformers 4 does not know;
+# ``PreTrainedTokenizerFast`` is the same class in 5 (an alias) and the one 4 reads.
+PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def name_tokenizer_class_portably(directory: Path) -> None:
+    """Rename a saved tokenizer's class to the name every supported transformers reads (``PORTABLE_TOKENIZER_CLASSES``)."""
+    file = Path(directory) / "tokenizer_config.json"
+    if not file.is_file():
+        return
+    values = json.loads(file.read_text())
+    if values.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
+        values["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[values["tokenizer_class"]]
+        write_file_atomic(file, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def read_provenance(path: Path | str) -> dict[str, Any]:

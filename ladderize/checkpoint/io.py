@@ -26,7 +26,7 @@ from ..errors import LadderizeError, one_line
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM, Layout
 from .shapes import ModelShape
 from ..model.configuration_ladder_llama import AUTO_MAP
-from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
+from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, name_tokenizer_class_portably, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
 from .card import CARD_FILE, model_card
 from .tensor_files import ShardWriter, check_finite
@@ -125,22 +125,6 @@ def write_checkpoint(
         if extra is not None:
             extra(tmp)
     return out
-
-
-# transformers 5 saves a fast tokenizer's class as ``TokenizersBackend``, a name transformers 4 does not know;
-# ``PreTrainedTokenizerFast`` is the same class in 5 (an alias) and the one 4 reads.
-PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
-
-
-def name_tokenizer_class_portably(directory: Path) -> None:
-    """Rename a saved tokenizer's class to the name every supported transformers reads (``PORTABLE_TOKENIZER_CLASSES``)."""
-    file = Path(directory) / "tokenizer_config.json"
-    if not file.is_file():
-        return
-    values = json.loads(file.read_text())
-    if values.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
-        values["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[values["tokenizer_class"]]
-        file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 def add_legacy_rope_fields(config_file: Path) -> None:

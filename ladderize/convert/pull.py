@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import LadderizeError
 from ..paths import cache_path
-from ..checkpoint.architectures import PROVENANCE_FILE, read_config_json
+from ..checkpoint.architectures import PROVENANCE_FILE, name_tokenizer_class_portably, read_config_json
 from ..checkpoint.atomic import move_file_atomic
 
 
@@ -60,6 +60,7 @@ def pull_model(
     spec = MODELS[name]
     target = Path(out).expanduser().absolute() if out else default_model_dir(name)
     if _is_current(target) and not force:
+        name_tokenizer_class_portably(target)  # a cache pulled before transformers 4 could read its tokenizer
         return target
     if (target / PROVENANCE_FILE).is_file() and not out:  # a cache written by an older ladderize (ladder_llama config)
         force = True

@@ -104,3 +104,15 @@ def test_ladder_authors_format_with_bad_ladder_layers_is_one_line(bad, tmp_path:
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model_type": "llamaLadder", "ladder_layers": bad}))
     with pytest.raises(LadderizeError, match="ladder_layers"):
         convert_checkpoint(str(tmp_path / "authors"), tmp_path / "out")
+
+
+def test_a_saved_tokenizer_class_is_renamed_to_the_name_transformers4_reads(tmp_path):
+    import json
+
+    from ladderize.checkpoint.architectures import name_tokenizer_class_portably
+
+    for written, expected in [("TokenizersBackend", "PreTrainedTokenizerFast"), ("LlamaTokenizer", "LlamaTokenizer")]:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": written, "model_max_length": 8}))
+        name_tokenizer_class_portably(tmp_path)
+        assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"tokenizer_class": expected, "model_max_length": 8}
+    name_tokenizer_class_portably(tmp_path / "no-tokenizer-here")  # nothing to rename: no error
