@@ -15,8 +15,9 @@ What it measures, all on one CUDA device, in one process run (so every figure sh
   process tree (GPU-bound when it stays near one core).
 - eval throughput on lambada_openai (all 5,153 passages) through ``ladderize.eval.harness.evaluate_checkpoint``.
 
-Without CUDA it refuses in one line (exit 2). Argument parsing, the JSON record and the plot run anywhere
-(``tests/test_bench_gpu_script.py``).
+Without CUDA it refuses in one line (exit 2). ``--device cpu`` runs the decode part on the CPU (transformers' generate
+uncompiled there, the read bandwidth of a smaller tensor): the GPU check's rehearsal (``benchmarks/gpu_check.py``).
+Argument parsing, the JSON record and the plot run anywhere (``tests/test_bench_gpu_script.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("BENCH_GPU_WORK", "/tmp/bench_gpu")),
                         help="Scratch folder for the SmolLM2 checkpoints of the adapt and eval parts.")
     parser.add_argument("--quick", action="store_true", help="Tiny budgets (a smoke run: llama-1b, batch 1, 1 repeat).")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cuda (the benchmark), or cpu (a rehearsal of the decode part; see the docstring).")
     args = parser.parse_args(argv)
     from ladderize.errors import LadderizeError
     from ladderize.parsing import parse_int_list
@@ -116,6 +119,14 @@ def write_record(record: dict[str, Any], stem: Path, force: bool) -> Path:
 # --- decode ---------------------------------------------------------------------------------------------------------
 
 
+def sync(device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def read_bandwidth_gbs(device, gib: float = 4.0, repeats: int = 10) -> float:
     """Measured read bandwidth (GB/s): the median time of a sum over a ``gib`` GiB bfloat16 tensor (read-bound)."""
     import torch
@@ -123,14 +134,15 @@ def read_bandwidth_gbs(device, gib: float = 4.0, repeats: int = 10) -> float:
     x = torch.ones(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
     times = []
     for index in range(repeats + 2):
-        torch.cuda.synchronize(device)
+        sync(device)
         start = time.perf_counter()
         x.sum(dtype=torch.float32)
-        torch.cuda.synchronize(device)
+        sync(device)
         if index >= 2:
             times.append(time.perf_counter() - start)
     del x
-    torch.cuda.empty_cache()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
     return x_bytes(gib) / statistics.median(times) / 1e9
 
 
@@ -149,17 +161,18 @@ def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
     config = plain_llama_config(SYNTHETIC_CONFIGS[shape])
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    if torch.device(device).type == "cuda":  # the CPU rehearsal runs it eager (inductor's C++ build takes minutes there)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
 
     def run(n: int):
-        torch.cuda.synchronize(device)
+        sync(device)
         start = time.perf_counter()
         with torch.inference_mode():
             # disable_compile: the forward is compiled above; generate's own auto-compile would compile it a second time
             out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static",
                                  disable_compile=True)
-        torch.cuda.synchronize(device)
+        sync(device)
         return time.perf_counter() - start, out[:, prompt_len:].tolist()
 
     return run
@@ -176,7 +189,8 @@ def bench_decode(args, device, say) -> dict[str, Any]:
     from ladderize.runtime.generate import RuntimeOptions
     from ladderize.runtime.timing import time_decode
 
-    bandwidth = read_bandwidth_gbs(device)
+    cuda = device.type == "cuda"
+    bandwidth = read_bandwidth_gbs(device, gib=4.0 if cuda else 0.25)
     say(f"read bandwidth {bandwidth:,.0f} GB/s")
     rows = []
     for shape in args.shapes:
@@ -189,7 +203,8 @@ def bench_decode(args, device, say) -> dict[str, Any]:
             if not args.no_hf:
                 runs[HF_MODE] = lambda: hf_runner(shape, batch, args.prompt, args.gen, device)
             for mode, build in runs.items():  # one engine at a time: an 8B model twice would not fit with batch 64
-                torch.cuda.reset_peak_memory_stats(device)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
                 say(f"decode {shape} batch {batch} {mode}")
                 started = time.perf_counter()
                 timing = time_decode({mode: build()}, args.gen, warmup=args.warmup, repeats=args.repeats)[mode]
@@ -200,11 +215,12 @@ def bench_decode(args, device, say) -> dict[str, Any]:
                     "prefill_ms": timing["prefill_s"] * 1e3,
                     "floor_ms_per_token": weight_bytes / (bandwidth * 1e9) * 1e3,
                     "bandwidth_share": weight_bytes / (bandwidth * 1e9) / timing["decode_s_per_token"],
-                    "peak_device_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                    "peak_device_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
                     "wall_s_incl_warmup": time.perf_counter() - started,
                 })
                 gc.collect()
-                torch.cuda.empty_cache()
+                if cuda:
+                    torch.cuda.empty_cache()
     for row in rows:  # speed-ups in the same run
         hf = next((r for r in rows if r["shape"] == row["shape"] and r["batch"] == row["batch"] and r["mode"] == HF_MODE), None)
         eager = next((r for r in rows if r["shape"] == row["shape"] and r["batch"] == row["batch"] and r["mode"] == "eager"), None)
@@ -348,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: needs a CUDA device (torch sees none); nothing was run", file=sys.stderr)
         return 2
     check_outputs(args.out, args.force)
@@ -357,9 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(f"[bench_gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    if args.device == "cpu":
+        args.skip |= {"adapt", "eval"}  # the CPU runs the decode part only (a rehearsal)
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     record: dict[str, Any] = {
-        "record": RECORD, "device_name": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "record": RECORD, "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
         "cuda": torch.version.cuda, "ladderize_version": ladderize.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "args": {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
