@@ -442,7 +442,9 @@ def step_adapt_smollm2(ctx: Context) -> dict[str, Any]:
     if ctx.rehearse:  # a tiny random model, the default recipe cut to a few steps per stage
         write_synthetic_checkpoint(root / "dense", preset("tiny"), force=True)
         convert_checkpoint(str(root / "dense"), ladder, ladder="2:4", force=True)
-        extra, ppl_args = ["--max-steps", "3", "--seq-len", "32", "--batch-size", "2"], dict(seq_len=32, num_sequences=4)
+        # the default recipe's stages (best: seq-local then kd) at a tiny token budget
+        extra = ["--stage", "seq-local:tokens=512,epochs=1", "--stage", "kd:tokens=512", "--seq-len", "32", "--batch-size", "2"]
+        ppl_args = dict(seq_len=32, num_sequences=4)
     else:
         convert_checkpoint(str(_model_dir()), ladder, ladder="15:30", force=True)
         extra, ppl_args = [], {}
