@@ -348,9 +348,10 @@ def _decode(ctx: Context, shape: str) -> dict[str, Any]:
         args = ["--shapes", "tiny", "--batches", "1,2", "--modes", "eager", "--prompt", "16", "--gen", "8", "--warmup", "1",
                 "--repeats", "2"]
     else:
-        args = ["--shapes", shape, "--batches", "1,16,64"]
+        # eager and the fastest mode (graphs + compile) beside transformers: 3 compiles per batch fit the step's limit
+        args = ["--shapes", shape, "--batches", "1,16,64", "--modes", "eager,graphs+compile"]
     _run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--out", str(stem), "--force", "--skip", "adapt,eval",
-          "--device", ctx.device, *args], BY_NAME["decode_1b"].limit_s, root / "bench_gpu.log")
+          "--device", ctx.device, *args], BY_NAME[f"decode_{shape[6:]}"].limit_s, root / "bench_gpu.log")
     record = json.loads(stem.with_suffix(".json").read_text())
     keep = ("shape", "batch", "mode", "decode_ms_per_token", "prefill_ms", "floor_ms_per_token", "bandwidth_share",
             "peak_device_gib", "speedup_vs_hf_compiled", "speedup_vs_eager")
