@@ -48,6 +48,7 @@ def rehearsal(tmp_path_factory):
     return out, json.loads((out / "gpu_check.json").read_text()), done
 
 
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
 def test_each_part_is_under_the_limit_and_matches_its_manifest(rehearsal):
     parts = sorted(p for p in BUNDLE.glob("part*") if p.is_dir())
     assert [p.name for p in parts] == ["part1", "part2"]  # wheels + data + a piece of the model, then the rest of it
@@ -62,6 +63,7 @@ def test_each_part_is_under_the_limit_and_matches_its_manifest(rehearsal):
     assert any(f["file"].startswith("wheels/lm_eval-") for f in manifest["parts"][0]["files"])
 
 
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
 def test_the_install_needs_no_network(rehearsal, tmp_path):
     _, record, _ = rehearsal
     install = record["install"]
@@ -79,6 +81,7 @@ def test_the_install_needs_no_network(rehearsal, tmp_path):
     assert (tmp_path / "site" / "lm_eval").is_dir()
 
 
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
 def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
     out, record, done = rehearsal
     steps = _gpu_check().STEPS
