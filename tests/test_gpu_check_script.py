@@ -40,6 +40,7 @@ def _gpu_check():
 def rehearsal(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check") / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["LADDERIZE_DATA_DIR"] = str(ROOT / "tests" / "data")  # the bundled slices: a clone needs no ../shared
     started = time.perf_counter()
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--rehearse", "--bundle", str(BUNDLE), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=2300)
