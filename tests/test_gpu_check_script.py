@@ -92,6 +92,8 @@ def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
         assert entry["status"] in STATUSES, (name, entry)
         if name in NEED_CUDA:
             assert entry["status"] == "skipped", (name, entry)
+        elif name == "predict_calibrate" and entry["status"] == "skipped":  # a loaded CPU: the product's refusal ran
+            assert "refused this CPU's timings 3 times" in entry["reason"] and "the fit misses" in entry["reason"], entry
         else:
             assert entry["status"] == "ok", (name, entry)
     cases = record["steps"]["runtime_tp1"]["figures"]["cases"]
