@@ -1,4 +1,4 @@
-"""The GPU check of issue 44: every GPU claim of the project measured in one run, one JSON record and a Markdown summary.
+"""The GPU check: every GPU claim of the project measured in one run, one JSON record and a Markdown summary.
 
     python benchmarks/gpu_check.py --out OUT --work WORK [--device cuda|cpu] [--rehearse] [--steps a,b] [--budget-s 540]
 

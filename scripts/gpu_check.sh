@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (issue 44): on the GPU machine, from the bundle that scripts/gpu_bundle.sh built.
+# The GPU check in one command: on the GPU machine, from the bundle that scripts/gpu_bundle.sh built.
 #
 #   bash scripts/gpu_check.sh --bundle DIR --out OUT [--steps a,b] [--budget-s S] [--rerun]
 #   bash scripts/gpu_check.sh --rehearse --bundle DIR --out OUT     # the CPU rehearsal CI runs (tiny shapes)

@@ -1,4 +1,4 @@
-"""The GPU check's rehearsal on the CPU (issue 44): ``scripts/gpu_check.sh --rehearse`` builds the bundle, installs its
+"""The GPU check's rehearsal on the CPU: ``scripts/gpu_check.sh --rehearse`` builds the bundle, installs its
 wheels with ``pip --no-index`` into a fresh folder beside a venv of the GPU image's packages, and runs every step at
 tiny shapes; here each part is under the limit, the install needs no network, and every step reports a status.
 
