@@ -37,7 +37,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError, one_line
 from ..checkpoint.placement import process_rank
@@ -45,6 +45,9 @@ from ..progress import counted
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
 from .train import adapt, preflight
+
+if TYPE_CHECKING:
+    from .budget import Budget
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -197,7 +200,7 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
     tokens = counted(step["tokens"], "token") + (f" x {counted(float(step['epochs']), 'epoch')}" if kind == "sequential" else "")
-    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature") + (("states", "stream_layers") if kind == "sequential" else ())
+    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature") + (("states", "stream_layers", "closed_form") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
             f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")
@@ -236,8 +239,11 @@ def run_recipe(
     on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None,
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
+    budget: "Budget | None" = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
+
+    ``budget`` sizes the stages to tokens or wall time (``budget.py``); a resumed run keeps the sizes it planned.
 
     ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
     kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
@@ -256,9 +262,20 @@ def run_recipe(
         raise LadderizeError(f"checkpoint {checkpoint} not found")
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     plan_file = top / PLAN_FILE
-    record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
     # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
     main = process_rank() == 0
+    sizing = None
+    if budget is not None:
+        saved = json.loads(plan_file.read_text()) if resume and plan_file.is_file() else {}
+        if saved.get("budget", {}).get("text") == budget.text:  # the sizes planned (and timed) when the run began
+            steps, sizing = saved["plan"], saved["budget"]
+        else:
+            from .budget import size_recipe
+
+            steps, sizing = size_recipe(steps, budget, checkpoint, say)
+    record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
+    if sizing is not None:
+        record["budget"] = sizing
     if main and plan_file.is_file():
         if resume:
             saved = _comparable(json.loads(plan_file.read_text()))
@@ -387,6 +404,7 @@ def adapt_checkpoint(
     on_plan: Callable[[str, list[dict[str, Any]]], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
     max_steps: int | None = None,
+    budget: str | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
@@ -394,6 +412,7 @@ def adapt_checkpoint(
     interrupt gets a hint on how to continue. ``on_plan(recipe_name, steps)`` shows a recipe's plan. ``max_steps``
     stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's ``max_steps`` for
     a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly.
+    ``budget`` (``--budget``: ``30m`` wall time or ``20M`` tokens) sizes the recipe's stages (``budget.py``).
     """
     from ..errors import Interrupted
     from ..checkpoint.placement import check_device, check_dtype
@@ -407,6 +426,11 @@ def adapt_checkpoint(
         raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
     if recipe and stages:
         raise LadderizeError("give --recipe or --stage, not both")
+    if budget is not None and single:
+        raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
+    from .budget import parse_budget
+
+    sized_by = parse_budget(budget) if budget is not None else None
     checkpoint, out = str(checkpoint), str(out)
     run_dir = str(run_dir) if run_dir else None
     if single:
@@ -426,7 +450,7 @@ def adapt_checkpoint(
         outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
                              resume=resume, progress=progress, on_message=on_message,
                              on_plan=None if on_plan is None else (lambda steps: on_plan(chosen.name, steps)),
-                             on_stage_start=on_stage_start, max_steps=max_steps)
+                             on_stage_start=on_stage_start, max_steps=max_steps, budget=sized_by)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise

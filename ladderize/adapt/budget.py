@@ -1,0 +1,224 @@
+"""``adapt --budget``: a recipe's stages sized to a budget of tokens or of wall time.
+
+A budget is either tokens (``20M``, ``500K``, ``163840``) or wall time on the device in use (``90s``,
+``30m``, ``1.5h``). A recipe's cost is counted in *token passes*: a sequential stage costs its
+calibration tokens times its epochs (each converted layer trains that many tokens), any other stage
+its tokens. The built-in recipe ``best`` costs 65,536 x 2 + 32,768 = 163,840 token passes, and that is
+the default budget: without ``--budget`` nothing changes.
+
+A token budget scales every stage by the same factor, rounded to whole optimizer steps (at least one
+per stage), with the stages' warm-up scaled alike. A sequential stage's calibration set stops growing
+where the data ends (its whole sequences; further epochs over the same set overfit it) or where its
+cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
+(``sequential_run.STATE_COPIES`` state tensors); the tokens past that go to the next stage that is not
+sequential (kd in ``best``), which passes over the data as many times as they need. A wall budget is turned into tokens by the pace measured on this
+device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LadderizeError
+from ..progress import counted
+
+_TIME_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_TOKEN_UNITS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000, "G": 1_000_000_000, "B": 1_000_000_000}
+STATE_MEMORY_SHARE = 0.25  # of the memory there is, the most a sequential stage's cached states may take
+MAX_WARMUP_STEPS = 100
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Token passes (``tokens``) or wall seconds (``seconds``); ``text`` as the user wrote it."""
+
+    text: str
+    tokens: int | None = None
+    seconds: float | None = None
+
+    def describe(self) -> str:
+        return duration(self.seconds) if self.seconds is not None else counted(self.tokens, "token")
+
+
+def duration(seconds: float) -> str:
+    """``45 s`` under two minutes, else ``12.5 min``."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def parse_budget(text: str) -> Budget:
+    """``30m``, ``90s``, ``1.5h``, ``2min`` (wall time) or ``20M``, ``500K``, ``1G``, ``163840`` (tokens)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2) if match else None
+    if match and unit in _TIME_UNITS:
+        seconds = float(match.group(1)) * _TIME_UNITS[unit]
+        if seconds > 0:
+            return Budget(str(text), seconds=seconds)
+    elif match and unit in _TOKEN_UNITS:
+        tokens = float(match.group(1)) * _TOKEN_UNITS[unit]
+        if tokens >= 1:
+            return Budget(str(text), tokens=int(tokens))
+    raise LadderizeError(f"--budget {text!r}: give wall time (90s, 30m, 1.5h) or tokens (500K, 20M, 1G; "
+                         "lowercase m is minutes, uppercase M millions)")
+
+
+def step_tokens(step: dict[str, Any]) -> int:
+    """Tokens of one optimizer step of a resolved stage (a sequential stage's batch is the step's)."""
+    from .config import AdaptConfig
+
+    tokens = step.get("seq_len", AdaptConfig.seq_len) * step.get("batch_size", AdaptConfig.batch_size)
+    return tokens if step.get("local_schedule") == "sequential" else tokens * step.get("grad_accum", AdaptConfig.grad_accum)
+
+
+def stage_cost(step: dict[str, Any]) -> float:
+    """Token passes of a resolved stage: tokens x epochs for a sequential stage, else tokens."""
+    epochs = float(step.get("epochs", 1.0)) if step.get("local_schedule") == "sequential" else 1.0
+    return step["tokens"] * epochs
+
+
+def recipe_cost(steps: list[dict[str, Any]]) -> int:
+    """Token passes of a recipe's resolved stages."""
+    return round(sum(stage_cost(step) for step in steps))
+
+
+def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: int | None = None) -> list[dict[str, Any]]:
+    """``steps`` (resolved, with ``seq_len``/``batch_size`` filled in) sized to ``tokens`` token passes (module docstring).
+
+    ``max_calibration``: the most calibration tokens a sequential stage may cache; the rest moves to the next
+    stage that is not sequential (where there is none, the sequential stage keeps them).
+    """
+    factor = tokens / max(1, recipe_cost(steps))
+    wanted = [stage_cost(step) * factor for step in steps]
+    capped = [False] * len(steps)
+    for index, step in enumerate(steps):
+        if step.get("local_schedule") != "sequential" or max_calibration is None:
+            continue
+        epochs = float(step.get("epochs", 1.0))
+        if wanted[index] / epochs <= max_calibration:
+            continue
+        later = [k for k in range(index + 1, len(steps)) if steps[k].get("local_schedule") != "sequential"]
+        if later:
+            wanted[later[0]] += wanted[index] - max_calibration * epochs
+            wanted[index] = max_calibration * epochs
+            capped[index] = True
+    sized = []
+    for index, (step, cost) in enumerate(zip(steps, wanted)):
+        unit = step_tokens(step)
+        epochs = float(step.get("epochs", 1.0)) if step.get("local_schedule") == "sequential" else 1.0
+        stage_tokens = max(1, round(cost / epochs / unit)) * unit
+        if capped[index] and stage_tokens > max_calibration:
+            stage_tokens = max(1, max_calibration // unit) * unit  # rounded down: the cap holds
+        scale = stage_tokens / step["tokens"]
+        warmup = step.get("warmup_steps")
+        new = {**step, "tokens": stage_tokens}
+        if warmup is not None:
+            new["warmup_steps"] = min(MAX_WARMUP_STEPS, max(1, round(warmup * scale)))
+        sized.append(new)
+    return sized
+
+
+def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4) -> int | None:
+    """The most calibration tokens whose cached states (``STATE_COPIES`` tensors of ``hidden_size``) fit in
+    ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read)."""
+    from .sequential_run import STATE_COPIES
+
+    available = _available_memory(device)
+    if available is None:
+        return None
+    return max(1, int(STATE_MEMORY_SHARE * available / (STATE_COPIES * hidden_size * bytes_per_value)))
+
+
+def _available_memory(device: str) -> int | None:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return None
+
+
+def plan_line(budget: Budget, steps: list[dict[str, Any]]) -> str:
+    """One line: the budget and what the stages got."""
+    parts = []
+    for step in steps:
+        size = counted(step["tokens"], "token")
+        if step.get("local_schedule") == "sequential":
+            size += f" x {float(step.get('epochs', 1.0)):g}"
+        parts.append(f"{step['name']} {size}")
+    return f"budget {budget.describe()}: {recipe_cost(steps):,} token passes ({', '.join(parts)})"
+
+
+def check_budget_steps(steps: list[dict[str, Any]]) -> None:
+    """A recipe a budget can size: every stage has a token count."""
+    for step in steps:
+        if not isinstance(step.get("tokens"), int) or step["tokens"] < 1 or not math.isfinite(stage_cost(step)):
+            raise LadderizeError(f"--budget: stage {step['stage']} ({step['name']}) has no token count to size")
+
+
+def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
+                say=lambda _line: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps."""
+    from ..checkpoint.io import load_config
+    from . import pace as pacing
+    from .config import AdaptConfig
+
+    check_budget_steps(steps)
+    first = steps[0]
+    device = first.get("device", AdaptConfig.device)
+    cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device())
+    cap = _data_tokens(first, checkpoint, cap) if any(s.get("local_schedule") == "sequential" for s in steps) else cap
+
+    def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+        return scale_stages(plan, tokens, max_calibration=cap)
+
+    record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds}
+    tokens = budget.tokens
+    if budget.seconds is not None:
+        pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
+                              batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
+                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"))
+        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size)
+        if tokens < 1:
+            floor = pacing.recipe_seconds(pace, size(steps, 1))
+            raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; "
+                                 f"its smallest run takes about {floor / 60:.1f} min")
+        record["pace"] = pace.record()
+        say(f"budget {budget.describe()} {pacing.describe(pace)}: {tokens:,} token passes fit")
+    sized = size(steps, tokens)
+    record["tokens"] = tokens
+    full = cap is not None and any(step.get("local_schedule") == "sequential" and step["tokens"] + step_tokens(step) > cap
+                                   for step in sized)
+    say(plan_line(budget, sized) + (f"; the sequential calibration set is capped at {cap:,} tokens (the data, or "
+                                    f"{STATE_MEMORY_SHARE:.0%} of memory for its states): the rest goes to the next stage" if full else ""))
+    if budget.seconds is not None:
+        planned = [pacing.stage_seconds(pace, step) for step in sized]
+        record["planned_s"] = planned
+        say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
+            + f" (of {budget.describe()})")
+    return sized, record
+
+
+def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int | None:
+    """The tokens of whole sequences the data holds, up to ``cap`` (tokenized into the token store that far)."""
+    from ..checkpoint.io import load_tokenizer
+    from .config import AdaptConfig
+    from .data import token_windows
+
+    seq_len = step.get("seq_len", AdaptConfig.seq_len)
+    windows = token_windows(step.get("data", AdaptConfig.data), load_tokenizer(checkpoint, "adaptation"), seq_len,
+                            max_tokens=cap)
+    held = len(windows) * seq_len
+    return held if cap is None or held < cap else cap
+
+
+def _auto_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

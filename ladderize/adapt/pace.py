@@ -1,0 +1,174 @@
+"""How fast this device adapts a checkpoint: the timings that turn ``adapt --budget 30m`` into tokens.
+
+``measure`` times, on the device and at the precision the run will use, the pieces every stage is
+made of, on random states of one step's shape: a converted layer's forward alone (``layer_forward``)
+and forward + backward + AdamW step (``layer_train``), the LM head with the kd loss forward + backward beside the
+teacher's head forward (``head_step``), and reading one layer's weights (``layer_read``). The stages'
+times follow from what each one runs per token (``stage_seconds``):
+
+- sequential (``seq-local``): the teacher's layers below the first converted one once, then for every
+  layer from the first converted to the last its teacher forward and the student's forward (the
+  states moved past it), and for each converted layer ``epochs`` training passes;
+- any other stage (``kd``, ``local``, ``lm``): per token the teacher's and the student's forward through
+  every layer, the backward through the layers from the first converted one up, and the heads;
+- every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one.
+
+The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REPEATS = 3  # timed calls per piece (after one untimed), the median kept
+FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Seconds of each piece for one step of ``tokens_per_call`` tokens, and the model's layer counts."""
+
+    device: str
+    precision: str
+    tokens_per_call: int
+    layer_forward: float
+    layer_train: float
+    head_step: float
+    layer_read: float
+    layers: int
+    first_converted: int
+    last_converted: int
+    converted: int
+    measured_s: float
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _timed(fn) -> float:
+    fn()
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "auto", dtype: str | None = None,
+            mixed_precision: str | None = None) -> Pace:
+    """Time the pieces of an adapt run of ``checkpoint`` on ``device`` (module docstring)."""
+    from ..checkpoint.io import load_config
+    from ..checkpoint.placement import resolve_device, training_precision
+    from .layer_source import StreamedLayers
+    from .residual_states import attention_kwargs
+
+    began = time.perf_counter()
+    target = resolve_device(device)
+    precision = training_precision(dtype, target, mixed_precision)
+    layout = load_config(checkpoint).layout
+    converted = sorted(layout.converted_layers)
+    first, last = converted[0], converted[-1]
+    source = StreamedLayers(checkpoint, torch.float32, target)
+    config = source.model.config
+    hidden, rows = config.hidden_size, batch_size * seq_len
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    states = tuple(torch.randn(batch_size, seq_len, hidden, generator=generator).to(target) for _ in range(2))
+    kwargs = attention_kwargs(source.model, batch_size, seq_len, torch.float32, target)
+
+    def sync() -> None:
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)
+
+    start = time.perf_counter()
+    with source.layer(first) as layer:
+        layer_read = time.perf_counter() - start
+        with torch.no_grad():
+            def forward() -> None:
+                with precision.context(target):
+                    layer(*states, **kwargs)
+                sync()
+
+            layer_forward = _timed(forward)
+        layer.requires_grad_(True)
+        params = list(layer.parameters())
+        optimizer = torch.optim.AdamW(params, lr=1e-12)
+
+        def train() -> None:
+            with precision.context(target):
+                out = layer(*states, **kwargs)
+                loss = sum(tensor.float().square().mean() for tensor in out)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+
+        layer_train = _timed(train)
+        layer.requires_grad_(False)
+        del optimizer
+    head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
+    weight = source.read(head_name).to(target, torch.float32)
+    final = torch.randn(rows, hidden, generator=generator).to(target)
+
+    def head() -> None:
+        student = final.detach().requires_grad_(True)
+        with precision.context(target):
+            with torch.no_grad():
+                teacher_logits = final @ weight.T
+            logits = student @ weight.T
+        loss = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
+                        reduction="batchmean")
+        loss.backward()
+        sync()
+
+    head_step = _timed(head)
+    return Pace(device=str(target), precision=precision.mixed_precision if precision.autocast is not None else "float32",
+                tokens_per_call=rows, layer_forward=layer_forward, layer_train=layer_train, head_step=head_step,
+                layer_read=layer_read, layers=config.num_hidden_layers, first_converted=first, last_converted=last,
+                converted=len(converted), measured_s=time.perf_counter() - began)
+
+
+def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
+    """The expected wall seconds of one resolved stage (module docstring)."""
+    per_token = 1.0 / pace.tokens_per_call
+    fixed = FIXED_READS * pace.layers * pace.layer_read
+    if step.get("local_schedule") == "sequential":
+        span = pace.last_converted - pace.first_converted + 1
+        epochs = float(step.get("epochs", 1.0))
+        per = (pace.first_converted + 2 * span) * pace.layer_forward + pace.converted * epochs * pace.layer_train
+        return fixed + step["tokens"] * per * per_token
+    backward = (pace.layers - pace.first_converted) * (pace.layer_train - pace.layer_forward)
+    per = 2 * pace.layers * pace.layer_forward + backward + pace.head_step
+    return fixed + step["tokens"] * per * per_token
+
+
+def recipe_seconds(pace: Pace, steps: list[dict[str, Any]]) -> float:
+    return sum(stage_seconds(pace, step) for step in steps)
+
+
+def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, size) -> int:
+    """The most token passes whose stages, sized by ``size(steps, tokens)``, are expected to fit in ``seconds``
+    (0 when not even the smallest sizing fits)."""
+    low, high = 0, 1
+    while recipe_seconds(pace, size(steps, high)) <= seconds and high < 10**13:
+        low, high = high, high * 2
+    while high - low > max(1, low // 10_000):
+        middle = (low + high) // 2
+        if recipe_seconds(pace, size(steps, middle)) <= seconds:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def describe(pace: Pace) -> str:
+    return (f"on {pace.device} ({pace.precision}): timed in {pace.measured_s:.0f} s (a converted layer "
+            f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
+            f"{pace.tokens_per_call:,} tokens)")

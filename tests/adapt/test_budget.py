@@ -1,0 +1,91 @@
+"""``adapt --budget``: parsing, the stages sized to tokens or wall time, the plan record, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
+from ladderize.adapt.recipe import load_recipe, resolve_stages, run_recipe
+from ladderize.errors import LadderizeError
+from tests.adapt.test_recipe import TINY_SHARED, tiny_best
+from tests.cli_helpers import error_lines, run_cli
+
+
+@pytest.mark.parametrize("text,tokens,seconds", [
+    ("30m", None, 1800.0), ("90s", None, 90.0), ("1.5h", None, 5400.0), ("2min", None, 120.0),
+    ("20M", 20_000_000, None), ("500K", 500_000, None), ("1G", 10**9, None), ("163840", 163_840, None),
+])
+def test_budget_forms(text, tokens, seconds):
+    assert parse_budget(text) == Budget(text, tokens=tokens, seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "30x", "0m", "-5M", "m", "1.5.2h"])
+def test_bad_budget_is_refused(text):
+    with pytest.raises(LadderizeError, match="--budget"):
+        parse_budget(text)
+
+
+def test_default_budget_is_the_recipe_as_it_is(ladder_dir):
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    assert recipe_cost(steps) == 65_536 * 2 + 32_768
+    assert scale_stages(steps, recipe_cost(steps)) == steps  # the default changes nothing, warm-up included
+
+
+def test_budget_scales_every_stage_in_whole_steps(ladder_dir):
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    double = scale_stages(steps, 2 * recipe_cost(steps))
+    assert [s["tokens"] for s in double] == [131_072, 65_536] and [s["warmup_steps"] for s in double] == [4, 10]
+    small = scale_stages(steps, 10_000)  # 8,000 / 2 epochs -> 4 steps of 1,024; 2,000 -> 2 steps
+    assert [s["tokens"] for s in small] == [4_096, 2_048] and [s["warmup_steps"] for s in small] == [1, 1]
+    tiny = scale_stages(steps, 1)  # at least one step per stage
+    assert [s["tokens"] for s in tiny] == [1_024, 1_024]
+    # the sequential stage's cached states capped: what it cannot take goes to kd
+    capped = scale_stages(steps, 4 * recipe_cost(steps), max_calibration=100_000)
+    assert capped[0]["tokens"] == 99_328  # 100,000 rounded to whole steps of 1,024
+    assert capped[1]["tokens"] == round((4 * 163_840 - 200_000) / 1_024) * 1_024
+    # a sequential stage alone keeps its tokens past the cap (nothing to hand them to)
+    alone = resolve_stages(load_recipe("seq-local"), str(ladder_dir))
+    assert scale_stages(alone, 4 * recipe_cost(alone), max_calibration=100_000)[0]["tokens"] == 262_144
+
+
+def test_token_budget_runs_records_its_plan_and_says_it(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o"
+    args = ["adapt", ladder_dir, out, "--data", text_file, "--seq-len", 32, "--batch-size", 2, "--save-every", 1,
+            "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64", "--budget", "640", "--keep-state"]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0, stderr
+    # 640 token passes over 192 -> x3.33: seq-local 426.7 -> 7 steps of 64 (448), kd 213.3 -> 3 steps (192)
+    assert "budget 640 tokens: 640 token passes (seq-local 448 tokens x 1, kd 192 tokens)" in stdout + stderr
+    assert "1. seq-local: local (sequential), 448 tokens x 1 epoch" in stdout
+    assert "adapted 17 steps" in stdout  # 7 steps of 2 x 32 tokens for each of the 2 ladder layers, 3 kd steps
+    record = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
+    assert record["budget"]["tokens"] == 640 and [s["tokens"] for s in record["plan"]] == [448, 192]
+
+
+def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, tmp_path):
+    # (no state saved every step: a tiny model's steps are too short for the timed pace to include the saves)
+    common = dict(shared={**TINY_SHARED, "data": str(text_file), "save_every": 10**6}, budget=Budget("2s", seconds=2.0))
+    messages: list[str] = []
+    out = str(tmp_path / "o")
+    partial = run_recipe(tiny_best(), str(ladder_dir), out, stop_after_steps=2, on_message=messages.append, **common)
+    assert not partial.finished
+    record = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
+    pace, planned = record["budget"]["pace"], record["budget"]["planned_s"]
+    assert pace["converted"] == 2 and pace["layer_train"] > pace["layer_forward"] > 0
+    assert record["budget"]["tokens"] > 0 and sum(planned) <= 2.0
+    assert any(m.startswith("budget 2 s on cpu (float32): timed in") for m in messages)
+    assert any(m.startswith("planned wall time: seq-local") and m.endswith("(of 2 s)") for m in messages)
+    # a resume keeps the sizes planned when the run began (a new timing could change them)
+    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, **common)
+    assert resumed.finished and resumed.plan == record["plan"]
+
+
+def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file]
+    for extra, message in ((["--budget", "30x"], "--budget '30x': give wall time"),
+                           (["--budget", "1M", "--tokens", "64"], "a single stage takes --tokens instead"),
+                           (["--budget", "0.001s", "--seq-len", "32"], "too short for this recipe on cpu")):
+        code, _, stderr = run_cli([*base, *extra], capsys, monkeypatch)
+        assert code == 2 and len(error_lines(stderr)) == 1 and message in stderr, stderr

@@ -1,0 +1,37 @@
+"""``pace.py``: the timed pieces of an adapt run and the stage times and token counts that follow from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ladderize.adapt.budget import scale_stages
+from ladderize.adapt.pace import FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
+from ladderize.adapt.recipe import load_recipe, resolve_stages
+
+PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,
+            layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=1.0)
+
+
+def test_stage_seconds_follow_what_each_stage_runs():
+    fixed = FIXED_READS * 30 * 0.01
+    # sequential: 15 layers below once, then 15 layers x (teacher + student forward), and 15 x 2 epochs of training
+    seq = {"local_schedule": "sequential", "tokens": 10_000, "epochs": 2.0}
+    assert stage_seconds(PACE, seq) == pytest.approx(fixed + 10 * ((15 + 2 * 15) * 0.1 + 15 * 2 * 0.3))
+    # kd: both models' forward through 30 layers, the backward from layer 15 up, the heads
+    kd = {"objectives": "kd", "tokens": 10_000}
+    assert stage_seconds(PACE, kd) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 15 * 0.2 + 0.5))
+
+
+def test_tokens_for_seconds_is_the_most_that_fits(ladder_dir):
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    tokens = tokens_for_seconds(PACE, steps, 1_800.0, scale_stages)
+    assert recipe_seconds(PACE, scale_stages(steps, tokens)) <= 1_800.0
+    assert recipe_seconds(PACE, scale_stages(steps, int(tokens * 1.01) + 4_096)) > 1_800.0
+    assert tokens_for_seconds(PACE, steps, 0.5, scale_stages) == 0  # less than the weight reads alone
+
+
+def test_measure_times_the_converted_layer(ladder_dir):
+    pace = measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu")
+    assert (pace.first_converted, pace.last_converted, pace.converted, pace.layers) == (2, 3, 2, 4)
+    assert pace.tokens_per_call == 64 and pace.precision == "float32"
+    assert pace.layer_train > pace.layer_forward > 0 and pace.head_step > 0 and pace.layer_read > 0
