@@ -43,6 +43,7 @@ class AdaptConfig:
     epochs: float = 2.0  # sequential training: passes over the calibration set per layer
     stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
     states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
+    closed_form: bool = False  # sequential training: refit o_proj, down_proj by ridge least squares first (least_squares.py)
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
     lora_rank: int = 16
@@ -124,6 +125,9 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
             raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
         if config.epochs <= 0:
             raise LadderizeError(f"epochs must be positive, got {config.epochs}")
+    elif config.closed_form:
+        raise LadderizeError("closed_form refits each layer before the sequential training; use it in a seq-local stage "
+                             "(--stage seq-local:closed_form=true)")
     for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
         if getattr(config, name) < 1:
             raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")

@@ -9,7 +9,8 @@
    in memory or in memory-mapped files in the run dir (``states="disk"``, ``state_store.py``).
 3. For each layer from the first converted to the last: the teacher's layer gives the
    target states and is given back; the student's layer is trained if converted (and not
-   finished before a resume), written to ``RUN/state/layer-NNNNN.safetensors`` at once,
+   finished before a resume; with ``closed_form`` its ``o_proj`` and ``down_proj`` are first refit
+   by least squares, ``least_squares.py``), written to ``RUN/state/layer-NNNNN.safetensors`` at once,
    moves the student's states past it, and is given back.
 4. OUT: assembled tensor by tensor from the checkpoint and the layer files
    (``output.write_streamed_output``), or saved from the model held whole.
@@ -32,7 +33,7 @@ the steps are one process's within fp32 rounding. The main process writes the fi
 
 Resume: ``trainer_state.json`` names the last finished layer. A resumed run reads the
 finished layers from their files, recomputes the states through them, and trains the next
-layer from its start: a layer's training is a pure function of its input states, its
+layer from its start: a layer's training (and refit) is a pure function of its input states, its
 weights and (layer, seed), so the result equals an uninterrupted run's bit for bit.
 """
 
@@ -55,6 +56,7 @@ from .training_state import STATE_DIR, finish_state, read_trainer_state, write_t
 from ..model.layout import format_layer_ranges
 from ..progress import counted
 from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
+from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
 from .teacher import check_teacher, load_teacher, resolve_teacher
@@ -266,6 +268,9 @@ def _train_layers(
                 teacher_out = cache.teacher_output(teacher_layer)
             with student.layer(index) as layer:
                 if index in converted and index > done:
+                    if config.closed_form:
+                        say(refit_output_projections(cache, layer, teacher_out, local_inputs=inputs, batch_size=batch_size,
+                                                     ranks=ranks).describe())
                     fit = train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)

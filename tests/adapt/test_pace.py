@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ladderize.adapt.budget import scale_stages
-from ladderize.adapt.pace import FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
+from ladderize.adapt.pace import CLOSED_FORM_TRAINS, FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
 from ladderize.adapt.recipe import load_recipe, resolve_stages
 
 PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,
@@ -17,6 +17,8 @@ def test_stage_seconds_follow_what_each_stage_runs():
     # sequential: 15 layers below once, then 15 layers x (teacher + student forward), and 15 x 2 epochs of training
     seq = {"local_schedule": "sequential", "tokens": 10_000, "epochs": 2.0}
     assert stage_seconds(PACE, seq) == pytest.approx(fixed + 10 * ((15 + 2 * 15) * 0.1 + 15 * 2 * 0.3))
+    closed = stage_seconds(PACE, {**seq, "closed_form": True}) - stage_seconds(PACE, seq)
+    assert closed == pytest.approx(10 * 15 * CLOSED_FORM_TRAINS * 0.3)  # the refit's passes over the calibration set
     # kd: both models' forward through 30 layers, the backward from layer 15 up, the heads
     kd = {"objectives": "kd", "tokens": 10_000}
     assert stage_seconds(PACE, kd) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 15 * 0.2 + 0.5))
