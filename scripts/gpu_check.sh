@@ -47,6 +47,9 @@ OUT="$(cd "$OUT" && pwd)"
 if [ "$REHEARSE" = 1 ]; then
   PYTHON="${PYTHON:-python3}"
   STATE="${LADDERIZE_GPU_CHECK_HOME:-$REPO/.gpu-check-rehearse}"
+  # rehearsals in one checkout share the bundle, the venv and $STATE: a second one waits for the first
+  exec 9>"$REPO/.gpu-check-rehearse.lock"
+  flock 9
   rm -rf "$STATE"  # a fresh install every rehearsal
   ls "$BUNDLE"/part1/manifest.json >/dev/null 2>&1 || bash scripts/gpu_bundle.sh --rehearse "$BUNDLE"
   VENV=.venv-gpucheck

@@ -8,6 +8,7 @@ The first run builds ``.venv-gpucheck`` (torch 2.13.0+cpu and the image's packag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -36,18 +37,32 @@ def _gpu_check():
     return module
 
 
-@pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-check") / "out"
+def _rehearse(out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["LADDERIZE_DATA_DIR"] = str(ROOT / "tests" / "data")  # the bundled slices: a clone needs no ../shared
     started = time.perf_counter()
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--rehearse", "--bundle", str(BUNDLE), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=2300)
-    wall = time.perf_counter() - started
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    print(f"rehearsal: {wall:.0f} s", file=sys.stderr)
-    return out, json.loads((out / "gpu_check.json").read_text()), done
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-3000:],
+            "wall_s": time.perf_counter() - started}
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """One rehearsal per test run: the tests of this module may land on different xdist workers, and two rehearsals at
+    once would build the same venv and bundle; the first worker runs it under a lock and leaves its result for the others
+    in the run's shared temp folder (the parent of the workers' own)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, result_file = shared / "gpu-check-out", shared / "gpu-check-result.json"
+    with open(shared / "gpu-check.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result_file.exists():
+            result_file.write_text(json.dumps(_rehearse(out)))
+        result = json.loads(result_file.read_text())
+    assert result["returncode"] == 0, (result["stdout"][-3000:], result["stderr"])
+    print(f"rehearsal: {result['wall_s']:.0f} s", file=sys.stderr)
+    return out, json.loads((out / "gpu_check.json").read_text()), result["stdout"]
 
 
 @pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
@@ -85,7 +100,7 @@ def test_the_install_needs_no_network(rehearsal, tmp_path):
 
 @pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
 def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
-    out, record, done = rehearsal
+    out, record, stdout = rehearsal
     steps = _gpu_check().STEPS
     assert list(record["steps"]) == [s.name for s in steps] and record["rehearse"] and record["device"] == "cpu"
     for name, entry in record["steps"].items():
@@ -102,7 +117,7 @@ def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
     assert record["steps"]["eval_lambada"]["figures"]["acc_equal"]
     summary = (out / "gpu_check.md").read_text()
     assert all(f"| {s.name} |" in summary for s in steps)
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {k: v["status"] for k, v in record["steps"].items()}
+    assert json.loads(stdout.strip().splitlines()[-1]) == {k: v["status"] for k, v in record["steps"].items()}
 
 
 def test_parts_reassemble_over_two_calls(tmp_path):
