@@ -15,10 +15,15 @@ times follow from what each one runs per token (``stage_seconds``):
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one.
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
+It also counts the CPU time every other process used meanwhile (``other_cpus``, from ``/proc/stat`` on
+Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
+(``BUSY_CPUS`` or more), since a run on a quieter machine would have fit more tokens, and one on a busier
+machine fewer.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +37,7 @@ FIXED_READS = 3  # weight passes per stage: the student's and the teacher's read
 # a converted layer's closed-form start (``least_squares.py``): two passes over the calibration set, forward and the
 # backward to the module's output, about 1.5 training passes (38 s measured against 48 s for 2 on SmolLM2, 8,192 tokens)
 CLOSED_FORM_TRAINS = 1.5
+BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
 
 
 @dataclass(frozen=True)
@@ -50,9 +56,22 @@ class Pace:
     last_converted: int
     converted: int
     measured_s: float
+    other_cpus: float | None = None  # other processes' CPU seconds per second while timed (None: not known here)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds every process on this machine has used since boot (``/proc/stat``: all but idle and iowait),
+    None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _timed(fn) -> float:
@@ -73,7 +92,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from .layer_source import StreamedLayers
     from .residual_states import attention_kwargs
 
-    began = time.perf_counter()
+    began, own_began, machine_began = time.perf_counter(), time.process_time(), machine_cpu_seconds()
     target = resolve_device(device)
     precision = training_precision(dtype, target, mixed_precision)
     layout = load_config(checkpoint).layout
@@ -133,10 +152,13 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         sync()
 
     head_step = _timed(head)
+    wall, machine_ended = time.perf_counter() - began, machine_cpu_seconds()
+    others = None if machine_began is None or machine_ended is None else \
+        max(0.0, (machine_ended - machine_began) - (time.process_time() - own_began)) / wall
     return Pace(device=str(target), precision=precision.mixed_precision if precision.autocast is not None else "float32",
                 tokens_per_call=rows, layer_forward=layer_forward, layer_train=layer_train, head_step=head_step,
                 layer_read=layer_read, layers=config.num_hidden_layers, first_converted=first, last_converted=last,
-                converted=len(converted), measured_s=time.perf_counter() - began)
+                converted=len(converted), measured_s=wall, other_cpus=others)
 
 
 def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
@@ -174,6 +196,9 @@ def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, 
 
 
 def describe(pace: Pace) -> str:
+    busy = "" if pace.other_cpus is None or pace.other_cpus < BUSY_CPUS else \
+        (f"; other processes kept {pace.other_cpus:.1f} CPUs busy meanwhile, so the plan is sized for a machine that "
+         f"busy (a quieter one fits more, a budget in tokens fits the same)")
     return (f"on {pace.device} ({pace.precision}): timed in {pace.measured_s:.0f} s (a converted layer "
             f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
-            f"{pace.tokens_per_call:,} tokens)")
+            f"{pace.tokens_per_call:,} tokens{busy})")
