@@ -15,8 +15,8 @@ times follow from what each one runs per token (``stage_seconds``):
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one.
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
-It also counts the CPU time every other process used meanwhile (``other_cpus``, from ``/proc/stat`` on
-Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
+It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
+from ``/proc/stat`` on Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
 (``BUSY_CPUS`` or more), since a run on a quieter machine would have fit more tokens, and one on a busier
 machine fewer.
 """
@@ -62,16 +62,25 @@ class Pace:
         return asdict(self)
 
 
-def machine_cpu_seconds() -> float | None:
-    """CPU seconds every process on this machine has used since boot (``/proc/stat``: all but idle and iowait),
-    None where there is no ``/proc/stat``."""
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have used since boot on the CPUs this process may run on (``/proc/stat``'s lines
+    of those CPUs: all but idle and iowait), None where there is no ``/proc/stat``. A run pinned to one core
+    (``taskset``) counts that core only; a container's host CPUs outside its affinity do not count."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    total = 0
     try:
         with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:9]]
+            for line in stat:
+                name, *fields = line.split()
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                if allowed is not None and int(name[3:]) not in allowed:
+                    continue
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(value) for value in fields[:8])
+                total += user + nice + system + irq + softirq + steal
     except (OSError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _timed(fn) -> float:
@@ -92,7 +101,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from .layer_source import StreamedLayers
     from .residual_states import attention_kwargs
 
-    began, own_began, machine_began = time.perf_counter(), time.process_time(), machine_cpu_seconds()
+    began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
     target = resolve_device(device)
     precision = training_precision(dtype, target, mixed_precision)
     layout = load_config(checkpoint).layout
@@ -152,7 +161,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         sync()
 
     head_step = _timed(head)
-    wall, machine_ended = time.perf_counter() - began, machine_cpu_seconds()
+    wall, machine_ended = time.perf_counter() - began, busy_cpu_seconds()
     others = None if machine_began is None or machine_ended is None else \
         max(0.0, (machine_ended - machine_began) - (time.process_time() - own_began)) / wall
     return Pace(device=str(target), precision=precision.mixed_precision if precision.autocast is not None else "float32",

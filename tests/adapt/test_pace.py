@@ -42,26 +42,26 @@ def test_measure_times_the_converted_layer(ladder_dir):
 def test_the_pace_counts_what_other_processes_ran_meanwhile(ladder_dir, monkeypatch):
     import ladderize.adapt.pace as pacing
 
-    readings = iter([100.0, 100.0 + 1e6])  # the machine's CPU seconds before and after: far more than this process used
-    monkeypatch.setattr(pacing, "machine_cpu_seconds", lambda: next(readings))
+    readings = iter([100.0, 100.0 + 1e6])  # the CPUs' busy seconds before and after: far more than this process used
+    monkeypatch.setattr(pacing, "busy_cpu_seconds", lambda: next(readings))
     busy = measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu")
     assert busy.other_cpus > 1_000
     assert "other processes kept" in pacing.describe(busy)
     assert "other processes kept" not in pacing.describe(PACE)  # not known
     quiet = Pace(**{**PACE.record(), "other_cpus": pacing.BUSY_CPUS / 2})
     assert "other processes kept" not in pacing.describe(quiet)
-    monkeypatch.setattr(pacing, "machine_cpu_seconds", lambda: None)  # no /proc/stat
+    monkeypatch.setattr(pacing, "busy_cpu_seconds", lambda: None)  # no /proc/stat
     assert measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu").other_cpus is None
 
 
-def test_machine_cpu_seconds_grow_while_this_process_computes():
+def test_busy_cpu_seconds_grow_while_this_process_computes():
     import time
 
-    from ladderize.adapt.pace import machine_cpu_seconds
+    from ladderize.adapt.pace import busy_cpu_seconds
 
-    before, own = machine_cpu_seconds(), time.process_time()
+    before, own = busy_cpu_seconds(), time.process_time()
     if before is None:
         pytest.skip("no /proc/stat on this system")
     while time.process_time() - own < 0.3:
         pass
-    assert machine_cpu_seconds() - before >= 0.2  # this process's own work is in the machine's count
+    assert busy_cpu_seconds() - before >= 0.2  # this process's own work is in the count of the CPUs it runs on
