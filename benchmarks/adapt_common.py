@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -46,19 +47,36 @@ def dense_source() -> Path:
     return pull_model("smollm2-135m")
 
 
-def lambada_hits(model, tokenizer, limit: int | None = 500, batch_size: int = 16) -> list[bool]:
-    """Per passage of LAMBADA (OpenAI), lm-eval's ``lambada_openai`` ``acc`` (greedy decoding gets every token of the
-    last word), through the product's evaluation (``ladderize eval``'s ``evaluate_model``); hits are in file order.
-
-    The first ``limit`` passages (all with None).
-    """
+def lambada_samples(model, tokenizer, limit: int | None = 500, batch_size: int = 16) -> list[dict]:
+    """lm-eval's ``lambada_openai`` samples of the first ``limit`` passages (all with None) in file order, through the
+    product's evaluation (``ladderize eval``'s ``evaluate_model``): each has ``acc`` (greedy decoding gets every token
+    of the last word) and ``perplexity`` (the last word's log-likelihood, which lm-eval aggregates as exp(-mean))."""
     from ladderize.eval.harness import evaluate_model
 
     model.eval()
     output = evaluate_model(model, tokenizer, "lambada_openai", limit=limit, batch_size=batch_size,
                             data_dir=shared_data_dir(), bootstrap_iters=0, log_samples=True)
-    samples = sorted(output["samples"]["lambada_openai"], key=lambda sample: sample["doc_id"])
-    return [bool(sample["acc"]) for sample in samples]
+    return sorted(output["samples"]["lambada_openai"], key=lambda sample: sample["doc_id"])
+
+
+def lambada_hits(model, tokenizer, limit: int | None = 500, batch_size: int = 16) -> list[bool]:
+    """Per passage of LAMBADA (OpenAI), lm-eval's ``lambada_openai`` ``acc``; hits are in file order (``lambada_samples``)."""
+    return [bool(sample["acc"]) for sample in lambada_samples(model, tokenizer, limit, batch_size)]
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n))."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else float("nan")
+
+
+def paired(hits: str, dense_hits: str) -> tuple[float, float] | tuple[None, None]:
+    """Mean and standard error of the passage-by-passage difference of two hit strings (``0``/``1``, the same
+    passages in the same order; None when their lengths differ)."""
+    if len(hits) != len(dense_hits):
+        return None, None
+    return mean_se([int(a) - int(b) for a, b in zip(hits, dense_hits)])
 
 
 def lambada_accuracy(model, tokenizer, limit: int = 500, batch_size: int = 16) -> float:

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from adapt_common import RESULTS, dense_source
+from adapt_common import RESULTS, dense_source, lambada_samples, mean_se, paired
+from ladderize.checkpoint.atomic import write_json
 
 CURVE = RESULTS / "adapt_curve"
 WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench/curve"))
@@ -112,34 +113,11 @@ def converted(layout: str, dense: Path, work: Path, cpu: int) -> tuple[Path, dic
 
 
 def lambada_scores(model, tokenizer, limit: int | None, batch_size: int = 16) -> tuple[list[bool], float]:
-    """Per-passage hits and lm-eval's ``perplexity`` of ``lambada_openai`` from one evaluation.
-
-    The same call as ``adapt_common.lambada_hits`` (which keeps only the hits); the perplexity is
-    lm-eval's aggregation of the samples' log-likelihoods of the last word, exp(-mean).
-    """
-    from ladderize.eval.harness import evaluate_model
-    from ladderize.eval.perplexity import shared_data_dir
-
-    model.eval()
-    output = evaluate_model(model, tokenizer, "lambada_openai", limit=limit, batch_size=batch_size,
-                            data_dir=shared_data_dir(), bootstrap_iters=0, log_samples=True)
-    samples = sorted(output["samples"]["lambada_openai"], key=lambda sample: sample["doc_id"])
+    """Per-passage hits and lm-eval's ``perplexity`` of ``lambada_openai`` (exp(-mean) of the last words'
+    log-likelihoods) from one evaluation."""
+    samples = lambada_samples(model, tokenizer, limit, batch_size)
     loglikelihoods = [float(sample["perplexity"]) for sample in samples]
     return [bool(sample["acc"]) for sample in samples], math.exp(-sum(loglikelihoods) / len(loglikelihoods))
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample standard deviation / sqrt(n))."""
-    n = len(values)
-    mean = sum(values) / n
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else float("nan")
-
-
-def paired(hits: str, dense_hits: str) -> tuple[float, float] | tuple[None, None]:
-    """Mean and standard error of the passage-by-passage difference to dense (None when the passages differ)."""
-    if len(hits) != len(dense_hits):
-        return None, None
-    return mean_se([int(a) - int(b) for a, b in zip(hits, dense_hits)])
 
 
 def score(model, tokenizer, teacher, ids: torch.Tensor, lambada: int) -> dict:
@@ -163,14 +141,6 @@ def score(model, tokenizer, teacher, ids: torch.Tensor, lambada: int) -> dict:
         times["teacher_s"] = time.perf_counter() - started
     result["score_s"] = {k: round(v, 1) for k, v in times.items()}
     return result
-
-
-def write_json(path: Path, record: dict) -> None:
-    """Write ``record`` to ``path`` atomically (a temporary file, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict | None:

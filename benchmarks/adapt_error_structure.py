@@ -13,11 +13,11 @@ the local loss per token cannot be a lever.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from adapt_common import RESULTS, dense_source, shared_data_dir
+from ladderize.checkpoint.atomic import write_json
 from ladderize.checkpoint.io import load_model, load_tokenizer
 
 
@@ -52,7 +52,7 @@ def main() -> None:
         rows[layer] = error_structure(teacher_states[layer + 1], student_states[layer + 1])
         print(f"layer {layer}: " + ", ".join(f"{k} {v:.4f}" for k, v in rows[layer].items()))
     out = RESULTS / "adapt_error_structure.json"
-    out.write_text(json.dumps({"student": args.student, "dense": dense, "layers": rows}, indent=1) + "\n")
+    write_json(out, {"student": args.student, "dense": dense, "layers": rows})
     print(f"-> {out}")
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
-from adapt_common import RESULTS, dense_source, lambada_hits, named_checkpoints, parse_args
+from adapt_common import RESULTS, dense_source, lambada_hits, named_checkpoints, paired, parse_args
 
 
 def main() -> None:
@@ -49,9 +48,7 @@ def main() -> None:
     print(f"| checkpoint | LAMBADA accuracy (n={base['n']}) | vs dense (points) | standard error of the difference |")
     print("| --- | --- | --- | --- |")
     for name, row in report["rows"].items():
-        diffs = [int(a) - int(b) for a, b in zip(row["hits"], base["hits"])]
-        mean = sum(diffs) / len(diffs)
-        se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+        mean, se = paired(row["hits"], base["hits"])
         row["diff_vs_dense"], row["diff_se"] = mean, se
         print(f"| {name} | {100 * row['accuracy']:.2f}% | {100 * mean:+.2f} | {100 * se:.2f} |")
     out.write_text(json.dumps(report, indent=1) + "\n")
