@@ -12,7 +12,8 @@ Every command that computes takes ``--device`` and ``--dtype`` and resolves them
   model that computes outside the runtime (sample) the checkpoint's own dtype on CUDA and fp32
   on CPU (``inference_dtype``).
 - training (``training_precision``): the weights stay fp32 (the master copy the optimizer
-  updates); ``auto`` is bf16 autocast with TF32 matmuls on CUDA and plain fp32 on CPU;
+  updates); ``auto`` is bf16 autocast with TF32 matmuls on CUDA, bf16 autocast on a CPU whose cores
+  multiply bf16 natively (AVX512-BF16 or AMX: ``cpu_bf16``), and plain fp32 on any other CPU;
   ``float32`` is plain fp32 everywhere (TF32 off: the numbers of the CPU run, within fp32
   rounding); ``bfloat16`` is bf16 autocast on either device; ``float16`` is fp16 autocast with
   Accelerate's loss scaling (joint and kd stages only).
@@ -216,9 +217,18 @@ def training_precision(
     cuda = device_type == "cuda"
     if key == "float16" or mixed == "fp16":
         return TrainingPrecision(torch.float16, cuda)
-    if key == "bfloat16" or mixed == "bf16" or (key is None and cuda):
+    if key == "bfloat16" or mixed == "bf16" or (key is None and (cuda or cpu_bf16())):
         return TrainingPrecision(torch.bfloat16, cuda)
     return TrainingPrecision(None, False)
+
+
+def cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX tiles), so that oneDNN's bf16 matmuls run
+    at about twice fp32's pace or more (a SmolLM2 layer's training step: 123 against 280 ms on one core)."""
+    import torch
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe is not None and probe() for probe in probes)
 
 
 def dtype_name(dtype: "torch.dtype") -> str:
@@ -233,6 +243,7 @@ __all__ = [
     "NAMES",
     "check_device",
     "check_dtype",
+    "cpu_bf16",
     "TrainingPrecision",
     "dtype_name",
     "inference_dtype",

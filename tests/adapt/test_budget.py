@@ -8,6 +8,7 @@ import pytest
 
 from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
 from ladderize.adapt.recipe import load_recipe, resolve_stages, run_recipe
+from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 from tests.cli_helpers import error_lines, run_cli
@@ -75,7 +76,8 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     pace, planned = record["budget"]["pace"], record["budget"]["planned_s"]
     assert pace["converted"] == 2 and pace["layer_train"] > pace["layer_forward"] > 0
     assert record["budget"]["tokens"] > 0 and sum(planned) <= 2.0
-    assert any(m.startswith("budget 2 s on cpu (float32): timed in") for m in messages)
+    precision = "bf16" if cpu_bf16() else "float32"  # auto: bf16 autocast where the CPU multiplies bf16 natively
+    assert any(m.startswith(f"budget 2 s on cpu ({precision}): timed in") for m in messages)
     assert any(m.startswith("planned wall time: seq-local") and m.endswith("(of 2 s)") for m in messages)
     # a resume keeps the sizes planned when the run began (a new timing could change them)
     resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, **common)

@@ -74,7 +74,7 @@ def test_states_go_to_the_device_when_they_fit_else_pinned_host_memory(monkeypat
 def test_kd_with_bf16_autocast_on_cpu_runs_near_fp32(ladder_dir, text_file, tmp_path):
     settings = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="kd", tokens=3 * 2 * 32, seq_len=32,
                     batch_size=2, lr=1e-3, device="cpu")
-    fp32 = adapt(AdaptConfig(out=str(tmp_path / "fp32"), **settings))
+    fp32 = adapt(AdaptConfig(out=str(tmp_path / "fp32"), dtype="float32", **settings))
     bf16 = adapt(AdaptConfig(out=str(tmp_path / "bf16"), dtype="bfloat16", **settings))
     a, b = [r["loss_kd"] for r in fp32.curve], [r["loss_kd"] for r in bf16.curve]
     assert len(a) == len(b) == 3 and a != b

@@ -43,7 +43,7 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
     ladder_dir = convert(sharp_dense(tmp_path / "dense"), tmp_path / "ladder", ladder="1:4")
     steps, seq_len = 4, 32
     common = ["--data", str(text_file), "--objective", "kd", "--tokens", str(steps * 2 * seq_len), "--seq-len", str(seq_len),
-              "--lr", "1e-3", "--save-every", "2"]
+              "--lr", "1e-3", "--save-every", "2", "--dtype", "float32"]  # fp32: the data-parallel sums, not rounding
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}  # never read a user's accelerate config
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -54,7 +54,7 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
     assert f"adapted {steps} steps, {steps * 2 * seq_len} tokens" in done.stdout
 
     one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="kd",
-                            tokens=steps * 2 * seq_len, seq_len=seq_len, batch_size=2, lr=1e-3))
+                            tokens=steps * 2 * seq_len, seq_len=seq_len, batch_size=2, lr=1e-3, dtype="float32"))
     two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one.curve]
     for a, b in zip(one.curve, two):
@@ -71,7 +71,7 @@ def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(l
     sequences, seq_len, batch, epochs = 9, 32, 3, 2
     common = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
               str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
-              "--lr", "3e-3", "--device", "cpu"]
+              "--lr", "3e-3", "--device", "cpu", "--dtype", "float32"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -82,7 +82,7 @@ def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(l
 
     one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="local",
                             local_schedule="sequential", tokens=sequences * seq_len, seq_len=seq_len, batch_size=batch,
-                            epochs=epochs, lr=3e-3, device="cpu"))
+                            epochs=epochs, lr=3e-3, device="cpu", dtype="float32"))
     two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
     assert [(r["step"], r["layer"]) for r in two] == [(r["step"], r["layer"]) for r in one.curve] and len(two) == 12
     for a, b in zip(one.curve, two):

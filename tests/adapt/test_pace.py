@@ -7,6 +7,7 @@ import pytest
 from ladderize.adapt.budget import scale_stages
 from ladderize.adapt.pace import CLOSED_FORM_TRAINS, FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
 from ladderize.adapt.recipe import load_recipe, resolve_stages
+from ladderize.checkpoint.placement import cpu_bf16
 
 PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,
             layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=1.0)
@@ -33,9 +34,11 @@ def test_tokens_for_seconds_is_the_most_that_fits(ladder_dir):
 
 
 def test_measure_times_the_converted_layer(ladder_dir):
-    pace = measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu")
+    pace = measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu", dtype="float32")
     assert (pace.first_converted, pace.last_converted, pace.converted, pace.layers) == (2, 3, 2, 4)
     assert pace.tokens_per_call == 64 and pace.precision == "float32"
+    # auto times the precision the run trains in: bf16 autocast where the CPU multiplies bf16 natively
+    assert measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu").precision == ("bf16" if cpu_bf16() else "float32")
     assert pace.layer_train > pace.layer_forward > 0 and pace.head_step > 0 and pace.layer_read > 0
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from ladderize.checkpoint import placement
 from ladderize.errors import LadderizeError
 from ladderize.checkpoint.placement import (
     TrainingPrecision, check_device, check_dtype, inference_dtype, parse_dtype, resolve_device, runtime_dtype,
@@ -30,8 +32,13 @@ def test_runtime_dtype_is_bf16_on_cuda_and_fp32_on_cpu():
     assert runtime_dtype("fp16", "cpu") is torch.float16
 
 
-def test_training_precision_rule():
-    assert training_precision(None, "cpu") == TrainingPrecision(None, False)  # the CPU trains in plain fp32
+def test_training_precision_rule(monkeypatch):
+    monkeypatch.setattr(placement, "cpu_bf16", lambda: False)
+    assert training_precision(None, "cpu") == TrainingPrecision(None, False)  # a CPU without native bf16: plain fp32
+    monkeypatch.setattr(placement, "cpu_bf16", lambda: True)
+    assert training_precision(None, "cpu") == TrainingPrecision(torch.bfloat16, False)  # with it: bf16 autocast
+    assert training_precision("auto", "cpu").name == "bf16-autocast"
+    assert training_precision("float32", "cpu") == TrainingPrecision(None, False)  # --dtype float32 keeps fp32
     auto_cuda = training_precision(None, torch.device("cuda", 1))
     assert auto_cuda == TrainingPrecision(torch.bfloat16, True) and auto_cuda.mixed_precision == "bf16"
     assert auto_cuda.name == "bf16-autocast+tf32"
@@ -73,3 +80,9 @@ def test_auto_picks_the_local_rank_cuda_device(monkeypatch):
 def test_placement_imports_no_torch():
     code = "import sys, ladderize.checkpoint.placement as p; p.check_device('cpu'); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_cpu_bf16_reads_the_cpus_flags():
+    """``cpu_bf16`` is what the kernel reports: AVX512-BF16 or AMX's bf16 tiles in /proc/cpuinfo's flags."""
+    flags = {flag for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags") for flag in line.split()}
+    assert placement.cpu_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
