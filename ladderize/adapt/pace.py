@@ -3,15 +3,18 @@
 ``measure`` times, on the device and at the precision the run will use, the pieces every stage is
 made of, on random states of one step's shape: a converted layer's forward alone (``layer_forward``)
 and forward + backward + AdamW step (``layer_train``), the LM head with the kd loss forward + backward beside the
-teacher's head forward (``head_step``), and reading one layer's weights (``layer_read``). The stages'
-times follow from what each one runs per token (``stage_seconds``):
+teacher's head forward, block by block as kd computes it (``head_step``: ``objectives.BlockwiseLoss``), and
+reading one layer's weights (``layer_read``). The stages' times follow from what each one runs per token
+(``stage_seconds``):
 
 - sequential (``seq-local``): the teacher's layers below the first converted one once, then for every
   layer from the first converted to the last its teacher forward and the student's forward (the
   states moved past it), and for each converted layer ``epochs`` training passes (and its closed-form
   start, ``CLOSED_FORM_TRAINS`` more, with ``closed_form``);
-- any other stage (``kd``, ``local``, ``lm``): per token the teacher's and the student's forward through
-  every layer, the backward through the layers from the first converted one up, and the heads;
+- any other stage (``kd``, ``local``, ``lm``): per token the teacher's forward through every layer and the
+  student's from the first converted one up (the frozen layers below it are the teacher's, computed once:
+  ``objectives.AdaptLoss``'s shared prefix), the backward through the same layers, and the heads (with
+  ``train: all``, the student's forward and backward through every layer);
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one.
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
@@ -30,7 +33,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 REPEATS = 3  # timed calls per piece (after one untimed), the median kept
 FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
@@ -99,6 +101,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ..checkpoint.io import load_config
     from ..checkpoint.placement import resolve_device, training_precision
     from .layer_source import StreamedLayers
+    from .objectives import BlockwiseLoss, kd_loss, logit_block_rows
     from .residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
@@ -148,15 +151,18 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
     final = torch.randn(rows, hidden, generator=generator).to(target)
+    block_rows = logit_block_rows(weight.shape[0])
 
-    def head() -> None:
+    def head() -> None:  # objectives.head_losses' kd: the student's logits whole, the teacher's a block at a time
         student = final.detach().requires_grad_(True)
-        with precision.context(target):
+
+        def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
             with torch.no_grad():
-                teacher_logits = final @ weight.T
-            logits = student @ weight.T
-        loss = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(teacher_logits.float(), -1), log_target=True,
-                        reduction="batchmean")
+                teacher_logits = final[part] @ weight.T
+            return kd_loss(block, teacher_logits) * block.shape[0]
+
+        with precision.context(target):
+            loss = BlockwiseLoss.apply(student @ weight.T, kd_block, block_rows) / rows
         loss.backward()
         sync()
 
@@ -180,8 +186,9 @@ def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
         fits = CLOSED_FORM_TRAINS if step.get("closed_form") else 0.0
         per = (pace.first_converted + 2 * span) * pace.layer_forward + pace.converted * (epochs + fits) * pace.layer_train
         return fixed + step["tokens"] * per * per_token
-    backward = (pace.layers - pace.first_converted) * (pace.layer_train - pace.layer_forward)
-    per = 2 * pace.layers * pace.layer_forward + backward + pace.head_step
+    student_layers = pace.layers if step.get("train") == "all" else pace.layers - pace.first_converted
+    backward = student_layers * (pace.layer_train - pace.layer_forward)
+    per = (pace.layers + student_layers) * pace.layer_forward + backward + pace.head_step
     return fixed + step["tokens"] * per * per_token
 
 

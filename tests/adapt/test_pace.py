@@ -20,9 +20,12 @@ def test_stage_seconds_follow_what_each_stage_runs():
     assert stage_seconds(PACE, seq) == pytest.approx(fixed + 10 * ((15 + 2 * 15) * 0.1 + 15 * 2 * 0.3))
     closed = stage_seconds(PACE, {**seq, "closed_form": True}) - stage_seconds(PACE, seq)
     assert closed == pytest.approx(10 * 15 * CLOSED_FORM_TRAINS * 0.3)  # the refit's passes over the calibration set
-    # kd: both models' forward through 30 layers, the backward from layer 15 up, the heads
+    # kd: the teacher's forward through 30 layers and the student's from layer 15 up (the frozen prefix is the
+    # teacher's, computed once), the backward from layer 15 up, the heads
     kd = {"objectives": "kd", "tokens": 10_000}
-    assert stage_seconds(PACE, kd) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 15 * 0.2 + 0.5))
+    assert stage_seconds(PACE, kd) == pytest.approx(fixed + 10 * ((30 + 15) * 0.1 + 15 * 0.2 + 0.5))
+    # training every layer: the student's own forward and backward through all 30
+    assert stage_seconds(PACE, {**kd, "train": "all"}) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 30 * 0.2 + 0.5))
 
 
 def test_tokens_for_seconds_is_the_most_that_fits(ladder_dir):
