@@ -42,6 +42,7 @@ import torch
 
 from adapt_common import RESULTS, dense_source, lambada_samples, mean_se, paired
 from ladderize.checkpoint.atomic import write_json
+from ladderize.checkpoint.io import read_provenance
 
 CURVE = RESULTS / "adapt_curve"
 WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench/curve"))
@@ -205,6 +206,8 @@ class Scorer:
         dense = self.dense()
         print(f"scoring {base['name']} ({path})", flush=True)
         record = {**base, "checkpoint": str(path), **score(self.load_model(path), self.tokenizer, self.dense_model, self.ids, self.lambada)}
+        if base["kind"] == "point":  # the precision adapt trained in, as its provenance records it (bf16-autocast, float32)
+            record["precision"] = read_provenance(path)["history"][-1]["precision"]
         return compare(record, dense, zero_shot)
 
     def zero_shot(self, layout: str, work: Path, cpu: int) -> tuple[Path, dict]:
@@ -282,18 +285,18 @@ def table(dense: dict, zero: dict[str, dict], points: list[dict]) -> str:
     def over(record):
         return "-" if record is dense else f"{100 * (record['wikitext2_ppl'] / dense['wikitext2_ppl'] - 1):+.1f}%"
 
-    def row(label, budget, record, cpu_min="-", wall_min="-", passes="-"):
+    def row(label, budget, record, cpu_min="-", wall_min="-", passes="-", precision="-"):
         diff, se = record.get("lambada_diff_vs_dense"), record.get("lambada_diff_se")
         delta = "-" if diff is None or record is dense else f"{100 * diff:+.2f} ± {100 * se:.2f}"
         teacher = record.get("teacher") or {}
         kl = f"{teacher['kl']:.4f}" if teacher else "-"
         top1 = pct(teacher.get("top1")) if teacher else "-"
-        return (f"| {label} | {budget} | {cpu_min} | {wall_min} | {passes} | {record['wikitext2_ppl']:.2f} | {over(record)} | {pct(record.get('gap_closed'))} | "
+        return (f"| {label} | {budget} | {precision} | {cpu_min} | {wall_min} | {passes} | {record['wikitext2_ppl']:.2f} | {over(record)} | {pct(record.get('gap_closed'))} | "
                 f"{100 * record['lambada_acc']:.2f}% ± {100 * record['lambada_se']:.2f} | {delta} | {record['lambada_ppl']:.2f} | {kl} | {top1} |")
 
-    lines = [f"| layout | budget | CPU min | wall min | token passes | WikiText-2 ppl | vs dense | gap closed | LAMBADA acc (n={dense['lambada_n']}) | "
+    lines = [f"| layout | budget | precision | CPU min | wall min | token passes | WikiText-2 ppl | vs dense | gap closed | LAMBADA acc (n={dense['lambada_n']}) | "
              "Δ vs dense (points) | LAMBADA ppl | KL to dense | top-1 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              row("dense", "-", dense)]
     for layout, record in zero.items():
         lines.append(row(layout, "zero-shot", {**record, "gap_closed": 0.0}, "0", "0", "0"))
@@ -301,7 +304,7 @@ def table(dense: dict, zero: dict[str, dict], points: list[dict]) -> str:
         label = record["layout"] + (f" ({record['variant']})" if record.get("variant") else "")
         passes = token_passes(record)
         lines.append(row(label, record["budget"], record, f"{record['adapt']['cpu_s'] / 60:.1f}", f"{record['adapt']['wall_s'] / 60:.1f}",
-                         "-" if passes is None else f"{passes:,}"))
+                         "-" if passes is None else f"{passes:,}", record["precision"]))
     return "\n".join(lines)
 
 
