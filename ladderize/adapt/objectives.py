@@ -35,6 +35,7 @@ dozen such tensors per step, each mapped fresh from the kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -249,6 +250,19 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2
 
 
+def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.Tensor], temperature: float = 1.0,
+                 divergence: str = "forward") -> torch.Tensor:
+    """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
+    ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time)."""
+
+    def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_block = teacher_logits(part)
+        return kd_loss(block, teacher_block, temperature, divergence) * block.shape[0]
+
+    return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
+
+
 def logit_block_rows(vocab: int) -> int:
     """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits, at least 16."""
     return max(16, LOGIT_BLOCK_BYTES // (4 * vocab))
@@ -281,14 +295,8 @@ def head_losses(
         losses["lm"] = lm / (batch * (seq - 1))
     if teacher is not None:
         teacher_rows = teacher_final.reshape(rows, -1)
-
-        def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
-            with torch.no_grad():
-                teacher_logits = logits_from(teacher, teacher_rows[part])
-            return kd_loss(block, teacher_logits, temperature, divergence) * block.shape[0]
-
         with head_gathered(teacher):  # a sharded teacher's head: gathered once, not once per block
-            losses["kd"] = BlockwiseLoss.apply(logits, kd_block, block_rows) / rows
+            losses["kd"] = blockwise_kd(logits, lambda part: logits_from(teacher, teacher_rows[part]), temperature, divergence)
     return losses
 
 

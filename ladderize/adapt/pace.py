@@ -3,7 +3,7 @@
 ``measure`` times, on the device and at the precision the run will use, the pieces every stage is
 made of, on random states of one step's shape: a converted layer's forward alone (``layer_forward``)
 and forward + backward + AdamW step (``layer_train``), the LM head with the kd loss forward + backward beside the
-teacher's head forward, block by block as kd computes it (``head_step``: ``objectives.BlockwiseLoss``), and
+teacher's head forward, block by block as kd computes it (``head_step``: ``objectives.blockwise_kd``), and
 reading one layer's weights (``layer_read``). The stages' times follow from what each one runs per token
 (``stage_seconds``):
 
@@ -101,7 +101,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ..checkpoint.io import load_config
     from ..checkpoint.placement import resolve_device, training_precision
     from .layer_source import StreamedLayers
-    from .objectives import BlockwiseLoss, kd_loss, logit_block_rows
+    from .objectives import blockwise_kd
     from .residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
@@ -151,18 +151,11 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
     final = torch.randn(rows, hidden, generator=generator).to(target)
-    block_rows = logit_block_rows(weight.shape[0])
 
     def head() -> None:  # objectives.head_losses' kd: the student's logits whole, the teacher's a block at a time
         student = final.detach().requires_grad_(True)
-
-        def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
-            with torch.no_grad():
-                teacher_logits = final[part] @ weight.T
-            return kd_loss(block, teacher_logits) * block.shape[0]
-
         with precision.context(target):
-            loss = BlockwiseLoss.apply(student @ weight.T, kd_block, block_rows) / rows
+            loss = blockwise_kd(student @ weight.T, lambda part: final[part] @ weight.T)
         loss.backward()
         sync()
 
