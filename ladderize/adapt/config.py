@@ -46,6 +46,7 @@ class AdaptConfig:
     closed_form: bool = False  # sequential training: refit o_proj, down_proj by ridge least squares first (least_squares.py)
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
+    interpolate: float = 1.0  # joint stages: write (1 - x) * start + x * trained (interpolation.py; 1: the trained weights)
     lora_rank: int = 16
     lora_alpha: float = 32.0
     head_grouping: bool = False
@@ -116,6 +117,7 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(TRAINING_ORDERS)}")
     if config.kd_divergence not in DIVERGENCES:
         raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
+    check_interpolate(config)
     if config.states not in STATES:
         raise LadderizeError(f"unknown states setting {config.states!r}; choose from {', '.join(STATES)}")
     if config.local_schedule == "sequential":
@@ -139,6 +141,20 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError(f"learning rate must be positive, got {config.lr}")
     check_mixed_precision(config)
     return weights
+
+
+def check_interpolate(config: AdaptConfig) -> None:
+    """``interpolate``: a weight in (0, 1], on a joint stage whose checkpoint is the weights training starts from."""
+    if not 0 < config.interpolate <= 1:
+        raise LadderizeError(f"interpolate must be in (0, 1] (the trained weights' share), got {config.interpolate:g}")
+    if config.interpolate == 1:
+        return
+    if config.local_schedule == "sequential":
+        raise LadderizeError("interpolate applies to a joint stage (kd, local, lm); the sequential stage writes its "
+                             "layers as it trains them")
+    if config.head_grouping:
+        raise LadderizeError("interpolate with head grouping is not supported: grouping permutes the heads before "
+                             "training, so the checkpoint is not the weights training started from")
 
 
 MIXED_PRECISION = ("no", "bf16", "fp16")

@@ -24,6 +24,7 @@ from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_t
 from .data import batch_at, micro_batch_index, token_windows
 from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
 from .token_store import build_reporter, is_store
+from .interpolation import toward_start
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
@@ -233,6 +234,8 @@ def adapt_joint(
             shutil.rmtree(adapter, ignore_errors=True)
             save_adapter(peft_model, adapter)
             final = merge_lora(peft_model)
+        if config.interpolate != 1:
+            final = toward_start(final, checkpoint, config.interpolate)
         write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out, adapter=adapter)
         result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
     accelerator.wait_for_everyone()

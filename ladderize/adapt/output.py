@@ -68,6 +68,8 @@ def adapt_provenance(
             "layout": layout.describe(),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
             **({"recipe": recipe} if recipe else {}),
+            # the weights written are (1 - x) * from + x * trained (interpolation.py); final_loss is the trained end's
+            **({"interpolate": config.interpolate} if config.interpolate != 1 else {}),
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
