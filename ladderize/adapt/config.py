@@ -47,6 +47,7 @@ class AdaptConfig:
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
     interpolate: float = 1.0  # joint stages: write (1 - x) * start + x * trained (interpolation.py; 1: the trained weights)
+    ema: float = 0.0  # joint stages: write the moving average of the weights with this decay (weight_ema.py; 0: off)
     lora_rank: int = 16
     lora_alpha: float = 32.0
     head_grouping: bool = False
@@ -118,6 +119,7 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
     if config.kd_divergence not in DIVERGENCES:
         raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
     check_interpolate(config)
+    check_ema(config)
     if config.states not in STATES:
         raise LadderizeError(f"unknown states setting {config.states!r}; choose from {', '.join(STATES)}")
     if config.local_schedule == "sequential":
@@ -155,6 +157,20 @@ def check_interpolate(config: AdaptConfig) -> None:
     if config.head_grouping:
         raise LadderizeError("interpolate with head grouping is not supported: grouping permutes the heads before "
                              "training, so the checkpoint is not the weights training started from")
+
+
+def check_ema(config: AdaptConfig) -> None:
+    """``ema``: a decay in [0, 1) (0: off), on a joint stage that trains whole weights."""
+    if not 0 <= config.ema < 1:
+        raise LadderizeError(f"ema must be in [0, 1) (the average's decay per step; 0: off), got {config.ema:g}")
+    if config.ema == 0:
+        return
+    if config.local_schedule == "sequential":
+        raise LadderizeError("ema applies to a joint stage (kd, local, lm); the sequential stage writes its layers as it "
+                             "trains them")
+    if config.train == "lora":
+        raise LadderizeError("ema with --train lora is not supported: the average of the adapter factors is not the "
+                             "average of the update they make; use --train converted")
 
 
 MIXED_PRECISION = ("no", "bf16", "fp16")

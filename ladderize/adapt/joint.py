@@ -25,6 +25,7 @@ from .data import batch_at, micro_batch_index, token_windows
 from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
 from .token_store import build_reporter, is_store
 from .interpolation import toward_start
+from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import AdaptLoss
@@ -102,6 +103,9 @@ def adapt_joint(
     set_seed(config.seed)
     if config.train == "lora" and accelerator.distributed_type == DistributedType.FSDP:
         raise LadderizeError("--train lora is not supported under FSDP yet; run it under DDP (accelerate launch --multi_gpu)")
+    if config.ema and accelerator.distributed_type == DistributedType.FSDP:
+        raise LadderizeError("ema is not supported under FSDP yet (each process holds a shard of the weights); "
+                             "run it under DDP (accelerate launch --multi_gpu)")
 
     student = load_model(checkpoint, dtype=torch.float32)
     tokenizer = load_tokenizer(checkpoint, "adaptation")
@@ -160,11 +164,15 @@ def adapt_joint(
 
         shard_teacher(teacher)  # FSDP2 units of its own: a rank holds 1/world of the frozen teacher (fsdp.py)
     accelerator.register_for_checkpointing(scheduler)
+    ema = WeightEMA(params, config.ema) if config.ema else None  # from the weights training starts from
+    keep_ema = ema.save if ema is not None else None
 
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
     if saved is not None:
         accelerator.load_state(str(state_dir))
+        if ema is not None:
+            ema.load(state_dir)
         step, tokens_done, train_s, curve = saved["step"], saved["tokens"], saved["train_s"], saved["curve"]
         cpu_s = saved.get("cpu_s", 0.0)
         resumed_from = step
@@ -179,7 +187,7 @@ def adapt_joint(
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
             if save_at_stop and saved_step != step:
-                save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+                save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
                                stopped_early=True, throughput=pace.record(tokens_done, train_s))
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -196,6 +204,8 @@ def adapt_joint(
                 optimizer.zero_grad(set_to_none=True)
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float().item() / config.grad_accum
+        if ema is not None:
+            ema.update()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         step += 1
@@ -215,11 +225,13 @@ def adapt_joint(
                               tokens_per_step / elapsed,
                               pace=pace.per_process(tokens_per_step / elapsed) or None), model)
         if step % config.save_every == 0 or step == total_steps:
-            save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve)
+            save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             saved_step = step
 
     accelerator.wait_for_everyone()
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
+    if ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
+        ema.write_into()
     full_state = None
     if accelerator.distributed_type == DistributedType.FSDP:  # every rank takes part in gathering the full weights
         full_state = accelerator.get_state_dict(loss_module)

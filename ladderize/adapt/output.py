@@ -70,6 +70,8 @@ def adapt_provenance(
             **({"recipe": recipe} if recipe else {}),
             # the weights written are (1 - x) * from + x * trained (interpolation.py); final_loss is the trained end's
             **({"interpolate": config.interpolate} if config.interpolate != 1 else {}),
+            # the weights written are the moving average of the trained ones (weight_ema.py)
+            **({"ema": config.ema} if config.ema else {}),
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,11 @@ RUN_CURVE = "curve.json"
 
 
 def save_accelerate_state(
-    accelerator, state_dir: Path, config: AdaptConfig, step: int, tokens: int, train_s: float, cpu_s: float, curve
+    accelerator, state_dir: Path, config: AdaptConfig, step: int, tokens: int, train_s: float, cpu_s: float, curve,
+    extra: Callable[[Path], None] | None = None,
 ) -> None:
-    """Replace ``state_dir`` with the current training state (written beside it, then renamed)."""
+    """Replace ``state_dir`` with the current training state (written beside it, then renamed); the main process
+    calls ``extra`` on the new folder first, for what the training keeps beside Accelerate's files."""
     tmp = state_dir.parent / f".{state_dir.name}.tmp"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -45,6 +48,8 @@ def save_accelerate_state(
     # process renames ``tmp`` only after all of them are done (else a slower one finds no folder and dies)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if extra is not None:
+            extra(tmp)
         payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
         (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
         _write_curve(state_dir, curve)

@@ -15,7 +15,7 @@ from ..model.configuration_ladder_llama import TRANSFORMERS_REQUIREMENT
 from ..model.layout import LayerMode, Layout, format_layer_ranges
 
 CARD_FILE = "README.md"
-ADAPT_FIELDS = ("objectives", "local_schedule", "train", "data", "tokens", "steps", "seq_len", "train_s", "precision", "interpolate")
+ADAPT_FIELDS = ("objectives", "local_schedule", "train", "data", "tokens", "steps", "seq_len", "train_s", "precision", "interpolate", "ema")
 
 
 def model_card(config: Any, provenance: dict[str, Any] | None, name: str) -> str:

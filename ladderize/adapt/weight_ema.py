@@ -1,0 +1,62 @@
+"""An exponential moving average of the trained weights (``ema=DECAY`` on a joint stage).
+
+After every optimizer step, ``average = decay * average + (1 - decay) * weights`` for each
+trained parameter; the stage writes the average instead of its last weights. The average
+starts at the weights the stage starts from (the first step's ``average`` is
+``decay * start + (1 - decay) * weights_1``), with no bias correction, so after ``n`` steps the
+start keeps a share of ``decay ** n``: it averages the end of the trajectory and, on a short
+stage, pulls part of the way back to the start, as ``interpolate`` does in one step.
+
+The average is part of the training state: ``ema.safetensors`` beside Accelerate's files in
+``RUN_DIR/state/``, written and renamed with them, so a resumed stage writes the same bytes as
+an uninterrupted one. It is kept in float32 on the parameters' device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+
+EMA_FILE = "ema.safetensors"
+
+
+class WeightEMA:
+    """The moving average of ``params`` (named ``0``, ``1``, ... in their order)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], decay: float):
+        self.params = params
+        self.decay = decay
+        self.average = [p.detach().float().clone() for p in params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Move the average ``1 - decay`` of the way to the current weights."""
+        current = [p.detach().float() for p in self.params]
+        torch._foreach_lerp_(self.average, current, 1.0 - self.decay)
+
+    @torch.no_grad()
+    def write_into(self) -> None:
+        """Set the parameters to the average (in their own dtype)."""
+        for param, average in zip(self.params, self.average):
+            param.copy_(average.to(param.dtype))
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({str(i): a.contiguous().cpu() for i, a in enumerate(self.average)}, str(folder / EMA_FILE))
+
+    def load(self, folder: Path) -> None:
+        """Read the average saved in ``folder`` (a resumed stage); it must hold these parameters' shapes."""
+        from safetensors.torch import load_file
+
+        path = folder / EMA_FILE
+        if not path.is_file():
+            raise LadderizeError(f"{folder} holds no {EMA_FILE}: the interrupted run did not average its weights; "
+                                 "resume it with its own settings or start again with --force")
+        saved = load_file(str(path))
+        if len(saved) != len(self.average) or any(saved[str(i)].shape != a.shape for i, a in enumerate(self.average)):
+            raise LadderizeError(f"{path} does not match the trained parameters; start again with --force")
+        self.average = [saved[str(i)].to(a.device, torch.float32) for i, a in enumerate(self.average)]
