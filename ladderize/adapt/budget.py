@@ -7,7 +7,8 @@ its tokens. The built-in recipe ``best`` costs 65,536 x 2 + 32,768 = 163,840 tok
 the default budget: without ``--budget`` nothing changes.
 
 A token budget scales every stage by the same factor, rounded to whole optimizer steps (at least one
-per stage), with the stages' warm-up scaled alike. A sequential stage's calibration set stops growing
+per stage), with the stages' warm-up scaled alike, and the horizon of a stage's weight average
+(``ema``: ``1 / (1 - decay)`` steps) too. A sequential stage's calibration set stops growing
 where the data ends (its whole sequences; further epochs over the same set overfit it) or where its
 cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
 (``sequential_run.STATE_COPIES`` state tensors); the tokens past that go to the next stage that is not
@@ -115,6 +116,8 @@ def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: i
         new = {**step, "tokens": stage_tokens}
         if warmup is not None:
             new["warmup_steps"] = min(MAX_WARMUP_STEPS, max(1, round(warmup * scale)))
+        if step.get("ema"):  # the average's horizon, 1 / (1 - decay) steps, grows with the stage
+            new["ema"] = round(1 - (1 - step["ema"]) / scale, 6)
         sized.append(new)
     return sized
 

@@ -40,6 +40,9 @@ def test_budget_scales_every_stage_in_whole_steps(ladder_dir):
     assert [s["tokens"] for s in double] == [131_072, 65_536] and [s["warmup_steps"] for s in double] == [4, 10]
     small = scale_stages(steps, 10_000)  # 8,000 / 2 epochs -> 4 steps of 1,024; 2,000 -> 2 steps
     assert [s["tokens"] for s in small] == [4_096, 2_048] and [s["warmup_steps"] for s in small] == [1, 1]
+    # a weight average's horizon, 1 / (1 - decay) steps, grows with its stage: 10 steps of 32 -> 20 steps of 64
+    averaged = scale_stages([{**steps[0]}, {**steps[1], "ema": 0.9}], 2 * recipe_cost(steps))
+    assert averaged[1]["ema"] == 0.95 and "ema" not in averaged[0]
     tiny = scale_stages(steps, 1)  # at least one step per stage
     assert [s["tokens"] for s in tiny] == [1_024, 1_024]
     # the sequential stage's cached states capped: what it cannot take goes to kd
