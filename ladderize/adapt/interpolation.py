@@ -4,9 +4,10 @@
 ``(1 - ALPHA) * start + ALPHA * trained`` for every parameter, where ``start`` is the checkpoint
 the stage read (for the default recipe's kd stage: the sequential stage's output). The trained
 end fits the calibration text most closely; the way back trades some of that fit for text the
-stage never saw. Measured (docs/adapt.md, "Weight interpolation"): on ladder 15-29 at the 30m
-plan, kd at lr 5e-4 then ``interpolate=0.75`` beats kd at the default rate on WikiText and on
-LAMBADA together; on ladder 10-29 at the 60m plan it does not, so it is a setting, not a default.
+stage never saw. Measured (docs/adapt.md, "Weight interpolation" and "Every kd variant on one
+stage 1"): on ladder 15-29 at the 30m plan, kd at lr 5e-4 then ``interpolate=0.75`` is within the
+batch-order noise of kd at the default rate; on ladder 10-29 at the 60m plan it loses LAMBADA, so it
+is a setting, not a default.
 
 The interpolation reads the start from disk after training, so resuming a killed stage changes
 nothing; it is refused where the start on disk is not the weights training began from (head
