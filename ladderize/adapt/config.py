@@ -151,12 +151,17 @@ def check_interpolate(config: AdaptConfig) -> None:
         raise LadderizeError(f"interpolate must be in (0, 1] (the trained weights' share), got {config.interpolate:g}")
     if config.interpolate == 1:
         return
-    if config.local_schedule == "sequential":
-        raise LadderizeError("interpolate applies to a joint stage (kd, local, lm); the sequential stage writes its "
-                             "layers as it trains them")
+    _joint_stage_only(config, "interpolate")
     if config.head_grouping:
         raise LadderizeError("interpolate with head grouping is not supported: grouping permutes the heads before "
                              "training, so the checkpoint is not the weights training started from")
+
+
+def _joint_stage_only(config: AdaptConfig, setting: str) -> None:
+    """Refuse ``setting`` (one that changes what a stage writes at its end) on the sequential stage."""
+    if config.local_schedule == "sequential":
+        raise LadderizeError(f"{setting} applies to a joint stage (kd, local, lm); the sequential stage writes its "
+                             "layers as it trains them")
 
 
 def check_ema(config: AdaptConfig) -> None:
@@ -165,9 +170,7 @@ def check_ema(config: AdaptConfig) -> None:
         raise LadderizeError(f"ema must be in [0, 1) (the average's decay per step; 0: off), got {config.ema:g}")
     if config.ema == 0:
         return
-    if config.local_schedule == "sequential":
-        raise LadderizeError("ema applies to a joint stage (kd, local, lm); the sequential stage writes its layers as it "
-                             "trains them")
+    _joint_stage_only(config, "ema")
     if config.train == "lora":
         raise LadderizeError("ema with --train lora is not supported: the average of the adapter factors is not the "
                              "average of the update they make; use --train converted")
