@@ -77,6 +77,8 @@ STEPS = (
     Step("vllm", 300, 60),
 )
 BY_NAME = {step.name: step for step in STEPS}
+MIN_STEP_S = 45  # a step starts when this much of the call's budget is left (or its whole limit, if smaller)
+PYTEST_WORKERS = 6  # the GPU tests are small: several share the one device (each torchrun pair picks a free port)
 
 
 class Skip(Exception):
@@ -156,14 +158,16 @@ def step_install(ctx: Context) -> dict[str, Any]:
 
 def step_pytest_gpu(ctx: Context) -> dict[str, Any]:
     log = ctx.scratch("pytest_gpu") / "pytest.log"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs",
-           "--timeout", "300"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-v", "-p", "no:cacheprovider", "-rfEs",
+           "--timeout", "300", "--durations", "15"] + (["-n", str(PYTEST_WORKERS)] if ctx.cuda else [])
     with log.open("w") as handle:
         done = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, timeout=BY_NAME["pytest_gpu"].limit_s)
     text = log.read_text(errors="replace")
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", text.splitlines()[-1])}
     failures = [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))][:10]
-    figures = {"counts": counts, "exit_code": done.returncode, "failures": failures, "summary": text.splitlines()[-1]}
+    slowest = [line.strip() for line in text.splitlines() if re.match(r"\s*\d+\.\d+s (call|setup|teardown) ", line)][:15]
+    figures = {"counts": counts, "exit_code": done.returncode, "failures": failures, "summary": text.splitlines()[-1],
+               "slowest": slowest}
     if done.returncode not in (0, 5) and (counts.get("failed") or counts.get("error") or counts.get("errors") or done.returncode):
         raise StepFailed(f"pytest -m gpu: {figures['summary']}", figures)
     if not counts.get("passed") and counts.get("skipped"):
@@ -671,10 +675,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             continue
         limit = step.rehearse_limit_s if args.rehearse else step.limit_s
         left = args.budget_s - (time.monotonic() - started)
-        if left < limit:
+        if left < min(limit, MIN_STEP_S):
             record["steps"][step.name] = {"status": "pending", "reason": f"needs up to {limit} s, {left:.0f} s left in this call"}
             save()
             continue
+        limit = int(min(limit, left))  # a step's limit is its worst case: it runs on what is left, and says timeout if cut
         print(f"[gpu_check {time.strftime('%H:%M:%S')}] {step.name} (limit {limit} s)", file=sys.stderr, flush=True)
         result = args.work / "steps" / f"{step.name}.result.json"
         result.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@
 # 2. installs the wheels with `pip --no-index --no-deps` into $STATE/site (once per machine), no network (a dead proxy
 #    is set, so any download would fail), and puts the working tree then that folder on PYTHONPATH;
 # 3. runs benchmarks/gpu_check.py: every step in its own process under its time limit, within the call's budget
-#    (--budget-s, default 540 s less the install; 900 s in the rehearsal), writing OUT/gpu_check.json and OUT/gpu_check.md after each step.
+#    (--budget-s, default 540 s less the install; 900 s in the rehearsal), writing OUT/gpu_check.json and OUT/gpu_check.md after each step;
+#    a step runs on what is left of the budget when that is less than its limit, and its logs come back in OUT/logs.tar.gz.
 #    Steps already recorded in $STATE are not run again: call again (within the machine's warm time) to go on.
 #
 # $STATE is $LADDERIZE_GPU_CHECK_HOME, default /tmp/ladderize-gpu-check on the device. --rehearse builds the bundle
@@ -102,6 +103,9 @@ left=$(( BUDGET - ($(date +%s) - start) ))
 echo "gpu_check: parts stashed and installed in $(( $(date +%s) - start )) s; $left s left for the steps" >&2
 "$PY" benchmarks/gpu_check.py --out "$OUT" --work "$STATE/work" --device "$DEVICE" --install "$STATE/install.json" \
   --budget-s "$left" "${PASS[@]}"
+# every step's logs and small records come back too (OUT/logs.tar.gz): a cut or failed step is read from them
+(cd "$STATE/work" && find steps -type f \( -name '*.log' -o -name '*.json' \) -size -4M -print0 \
+  | tar czf "$OUT/logs.tar.gz.tmp" --null -T - && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz") || true
 "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print(json.dumps({k: v["status"] for k, v in r["steps"].items()}))' \
   "$OUT/gpu_check.json"
 echo "gpu_check: done in $(( $(date +%s) - start )) s; $OUT/gpu_check.json and gpu_check.md" >&2
