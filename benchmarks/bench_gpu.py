@@ -151,7 +151,10 @@ def x_bytes(gib: float) -> int:
 
 
 def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
-    """transformers' recipe for fast decode: static cache, ``torch.compile`` of the forward; ``run(n)`` as ``decode_runner``."""
+    """transformers' recipe for fast decode: ``generate`` with the static cache, which on a GPU compiles its decode step
+    itself (auto-compile: ``torch.compile(mode="reduce-overhead")`` of the forward, prefill left eager); ``run(n)`` as
+    ``decode_runner``. Compiling ``model.forward`` by hand as well (the older recipe) fails under transformers 5.17:
+    the first GPU run, 2026-11-26, read a CUDA-graph output the next replay had overwritten (the cache update)."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -161,17 +164,14 @@ def hf_runner(shape: str, batch: int, prompt_len: int, max_new: int, device):
     config = plain_llama_config(SYNTHETIC_CONFIGS[shape])
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    if torch.device(device).type == "cuda":  # the CPU rehearsal runs it eager (inductor's C++ build takes minutes there)
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
 
     def run(n: int):
         sync(device)
         start = time.perf_counter()
         with torch.inference_mode():
-            # disable_compile: the forward is compiled above; generate's own auto-compile would compile it a second time
-            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static",
-                                 disable_compile=True)
+            # on the CPU (the rehearsal) transformers does not auto-compile: eager there
+            out = model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static")
         sync(device)
         return time.perf_counter() - start, out[:, prompt_len:].tolist()
 

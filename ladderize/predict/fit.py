@@ -187,6 +187,20 @@ def is_fit_row(timing: ModuleTiming) -> bool:
 
 # ---- the fit ---------------------------------------------------------------------------------------
 
+#: The weight bandwidth is told apart from the per-kind fixed costs only when some kind's decode rows read weights
+#: of different sizes (TP 1 and TP 8 shards): batches alone change the activations, not the weights.
+WEIGHT_SPREAD = 1.5
+
+
+def weight_sizes_spread(decode: Sequence[ModuleTiming]) -> float:
+    """The largest ratio, within one module kind, of the non-KV bytes its decode rows read."""
+    spread = 1.0
+    for kind in {t.work.kind for t in decode}:
+        sizes = [t.work.bytes - t.work.kv_bytes for t in decode if t.work.kind == kind]
+        spread = max(spread, max(sizes) / min(sizes))
+    return spread
+
+
 
 def fit_compute(
     timings: Sequence[ModuleTiming], peak_flops_per_s: float, source: str, head_overhead_from: str = "mlp",
@@ -218,7 +232,11 @@ def fit_compute(
     solution, *_ = np.linalg.lstsq(matrix, rhs, rcond=None)
     inv_w, inv_kv = float(solution[0]), float(solution[1])
     fixed_bandwidth = False
-    if inv_w <= 0 and fallback_bytes_per_s:
+    one_size = weight_sizes_spread(decode) < WEIGHT_SPREAD
+    if one_size and not fallback_bytes_per_s:
+        raise LadderizeError("compute fit: every module kind was timed at one weight size, so the weight bandwidth "
+                             "cannot be told from the fixed costs; time two TP degrees (e.g. --tp 1,8)")
+    if (inv_w <= 0 or one_size) and fallback_bytes_per_s:
         inv_w, fixed_bandwidth = 1.0 / fallback_bytes_per_s, True
         rest, *_ = np.linalg.lstsq(matrix[:, 1:], rhs - matrix[:, 0] * inv_w, rcond=None)
         solution = np.concatenate([[inv_w], rest])
@@ -259,7 +277,9 @@ def fit_compute(
         anchors[kind] = tuple((w, min(e, MAX_EFFICIENCY)) for w, e in fitted)
     present = sorted(anchors)
     sources = {
-        **({"weight_bytes_per_s_fallback": "the rows gave no positive bandwidth: the measured stream rate"}
+        **({"weight_bytes_per_s_fallback": ("every module kind was timed at one weight size (one TP degree): "
+                                            "the measured stream rate" if one_size else
+                                            "the rows gave no positive bandwidth: the measured stream rate")}
            if fixed_bandwidth else {}),
         **({"kv_bytes_per_s_fallback": "the rows did not resolve the KV read (outside 1/20..20x the weight rate): "
                                        "the weight rate"} if fixed_kv else {}),

@@ -21,9 +21,15 @@ from tests.adapt.test_streaming import _config, assert_same_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
 
-# fp32 on CUDA against fp32 on the CPU (TF32 off under --dtype float32): the same sums in another order; the
-# multi-process kd test's per-step relative tolerance of the loss (tests/adapt/test_multiprocess.py)
-WEIGHT_ATOL = 1e-4
+# fp32 on CUDA against fp32 on the CPU (TF32 off under --dtype float32): the same sums in another order, in every op
+# of every step; the loss per step within the multi-process kd test's relative tolerance (tests/adapt/test_multiprocess.py).
+# Adam turns the last bits of a near-zero gradient into a step of up to lr, so the weights are compared by how far they
+# moved: per tensor, ||update_a - update_b|| / ||update_a||. Measured on the CPU with the sequential runs below
+# (tests/adapt/test_streaming.py's config, lr 3e-3): start weights of the converted layers moved by one ulp: 1.1e-4;
+# lr 1% higher: 5.1e-2; two warm-up steps instead of one: 0.62 (as max |difference|: 4.5e-5, 7.5e-3, 2.2e-2).
+# The first GPU run (H200, 2026-11-26) had max |difference| 2.25e-4, over the 1e-4 this file asked before anything
+# had run on a GPU; its relative update difference is in the closing note of that session.
+UPDATE_RTOL = 5e-3
 
 
 def _close_curves(a: list[dict], b: list[dict], key: str, rtol: float = LOSS_RTOL) -> None:
@@ -40,12 +46,21 @@ def _on_device_progress(seen: list):
     return progress
 
 
-def _close_checkpoints(a: Path, b: Path, atol: float = WEIGHT_ATOL) -> None:
+def _close_checkpoints(start: Path, a: Path, b: Path, rtol: float = UPDATE_RTOL) -> None:
+    """Two trainings from ``start`` moved every tensor alike: their updates differ by at most ``rtol`` of the update."""
     from ladderize.checkpoint.io import load_model
 
-    wa, wb = load_model(a).state_dict(), load_model(b).state_dict()
-    assert wa.keys() == wb.keys()
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= atol
+    w0, wa, wb = (load_model(p).state_dict() for p in (start, a, b))
+    assert wa.keys() == wb.keys() == w0.keys()
+    moved = [k for k in wa if (wa[k] - w0[k]).norm() > 0]
+    assert moved
+    relative = {k: ((wa[k] - wb[k]).norm() / (wa[k] - w0[k]).norm()).item() for k in moved}
+    worst = max(relative, key=relative.get)
+    frozen = max(((wa[k] - wb[k]).abs().max().item() for k in wa if k not in relative), default=0.0)
+    print(f"update difference: worst {worst} {relative[worst]:.3g}; max |difference| "
+          f"{max((wa[k] - wb[k]).abs().max().item() for k in wa):.3g}")
+    assert relative[worst] <= rtol, (worst, relative[worst])
+    assert frozen == 0.0  # what neither run trained is the start's, bit for bit
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -58,7 +73,7 @@ def test_sequential_on_cuda_equals_the_cpu_run(stream, ladder_dir, text_file, tm
     assert seen and all(devices == {"cuda"} for devices in seen)  # the layer in training is on the GPU
     assert any("states in cuda:0 memory" in m for m in messages), messages  # tiny states fit on the device
     _close_curves(cpu.curve, gpu.curve, "loss_local")
-    _close_checkpoints(tmp_path / "cpu", tmp_path / "gpu")
+    _close_checkpoints(ladder_dir, tmp_path / "cpu", tmp_path / "gpu")
 
 
 def test_sequential_on_cuda_with_states_in_pinned_host_memory(ladder_dir, text_file, tmp_path, monkeypatch):
@@ -104,7 +119,7 @@ def test_kd_on_cuda_equals_the_cpu_run(text_file, tmp_path):
     cpu = adapt(AdaptConfig(out=str(tmp_path / "cpu"), device="cpu", **settings))
     assert seen and all(devices == {"cuda"} for devices in seen)
     _close_curves(cpu.curve, gpu.curve, "loss_kd")
-    _close_checkpoints(tmp_path / "cpu", tmp_path / "gpu")
+    _close_checkpoints(ladder, tmp_path / "cpu", tmp_path / "gpu")
 
 
 def test_kd_head_grouping_before_prepare_on_cuda(spd_dir, dense_dir, text_file, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,60 @@ def test_a_noisy_prefill_row_is_held_at_the_efficiency_cap_and_said(rows):
     assert all(e == F.MAX_EFFICIENCY for _, e in noisy.flops_efficiency["mlp"])
     assert "mlp@" in noisy.sources["flops_efficiency_clamped"]
     assert noisy.flops_efficiency["attention"] == base.flops_efficiency["attention"]
+
+
+class ReplayedCompute:
+    """``MeasuredCompute``'s cache of a real calibration, replayed: the module timings a GPU wrote."""
+
+    is_gpu = True
+    memory_bytes = 141 * 2**30
+    label = "replayed"
+
+    def __init__(self, path: Path):
+        data = json.loads(path.read_text())
+        (self.device_key, rates), = data["rates"].items()
+        self.rates = tuple(rates)
+        self.device_name = self.device_key.split("|")[0]
+        self.entries = {key[len(self.device_key) + 1:]: e["seconds"] for key, e in data["entries"].items()}
+
+    def device_rates(self) -> tuple[float, float]:
+        return self.rates
+
+    def module_s(self, work) -> float:
+        return self.entries[work.key()]
+
+    def source(self, work) -> str:
+        return f"measured on {self.device_name}"
+
+
+H200_CALIBRATION = Path(__file__).parent / "data" / "h200_calibrate_llama-1b_tp1.json"
+
+
+def test_one_tp_degree_takes_the_weight_bandwidth_from_the_measured_stream_rate():
+    """At one TP degree each kind reads one weight size (batches change only activations and the KV cache), so the
+    weight bandwidth and the per-kind fixed costs are one unknown per kind. The H200's own calibration of llama-1b at
+    TP 1, batch 1 and 16, was fitted as if they were not: 360 GB/s and no fixed cost, the LM head missed by +979%."""
+    from ladderize.checkpoint.shapes import preset
+    from ladderize.predict.calibrate import calibrate_compute, check_fit, worst_fit_row
+
+    compute = ReplayedCompute(H200_CALIBRATION)
+    gpu, rows = calibrate_compute(preset("llama-1b"), [1], [1, 16], 256, 32, compute)
+    check_fit(rows, "replayed")  # does not raise
+    assert abs(worst_fit_row(rows)["error"]) < 0.10
+    assert gpu.fit.weight_bytes_per_s == compute.rates[1]  # the GEMV's streaming rate, measured beside the modules
+    assert "one weight size" in gpu.fit.sources["weight_bytes_per_s_fallback"]
+    assert all(v > 0 for v in gpu.fit.overhead_s.values())  # the launches and small kernels the rows show
+    # the same rows with no stream rate to fall back on: refused in one line, not fitted to noise
+    timings = [F.ModuleTiming(F.module_work(preset("llama-1b"), r["kind"], 1, r["batch"], r["q_len"], r["kv_len"]),
+                            r["seconds"], r["phase"], "") for r in rows]
+    assert F.weight_sizes_spread([t for t in timings if t.memory_bound]) < 1.5
+    with pytest.raises(LadderizeError, match="one weight size"):
+        F.fit_compute(timings, compute.rates[0], "replayed")
+
+
+def test_two_tp_degrees_fit_the_weight_bandwidth_from_the_rows(rows):
+
+    fit_rows = [t for t in rows if F.is_fit_row(t)]
+    assert F.weight_sizes_spread([t for t in fit_rows if t.memory_bound]) > 4  # TP 1 and TP 8 shards
+    fit = F.fit_compute(fit_rows, 989e12, "h100", fallback_bytes_per_s=1.0)  # a fallback it has no need of
+    assert "weight_bytes_per_s_fallback" not in fit.sources and fit.weight_bytes_per_s > 1e12
