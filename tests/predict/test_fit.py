@@ -155,14 +155,13 @@ def test_one_tp_degree_takes_the_weight_bandwidth_from_the_measured_stream_rate(
     assert all(v > 0 for v in gpu.fit.overhead_s.values())  # the launches and small kernels the rows show
     # the same rows with no stream rate to fall back on: refused in one line, not fitted to noise
     timings = [F.ModuleTiming(F.module_work(preset("llama-1b"), r["kind"], 1, r["batch"], r["q_len"], r["kv_len"]),
-                            r["seconds"], r["phase"], "") for r in rows]
+                              r["seconds"], r["phase"], "") for r in rows]
     assert F.weight_sizes_spread([t for t in timings if t.memory_bound]) < 1.5
     with pytest.raises(LadderizeError, match="one weight size"):
         F.fit_compute(timings, compute.rates[0], "replayed")
 
 
 def test_two_tp_degrees_fit_the_weight_bandwidth_from_the_rows(rows):
-
     fit_rows = [t for t in rows if F.is_fit_row(t)]
     assert F.weight_sizes_spread([t for t in fit_rows if t.memory_bound]) > 4  # TP 1 and TP 8 shards
     fit = F.fit_compute(fit_rows, 989e12, "h100", fallback_bytes_per_s=1.0)  # a fallback it has no need of
