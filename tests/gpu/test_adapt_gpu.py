@@ -54,11 +54,12 @@ def _close_checkpoints(start: Path, a: Path, b: Path, rtol: float = UPDATE_RTOL)
     assert wa.keys() == wb.keys() == w0.keys()
     moved = [k for k in wa if (wa[k] - w0[k]).norm() > 0]
     assert moved
-    relative = {k: ((wa[k] - wb[k]).norm() / (wa[k] - w0[k]).norm()).item() for k in moved}
+    difference = {k: wa[k] - wb[k] for k in wa}
+    relative = {k: (difference[k].norm() / (wa[k] - w0[k]).norm()).item() for k in moved}
     worst = max(relative, key=relative.get)
-    frozen = max(((wa[k] - wb[k]).abs().max().item() for k in wa if k not in relative), default=0.0)
-    print(f"update difference: worst {worst} {relative[worst]:.3g}; max |difference| "
-          f"{max((wa[k] - wb[k]).abs().max().item() for k in wa):.3g}")
+    largest = {k: d.abs().max().item() for k, d in difference.items()}
+    frozen = max((largest[k] for k in wa if k not in relative), default=0.0)
+    print(f"update difference: worst {worst} {relative[worst]:.3g}; max |difference| {max(largest.values()):.3g}")
     assert relative[worst] <= rtol, (worst, relative[worst])
     assert frozen == 0.0  # what neither run trained is the start's, bit for bit
 
