@@ -21,6 +21,10 @@ before adapt), are scored here, on the same core with one thread:
 One JSON per point in ``results/adapt_curve/`` (written by rename; an existing one is skipped
 unless ``--force``, so a killed run resumes). ``--plot`` gathers them into
 ``results/adapt_curve.json`` and ``.png`` and prints a markdown table.
+
+``--device cuda`` runs the same on a GPU: adapt gets ``--device cuda`` (its ``--budget`` then times the GPU), nothing
+is pinned, the scoring runs there in the checkpoint's dtype, and the JSONs go to ``--results DIR`` (the GPU check's
+``adapt_curve`` step: ``benchmarks/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -80,10 +84,13 @@ def ladderize_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "ladderize.cli"]
 
 
-def run_pinned(args: list[str], cpu: int, log: Path) -> dict:
-    """Run ``ladderize ARGS`` on core ``cpu`` with one thread; wall and CPU seconds and the last lines of its output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = ["taskset", "-c", str(cpu), *ladderize_command(), *args]
+def run_pinned(args: list[str], cpu: int | None, log: Path) -> dict:
+    """Run ``ladderize ARGS`` on core ``cpu`` with one thread (``None``: unpinned, as on a GPU machine); wall and CPU
+    seconds and the last lines of its output."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if cpu is not None:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    command = [*(["taskset", "-c", str(cpu)] if cpu is not None else []), *ladderize_command(), *args]
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     plan: list[str] = []  # what --budget planned (the first lines; the tail loses them on long runs)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -104,7 +111,7 @@ def run_pinned(args: list[str], cpu: int, log: Path) -> dict:
             "plan": plan, "stdout_tail": list(tail)}
 
 
-def converted(layout: str, dense: Path, work: Path, cpu: int) -> tuple[Path, dict | None]:
+def converted(layout: str, dense: Path, work: Path, cpu: int | None) -> tuple[Path, dict | None]:
     """The zero-shot checkpoint of ``layout`` (converted once into ``work``) and the conversion's run record when made now."""
     path = work / layout
     if path.exists():
@@ -128,7 +135,7 @@ def score(model, tokenizer, teacher, ids: torch.Tensor, lambada: int) -> dict:
 
     times = {}
     started = time.perf_counter()
-    result = {"lambada_limit": lambada, "wikitext2_ppl": perplexity(model, ids, seq_len=ids.shape[1], num_sequences=ids.shape[0])}
+    result = {"lambada_limit": lambada, "window_sequences": ids.shape[0], "wikitext2_ppl": perplexity(model, ids, seq_len=ids.shape[1], num_sequences=ids.shape[0])}
     times["ppl_s"] = time.perf_counter() - started
     started = time.perf_counter()
     hits, lambada_ppl = lambada_scores(model, tokenizer, lambada or None)
@@ -168,22 +175,23 @@ class Scorer:
     A reference is scored again when its JSON is missing, holds another LAMBADA size, or ``rescore`` names it.
     """
 
-    def __init__(self, dense: Path, lambada: int, rescore: set[str]):
+    def __init__(self, dense: Path, lambada: int, rescore: set[str], device: str = "cpu", window: int = 16):
         from transformers import AutoTokenizer
 
         from ladderize.checkpoint.io import load_model
         from ladderize.eval.perplexity import wikitext2_ids
 
-        self.dense_path, self.lambada, self.rescore = dense, lambada, set(rescore)
+        self.dense_path, self.lambada, self.rescore, self.device = dense, lambada, set(rescore), device
         self.tokenizer = AutoTokenizer.from_pretrained(dense)
-        self.ids = wikitext2_ids(self.tokenizer, 512, 16)
-        self.dense_model = load_model(dense)
-        self.load_model = load_model
+        self.ids = wikitext2_ids(self.tokenizer, 512, window)
+        self.load_model = lambda path: load_model(path, device=device)
+        self.dense_model = self.load_model(dense)
         self.references: dict[str, dict] = {}
 
     def fresh(self, record: dict | None) -> bool:
-        """Whether a cached record was scored on the LAMBADA passages asked for now."""
-        return record is not None and record.get("lambada_limit") == self.lambada
+        """Whether a cached record was scored on the LAMBADA passages and the window asked for now."""
+        return (record is not None and record.get("lambada_limit") == self.lambada
+                and record.get("window_sequences", 16) == self.ids.shape[0])
 
     def _cached(self, name: str) -> dict | None:
         if name in self.references:
@@ -210,7 +218,7 @@ class Scorer:
             record["precision"] = read_provenance(path)["history"][-1]["precision"]
         return compare(record, dense, zero_shot)
 
-    def zero_shot(self, layout: str, work: Path, cpu: int) -> tuple[Path, dict]:
+    def zero_shot(self, layout: str, work: Path, cpu: int | None) -> tuple[Path, dict]:
         """The converted checkpoint of ``layout`` (made once) and its scores."""
         path, conversion = converted(layout, self.dense_path, work, cpu)
         name = layout + ZERO_SHOT
@@ -225,7 +233,7 @@ class Scorer:
         return path, record
 
 
-def run_point(point: dict, scorer: Scorer, work: Path, cpu: int, force: bool) -> None:
+def run_point(point: dict, scorer: Scorer, work: Path, cpu: int | None, force: bool) -> None:
     """Adapt (unless its JSON exists) and score one point; rescoring only when just the LAMBADA size changed."""
     name = point["name"]
     if point["kind"] == "reference":
@@ -245,13 +253,19 @@ def run_point(point: dict, scorer: Scorer, work: Path, cpu: int, force: bool) ->
         adapt = cached["adapt"]
     else:
         budget = [] if point["budget"] == DEFAULT_BUDGET else ["--budget", point["budget"]]
-        args = ["adapt", str(source), str(out), "--data", DATA, *budget, "--force", *LAYOUTS[point["layout"]][1],
+        device = ["--device", scorer.device] if scorer.device != "cpu" else []
+        args = ["adapt", str(source), str(out), "--data", DATA, *budget, "--force", *device, *LAYOUTS[point["layout"]][1],
                 *point["variant_flags"]]
         print(f"{name}: ladderize {shlex.join(args)}", flush=True)
         adapt = run_pinned(args, cpu, work / f"{out.name}.adapt.log")
-    record = scorer.checkpoint(out, {**point, "adapt": adapt}, zero_shot)
+    record = scorer.checkpoint(out, {**point, "adapt": adapt, "device": device_name(scorer.device)}, zero_shot)
     write_json(point_file(name), record)
     print(json.dumps({k: v for k, v in record.items() if k not in ("lambada_hits", "adapt", "teacher")}), flush=True)
+
+
+def device_name(device: str) -> str:
+    """What ran a point: the GPU's name on cuda, else ``cpu``."""
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
 
 def gather() -> tuple[dict, dict[str, dict], list[dict]]:
@@ -261,7 +275,7 @@ def gather() -> tuple[dict, dict[str, dict], list[dict]]:
     if dense is None:
         raise SystemExit(f"no dense.json in {CURVE}")
     zero = {r["layout"]: r for r in records if r["kind"] == "reference" and r.get("layout")}
-    points = sorted((r for r in records if r["kind"] == "point"), key=lambda r: (r["layout"], r.get("variant") or "", r["adapt"]["cpu_s"]))
+    points = sorted((r for r in records if r["kind"] == "point"), key=lambda r: (r["layout"], r.get("variant") or "", minutes(r)))
     for record in [*zero.values(), *points]:  # the paired difference from the dense record as it is now
         compare(record, dense, zero.get(record["layout"]) if record["kind"] == "point" else None)
     return dense, zero, points
@@ -308,6 +322,12 @@ def table(dense: dict, zero: dict[str, dict], points: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def minutes(record: dict) -> float:
+    """A point's x: the adapt run's CPU minutes on one pinned core, its wall minutes on a GPU."""
+    on_gpu = record.get("device", "cpu") != "cpu"
+    return record["adapt"]["wall_s" if on_gpu else "cpu_s"] / 60
+
+
 def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Path) -> None:
     """Gap closed, perplexity over dense, LAMBADA accuracy and KL to dense against the adapt run's CPU minutes, one line per layout."""
     import matplotlib
@@ -329,7 +349,7 @@ def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Pat
         for j, variant in enumerate(variants or [""]):
             series = [r for r in points if r["layout"] == layout and (r.get("variant") or "") == variant]
             start = [({**zero[layout], "gap_closed": 0.0}, 0.0)] if layout in zero else []
-            series = start + [(r, r["adapt"]["cpu_s"] / 60) for r in series]
+            series = start + [(r, minutes(r)) for r in series]
             label = layout + (f" ({variant})" if variant else "")
             for ax, (_, value) in zip(axes, panels):
                 ax.plot([x for _, x in series], [value(r) for r, _ in series], color=color, marker=markers[j % len(markers)],
@@ -338,33 +358,41 @@ def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Pat
     axes[1].set_yscale("log")  # ladder 10-29 starts at +4,400%: only a log axis shows every layout's last points
     axes[2].axhline(100 * dense["lambada_acc"], color="k", ls="--", label="dense")
     axes[3].axhline(0, color="k", ls="--", label="dense")
+    gpus = sorted({r["device"] for r in points if r.get("device", "cpu") != "cpu"})
     for ax, (ylabel, _) in zip(axes, panels):
-        ax.set_xlabel("CPU minutes of the adapt run (one core, one thread)")
+        ax.set_xlabel(f"wall minutes of the adapt run on {', '.join(gpus)}" if gpus else "CPU minutes of the adapt run (one core, one thread)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M: recovery per compute of ladderize adapt --budget (0 min: zero-shot)")
+    fig.suptitle(f"SmolLM2-135M: recovery per compute of ladderize adapt --budget{' on ' + ', '.join(gpus) if gpus else ''} (0 min: zero-shot)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def plot(results: Path = RESULTS) -> None:
-    """Write ``adapt_curve.json`` and ``adapt_curve.png`` from the point JSONs and print the table."""
+def plot() -> None:
+    """Write ``NAME.json`` and ``NAME.png`` beside the point JSONs' folder ``NAME`` from them and print the table."""
+    stem = CURVE.parent / CURVE.name
     dense, zero, points = gather()
     slim = lambda r: {k: v for k, v in r.items() if k != "lambada_hits"}  # noqa: E731
-    write_json(results / "adapt_curve.json", {"dense": slim(dense), "zero_shot": {k: slim(v) for k, v in zero.items()},
-                                              "points": [slim(r) for r in points]})
-    plot_curve(dense, zero, points, results / "adapt_curve.png")
+    write_json(stem.with_suffix(".json"), {"dense": slim(dense), "zero_shot": {k: slim(v) for k, v in zero.items()},
+                                           "points": [slim(r) for r in points]})
+    plot_curve(dense, zero, points, stem.with_suffix(".png"))
     print(table(dense, zero, points))
 
 
 def main() -> None:
+    global CURVE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", default="", help="comma-separated LAYOUT@BUDGET[:VARIANT], dense or LAYOUT-zero-shot; "
                         f"layouts: {', '.join(LAYOUTS)}; BUDGET as adapt --budget (15m, 1h, 90s wall time; 20M, 500K tokens)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="extra adapt flags of a named variant (shell-quoted), used by points LAYOUT@BUDGET:NAME; repeatable")
-    parser.add_argument("--cpu", type=int, default=0, help="the core adapt and scoring run on")
+    parser.add_argument("--cpu", type=int, default=0, help="the core adapt and scoring run on (cpu device)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where adapt and the scoring run; cuda: unpinned, adapt --device cuda")
+    parser.add_argument("--results", type=Path, default=CURVE, help="the folder of the point JSONs")
+    parser.add_argument("--window", type=int, default=16, help="512-token sequences of the WikiText-2 valid window "
+                        "(16: the curve's; fewer only to rehearse the plumbing, as the GPU check's CPU rehearsal does)")
     parser.add_argument("--lambada", type=int, default=1000, help="first N LAMBADA passages (0: all 5153)")
     parser.add_argument("--work", type=Path, default=WORK, help="converted and adapted checkpoints ($ADAPT_BENCH_WORK)")
     parser.add_argument("--dense", type=Path, default=None, help="dense checkpoint (default: ladderize pull smollm2-135m)")
@@ -377,14 +405,17 @@ def main() -> None:
         raise SystemExit("variants are given as NAME=FLAGS")
     variants = {name: shlex.split(flags) for name, flags in (v.split("=", 1) for v in args.variant)}
     points = [parse_point(spec.strip(), variants) for spec in args.points.split(",") if spec.strip()]
+    CURVE = args.results
+    cpu = args.cpu if args.device == "cpu" else None
     if points:
-        os.sched_setaffinity(0, {args.cpu})
-        torch.set_num_threads(1)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+            torch.set_num_threads(1)
         torch.manual_seed(0)
         rescore = {p["name"] for p in points if p["kind"] == "reference"} if args.force else set()
-        scorer = Scorer(args.dense or dense_source(), args.lambada, rescore)
+        scorer = Scorer(args.dense or dense_source(), args.lambada, rescore, args.device, args.window)
         for point in points:
-            run_point(point, scorer, args.work, args.cpu, args.force)
+            run_point(point, scorer, args.work, cpu, args.force)
     if args.plot:
         plot()
 

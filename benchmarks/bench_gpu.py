@@ -218,6 +218,9 @@ def bench_decode(args, device, say) -> dict[str, Any]:
                     "peak_device_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
                     "wall_s_incl_warmup": time.perf_counter() - started,
                 })
+                # each row in the log as it lands: a run cut at its time limit keeps what it measured
+                say(f"decode {shape} batch {batch} {mode}: {rows[-1]['decode_ms_per_token']:.3f} ms/token "
+                    f"(floor {rows[-1]['floor_ms_per_token']:.3f}), prefill {rows[-1]['prefill_ms']:.1f} ms")
                 gc.collect()
                 if cuda:
                     torch.cuda.empty_cache()

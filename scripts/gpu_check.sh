@@ -2,6 +2,7 @@
 # The GPU check in one command: on the GPU machine, from the bundle that scripts/gpu_bundle.sh built.
 #
 #   bash scripts/gpu_check.sh --bundle DIR --out OUT [--steps a,b] [--budget-s S] [--rerun]
+#                             [--curve POINTS] [--curve-variant NAME=FLAGS ...]   # the adapt_curve step's points
 #   bash scripts/gpu_check.sh --rehearse --bundle DIR --out OUT     # the CPU rehearsal CI runs (tiny shapes)
 #
 # 1. stashes the parts present under DIR (DIR/part1, DIR/part2, or DIR itself being one part) in $STATE/stash,
@@ -33,6 +34,8 @@ while [ $# -gt 0 ]; do
     --budget-s) BUDGET="$2"; shift ;;
     --steps) PASS+=(--steps "$2"); shift ;;
     --rerun) PASS+=(--rerun) ;;
+    --curve) PASS+=(--curve "$2"); shift ;;
+    --curve-variant) PASS+=("--curve-variant=$2"); shift ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
