@@ -175,8 +175,10 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     check_budget_steps(steps)
     first = steps[0]
     device = first.get("device", AdaptConfig.device)
-    cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device())
-    cap = _data_tokens(first, checkpoint, cap) if any(s.get("local_schedule") == "sequential" for s in steps) else cap
+    memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device())
+    sequential = any(s.get("local_schedule") == "sequential" for s in steps)
+    cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
+    held = cap if sequential and (memory_cap is None or cap < memory_cap) else None  # the whole data, in tokens
 
     def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
         return scale_stages(plan, tokens, max_calibration=cap)
@@ -199,13 +201,28 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     full = cap is not None and any(step.get("local_schedule") == "sequential" and step["tokens"] + step_tokens(step) > cap
                                    for step in sized)
     say(plan_line(budget, sized) + (f"; the sequential calibration set is capped at {cap:,} tokens (the data, or "
-                                    f"{STATE_MEMORY_SHARE:.0%} of memory for its states): the rest goes to the next stage" if full else ""))
+                                    f"{STATE_MEMORY_SHARE:.0%} of memory for its states): the rest goes to the next stage" if full else "")
+        + "".join(f"; {name} reads the data {passes:.1f} times over: past one pass, the runs measured on SmolLM2 "
+                  "gained WikiText and lost LAMBADA (docs/adapt.md); more data buys more than more passes"
+                  for name, passes in rereads(sized, first, held)))
     if budget.seconds is not None:
         planned = [pacing.stage_seconds(pace, step) for step in sized]
         record["planned_s"] = planned
         say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
             + f" (of {budget.describe()})")
     return sized, record
+
+
+def rereads(sized: list[dict[str, Any]], first: dict[str, Any], held: int | None) -> list[tuple[str, float]]:
+    """The joint stages that read the first stage's data, ``held`` tokens in all, more than once: (name, passes)."""
+    from .config import AdaptConfig
+
+    if not held:
+        return []
+    data = first.get("data", AdaptConfig.data)
+    return [(step["name"], step["tokens"] / held) for step in sized
+            if step.get("local_schedule") != "sequential" and step.get("data", AdaptConfig.data) == data
+            and step["tokens"] > held]
 
 
 def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int | None:

@@ -94,3 +94,23 @@ def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, mon
                            (["--budget", "0.001s", "--seq-len", "32"], "too short for this recipe on cpu")):
         code, _, stderr = run_cli([*base, *extra], capsys, monkeypatch)
         assert code == 2 and len(error_lines(stderr)) == 1 and message in stderr, stderr
+
+
+def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
+    """Past the data the sequential stage can cache, a budget's rest goes to kd, which then reads the same text again:
+    the plan says how many times (on SmolLM2, past one pass, the runs measured gained WikiText and lost LAMBADA)."""
+    from ladderize.adapt.budget import rereads, size_recipe
+
+    shared = {"data": str(text_file), "seq_len": 32, "batch_size": 2}
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
+    said: list[str] = []
+    sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append)
+    held = sized[0]["tokens"]  # capped by the data: every whole 32-token window of the text
+    assert held < 100_000 // 2 and sized[1]["tokens"] > held
+    passes = sized[1]["tokens"] / held
+    assert rereads(sized, sized[0], held) == [("kd", passes)]
+    assert f"kd reads the data {passes:.1f} times over" in said[-1] and "capped at" in said[-1], said[-1]
+    # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
+    small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append)
+    assert "reads the data" not in said[-1] and rereads(small, small[0], held) == []
+    assert rereads([sized[0], {**sized[1], "data": "other.txt"}], sized[0], held) == []
