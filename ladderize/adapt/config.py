@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from .objectives import DIVERGENCES, LOCAL_INPUTS, TEACHER_OBJECTIVES, parse_objectives
+from .objectives import DIVERGENCES, LOCAL_INPUTS, TEACHER_OBJECTIVES, check_top_k, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
@@ -41,11 +41,13 @@ class AdaptConfig:
     local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
     local_schedule: str = "joint"
     epochs: float = 2.0  # sequential training: passes over the calibration set per layer
+    epochs_ramp: float = 0.0  # sequential training: > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs`` (layer_training.layer_epochs)
     stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
     states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
     closed_form: bool = False  # sequential training: refit o_proj, down_proj by ridge least squares first (least_squares.py)
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
+    kd_top_k: int = 0  # kd: the teacher's k likeliest tokens per position as the target, renormalized (0: all)
     interpolate: float = 1.0  # joint stages: write (1 - x) * start + x * trained (interpolation.py; 1: the trained weights)
     ema: float = 0.0  # joint stages: write the moving average of the weights with this decay (weight_ema.py; 0: off)
     lora_rank: int = 16
@@ -118,6 +120,7 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(TRAINING_ORDERS)}")
     if config.kd_divergence not in DIVERGENCES:
         raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
+    check_top_k(config.kd_top_k, config.kd_divergence)
     check_interpolate(config)
     check_ema(config)
     if config.states not in STATES:
@@ -129,6 +132,12 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
             raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
         if config.epochs <= 0:
             raise LadderizeError(f"epochs must be positive, got {config.epochs}")
+        if not -1 < config.epochs_ramp < 1:
+            raise LadderizeError(f"epochs_ramp must be in (-1, 1) (0: every layer trains the same epochs; > 0: deeper "
+                                 f"layers more), got {config.epochs_ramp:g}")
+    elif config.epochs_ramp:
+        raise LadderizeError("epochs_ramp shares the sequential stage's epochs among its layers; use it in a seq-local stage "
+                             "(--stage seq-local:epochs_ramp=0.5)")
     elif config.closed_form:
         raise LadderizeError("closed_form refits each layer before the sequential training; use it in a seq-local stage "
                              "(--stage seq-local:closed_form=true)")

@@ -150,7 +150,7 @@ def adapt_joint(
         params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
-                            config.kd_divergence)
+                            config.kd_divergence, config.kd_top_k)
     if teacher is not None:
         teacher.to(accelerator.device)
 

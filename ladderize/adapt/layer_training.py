@@ -114,6 +114,19 @@ def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
     return max(1, math.ceil(epochs * num_sequences / batch_size))
 
 
+def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float:
+    """Epochs of the ``position``-th of ``count`` converted layers (0: the lowest) under ``epochs_ramp``.
+
+    ``epochs x (1 + ramp x (2 position / (count - 1) - 1))``: a straight line from ``(1 - ramp) x epochs`` at the
+    lowest layer to ``(1 + ramp) x epochs`` at the highest, so the layers' mean stays ``epochs`` (and with it the
+    stage's token passes and the budget's plan); ``ramp`` 0 trains every layer alike, a negative one trains the
+    lower layers more.
+    """
+    if count < 2 or ramp == 0:
+        return epochs
+    return epochs * (1 + ramp * (2 * position / (count - 1) - 1))
+
+
 def layer_summary(curve: list[dict]) -> list[dict]:
     """Per trained layer of a sequential curve: its steps and its loss before and after training.
 

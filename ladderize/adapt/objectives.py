@@ -117,6 +117,7 @@ class AdaptLoss(nn.Module):
         kd_temperature: float = 1.0,
         share_prefix: bool = False,
         kd_divergence: str = "forward",
+        kd_top_k: int = 0,
     ):
         super().__init__()
         if local_inputs not in LOCAL_INPUTS:
@@ -131,6 +132,8 @@ class AdaptLoss(nn.Module):
         if kd_divergence not in DIVERGENCES:
             raise LadderizeError(f"kd divergence must be one of {', '.join(DIVERGENCES)}, got {kd_divergence!r}")
         self.kd_divergence = kd_divergence
+        check_top_k(kd_top_k, kd_divergence)
+        self.kd_top_k = kd_top_k
         layout = student.layout
         self.converted = layout.converted_layers
         if not self.converted and "local" in weights:
@@ -147,7 +150,7 @@ class AdaptLoss(nn.Module):
             losses.update(head_losses(
                 self.student, self._student_final(input_ids, teacher), input_ids if "lm" in self.weights else None,
                 self.teacher if want_final else None, teacher.final if want_final else None,
-                self.kd_temperature, self.kd_divergence,
+                self.kd_temperature, self.kd_divergence, self.kd_top_k,
             ))
         if "local" in self.weights:
             losses["local"] = self._local_loss(teacher)
@@ -236,29 +239,44 @@ def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_
     return relative_sq_error(s_out[0], own(t_out[0]), update, total)
 
 
+def check_top_k(top_k: int, divergence: str) -> None:
+    """``kd_top_k``: 0 (the whole vocabulary) or a positive count, with the forward divergence only."""
+    if top_k < 0:
+        raise LadderizeError(f"kd_top_k must be 0 (the whole vocabulary) or a positive number of tokens, got {top_k}")
+    if top_k and divergence != "forward":
+        raise LadderizeError("kd_top_k keeps the teacher's likeliest tokens as the target of KL(teacher || student); "
+                             "it does not apply to the reverse divergence")
+
+
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
-            divergence: str = "forward") -> torch.Tensor:
+            divergence: str = "forward", top_k: int = 0) -> torch.Tensor:
     """Mean per-token KL(teacher || student) at ``temperature`` (scaled by T^2 as usual).
 
-    ``divergence="reverse"``: KL(student || teacher).
+    ``divergence="reverse"``: KL(student || teacher). ``top_k``: the teacher's distribution over its
+    ``top_k`` likeliest tokens, renormalized, against the student's over the whole vocabulary.
     """
     vocab = student_logits.shape[-1]
     s = F.log_softmax(student_logits.float().reshape(-1, vocab) / temperature, dim=-1)
-    t = F.log_softmax(teacher_logits.float().reshape(-1, vocab) / temperature, dim=-1)
+    teacher_rows = teacher_logits.float().reshape(-1, vocab) / temperature
+    if 0 < top_k < vocab:
+        top, index = teacher_rows.topk(top_k, dim=-1)
+        t = F.log_softmax(top, dim=-1)
+        return (t.exp() * (t - s.gather(-1, index))).sum() / s.shape[0] * temperature**2
+    t = F.log_softmax(teacher_rows, dim=-1)
     if divergence == "reverse":
         s, t = t, s  # kl_div(input, target) is KL(target || input)
     return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2
 
 
 def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.Tensor], temperature: float = 1.0,
-                 divergence: str = "forward") -> torch.Tensor:
+                 divergence: str = "forward", top_k: int = 0) -> torch.Tensor:
     """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
     ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time)."""
 
     def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
         with torch.no_grad():
             teacher_block = teacher_logits(part)
-        return kd_loss(block, teacher_block, temperature, divergence) * block.shape[0]
+        return kd_loss(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
 
     return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
 
@@ -276,6 +294,7 @@ def head_losses(
     teacher_final: torch.Tensor | None = None,
     temperature: float = 1.0,
     divergence: str = "forward",
+    top_k: int = 0,
 ) -> dict[str, torch.Tensor]:
     """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams.
 
@@ -296,7 +315,8 @@ def head_losses(
     if teacher is not None:
         teacher_rows = teacher_final.reshape(rows, -1)
         with head_gathered(teacher):  # a sharded teacher's head: gathered once, not once per block
-            losses["kd"] = blockwise_kd(logits, lambda part: logits_from(teacher, teacher_rows[part]), temperature, divergence)
+            losses["kd"] = blockwise_kd(logits, lambda part: logits_from(teacher, teacher_rows[part]), temperature, divergence,
+                                          top_k)
     return losses
 
 

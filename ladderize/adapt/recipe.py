@@ -66,7 +66,7 @@ RECIPES: dict[str, list[str]] = {
 }
 DEFAULT_RECIPE = "best"
 PLAN_FILE = "recipe.json"
-ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs"}
+ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs", "top_k": "kd_top_k"}
 _FIELDS = {f.name: f for f in fields(AdaptConfig)}
 # settings a recipe may not set (they name the run, not a stage)
 _RESERVED = {"checkpoint", "out", "run_dir", "force", "keep_state", "recipe"}
@@ -200,7 +200,7 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
     tokens = counted(step["tokens"], "token") + (f" x {counted(float(step['epochs']), 'epoch')}" if kind == "sequential" else "")
-    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "interpolate", "ema") + (("states", "stream_layers", "closed_form") if kind == "sequential" else ())
+    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
             f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")

@@ -55,7 +55,7 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import Ranks, StateCache, steps_per_layer, train_layer
+from .layer_training import Ranks, StateCache, layer_epochs, steps_per_layer, train_layer
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -218,8 +218,10 @@ def _train_layers(
     if batch_size < config.batch_size:
         say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")
-    per_layer = steps_per_layer(num_train, config.epochs, batch_size)
-    total_steps = per_layer * len(converted)
+    epochs = {index: layer_epochs(config.epochs, config.epochs_ramp, position, len(converted))
+              for position, index in enumerate(sorted(converted))}
+    per_layer = {index: steps_per_layer(num_train, share, batch_size) for index, share in epochs.items()}
+    total_steps = sum(per_layer.values())
     tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
@@ -259,7 +261,9 @@ def _train_layers(
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
-    say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {counted(per_layer, 'step')} per layer ({how}, states in "
+    low, high = per_layer[first], per_layer[last]
+    steps = f"{counted(low, 'step')} per layer" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {last}"
+    say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
     cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
     try:
@@ -271,7 +275,7 @@ def _train_layers(
                     if config.closed_form:
                         say(refit_output_projections(cache, layer, teacher_out, local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
-                    fit = train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=config.epochs, batch_size=batch_size,
+                    fit = train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=epochs[index], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)

@@ -82,6 +82,39 @@ def test_kd_divergences_match_their_definitions(temperature):
     assert kd_loss(student, teacher, temperature, "reverse").item() == pytest.approx(reverse.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 1), (2.0, 3), (1.0, 11)])
+def test_top_k_kd_matches_its_definition(temperature, top_k):
+    """sum over the teacher's top k of q (log q - log p_s), q the teacher's softmax over its top k alone and p_s the
+    student's over the whole vocabulary; mean over tokens, times T^2. k = V is the full KL; k = 1 is cross-entropy
+    on the teacher's greedy token."""
+    gen = torch.Generator().manual_seed(5)
+    student, teacher = torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen) * 3
+    log_p_s = torch.log_softmax(student.double() / temperature, -1).reshape(-1, 11)
+    expected = 0.0
+    for row, teacher_row in enumerate(teacher.double().reshape(-1, 11) / temperature):
+        kept = sorted(range(11), key=lambda v: -teacher_row[v].item())[:top_k]
+        q = torch.softmax(teacher_row[kept], -1)
+        expected += sum(q[i] * (q[i].log() - log_p_s[row, v]) for i, v in enumerate(kept))
+    expected = expected / 10 * temperature**2
+    assert kd_loss(student, teacher, temperature, top_k=top_k).item() == pytest.approx(expected.item(), rel=1e-5)
+    if top_k == 1:
+        greedy = teacher.reshape(-1, 11).argmax(-1)
+        hard = torch.nn.functional.cross_entropy(student.reshape(-1, 11) / temperature, greedy)
+        assert kd_loss(student, teacher, temperature, top_k=1).item() == pytest.approx(hard.item(), rel=1e-5)
+    if top_k == 11:
+        assert kd_loss(student, teacher, temperature, top_k=11).item() == pytest.approx(kd_loss(student, teacher, temperature).item(), rel=1e-6)
+    else:
+        assert abs(kd_loss(student, teacher, temperature, top_k=top_k).item() - kd_loss(student, teacher, temperature).item()) > 0.01
+
+
+def test_top_k_kd_refuses_a_negative_count_and_the_reverse_divergence():
+    teacher, student = _dense_and(["dense", "dense", "ladder", "ladder"])
+    with pytest.raises(LadderizeError, match="kd_top_k must be 0"):
+        AdaptLoss(student, teacher, {"kd": 1.0}, kd_top_k=-1)
+    with pytest.raises(LadderizeError, match="does not apply to the reverse divergence"):
+        AdaptLoss(student, teacher, {"kd": 1.0}, kd_divergence="reverse", kd_top_k=8)
+
+
 def test_reverse_kd_lowers_its_loss_and_bad_divergence_is_refused():
     torch.manual_seed(0)
     teacher, student = _dense_and(["dense", "dense", "ladder", "ladder"])
@@ -92,8 +125,8 @@ def test_reverse_kd_lowers_its_loss_and_bad_divergence_is_refused():
         AdaptLoss(student, teacher, {"kd": 1.0}, kd_divergence="backward")
 
 
-@pytest.mark.parametrize("temperature,divergence", [(1.0, "forward"), (2.0, "reverse")])
-def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, monkeypatch):
+@pytest.mark.parametrize("temperature,divergence,top_k", [(1.0, "forward", 0), (2.0, "reverse", 0), (1.0, "forward", 5)])
+def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, top_k, monkeypatch):
     """lm and kd computed 16 tokens at a time (BlockwiseLoss) equal the whole-logit losses, values and gradients.
 
     Both sides are float32; they differ only in summation order (per-block sums, then the
@@ -108,7 +141,8 @@ def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, mo
     select_trainable(student, "all", LoraSpec())
     monkeypatch.setattr(objectives, "LOGIT_BLOCK_BYTES", 4 * student.config.vocab_size * 16)
     assert logit_block_rows(student.config.vocab_size) == 16  # 45 tokens: blocks of 16, 16 and 13
-    module = AdaptLoss(student, teacher, {"lm": 1.0, "kd": 0.5}, kd_temperature=temperature, kd_divergence=divergence)
+    module = AdaptLoss(student, teacher, {"lm": 1.0, "kd": 0.5}, kd_temperature=temperature, kd_divergence=divergence,
+                       kd_top_k=top_k)
     losses = module(ids)
     losses["total"].backward()
     blocked = {name: param.grad.clone() for name, param in student.named_parameters()}
@@ -118,7 +152,7 @@ def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, mo
     with torch.no_grad():
         teacher_logits = teacher(ids, use_cache=False).logits
     lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-    kd = kd_loss(logits, teacher_logits, temperature, divergence)
+    kd = kd_loss(logits, teacher_logits, temperature, divergence, top_k)
     (lm + 0.5 * kd).backward()
     assert losses["lm"].item() == pytest.approx(lm.item(), rel=1e-5)
     assert losses["kd"].item() == pytest.approx(kd.item(), rel=1e-5)

@@ -83,11 +83,13 @@ def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
 def test_cli_stages_and_recipe_file(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
     out = tmp_path / "cli"
     args = ["adapt", ladder_dir, out, "--data", text_file, "--seq-len", 32, "--batch-size", 2,
-            "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=128,lr=1e-3"]
+            "--stage", "seq-local:tokens=128,epochs=1,epochs_ramp=0.5", "--stage", "kd:tokens=128,lr=1e-3,top_k=8"]
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
     assert "plan (recipe command line, 2 stage(s)):" in stdout and "2. kd: kd (joint), 128 tokens, lr 0.001" in stdout
-    assert "adapted 6 steps" in stdout  # 4 sequential + 2 kd
+    assert ", epochs_ramp 0.5" in stdout.split("1. seq-local:")[1].splitlines()[0]
+    assert ", kd_top_k 8" in stdout.split("2. kd:")[1].splitlines()[0]
+    assert "adapted 6 steps" in stdout  # 4 sequential (1 at the ladder's lowest layer, 3 at its highest) + 2 kd
     assert read_provenance(out)["history"][-1]["recipe"]["plan"][0]["epochs"] == 1.0
 
     recipe = tmp_path / "recipe.yaml"
@@ -104,6 +106,7 @@ def test_cli_stages_and_recipe_file(ladder_dir, text_file, tmp_path, capsys, mon
     (["--stage", "kd:tokenz=64"], "unknown setting 'tokenz'"),
     (["--stage", "kd:tokens=many"], "tokens must be int"),
     (["--stage", "kd:kd_divergence=backward"], "unknown kd divergence 'backward'; choose from forward, reverse"),
+    (["--stage", "kd:top_k=-2"], "kd_top_k must be 0 (the whole vocabulary) or a positive number of tokens, got -2"),
     (["--recipe", "bad.yaml"], "does not parse as YAML at line 2, column 1: found character '\\t' that cannot start any token"),
     (["--recipe", "nostages.yaml"], "non-empty 'stages' list"),
     (["--recipe", "nosuch"], "unknown recipe 'nosuch'"),

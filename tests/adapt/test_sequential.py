@@ -97,3 +97,34 @@ def test_a_calibration_set_smaller_than_a_batch_counts_true_tokens_and_steps(hyb
     assert "data: 1 sequence of 32 tokens" in text and "1 sequences" not in text
     assert "smaller than --batch-size 4: a step trains 1 sequence" in text
     assert "sequential: 2 layers (" in text and "2 steps per layer" in text  # was "layers 2, 3, 2 steps each"
+
+
+@pytest.mark.parametrize("ramp,steps", [(0.5, {1: 6, 3: 18}), (-0.5, {1: 18, 3: 6})])
+def test_an_epochs_ramp_shares_the_stage_s_steps_by_depth(ramp, steps, hybrid_dir, text_file, tmp_path):
+    """``epochs_ramp``: the lowest of n converted layers trains (1 - ramp) x epochs, the highest (1 + ramp) x epochs,
+    so the stage's steps (and token passes) stay those of the flat stage; resume stays bit-identical."""
+    from ladderize.adapt.layer_training import layer_epochs
+
+    assert [layer_epochs(2.0, 0.5, i, 3) for i in range(3)] == [1.0, 2.0, 3.0]
+    assert layer_epochs(2.0, 0.5, 0, 1) == 2.0  # one layer: nothing to share
+    messages: list[str] = []
+    config = _config(hybrid_dir, tmp_path / "ramp", text_file, epochs_ramp=ramp)
+    result = adapt(config, on_message=messages.append)
+    assert {layer: sum(r["layer"] == layer for r in result.curve) for layer in (1, 3)} == steps
+    assert result.steps == 2 * 12  # the flat stage's 8 sequences x 3 epochs / batch 2, per converted layer
+    assert f"{steps[1]} steps at layer 1 to {steps[3]} at layer 3" in "\n".join(messages)
+    partial = adapt(_config(hybrid_dir, tmp_path / "resumed", text_file, epochs_ramp=ramp), stop_after_steps=steps[1] + 2)
+    assert partial.steps == steps[1] + 2
+    resumed = adapt(_config(hybrid_dir, tmp_path / "resumed", text_file, epochs_ramp=ramp), resume=True)
+    assert resumed.resumed_from_step == steps[1]
+    a, b = load_model(tmp_path / "ramp").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"epochs_ramp": 1.0}, r"epochs_ramp must be in \(-1, 1\)"),
+    ({"epochs_ramp": 0.5, "local_schedule": "joint"}, "use it in a seq-local stage"),
+])
+def test_an_impossible_epochs_ramp_is_refused(change, message, hybrid_dir, text_file, tmp_path):
+    with pytest.raises(LadderizeError, match=message):
+        adapt(_config(hybrid_dir, tmp_path / "x", text_file, **change))
