@@ -41,6 +41,7 @@ class AdaptConfig:
     local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
     local_schedule: str = "joint"
     epochs: float = 2.0  # sequential training: passes over the calibration set per layer
+    window: int = 1  # sequential training: consecutive converted layers trained together (layer_training.layer_windows)
     epochs_ramp: float = 0.0  # sequential training: > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs`` (layer_training.layer_epochs)
     stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
     states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
@@ -135,6 +136,12 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         if not -1 < config.epochs_ramp < 1:
             raise LadderizeError(f"epochs_ramp must be in (-1, 1) (0: every layer trains the same epochs; > 0: deeper "
                                  f"layers more), got {config.epochs_ramp:g}")
+        if config.window < 1:
+            raise LadderizeError(f"window must be at least 1 (layers trained together), got {config.window}")
+        if config.window > 1 and config.closed_form:
+            raise LadderizeError("closed_form refits one layer at a time before its training; it does not combine with window > 1")
+    elif config.window != 1:
+        raise LadderizeError("window groups the sequential stage's layers; use it in a seq-local stage (--stage seq-local:window=2)")
     elif config.epochs_ramp:
         raise LadderizeError("epochs_ramp shares the sequential stage's epochs among its layers; use it in a seq-local stage "
                              "(--stage seq-local:epochs_ramp=0.5)")

@@ -127,6 +127,18 @@ def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float
     return epochs * (1 + ramp * (2 * position / (count - 1) - 1))
 
 
+def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int]]:
+    """The converted layers in the groups the sequential stage trains together: runs of consecutive layers cut
+    into pieces of ``window`` (a run's last piece may be shorter; a layer not converted ends a run)."""
+    groups: list[list[int]] = []
+    for index in sorted(converted):
+        if groups and groups[-1][-1] == index - 1 and len(groups[-1]) < window:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
 def layer_summary(curve: list[dict]) -> list[dict]:
     """Per trained layer of a sequential curve: its steps and its loss before and after training.
 
@@ -243,6 +255,14 @@ class StateCache:
         return self._through(teacher_layer, self.teacher_state)
 
     @torch.no_grad()
+    def teacher_outputs(self, teacher_layers: list[torch.nn.Module]) -> list[State]:
+        """The teacher's states leaving each of ``teacher_layers``, the current layer and those after it in order."""
+        outs = [self.teacher_output(teacher_layers[0])]
+        for layer in teacher_layers[1:]:
+            outs.append(self._through(layer, outs[-1]))
+        return outs
+
+    @torch.no_grad()
     def advance(self, student_layer: torch.nn.Module, teacher_out: State) -> None:
         """Move both state sets past the current layer (the student through its adapted ``student_layer``)."""
         self.student_state = self._through(student_layer, self.student_state)
@@ -252,8 +272,8 @@ class StateCache:
 
 def train_layer(
     cache: StateCache,
-    layer: torch.nn.Module,
-    teacher_out: State,
+    layer: torch.nn.Module | list[torch.nn.Module],
+    teacher_out: State | list[State],
     *,
     local_inputs: str,
     epochs: float,
@@ -269,29 +289,39 @@ def train_layer(
     """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states: its losses per
     step, and its loss on the fixed evaluation batch (``StateCache.eval_rows``) before and after.
 
+    A window (``layer`` a list of consecutive layers from the current one, ``teacher_out`` the teacher's states
+    leaving each, ``StateCache.teacher_outputs``): the layers train together, each fed the one below's output of
+    the same step, and the loss is the mean of their layer errors; one layer is the window of one.
     Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
     """
     from .lr_curve import warmup_cosine
 
     index = cache.layer
-    mode = layer.mode
-    params = list(layer.parameters())
+    layers = layer if isinstance(layer, list) else [layer]
+    targets = teacher_out if isinstance(teacher_out, list) else [teacher_out]
+    params = [param for module in layers for param in module.parameters()]
     for param in params:
         param.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
-    inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
+    teacher_inputs = [cache.teacher_state, *targets[:-1]]
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
 
     def loss_on(rows: torch.Tensor, part: slice | None = None) -> torch.Tensor:
-        """The layer's error on ``rows`` (this process's ``part`` of them under data parallelism)."""
-        t_in = (cache.rows_on_device(cache.teacher_state[0], rows), cache.rows_on_device(cache.teacher_state[1], rows))
-        t_out = (cache.rows_on_device(teacher_out[0], rows), cache.rows_on_device(teacher_out[1], rows))
+        """The window's error on ``rows`` (this process's ``part`` of them under data parallelism)."""
         own = rows if part is None else rows[part]
-        with cache.autocast():
-            s_out = layer(cache.rows_on_device(inputs[0], own), cache.rows_on_device(inputs[1], own), **cache.kwargs(len(own)))
-            return layer_error(mode, t_in, s_out, t_out, local_inputs, part=part)
+        error, s_out = 0.0, None
+        for module, t_in_all, t_out_all in zip(layers, teacher_inputs, targets):
+            t_in = (cache.rows_on_device(t_in_all[0], rows), cache.rows_on_device(t_in_all[1], rows))
+            t_out = (cache.rows_on_device(t_out_all[0], rows), cache.rows_on_device(t_out_all[1], rows))
+            if s_out is None or local_inputs == "teacher":  # the window's input; block-local: every layer the teacher's
+                source = cache.student_state if local_inputs == "student" else t_in_all
+                s_out = (cache.rows_on_device(source[0], own), cache.rows_on_device(source[1], own))
+            with cache.autocast():
+                s_out = module(s_out[0], s_out[1], **cache.kwargs(len(own)))
+                error = error + layer_error(module.mode, t_in, s_out, t_out, local_inputs, part=part)
+        return error / len(layers)
 
     evaluation = cache.eval_rows(batch_size)  # every process measures the whole evaluation batch
     with torch.no_grad():

@@ -200,7 +200,7 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
     tokens = counted(step["tokens"], "token") + (f" x {counted(float(step['epochs']), 'epoch')}" if kind == "sequential" else "")
-    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp") if kind == "sequential" else ())
+    keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp", "window") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
             f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")

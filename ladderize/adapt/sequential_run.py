@@ -39,6 +39,7 @@ weights and (layer, seed), so the result equals an uninterrupted run's bit for b
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -55,7 +56,7 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import Ranks, StateCache, layer_epochs, steps_per_layer, train_layer
+from .layer_training import Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -218,10 +219,12 @@ def _train_layers(
     if batch_size < config.batch_size:
         say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")
-    epochs = {index: layer_epochs(config.epochs, config.epochs_ramp, position, len(converted))
-              for position, index in enumerate(sorted(converted))}
-    per_layer = {index: steps_per_layer(num_train, share, batch_size) for index, share in epochs.items()}
-    total_steps = sum(per_layer.values())
+    ramp = {index: layer_epochs(config.epochs, config.epochs_ramp, position, len(converted))
+            for position, index in enumerate(sorted(converted))}
+    windows = {window[0]: window for window in layer_windows(converted, config.window)}
+    epochs = {start: sum(ramp[i] for i in window) / len(window) for start, window in windows.items()}  # a window's mean
+    per_window = {start: steps_per_layer(num_train, share, batch_size) for start, share in epochs.items()}
+    total_steps = sum(per_window.values())
     tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
@@ -261,36 +264,44 @@ def _train_layers(
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
     how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
-    low, high = per_layer[first], per_layer[last]
-    steps = f"{counted(low, 'step')} per layer" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {last}"
+    low, high = per_window[first], per_window[max(windows)]
+    unit = "layer" if config.window == 1 else f"window of {counted(config.window, 'layer')}"
+    steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
     cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
     try:
-        for index in range(first, last + 1):
-            with teacher.layer(index) as teacher_layer:
-                teacher_out = cache.teacher_output(teacher_layer)
-            with student.layer(index) as layer:
-                if index in converted and index > done:
-                    if config.closed_form:
-                        say(refit_output_projections(cache, layer, teacher_out, local_inputs=inputs, batch_size=batch_size,
+        index = first
+        while index <= last:
+            group = windows[index] if index in windows and index > done else [index]  # a resume ends at a window's end
+            with contextlib.ExitStack() as stack:  # the teacher's layers are given back before the student's are read
+                teacher_outs = cache.teacher_outputs([stack.enter_context(teacher.layer(i)) for i in group])
+            with contextlib.ExitStack() as stack:
+                layers = [stack.enter_context(student.layer(i)) for i in group]
+                if group[0] in converted and group[0] > done:
+                    if config.closed_form:  # one layer per group (validate_config)
+                        say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
-                    fit = train_layer(cache, layer, teacher_out, local_inputs=inputs, epochs=epochs[index], batch_size=batch_size,
+                    fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
                     if ranks.main:
-                        _save_layer(state_dir, index, layer)
+                        for i, layer in zip(group, layers):
+                            _save_layer(state_dir, i, layer)
                         write_trainer_state(state_dir, config, {
                             "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
-                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": index})
-                    ranks.barrier()  # the layer's file is written before any process reads it
-                    student.use_trained(index, layer_file(state_dir, index))
+                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1]})
+                    ranks.barrier()  # the layers' files are written before any process reads them
+                    for i in group:
+                        student.use_trained(i, layer_file(state_dir, i))
                     if stopping():
                         raise _Stop
-                if index < last:
-                    cache.advance(layer, teacher_out)
-            del teacher_out
+                for i, layer, teacher_out in zip(group, layers, teacher_outs):
+                    if i < last:
+                        cache.advance(layer, teacher_out)
+            del teacher_outs
+            index = group[-1] + 1
     except _Stop:
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
     return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), True

@@ -124,7 +124,75 @@ def test_an_epochs_ramp_shares_the_stage_s_steps_by_depth(ramp, steps, hybrid_di
 @pytest.mark.parametrize("change,message", [
     ({"epochs_ramp": 1.0}, r"epochs_ramp must be in \(-1, 1\)"),
     ({"epochs_ramp": 0.5, "local_schedule": "joint"}, "use it in a seq-local stage"),
+    ({"window": 0}, "window must be at least 1"),
+    ({"window": 2, "local_schedule": "joint"}, "use it in a seq-local stage"),
+    ({"window": 2, "closed_form": True}, "does not combine with window > 1"),
 ])
 def test_an_impossible_epochs_ramp_is_refused(change, message, hybrid_dir, text_file, tmp_path):
     with pytest.raises(LadderizeError, match=message):
         adapt(_config(hybrid_dir, tmp_path / "x", text_file, **change))
+
+
+def test_a_window_s_loss_is_the_mean_of_its_layers_errors_along_the_student_s_own_chain(ladder_dir, dense_dir):
+    """``window``: layer 3 is fed layer 2's output of the same step, and the loss is the mean of both layers' errors,
+    here against the plain model run of the teacher and the (zero-shot) student."""
+    from ladderize.adapt.layer_source import ResidentLayers
+    from ladderize.adapt.layer_training import StateCache, train_layer
+    from ladderize.adapt.objectives import layer_error
+
+    teacher_model, student_model = load_model(dense_dir), load_model(ladder_dir)
+    data = torch.randint(3, 120, (6, 16), generator=torch.Generator().manual_seed(4))
+    cache = StateCache(ResidentLayers(teacher_model), data, 2, held_out=2)
+    with torch.no_grad():
+        state, kwargs = embed(teacher_model, data[4:6])  # the held-out rows: the window's evaluation batch
+        x = run_layers(teacher_model, state, kwargs, 0, 2)
+        t2 = run_layers(teacher_model, x, kwargs, 2, 3)
+        t3 = run_layers(teacher_model, t2, kwargs, 3, 4)
+        s2 = run_layers(student_model, x, kwargs, 2, 3)
+        s3 = run_layers(student_model, s2, kwargs, 3, 4)
+        modes = student_model.layout.modes
+        expected = (layer_error(modes[2], x, s2, t2, "student") + layer_error(modes[3], t2, s3, t3, "student")) / 2
+    with cache.teacher.layer(2) as teacher2, cache.teacher.layer(3) as teacher3:
+        outs = cache.teacher_outputs([teacher2, teacher3])
+    torch.testing.assert_close(outs[1][0][4:6], t3[0])
+    settings = dict(local_inputs="student", epochs=2, batch_size=2, lr=1e-4, min_lr_ratio=0.1, warmup_steps=1,
+                    max_grad_norm=1.0, seed=0)
+    layers = student_model.model.layers
+    fit = train_layer(cache, [layers[2], layers[3]], outs, **settings)
+    assert fit.before == pytest.approx(expected.item(), rel=1e-5)
+    assert fit.held_out and len(fit.losses) == 4 and fit.losses[-1] < 0.7 * fit.losses[0], fit.losses
+    # layer 3's error reaches layer 2 through the window: with another layer 3 (and no clipping, which would couple
+    # them by the norm; AdamW is per element), layer 2 trains otherwise; were it cut off, its steps would be the same
+    trained = []
+    for scale in (1.0, 1.1):
+        other = load_model(ladder_dir).model.layers
+        with torch.no_grad():
+            other[3].mlp.up_proj.weight.mul_(scale)
+        train_layer(cache, [other[2], other[3]], outs, **{**settings, "max_grad_norm": 0.0})
+        trained.append(other[2].mlp.down_proj.weight.clone())
+    assert not torch.equal(*trained)
+
+
+def test_windows_train_consecutive_layers_together_and_resume_exactly(ladder_dir, hybrid_dir, text_file, tmp_path):
+    """Ladder on layers 2-3: one window of two (half the flat stage's steps, each step trains both layers); on the
+    hybrid (converted layers 1 and 3, dense 2 between) windows of one, so ``window=2`` is the flat stage bit for bit."""
+    from ladderize.adapt.layer_training import layer_windows
+
+    assert layer_windows([6, 7, 8, 9, 12, 18, 20, 21, 22], 2) == [[6, 7], [8, 9], [12], [18], [20, 21], [22]]
+    messages: list[str] = []
+    result = adapt(_config(ladder_dir, tmp_path / "window", text_file, window=2), on_message=messages.append)
+    assert result.steps == 12 and {r["layer"] for r in result.curve} == {2}  # 8 sequences x 3 epochs / batch 2
+    assert "12 steps per window of 2 layers" in "\n".join(messages)
+    start = load_model(ladder_dir).state_dict()
+    changed = {n.split(".")[2] for n, p in load_model(tmp_path / "window").state_dict().items() if not torch.equal(p, start[n])}
+    assert changed == {"2", "3"}
+    partial = adapt(_config(ladder_dir, tmp_path / "resumed", text_file, window=2), stop_after_steps=5)
+    assert partial.steps == 5
+    resumed = adapt(_config(ladder_dir, tmp_path / "resumed", text_file, window=2), resume=True)
+    assert resumed.resumed_from_step == 0 and resumed.steps == 12  # nothing was saved inside the window
+    a, b = load_model(tmp_path / "window").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    adapt(_config(hybrid_dir, tmp_path / "flat", text_file))
+    adapt(_config(hybrid_dir, tmp_path / "pairs", text_file, window=2))
+    a, b = load_model(tmp_path / "flat").state_dict(), load_model(tmp_path / "pairs").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
