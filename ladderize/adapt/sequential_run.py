@@ -263,7 +263,8 @@ def _train_layers(
         if stopping() and info.step_in_layer < info.steps_per_layer:
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
-    how = "one layer at a time from safetensors" if isinstance(student, StreamedLayers) else "student and teacher whole in memory"
+    how = (f"one {'layer' if config.window == 1 else 'window'} at a time from safetensors" if isinstance(student, StreamedLayers)
+           else "student and teacher whole in memory")
     low, high = per_window[first], per_window[max(windows)]
     unit = "layer" if config.window == 1 else f"window of {counted(config.window, 'layer')}"
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
