@@ -11,7 +11,7 @@ per stage), with the stages' warm-up scaled alike, and the horizon of a stage's 
 (``ema``: ``1 / (1 - decay)`` steps) too. A sequential stage's calibration set stops growing
 where the data ends (its whole sequences; further epochs over the same set overfit it) or where its
 cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
-(``sequential_run.STATE_COPIES`` state tensors); the tokens past that go to the next stage that is not
+(``sequential_run.state_copies`` state tensors, more with ``window``); the tokens past that go to the next stage that is not
 sequential (kd in ``best``), which passes over the data as many times as they need. A wall budget is turned into tokens by the pace measured on this
 device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take.
 """
@@ -122,15 +122,15 @@ def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: i
     return sized
 
 
-def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4) -> int | None:
-    """The most calibration tokens whose cached states (``STATE_COPIES`` tensors of ``hidden_size``) fit in
-    ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read)."""
-    from .sequential_run import STATE_COPIES
+def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4, window: int = 1) -> int | None:
+    """The most calibration tokens whose cached states (``sequential_run.state_copies(window)`` tensors of
+    ``hidden_size``) fit in ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read)."""
+    from .sequential_run import state_copies
 
     available = _available_memory(device)
     if available is None:
         return None
-    return max(1, int(STATE_MEMORY_SHARE * available / (STATE_COPIES * hidden_size * bytes_per_value)))
+    return max(1, int(STATE_MEMORY_SHARE * available / (state_copies(window) * hidden_size * bytes_per_value)))
 
 
 def _available_memory(device: str) -> int | None:
@@ -175,8 +175,10 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     check_budget_steps(steps)
     first = steps[0]
     device = first.get("device", AdaptConfig.device)
-    memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device())
-    sequential = any(s.get("local_schedule") == "sequential" for s in steps)
+    sequential = [s for s in steps if s.get("local_schedule") == "sequential"]
+    window = max((int(s.get("window", 1)) for s in sequential), default=1)
+    memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device(),
+                                        window=window)
     cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
     held = cap if sequential and (memory_cap is None or cap < memory_cap) else None  # the whole data, in tokens
 

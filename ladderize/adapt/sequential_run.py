@@ -67,6 +67,12 @@ STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student 
 STATE_FRACTION = 0.5  # of the device's free memory the states may take (the rest: the layer, AdamW, activations)
 
 
+def state_copies(window: int = 1) -> int:
+    """``[N, S, D]`` state tensors alive at once when ``window`` layers train together: ``STATE_COPIES``, plus the
+    teacher's output pair of each layer of the window past the first."""
+    return STATE_COPIES + 2 * (window - 1)
+
+
 def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_bytes: int) -> StateStore:
     """Where the calibration states live: on disk when asked, on ``device`` when they fit, else (pinned) host memory.
 
@@ -77,7 +83,7 @@ def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_
     if device.type != "cuda":
         return StateStore(device=device)
     free, _total = torch.cuda.mem_get_info(device)
-    if STATE_COPIES * state_bytes <= STATE_FRACTION * free:
+    if state_copies(config.window) * state_bytes <= STATE_FRACTION * free:
         return StateStore(device=device)
     return StateStore(pin=True)
 

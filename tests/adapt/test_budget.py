@@ -114,3 +114,14 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append)
     assert "reads the data" not in said[-1] and rereads(small, small[0], held) == []
     assert rereads([sized[0], {**sized[1], "data": "other.txt"}], sized[0], held) == []
+
+
+def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatch):
+    """``window=3`` holds two more teacher output pairs: 12 state tensors where one layer holds 8."""
+    from ladderize.adapt import budget
+    from ladderize.adapt.sequential_run import STATE_COPIES, state_copies
+
+    monkeypatch.setattr(budget, "_available_memory", lambda device: 96 * 2**30)
+    assert (state_copies(1), state_copies(3)) == (STATE_COPIES, STATE_COPIES + 4) == (8, 12)
+    one, three = (budget.max_calibration_tokens(576, "cpu", window=w) for w in (1, 3))
+    assert one == int(0.25 * 96 * 2**30 / (8 * 576 * 4)) and three == int(0.25 * 96 * 2**30 / (12 * 576 * 4))
