@@ -272,8 +272,8 @@ class StateCache:
 
 def train_layer(
     cache: StateCache,
-    layer: torch.nn.Module | list[torch.nn.Module],
-    teacher_out: State | list[State],
+    layers: list[torch.nn.Module],
+    targets: list[State],
     *,
     local_inputs: str,
     epochs: float,
@@ -286,19 +286,17 @@ def train_layer(
     progress: Callable[[LayerStep], None] | None = None,
     ranks: Ranks = Ranks(),
 ) -> LayerFit:
-    """Train the student's current layer (``layer``, a ``LadderDecoderLayer``) on the cached states: its losses per
-    step, and its loss on the fixed evaluation batch (``StateCache.eval_rows``) before and after.
+    """Train the student's current window on the cached states: its losses per step, and its loss on the fixed
+    evaluation batch (``StateCache.eval_rows``) before and after.
 
-    A window (``layer`` a list of consecutive layers from the current one, ``teacher_out`` the teacher's states
-    leaving each, ``StateCache.teacher_outputs``): the layers train together, each fed the one below's output of
-    the same step, and the loss is the mean of their layer errors; one layer is the window of one.
+    ``layers``: consecutive ``LadderDecoderLayer``s from the current one (usually one); ``targets``: the teacher's
+    states leaving each (``StateCache.teacher_outputs``). The layers train together, each fed the one below's
+    output of the same step, and the loss is the mean of their layer errors.
     Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
     """
     from .lr_curve import warmup_cosine
 
     index = cache.layer
-    layers = layer if isinstance(layer, list) else [layer]
-    targets = teacher_out if isinstance(teacher_out, list) else [teacher_out]
     params = [param for module in layers for param in module.parameters()]
     for param in params:
         param.requires_grad_(True)
