@@ -10,6 +10,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# adapt runs eager in the suite: compiling each tiny shape costs seconds a test (tests/adapt/test_compilation.py
+# checks the compiled layers themselves)
+os.environ.setdefault("LADDERIZE_COMPILE", "0")
 
 import ladderize  # noqa: E402  (registers the Auto classes)
 from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM  # noqa: E402

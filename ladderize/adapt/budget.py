@@ -190,7 +190,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     if budget.seconds is not None:
         pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
                               batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
-                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"))
+                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
+                              compile=first.get("compile"))
         tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size)
         if tokens < 1:
             floor = pacing.recipe_seconds(pace, size(steps, 1))

@@ -59,6 +59,7 @@ class AdaptConfig:
     mixed_precision: str = "no"
     device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
     dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
+    compile: bool | None = None  # compiled decoder layers (compilation.py); None: where torch.compile runs
     run_dir: str | None = None
     force: bool = False
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
@@ -74,9 +75,11 @@ class AdaptConfig:
         ``stream_layers`` and ``states`` are left out: they change where weights and states
         live, not a single bit of the result (``tests/adapt/test_streaming.py``). ``device`` is
         left out too: a run resumed on the device it started on continues bit for bit, and one
-        moved to another device continues within that device's rounding.
+        moved to another device continues within that device's rounding. So is ``compile``: compiled
+        layers round differently, not compute something else (``compilation.py``).
         """
-        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states", "device"}
+        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states", "device",
+                "compile"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

@@ -20,6 +20,7 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..progress import counted
+from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .data import batch_at, micro_batch_index, token_windows
 from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
@@ -149,12 +150,17 @@ def adapt_joint(
     else:
         params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    compiled = resolve_compile(config.compile, accelerator.device, fsdp=fsdp)
+    if compiled:
+        compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])])
+        say(COMPILING)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
-                            config.kd_divergence, config.kd_top_k)
+                            config.kd_divergence, config.kd_top_k, compiled)
     if teacher is not None:
         teacher.to(accelerator.device)
 
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    optimizer = adamw(params, fused=not fsdp, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
     )

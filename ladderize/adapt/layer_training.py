@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .compilation import adamw
 from .data import batch_order
 from .objectives import layer_error
 from .state_store import StateStore
@@ -300,7 +301,7 @@ def train_layer(
     params = [param for module in layers for param in module.parameters()]
     for param in params:
         param.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = adamw(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     teacher_inputs = [cache.teacher_state, *targets[:-1]]

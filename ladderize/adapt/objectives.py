@@ -45,6 +45,7 @@ from torch import nn
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
+from .compilation import compiled_kd_loss
 from .fsdp import head_gathered
 from .residual_states import State, embed, logits_from, run_layers
 
@@ -118,8 +119,10 @@ class AdaptLoss(nn.Module):
         share_prefix: bool = False,
         kd_divergence: str = "forward",
         kd_top_k: int = 0,
+        compiled: bool = False,
     ):
         super().__init__()
+        self.compiled = compiled  # the kd loss's blocks through torch.compile (compilation.py; the layers are compiled apart)
         if local_inputs not in LOCAL_INPUTS:
             raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
         if TEACHER_OBJECTIVES & set(weights) and teacher is None:
@@ -150,7 +153,7 @@ class AdaptLoss(nn.Module):
             losses.update(head_losses(
                 self.student, self._student_final(input_ids, teacher), input_ids if "lm" in self.weights else None,
                 self.teacher if want_final else None, teacher.final if want_final else None,
-                self.kd_temperature, self.kd_divergence, self.kd_top_k,
+                self.kd_temperature, self.kd_divergence, self.kd_top_k, self.compiled,
             ))
         if "local" in self.weights:
             losses["local"] = self._local_loss(teacher)
@@ -269,14 +272,16 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
 
 
 def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.Tensor], temperature: float = 1.0,
-                 divergence: str = "forward", top_k: int = 0) -> torch.Tensor:
+                 divergence: str = "forward", top_k: int = 0, compiled: bool = False) -> torch.Tensor:
     """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
-    ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time)."""
+    ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time).
+    ``compiled``: each block's loss and gradient through ``torch.compile`` (``compilation.compiled_kd_loss``)."""
+    loss_of = compiled_kd_loss() if compiled else kd_loss
 
     def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
         with torch.no_grad():
             teacher_block = teacher_logits(part)
-        return kd_loss(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
+        return loss_of(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
 
     return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
 
@@ -295,6 +300,7 @@ def head_losses(
     temperature: float = 1.0,
     divergence: str = "forward",
     top_k: int = 0,
+    compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams.
 
@@ -315,9 +321,22 @@ def head_losses(
     if teacher is not None:
         teacher_rows = teacher_final.reshape(rows, -1)
         with head_gathered(teacher):  # a sharded teacher's head: gathered once, not once per block
-            losses["kd"] = blockwise_kd(logits, lambda part: logits_from(teacher, teacher_rows[part]), temperature, divergence,
-                                          top_k)
+            normed, head = teacher.model.norm(teacher_rows), frozen_head(teacher.lm_head)
+            losses["kd"] = blockwise_kd(logits, lambda part: head(normed[part]), temperature, divergence, top_k, compiled)
     return losses
+
+
+def frozen_head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A frozen LM head as a function of the normed rows, its weight cast once to autocast's dtype: autocast casts a
+    weight that needs no gradient again at every call (on SmolLM2, 28M parameters for every block of 128 tokens;
+    the same bits, once). A head that is not a plain ``nn.Linear`` (sharded, adapted) is called as it is."""
+    weight = getattr(head, "weight", None)
+    device = weight.device.type if weight is not None else "cpu"
+    if type(head) is not nn.Linear or hasattr(weight, "placements") or not torch.is_autocast_enabled(device):
+        return head
+    dtype = torch.get_autocast_dtype(device)
+    weight, bias = weight.to(dtype), None if head.bias is None else head.bias.to(dtype)
+    return lambda rows: F.linear(rows, weight, bias)
 
 
 class BlockwiseLoss(torch.autograd.Function):

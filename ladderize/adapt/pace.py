@@ -15,7 +15,9 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
   student's from the first converted one up (the frozen layers below it are the teacher's, computed once:
   ``objectives.AdaptLoss``'s shared prefix), the backward through the same layers, and the heads (with
   ``train: all``, the student's forward and backward through every layer);
-- every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one.
+- every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
+- with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
+  waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``).
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
@@ -39,6 +41,8 @@ FIXED_READS = 3  # weight passes per stage: the student's and the teacher's read
 # a converted layer's closed-form start (``least_squares.py``): two passes over the calibration set, forward and the
 # backward to the module's output, about 1.5 training passes (38 s measured against 48 s for 2 on SmolLM2, 8,192 tokens)
 CLOSED_FORM_TRAINS = 1.5
+# compiled layers: each stage compiles its layers' graphs for its own shapes (training, evaluation and state batches)
+COMPILES_PER_STAGE = 2
 BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
 
 
@@ -59,6 +63,8 @@ class Pace:
     converted: int
     measured_s: float
     other_cpus: float | None = None  # other processes' CPU seconds per second while timed (None: not known here)
+    compiled: bool = False  # decoder layers compiled (compilation.py), as the run will
+    compile_s: float = 0.0  # compiled layers: the first forward's and training step's wait for the compiler
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,23 +91,28 @@ def busy_cpu_seconds() -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(fn) -> float:
+def _timed(fn) -> tuple[float, float]:
+    """The median seconds of ``fn`` after one untimed call, and what that first call took beyond it."""
+    start = time.perf_counter()
     fn()
+    first = time.perf_counter() - start
     times = []
     for _ in range(REPEATS):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    median = statistics.median(times)
+    return median, max(0.0, first - median)
 
 
 def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "auto", dtype: str | None = None,
-            mixed_precision: str | None = None) -> Pace:
+            mixed_precision: str | None = None, compile: bool | None = None) -> Pace:
     """Time the pieces of an adapt run of ``checkpoint`` on ``device`` (module docstring)."""
+    from .compilation import adamw, compile_layers, resolve_compile
     from ..checkpoint.io import load_config
     from ..checkpoint.placement import resolve_device, training_precision
     from .layer_source import StreamedLayers
-    from .objectives import blockwise_kd
+    from .objectives import blockwise_kd, frozen_head
     from .residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
@@ -121,6 +132,9 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         if target.type == "cuda":
             torch.cuda.synchronize(target)
 
+    compiled = resolve_compile(compile, target)
+    if compiled:
+        compile_layers([source.model.model.layers[first]])
     start = time.perf_counter()
     with source.layer(first) as layer:
         layer_read = time.perf_counter() - start
@@ -130,10 +144,10 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                     layer(*states, **kwargs)
                 sync()
 
-            layer_forward = _timed(forward)
+            layer_forward, forward_compile = _timed(forward)
         layer.requires_grad_(True)
         params = list(layer.parameters())
-        optimizer = torch.optim.AdamW(params, lr=1e-12)
+        optimizer = adamw(params, lr=1e-12)
 
         def train() -> None:
             with precision.context(target):
@@ -145,34 +159,39 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
             optimizer.zero_grad(set_to_none=True)
             sync()
 
-        layer_train = _timed(train)
+        layer_train, train_compile = _timed(train)
         layer.requires_grad_(False)
         del optimizer
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
     final = torch.randn(rows, hidden, generator=generator).to(target)
 
+    head_module = torch.nn.Linear(hidden, weight.shape[0], bias=False, device="meta")
+    head_module.weight = torch.nn.Parameter(weight, requires_grad=False)
+
     def head() -> None:  # objectives.head_losses' kd: the student's logits whole, the teacher's a block at a time
         student = final.detach().requires_grad_(True)
         with precision.context(target):
-            loss = blockwise_kd(student @ weight.T, lambda part: final[part] @ weight.T)
+            teacher_head = frozen_head(head_module)
+            loss = blockwise_kd(head_module(student), lambda part: teacher_head(final[part]), compiled=compiled)
         loss.backward()
         sync()
 
-    head_step = _timed(head)
+    head_step, head_compile = _timed(head)
     wall, machine_ended = time.perf_counter() - began, busy_cpu_seconds()
     others = None if machine_began is None or machine_ended is None else \
         max(0.0, (machine_ended - machine_began) - (time.process_time() - own_began)) / wall
     return Pace(device=str(target), precision=precision.mixed_precision if precision.autocast is not None else "float32",
                 tokens_per_call=rows, layer_forward=layer_forward, layer_train=layer_train, head_step=head_step,
                 layer_read=layer_read, layers=config.num_hidden_layers, first_converted=first, last_converted=last,
-                converted=len(converted), measured_s=wall, other_cpus=others)
+                converted=len(converted), measured_s=wall, other_cpus=others,
+                compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0)
 
 
 def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
     """The expected wall seconds of one resolved stage (module docstring)."""
     per_token = 1.0 / pace.tokens_per_call
-    fixed = FIXED_READS * pace.layers * pace.layer_read
+    fixed = FIXED_READS * pace.layers * pace.layer_read + COMPILES_PER_STAGE * pace.compile_s
     if step.get("local_schedule") == "sequential":
         span = pace.last_converted - pace.first_converted + 1
         epochs = float(step.get("epochs", 1.0))
@@ -208,6 +227,7 @@ def describe(pace: Pace) -> str:
     busy = "" if pace.other_cpus is None or pace.other_cpus < BUSY_CPUS else \
         (f"; other processes kept {pace.other_cpus:.1f} CPUs busy meanwhile, so the plan is sized for a machine that "
          f"busy (a quieter one fits more, a budget in tokens fits the same)")
-    return (f"on {pace.device} ({pace.precision}): timed in {pace.measured_s:.0f} s (a converted layer "
+    compiled = f", compiled layers, {pace.compile_s:.0f} s to compile" if pace.compiled else ""
+    return (f"on {pace.device} ({pace.precision}{compiled}): timed in {pace.measured_s:.0f} s (a converted layer "
             f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
             f"{pace.tokens_per_call:,} tokens{busy})")

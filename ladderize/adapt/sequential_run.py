@@ -51,6 +51,7 @@ from ..checkpoint.atomic import atomic_file
 from ..checkpoint.placement import TrainingPrecision
 from ..checkpoint.tensor_files import save_safetensors
 from ..errors import LadderizeError
+from .compilation import COMPILING, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
@@ -164,6 +165,9 @@ def adapt_sequential(
         student, teacher = ResidentLayers(student_model, device), ResidentLayers(teacher_model, device)
     if not same_prefix(student, teacher, min(student.model.layout.converted_layers)):
         raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
+    if resolve_compile(config.compile, device):
+        compile_layers([*student.model.model.layers, *teacher.model.model.layers])
+        say(COMPILING)
 
     hidden = student.model.config.hidden_size
     store = state_store(config, device, run_dir, data.numel() * hidden * torch.empty((), dtype=torch.float32).element_size())

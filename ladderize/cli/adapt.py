@@ -45,6 +45,7 @@ def adapt_cmd(
     keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the decoder layers with torch.compile (fused elementwise ops: about 1.3x the training pace on a CPU in bf16). Default: where it runs (CUDA with Triton, a CPU with a C++ compiler; not under FSDP), unless $LADDERIZE_COMPILE=0."),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
     from ..checkpoint.atomic import check_output_free
@@ -62,7 +63,7 @@ def adapt_cmd(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
-        states="disk" if states_on_disk else None,
+        states="disk" if states_on_disk else None, compile=compile,
     ).items() if v is not None}
     single = {k: v for k, v in dict(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,

@@ -1,0 +1,167 @@
+"""Compiled decoder layers (``adapt --compile``) and the fused AdamW: the same training as eager, within rounding."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from ladderize.adapt.compilation import ENV, adamw, compile_layers, resolve_compile, unavailable
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.residual_states import attention_kwargs
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.io import load_model
+from ladderize.errors import LadderizeError
+from tests.adapt.conftest import convert
+from tests.conftest import tiny_model
+
+CPU = torch.device("cpu")
+needs_compiler = pytest.mark.skipif(unavailable("cpu") is not None, reason=f"torch.compile cannot run here: {unavailable('cpu')}")
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(dense_dir, tmp_path_factory):
+    """SPD at TP=3 on layer 1, dense layer 2 in between, ladder on layer 3: every layer kind."""
+    return convert(dense_dir, tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", ladder="3:4", spd="1:2", spd_tp_size=3)
+
+
+def _captured() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["calls_captured"]
+
+
+def test_the_setting_resolves_by_its_rules(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert resolve_compile(False, CPU) is False
+    assert resolve_compile(None, CPU, fsdp=True) is False  # auto stays eager under FSDP
+    with pytest.raises(LadderizeError, match="not supported under FSDP"):
+        resolve_compile(True, CPU, fsdp=True)
+    with pytest.raises(LadderizeError, match="cannot run on meta here: not measured on meta"):
+        resolve_compile(True, torch.device("meta"))
+    assert resolve_compile(None, torch.device("meta")) is False
+    monkeypatch.setenv(ENV, "off")
+    assert resolve_compile(None, CPU) is False
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(LadderizeError, match=r"LADDERIZE_COMPILE='maybe': use 1/on or 0/off"):
+        resolve_compile(None, CPU)
+
+
+def test_a_cpu_without_a_compiler_runs_eager_by_default_and_refuses_compile(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    unavailable.cache_clear()
+    try:
+        assert unavailable("cpu") == "no C++ compiler found (g++, c++, clang++ or $CXX)"
+        assert resolve_compile(None, CPU) is False
+        with pytest.raises(LadderizeError, match="no C\\+\\+ compiler found"):
+            resolve_compile(True, CPU)
+    finally:
+        unavailable.cache_clear()
+
+
+def test_fused_adamw_makes_the_loops_update():
+    torch.manual_seed(0)
+    weights = [torch.randn(7, 5), torch.randn(5)]
+    runs = []
+    for fused in (True, False):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        optimizer = adamw(params, fused=fused, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+        assert optimizer.defaults["fused"] is (True if fused else None)
+        for step in range(10):
+            for param in params:
+                param.grad = torch.sin(param.detach() * (step + 1))
+            optimizer.step()
+        runs.append(params)
+    for fused, loop in zip(*runs):
+        assert not torch.equal(fused, weights[0] if fused.dim() == 2 else weights[1])
+        torch.testing.assert_close(fused, loop, rtol=1e-6, atol=1e-7)
+
+
+@needs_compiler
+def test_a_compiled_layer_computes_the_eager_layer_and_its_gradients():
+    model = tiny_model(layer_modes=["spd", "dense", "ladder", "ladder"], spd_tp_size=3)
+    kwargs = attention_kwargs(model, 2, 16, torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    state = tuple(torch.randn(2, 16, model.config.hidden_size, generator=generator) for _ in range(2))
+    for eager in model.model.layers[:3]:  # every kind: SPD, dense, ladder
+        compiled = copy.deepcopy(eager)
+        before = _captured()
+        compile_layers([compiled])
+        results = []
+        for layer in (eager, compiled):
+            layer.requires_grad_(True)
+            inputs = tuple(s.clone().requires_grad_(True) for s in state)
+            out = layer(*inputs, **kwargs)
+            sum((o * torch.cos(o)).sum() for o in out).backward()
+            results.append([*out, *(i.grad for i in inputs), *(p.grad for p in layer.parameters())])
+        assert _captured() > before  # the compiled layer ran through dynamo
+        for mine, theirs in zip(*results):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_every_layer_of_a_deep_model_runs_compiled():
+    """A layer's graph is its own (its residual-stream slots are constants): 12 layers x 2 grad modes are 24
+    graphs, past dynamo's default limit of 8, after which the rest would run eager without a word."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(layer_modes=["ladder"] * 12, num_hidden_layers=12)
+    compile_layers(model.model.layers)
+    kwargs = attention_kwargs(model, 1, 8, torch.float32)
+    state = (torch.randn(1, 8, model.config.hidden_size), torch.randn(1, 8, model.config.hidden_size))
+    before = counters["stats"]["unique_graphs"]
+    for layer in model.model.layers:
+        with torch.no_grad():
+            layer(*state, **kwargs)
+        layer.requires_grad_(True)
+        layer(*state, **kwargs)[0].sum().backward()
+    assert counters["stats"]["unique_graphs"] - before == 24
+
+
+def _run(checkpoint, out, text_file, **kw) -> tuple:
+    settings = dict(checkpoint=str(checkpoint), out=str(out), data=str(text_file), tokens=32 * 8, seq_len=32,
+                    batch_size=2, lr=3e-4, warmup_steps=1, dtype="float32")
+    result = adapt(AdaptConfig(**{**settings, **kw}))
+    return result, load_model(out).state_dict()
+
+
+@needs_compiler
+@pytest.mark.parametrize("stage", [dict(objectives="local", local_schedule="sequential", epochs=2),
+                                   dict(objectives="kd", kd_temperature=2.0)], ids=["seq-local", "kd"])
+def test_a_compiled_stage_trains_as_the_eager_one(stage, hybrid_dir, text_file, tmp_path):
+    eager, eager_weights = _run(hybrid_dir, tmp_path / "eager", text_file, compile=False, **stage)
+    before = _captured()
+    compiled, compiled_weights = _run(hybrid_dir, tmp_path / "compiled", text_file, compile=True, **stage)
+    assert _captured() > before
+    assert compiled.steps == eager.steps
+    key = "loss_local" if "local" in stage["objectives"] else "loss_total"
+    eager_losses = [record[key] for record in eager.curve]
+    # kd on this tiny model is ~1e-4 nats, a difference of log-softmaxes near log(128): float32 rounds it at ~1e-7
+    assert [record[key] for record in compiled.curve] == pytest.approx(eager_losses, rel=1e-4, abs=1e-6)
+    start = load_model(hybrid_dir).state_dict()
+    assert any(not torch.equal(eager_weights[k], start[k]) for k in start)  # it trained
+    # AdamW divides by the gradient's scale, so a rounding apart in the gradient moves a weight by up to the learning
+    # rate, and the layer above trains on the states of the one below: compare each weight's difference to its
+    # update (1.1e-3 of it at most on this model; a layer computing something else differs by the update's order)
+    for name, tensor in eager_weights.items():
+        assert (compiled_weights[name] - tensor).norm() <= 1e-2 * (tensor - start[name]).norm() + 1e-6, name
+
+
+def test_the_pace_of_compiled_layers_counts_their_compile_time():
+    from ladderize.adapt.pace import COMPILES_PER_STAGE, Pace, stage_seconds
+
+    plain = Pace(device="cpu", precision="float32", tokens_per_call=1024, layer_forward=0.01, layer_train=0.03,
+                 head_step=0.05, layer_read=0.001, layers=4, first_converted=2, last_converted=3, converted=2, measured_s=1.0)
+    compiled = dataclasses.replace(plain, compiled=True, compile_s=7.0)
+    for step in ({"tokens": 4096, "local_schedule": "sequential", "epochs": 2}, {"tokens": 4096}):
+        assert stage_seconds(compiled, step) == pytest.approx(stage_seconds(plain, step) + COMPILES_PER_STAGE * 7.0)
+
+
+def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
+    from ladderize.adapt.recipe import parse_stage
+
+    assert parse_stage("kd:compile=false").settings == {"compile": False}
+    assert "compile" not in AdaptConfig(checkpoint="c", out="o").fingerprint()
