@@ -165,3 +165,30 @@ def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
 
     assert parse_stage("kd:compile=false").settings == {"compile": False}
     assert "compile" not in AdaptConfig(checkpoint="c", out="o").fingerprint()
+
+
+def test_the_frozen_head_cast_once_gives_autocasts_bits():
+    from ladderize.adapt.objectives import frozen_head
+
+    torch.manual_seed(0)
+    head, rows = torch.nn.Linear(16, 40, bias=False).requires_grad_(False), torch.randn(6, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(frozen_head(head)(rows), head(rows))
+    assert frozen_head(head) is head  # no autocast: the head itself
+
+
+@needs_compiler
+@pytest.mark.parametrize("settings", [dict(), dict(divergence="reverse"), dict(top_k=5)], ids=["forward", "reverse", "top-k"])
+def test_the_compiled_kd_loss_and_its_gradient_are_the_eager_ones(settings):
+    from ladderize.adapt.objectives import blockwise_kd
+
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = (torch.randn(40, 50, generator=generator) * 3 for _ in range(2))
+    results = []
+    for compiled in (False, True):
+        logits = student.clone().requires_grad_(True)
+        loss = blockwise_kd(logits, lambda part: teacher[part], 2.0, compiled=compiled, **settings)
+        loss.backward()
+        results.append((loss.detach(), logits.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
