@@ -19,10 +19,12 @@ blocks of 128 x 49,152 float32 logits, where eager PyTorch makes a dozen passes 
 the KL terms and their backward) and Inductor two or three: 29 against 63 ms a block on one core. The LM head's
 matmul stays eager (one matmul, nothing to fuse).
 
-The setting (``AdaptConfig.compile``): ``True`` compiles and refuses a machine where it cannot;
-``False`` runs eager; ``None`` (auto, the default) compiles where the backend runs, unless the environment says
-``LADDERIZE_COMPILE=0``: CUDA with Triton, or a CPU with a C++ compiler, checked by compiling a small function once
-per process. FSDP runs eager (not measured with compiled layers yet).
+The setting (``AdaptConfig.compile``): ``True`` compiles and refuses a machine where it cannot (CUDA without
+Triton, a CPU without a C++ compiler; checked by compiling a small function once per process); ``False`` runs eager;
+``None`` (auto, the default) compiles on the device types where compiled adapt runs were measured against eager
+(``AUTO_DEVICES``: the CPU; docs/adapt.md, "Compiled layers and kd loss") and where the backend runs, unless the
+environment says ``LADDERIZE_COMPILE=0``. On CUDA it is ``--compile``'s to ask until the GPU check has measured it
+(``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). FSDP runs eager (not measured with compiled layers yet).
 A compiled layer computes the same function in a different order of roundings (fused ops keep their
 intermediates in float32), so a run resumed with another setting continues within rounding, as on
 another device (``AdaptConfig.fingerprint`` leaves it out).
@@ -44,6 +46,7 @@ RECOMPILE_LIMIT = 4096  # graphs of the decoder-layer forward: layers (student a
 COMPILING = ("decoder layers compiled (torch.compile): the first steps of each layer kind and shape wait for the "
              "compiler; --no-compile runs eager")
 ON, OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+AUTO_DEVICES = ("cpu",)  # where auto compiles: the device types a compiled run was measured on (module docstring)
 
 
 def _cpu_compiler() -> str | None:
@@ -81,7 +84,7 @@ def resolve_compile(setting: bool | None, device: torch.device, *, fsdp: bool = 
         told = os.environ.get(ENV, "").strip().lower()
         if told and told not in ON + OFF:
             raise LadderizeError(f"${ENV}={told!r}: use 1/on or 0/off")
-        if told in OFF or fsdp:
+        if told in OFF or fsdp or device.type not in AUTO_DEVICES:
             return False
         return unavailable(device.type) is None
     if fsdp:

@@ -42,11 +42,19 @@ def test_the_setting_resolves_by_its_rules(monkeypatch):
     with pytest.raises(LadderizeError, match="cannot run on meta here: not measured on meta"):
         resolve_compile(True, torch.device("meta"))
     assert resolve_compile(None, torch.device("meta")) is False
+    assert resolve_compile(None, torch.device("cuda")) is False  # auto: not measured on CUDA; --compile asks for it
     monkeypatch.setenv(ENV, "off")
     assert resolve_compile(None, CPU) is False
     monkeypatch.setenv(ENV, "maybe")
     with pytest.raises(LadderizeError, match=r"LADDERIZE_COMPILE='maybe': use 1/on or 0/off"):
         resolve_compile(None, CPU)
+
+
+@needs_compiler
+def test_auto_compiles_on_a_cpu_with_a_compiler(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert resolve_compile(None, CPU) is True
+    assert resolve_compile(True, CPU) is True
 
 
 def test_a_cpu_without_a_compiler_runs_eager_by_default_and_refuses_compile(monkeypatch):
@@ -128,13 +136,22 @@ def _run(checkpoint, out, text_file, **kw) -> tuple:
     return result, load_model(out).state_dict()
 
 
+STAGES = [dict(objectives="local", local_schedule="sequential", epochs=2), dict(objectives="kd", kd_temperature=2.0)]
+STAGE_IDS = ["seq-local", "kd"]
+
+
 @needs_compiler
-@pytest.mark.parametrize("stage", [dict(objectives="local", local_schedule="sequential", epochs=2),
-                                   dict(objectives="kd", kd_temperature=2.0)], ids=["seq-local", "kd"])
+@pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
 def test_a_compiled_stage_trains_as_the_eager_one(stage, hybrid_dir, text_file, tmp_path):
-    eager, eager_weights = _run(hybrid_dir, tmp_path / "eager", text_file, compile=False, **stage)
+    assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage)
+
+
+def assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage: dict, **settings) -> None:
+    """The stage run compiled (through dynamo) and eager: the same steps, losses within rounding, each weight's
+    difference a small part of its update."""
+    eager, eager_weights = _run(hybrid_dir, tmp_path / "eager", text_file, compile=False, **stage, **settings)
     before = _captured()
-    compiled, compiled_weights = _run(hybrid_dir, tmp_path / "compiled", text_file, compile=True, **stage)
+    compiled, compiled_weights = _run(hybrid_dir, tmp_path / "compiled", text_file, compile=True, **stage, **settings)
     assert _captured() > before
     assert compiled.steps == eager.steps
     key = "loss_local" if "local" in stage["objectives"] else "loss_total"

@@ -16,6 +16,7 @@ import torch
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
 from tests.adapt.conftest import convert, dense_dir, ladder_dir, spd_dir, text_file  # noqa: F401  (fixtures)
+from tests.adapt.test_compilation import STAGE_IDS, STAGES, assert_compiled_trains_as_eager, hybrid_dir  # noqa: F401
 from tests.adapt.test_multiprocess import LOSS_RTOL, sharp_dense
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 
@@ -109,6 +110,16 @@ def test_sequential_default_precision_on_cuda_is_bf16_autocast_near_fp32(ladder_
     _close_curves(fp32.curve, auto.curve, "loss_local", rtol=0.05)  # as bf16 autocast on the CPU (test_device.py)
     config = json.loads((tmp_path / "auto" / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"  # fp32 master weights
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
+def test_a_compiled_stage_on_cuda_trains_as_the_eager_one(stage, hybrid_dir, text_file, tmp_path):
+    """``adapt --compile`` on CUDA (auto leaves it off there until this has run): the CPU test's criteria, in fp32."""
+    from ladderize.adapt.compilation import unavailable
+
+    if unavailable("cuda") is not None:
+        pytest.skip(f"torch.compile cannot run on CUDA here: {unavailable('cuda')}")
+    assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage, device="cuda")
 
 
 def test_kd_on_cuda_equals_the_cpu_run(text_file, tmp_path):
