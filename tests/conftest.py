@@ -112,9 +112,16 @@ def smollm2_dir() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long tests first (the real SmolLM2 ones, marked ``slow``, and the vLLM engines), so that under
-    ``pytest -n`` (scripts/test.sh) the workers start them early and finish together; order is kept otherwise."""
-    def long(item: pytest.Item) -> bool:
-        return item.get_closest_marker("slow") is not None or "runtime/vllm/" in item.nodeid
+    """Long tests first (the real SmolLM2 ones, marked ``slow``, and the vLLM engines; before them those marked
+    ``first``, the longest), so that under ``pytest -n`` (scripts/test.sh) the workers start them early and finish
+    together; tests marked ``waits`` last: they wait on a module fixture another test builds under a lock, and a
+    worker that reached one early would sit idle on it (the GPU check's rehearsal: 10 minutes of one worker, measured
+    on a 2-core machine). Order is kept otherwise."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("waits") is not None:
+            return 3
+        if item.get_closest_marker("first") is not None:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None or "runtime/vllm/" in item.nodeid else 2
 
-    items.sort(key=lambda item: not long(item))
+    items.sort(key=rank)

@@ -65,7 +65,8 @@ def rehearsal(tmp_path_factory):
     return out, json.loads((out / "gpu_check.json").read_text()), result["stdout"]
 
 
-@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated)
+@pytest.mark.first  # builds the rehearsal (about 10 minutes on 2 cores): before every other test
 def test_each_part_is_under_the_limit_and_matches_its_manifest(rehearsal):
     parts = sorted((p for p in BUNDLE.glob("part*") if p.is_dir()), key=lambda p: int(p.name.removeprefix("part")))
     # wheels + data + a piece of the model, then the rest of it: as many parts as the repository's size leaves room for
@@ -85,7 +86,8 @@ def test_each_part_is_under_the_limit_and_matches_its_manifest(rehearsal):
     assert any(f["file"].startswith("wheels/lm_eval-") for f in manifest["parts"][0]["files"])
 
 
-@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated)
+@pytest.mark.waits  # on the rehearsal the first test builds: scheduled last, so that no worker idles on its lock
 def test_the_install_needs_no_network(rehearsal, tmp_path):
     _, record, _ = rehearsal
     install = record["install"]
@@ -103,7 +105,8 @@ def test_the_install_needs_no_network(rehearsal, tmp_path):
     assert (tmp_path / "site" / "lm_eval").is_dir()
 
 
-@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated): scheduled first
+@pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated)
+@pytest.mark.waits  # on the rehearsal the first test builds: scheduled last, so that no worker idles on its lock
 def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
     out, record, stdout = rehearsal
     steps = _gpu_check().STEPS
