@@ -83,8 +83,10 @@ BY_NAME = {step.name: step for step in STEPS}
 MIN_STEP_S = 45  # a step starts when this much of the call's budget is left (or its whole limit, if smaller)
 PYTEST_WORKERS = 6  # the GPU tests are small: several share the one device (each torchrun pair picks a free port)
 CURVE_POINTS = "dense,ladder15-29-zero-shot,ladder15-29@2m"  # adapt_curve's default: the references, one GPU budget
-# its rehearsal: a 20 s budget, 8 LAMBADA passages, a window of 2 x 512 tokens
-REHEARSE_CURVE = ("dense,ladder15-29-zero-shot,ladder15-29@20s", "8", "2")
+# its rehearsal: a budget of 8,192 token passes, 8 LAMBADA passages, a window of 2 x 512 tokens. In tokens, not wall time:
+# a wall budget's smallest run depends on the machine's load: with both cores of a 2-core machine busy it was timed at
+# 24 s, over the 20 s budget it once had (adapt refused, as it should, and CI went red); the GPU check's points are wall budgets
+REHEARSE_CURVE = ("dense,ladder15-29-zero-shot,ladder15-29@8K", "8", "2")
 TIMED_GPU_TESTS = "tests/gpu/test_predict_calibrate_gpu.py"  # they time the GPU: run alone, after the others
 
 

@@ -188,6 +188,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds}
     tokens = budget.tokens
     if budget.seconds is not None:
+        steps = _eager_if_short(steps, budget, device, say)
+        first = steps[0]
         pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
                               batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
                               dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
@@ -214,6 +216,22 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
             + f" (of {budget.describe()})")
     return sized, record
+
+
+def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
+                    say) -> list[dict[str, Any]]:
+    """``steps`` with auto's compile turned off where a wall budget is too short to earn back the compiler's waits
+    (``compilation.eager_for_budget``); a setting given (``--compile``, ``compile=`` in a stage) stays."""
+    import torch
+
+    from .compilation import AUTO_MIN_BUDGET_S, eager_for_budget
+
+    target = torch.device(device if device != "auto" else _auto_device())
+    if not any(eager_for_budget(step.get("compile"), budget.seconds, target) for step in steps):
+        return steps
+    say(f"budget {budget.describe()}: eager layers (auto compiles from {duration(AUTO_MIN_BUDGET_S)} on: in a shorter "
+        "budget the compiler's waits cost more than its fused ops save; --compile asks for it)")
+    return [{**step, "compile": False} if step.get("compile") is None else step for step in steps]
 
 
 def rereads(sized: list[dict[str, Any]], first: dict[str, Any], held: int | None) -> list[tuple[str, float]]:

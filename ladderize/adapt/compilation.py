@@ -24,7 +24,8 @@ The setting (``AdaptConfig.compile``): ``True`` compiles and refuses a machine w
 Triton, a CPU without a C++ compiler; checked by compiling a small function once per process); ``False`` runs eager;
 ``None`` (auto, the default) compiles on the device types where compiled adapt runs were measured against eager
 (``AUTO_DEVICES``: the CPU; docs/adapt.md, "Compiled layers and kd loss") and where the backend runs, unless the
-environment says ``LADDERIZE_COMPILE=0``. On CUDA it is ``--compile``'s to ask until the GPU check has measured it
+environment says ``LADDERIZE_COMPILE=0``; a wall ``--budget`` under ``AUTO_MIN_BUDGET_S`` runs eager (``eager_for_budget``,
+applied by ``budget.size_recipe``). On CUDA it is ``--compile``'s to ask until the GPU check has measured it
 (``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). FSDP runs eager (not measured with compiled layers yet).
 A compiled layer computes the same function in a different order of roundings (fused ops keep their
 intermediates in float32), so a run resumed with another setting continues within rounding, as on
@@ -48,6 +49,10 @@ COMPILING = ("decoder layers compiled (torch.compile): the first steps of each l
              "compiler; --no-compile runs eager")
 ON, OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 AUTO_DEVICES = ("cpu",)  # where auto compiles: the device types a compiled run was measured on (module docstring)
+# the shortest wall budget auto compiles for: 30 minutes, the one a compiled run was measured at against eager (6%
+# less training for the same token passes, its compiler's waits included); every stage waits about a minute for the
+# compiler on a cold cache, and a budget of a few minutes spends more on that than fused ops give back
+AUTO_MIN_BUDGET_S = 1800.0
 
 
 def _cpu_compiler() -> str | None:
@@ -94,6 +99,12 @@ def resolve_compile(setting: bool | None, device: torch.device, *, fsdp: bool = 
     if reason is not None:
         raise LadderizeError(f"--compile: torch.compile cannot run on {device.type} here: {reason} (or run with --no-compile)")
     return True
+
+
+def eager_for_budget(setting: bool | None, seconds: float, device: torch.device) -> bool:
+    """Whether auto (``setting`` None), which would compile on ``device``, runs a wall budget of ``seconds`` eager:
+    under ``AUTO_MIN_BUDGET_S`` the compiler's waits cost more than they save."""
+    return setting is None and seconds < AUTO_MIN_BUDGET_S and resolve_compile(None, device)
 
 
 def compile_layers(layers: Iterable[torch.nn.Module]) -> None:

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from ladderize.adapt.compilation import ENV, adamw, compile_layers, resolve_compile, unavailable
+from ladderize.adapt.compilation import AUTO_MIN_BUDGET_S, ENV, adamw, compile_layers, eager_for_budget, resolve_compile, unavailable
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.residual_states import attention_kwargs
+from ladderize.adapt.budget import parse_budget
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
@@ -55,6 +56,35 @@ def test_auto_compiles_on_a_cpu_with_a_compiler(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert resolve_compile(None, CPU) is True
     assert resolve_compile(True, CPU) is True
+
+
+@needs_compiler
+def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
+    """The compiler's waits (about a minute a stage on a cold cache) cost more than fused ops save in a short budget:
+    on ladder 15-29 with a cold Inductor cache, a 20 s budget was refused as too short compiled (1.3 min), and fit eager."""
+    monkeypatch.delenv(ENV, raising=False)
+    assert AUTO_MIN_BUDGET_S == 1800.0  # the budget a compiled run was measured at against eager (docs/adapt.md)
+    assert eager_for_budget(None, 20.0, CPU) and eager_for_budget(None, AUTO_MIN_BUDGET_S - 1, CPU)
+    assert not eager_for_budget(None, AUTO_MIN_BUDGET_S, CPU)  # from 30 minutes on, auto compiles
+    assert not eager_for_budget(True, 20.0, CPU)  # --compile is the user's to give, whatever the budget
+    assert not eager_for_budget(False, 20.0, CPU)
+    assert not eager_for_budget(None, 20.0, torch.device("cuda"))  # auto is eager there already: nothing to say
+
+
+@needs_compiler
+def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_file, monkeypatch):
+    from ladderize.adapt.budget import _eager_if_short, size_recipe
+    from ladderize.adapt.recipe import load_recipe, resolve_stages
+
+    monkeypatch.delenv(ENV, raising=False)
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    said: list[str] = []
+    sized, record = size_recipe(steps, parse_budget("60s"), str(ladder_dir), say=said.append)
+    assert [step["compile"] for step in sized] == [False, False] and record["pace"]["compiled"] is False
+    assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
+    # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)
+    asked, before = [{**step, "compile": True} for step in steps], len(said)
+    assert _eager_if_short(asked, parse_budget("5s"), "cpu", said.append) == asked and len(said) == before
 
 
 def test_a_cpu_without_a_compiler_runs_eager_by_default_and_refuses_compile(monkeypatch):
