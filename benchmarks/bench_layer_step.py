@@ -4,10 +4,11 @@
 
 The step is what the sequential stage runs (``layer_training.train_layer``): the layer's forward on a batch of
 ``--batch x --seq`` states at the run's precision (bf16 autocast where the CPU multiplies bf16), a loss, the
-backward, gradient clipping and the fused AdamW step. Two copies of the first converted layer, one through
-``compilation.compile_layers``, run alternately ``--repeats`` times after ``--warmup`` untimed steps each, on one
-core with one thread; the JSON records each part's median milliseconds (forward, backward, clip, optimizer) and
-the ratio of the totals. Beside it, the attention core alone (``scaled_dot_product_attention``, causal, at the
+backward, gradient clipping and the fused AdamW step. Three copies of the first converted layer run alternately
+``--repeats`` times after ``--warmup`` untimed steps each, on one core with one thread: eager, through
+``compilation.compile_layers`` (``compiled``: its attention's backward ``causal_attention``'s, fused by Inductor), and
+compiled with the stock SDPA kernel's backward (``compiled_sdpa``); the JSON records each part's median milliseconds
+(forward, backward, clip, optimizer) and the ratios of the totals. Beside it, the attention core alone (``scaled_dot_product_attention``, causal, at the
 layer's head shapes) forward + backward, against the plain matmul-softmax form, to show what compiling cannot fuse
 away. Saves results/bench_layer_step.json.
 """
@@ -100,8 +101,9 @@ def main() -> None:
     states = tuple(torch.randn(args.batch, args.seq, config.hidden_size, generator=generator) for _ in range(2))
     kwargs = attention_kwargs(source.model, args.batch, args.seq, torch.float32, cpu)
     with source.layer(first) as layer:
-        runs = {"eager": copy.deepcopy(layer), "compiled": copy.deepcopy(layer)}
-    compile_layers([runs["compiled"]])
+        runs = {name: copy.deepcopy(layer) for name in ("eager", "compiled", "compiled_sdpa")}
+    compile_layers([runs["compiled"], runs["compiled_sdpa"]])
+    runs["compiled_sdpa"].self_attn.attention_function = None  # the stock SDPA kernel's backward (before its first call)
     setups = {}
     for name, module in runs.items():
         module.requires_grad_(True)
@@ -122,6 +124,7 @@ def main() -> None:
         "threads": 1, "precision": precision.mixed_precision if precision.autocast is not None else "float32",
         "repeats": args.repeats, "torch": torch.__version__, "step_ms": median, "total_ms": totals,
         "eager_over_compiled": round(totals["eager"] / totals["compiled"], 3),
+        "compiled_sdpa_over_compiled": round(totals["compiled_sdpa"] / totals["compiled"], 3),
         "attention_fwd_bwd_ms": attention_ms(args.batch, heads, args.seq, head_dim,
                                              torch.bfloat16 if precision.autocast is not None else torch.float32, args.repeats),
     }

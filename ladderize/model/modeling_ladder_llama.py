@@ -101,6 +101,9 @@ class LadderAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
+        # an attention function of transformers' signature in place of the config's (adapt's compiled CPU training
+        # sets ``adapt.causal_attention.training_attention``); None: ``config._attn_implementation``'s
+        self.attention_function: Callable | None = None
         qkv_bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=qkv_bias)
@@ -128,7 +131,7 @@ class LadderAttention(nn.Module):
         query, key, value = self.projections(hidden_states, position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+        attention: Callable = self.attention_function or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         output, weights = attention(
