@@ -4,9 +4,10 @@ Every adapt stage spends most of its time in decoder layers. Their matmuls are a
 on a CPU, cuBLAS on a GPU); what eager PyTorch adds is one pass over memory per elementwise op:
 RMSNorm, rotary, SiLU x up, the residual adds and autocast's casts, and Inductor fuses them. On SmolLM2-135M
 in bf16 on one core of this project's CPU, side by side in one process (``benchmarks/bench_layer_step.py``), a
-converted layer's forward takes 39 against 50 ms per 1,024 tokens and its training step (forward, backward, clip,
-fused AdamW) 165 against 180 ms: the backward is the same (its matmuls and the attention kernel's backward), and a
-whole ``adapt --budget 30m`` run trains the same token passes in 6% less time (docs/adapt.md, "Compiled layers").
+converted layer's forward takes 42 against 58 ms per 1,024 tokens and its training step (forward, backward, clip,
+fused AdamW) 149 against 206 ms. Of that, 168 against 206 comes from the fused elementwise ops; the rest from
+attention's backward, which a compiled layer on a CPU computes as tensor ops Inductor fuses in place of the flash
+kernel's backward (``causal_attention.py``; docs/adapt.md, "Compiled layers").
 
 Regional compilation: each decoder layer's ``forward`` is compiled in place (``nn.Module.compile``).
 Dynamo traces every layer on its own (a layer's residual-stream slot numbers are constants of its
