@@ -177,7 +177,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     device = first.get("device", AdaptConfig.device)
     sequential = [s for s in steps if s.get("local_schedule") == "sequential"]
     window = max((int(s.get("window", 1)) for s in sequential), default=1)
-    memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, device if device != "auto" else _auto_device(),
+    resolved = device if device != "auto" else _auto_device()
+    memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, resolved,
                                         window=window)
     cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
     held = cap if sequential and (memory_cap is None or cap < memory_cap) else None  # the whole data, in tokens
@@ -188,7 +189,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds}
     tokens = budget.tokens
     if budget.seconds is not None:
-        steps = _eager_if_short(steps, budget, device, say)
+        steps = _eager_if_short(steps, budget, resolved, say)
         first = steps[0]
         pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
                               batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
@@ -220,13 +221,14 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
 
 def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
                     say) -> list[dict[str, Any]]:
-    """``steps`` with auto's compile turned off where a wall budget is too short to earn back the compiler's waits
-    (``compilation.eager_for_budget``); a setting given (``--compile``, ``compile=`` in a stage) stays."""
+    """``steps`` on ``device`` (resolved, not ``auto``) with auto's compile turned off where a wall budget is too
+    short to earn back the compiler's waits (``compilation.eager_for_budget``); a setting given (``--compile``,
+    ``compile=`` in a stage) stays."""
     import torch
 
     from .compilation import AUTO_MIN_BUDGET_S, eager_for_budget
 
-    target = torch.device(device if device != "auto" else _auto_device())
+    target = torch.device(device)
     if not any(eager_for_budget(step.get("compile"), budget.seconds, target) for step in steps):
         return steps
     say(f"budget {budget.describe()}: eager layers (auto compiles from {duration(AUTO_MIN_BUDGET_S)} on: in a shorter "

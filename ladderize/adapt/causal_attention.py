@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 BLOCK = 128  # query rows per block of the backward: 1.13-1.21x the SDPA kernel's compiled layer step, against 1.08x at 64 and 1.10x at 256
 
@@ -38,7 +38,7 @@ class CausalAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         groups = q.shape[1] // k.shape[1]
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, _repeat(k, groups), _repeat(v, groups), 0.0, True, attn_mask=None, scale=scale)[:2]
+            q, repeat_kv(k, groups), repeat_kv(v, groups), 0.0, True, attn_mask=None, scale=scale)[:2]
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale = scale
         return out
@@ -47,14 +47,6 @@ class CausalAttention(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         return (*attention_backward(q, k, v, out, lse, grad_out, ctx.scale), None)
-
-
-def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[B, K, S, D]`` -> ``[B, K * groups, S, D]``, each key/value head once per query head of its group."""
-    if groups == 1:
-        return x
-    batch, heads, length, dim = x.shape
-    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
