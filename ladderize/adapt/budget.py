@@ -186,7 +186,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
         return scale_stages(plan, tokens, max_calibration=cap)
 
-    record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds}
+    record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap}
     tokens = budget.tokens
     if budget.seconds is not None:
         steps = _eager_if_short(steps, budget, resolved, say)
@@ -217,6 +217,59 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
             + f" (of {budget.describe()})")
     return sized, record
+
+
+def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stage_s: list[float],
+           say=lambda _line: None) -> list[dict[str, Any]]:
+    """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished, and the entry kept
+    in ``record["replanned"]``.
+
+    The time spent is the pace's measurement and the finished stages' own training seconds (``stage_s``, from their
+    curves: a resume re-plans as the uninterrupted run did); the stages left are timed by the pace, slowed by as much
+    as the finished ones ran over their plan (never sped up: a budget is a ceiling), and sized by ``scale_stages``.
+    A pace timed while the machine was quieter or busier than the run then finds it still keeps the budget."""
+    from . import pace as pacing
+
+    pace = pacing.Pace(**record["pace"])
+    ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
+    slower = max(1.0, ran / planned) if planned > 0 else 1.0
+    left = record["seconds"] - pace.measured_s - ran
+    rest = steps[index + 1:]
+
+    def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+        return scale_stages(plan, tokens, max_calibration=record.get("calibration_cap"))
+
+    tokens = pacing.tokens_for_seconds(pace, rest, max(0.0, left) / slower, size)
+    sized = size(rest, max(1, tokens))
+    timed = [pacing.stage_seconds(pace, step) for step in sized]
+    expected = [slower * seconds for seconds in timed]
+    record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
+    record.setdefault("replanned", []).append({
+        "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "left_s": round(left, 3), "slower": round(slower, 4),
+        "tokens": recipe_cost(sized), "expected_s": expected})
+    finished = steps[index]["name"]
+    pace_note = f", at the {slower:.2f}x slower pace the stages so far ran" if slower > 1 else ""
+    sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
+    say(f"budget {duration(record['seconds'])}: {finished} ran {duration(ran)} (planned {duration(planned)}), "
+        f"{duration(max(0.0, left))} left" + ("" if tokens else ", less than the smallest stage left: it runs one step") +
+        f"; re-planned {sizes} (expected {', '.join(duration(s) for s in expected)}{pace_note})")
+    return [*steps[: index + 1], *sized]
+
+
+def agreed(value: Any, device: str) -> Any:
+    """``value`` as the main process has it, in every process of a launcher (``value`` itself in one process): each
+    process times its own pace, and the plan they run must be one."""
+    from ..checkpoint.placement import resolve_device, world_size
+
+    if world_size() <= 1:
+        return value
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState(cpu=resolve_device(device).type == "cpu")  # the launcher's process group, as the stages join it
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LadderizeError, one_line
 from ..checkpoint.placement import process_rank
 from ..progress import counted
+from .budget import agreed
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
 from .train import adapt, preflight
@@ -273,6 +274,7 @@ def run_recipe(
             from .budget import size_recipe
 
             steps, sizing = size_recipe(steps, budget, checkpoint, say)
+        steps, sizing = agreed((steps, sizing), steps[0].get("device", AdaptConfig.device))
     record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
     if sizing is not None:
         record["budget"] = sizing
@@ -300,11 +302,28 @@ def run_recipe(
     top.mkdir(parents=True, exist_ok=True)
     if main:
         plan_file.write_text(json.dumps(record, indent=1) + "\n")
+
+    def after_stage(index: int, current: list[dict[str, Any]], stage_s: list[float]) -> list[dict[str, Any]]:
+        """A wall budget re-plans the stages left once for each finished stage (``budget.replan``), kept in the plan."""
+        if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current) \
+                or any(entry["after_stage"] == current[index]["stage"] for entry in sizing.get("replanned", [])):
+            return current
+        from .budget import replan
+
+        # the main process's times decide, as its pace decided the plan
+        planned, timed = agreed((replan(current, index, sizing, stage_s, say), sizing) if main else None,
+                                current[0].get("device", AdaptConfig.device))
+        sizing.update(timed)
+        record["plan"] = planned
+        if main:
+            plan_file.write_text(json.dumps(record, indent=1) + "\n")
+        return planned
+
     try:
         return _run_stages(recipe, steps, checkpoint, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
                            keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
                            on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
-                           max_steps=max_steps)
+                           max_steps=max_steps, after_stage=after_stage)
     except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
         if fresh and main and not _saved_anything(top):
             shutil.rmtree(top, ignore_errors=True)
@@ -322,11 +341,16 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
                 run_dir: str | None, force: bool, keep_state: bool, keep_stages: bool, resume: bool, progress,
                 on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
-                stop_after_steps: int | None, max_steps: int | None) -> RecipeResult:
+                stop_after_steps: int | None, max_steps: int | None,
+                after_stage: Callable[[int, list[dict[str, Any]], list[float]], list[dict[str, Any]]] | None = None,
+                ) -> RecipeResult:
+    """The stages one after another, each from the one before; ``after_stage(index, steps, stage_s)`` may re-size the
+    stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
     say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
-    current, done_steps = str(checkpoint), 0
-    for index, step in enumerate(steps):
+    current, done_steps, stage_s = str(checkpoint), 0, []
+    for index in range(len(steps)):
+        step = steps[index]
         last = index == len(steps) - 1
         tag = f"stage{step['stage']}-{step['name']}"
         stage_out = final if last else top / tag
@@ -340,6 +364,8 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
             done_steps += curve[-1]["step"] if curve else 0
             say(f"stage {step['stage']}/{len(steps)} {step['name']}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
+            stage_s.append(curve[-1]["train_s"] if curve else 0.0)
+            steps = after_stage(index, steps, stage_s) if after_stage is not None else steps
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top)
@@ -357,6 +383,9 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
         if on_stage_end is not None:
             on_stage_end(step, result, stage_out)
         current = str(stage_out)
+        stage_s.append(written[-1]["train_s"])
+        if after_stage is not None and not last:
+            steps = after_stage(index, steps, stage_s)
     if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
         for path in top.iterdir():
             if path.is_dir() and not (path / CURVE_FILE).is_file():

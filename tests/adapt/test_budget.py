@@ -82,9 +82,62 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     precision = "bf16" if cpu_bf16() else "float32"  # auto: bf16 autocast where the CPU multiplies bf16 natively
     assert any(m.startswith(f"budget 2 s on cpu ({precision}): timed in") for m in messages)
     assert any(m.startswith("planned wall time: seq-local") and m.endswith("(of 2 s)") for m in messages)
-    # a resume keeps the sizes planned when the run began (a new timing could change them)
-    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, **common)
-    assert resumed.finished and resumed.plan == record["plan"]
+    # a resume keeps the sizes planned when the run began (a new timing could change them); once stage 1 has finished,
+    # kd is re-planned to the time left, and a resume after that keeps the re-plan
+    first_steps = record["plan"][0]["tokens"] // 64 * 2  # 2 x 32 tokens a step, 2 converted layers, one epoch
+    into_kd = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=first_steps + 1,
+                         on_message=messages.append, **common)
+    replanned = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
+    entry, = replanned["budget"]["replanned"]
+    assert not into_kd.finished and replanned["plan"][0] == record["plan"][0] and into_kd.plan == replanned["plan"]
+    assert entry["after_stage"] == 1 and entry["tokens"] == replanned["plan"][1]["tokens"] >= 128, entry  # 2 steps or more
+    assert [m for m in messages if "re-planned kd" in m] == [
+        m for m in messages if m.startswith(f"budget 2 s: seq-local ran {entry['ran_s']:.0f} s")]
+    del messages[:]
+    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, on_message=messages.append, **common)
+    assert resumed.finished and resumed.plan == replanned["plan"]
+    assert not [m for m in messages if "re-planned" in m]
+
+
+def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
+    """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
+    to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
+    from ladderize.adapt.budget import replan
+    from ladderize.adapt.pace import Pace, stage_seconds
+
+    pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
+                head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
+    steps = [{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
+              "seq_len": 512, "batch_size": 2},
+             {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2, "warmup_steps": 5}]
+    planned = [stage_seconds(pace, step) for step in steps]
+
+    def record() -> dict:
+        return {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": list(planned), "calibration_cap": None}
+
+    def kd_seconds(plan: list[dict]) -> float:
+        return stage_seconds(pace, plan[1])
+
+    said: list[str] = []
+    on_plan = record()
+    on_time = replan(steps, 0, on_plan, [planned[0]], said.append)[1]["tokens"]  # the same plan, to a step
+    assert 51_200 - 1024 <= on_time <= 51_200
+    faster = record()  # stage 1 in half its time: kd gets the rest, timed at the pace (not at the faster one)
+    grown = replan(steps, 0, faster, [planned[0] / 2], said.append)
+    assert grown[0] == steps[0] and grown[1]["tokens"] > 51_200 and grown[1]["warmup_steps"] > 5
+    assert kd_seconds(grown) <= planned[1] + planned[0] / 2 < kd_seconds(replan(steps, 0, record(), [0.0])) + 1
+    assert faster["replanned"][0]["slower"] == 1.0 and faster["planned_s"][1] == kd_seconds(grown)
+    slower = record()  # stage 1 at 1.2x its plan: kd gets what is left, timed 1.2x slower too
+    shrunk = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
+    left = planned[1] - 0.2 * planned[0]
+    step_s = 1.2 * (stage_seconds(pace, {**steps[1], "tokens": 2048}) - stage_seconds(pace, {**steps[1], "tokens": 1024}))
+    assert 0 < left - step_s < 1.2 * kd_seconds(shrunk) <= left  # within a step of the time left
+    entry, = slower["replanned"]
+    assert entry["slower"] == 1.2 and entry["left_s"] == round(left, 3) and entry["expected_s"] == [1.2 * kd_seconds(shrunk)]
+    assert said[-1].startswith("budget ") and "re-planned kd 51,200 -> " in said[-1] and "1.20x slower pace" in said[-1]
+    spent = record()  # nothing left: kd runs its one step, and says so
+    assert replan(steps, 0, spent, [3 * planned[0]], said.append)[1]["tokens"] == 1024
+    assert "0 s left, less than the smallest stage left: it runs one step" in said[-1]
 
 
 def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, monkeypatch):

@@ -10,6 +10,7 @@ import sys
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
+from ladderize.progress import counted
 from tests.adapt.conftest import convert
 
 # Per-step relative tolerance of the averaged loss: the two runs see the same sequences and
@@ -94,3 +95,25 @@ def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(l
     base = load_model(ladder_dir).state_dict()
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5 < max((w1[k] - base[k]).abs().max().item() for k in w1)
     assert not (tmp_path / "two.adapt-run").exists()  # the main process settled the run dir
+
+
+def test_two_processes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp_path):
+    """Each process times its own pace, and two paces rarely give the same sizes: the main process's plan (and its
+    re-plan after stage 1) is the one both run; two plans would leave one process waiting in an all-reduce."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
+              "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--budget", "4s", "--keep-state",
+              "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    record = json.loads((tmp_path / "two.adapt-run" / "recipe.json").read_text())
+    entry, = record["budget"]["replanned"]
+    assert entry["after_stage"] == 1 and entry["tokens"] == record["plan"][1]["tokens"]
+    said = [line for line in done.stderr.splitlines() if "re-planned kd" in line]  # the main process says it
+    planned = [line for line in done.stdout.splitlines() if line.startswith("  2. kd: kd (joint), ")]
+    assert len(said) == 1 and len(planned) == 1, done.stdout + done.stderr
+    before = int(planned[0].split(", ")[1].removesuffix(" tokens").replace(",", ""))
+    assert f"re-planned kd {before:,} -> {counted(record['plan'][1]['tokens'], 'token')}" in said[0], said
