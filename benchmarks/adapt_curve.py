@@ -282,12 +282,22 @@ def gather() -> tuple[dict, dict[str, dict], list[dict]]:
 
 
 PLAN_LINE = re.compile(r"^budget [^:]+: ([\d,]+) token passes")
+REPLAN_LINE = re.compile(r"^budget [^:]+: .*; re-planned .*: ([\d,]+) token passes")
+# the one run re-planned before the line said its total: its kd stage's change ("re-planned kd OLD -> NEW tokens")
+REPLANNED_KD = re.compile(r"; re-planned kd ([\d,]+) -> ([\d,]+) tokens \(")
 
 
 def token_passes(record: dict) -> int | None:
-    """The token passes the run's plan gave its stages (its ``budget ...: N token passes`` line; None without one)."""
-    found = (PLAN_LINE.match(line) for line in record["adapt"].get("plan", record["adapt"]["stdout_tail"]))
-    return next((int(m.group(1).replace(",", "")) for m in found if m), None)
+    """The token passes the run's stages got: its plan's (``budget ...: N token passes``), or its last re-plan's
+    (``...; re-planned ...: N token passes``, a wall budget after a stage); None without a plan line."""
+    passes = None
+    for line in record["adapt"].get("plan", record["adapt"]["stdout_tail"]):
+        found = REPLAN_LINE.match(line) or PLAN_LINE.match(line)
+        if found:
+            passes = int(found.group(1).replace(",", ""))
+        elif passes is not None and (kd := REPLANNED_KD.search(line)):
+            passes += int(kd.group(2).replace(",", "")) - int(kd.group(1).replace(",", ""))
+    return passes
 
 
 def table(dense: dict, zero: dict[str, dict], points: list[dict]) -> str:

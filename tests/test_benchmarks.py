@@ -30,3 +30,31 @@ def test_benchmark_imports_and_answers_help(script: Path):
     assert done.returncode == 0, f"{script.name} --help failed:\n{done.stderr[-3000:]}"
     if 'if __name__ == "__main__"' in script.read_text():
         assert "usage:" in done.stdout, f"{script.name} --help printed no usage:\n{done.stdout[-2000:]}"
+
+
+def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
+    """``adapt_curve.token_passes`` reads the plan line and, after a stage, the re-plan line ``budget.replan`` writes."""
+    import importlib.util
+
+    from ladderize.adapt.budget import plan_line, replan, Budget
+    from ladderize.adapt.pace import Pace, stage_seconds
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling adapt_common
+    spec = importlib.util.spec_from_file_location("adapt_curve_under_test", ROOT / "benchmarks" / "adapt_curve.py")
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
+                head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
+    steps = [{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
+              "seq_len": 512, "batch_size": 2},
+             {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2}]
+    planned = [stage_seconds(pace, step) for step in steps]
+    said = [plan_line(Budget("15m", seconds=20.0 + sum(planned)), steps)]
+    record = {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": planned, "calibration_cap": None}
+    replanned = replan(steps, 0, record, [1.2 * planned[0]], said.append)
+    assert curve.token_passes({"adapt": {"plan": said[:1], "stdout_tail": []}}) == 204_800 + 51_200
+    assert curve.token_passes({"adapt": {"plan": said, "stdout_tail": []}}) == 204_800 + replanned[1]["tokens"] < 256_000
+    # the line before it said its total (one recorded run): the kd stage's change counted
+    old = said[1].replace(f": {204_800 + replanned[1]['tokens']:,} token passes", "")
+    assert "token passes" not in old.split("; re-planned")[1]
+    assert curve.token_passes({"adapt": {"plan": [said[0], old], "stdout_tail": []}}) == 204_800 + replanned[1]["tokens"]

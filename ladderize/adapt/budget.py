@@ -255,7 +255,8 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
     say(f"budget {duration(record['seconds'])}: {finished} ran {duration(ran)} (planned {duration(planned)}), "
         f"{duration(max(0.0, left))} left" + ("" if tokens else ", less than the smallest stage left: it runs one step") +
-        f"; re-planned {sizes} (expected {', '.join(duration(s) for s in expected)}{pace_note})")
+        f"; re-planned {sizes}: {recipe_cost([*steps[: index + 1], *sized]):,} token passes "
+        f"(expected {', '.join(duration(s) for s in expected)}{pace_note})")
     return [*steps[: index + 1], *sized]
 
 
