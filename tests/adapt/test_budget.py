@@ -83,14 +83,15 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     assert any(m.startswith(f"budget 2 s on cpu ({precision}): timed in") for m in messages)
     assert any(m.startswith("planned wall time: seq-local") and m.endswith("(of 2 s)") for m in messages)
     # a resume keeps the sizes planned when the run began (a new timing could change them); once stage 1 has finished,
-    # kd is re-planned to the time left, and a resume after that keeps the re-plan
+    # kd is re-planned to the time left (stopped there, before kd's first step), and a resume after that keeps the re-plan
     first_steps = record["plan"][0]["tokens"] // 64 * 2  # 2 x 32 tokens a step, 2 converted layers, one epoch
-    into_kd = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=first_steps + 1,
-                         on_message=messages.append, **common)
+    to_kd = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=first_steps,
+                       on_message=messages.append, **common)
     replanned = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
     entry, = replanned["budget"]["replanned"]
-    assert not into_kd.finished and replanned["plan"][0] == record["plan"][0] and into_kd.plan == replanned["plan"]
-    assert entry["after_stage"] == 1 and entry["tokens"] == replanned["plan"][1]["tokens"] >= 128, entry  # 2 steps or more
+    assert not to_kd.finished and replanned["plan"][0] == record["plan"][0] and to_kd.plan == replanned["plan"]
+    assert not (tmp_path / "o.adapt-run" / "stage2-kd.run").exists()  # kd has not begun
+    assert entry["after_stage"] == 1 and entry["tokens"] == replanned["plan"][1]["tokens"] >= 64, entry
     assert [m for m in messages if "re-planned kd" in m] == [
         m for m in messages if m.startswith(f"budget 2 s: seq-local ran {entry['ran_s']:.0f} s")]
     del messages[:]
