@@ -228,9 +228,10 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     in ``record["replanned"]``.
 
     The time spent is the pace's measurement and the finished stages' own training seconds (``stage_s``, from their
-    curves: a resume re-plans as the uninterrupted run did); the stages left are timed by the pace, slowed by as much
-    as the finished ones ran over their plan (never sped up: a budget is a ceiling), and sized by ``scale_stages``.
-    A pace timed while the machine was quieter or busier than the run then finds it still keeps the budget."""
+    curves, not the clock: a run resumed after a kill counts the training it did, not the time it lay stopped); the
+    stages left are timed by the pace, slowed by as much as the finished ones ran over their plan (never sped up: a
+    budget is a ceiling), and sized by ``scale_stages``. A pace timed while the machine was quieter or busier than the
+    run then finds it still keeps the budget."""
     from . import pace as pacing
 
     pace = pacing.Pace(**record["pace"])
