@@ -36,19 +36,14 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     """``adapt_curve.token_passes`` reads the plan line and, after a stage, the re-plan line ``budget.replan`` writes."""
     import importlib.util
 
-    from ladderize.adapt.budget import plan_line, replan, Budget
-    from ladderize.adapt.pace import Pace, stage_seconds
+    from ladderize.adapt.budget import Budget, plan_line, replan
+    from tests.adapt.test_budget import timed_plan
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling adapt_common
     spec = importlib.util.spec_from_file_location("adapt_curve_under_test", ROOT / "benchmarks" / "adapt_curve.py")
     curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(curve)
-    pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
-                head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
-    steps = [{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
-              "seq_len": 512, "batch_size": 2},
-             {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2}]
-    planned = [stage_seconds(pace, step) for step in steps]
+    pace, steps, planned = timed_plan()
     said = [plan_line(Budget("15m", seconds=20.0 + sum(planned)), steps)]
     record = {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": planned, "calibration_cap": None}
     replanned = replan(steps, 0, record, [1.2 * planned[0]], said.append)

@@ -100,10 +100,9 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     assert not [m for m in messages if "re-planned" in m]
 
 
-def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
-    """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
-    to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
-    from ladderize.adapt.budget import replan
+def timed_plan():
+    """A pace of SmolLM2's shape (ladder 15-29) and the default recipe's two stages at 1024-token steps, with the
+    seconds the pace gives each stage."""
     from ladderize.adapt.pace import Pace, stage_seconds
 
     pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
@@ -111,7 +110,16 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     steps = [{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
               "seq_len": 512, "batch_size": 2},
              {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2, "warmup_steps": 5}]
-    planned = [stage_seconds(pace, step) for step in steps]
+    return pace, steps, [stage_seconds(pace, step) for step in steps]
+
+
+def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
+    """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
+    to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
+    from ladderize.adapt.budget import replan
+    from ladderize.adapt.pace import stage_seconds
+
+    pace, steps, planned = timed_plan()
 
     def record() -> dict:
         return {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": list(planned), "calibration_cap": None}
