@@ -247,6 +247,7 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     sized = size(rest, max(1, tokens))
     timed = [pacing.stage_seconds(pace, step) for step in sized]
     expected = [slower * seconds for seconds in timed]
+    plan = [*steps[: index + 1], *sized]
     record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({
         "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "left_s": round(left, 3), "slower": round(slower, 4),
@@ -256,9 +257,9 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
     say(f"budget {duration(record['seconds'])}: {finished} ran {duration(ran)} (planned {duration(planned)}), "
         f"{duration(max(0.0, left))} left" + ("" if tokens else ", less than the smallest stage left: it runs one step") +
-        f"; re-planned {sizes}: {recipe_cost([*steps[: index + 1], *sized]):,} token passes "
+        f"; re-planned {sizes}: {recipe_cost(plan):,} token passes "
         f"(expected {', '.join(duration(s) for s in expected)}{pace_note})")
-    return [*steps[: index + 1], *sized]
+    return plan
 
 
 def agreed(value: Any, device: str) -> Any:

@@ -37,18 +37,15 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import LadderizeError, one_line
 from ..checkpoint.placement import process_rank
 from ..progress import counted
-from .budget import agreed
+from .budget import Budget, agreed, parse_budget, replan, size_recipe
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
 from .train import adapt, preflight
-
-if TYPE_CHECKING:
-    from .budget import Budget
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -240,7 +237,7 @@ def run_recipe(
     on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None,
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
-    budget: "Budget | None" = None,
+    budget: Budget | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
@@ -271,8 +268,6 @@ def run_recipe(
         if saved.get("budget", {}).get("text") == budget.text:  # the sizes planned (and timed) when the run began
             steps, sizing = saved["plan"], saved["budget"]
         else:
-            from .budget import size_recipe
-
             steps, sizing = size_recipe(steps, budget, checkpoint, say)
         steps, sizing = agreed((steps, sizing), steps[0].get("device", AdaptConfig.device))
     record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
@@ -308,8 +303,6 @@ def run_recipe(
         if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current) \
                 or any(entry["after_stage"] == current[index]["stage"] for entry in sizing.get("replanned", [])):
             return current
-        from .budget import replan
-
         # the main process's times decide, as its pace decided the plan
         planned, timed = agreed((replan(current, index, sizing, stage_s, say), sizing) if main else None,
                                 current[0].get("device", AdaptConfig.device))
@@ -342,7 +335,7 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
                 on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
                 stop_after_steps: int | None, max_steps: int | None,
-                after_stage: Callable[[int, list[dict[str, Any]], list[float]], list[dict[str, Any]]] | None = None,
+                after_stage: Callable[[int, list[dict[str, Any]], list[float]], list[dict[str, Any]]] = lambda _i, steps, _s: steps,
                 ) -> RecipeResult:
     """The stages one after another, each from the one before; ``after_stage(index, steps, stage_s)`` may re-size the
     stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
@@ -365,7 +358,7 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
             say(f"stage {step['stage']}/{len(steps)} {step['name']}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
             stage_s.append(curve[-1]["train_s"] if curve else 0.0)
-            steps = after_stage(index, steps, stage_s) if after_stage is not None else steps
+            steps = after_stage(index, steps, stage_s)
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top)
@@ -384,8 +377,7 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
             on_stage_end(step, result, stage_out)
         current = str(stage_out)
         stage_s.append(written[-1]["train_s"])
-        if after_stage is not None and not last:
-            steps = after_stage(index, steps, stage_s)
+        steps = after_stage(index, steps, stage_s)  # (after the last stage: nothing left to re-plan)
     if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
         for path in top.iterdir():
             if path.is_dir() and not (path / CURVE_FILE).is_file():
@@ -457,7 +449,6 @@ def adapt_checkpoint(
         raise LadderizeError("give --recipe or --stage, not both")
     if budget is not None and single:
         raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
-    from .budget import parse_budget
 
     sized_by = parse_budget(budget) if budget is not None else None
     checkpoint, out = str(checkpoint), str(out)
