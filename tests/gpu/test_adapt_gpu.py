@@ -202,3 +202,20 @@ def test_streaming_peak_device_memory_is_flat_when_the_depth_doubles(text_file, 
         adapt(_config(checkpoint, tmp_path / f"out-{layers}", text_file, device="cuda", epochs=1))
         peaks[layers] = torch.cuda.max_memory_allocated() - base
     assert peaks[8] <= 1.10 * peaks[4], peaks  # one layer on the device at a time, whatever the depth
+
+
+def test_two_nccl_nodes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp_path):
+    """tests/adapt/test_multiprocess.py's wall budget under a launcher, over NCCL: two torchrun "nodes" on this GPU each
+    time their own pace, and both run the main process's plan and its re-plan after stage 1 (two plans would leave one
+    rank waiting in an all-reduce until the launcher's time is up)."""
+    from tests.gpu.test_nccl_gpu import two_nodes
+
+    logs = two_nodes(["-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
+                      "--seq-len", "32", "--batch-size", "2", "--device", "cuda", "--budget", "4s", "--keep-state",
+                      "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"], tmp_path / "logs", timeout_s=240)
+    record = json.loads((tmp_path / "two.adapt-run" / "recipe.json").read_text())
+    entry, = record["budget"]["replanned"]
+    assert entry["after_stage"] == 1 and entry["tokens"] == record["plan"][1]["tokens"]
+    said = [line for text in logs for line in text.splitlines() if "re-planned kd" in line]  # the main process says it
+    assert len(said) == 1, "\n".join(text[-2000:] for text in logs)
+    assert (tmp_path / "two" / "config.json").exists()

@@ -38,18 +38,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _two_nodes(checkpoint: Path, ids_file: Path, out: Path, mode: str, timeout_s: float = 300.0) -> None:
-    """Both "nodes", each logging to its own file (a full pipe cannot stall a rank) in its own session; when one fails
-    or the time is up, the other's whole process tree is ended too (no rank left holding the GPU)."""
+def two_nodes(program: list[str], logs: Path, timeout_s: float = 300.0) -> list[str]:
+    """Run ``program`` (what follows torchrun's options: a script and its arguments, or ``-m MODULE ...``) as two torchrun
+    "nodes" on this one GPU, each logging to ``logs/node{R}.log`` (a full pipe cannot stall a rank) in its own session;
+    when one fails or the time is up, the other's whole process tree is ended too (no rank left holding the GPU).
+    Returns both logs."""
     port = _free_port()
-    procs, logs = [], []
+    procs, files = [], []
+    logs.mkdir(parents=True, exist_ok=True)
     for rank in range(2):
         env = {**os.environ, "NCCL_HOSTID": f"fakehost{rank}", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-               "--master_addr", "127.0.0.1", "--master_port", str(port),
-               str(ROOT / "tests" / "gpu" / "nccl_worker.py"), str(checkpoint), str(ids_file), str(out), mode]
-        logs.append(out.parent / f"node{rank}.log")
-        with logs[-1].open("w") as log:
+               "--master_addr", "127.0.0.1", "--master_port", str(port), *program]
+        files.append(logs / f"node{rank}.log")
+        with files[-1].open("w") as log:
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout_s
     try:
@@ -62,8 +64,9 @@ def _two_nodes(checkpoint: Path, ids_file: Path, out: Path, mode: str, timeout_s
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    text = "\n".join(f"--- node {rank}:\n" + log.read_text()[-3000:] for rank, log in enumerate(logs))
-    assert all(p.returncode == 0 for p in procs), text
+    texts = [log.read_text() for log in files]
+    assert all(p.returncode == 0 for p in procs), "\n".join(f"--- node {rank}:\n" + text[-3000:] for rank, text in enumerate(texts))
+    return texts
 
 
 @pytest.mark.parametrize("mode", ["eager", "graphs"])
@@ -76,7 +79,7 @@ def test_tp2_nccl_two_nodes_equals_tp1(case, mode, tmp_path):
     ids = torch.randint(3, shape["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
     ids_file = tmp_path / "ids.json"
     ids_file.write_text(json.dumps(ids.tolist()))
-    _two_nodes(path, ids_file, tmp_path / "tp2", mode)
+    two_nodes([str(ROOT / "tests" / "gpu" / "nccl_worker.py"), str(path), str(ids_file), str(tmp_path / "tp2"), mode], tmp_path)
     rows = tuple(tuple(r) for r in ids.tolist())
     one = run_requests([Request(str(path), rows, score_pieces=(7,) + (1,) * 5),
                         Request(str(path), tuple(r[:7] for r in rows), max_new_tokens=10)],
