@@ -102,7 +102,7 @@ def main() -> None:
     kwargs = attention_kwargs(source.model, args.batch, args.seq, torch.float32, cpu)
     with source.layer(first) as layer:
         runs = {name: copy.deepcopy(layer) for name in ("eager", "compiled", "compiled_sdpa")}
-    compile_layers([runs["compiled"], runs["compiled_sdpa"]])
+    compile_layers([runs["compiled"], runs["compiled_sdpa"]], "cpu")
     runs["compiled_sdpa"].self_attn.attention_function = None  # the stock SDPA kernel's backward (before its first call)
     setups = {}
     for name, module in runs.items():

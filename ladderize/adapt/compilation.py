@@ -31,6 +31,13 @@ applied by ``budget.size_recipe``). On CUDA it is ``--compile``'s to ask until t
 A compiled layer computes the same function in a different order of roundings (fused ops keep their
 intermediates in float32), so a run resumed with another setting continues within rounding, as on
 another device (``AdaptConfig.fingerprint`` leaves it out).
+
+On CUDA, Inductor by default times a reduction kernel's candidate block sizes on the device and keeps the fastest,
+and the block sizes set the order of its sums: the same run gets other roundings when something else loads the GPU.
+The GPU check saw it on an H100 (benchmarks/results/gpu_check/h100-2026-11-26/): a compiled sequential stage beside five
+other test workers drifted from eager by 1.6e-4 of the loss in 16 steps, alone by 5.9e-6 (twice, the same digits).
+So compiled graphs on CUDA use Inductor's deterministic mode (``inductor_options``): kernels chosen by rule, never by
+timing, and a run or its resume gets the same kernels on the same GPU and software.
 """
 
 from __future__ import annotations
@@ -108,9 +115,22 @@ def eager_for_budget(setting: bool | None, seconds: float, device: torch.device)
     return setting is None and seconds < AUTO_MIN_BUDGET_S and resolve_compile(None, device)
 
 
-def compile_layers(layers: Iterable[torch.nn.Module]) -> None:
-    """Compile each decoder layer's forward in place (regional compilation; module docstring), its attention through
-    ``causal_attention.training_attention`` (on a CPU, a backward Inductor fuses; elsewhere the stock SDPA)."""
+def inductor_options(device: torch.device | str) -> dict[str, bool]:
+    """Inductor's settings for graphs compiled for ``device``: on CUDA its deterministic mode, which picks kernels by
+    rule instead of timing them (module docstring); elsewhere Inductor's defaults (a CPU's kernels are not timed)."""
+    import torch._inductor.config as inductor
+
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not hasattr(inductor, "deterministic"):
+        raise LadderizeError(f"--compile on CUDA needs Inductor's deterministic mode (torch {torch.__version__} has none); "
+                             "run with --no-compile")
+    return {"deterministic": True} if cuda else {}
+
+
+def compile_layers(layers: Iterable[torch.nn.Module], device: torch.device | str) -> None:
+    """Compile each decoder layer's forward in place (regional compilation; module docstring) for ``device``, its
+    attention through ``causal_attention.training_attention`` (on a CPU, a backward Inductor fuses; elsewhere the
+    stock SDPA)."""
     import torch._dynamo
 
     from .causal_attention import training_attention
@@ -118,17 +138,19 @@ def compile_layers(layers: Iterable[torch.nn.Module]) -> None:
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
+    options = inductor_options(device)
     for layer in layers:
         layer.self_attn.attention_function = training_attention
-        layer.compile(dynamic=False)
+        layer.compile(dynamic=False, options=options)
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_kd_loss() -> Callable[..., torch.Tensor]:
-    """``objectives.kd_loss`` through ``torch.compile`` (one graph per block shape and setting), compiled once a process."""
+def compiled_kd_loss(device_type: str) -> Callable[..., torch.Tensor]:
+    """``objectives.kd_loss`` through ``torch.compile`` for ``device_type`` (one graph per block shape and setting),
+    compiled once a process."""
     from .objectives import kd_loss
 
-    return torch.compile(kd_loss, dynamic=False)
+    return torch.compile(kd_loss, dynamic=False, options=inductor_options(device_type))
 
 
 def adamw(params: list[torch.nn.Parameter], *, fused: bool = True, **settings) -> torch.optim.AdamW:

@@ -153,7 +153,7 @@ def adapt_joint(
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     compiled = resolve_compile(config.compile, accelerator.device, fsdp=fsdp)
     if compiled:
-        compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])])
+        compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])], accelerator.device)
         say(COMPILING)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
                             config.kd_divergence, config.kd_top_k, compiled)

@@ -276,7 +276,7 @@ def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.T
     """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
     ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time).
     ``compiled``: each block's loss and gradient through ``torch.compile`` (``compilation.compiled_kd_loss``)."""
-    loss_of = compiled_kd_loss() if compiled else kd_loss
+    loss_of = compiled_kd_loss(logits.device.type) if compiled else kd_loss
 
     def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
         with torch.no_grad():

@@ -134,7 +134,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
 
     compiled = resolve_compile(compile, target)
     if compiled:
-        compile_layers([source.model.model.layers[first]])
+        compile_layers([source.model.model.layers[first]], target)
     start = time.perf_counter()
     with source.layer(first) as layer:
         layer_read = time.perf_counter() - start

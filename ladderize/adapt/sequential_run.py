@@ -166,7 +166,7 @@ def adapt_sequential(
     if not same_prefix(student, teacher, min(student.model.layout.converted_layers)):
         raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
     if resolve_compile(config.compile, device):
-        compile_layers([*student.model.model.layers, *teacher.model.model.layers])
+        compile_layers([*student.model.model.layers, *teacher.model.model.layers], device)
         say(COMPILING)
 
     hidden = student.model.config.hidden_size

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from ladderize.adapt.compilation import AUTO_MIN_BUDGET_S, ENV, adamw, compile_layers, eager_for_budget, resolve_compile, unavailable
+from ladderize.adapt.compilation import (AUTO_MIN_BUDGET_S, ENV, adamw, compile_layers, eager_for_budget, inductor_options,
+                                         resolve_compile, unavailable)
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.residual_states import attention_kwargs
 from ladderize.adapt.budget import parse_budget
@@ -127,7 +128,7 @@ def test_a_compiled_layer_computes_the_eager_layer_and_its_gradients():
     for eager in model.model.layers[:3]:  # every kind: SPD, dense, ladder
         compiled = copy.deepcopy(eager)
         before = _captured()
-        compile_layers([compiled])
+        compile_layers([compiled], "cpu")
         results = []
         for layer in (eager, compiled):
             layer.requires_grad_(True)
@@ -141,13 +142,43 @@ def test_a_compiled_layer_computes_the_eager_layer_and_its_gradients():
 
 
 @needs_compiler
+def test_graphs_compiled_for_cuda_pick_their_kernels_by_rule(monkeypatch):
+    """On CUDA, Inductor times a reduction's candidate block sizes and keeps the fastest, and the block sizes set the
+    order of its sums: the H100 GPU check saw a compiled stage's loss drift from eager 27 times further beside other
+    load than alone. Graphs compiled for CUDA (the decoder layers and the kd loss) ask for Inductor's deterministic
+    mode; a CPU's are Inductor's defaults. This torch knows the setting (it refuses a key it does not know), and a
+    layer compiled with it computes the eager layer's output and gradients."""
+    assert inductor_options("cuda") == inductor_options(torch.device("cuda", 0)) == {"deterministic": True}
+    assert inductor_options(CPU) == {}
+    seen = []
+    real = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: (seen.append(kw), real(self, **kw))[1])
+    model = tiny_model(layer_modes=["ladder", "dense"], num_hidden_layers=2)
+    layers = copy.deepcopy(model.model.layers)
+    compile_layers(layers, "cuda")
+    compile_layers(copy.deepcopy(model.model.layers), CPU)
+    assert seen == [{"dynamic": False, "options": {"deterministic": True}}] * 2 + [{"dynamic": False, "options": {}}] * 2
+    kwargs = attention_kwargs(model, 1, 8, torch.float32)
+    state = (torch.randn(1, 8, model.config.hidden_size), torch.randn(1, 8, model.config.hidden_size))
+    for eager, compiled in zip(model.model.layers, layers):  # on the CPU, in the deterministic mode CUDA gets
+        outs = []
+        for layer in (eager, compiled):
+            inputs = tuple(x.clone().requires_grad_(True) for x in state)
+            out = layer(*inputs, **kwargs)
+            sum(o.sum() for o in out).backward()
+            outs.append([*out, *(x.grad for x in inputs)])
+        for mine, theirs in zip(*outs):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
 def test_every_layer_of_a_deep_model_runs_compiled():
     """A layer's graph is its own (its residual-stream slots are constants): 12 layers x 2 grad modes are 24
     graphs, past dynamo's default limit of 8, after which the rest would run eager without a word."""
     from torch._dynamo.utils import counters
 
     model = tiny_model(layer_modes=["ladder"] * 12, num_hidden_layers=12)
-    compile_layers(model.model.layers)
+    compile_layers(model.model.layers, "cpu")
     kwargs = attention_kwargs(model, 1, 8, torch.float32)
     state = (torch.randn(1, 8, model.config.hidden_size), torch.randn(1, 8, model.config.hidden_size))
     before = counters["stats"]["unique_graphs"]
