@@ -45,7 +45,7 @@ def adapt_cmd(
     keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the decoder layers and the kd loss with torch.compile (fused elementwise ops and, on a CPU, attention's backward: a layer's training step about 1.4x faster on a CPU in bf16). Default: on a CPU with a C++ compiler (not under FSDP, not with $LADDERIZE_COMPILE=0, not for a wall --budget under 30m, where the compiler's waits cost more than they save); on CUDA only with --compile (needs Triton; not measured there yet)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the decoder layers and the kd loss with torch.compile (fused elementwise ops and, on a CPU, attention's backward: a layer's training step about 1.4x faster on a CPU in bf16). Default: on a CPU with a C++ compiler (not under FSDP, not with $LADDERIZE_COMPILE=0, not for a wall --budget under 30m, where the compiler's waits cost more than they save); on CUDA only with --compile (needs Triton; its speed not measured there yet; kernels chosen by rule, Inductor's deterministic mode, so a run does not depend on the GPU's load)."),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
     from ..checkpoint.atomic import check_output_free
