@@ -76,13 +76,17 @@ def unavailable(device_type: str) -> str | None:
 
         if not has_triton():
             return "Triton is not installed"
+        import torch._inductor.config as inductor
+
+        if not hasattr(inductor, "deterministic"):  # inductor_options asks for it
+            return f"Inductor in torch {torch.__version__} has no deterministic mode"
     elif device_type == "cpu":
         if _cpu_compiler() is None:
             return "no C++ compiler found (g++, c++, clang++ or $CXX)"
     else:
         return f"not measured on {device_type}"
     try:
-        probe = torch.compile(lambda x: torch.nn.functional.silu(x) * x + 1, dynamic=False)
+        probe = torch.compile(lambda x: torch.nn.functional.silu(x) * x + 1, dynamic=False, options=inductor_options(device_type))
         probe(torch.ones(8, device=device_type))
     except Exception as error:  # the backend's own message (a missing header, a broken toolchain)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -117,14 +121,9 @@ def eager_for_budget(setting: bool | None, seconds: float, device: torch.device)
 
 def inductor_options(device: torch.device | str) -> dict[str, bool]:
     """Inductor's settings for graphs compiled for ``device``: on CUDA its deterministic mode, which picks kernels by
-    rule instead of timing them (module docstring); elsewhere Inductor's defaults (a CPU's kernels are not timed)."""
-    import torch._inductor.config as inductor
-
-    cuda = torch.device(device).type == "cuda"
-    if cuda and not hasattr(inductor, "deterministic"):
-        raise LadderizeError(f"--compile on CUDA needs Inductor's deterministic mode (torch {torch.__version__} has none); "
-                             "run with --no-compile")
-    return {"deterministic": True} if cuda else {}
+    rule instead of timing them (module docstring; ``unavailable`` refuses CUDA where Inductor has no such mode);
+    elsewhere Inductor's defaults (a CPU's kernels are not timed)."""
+    return {"deterministic": True} if torch.device(device).type == "cuda" else {}
 
 
 def compile_layers(layers: Iterable[torch.nn.Module], device: torch.device | str) -> None:
