@@ -173,6 +173,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps."""
     from ..checkpoint.io import load_config
     from . import pace as pacing
+    from .teacher_states import reads_stored_teacher
     from .config import AdaptConfig
 
     check_budget_steps(steps)
@@ -189,7 +190,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
         return scale_stages(plan, tokens, max_calibration=cap)
 
-    record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap}
+    record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap, "data_tokens": held}
     tokens = budget.tokens
     if budget.seconds is not None:
         steps = _eager_if_short(steps, budget, resolved, say)
@@ -198,9 +199,9 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                               batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
                               dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
                               compile=first.get("compile"))
-        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size)
+        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size, held)
         if tokens < 1:
-            floor = pacing.recipe_seconds(pace, size(steps, 1))
+            floor = pacing.recipe_seconds(pace, size(steps, 1), held)
             raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; "
                                  f"its smallest run takes about {floor / 60:.1f} min")
         record["pace"] = pace.record()
@@ -215,7 +216,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                   "gained WikiText and lost LAMBADA (docs/adapt.md); more data buys more than more passes"
                   for name, passes in rereads(sized, first, held)))
     if budget.seconds is not None:
-        planned = [pacing.stage_seconds(pace, step) for step in sized]
+        planned = [pacing.stage_seconds(pace, step, reads_stored_teacher(sized, index, held))
+                   for index, step in enumerate(sized)]
         record["planned_s"] = planned
         say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
             + f" (of {budget.describe()})")
@@ -233,6 +235,7 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     budget is a ceiling), and sized by ``scale_stages``. A pace timed while the machine was quieter or busier than the
     run then finds it still keeps the budget."""
     from . import pace as pacing
+    from .teacher_states import reads_stored_teacher
 
     pace = pacing.Pace(**record["pace"])
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
@@ -243,11 +246,13 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
         return scale_stages(plan, tokens, max_calibration=record.get("calibration_cap"))
 
-    tokens = pacing.tokens_for_seconds(pace, rest, max(0.0, left) / slower, size)
+    held, done = record.get("data_tokens"), steps[: index + 1]
+    tokens = pacing.tokens_for_seconds(pace, rest, max(0.0, left) / slower, size, held, done)
     sized = size(rest, max(1, tokens))
-    timed = [pacing.stage_seconds(pace, step) for step in sized]
+    plan = [*done, *sized]
+    timed = [pacing.stage_seconds(pace, step, reads_stored_teacher(plan, len(done) + offset, held))
+             for offset, step in enumerate(sized)]
     expected = [slower * seconds for seconds in timed]
-    plan = [*steps[: index + 1], *sized]
     record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({
         "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "left_s": round(left, 3), "slower": round(slower, 4),

@@ -64,6 +64,8 @@ class AdaptConfig:
     force: bool = False
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
     recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
+    teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's states
+    # and a later kd or lm stage reads them (teacher_states.py)
 
     def resolved_run_dir(self) -> Path:
         out = Path(self.out).expanduser().absolute()
@@ -76,10 +78,11 @@ class AdaptConfig:
         live, not a single bit of the result (``tests/adapt/test_streaming.py``). ``device`` is
         left out too: a run resumed on the device it started on continues bit for bit, and one
         moved to another device continues within that device's rounding. So is ``compile``: compiled
-        layers round differently, not compute something else (``compilation.py``).
+        layers round differently, not compute something else (``compilation.py``); and ``teacher_states``: the
+        stored states are the teacher's own, rounded in another batch shape (``teacher_states.py``).
         """
         skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states", "device",
-                "compile"}
+                "compile", "teacher_states"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

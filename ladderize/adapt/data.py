@@ -304,10 +304,14 @@ def micro_batch_index(step: int, micro: int, grad_accum: int, processes: int, ra
     return (step * grad_accum + micro) * processes + rank
 
 
+def batch_rows(num_sequences: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """The indices of the ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
+    start = step * batch_size
+    return [int(batch_order(num_sequences, epoch, seed)[offset]) for epoch, offset in
+            (divmod(position, num_sequences) for position in range(start, start + batch_size))]
+
+
 def batch_at(data: TokenWindows | torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
     """The ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
-    num = len(data)
-    start = step * batch_size
-    rows = [int(batch_order(num, epoch, seed)[offset]) for epoch, offset in
-            (divmod(position, num) for position in range(start, start + batch_size))]
+    rows = batch_rows(len(data), step, batch_size, seed)
     return data.rows(rows) if isinstance(data, TokenWindows) else data[torch.tensor(rows)]

@@ -22,7 +22,7 @@ from ..model import LadderLlamaForCausalLM
 from ..progress import counted
 from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
-from .data import batch_at, micro_batch_index, token_windows
+from .data import batch_rows, micro_batch_index, token_windows
 from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
 from .token_store import build_reporter, is_store
 from .interpolation import toward_start
@@ -34,6 +34,7 @@ from .output import write_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
 from .teacher import load_teacher, resolve_teacher
+from .teacher_states import read as read_teacher_states, teacher_id
 
 
 def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) -> list[torch.nn.Parameter]:
@@ -159,6 +160,12 @@ def adapt_joint(
                             config.kd_divergence, config.kd_top_k, compiled)
     if teacher is not None:
         teacher.to(accelerator.device)
+    stored = None
+    if config.teacher_states and share_prefix and set(weights) <= {"kd", "lm"}:  # teacher_states.py
+        stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head, teacher_id(teacher_path),
+                                            loss_module.first)
+        if found:
+            say(found)
 
     optimizer = adamw(params, fused=not fsdp, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -200,9 +207,11 @@ def adapt_joint(
         sums: dict[str, float] = {}
         for micro in range(config.grad_accum):
             index = micro_batch_index(step, micro, config.grad_accum, world, rank)
-            batch = batch_at(data, index, config.batch_size, config.seed).to(accelerator.device)
+            rows = batch_rows(len(data), index, config.batch_size, config.seed)
+            batch = data.rows(rows).to(accelerator.device)
+            kept = stored.rows(rows, accelerator.device) if stored is not None else None
             with accelerator.accumulate(loss_module):
-                losses = loss_module(batch)
+                losses = loss_module(batch, kept)
                 accelerator.backward(losses["total"])
                 if accelerator.sync_gradients and config.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(params, config.max_grad_norm)

@@ -256,6 +256,14 @@ class StateCache:
         return self._through(teacher_layer, self.teacher_state)
 
     @torch.no_grad()
+    def through_teacher(self, state: State, indices: range) -> State:
+        """``state`` moved through the teacher's layers ``indices`` in order, one layer read at a time."""
+        for index in indices:
+            with self.teacher.layer(index) as layer:
+                state = self._through(layer, state)
+        return state
+
+    @torch.no_grad()
     def teacher_outputs(self, teacher_layers: list[torch.nn.Module]) -> list[State]:
         """The teacher's states leaving each of ``teacher_layers``, the current layer and those after it in order."""
         outs = [self.teacher_output(teacher_layers[0])]

@@ -47,7 +47,7 @@ from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
 from .compilation import compiled_kd_loss
 from .fsdp import head_gathered
-from .residual_states import State, embed, logits_from, run_layers
+from .residual_states import State, attention_kwargs, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
 TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare the student with a teacher
@@ -145,9 +145,17 @@ class AdaptLoss(nn.Module):
         self.first = min(self.converted) if self.converted else student.config.num_hidden_layers
         self.share_prefix = share_prefix and teacher is not None
 
-    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, stored: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
+        """``stored``: the teacher's ``(residual, stale)`` entering the first converted layer and its final residual
+        stream for these sequences (``teacher_states.py``), in place of running the teacher; only with the shared
+        prefix and without ``local`` (which needs the teacher's states at every converted layer)."""
         want_final = "kd" in self.weights
-        teacher = self._teacher_states(input_ids, want_final) if self.teacher is not None else None
+        if stored is not None:
+            if not self.share_prefix or "local" in self.weights:
+                raise LadderizeError("stored teacher states need the shared prefix and no local objective")
+            teacher = self._stored_states(input_ids, stored)
+        else:
+            teacher = self._teacher_states(input_ids, want_final) if self.teacher is not None else None
         losses: dict[str, torch.Tensor] = {}
         if "lm" in self.weights or "kd" in self.weights:
             losses.update(head_losses(
@@ -174,6 +182,11 @@ class AdaptLoss(nn.Module):
                 outputs[index] = state
         self._teacher_kwargs = attn_kwargs
         return TeacherStates(inputs, outputs, state[0] if want_final else None)
+
+    def _stored_states(self, input_ids: torch.Tensor, stored: tuple[torch.Tensor, ...]) -> TeacherStates:
+        residual, stale, final = stored
+        self._teacher_kwargs = attention_kwargs(self.teacher, *input_ids.shape, residual.dtype, residual.device)
+        return TeacherStates({self.first: (residual, stale)}, {}, final)
 
     def _student_start(self, input_ids: torch.Tensor, teacher: TeacherStates | None):
         """The student's state entering its first converted layer, and its attention kwargs."""

@@ -14,7 +14,8 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
 - any other stage (``kd``, ``local``, ``lm``): per token the teacher's forward through every layer and the
   student's from the first converted one up (the frozen layers below it are the teacher's, computed once:
   ``objectives.AdaptLoss``'s shared prefix), the backward through the same layers, and the heads (with
-  ``train: all``, the student's forward and backward through every layer);
+  ``train: all``, the student's forward and backward through every layer); a stage that reads the teacher's
+  states a sequential stage stored (``reads_stored_teacher``, ``teacher_states.py``) runs no teacher layer;
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
 - with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
   waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``).
@@ -35,6 +36,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from .teacher_states import reads_stored_teacher
 
 REPEATS = 3  # timed calls per piece (after one untimed), the median kept
 FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
@@ -188,8 +191,9 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0)
 
 
-def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
-    """The expected wall seconds of one resolved stage (module docstring)."""
+def stage_seconds(pace: Pace, step: dict[str, Any], stored_teacher: bool = False) -> float:
+    """The expected wall seconds of one resolved stage (module docstring); ``stored_teacher``: it reads the teacher's
+    states a sequential stage stored (``reads_stored_teacher``), so neither model's frozen layers run."""
     per_token = 1.0 / pace.tokens_per_call
     fixed = FIXED_READS * pace.layers * pace.layer_read + COMPILES_PER_STAGE * pace.compile_s
     if step.get("local_schedule") == "sequential":
@@ -200,23 +204,32 @@ def stage_seconds(pace: Pace, step: dict[str, Any]) -> float:
         return fixed + step["tokens"] * per * per_token
     student_layers = pace.layers if step.get("train") == "all" else pace.layers - pace.first_converted
     backward = student_layers * (pace.layer_train - pace.layer_forward)
-    per = (pace.layers + student_layers) * pace.layer_forward + backward + pace.head_step
+    teacher_layers = 0 if stored_teacher else pace.layers
+    per = (teacher_layers + student_layers) * pace.layer_forward + backward + pace.head_step
     return fixed + step["tokens"] * per * per_token
 
 
-def recipe_seconds(pace: Pace, steps: list[dict[str, Any]]) -> float:
-    return sum(stage_seconds(pace, step) for step in steps)
+def recipe_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
+                   before: list[dict[str, Any]] = ()) -> float:
+    """The expected wall seconds of ``steps``, run after the finished stages ``before``."""
+    done = list(before)
+    return sum(stage_seconds(pace, step, reads_stored_teacher([*done, *steps], len(done) + index, data_tokens))
+               for index, step in enumerate(steps))
 
 
-def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, size) -> int:
+def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, size, data_tokens: int | None = None,
+                       before: list[dict[str, Any]] = ()) -> int:
     """The most token passes whose stages, sized by ``size(steps, tokens)``, are expected to fit in ``seconds``
     (0 when not even the smallest sizing fits)."""
+    def fits(tokens: int) -> bool:
+        return recipe_seconds(pace, size(steps, tokens), data_tokens, before) <= seconds
+
     low, high = 0, 1
-    while recipe_seconds(pace, size(steps, high)) <= seconds and high < 10**13:
+    while fits(high) and high < 10**13:
         low, high = high, high * 2
     while high - low > max(1, low // 10_000):
         middle = (low + high) // 2
-        if recipe_seconds(pace, size(steps, middle)) <= seconds:
+        if fits(middle):
             low = middle
         else:
             high = middle

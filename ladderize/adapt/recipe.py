@@ -45,6 +45,7 @@ from ..progress import counted
 from .budget import Budget, agreed, parse_budget, replan, size_recipe
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
+from .teacher_states import keeps_teacher_states
 from .train import adapt, preflight
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
@@ -64,6 +65,7 @@ RECIPES: dict[str, list[str]] = {
 }
 DEFAULT_RECIPE = "best"
 PLAN_FILE = "recipe.json"
+TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequential stage keeps for kd (teacher_states.py)
 ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs", "top_k": "kd_top_k"}
 _FIELDS = {f.name: f for f in fields(AdaptConfig)}
 # settings a recipe may not set (they name the run, not a stage)
@@ -349,9 +351,10 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
+        shares = keeps_teacher_states(steps, index) or any(keeps_teacher_states(steps, i) for i in range(index))
         config = AdaptConfig(checkpoint=current, out=str(stage_out), run_dir=str(stage_run), force=force or not last,
                              keep_state=keep_state, recipe={"name": recipe.name, "stage": step["stage"], "plan": steps},
-                             **settings)
+                             teacher_states=str(top / TEACHER_STATES_DIR) if shares else None, **settings)
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = json.loads((stage_out / CURVE_FILE).read_text())
             done_steps += curve[-1]["step"] if curve else 0

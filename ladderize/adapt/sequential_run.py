@@ -62,6 +62,7 @@ from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
 from .teacher import check_teacher, load_teacher, resolve_teacher
+from .teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
 STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
@@ -173,9 +174,15 @@ def adapt_sequential(
     store = state_store(config, device, run_dir, data.numel() * hidden * torch.empty((), dtype=torch.float32).element_size())
     if device.type != "cpu":
         say(f"sequential on {device} ({precision.name}); states in {store.where}")
+    keep = None
+    if config.teacher_states and ranks.main:  # for a later kd or lm stage of the recipe (teacher_states.py)
+        first, kept = min(student.model.layout.converted_layers), teacher_id(teacher_path)
+
+        def keep(name: str, tensors: dict[str, torch.Tensor]) -> None:
+            write_teacher_states(Path(config.teacher_states), name, data, tensors, kept, first)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
-                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks)
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
@@ -212,8 +219,12 @@ def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
+    keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
+
+    ``keep(file, tensors)``: stores the teacher's states entering the first converted layer, and those entering its
+    final norm once its last layer has run (``teacher_states.py``).
 
     ``data``'s last ``held_out`` rows only measure each layer's loss before and after (``StateCache.eval_rows``).
     A batch holds at most the whole calibration set: a set smaller than ``--batch-size`` trains every sequence
@@ -281,12 +292,17 @@ def _train_layers(
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
     cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
+    if keep is not None:
+        keep(ENTRY_FILE, {"residual": cache.teacher_state[0], "stale": cache.teacher_state[1]})
     try:
         index = first
         while index <= last:
             group = windows[index] if index in windows and index > done else [index]  # a resume ends at a window's end
             with contextlib.ExitStack() as stack:  # the teacher's layers are given back before the student's are read
                 teacher_outs = cache.teacher_outputs([stack.enter_context(teacher.layer(i)) for i in group])
+            if keep is not None and group[-1] == last:
+                layers_total = teacher.model.config.num_hidden_layers
+                keep(FINAL_FILE, {"final": cache.through_teacher(teacher_outs[-1], range(last + 1, layers_total))[0]})
             with contextlib.ExitStack() as stack:
                 layers = [stack.enter_context(student.layer(i)) for i in group]
                 if group[0] in converted and group[0] > done:
