@@ -29,7 +29,7 @@ from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
-from .objectives import AdaptLoss
+from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
@@ -161,7 +161,7 @@ def adapt_joint(
     if teacher is not None:
         teacher.to(accelerator.device)
     stored = None
-    if config.teacher_states and share_prefix and set(weights) <= {"kd", "lm"}:  # teacher_states.py
+    if config.teacher_states and share_prefix and set(weights) <= STORED_TEACHER_OBJECTIVES:  # teacher_states.py
         stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head, teacher_id(teacher_path),
                                             loss_module.first)
         if found:

@@ -51,6 +51,9 @@ from .residual_states import State, attention_kwargs, embed, logits_from, run_la
 
 OBJECTIVES = ("lm", "kd", "local")
 TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare the student with a teacher
+# the objectives that need of the teacher only its states entering the first converted layer and its final norm, which a
+# sequential stage can store for them (teacher_states.py); ``local`` needs its states at every converted layer
+STORED_TEACHER_OBJECTIVES = frozenset({"kd", "lm"})
 LOCAL_INPUTS = ("teacher", "student")
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
@@ -151,7 +154,7 @@ class AdaptLoss(nn.Module):
         prefix and without ``local`` (which needs the teacher's states at every converted layer)."""
         want_final = "kd" in self.weights
         if stored is not None:
-            if not self.share_prefix or "local" in self.weights:
+            if not self.share_prefix or not set(self.weights) <= STORED_TEACHER_OBJECTIVES:
                 raise LadderizeError("stored teacher states need the shared prefix and no local objective")
             teacher = self._stored_states(input_ids, stored)
         else:

@@ -95,11 +95,11 @@ def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tens
 def _reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
     """Whether joint stage ``step`` can read the teacher's states sequential stage ``before`` keeps: it trains the
     converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length."""
-    from .objectives import parse_objectives
+    from .objectives import STORED_TEACHER_OBJECTIVES, parse_objectives
 
     objectives = set(parse_objectives(str(step.get("objectives", "local"))))
     return (before.get("local_schedule") == "sequential" and step.get("local_schedule") != "sequential"
-            and step.get("train") != "all" and objectives <= {"kd", "lm"}
+            and step.get("train") != "all" and objectives <= STORED_TEACHER_OBJECTIVES
             and before.get("data") == step.get("data") and before.get("seq_len") == step.get("seq_len"))
 
 
