@@ -146,3 +146,12 @@ def test_parts_reassemble_over_two_calls(tmp_path):
     assert first["model_file"] is None and first["model_parts_missing"] == [2]
     second = run("stash", "--bundle", str(tmp_path / "b" / "part2"), "--stash", str(tmp_path / "s"))
     assert Path(second["model_file"]).read_bytes() == model.read_bytes()
+
+
+def test_the_rehearsal_budget_holds_every_step_at_its_limit():
+    """The rehearsal's call budget (``scripts/gpu_check.sh``) covers its steps' rehearsal limits summed: a step that
+    starts with less than its limit left runs cut short, and a slow CI machine then reads a timeout, not a failure."""
+    import re
+
+    budget = int(re.search(r'echo (\d+) \|\| echo \d+\)', (ROOT / "scripts" / "gpu_check.sh").read_text()).group(1))
+    assert sum(step.rehearse_limit_s for step in _gpu_check().STEPS) <= budget
