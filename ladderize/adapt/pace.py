@@ -18,7 +18,11 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
   states a sequential stage stored (``reads_stored_teacher``, ``teacher_states.py``) runs no teacher layer;
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
 - with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
-  waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``).
+  waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``),
+  and again for every other layer it runs (``compile_waits``): Dynamo traces each layer on its own, Inductor's cache
+  then supplies the kernels. The pace times that wait on a second layer (``retrace_forward_s`` for a forward without
+  gradient, ``retrace_train_s`` for a training step): on SmolLM2-135M in fp32 on one core a kd stage's first step
+  waited 46 s for its 15 converted layers (3 s each), where one layer's compile had been timed at 5 s.
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
@@ -68,6 +72,8 @@ class Pace:
     other_cpus: float | None = None  # other processes' CPU seconds per second while timed (None: not known here)
     compiled: bool = False  # decoder layers compiled (compilation.py), as the run will
     compile_s: float = 0.0  # compiled layers: the first forward's and training step's wait for the compiler
+    retrace_forward_s: float = 0.0  # compiled layers: another layer's first forward without gradient, beyond its pace
+    retrace_train_s: float = 0.0  # and its first training step (forward and backward traced), beyond its pace
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,17 +100,17 @@ def busy_cpu_seconds() -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(fn) -> tuple[float, float]:
-    """The median seconds of ``fn`` after one untimed call, and what that first call took beyond it."""
+def _once(fn) -> float:
+    """The seconds of one call of ``fn``."""
     start = time.perf_counter()
     fn()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
+    return time.perf_counter() - start
+
+
+def _timed(fn) -> tuple[float, float]:
+    """The median seconds of ``fn`` after one untimed call, and what that first call took beyond it."""
+    first = _once(fn)
+    median = statistics.median([_once(fn) for _ in range(REPEATS)])
     return median, max(0.0, first - median)
 
 
@@ -165,6 +171,20 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         layer_train, train_compile = _timed(train)
         layer.requires_grad_(False)
         del optimizer
+    retrace_forward = retrace_train = 0.0
+    other = next((index for index in (*converted[1:], first - 1, first + 1) if 0 <= index < config.num_hidden_layers
+                  and index != first), None)
+    if compiled and other is not None:  # what each further layer of a stage waits for (module docstring)
+        compile_layers([source.model.model.layers[other]], target)
+        with source.layer(other) as layer:
+            with torch.no_grad():  # forward and train run the layer their names see: this one now
+                retrace_forward = max(0.0, _once(forward) - layer_forward)
+            layer.requires_grad_(True)
+            params = list(layer.parameters())
+            optimizer = adamw(params, lr=1e-12)
+            retrace_train = max(0.0, _once(train) - layer_train)
+            layer.requires_grad_(False)
+            del optimizer
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
     final = torch.randn(rows, hidden, generator=generator).to(target)
@@ -188,25 +208,40 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 tokens_per_call=rows, layer_forward=layer_forward, layer_train=layer_train, head_step=head_step,
                 layer_read=layer_read, layers=config.num_hidden_layers, first_converted=first, last_converted=last,
                 converted=len(converted), measured_s=wall, other_cpus=others,
-                compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0)
+                compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0,
+                retrace_forward_s=retrace_forward, retrace_train_s=retrace_train)
 
 
 def stage_seconds(pace: Pace, step: dict[str, Any], stored_teacher: bool = False) -> float:
     """The expected wall seconds of one resolved stage (module docstring); ``stored_teacher``: it reads the teacher's
     states a sequential stage stored (``reads_stored_teacher``), so neither model's frozen layers run."""
     per_token = 1.0 / pace.tokens_per_call
-    fixed = FIXED_READS * pace.layers * pace.layer_read + COMPILES_PER_STAGE * pace.compile_s
+    reads = FIXED_READS * pace.layers * pace.layer_read
     if step.get("local_schedule") == "sequential":
         span = pace.last_converted - pace.first_converted + 1
         epochs = float(step.get("epochs", 1.0))
         fits = CLOSED_FORM_TRAINS if step.get("closed_form") else 0.0
-        per = (pace.first_converted + 2 * span) * pace.layer_forward + pace.converted * (epochs + fits) * pace.layer_train
-        return fixed + step["tokens"] * per * per_token
+        forwards = pace.first_converted + 2 * span
+        per = forwards * pace.layer_forward + pace.converted * (epochs + fits) * pace.layer_train
+        # each layer below the first converted one and every teacher and student layer past it traced without
+        # gradient, each converted layer once more for its held-out loss, and trained
+        waits = compile_waits(pace, forwards + pace.converted, pace.converted)
+        return reads + waits + step["tokens"] * per * per_token
     student_layers = pace.layers if step.get("train") == "all" else pace.layers - pace.first_converted
     backward = student_layers * (pace.layer_train - pace.layer_forward)
     teacher_layers = 0 if stored_teacher else pace.layers
     per = (teacher_layers + student_layers) * pace.layer_forward + backward + pace.head_step
-    return fixed + step["tokens"] * per * per_token
+    return reads + compile_waits(pace, teacher_layers, student_layers) + step["tokens"] * per * per_token
+
+
+def compile_waits(pace: Pace, forward_layers: int, trained_layers: int) -> float:
+    """The seconds a stage of compiled layers waits for the compiler (module docstring): the first layer's compile
+    ``COMPILES_PER_STAGE`` times, then each further layer it runs without gradient (``forward_layers``) and with it
+    (``trained_layers``) traced once (0 with eager layers)."""
+    if not pace.compiled:
+        return 0.0
+    return (COMPILES_PER_STAGE * pace.compile_s + max(0, forward_layers - 1) * pace.retrace_forward_s
+            + max(0, trained_layers - 1) * pace.retrace_train_s)
 
 
 def recipe_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
@@ -240,7 +275,8 @@ def describe(pace: Pace) -> str:
     busy = "" if pace.other_cpus is None or pace.other_cpus < BUSY_CPUS else \
         (f"; other processes kept {pace.other_cpus:.1f} CPUs busy meanwhile, so the plan is sized for a machine that "
          f"busy (a quieter one fits more, a budget in tokens fits the same)")
-    compiled = f", compiled layers, {pace.compile_s:.0f} s to compile" if pace.compiled else ""
+    compiled = (f", compiled layers, {pace.compile_s:.0f} s to compile, {pace.retrace_train_s:.1f} s more for each "
+                f"further layer trained" if pace.compiled else "")
     return (f"on {pace.device} ({pace.precision}{compiled}): timed in {pace.measured_s:.0f} s (a converted layer "
             f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
             f"{pace.tokens_per_call:,} tokens{busy})")

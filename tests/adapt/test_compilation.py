@@ -236,6 +236,15 @@ def test_the_pace_of_compiled_layers_counts_their_compile_time():
     compiled = dataclasses.replace(plain, compiled=True, compile_s=7.0)
     for step in ({"tokens": 4096, "local_schedule": "sequential", "epochs": 2}, {"tokens": 4096}):
         assert stage_seconds(compiled, step) == pytest.approx(stage_seconds(plain, step) + COMPILES_PER_STAGE * 7.0)
+    # every layer after the first is traced once more: 4 layers, 2 of them converted (2 and 3)
+    traced = dataclasses.replace(compiled, retrace_forward_s=0.5, retrace_train_s=3.0)
+    kd = {"tokens": 4096}
+    assert stage_seconds(traced, kd, stored_teacher=True) == pytest.approx(stage_seconds(compiled, kd, stored_teacher=True) + 3.0)
+    assert stage_seconds(traced, kd) == pytest.approx(stage_seconds(compiled, kd) + 3.0 + 3 * 0.5)  # the teacher's 4 layers
+    sequential = {"tokens": 4096, "local_schedule": "sequential", "epochs": 2}
+    # without gradient: the 2 layers below, the teacher's and the student's 2 converted ones, their held-out loss
+    assert stage_seconds(traced, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 3.0 + 7 * 0.5)
+    assert stage_seconds(dataclasses.replace(traced, compiled=False), kd) == stage_seconds(plain, kd)
 
 
 def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
