@@ -21,8 +21,9 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
   waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``),
   and again for every other layer it runs (``compile_waits``): Dynamo traces each layer on its own, Inductor's cache
   then supplies the kernels. The pace times that wait on a second layer (``retrace_forward_s`` for a forward without
-  gradient, ``retrace_train_s`` for a training step): on SmolLM2-135M in fp32 on one core a kd stage's first step
-  waited 46 s for its 15 converted layers (3 s each), where one layer's compile had been timed at 5 s.
+  gradient, ``retrace_train_s`` for a training step): on SmolLM2-135M's ladder 15-29 in fp32 on one core a kd
+  stage's first step took about a minute (its 15 converted layers traced) where the steps after it take 8.5 s, and
+  the pace had timed one layer's compile at 5 s.
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
