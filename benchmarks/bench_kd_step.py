@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -94,14 +95,17 @@ def main() -> None:
 
     kinds = ("stored", "teacher runs") if args.stored_first else ("teacher runs", "stored")
     first_loss, first_step = {}, {}
-    for kind in kinds:  # the weights barely move at lr 1e-12: every step sees the same model
-        first_step[kind], first_loss[kind] = step(kind)  # compiled: the first kind's traces every layer it runs
-        for _ in range(args.warmup - 1):
-            step(kind)
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for _ in range(args.repeats):
-        for kind in kinds:
-            times[kind].append(step(kind)[0])
+    try:
+        for kind in kinds:  # the weights barely move at lr 1e-12: every step sees the same model
+            first_step[kind], first_loss[kind] = step(kind)  # compiled: the first kind's traces every layer it runs
+            for _ in range(args.warmup - 1):
+                step(kind)
+        for _ in range(args.repeats):
+            for kind in kinds:
+                times[kind].append(step(kind)[0])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the stored states' files, read at every stored step until here
     median = {kind: statistics.median(values) for kind, values in times.items()}
     tokens = args.batch * args.seq
     record = {
