@@ -173,7 +173,6 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps."""
     from ..checkpoint.io import load_config
     from . import pace as pacing
-    from .teacher_states import reads_stored_teacher
     from .config import AdaptConfig
 
     check_budget_steps(steps)
@@ -216,8 +215,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                   "gained WikiText and lost LAMBADA (docs/adapt.md); more data buys more than more passes"
                   for name, passes in rereads(sized, first, held)))
     if budget.seconds is not None:
-        planned = [pacing.stage_seconds(pace, step, reads_stored_teacher(sized, index, held))
-                   for index, step in enumerate(sized)]
+        planned = pacing.stages_seconds(pace, sized, held)
         record["planned_s"] = planned
         say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
             + f" (of {budget.describe()})")
@@ -235,7 +233,6 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     budget is a ceiling), and sized by ``scale_stages``. A pace timed while the machine was quieter or busier than the
     run then finds it still keeps the budget."""
     from . import pace as pacing
-    from .teacher_states import reads_stored_teacher
 
     pace = pacing.Pace(**record["pace"])
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
@@ -250,8 +247,7 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     tokens = pacing.tokens_for_seconds(pace, rest, max(0.0, left) / slower, size, held, done)
     sized = size(rest, max(1, tokens))
     plan = [*done, *sized]
-    timed = [pacing.stage_seconds(pace, step, reads_stored_teacher(plan, len(done) + offset, held))
-             for offset, step in enumerate(sized)]
+    timed = pacing.stages_seconds(pace, sized, held, done)
     expected = [slower * seconds for seconds in timed]
     record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({

@@ -245,12 +245,19 @@ def compile_waits(pace: Pace, forward_layers: int, trained_layers: int) -> float
             + max(0, trained_layers - 1) * pace.retrace_train_s)
 
 
+def stages_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
+                   before: list[dict[str, Any]] = ()) -> list[float]:
+    """The expected wall seconds of each of ``steps``, run after the finished stages ``before`` (a stage that will
+    read the teacher's states a sequential stage stores is timed so: ``reads_stored_teacher``)."""
+    done = list(before)
+    return [stage_seconds(pace, step, reads_stored_teacher([*done, *steps], len(done) + index, data_tokens))
+            for index, step in enumerate(steps)]
+
+
 def recipe_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
                    before: list[dict[str, Any]] = ()) -> float:
     """The expected wall seconds of ``steps``, run after the finished stages ``before``."""
-    done = list(before)
-    return sum(stage_seconds(pace, step, reads_stored_teacher([*done, *steps], len(done) + index, data_tokens))
-               for index, step in enumerate(steps))
+    return sum(stages_seconds(pace, steps, data_tokens, before))
 
 
 def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, size, data_tokens: int | None = None,

@@ -351,7 +351,7 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
-        shares = keeps_teacher_states(steps, index) or any(keeps_teacher_states(steps, i) for i in range(index))
+        shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
         config = AdaptConfig(checkpoint=current, out=str(stage_out), run_dir=str(stage_run), force=force or not last,
                              keep_state=keep_state, recipe={"name": recipe.name, "stage": step["stage"], "plan": steps},
                              teacher_states=str(top / TEACHER_STATES_DIR) if shares else None, **settings)
