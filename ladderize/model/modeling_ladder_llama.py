@@ -56,7 +56,7 @@ from transformers.models.llama.modeling_llama import (
 from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, split_heads
 from .configuration_ladder_llama import LadderLlamaConfig
 from .layout import LayerMode, Layout, ModuleKind, module_program, rank_kv_heads, rank_query_heads
-from .residual import ResidualStream, slots_before
+from .residual import ResidualStream, layer_program
 
 # The KV cache's names: transformers calls it ``past_key_values`` up to 5.23 and ``cache`` from 5.24 on, as
 # an argument (forward, ``create_causal_mask``, ``generate``'s model inputs) and as an output field. The
@@ -259,10 +259,9 @@ class LadderDecoderLayer(GradientCheckpointingLayer):
         # Re-wrap in this module's enum: under trust_remote_code, transformers may load the config's
         # copy of layout.py as a different module than ours, and enum identity checks would fail.
         self.mode = LayerMode(layout.modes[layer_idx].value)
-        # This layer's two modules of the mode program, and the states the stream holds when it starts.
-        program = module_program(layout.modes)
-        self.attn_op, self.mlp_op = program[2 * layer_idx : 2 * layer_idx + 2]
-        self.entry_slots = slots_before(program, 2 * layer_idx)
+        # This layer's two modules of the mode program, and the states the stream holds when it starts, numbered
+        # from the layer's start: layers of one kind compile to one graph (residual.layer_program)
+        self.attn_op, self.mlp_op, self.entry_slots = layer_program(module_program(layout.modes), layer_idx)
         self.layer_idx = layer_idx
         self.self_attn = LadderAttention(config, layer_idx)
         self.mlp = LadderMLP(config)

@@ -33,6 +33,7 @@ modeling file in a converted checkpoint (``auto_map``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -102,6 +103,22 @@ def slots_before(program: Sequence[ModuleOp], index: int) -> tuple[int, int]:
         if op.allreduce:
             cur, prev = op.k, cur
     return cur, prev
+
+
+def layer_program(program: Sequence[ModuleOp], layer: int) -> tuple[ModuleOp, ModuleOp, tuple[int, int]]:
+    """Layer ``layer``'s two modules and the slots a stream holds before them (``slots_before``), numbered from the
+    layer's own start: every module number less ``2 * layer``, so its modules are 1 and 2, the state entering it is 0
+    and the earlier ones negative.
+
+    The stream only compares module numbers with one another, so a shift computes the same. What it buys: layers of
+    one kind read the same numbers, and ``torch.compile``, for which a module's integers are constants of its graph,
+    traces one graph for all of them instead of one per layer (``adapt/compilation.py``). ``ModuleOp.layer`` keeps
+    the layer's own index.
+    """
+    base = 2 * layer
+    attention, mlp = (replace(op, k=op.k - base, reads=op.reads - base) for op in program[base : base + 2])
+    cur, prev = slots_before(program, base)
+    return attention, mlp, (cur - base, prev - base)
 
 
 class ResidualStream:
@@ -184,4 +201,4 @@ class ResidualStream:
         return self.resolve()
 
 
-__all__ = ["COMPLETE", "Complete", "ModuleKernels", "ProgramError", "Reduction", "ResidualStream", "slots_before"]
+__all__ = ["COMPLETE", "Complete", "ModuleKernels", "ProgramError", "Reduction", "ResidualStream", "layer_program", "slots_before"]

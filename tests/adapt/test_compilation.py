@@ -171,13 +171,15 @@ def test_graphs_compiled_for_cuda_pick_their_kernels_by_rule(monkeypatch):
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
-@needs_compiler
-def test_every_layer_of_a_deep_model_runs_compiled():
-    """A layer's graph is its own (its residual-stream slots are constants): 12 layers x 2 grad modes are 24
-    graphs, past dynamo's default limit of 8, after which the rest would run eager without a word."""
+def _graphs_of_every_layer(modes: list[str], **config) -> int:
+    """Run each layer of a tiny model of ``modes`` compiled, without gradient and with it: the graphs dynamo made
+    (from an empty cache: the layers of an earlier test's model of the same sizes would share theirs)."""
+    import torch._dynamo
     from torch._dynamo.utils import counters
 
-    model = tiny_model(layer_modes=["ladder"] * 12, num_hidden_layers=12)
+    torch._dynamo.reset()
+
+    model = tiny_model(layer_modes=modes, num_hidden_layers=len(modes), **config)
     compile_layers(model.model.layers, "cpu")
     kwargs = attention_kwargs(model, 1, 8, torch.float32)
     state = (torch.randn(1, 8, model.config.hidden_size), torch.randn(1, 8, model.config.hidden_size))
@@ -187,7 +189,23 @@ def test_every_layer_of_a_deep_model_runs_compiled():
             layer(*state, **kwargs)
         layer.requires_grad_(True)
         layer(*state, **kwargs)[0].sum().backward()
-    assert counters["stats"]["unique_graphs"] - before == 24
+    return counters["stats"]["unique_graphs"] - before
+
+
+@needs_compiler
+def test_layers_of_one_kind_share_their_graphs():
+    """A layer's residual-stream slots are numbered from its own start (residual.layer_program), so 12 ladder layers
+    are two graphs per grad mode, not twelve: the first layer (whose stale state is its input) and the rest."""
+    assert _graphs_of_every_layer(["ladder"] * 12) == 4
+
+
+@needs_compiler
+def test_every_layer_of_a_mixed_model_runs_compiled():
+    """Six kinds of layer by what they read (the first; dense, ladder and SPD after dense; SPD and ladder after SPD)
+    x 2 grad modes are 12 graphs, past dynamo's default limit of 8, after which the rest would run eager without a
+    word (it would count 8)."""
+    modes = ["dense", "dense", "ladder", "ladder", "spd", "spd", "ladder", "dense", "spd", "ladder"]
+    assert _graphs_of_every_layer(modes, spd_tp_size=3) == 12
 
 
 def _run(checkpoint, out, text_file, **kw) -> tuple:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ladderize.model.layout import LayerMode, ModuleKind, module_program
-from ladderize.model.residual import COMPLETE, ProgramError, ResidualStream, slots_before
+from ladderize.model.residual import COMPLETE, ProgramError, ResidualStream, layer_program, slots_before
 
 D, SHARES = 5, 3
 DENSE, LADDER, SPD = LayerMode.DENSE, LayerMode.LADDER, LayerMode.SPD
@@ -116,13 +116,31 @@ def test_stream_matches_the_equations(modes):
     for op in program:
         forced.run(op, kernels, Logged(), overlap=True)
     torch.testing.assert_close(forced.resolve(), expected, rtol=1e-12, atol=1e-12)
-    residual, stale = r0, r0
-    for layer in range(len(modes)):
-        stream = ResidualStream(residual, stale, slots_before(program, 2 * layer))
-        for op in program[2 * layer : 2 * layer + 2]:
-            stream.run(op, kernels, COMPLETE)
-        residual, stale = stream.resolve(), stream.prev
-    torch.testing.assert_close(residual, expected, rtol=1e-12, atol=1e-12)
+    # the same, numbered as the HF layer numbers it: absolute (slots_before) and from each layer's start
+    for numbering in ("absolute", "layer"):
+        residual, stale = r0, r0
+        for layer in range(len(modes)):
+            if numbering == "layer":
+                *ops, slots = layer_program(program, layer)
+            else:
+                ops, slots = program[2 * layer : 2 * layer + 2], slots_before(program, 2 * layer)
+            stream = ResidualStream(residual, stale, slots)
+            for op in ops:
+                stream.run(op, kernels, COMPLETE)
+            residual, stale = stream.resolve(), stream.prev
+        torch.testing.assert_close(residual, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_layers_of_one_kind_read_the_same_numbers_from_their_start():
+    """``layer_program``: every ladder layer after the first reads the same relative numbers (one compiled graph
+    for all of them); the first differs (its stale state is its input) and so does a ladder layer after an SPD
+    block (the SPD attention adds no state of its own), while each op keeps its own layer index."""
+    program = module_program((LADDER,) * 4 + (SPD, LADDER))
+    numbers = [(*((op.k, op.reads, op.allreduce) for op in ops), slots)
+               for *ops, slots in (layer_program(program, layer) for layer in range(6))]
+    assert numbers[1] == numbers[2] == numbers[3] != numbers[0]
+    assert numbers[5] != numbers[1]
+    assert [layer_program(program, layer)[0].layer for layer in range(6)] == list(range(6))
 
 
 @pytest.mark.parametrize("modes", LAYOUTS, ids=lambda m: "-".join(x.value for x in m))
