@@ -10,11 +10,15 @@ attention's backward, which a compiled layer on a CPU computes as tensor ops Ind
 kernel's backward (``causal_attention.py``; docs/adapt.md, "Compiled layers").
 
 Regional compilation: each decoder layer's ``forward`` is compiled in place (``nn.Module.compile``).
-Dynamo traces every layer on its own (a layer's residual-stream slot numbers are constants of its
-graph), once per grad mode and batch shape; the graphs of one layer kind and shape are the same, so
-after the first, Inductor's cache supplies the kernels and a layer takes a fraction of a second.
-The recompile limits are raised to fit them all (``RECOMPILE_LIMIT``): at dynamo's default of 8, the
-layers after the eighth graph would run eager without a word. State dict keys do not change.
+Dynamo traces one graph per layer kind, grad mode and batch shape, and the layers of a kind share it: a layer's
+residual-stream slot numbers, constants of its graph, are numbered from the layer's own start
+(``model/residual.layer_program``), so every ladder layer after the first reads the same ones (``graph_kinds``:
+ladder 15-29 of a 30-layer model has three kinds, the first layer, the dense layers after it and the ladder
+layers; the teacher's and the student's layers of a kind share theirs too). Numbered from the model's start, each
+layer was a graph of its own: a kd stage's first step on ladder 15-29 waited 51 s for 15 traces where it now waits
+10 s for one (``benchmarks/bench_kd_step.py --compile --stored-first``; docs/adapt.md). The recompile limits are
+raised (``RECOMPILE_LIMIT``): at dynamo's default of 8, the graphs after the eighth (a layout of many kinds, several
+batch shapes) would run eager without a word. State dict keys do not change.
 
 The kd loss is compiled too (``compiled_kd_loss``): ``objectives.blockwise_kd`` runs it, and its gradient, on
 blocks of 128 x 49,152 float32 logits, where eager PyTorch makes a dozen passes (temperature, two log-softmaxes,
@@ -45,11 +49,14 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 
 from ..errors import LadderizeError
+from ..model.layout import LayerMode, module_program
+from ..model.residual import layer_program
 
 ENV = "LADDERIZE_COMPILE"  # auto's answer when set: 1/on/true or 0/off/false
 RECOMPILE_LIMIT = 4096  # graphs of the decoder-layer forward: layers (student and teacher) x grad modes x batch shapes
@@ -141,6 +148,22 @@ def compile_layers(layers: Iterable[torch.nn.Module], device: torch.device | str
     for layer in layers:
         layer.self_attn.attention_function = training_attention
         layer.compile(dynamic=False, options=options)
+
+
+def graph_kinds(*models: Sequence[LayerMode]) -> list[tuple[int, ...]]:
+    """For each of ``models`` (its layer modes), the kind of compiled graph each layer runs (module docstring): layers
+    that read the same slot numbers from their start share one, across the models too (the teacher's dense layers
+    and the student's), and kinds are numbered in order of first appearance."""
+    kinds: dict[tuple, int] = {}
+    found = []
+    for modes in models:
+        program = module_program(modes)
+        keys = []
+        for layer in range(len(modes)):
+            attention, mlp, slots = layer_program(program, layer)  # the layer's own index is not part of its graph
+            keys.append((replace(attention, layer=0, overlaps_next=False), replace(mlp, layer=0, overlaps_next=False), slots))
+        found.append(tuple(kinds.setdefault(key, len(kinds)) for key in keys))
+    return found
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,12 +19,10 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
 - with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
   waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``),
-  and again for every other layer it runs (``compile_waits``): Dynamo traces each layer on its own, Inductor's cache
-  then supplies the kernels. The pace times that wait on a second layer (``retrace_forward_s`` for a forward without
-  gradient, ``retrace_train_s`` for a training step): on SmolLM2-135M's ladder 15-29 in fp32 on one core a kd
-  stage's first step took about a minute (its 15 converted layers traced) where the steps after it take 8.5 s, and
-  the pace had timed one layer's compile at 5 s.
-
+  and again for every other kind of layer graph it runs (``compile_waits``): the layers of a kind share one graph
+  (``compilation.graph_kinds``; ladder 15-29 of a 30-layer model: the first layer, the dense ones after it and the
+  ladder ones). The pace times that wait on a layer of another kind than the first converted one
+  (``retrace_forward_s`` for a forward without gradient, ``retrace_train_s`` for a training step).
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
 from ``/proc/stat`` on Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
@@ -73,8 +71,13 @@ class Pace:
     other_cpus: float | None = None  # other processes' CPU seconds per second while timed (None: not known here)
     compiled: bool = False  # decoder layers compiled (compilation.py), as the run will
     compile_s: float = 0.0  # compiled layers: the first forward's and training step's wait for the compiler
-    retrace_forward_s: float = 0.0  # compiled layers: another layer's first forward without gradient, beyond its pace
+    retrace_forward_s: float = 0.0  # compiled layers: another kind's first forward without gradient, beyond its pace
     retrace_train_s: float = 0.0  # and its first training step (forward and backward traced), beyond its pace
+    # the graph kind of each teacher and student layer and of each converted layer (compilation.graph_kinds), from
+    # which a stage's graphs follow (compile_waits)
+    teacher_kinds: tuple[int, ...] = ()
+    student_kinds: tuple[int, ...] = ()
+    converted_kinds: tuple[int, ...] = ()
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,9 +121,10 @@ def _timed(fn) -> tuple[float, float]:
 def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "auto", dtype: str | None = None,
             mixed_precision: str | None = None, compile: bool | None = None) -> Pace:
     """Time the pieces of an adapt run of ``checkpoint`` on ``device`` (module docstring)."""
-    from .compilation import adamw, compile_layers, resolve_compile
+    from .compilation import adamw, compile_layers, graph_kinds, resolve_compile
     from ..checkpoint.io import load_config
     from ..checkpoint.placement import resolve_device, training_precision
+    from ..model.layout import LayerMode
     from .layer_source import StreamedLayers
     from .objectives import blockwise_kd, frozen_head
     from .residual_states import attention_kwargs
@@ -131,6 +135,8 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     layout = load_config(checkpoint).layout
     converted = sorted(layout.converted_layers)
     first, last = converted[0], converted[-1]
+    dense = LayerMode.with_traits(converted=False)
+    teacher_kinds, student_kinds = graph_kinds([dense] * len(layout.modes), layout.modes)
     source = StreamedLayers(checkpoint, torch.float32, target)
     config = source.model.config
     hidden, rows = config.hidden_size, batch_size * seq_len
@@ -173,9 +179,9 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         layer.requires_grad_(False)
         del optimizer
     retrace_forward = retrace_train = 0.0
-    other = next((index for index in (*converted[1:], first - 1, first + 1) if 0 <= index < config.num_hidden_layers
-                  and index != first), None)
-    if compiled and other is not None:  # what each further layer of a stage waits for (module docstring)
+    other = next((index for index in (first - 1, first + 1, *range(config.num_hidden_layers))
+                  if 0 <= index < config.num_hidden_layers and student_kinds[index] != student_kinds[first]), None)
+    if compiled and other is not None:  # what each further kind of layer of a stage waits for (module docstring)
         compile_layers([source.model.model.layers[other]], target)
         with source.layer(other) as layer:
             with torch.no_grad():  # forward and train run the layer their names see: this one now
@@ -210,7 +216,8 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 layer_read=layer_read, layers=config.num_hidden_layers, first_converted=first, last_converted=last,
                 converted=len(converted), measured_s=wall, other_cpus=others,
                 compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0,
-                retrace_forward_s=retrace_forward, retrace_train_s=retrace_train)
+                retrace_forward_s=retrace_forward, retrace_train_s=retrace_train, teacher_kinds=teacher_kinds,
+                student_kinds=student_kinds, converted_kinds=tuple(student_kinds[index] for index in converted))
 
 
 def stage_seconds(pace: Pace, step: dict[str, Any], stored_teacher: bool = False) -> float:
@@ -224,25 +231,30 @@ def stage_seconds(pace: Pace, step: dict[str, Any], stored_teacher: bool = False
         fits = CLOSED_FORM_TRAINS if step.get("closed_form") else 0.0
         forwards = pace.first_converted + 2 * span
         per = forwards * pace.layer_forward + pace.converted * (epochs + fits) * pace.layer_train
-        # each layer below the first converted one and every teacher and student layer past it traced without
-        # gradient, each converted layer once more for its held-out loss, and trained
-        waits = compile_waits(pace, forwards + pace.converted, pace.converted)
+        # without gradient: the teacher's layers (below the first converted one and past it), the student's past it
+        # (its states, and each converted layer's held-out loss); with it: the converted layers
+        waits = compile_waits(pace, {*pace.teacher_kinds, *pace.student_kinds[pace.first_converted:]},
+                              set(pace.converted_kinds))
         return reads + waits + step["tokens"] * per * per_token
-    student_layers = pace.layers if step.get("train") == "all" else pace.layers - pace.first_converted
+    trains_all = step.get("train") == "all"
+    student_layers = pace.layers if trains_all else pace.layers - pace.first_converted
     backward = student_layers * (pace.layer_train - pace.layer_forward)
     teacher_layers = 0 if stored_teacher else pace.layers
     per = (teacher_layers + student_layers) * pace.layer_forward + backward + pace.head_step
-    return reads + compile_waits(pace, teacher_layers, student_layers) + step["tokens"] * per * per_token
+    waits = compile_waits(pace, set() if stored_teacher else set(pace.teacher_kinds),
+                          set(pace.student_kinds[0 if trains_all else pace.first_converted:]))
+    return reads + waits + step["tokens"] * per * per_token
 
 
-def compile_waits(pace: Pace, forward_layers: int, trained_layers: int) -> float:
-    """The seconds a stage of compiled layers waits for the compiler (module docstring): the first layer's compile
-    ``COMPILES_PER_STAGE`` times, then each further layer it runs without gradient (``forward_layers``) and with it
-    (``trained_layers``) traced once (0 with eager layers)."""
+def compile_waits(pace: Pace, forward_kinds: set[int], trained_kinds: set[int]) -> float:
+    """The seconds a stage of compiled layers waits for the compiler (module docstring): the first converted layer's
+    kind compiled ``COMPILES_PER_STAGE`` times, then each other kind of graph it runs without gradient
+    (``forward_kinds``) and with it (``trained_kinds``) traced once (0 with eager layers)."""
     if not pace.compiled:
         return 0.0
-    return (COMPILES_PER_STAGE * pace.compile_s + max(0, forward_layers - 1) * pace.retrace_forward_s
-            + max(0, trained_layers - 1) * pace.retrace_train_s)
+    first = set(pace.student_kinds[pace.first_converted : pace.first_converted + 1])
+    return (COMPILES_PER_STAGE * pace.compile_s + len(forward_kinds - first) * pace.retrace_forward_s
+            + len(trained_kinds - first) * pace.retrace_train_s)
 
 
 def stages_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
@@ -284,7 +296,7 @@ def describe(pace: Pace) -> str:
         (f"; other processes kept {pace.other_cpus:.1f} CPUs busy meanwhile, so the plan is sized for a machine that "
          f"busy (a quieter one fits more, a budget in tokens fits the same)")
     compiled = (f", compiled layers, {pace.compile_s:.0f} s to compile, {pace.retrace_train_s:.1f} s more for each "
-                f"further layer trained" if pace.compiled else "")
+                f"other kind of layer trained" if pace.compiled else "")
     return (f"on {pace.device} ({pace.precision}{compiled}): timed in {pace.measured_s:.0f} s (a converted layer "
             f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
             f"{pace.tokens_per_call:,} tokens{busy})")

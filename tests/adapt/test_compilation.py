@@ -254,15 +254,30 @@ def test_the_pace_of_compiled_layers_counts_their_compile_time():
     compiled = dataclasses.replace(plain, compiled=True, compile_s=7.0)
     for step in ({"tokens": 4096, "local_schedule": "sequential", "epochs": 2}, {"tokens": 4096}):
         assert stage_seconds(compiled, step) == pytest.approx(stage_seconds(plain, step) + COMPILES_PER_STAGE * 7.0)
-    # every layer after the first is traced once more: 4 layers, 2 of them converted (2 and 3)
-    traced = dataclasses.replace(compiled, retrace_forward_s=0.5, retrace_train_s=3.0)
+    # each other kind of layer graph is traced once: 4 layers, 2 and 3 converted (kinds: the first layer 0, the dense
+    # layer after it 1, the converted ones 2); a kind shared by the teacher and the student is one graph
+    traced = dataclasses.replace(compiled, retrace_forward_s=0.5, retrace_train_s=3.0, teacher_kinds=(0, 1, 1, 1),
+                                 student_kinds=(0, 1, 2, 2), converted_kinds=(2, 2))
     kd = {"tokens": 4096}
-    assert stage_seconds(traced, kd, stored_teacher=True) == pytest.approx(stage_seconds(compiled, kd, stored_teacher=True) + 3.0)
-    assert stage_seconds(traced, kd) == pytest.approx(stage_seconds(compiled, kd) + 3.0 + 3 * 0.5)  # the teacher's 4 layers
+    assert stage_seconds(traced, kd, stored_teacher=True) == stage_seconds(compiled, kd, stored_teacher=True)
+    assert stage_seconds(traced, kd) == pytest.approx(stage_seconds(compiled, kd) + 2 * 0.5)  # the teacher's 2 kinds
+    assert stage_seconds(traced, {**kd, "train": "all"}) == pytest.approx(
+        stage_seconds(compiled, {**kd, "train": "all"}) + 2 * 0.5 + 2 * 3.0)  # and the student's 2 below
     sequential = {"tokens": 4096, "local_schedule": "sequential", "epochs": 2}
-    # without gradient: the 2 layers below, the teacher's and the student's 2 converted ones, their held-out loss
-    assert stage_seconds(traced, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 3.0 + 7 * 0.5)
+    # without gradient: the teacher's 2 kinds (the student's converted one is the first one's, counted in compile_s)
+    assert stage_seconds(traced, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 2 * 0.5)
+    mixed = dataclasses.replace(traced, student_kinds=(0, 1, 2, 3), converted_kinds=(2, 3))  # e.g. SPD, then ladder
+    assert stage_seconds(mixed, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 3 * 0.5 + 3.0)
     assert stage_seconds(dataclasses.replace(traced, compiled=False), kd) == stage_seconds(plain, kd)
+
+
+def test_the_pace_records_every_layers_graph_kind(ladder_dir):
+    """The kinds come from the checkpoint's layout: the tiny ladder model's converted layers (2 and 3) share one
+    kind, and the teacher's dense layers share the student's dense ones' (the first layer's, and the one after it)."""
+    from ladderize.adapt.pace import measure
+
+    pace = measure(str(ladder_dir), seq_len=8, batch_size=1, device="cpu", compile=False)
+    assert (pace.teacher_kinds, pace.student_kinds, pace.converted_kinds) == ((0, 1, 1, 1), (0, 1, 2, 2), (2, 2))
 
 
 def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
