@@ -23,6 +23,7 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
   (``compilation.graph_kinds``; ladder 15-29 of a 30-layer model: the first layer, the dense ones after it and the
   ladder ones). The pace times that wait on a layer of another kind than the first converted one
   (``retrace_forward_s`` for a forward without gradient, ``retrace_train_s`` for a training step).
+
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
 from ``/proc/stat`` on Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
