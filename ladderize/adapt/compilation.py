@@ -65,8 +65,9 @@ COMPILING = ("decoder layers compiled (torch.compile): the first steps of each l
 ON, OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 AUTO_DEVICES = ("cpu",)  # where auto compiles: the device types a compiled run was measured on (module docstring)
 # the shortest wall budget auto compiles for: 30 minutes, the one a compiled run was measured at against eager (6%
-# less training for the same token passes, its compiler's waits included); every stage waits about a minute for the
-# compiler on a cold cache, and a budget of a few minutes spends more on that than fused ops give back
+# less training for the same token passes, its compiler's waits included); on a cold cache the first kind of layer
+# alone waits about a minute (60 s for ladder 15-29 in fp32), and a budget of a few minutes spends more on that than
+# fused ops give back (--budget 10m: 34,816 token passes compiled on a cold cache against 59,392 eager; docs/adapt.md)
 AUTO_MIN_BUDGET_S = 1800.0
 
 
