@@ -8,7 +8,6 @@ The first run builds ``.venv-gpucheck`` (torch 2.13.0+cpu and the image's packag
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -17,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.run_once import once_per_run, shared_temp
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".gpu-bundle-rehearse"
@@ -50,16 +51,9 @@ def _rehearse(out: Path) -> dict:
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     """One rehearsal per test run: the tests of this module may land on different xdist workers, and two rehearsals at
-    once would build the same venv and bundle; the first worker runs it under a lock and leaves its result for the others
-    in the run's shared temp folder (the parent of the workers' own)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, result_file = shared / "gpu-check-out", shared / "gpu-check-result.json"
-    with open(shared / "gpu-check.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not result_file.exists():
-            result_file.write_text(json.dumps(_rehearse(out)))
-        result = json.loads(result_file.read_text())
+    once would build the same venv and bundle; the first worker runs it, the others read its result."""
+    out = shared_temp(tmp_path_factory) / "gpu-check-out"
+    result = once_per_run(tmp_path_factory, "gpu-check", lambda: _rehearse(out))
     assert result["returncode"] == 0, (result["stdout"][-3000:], result["stderr"])
     print(f"rehearsal: {result['wall_s']:.0f} s", file=sys.stderr)
     return out, json.loads((out / "gpu_check.json").read_text()), result["stdout"]

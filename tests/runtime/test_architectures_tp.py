@@ -19,6 +19,7 @@ from ladderize.errors import LadderizeError
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec
 from tests.convert.test_architectures import save_family_member
+from tests.run_once import once_per_run
 from tests.runtime.runtime_helpers import hf_greedy, save_tiny
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -33,7 +34,11 @@ def _rows(ids: torch.Tensor) -> tuple[tuple[int, ...], ...]:
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
-    """Qwen2 and Mistral sources, raw and converted (ladder 1:3), served at TP=2 in one launch."""
+    """Qwen2 and Mistral sources, raw and converted (ladder 1:3), served at TP=2 in one launch (once per run)."""
+    return once_per_run(tmp_path_factory, "architectures-families", lambda: _families(tmp_path_factory))
+
+
+def _families(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     ids = torch.randint(0, 96, (2, sum(PIECES)), generator=torch.Generator().manual_seed(0))
     cases, requests = {}, []
@@ -65,7 +70,11 @@ def test_ladder_differs_from_its_dense_source(families):
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
-    """2 KV heads (8 query heads) at TP=4: dense and ladder, scored and greedily generated."""
+    """2 KV heads (8 query heads) at TP=4: dense and ladder, scored and greedily generated (once per run)."""
+    return once_per_run(tmp_path_factory, "architectures-kv-replicated", lambda: _replicated(tmp_path_factory))
+
+
+def _replicated(tmp_path_factory):
     root = tmp_path_factory.mktemp("kvrep")
     shape = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=2, head_dim=8)  # fmt: skip

@@ -14,6 +14,7 @@ import torch
 from ladderize.runtime.decode import Sampling
 from ladderize.runtime.generate import Request, RuntimeOptions, run_requests
 from ladderize.runtime.launch import LaunchSpec
+from tests.run_once import once_per_run
 from tests.runtime.runtime_helpers import TINY_TP23, case_overrides, hf_greedy, save_tiny, shape_for
 
 CASES = ["dense", "ladder", "spd", "hybrid", "hybrid2"]
@@ -65,9 +66,10 @@ _SERVED: dict[tuple[int, str], dict] = {}
 
 
 def _served(tp: int, comm: str, tmp_path_factory) -> dict:
-    """Each (TP, comm) is served once per test session, whichever fixture asks first."""
+    """Each (TP, comm) is served once per test run, whichever fixture and worker asks first."""
     if (tp, comm) not in _SERVED:  # TP=3 also covers the shape-static decode path
-        _SERVED[tp, comm] = _serve(tp, tmp_path_factory, static_decode=tp == 3, comm=comm)
+        _SERVED[tp, comm] = once_per_run(tmp_path_factory, f"parity-tp{tp}-{comm}",
+                                         lambda: _serve(tp, tmp_path_factory, static_decode=tp == 3, comm=comm))
     return _SERVED[tp, comm]
 
 
