@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from .objectives import DIVERGENCES, LOCAL_INPUTS, TEACHER_OBJECTIVES, check_top_k, parse_objectives
+from .objectives import DIVERGENCES, JOINT_ONLY_INPUTS, LOCAL_INPUTS, TEACHER_OBJECTIVES, check_top_k, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
@@ -137,6 +137,9 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
             raise LadderizeError("--local-schedule sequential trains with the local objective alone; run lm/kd as a second adapt pass")
         if config.train != "converted":
             raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
+        if config.local_inputs in JOINT_ONLY_INPUTS:
+            raise LadderizeError(f"local inputs {config.local_inputs} keep the graph through the whole stack; the sequential stage trains "
+                                 "a layer at a time: use them on a joint stage (--stage local:objective=kd+local*0.1,inputs=stack)")
         if config.epochs <= 0:
             raise LadderizeError(f"epochs must be positive, got {config.epochs}")
         if not -1 < config.epochs_ramp < 1:

@@ -25,6 +25,11 @@
   states instead and matches the teacher's residual stream after each module; the layer
   then also learns to correct the drift of the layers below it.
 
+  ``local_inputs="stack"`` (deep supervision; joint stages) is the same error on the student's own
+  states with the graph kept through the stack: one pass of the student gives every layer's
+  error and, with ``kd`` or ``lm``, the head's loss, and each layer's error also trains the
+  layers below it.
+
 ``lm`` and ``kd`` hold two ``[B, S, V]`` tensors, the student's logits and their gradient:
 ``head_losses`` computes each loss and its gradient a block of tokens at a time
 (``LOGIT_BLOCK_BYTES`` of float32 logits per block, ``BlockwiseLoss``), and the teacher's
@@ -54,7 +59,8 @@ TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare t
 # the objectives that need of the teacher only its states entering the first converted layer and its final norm, which a
 # sequential stage can store for them (teacher_states.py); ``local`` needs its states at every converted layer
 STORED_TEACHER_OBJECTIVES = frozenset({"kd", "lm"})
-LOCAL_INPUTS = ("teacher", "student")
+LOCAL_INPUTS = ("teacher", "student", "stack")
+JOINT_ONLY_INPUTS = frozenset({"stack"})  # the student's states with the graph kept: a whole stack, not one layer
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
 
@@ -160,13 +166,18 @@ class AdaptLoss(nn.Module):
         else:
             teacher = self._teacher_states(input_ids, want_final) if self.teacher is not None else None
         losses: dict[str, torch.Tensor] = {}
-        if "lm" in self.weights or "kd" in self.weights:
+        head = "lm" in self.weights or "kd" in self.weights
+        final = None
+        if "local" in self.weights and self.local_inputs == "stack":
+            final, losses["local"] = self._supervised_stack(input_ids, teacher, head)
+        if head:
             losses.update(head_losses(
-                self.student, self._student_final(input_ids, teacher), input_ids if "lm" in self.weights else None,
+                self.student, self._student_final(input_ids, teacher) if final is None else final,
+                input_ids if "lm" in self.weights else None,
                 self.teacher if want_final else None, teacher.final if want_final else None,
                 self.kd_temperature, self.kd_divergence, self.kd_top_k, self.compiled,
             ))
-        if "local" in self.weights:
+        if "local" in self.weights and "local" not in losses:
             losses["local"] = self._local_loss(teacher)
         losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
         return losses
@@ -202,6 +213,19 @@ class AdaptLoss(nn.Module):
         """The student's residual stream entering its final norm, ``[B, S, D]``."""
         state, attn_kwargs, start = self._student_start(input_ids, teacher)
         return run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)[0]
+
+    def _supervised_stack(self, input_ids: torch.Tensor, teacher: TeacherStates, head: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deep supervision: the student's residual stream leaving its last layer (``head``; else its last converted
+        one) and the mean error of its converted layers against the teacher's, from one pass with the graph kept."""
+        state, attn_kwargs, start = self._student_start(input_ids, teacher)
+        stop = self.student.config.num_hidden_layers if head else max(self.converted) + 1
+        layers, total = self.student.model.layers, 0.0
+        for index in range(start, stop):
+            out = layers[index](state[0], state[1], **attn_kwargs)
+            if index in self.converted:
+                total = total + layer_error(self.modes[index], teacher.inputs[index], out, teacher.outputs[index], "student")
+            state = out
+        return state[0], total / len(self.converted)
 
     def _local_loss(self, teacher: TeacherStates) -> torch.Tensor:
         layers = self.student.model.layers

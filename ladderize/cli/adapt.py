@@ -29,7 +29,7 @@ def adapt_cmd(
     batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage; a sequential stage splits its step's batch over the processes); default: the stage's (2 in the recipes, 4 for a single stage)."),
     grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (every stage)."),
     lr: Optional[float] = typer.Option(None, help="Single stage: peak learning rate (warm-up, then cosine to 10%); default as measured for the stage and layer mode (docs/adapt.md)."),
-    local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local) or student (its own states); default teacher for joint, student for sequential."),
+    local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local), student (its own states, the graph cut between layers) or stack (its own states, the graph kept: deep supervision, joint only); default teacher for joint, student for sequential."),
     local_schedule: Optional[str] = typer.Option(None, help="Single stage: local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
     epochs: Optional[float] = typer.Option(None, help="Single stage, sequential schedule: passes over the calibration set per layer; default 2."),
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),

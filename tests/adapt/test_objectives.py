@@ -7,7 +7,7 @@ import torch
 
 from ladderize.adapt import objectives
 from ladderize.adapt.objectives import AdaptLoss, kd_loss, logit_block_rows, parse_objectives
-from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.train import adapt
 from ladderize.adapt.lora import LoraSpec
@@ -44,6 +44,7 @@ def _train(loss_module, params, steps=25, lr=3e-3):
         ("kd", ["dense", "dense", "ladder", "ladder"], "teacher"),
         ("lm", ["dense", "dense", "ladder", "spd"], "teacher"),
         ("kd,local", ["dense", "spd", "ladder", "ladder"], "teacher"),
+        ("kd,local", ["dense", "spd", "ladder", "ladder"], "stack"),
     ],
 )
 def test_each_objective_lowers_its_loss(objective, modes, local_inputs):
@@ -159,6 +160,89 @@ def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, to
     assert kd.item() > 1e-3  # the kd term is really there
     for name, param in student.named_parameters():
         torch.testing.assert_close(blocked[name], param.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def _perturbed(modes):
+    teacher, student = _dense_and(modes, spd_tp_size=3)
+    with torch.no_grad():
+        for param in student.parameters():
+            param.add_(torch.randn_like(param, generator=torch.Generator().manual_seed(param.numel())) * 0.02)
+    select_trainable(student, "all", LoraSpec())
+    return teacher, student
+
+
+def _layer_outputs(model, ids):
+    """Each layer's (residual, post-attention residual) leaving it, written out layer by layer."""
+    residual = stale = model.model.embed_tokens(ids)
+    kwargs = model.model.layer_kwargs(residual)
+    outputs = []
+    for layer in model.model.layers:
+        residual, stale = layer(residual, stale, **kwargs)
+        outputs.append((residual, stale))
+    return residual, outputs
+
+
+def test_deep_supervision_is_kd_plus_every_converted_layers_error_through_the_stack():
+    """``local_inputs="stack"``, written out: the student's own states with the graph kept; a layer that all-reduces
+    its attention is matched after each module (each error over the mean square of the teacher's module update), an
+    SPD layer after the block; the mean over converted layers is added to kd of the same pass. Values and gradients."""
+    modes = ["dense", "ladder", "spd", "ladder"]
+    teacher, student = _perturbed(modes)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    module = AdaptLoss(student, teacher, {"kd": 1.0, "local": 0.5}, "stack")
+    losses = module(ids)
+    losses["total"].backward()
+    stacked = {name: param.grad.clone() for name, param in student.named_parameters()}
+    student.zero_grad()
+
+    with torch.no_grad():
+        t_final, t_outs = _layer_outputs(teacher, ids)
+        t_ins = [(teacher.model.embed_tokens(ids),) * 2] + t_outs[:-1]
+        teacher_logits = teacher.lm_head(teacher.model.norm(t_final))
+    s_final, s_outs = _layer_outputs(student, ids)
+    errors = []
+    for index, mode in enumerate(modes):
+        (s_res, s_mid), (t_res, t_mid), t_in = s_outs[index], t_outs[index], t_ins[index][0]
+        if mode == "dense":
+            continue
+        if mode == "spd":
+            errors.append(((s_res - t_res) ** 2).mean() / ((t_res - t_in) ** 2).mean())
+        else:
+            errors.append(((s_mid - t_mid) ** 2).mean() / ((t_mid - t_in) ** 2).mean()
+                          + ((s_res - t_res) ** 2).mean() / ((t_res - t_mid) ** 2).mean())
+    local = sum(errors) / len(errors)
+    kd = kd_loss(student.lm_head(student.model.norm(s_final)), teacher_logits)
+    (kd + 0.5 * local).backward()
+    assert local.item() > 1e-3 and kd.item() > 1e-4  # both terms are really there
+    assert losses["local"].item() == pytest.approx(local.item(), rel=1e-5)
+    assert losses["kd"].item() == pytest.approx(kd.item(), rel=1e-5)
+    for name, param in student.named_parameters():  # float32 sums in another order: within 1e-5 of the gradient's norm
+        assert (stacked[name] - param.grad).norm() <= 1e-5 * param.grad.norm(), name
+
+
+def test_deep_supervision_trains_lower_layers_by_the_errors_above_them():
+    """The same local loss on the student's own states: with the graph cut between layers (``student``) a layer learns
+    from its own error only; through the stack (``stack``) the lower converted layers also learn from the errors above."""
+    teacher, student = _perturbed(["dense", "ladder", "ladder", "ladder"])
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(4))
+    grads, values = {}, {}
+    for inputs in ("student", "stack"):
+        student.zero_grad()
+        loss = AdaptLoss(student, teacher, {"local": 1.0}, inputs, share_prefix=True)(ids)["total"]
+        loss.backward()
+        values[inputs] = loss.item()
+        grads[inputs] = {name: param.grad.clone() for name, param in student.named_parameters() if param.grad is not None}
+    assert values["stack"] == pytest.approx(values["student"], rel=1e-6)  # the same errors, the same forward
+    top, lower = "model.layers.3.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    torch.testing.assert_close(grads["stack"][top], grads["student"][top], rtol=1e-5, atol=1e-8)
+    assert (grads["stack"][lower] - grads["student"][lower]).norm() > 0.05 * grads["student"][lower].norm()
+    assert "model.layers.0.mlp.down_proj.weight" not in grads["stack"]  # the frozen prefix is the teacher's states
+
+
+def test_deep_supervision_is_refused_by_the_sequential_stage():
+    with pytest.raises(LadderizeError, match="joint stage"):
+        validate_config(AdaptConfig(checkpoint="c", out="o", objectives="local", local_schedule="sequential",
+                                    local_inputs="stack"))
 
 
 def test_logit_blocks_fit_the_allocator_pool():
