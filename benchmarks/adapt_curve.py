@@ -338,6 +338,11 @@ def minutes(record: dict) -> float:
     return record["adapt"]["wall_s" if on_gpu else "cpu_s"] / 60
 
 
+# the product command's series, joined by lines: the bare command (in its precision then) and its bf16 runs; every other
+# variant (a setting, a batch order) is a point of its own, in the table and as an unjoined mark
+PLOTTED_VARIANTS = frozenset({"", "bf16"})
+
+
 def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Path) -> None:
     """Gap closed, perplexity over dense, LAMBADA accuracy and KL to dense against the adapt run's CPU minutes, one line per layout."""
     import matplotlib
@@ -355,7 +360,7 @@ def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Pat
     layouts = sorted({r["layout"] for r in points} | set(zero))
     for i, layout in enumerate(layouts):
         color = colors[i % len(colors)]
-        variants = sorted({r.get("variant") or "" for r in points if r["layout"] == layout})
+        variants = sorted({r.get("variant") or "" for r in points if r["layout"] == layout} & PLOTTED_VARIANTS)
         for j, variant in enumerate(variants or [""]):
             series = [r for r in points if r["layout"] == layout and (r.get("variant") or "") == variant]
             start = [({**zero[layout], "gap_closed": 0.0}, 0.0)] if layout in zero else []
@@ -364,6 +369,11 @@ def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Pat
             for ax, (_, value) in zip(axes, panels):
                 ax.plot([x for _, x in series], [value(r) for r, _ in series], color=color, marker=markers[j % len(markers)],
                         ls="-" if not variant else "--", label=label)
+        others = [r for r in points if r["layout"] == layout and (r.get("variant") or "") not in PLOTTED_VARIANTS]
+        if others:  # every other setting or batch order: a point each, unjoined, one legend entry for them all
+            for ax, (_, value) in zip(axes, panels):
+                ax.scatter([minutes(r) for r in others], [value(r) for r in others], color=color, marker="x", s=18, alpha=0.45,
+                           label=f"{layout}: {len(others)} runs of other settings (the table)")
     axes[0].axhline(100, color="k", ls="--", label="dense")
     axes[1].set_yscale("log")  # ladder 10-29 starts at +4,400%: only a log axis shows every layout's last points
     axes[2].axhline(100 * dense["lambada_acc"], color="k", ls="--", label="dense")
@@ -373,7 +383,7 @@ def plot_curve(dense: dict, zero: dict[str, dict], points: list[dict], path: Pat
         ax.set_xlabel(f"wall minutes of the adapt run on {', '.join(gpus)}" if gpus else "CPU minutes of the adapt run (one core, one thread)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="lower right")  # one legend: the panels share their series
     fig.suptitle(f"SmolLM2-135M: recovery per compute of ladderize adapt --budget{' on ' + ', '.join(gpus) if gpus else ''} (0 min: zero-shot)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
