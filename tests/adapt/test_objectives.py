@@ -13,6 +13,7 @@ from ladderize.adapt.train import adapt
 from ladderize.adapt.lora import LoraSpec
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
+from ladderize.model.layout import LayerMode
 from tests.conftest import tiny_model
 
 
@@ -203,11 +204,11 @@ def test_deep_supervision_is_kd_plus_every_converted_layers_error_through_the_st
     errors = []
     for index, mode in enumerate(modes):
         (s_res, s_mid), (t_res, t_mid), t_in = s_outs[index], t_outs[index], t_ins[index][0]
-        if mode == "dense":
+        if not LayerMode(mode).is_converted:
             continue
-        if mode == "spd":
+        if not LayerMode(mode).syncs_attention:  # SPD: the block
             errors.append(((s_res - t_res) ** 2).mean() / ((t_res - t_in) ** 2).mean())
-        else:
+        else:  # ladder: each module
             errors.append(((s_mid - t_mid) ** 2).mean() / ((t_mid - t_in) ** 2).mean()
                           + ((s_res - t_res) ** 2).mean() / ((t_res - t_mid) ** 2).mean())
     local = sum(errors) / len(errors)
