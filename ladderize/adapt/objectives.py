@@ -40,6 +40,7 @@ dozen such tensors per step, each mapped fresh from the kernel.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -168,8 +169,9 @@ class AdaptLoss(nn.Module):
         losses: dict[str, torch.Tensor] = {}
         head = "lm" in self.weights or "kd" in self.weights
         final = None
-        if "local" in self.weights and self.local_inputs == "stack":
-            final, losses["local"] = self._supervised_stack(input_ids, teacher, head)
+        if "local" in self.weights and self.local_inputs == "stack":  # deep supervision: one pass gives both
+            stop = self.student.config.num_hidden_layers if head else max(self.converted) + 1
+            final, losses["local"] = self._student_errors(input_ids, teacher, stop, cut_graph=False)
         if head:
             losses.update(head_losses(
                 self.student, self._student_final(input_ids, teacher) if final is None else final,
@@ -178,7 +180,7 @@ class AdaptLoss(nn.Module):
                 self.kd_temperature, self.kd_divergence, self.kd_top_k, self.compiled,
             ))
         if "local" in self.weights and "local" not in losses:
-            losses["local"] = self._local_loss(teacher)
+            losses["local"] = self._local_loss(input_ids, teacher)
         losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
         return losses
 
@@ -214,24 +216,29 @@ class AdaptLoss(nn.Module):
         state, attn_kwargs, start = self._student_start(input_ids, teacher)
         return run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)[0]
 
-    def _supervised_stack(self, input_ids: torch.Tensor, teacher: TeacherStates, head: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Deep supervision: the student's residual stream leaving its last layer (``head``; else its last converted
-        one) and the mean error of its converted layers against the teacher's, from one pass with the graph kept."""
+    def _student_errors(self, input_ids: torch.Tensor, teacher: TeacherStates, stop: int,
+                        cut_graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The student's own pass from its first converted layer (or its embedding) to layer ``stop``: its residual
+        stream leaving layer ``stop - 1`` and the mean error of its converted layers against the teacher's states.
+
+        ``cut_graph``: each layer's inputs are detached and the unconverted layers run without grad, so a layer learns
+        from its own error only (``local_inputs="student"``); else the graph is kept through the stack and each error
+        also trains the layers below it (``"stack"``, deep supervision)."""
         state, attn_kwargs, start = self._student_start(input_ids, teacher)
-        stop = self.student.config.num_hidden_layers if head else max(self.converted) + 1
         layers, total = self.student.model.layers, 0.0
         for index in range(start, stop):
-            out = layers[index](state[0], state[1], **attn_kwargs)
+            if cut_graph:
+                state = (state[0].detach(), state[1].detach())
+            with torch.no_grad() if cut_graph and index not in self.converted else contextlib.nullcontext():
+                out = layers[index](state[0], state[1], **attn_kwargs)
             if index in self.converted:
                 total = total + layer_error(self.modes[index], teacher.inputs[index], out, teacher.outputs[index], "student")
             state = out
         return state[0], total / len(self.converted)
 
-    def _local_loss(self, teacher: TeacherStates) -> torch.Tensor:
-        layers = self.student.model.layers
-        total = 0.0
+    def _local_loss(self, input_ids: torch.Tensor, teacher: TeacherStates) -> torch.Tensor:
         if self.local_inputs == "teacher":
-            attn_kwargs = self._teacher_kwargs
+            layers, total, attn_kwargs = self.student.model.layers, 0.0, self._teacher_kwargs
             for index in self.converted:
                 t_in, t_out = teacher.inputs[index], teacher.outputs[index]
                 s_out = layers[index](t_in[0], t_in[1], **attn_kwargs)
@@ -240,16 +247,7 @@ class AdaptLoss(nn.Module):
         # student inputs: run the student from its first converted layer, cutting the graph between layers
         if not self.share_prefix:
             raise LadderizeError("local distillation on the student's own states needs the layers below the converted ones frozen (--train converted or lora)")
-        state, attn_kwargs = teacher.inputs[self.first], self._teacher_kwargs
-        for index in range(self.first, max(self.converted) + 1):
-            state_in = (state[0].detach(), state[1].detach())
-            if index in self.converted:
-                state = layers[index](state_in[0], state_in[1], **attn_kwargs)
-                total = total + layer_error(self.modes[index], teacher.inputs[index], state, teacher.outputs[index], self.local_inputs)
-            else:
-                with torch.no_grad():
-                    state = layers[index](state_in[0], state_in[1], **attn_kwargs)
-        return total / len(self.converted)
+        return self._student_errors(input_ids, teacher, max(self.converted) + 1, cut_graph=True)[1]
 
 
 def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_inputs: str,
