@@ -2,18 +2,7 @@
 # Set up (if needed) and run the whole test suite. CI runs exactly this (see .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# disk: a fresh clone's run peaked at 12.3 GiB over its start (the four venvs about 8.5 GiB, the rest test files);
-# with less free, tests fail partway with "No space left on device", so say so first
-need_mib=4096
-for venv in .venv:1900 .venv-vllm:3400 .venv-tf4:1400 .venv-gpucheck:1800; do
-  [ -d "${venv%%:*}" ] || need_mib=$((need_mib + ${venv##*:}))
-done
-for dir in . "${TMPDIR:-/tmp}"; do
-  free_mib=$(($(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1024))
-  if [ "$free_mib" -lt "$need_mib" ]; then
-    echo "test.sh: warning: $free_mib MiB free on $(cd "$dir" && pwd); the suite needs about $need_mib MiB here (venvs still to build, and its test files)" >&2
-  fi
-done
+bash scripts/disk_check.sh  # warns first where the disk has less free than the suite needs
 bash scripts/setup.sh
 # .venv-vllm: vLLM's CPU build with ladderize's plugin, driven by tests/runtime/vllm (idempotent; ~10 min the first time)
 bash scripts/setup_vllm.sh
