@@ -170,6 +170,13 @@ class BenchRow(SpeedRow):
             self.decode_speedup_vs_dense_min, self.decode_speedup_vs_dense_median = spread.min, spread.median
             self.decode_speedup_vs_dense_max, self.decode_speedup_vs_dense_stderr = spread.max, spread.stderr
 
+    def headline_decode_speedup(self) -> float | None:
+        """The decode speed-up a report shows: the median of the rounds' speed-ups (each round against dense's round
+        beside it) when this row has them, else ``decode_speedup_vs_dense`` (dense's median time over this one's)."""
+        if self.decode_speedup_vs_dense_median is not None:
+            return self.decode_speedup_vs_dense_median
+        return self.decode_speedup_vs_dense
+
     def speedup_spread(self) -> SpeedupSpread | None:
         """The spread of the decode speed-up over the rounds, when this row carries it."""
         low, high = self.decode_speedup_vs_dense_min, self.decode_speedup_vs_dense_max

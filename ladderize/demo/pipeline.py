@@ -400,11 +400,22 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
     from ..checkpoint.atomic import write_json
 
     write_json(out, result.to_json())
-    speeds = ", ".join(
-        f"b{r.batch} {r.decode_speedup_vs_dense:.2f}x" for r in result.rows if r.schedule == "native" and r.decode_speedup_vs_dense
-    )
-    say("done", f"bench {name}: decode speed-up against dense {speeds}")
+    say("done", f"bench {name}: decode speed-up against dense {_speeds(result.rows)}")
     return None
+
+
+def _speeds(rows: list[Any]) -> str:
+    """Each batch's decode speed-up against dense as the report's table shows it: the median of the rounds' speed-ups
+    and their min–max (``b1 1.01x (1.01–1.06)``)."""
+    from ..report.formats import format_speedup
+
+    cells = []
+    for row in rows:
+        speed = row.headline_decode_speedup()
+        if row.schedule == "native" and speed is not None:
+            spread = row.speedup_spread()
+            cells.append(f"b{row.batch} {format_speedup(speed, (spread.min, spread.max) if spread else None)}")
+    return ", ".join(cells)
 
 
 GPU_NODE = {"interconnect": "h100-nvlink", "compute": "roofline", "gpu": "h100"}  # what the predicted column models

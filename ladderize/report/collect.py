@@ -319,15 +319,12 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
                 continue
             run.decode_tokens_per_s[config] = row.decode_tokens_per_s
             reference = own_dense.get(row.config()) or dense_reference.get(row.config())
-            if row.decode_speedup_vs_dense_median is not None:  # the headline is the median of the rounds' speed-ups
-                speed = row.decode_speedup_vs_dense_median
-            elif row.decode_speedup_vs_dense is not None:
-                speed = row.decode_speedup_vs_dense
-            elif run.is_dense:
+            speed = row.headline_decode_speedup()
+            if speed is None and run.is_dense:
                 speed = 1.0
-            elif reference is not None:
+            elif speed is None and reference is not None:
                 speed = row.speedups_against(reference)[0]
-            else:
+            if speed is None:
                 continue
             run.decode_speedups[config] = speed
             spread = row.speedup_spread()

@@ -19,9 +19,9 @@ def table_rows(report: Report) -> list[list[str]]:
         for metric in report.metrics:
             row += [_fmt_value(run.metrics.get(metric)), _fmt_delta(report.delta(run, metric), run.is_dense)]
         for config in report.configs:
-            row.append(_fmt_speedup(run.decode_speedups.get(config), run.decode_speedup_spread.get(config)))
+            row.append(format_speedup(run.decode_speedups.get(config), run.decode_speedup_spread.get(config)))
         if report.predicted is not None:
-            row += [_fmt_speedup(report.predicted.of(run, config), None) for config in report.predicted.configs()]
+            row += [format_speedup(report.predicted.of(run, config), None) for config in report.predicted.configs()]
         out.append(row)
     return out
 
@@ -95,7 +95,7 @@ def _fmt_allreduces(run: LayoutRun) -> str:
     return str(run.allreduces_per_decode_step)
 
 
-def _fmt_speedup(speed: float | None, spread: tuple[float, float] | None) -> str:
+def format_speedup(speed: float | None, spread: tuple[float, float] | None) -> str:
     """``1.13x``, with the min–max over the bench rounds when known: ``1.13x (1.08–1.17)``."""
     if speed is None:
         return "–"
@@ -122,4 +122,4 @@ def _fmt_delta(delta: float | None, is_dense: bool) -> str:
     return f"{delta:+.4f}" if abs(delta) < 1 else f"{delta:+.2f}"
 
 
-__all__ = ["csv_text", "markdown", "notes", "table_rows"]
+__all__ = ["csv_text", "format_speedup", "markdown", "notes", "table_rows"]

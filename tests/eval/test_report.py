@@ -262,3 +262,20 @@ def test_dense_gets_no_row_at_a_tp_it_cannot_run(tiny_llama_dir: Path, tmp_path:
     report = build_report([tmp_path])
     dense = next(run for run in report.runs if run.is_dense)
     assert (3, 1) in dense.decode_speedups and (2, 1) not in dense.decode_speedups
+
+
+def test_the_demos_bench_line_shows_the_reports_headline(tmp_path: Path):
+    """The demo's 'done bench' line said the ratio of median times (1.05x) where its report, printed just after, said the
+    rounds' median (1.01x (1.01–1.06)) for the same row."""
+    from ladderize.demo.pipeline import _speeds
+
+    dense = _row("dense", 3, 1, 100.0, "dense", 1.0)
+    native = _row("native", 3, 1, 105.4, "ladder 22:30", 1.054)
+    native.set_speedup_spread(SpeedupSpread(1.0112, 1.0129, 1.0643, 0.017))
+    pooled = _row("native", 3, 4, 95.3, "ladder 22:30", 0.953)  # a row without rounds keeps its one figure
+    line = _speeds([native, dense, pooled])
+    assert line == "b1 1.01x (1.01–1.06), b4 0.95x"
+    record = BenchRecord("/m/ladder", "ladder 22:30", [native, dense], {"device": "cpu"})
+    (tmp_path / "bench.json").write_text(json.dumps(record.to_json()))
+    (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/ladder", "ladder 22:30", 8, 60, 8, 0.4, 20.0, 30.0)))
+    assert "| 1.01x (1.01–1.06) |" in write_report([tmp_path], tmp_path / "rep")["markdown"].read_text()
