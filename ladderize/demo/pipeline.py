@@ -30,6 +30,7 @@ from ..errors import LadderizeError
 
 if TYPE_CHECKING:
     from ..adapt.config import AdaptConfig
+    from ..records import BenchRow
     from ..report import Predicted
 
 MANIFEST = "demo.json"
@@ -404,7 +405,7 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
     return None
 
 
-def _speeds(rows: list[Any]) -> str:
+def _speeds(rows: list[BenchRow]) -> str:
     """Each batch's decode speed-up against dense as the report's table shows it: the median of the rounds' speed-ups
     and their min–max (``b1 1.01x (1.01–1.06)``)."""
     from ..report.formats import format_speedup
