@@ -16,7 +16,8 @@ from .objectives import DIVERGENCES, JOINT_ONLY_INPUTS, LOCAL_INPUTS, TEACHER_OB
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
-STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
+STATES = ("memory", "disk")
+SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (sharded.sharding_reason)  # where the sequential training keeps the calibration states
 
 
 @dataclass
@@ -54,7 +55,10 @@ class AdaptConfig:
     lora_rank: int = 16
     lora_alpha: float = 32.0
     head_grouping: bool = False
-    save_every: int = 50
+    save_every: int | None = None  # save the training state every N optimizer steps (None: by time, save_minutes)
+    save_minutes: float = 30.0  # without save_every: a state a minute into the run, then every save_minutes
+    shard: str = "auto"  # joint stages: fsdp (FSDP2, sharded.py), ddp (replicated, joint.py), auto (fsdp under a launcher)
+    activation_checkpointing: bool = False  # joint stages: recompute each layer's activations in the backward
     seed: int = 0
     mixed_precision: str = "no"
     device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
@@ -79,9 +83,11 @@ class AdaptConfig:
         left out too: a run resumed on the device it started on continues bit for bit, and one
         moved to another device continues within that device's rounding. So is ``compile``: compiled
         layers round differently, not compute something else (``compilation.py``); and ``teacher_states``: the
-        stored states are the teacher's own, rounded in another batch shape (``teacher_states.py``).
+        stored states are the teacher's own, rounded in another batch shape (``teacher_states.py``). ``save_minutes``,
+        ``shard`` and ``activation_checkpointing`` change when the state is written, where the weights live and what
+        the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``).
         """
-        skip = {"out", "run_dir", "force", "save_every", "keep_state", "recipe", "stream_layers", "states", "device",
+        skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state", "recipe", "stream_layers", "states", "device",
                 "compile", "teacher_states"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -158,10 +164,14 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
         raise LadderizeError("closed_form refits each layer before the sequential training; use it in a seq-local stage "
                              "(--stage seq-local:closed_form=true)")
     for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
-        if getattr(config, name) < 1:
+        if getattr(config, name) is not None and getattr(config, name) < 1:
             raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
     from ..checkpoint.placement import check_device, check_dtype
 
+    if config.save_minutes <= 0:
+        raise LadderizeError(f"save-minutes must be positive, got {config.save_minutes:g}")
+    if config.shard not in SHARDING:
+        raise LadderizeError(f"unknown --shard {config.shard!r}; choose from {', '.join(SHARDING)}")
     check_device(config.device)
     check_dtype(config.dtype)
     if config.lr <= 0:

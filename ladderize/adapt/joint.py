@@ -31,7 +31,7 @@ from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
-from .training_state import STATE_DIR, finish_state, read_trainer_state, save_accelerate_state
+from .training_state import STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
 from .teacher import load_teacher, resolve_teacher
 from .teacher_states import read as read_teacher_states, teacher_id
@@ -172,6 +172,8 @@ def adapt_joint(
         optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
     )
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
+    if fsdp:  # FSDP replaces the parameters with sharded ones: clip those, not the list captured before
+        params = [p for p in loss_module.parameters() if p.requires_grad]
     if teacher is not None and accelerator.distributed_type == DistributedType.FSDP:
         from .fsdp import shard_teacher
 
@@ -196,7 +198,7 @@ def adapt_joint(
     model = accelerator.unwrap_model(loss_module).student
     loss_module.train()
     rank = accelerator.process_index
-    first_step_s, saved_step = None, step
+    first_step_s, saved_step, clock = None, step, SaveClock(config)
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
             if save_at_stop and saved_step != step:
@@ -239,9 +241,10 @@ def adapt_joint(
             progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s,
                               tokens_per_step / elapsed,
                               pace=pace.per_process(tokens_per_step / elapsed) or None), model)
-        if step % config.save_every == 0 or step == total_steps:
+        if main_says(clock.due(step), accelerator.device) or step == total_steps:
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             saved_step = step
+            clock.saved()
 
     accelerator.wait_for_everyone()
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))

@@ -336,11 +336,18 @@ def train_layer(
     losses = []
     for step in range(total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
-        loss = loss_on(rows, ranks.part(len(rows)) if ranks.world > 1 else None)
+        part = ranks.part(len(rows)) if ranks.world > 1 else None
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts'
-            ranks.sum([param.grad for param in params if param.grad is not None])
+        if part is not None and part.start == part.stop:  # more processes than rows: this one adds nothing
+            loss = torch.zeros((), device=params[0].device)
+        else:
+            loss = loss_on(rows, part)
+            loss.backward()
+        if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts' (every rank sums every tensor)
+            for param in params:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+            ranks.sum([param.grad for param in params])
             loss = loss.detach().clone()
             ranks.sum([loss])
         if max_grad_norm > 0:

@@ -126,9 +126,11 @@ def adapt_sequential(
 
         launched = PartialState(cpu=device.type == "cpu")
         device, ranks = launched.device, Ranks(launched.process_index, launched.num_processes)
+        if not ranks.main:  # one voice: the main process says the plan, the data and the pace
+            say = _silent
         if config.batch_size < ranks.world:
-            raise LadderizeError(f"--batch-size {config.batch_size} is the sequential step's batch, split over the {ranks.world} "
-                                 f"processes; use at least {ranks.world}")
+            say(f"the sequential step's batch ({config.batch_size}) is split over {ranks.world} processes: "
+                f"{ranks.world - config.batch_size} wait each step (a larger batch_size uses them)")
     precision = training_precision(config.dtype, device, config.mixed_precision)
     if precision.autocast is torch.float16:
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
@@ -234,9 +236,6 @@ def _train_layers(
     first, last = min(converted), max(converted)
     num_train = data.shape[0] - held_out
     batch_size = min(config.batch_size, num_train)
-    if batch_size < ranks.world:
-        raise LadderizeError(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than the {ranks.world} "
-                             "processes that would split each step; give more --tokens or fewer processes")
     if batch_size < config.batch_size:
         say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")
@@ -339,3 +338,7 @@ def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     with atomic_file(layer_file(state_dir, index)) as tmp:
         save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)
+
+
+def _silent(_message: str) -> None:
+    """What a process other than the main one says: nothing."""

@@ -60,6 +60,11 @@ def adapt(
             from .sequential_run import adapt_sequential
 
             return adapt_sequential(config, weights, checkpoint, out, **run)
+        from ..checkpoint.placement import world_size
+        from .sharded import adapt_sharded, sharding_reason
+
+        if sharding_reason(config, weights, world_size()) is None:
+            return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
         from .joint import adapt_joint
 
         return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
@@ -78,6 +83,11 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     from .teacher import resolve_teacher
 
     weights = validate_config(config)
+    if config.local_schedule != "sequential":
+        from ..checkpoint.placement import world_size
+        from .sharded import sharding_reason
+
+        sharding_reason(config, weights, world_size())  # a setting --shard fsdp cannot take, refused here
     out = Path(config.out).expanduser().absolute()
     if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")

@@ -72,6 +72,48 @@ def _quiet_tied_weights():
         log.setLevel(level)
 
 
+FIRST_SAVE_S = 60.0  # a run saved by time writes its first state a minute in: an early Ctrl-C loses at most that
+
+
+class SaveClock:
+    """When a run saves its training state: every ``save_every`` optimizer steps where set, else by wall time (a
+    minute in, then every ``save_minutes``)."""
+
+    def __init__(self, config: AdaptConfig):
+        import time
+
+        self.every = config.save_every
+        self.interval = 60.0 * config.save_minutes
+        self.last = time.perf_counter()
+        self.saved_once = False
+
+    def due(self, step: int) -> bool:
+        import time
+
+        if self.every is not None:
+            return step % self.every == 0
+        wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
+        return time.perf_counter() - self.last >= wait
+
+    def saved(self) -> None:
+        import time
+
+        self.last, self.saved_once = time.perf_counter(), True
+
+
+def main_says(flag: bool, device) -> bool:
+    """The main process's ``flag`` on every process of a launched job (a save is collective: all ranks take part,
+    and each rank's clock reads another time)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    tensor = torch.tensor([1 if flag else 0], device=device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
 def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str, Any]) -> None:
     """Write ``trainer_state.json`` (the payload plus the fingerprint) atomically, and the curve beside the state."""
     state_dir.mkdir(parents=True, exist_ok=True)

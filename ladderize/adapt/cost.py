@@ -1,0 +1,367 @@
+"""What an adaptation run costs before it starts: FLOPs per token, memory per GPU, steps, saves and time.
+
+Everything here reads shapes only (a ``config.json`` is enough), so ``ladderize adapt --dry-run`` prices a run of a
+model whose weights are not on this machine, for the launch it names (``8xH100``) or the one it runs under.
+
+**FLOPs per trained token** (``FlopCount``), counted as the PaLM paper's appendix B counts them (matmul parameters:
+the embedding lookup excluded, the LM head included; the attention's quadratic term left out):
+
+- 6 x the trained parameters (forward, the activations' gradient, the weights' gradient);
+- 4 x the frozen parameters the gradient passes through: the student's layers above its first trained one that do
+  not train, and its LM head when an objective reads it (forward and the activations' gradient);
+- 2 x the forward-only parameters: the layers below the first converted one (run once for student and teacher when
+  they are identical, ``share_prefix``), and the teacher's layers and head that the objectives read.
+
+**Memory per GPU** of a joint stage (``JointMemory``), sharded over the processes with FSDP2 (``sharded.py``):
+fp32 student weights, the teacher in the compute dtype, fp32 gradients and AdamW's two fp32 moments of the trained
+parameters, each divided by the processes; two gathered decoder layers in the compute dtype (the one computing and
+the one prefetched); and the activations the backward keeps, per token of a micro-batch:
+``ACTIVATION_VALUES`` x the layer widths in the compute dtype for every layer from the first trained one up
+(``activation_checkpointing``: only each layer's two input states, plus one layer's activations while it recomputes).
+A run fits where the total is at most ``USABLE_SHARE`` of the GPU's memory less ``RESERVED_BYTES`` (CUDA context,
+NCCL buffers, the allocator's slack).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import LadderizeError
+
+USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand out before fragmentation bites
+RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
+ASSUMED_MFU = 0.35  # for the time estimate of a stage on a known GPU: torchtitan's FSDP figure for Llama-3.1-8B on H100
+SEQUENTIAL_ASSUMED_MFU = 0.30
+
+
+def _shape_of(config: Any):
+    from ..checkpoint.shapes import ModelShape
+
+    return config if isinstance(config, ModelShape) else ModelShape.from_config(config, "model")
+
+
+def layer_parameters(config: Any) -> int:
+    """Parameters of one decoder layer (attention, MLP and its two norms)."""
+    shape = _shape_of(config)
+    outside = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2) + shape.hidden_size
+    return (shape.num_parameters - outside) // shape.num_hidden_layers
+
+
+def head_parameters(config: Any) -> int:
+    """Parameters of the LM head (the embedding's, when they are tied): vocabulary x hidden."""
+    shape = _shape_of(config)
+    return shape.vocab_size * shape.hidden_size
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Matmul parameters of one trained token by how often each multiplies (see the module docstring)."""
+
+    trained: int
+    backward_through: int
+    forward_only: int
+
+    @property
+    def per_token(self) -> int:
+        return 6 * self.trained + 4 * self.backward_through + 2 * self.forward_only
+
+    @classmethod
+    def for_stage(cls, config: Any, converted: list[int], weights: dict[str, float] | set[str], *,
+                  share_prefix: bool = True, scope: str = "converted") -> "FlopCount":
+        """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives."""
+        shape = _shape_of(config)
+        layers, layer, head = shape.num_hidden_layers, layer_parameters(shape), head_parameters(shape)
+        objectives = set(weights)
+        reads_head = bool({"kd", "lm"} & objectives)
+        top = layers if reads_head else max(converted) + 1  # the student's layers that run
+        if scope == "all":
+            trained = layers * layer + (head if reads_head else 0)
+            return cls(trained, 0, cls._teacher(objectives, layers, layer, head, max(converted), 0))
+        first = min(converted)
+        trained = len(converted) * layer
+        through = (top - first - len(converted)) * layer + (head if reads_head else 0)
+        prefix = first * layer
+        teacher = cls._teacher(objectives, layers, layer, head, max(converted), first if share_prefix else 0)
+        return cls(trained, through, prefix + teacher)
+
+    @staticmethod
+    def _teacher(objectives: set[str], layers: int, layer: int, head: int, last_converted: int, start: int) -> int:
+        """Forward-only parameters of the teacher from layer ``start`` (0 when its prefix is not shared)."""
+        if not {"kd", "local"} & objectives:
+            return 0
+        stop = layers if "kd" in objectives else last_converted + 1
+        return (stop - start) * layer + (head if "kd" in objectives else 0)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How many processes (one GPU each) and which GPU: ``8xH100``; ``gpu`` None where it is not known."""
+
+    processes: int
+    gpu: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Launch":
+        from ..predict.gpus import GPU_PROFILES
+
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*([A-Za-z0-9-]+)\s*", text)
+        known = sorted(k for k in GPU_PROFILES if "-" not in k)
+        if not match or int(match.group(1)) < 1 or match.group(2).lower() not in known:
+            raise LadderizeError(f"--dry-run {text!r}: give the launch as NxGPU, e.g. 8xH100 (GPUs: "
+                                 f"{', '.join(k.upper() for k in known)})")
+        return cls(int(match.group(1)), match.group(2).lower())
+
+    @classmethod
+    def current(cls) -> "Launch":
+        """The launch this process runs under: the launcher's process count and this machine's GPU, if known."""
+        import torch
+
+        from ..checkpoint.placement import world_size
+
+        gpu = None
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name().upper()
+            gpu = next((key for key in ("h200", "h100", "a100") if key.upper() in name), None)
+        return cls(world_size(), gpu)
+
+    @property
+    def memory_bytes(self) -> float | None:
+        from ..predict.gpus import GPU_PROFILES
+
+        return GPU_PROFILES[self.gpu].memory_bytes if self.gpu else None
+
+    @property
+    def peak_flops_per_s(self) -> float | None:
+        from ..predict.gpus import GPU_PROFILES
+
+        return GPU_PROFILES[self.gpu].peak_flops_per_s if self.gpu else None
+
+    def describe(self) -> str:
+        return f"{self.processes} x {self.gpu.upper() if self.gpu else 'device'}"
+
+
+ACTIVATION_VALUES = "7 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer (the docstring's estimate)
+
+
+def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
+    """Bytes one layer keeps for the backward per token: norms' inputs and outputs, q, k, v, the attention's output,
+    the MLP's gate, up, activation and product (``ACTIVATION_VALUES``), in the compute dtype."""
+    shape = _shape_of(config)
+    kv = shape.num_key_value_heads * shape.head_dim
+    return compute_bytes * (7 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
+
+
+@dataclass(frozen=True)
+class JointMemory:
+    """Bytes per GPU of a joint stage, by what holds them."""
+
+    student: float
+    teacher: float
+    gradients: float
+    optimizer: float
+    gathered: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.student + self.teacher + self.gradients + self.optimizer + self.gathered + self.activations
+
+    @classmethod
+    def estimate(cls, config: Any, converted: list[int], processes: int, micro_batch_tokens: int, *,
+                 teacher: bool = True, checkpointing: bool = False, compute_bytes: int = 2,
+                 sharded: bool = True) -> "JointMemory":
+        shape = _shape_of(config)
+        parts = processes if sharded else 1
+        layer = layer_parameters(shape)
+        trained = len(converted) * layer
+        every = shape.num_parameters
+        per_layer = activation_bytes_per_token(shape, compute_bytes)
+        kept_layers = shape.num_hidden_layers - min(converted)
+        if checkpointing:
+            activations = micro_batch_tokens * (kept_layers * 2 * shape.hidden_size * compute_bytes + per_layer)
+        else:
+            activations = micro_batch_tokens * kept_layers * per_layer
+        return cls(student=4 * every / parts, teacher=(compute_bytes * every / parts) if teacher else 0.0,
+                   gradients=4 * trained / parts, optimizer=8 * trained / parts,
+                   gathered=2 * layer * compute_bytes if sharded and processes > 1 else 0.0,
+                   activations=float(activations))
+
+    def describe(self) -> str:
+        parts = [("student", self.student), ("teacher", self.teacher), ("gradients", self.gradients),
+                 ("AdamW", self.optimizer), ("gathered layers", self.gathered), ("activations", self.activations)]
+        return f"{gib(self.total)} = " + " + ".join(f"{name} {gib(value)}" for name, value in parts if value)
+
+
+def gib(value: float) -> str:
+    return f"{value / 2**30:,.1f} GiB"
+
+
+def usable_bytes(memory_bytes: float) -> float:
+    """What a run may plan to use of a GPU's ``memory_bytes``."""
+    return USABLE_SHARE * memory_bytes - RESERVED_BYTES
+
+
+@dataclass
+class StageCost:
+    """One stage of the plan, priced."""
+
+    stage: int
+    name: str
+    kind: str
+    tokens: int
+    tokens_per_step: int
+    steps: int
+    flops_per_token: int
+    memory: dict[str, float] | None = None
+    memory_bytes: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    seconds: float | None = None
+    saves: int = 0
+    save_bytes: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunPlan:
+    """Every stage priced for one launch, and whether the run fits."""
+
+    model: str
+    layout: str
+    launch: Launch
+    stages: list[StageCost]
+    refusal: str | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        times = [stage.seconds for stage in self.stages]
+        return None if any(t is None for t in times) else sum(times)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "layout": self.layout, "launch": asdict(self.launch),
+                "stages": [asdict(stage) for stage in self.stages], "seconds": self.seconds, "fits": self.refusal is None,
+                "refusal": self.refusal, "assumed_mfu": {"joint": ASSUMED_MFU, "sequential": SEQUENTIAL_ASSUMED_MFU}}
+
+    def lines(self) -> list[str]:
+        from ..progress import format_duration
+
+        out = [f"dry run: {self.model} ({self.layout}) on {self.launch.describe()}; no weights read"]
+        for stage in self.stages:
+            head = (f"  {stage.stage}. {stage.name} ({stage.kind}): {stage.tokens:,} tokens = {stage.steps:,} steps x "
+                    f"{stage.tokens_per_step:,} tokens, {stage.flops_per_token / 1e9:,.1f} GFLOP per token")
+            out.append(head)
+            if stage.memory_bytes is not None:
+                mem = JointMemory(**stage.memory).describe() if stage.memory else gib(stage.memory_bytes)
+                cap = f" of {gib(usable_bytes(self.launch.memory_bytes))} usable" if self.launch.memory_bytes else ""
+                out.append(f"     memory per GPU: {mem}{cap}")
+            if stage.seconds is not None:
+                out.append(f"     expected: {stage.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+                           f"{format_duration(stage.seconds)}")
+            if stage.saves:
+                out.append(f"     saves: {stage.saves:,} training states of {gib(stage.save_bytes)} (trained layers and AdamW)")
+            out.extend(f"     {note}" for note in stage.notes)
+        if self.seconds is not None:
+            out.append(f"  total: {format_duration(self.seconds)} on {self.launch.describe()} "
+                       f"(at {ASSUMED_MFU:.0%} MFU for joint stages, {SEQUENTIAL_ASSUMED_MFU:.0%} for sequential ones)")
+        out.append("  fits" if self.refusal is None else f"  does not fit: {self.refusal}")
+        return out
+
+
+def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[dict[str, Any]], launch: Launch,
+             model_name: str = "model") -> RunPlan:
+    """Price the resolved (and sized) recipe ``steps`` for ``launch``; ``refusal`` names what to change where a
+    stage does not fit."""
+    from .config import AdaptConfig
+    from .objectives import parse_objectives
+
+    stages, refusal = [], None
+    usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
+    for step in steps:
+        weights = parse_objectives(step.get("objectives", AdaptConfig.objectives))
+        seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
+        batch = int(step.get("batch_size", AdaptConfig.batch_size))
+        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
+        sequential = step.get("local_schedule") == "sequential"
+        compute_bytes = 4 if step.get("dtype") == "float32" else 2
+        if sequential:
+            stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes)
+        else:
+            tokens_per_step = seq_len * batch * accum * launch.processes
+            steps_n = max(1, math.ceil(int(step["tokens"]) / tokens_per_step))
+            flops = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted")).per_token
+            sharded = launch.processes > 1 and step.get("shard", "auto") != "ddp"
+            memory = JointMemory.estimate(config, converted, launch.processes, seq_len * batch,
+                                          teacher=bool({"kd", "local"} & set(weights)),
+                                          checkpointing=bool(step.get("activation_checkpointing")),
+                                          compute_bytes=compute_bytes, sharded=sharded)
+            stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
+                              flops, memory=asdict(memory), memory_bytes=memory.total)
+            if launch.peak_flops_per_s:
+                stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / flops
+                stage.seconds = stage.tokens / (stage.tokens_per_s_per_gpu * launch.processes)
+                minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
+                stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
+                stage.save_bytes = 12.0 * len(converted) * layer_parameters(config)
+            if usable is not None and memory.total > usable and refusal is None:
+                refusal = _joint_advice(config, converted, launch, step, memory, usable, seq_len, batch, compute_bytes,
+                                        bool({"kd", "local"} & set(weights)))
+        stages.append(stage)
+        if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
+            refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "
+                       f"{gib(usable)} usable: store its states on disk (--states-on-disk) or give it fewer tokens")
+    return RunPlan(model_name, layout_text, launch, stages, refusal)
+
+
+def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
+                     batch: int, compute_bytes: int) -> StageCost:
+    """A sequential stage: the teacher's states cached once, then each layer trained on them for ``epochs``."""
+    shape = _shape_of(config)
+    tokens = int(step["tokens"])
+    epochs = float(step.get("epochs", 2.0))
+    tokens_per_step = seq_len * batch
+    steps_n = len(converted) * max(1, math.ceil(epochs * tokens / tokens_per_step))
+    layer = layer_parameters(shape)
+    flops = 6 * layer  # per token pass through one layer (the states are cached)
+    from .sequential_run import state_copies
+
+    states = 0.0 if step.get("states") == "disk" else state_copies(int(step.get("window", 1))) * shape.hidden_size * 4 * tokens
+    memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
+    stage = StageCost(step["stage"], step["name"], "sequential", tokens, tokens_per_step, steps_n, flops,
+                      memory_bytes=memory)
+    if launch.peak_flops_per_s:
+        work = 6 * layer * tokens * epochs * len(converted) + 2 * shape.num_parameters * tokens  # + the teacher's pass
+        gpus = min(launch.processes, batch)  # a step's batch is split over the processes
+        stage.seconds = work / (SEQUENTIAL_ASSUMED_MFU * launch.peak_flops_per_s * gpus)
+        stage.tokens_per_s_per_gpu = tokens * epochs * len(converted) / stage.seconds / gpus
+    if batch < launch.processes:
+        stage.notes.append(f"its step's batch ({batch}) is split over the processes: {launch.processes - batch} of "
+                           f"{launch.processes} wait (raise its batch_size to use them)")
+    return stage
+
+
+def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[str, Any], memory: JointMemory,
+                  usable: float, seq_len: int, batch: int, compute_bytes: int, teacher: bool) -> str:
+    """One line: what the stage needs, and the changes that would make it fit."""
+    fixes = []
+    for processes in (2, 4, 8, 16, 32, 64):
+        if processes <= launch.processes:
+            continue
+        if JointMemory.estimate(config, converted, processes, seq_len * batch, teacher=teacher,
+                                compute_bytes=compute_bytes).total <= usable:
+            fixes.append(f"at least {processes} GPUs")
+            break
+    if not step.get("activation_checkpointing"):
+        checked = JointMemory.estimate(config, converted, launch.processes, seq_len * batch, teacher=teacher,
+                                       checkpointing=True, compute_bytes=compute_bytes)
+        if checked.total <= usable:
+            fixes.append("--activation-checkpointing")
+    for smaller in range(batch - 1, 0, -1):
+        if JointMemory.estimate(config, converted, launch.processes, seq_len * smaller, teacher=teacher,
+                                compute_bytes=compute_bytes).total <= usable:
+            fixes.append(f"--batch-size {smaller} (with --grad-accum to keep the tokens per step)")
+            break
+    advice = "; ".join(fixes) if fixes else "more GPUs or a GPU with more memory"
+    return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()}, "
+            f"{gib(usable)} usable: {advice}")

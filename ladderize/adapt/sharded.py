@@ -1,0 +1,523 @@
+"""The joint training sharded over the launched processes with FSDP2: the default under torchrun or accelerate launch.
+
+A model that does not fit one device whole (Llama-3.1-8B's kd stage: fp32 student, teacher, gradients and AdamW,
+about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
+
+- **Build, then load a shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2
+  unit (``fully_shard``), the student's embedding, final norm and LM head one more (the root, ``AdaptLoss``), and
+  each rank then reads only its own rows of every tensor from the checkpoints' safetensors (``load_shards``): host
+  and device memory per rank are the models over the ranks.
+- **Only the converted layers train.** The optimizer holds their shards; the frozen teacher runs in the compute
+  dtype (bf16 where the training autocasts), and the layers below the first converted one, identical in both
+  models, run once, the teacher's (``AdaptLoss`` with ``share_prefix``).
+- **One step** is the joint training's step (``joint.py``): each rank reads its rows of the deterministic batch
+  order, FSDP2 averages the gradients (reduce-scatter), gradient sync waits for the last micro-batch, and the clip
+  measures the global norm of the sharded gradients. Losses stay on the device and are read when logged
+  (every ``log_every`` steps on CUDA, every step on a CPU), so a step does not wait for the host.
+- **The training state** is what training changes: the trained parameters and their AdamW state, each rank writing
+  its own shard with torch's distributed checkpoint (``torch.distributed.checkpoint``), beside
+  ``trainer_state.json``; saved every ``save_minutes`` of training (and every ``save_every`` steps when set) and
+  at a stop. A resume on the same process count continues bit for bit; on another count DCP reshards the state and
+  the run continues from the tokens trained.
+- **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
+  file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
+
+LoRA, EMA, head grouping, interpolation and compiled layers keep the replicated path (``joint.py``, DDP).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from ..errors import LadderizeError
+from ..progress import counted
+from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
+from .data import batch_rows, micro_batch_index, token_windows
+from .lr_curve import warmup_cosine
+from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
+from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
+from .token_store import build_reporter, is_store
+from .training_state import (STATE_DIR, TRAINER_STATE, SaveClock, check_fingerprint, finish_state, main_says,
+                             write_trainer_state)
+
+DCP_DIR = "dcp"  # in the state folder: the trained parameters and optimizer state, one shard per rank
+LOG_EVERY_CUDA = 10  # steps between reads of the losses on a GPU (each read waits for the device)
+
+
+def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) -> str | None:
+    """Why this joint stage runs replicated (DDP) rather than sharded, or None when it is sharded.
+
+    ``config.shard``: ``fsdp`` shards (one process too), ``ddp`` replicates, ``auto`` shards under a launcher
+    with more than one process unless a setting needs the whole weights on every rank."""
+    if config.shard == "ddp":
+        return "--shard ddp"
+    if config.shard == "auto" and world <= 1:
+        return "one process"
+    blockers = [name for name, on in (("--train lora", config.train == "lora"), ("ema", bool(config.ema)),
+                                      ("--head-grouping", config.head_grouping), ("interpolate", config.interpolate != 1),
+                                      ("--train all", config.train == "all"), ("--compile", config.compile is True))
+                if on]
+    if not blockers:
+        return None
+    if config.shard == "fsdp":
+        raise LadderizeError(f"--shard fsdp trains the converted layers, eager: {blockers[0]} needs the replicated "
+                             "path (--shard ddp)")
+    return blockers[0]
+
+
+def adapt_sharded(
+    config: AdaptConfig,
+    weights: dict[str, float],
+    checkpoint: str,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Callable[[StepInfo, torch.nn.Module], None] | None,
+    say: Callable[[str], None],
+    stop_after_steps: int | None,
+    save_at_stop: bool = False,
+) -> AdaptResult:
+    """Run the joint training on ``checkpoint`` sharded with FSDP2 over the launched processes, and write ``out``."""
+    import torch.distributed as dist
+
+    from ..checkpoint.io import load_config, load_tokenizer
+    from ..checkpoint.placement import training_precision
+    from .teacher import check_teacher, resolve_teacher
+
+    device = _init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        say = _silent
+    run_dir = config.resolved_run_dir()
+    state_dir = run_dir / STATE_DIR
+    precision = training_precision(config.dtype, device, config.mixed_precision)
+    precision.apply()
+    torch.manual_seed(config.seed)
+    compute = precision.autocast or torch.float32
+
+    student_config = load_config(checkpoint)
+    with_teacher = needs_teacher(config, weights)
+    teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else None
+    teacher_config = load_config(teacher_path) if teacher_path else None
+    if teacher_config is not None:
+        check_teacher(teacher_path, teacher_config, student_config)
+    converted = student_config.layout.converted_layers
+    first = min(converted)
+    share = teacher_path is not None and _same_rows(checkpoint, teacher_path, first, rank, world, device)
+
+    teacher = _sharded_model(teacher_config, teacher_path, compute, device, trained=()) if teacher_path else None
+    student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
+                             mixed=compute if compute != torch.float32 else None)
+    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
+                            config.kd_divergence, config.kd_top_k, compiled=False)
+    if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _shard_root(loss_module, compute if compute != torch.float32 else None)
+    params = [p for p in loss_module.parameters() if p.requires_grad]  # the sharded ones, after fully_shard
+    tokenizer = load_tokenizer(checkpoint, "adaptation")
+
+    pace = Throughput(world, _flops_per_token(student_config, converted, weights, share), peak_flops_per_s(device))
+    sequences_per_step = config.batch_size * config.grad_accum * world
+    tokens_per_step = sequences_per_step * config.seq_len
+    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
+    say(plan_line(total_steps * tokens_per_step, total_steps, sequences_per_step, config.batch_size, config.grad_accum,
+                  world, config.seq_len) + f", sharded over {counted(world, 'process', 'processes')} (FSDP2)")
+    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
+                         progress=build_reporter(say, config.data), say=say)
+    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
+    stored = "" if is_store(config.data) else f" (token store {where})"
+    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{stored}")
+    kept = None
+    if config.teacher_states and share and set(weights) <= STORED_TEACHER_OBJECTIVES:
+        from .teacher_states import read as read_teacher_states, teacher_id
+
+        kept, found = read_teacher_states(Path(config.teacher_states), len(data), data.head, teacher_id(teacher_path), first)
+        if found:
+            say(found)
+
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
+                                  foreach=True)
+    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
+    saved = _read_state(state_dir, config) if resume and state_dir.is_dir() else None
+    if saved is not None:
+        _load_dcp(state_dir, loss_module, optimizer)
+        step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
+                                                    saved.get("cpu_s", 0.0), saved["curve"])
+        resumed_from = step
+        if saved.get("processes", world) != world:  # the global batch changed: go on from the tokens trained
+            total_steps = step + max(1, math.ceil((config.tokens - tokens_done) / tokens_per_step))
+            say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
+                f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
+        say(f"resumed from step {step} ({tokens_done:,} tokens)")
+    elif resume:
+        say(f"nothing to resume in {run_dir}; starting a new run")
+    for group in optimizer.param_groups:  # the schedule's base rate is the run's, not the one a loaded state carries
+        group["initial_lr"] = config.lr
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, config.warmup_steps,
+                                                                           config.min_lr_ratio), last_epoch=step - 1)
+
+    log_every = LOG_EVERY_CUDA if device.type == "cuda" else 1
+    pending: list[tuple[int, int, float, float, float, dict[str, torch.Tensor]]] = []
+    loss_module.train()
+    saved_step, clock, logged_s = step, SaveClock(config), train_s
+    first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
+    projected = False
+
+    def flush() -> None:
+        """Read the pending steps' losses (one wait for the device, one all-reduce) into the curve."""
+        if not pending:
+            return
+        names = list(pending[0][5])
+        stacked = torch.stack([torch.stack([sums[n] for n in names]) for *_, sums in pending]).float()
+        if world > 1:
+            dist.all_reduce(stacked)
+            stacked /= world
+        for (done, tokens, seconds, cpu, lr, _), values in zip(pending, stacked.tolist()):
+            curve.append({"step": done, "tokens": tokens, "train_s": round(seconds, 3), "cpu_s": round(cpu, 3), "lr": lr,
+                          **{f"loss_{n}": v for n, v in zip(names, values)}})
+        pending.clear()
+
+    def save() -> None:
+        flush()
+        _save_state(state_dir, config, loss_module, optimizer, {"step": step, "tokens": tokens_done, "train_s": train_s,
+                                                               "cpu_s": cpu_s, "curve": curve, "processes": world})
+
+    while step < total_steps:
+        if stop_after_steps is not None and step >= stop_after_steps:
+            if save_at_stop and saved_step != step:
+                save()
+            flush()
+            dist.barrier()
+            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
+                               state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
+                               throughput=pace.record(tokens_done, train_s))
+        started, cpu_started = time.perf_counter(), time.process_time()
+        sums: dict[str, torch.Tensor] = {}
+        for micro in range(config.grad_accum):
+            index = micro_batch_index(step, micro, config.grad_accum, world, rank)
+            rows = batch_rows(len(data), index, config.batch_size, config.seed)
+            batch = data.rows(rows).to(device, non_blocking=True)
+            teacher_rows = None
+            if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, config, world):
+                teacher_rows = kept.rows(rows, device)  # else the teacher runs, on every rank (its units gather)
+            loss_module.set_requires_gradient_sync(micro == config.grad_accum - 1)
+            losses = loss_module(batch, teacher_rows)
+            (losses["total"] / config.grad_accum).backward()
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0.0) + value.detach() / config.grad_accum
+        if config.max_grad_norm > 0:
+            clip_sharded(params, config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step += 1
+        tokens_done += tokens_per_step
+        logged = step % log_every == 0 or step == total_steps
+        if logged and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
+        train_s += time.perf_counter() - started
+        cpu_s += time.process_time() - cpu_started
+        pending.append((step, tokens_done, train_s, cpu_s, lr, sums))
+        if logged:
+            rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
+            logged_s = train_s
+            flush()
+            if first_window is None:
+                first_window = (step, train_s)
+            elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
+                projected = True
+                say(projection_line(step - first_window[0], train_s - first_window[1], total_steps - step, total_steps,
+                                    tokens_per_step, pace))
+            if rank == 0 and progress is not None:
+                losses_now = {k.removeprefix("loss_"): v for k, v in curve[-1].items() if k.startswith("loss_")}
+                progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, losses_now, lr,
+                                  train_s, rate, pace=pace.per_process(rate) or None), student)
+        # by steps: every rank counts the same; by time: the main process's clock, read where the losses are
+        due = clock.due(step) if config.save_every is not None else logged and main_says(clock.due(step), device)
+        if due and step < total_steps:
+            save()
+            saved_step = step
+            clock.saved()
+
+    flush()
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
+    _write_out(loss_module.student, converted, checkpoint, tokenizer, teacher_path, config, weights, result, out, state_dir)
+    if rank == 0:
+        result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
+    dist.barrier()
+    return result
+
+
+def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, config: AdaptConfig, world: int) -> bool:
+    """Whether every rank's rows of this micro-batch have stored teacher states: the ranks run the sharded teacher
+    together or not at all (its units gather across them), and each computes the others' rows itself."""
+    return all(max(batch_rows(num_sequences, micro_batch_index(step, micro, config.grad_accum, world, r), config.batch_size,
+                              config.seed)) < stored_rows for r in range(world))
+
+
+def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the gradients of ``params`` (DTensor shards or plain tensors) to the global 2-norm ``max_norm``."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):  # each rank's norm of its shards: the full tensor is the global norm
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def _init_process_group() -> torch.device:
+    """The launched job's process group (gloo on a CPU, NCCL on CUDA) and this rank's device; one process makes a
+    group of one, so that the same code shards (trivially) there."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # one process, not launched: a group of one over a free local port
+            import socket
+
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+            owned = True
+        else:
+            owned = False
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30), device_id=device if cuda else None)
+        if owned:
+            for key in ("RANK", "WORLD_SIZE"):
+                os.environ.pop(key, None)
+    return device
+
+
+def _silent(_message: str) -> None:
+    """What a process other than the main one says: nothing."""
+
+
+def _files_by_name(path: str) -> dict[str, Path]:
+    from ..checkpoint.tensor_files import tensor_names, weight_files
+
+    files = weight_files(path)
+    if not files:
+        raise LadderizeError(f"{path} has no .safetensors weights")
+    return {name: file for file in files for name in tensor_names(file)}
+
+
+def _rows(full_rows: int, rank: int, world: int) -> slice:
+    """The rows of dim 0 that FSDP2's ``Shard(0)`` gives ``rank`` (``torch.chunk``'s split)."""
+    size = -(-full_rows // world)
+    start = min(rank * size, full_rows)
+    return slice(start, min(start + size, full_rows))
+
+
+def _read_rows(files: dict[str, Path], name: str, rows: slice) -> torch.Tensor:
+    from safetensors import safe_open
+
+    if name not in files:
+        raise LadderizeError(f"checkpoint is missing tensor {name}")
+    with safe_open(str(files[name]), framework="pt") as handle:
+        part = handle.get_slice(name)
+        return part[rows] if part.get_shape() else handle.get_tensor(name)
+
+
+def _same_rows(student_path: str, teacher_path: str, first: int, rank: int, world: int, device: torch.device) -> bool:
+    """Whether the embedding and the layers below ``first`` are identical in both checkpoints: each rank compares
+    its own rows, and the ranks agree (all-reduce)."""
+    import torch.distributed as dist
+
+    from .layer_source import EMBEDDING, layer_of
+
+    mine, theirs = _files_by_name(student_path), _files_by_name(teacher_path)
+    names = [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first]
+    same = all(n in mine for n in names)
+    for name in names if same else []:
+        from safetensors import safe_open
+
+        with safe_open(str(theirs[name]), framework="pt") as handle:
+            length = handle.get_slice(name).get_shape()[0]
+        rows = _rows(length, rank, world)
+        a, b = _read_rows(mine, name, rows), _read_rows(theirs, name, rows)
+        if a.shape != b.shape or not torch.equal(a.float(), b.float()):
+            same = False
+            break
+    flag = torch.tensor([1 if same else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None):
+    """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
+    time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
+
+    ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision). A frozen
+    model (the teacher, no ``trained``) also shards its embedding, norm and head, each a unit of its own
+    (``fsdp.head_gathered``); a student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
+    """
+    from accelerate import init_empty_weights
+    from torch.distributed.fsdp import fully_shard
+
+    from ..checkpoint.architectures import layer_prefix
+    from ..model import LadderLlamaForCausalLM
+    from .fsdp import teacher_units
+    from .layer_source import EMBEDDING
+
+    with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
+        model = LadderLlamaForCausalLM(config)
+    model.requires_grad_(False)
+    model.model.rotary_emb.to(device)
+    files = _files_by_name(path)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    _fill(model.model.embed_tokens, EMBEDDING, files, dtype, device)
+    _fill(model.model.norm, "model.norm.", files, dtype, device)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    else:
+        _fill(model.lm_head, "lm_head.", files, dtype, device)
+    for index, layer in enumerate(model.model.layers):
+        _fill(layer, layer_prefix(index), files, dtype, device)
+        layer.requires_grad_(index in trained)
+        fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
+    if not trained:
+        for unit in teacher_units(model):
+            if unit not in model.model.layers:
+                fully_shard(unit, reshard_after_forward=True)
+        model.eval()
+    return model
+
+
+def _policy(mixed: torch.dtype | None):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
+
+
+def _fill(module: torch.nn.Module, prefix: str, files: dict[str, Path], dtype: torch.dtype, device: torch.device) -> None:
+    """Give ``module`` its tensors from the checkpoint (``prefix`` + its state-dict names), in ``dtype`` on ``device``."""
+    from ..checkpoint.tensor_files import read_tensors
+
+    names = [prefix + key for key in module.state_dict()]
+    missing = [name for name in names if name not in files]
+    if missing:
+        raise LadderizeError(f"checkpoint is missing tensor {missing[0]}")
+    tensors = read_tensors({name: files[name] for name in names})
+    module.load_state_dict({name[len(prefix):]: t.to(device, dtype if t.is_floating_point() else t.dtype)
+                            for name, t in tensors.items()}, strict=True, assign=True)
+
+
+def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:
+    """The student's embedding, final norm and LM head: one FSDP2 unit whose forward is the loss module's."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(loss_module, mp_policy=_policy(mixed), reshard_after_forward=True)
+
+
+def _flops_per_token(config, converted: list[int], weights: dict[str, float], share: bool) -> int:
+    from .cost import FlopCount
+
+    return FlopCount.for_stage(config, converted, weights, share_prefix=share).per_token
+
+
+def _read_state(state_dir: Path, config: AdaptConfig) -> dict | None:
+    file = state_dir / TRAINER_STATE
+    if not file.is_file() or not (state_dir / DCP_DIR).is_dir():
+        return None
+    try:
+        saved = json.loads(file.read_text())
+    except ValueError as exc:
+        raise LadderizeError(f"cannot resume {state_dir.parent}: {file} is corrupt ({exc}); pass --force to start over") from None
+    check_fingerprint(saved, config, state_dir.parent)
+    return saved
+
+
+def _trained_state(loss_module: AdaptLoss, optimizer: torch.optim.Optimizer) -> dict:
+    """The state DCP saves: the trained parameters (sharded) and their optimizer state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optim_state = get_state_dict(loss_module, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    return {"model": model_state, "optim": optim_state}
+
+
+def _save_state(state_dir: Path, config: AdaptConfig, loss_module: AdaptLoss, optimizer, payload: dict) -> None:
+    """Replace ``state_dir`` with the trained shards (every rank writes its own) and ``trainer_state.json``."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from ..checkpoint.atomic import replace_directory
+
+    tmp = state_dir.parent / f".{state_dir.name}.tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save(_trained_state(loss_module, optimizer), checkpoint_id=str(tmp / DCP_DIR))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        write_trainer_state(tmp, config, payload)
+        replace_directory(tmp, state_dir)
+    dist.barrier()
+
+
+def _load_dcp(state_dir: Path, loss_module: AdaptLoss, optimizer) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = _trained_state(loss_module, optimizer)
+    dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR))
+    set_state_dict(loss_module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
+
+
+def _write_out(student, converted: list[int], checkpoint: str, tokenizer, teacher_path: str | None,
+               config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path, state_dir: Path) -> None:
+    """OUT: every trained layer gathered whole (one at a time) into a layer file, then assembled with the rest of
+    ``checkpoint`` by the main process."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ..checkpoint.atomic import atomic_file
+    from ..checkpoint.architectures import layer_prefix
+    from .layer_source import StreamedLayers
+    from .output import write_streamed_output
+    from .sequential_run import layer_file
+
+    rank = dist.get_rank()
+    layers_dir = state_dir.parent / ".sharded-layers"
+    if rank == 0:
+        shutil.rmtree(layers_dir, ignore_errors=True)
+        layers_dir.mkdir(parents=True)
+    dist.barrier()
+    files = {}
+    for index in converted:
+        tensors = {}
+        for key, value in student.model.layers[index].state_dict().items():
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            tensors[f"{layer_prefix(index)}{key}"] = full.detach().to("cpu", torch.float32).contiguous()
+        files[index] = layer_file(layers_dir, index)
+        if rank == 0:
+            from safetensors.torch import save_file
+
+            with atomic_file(files[index]) as tmp:
+                save_file(tensors, str(tmp))
+    dist.barrier()
+    if rank == 0:
+        whole = StreamedLayers(checkpoint, dtype=torch.float32)
+        for index, file in files.items():
+            whole.use_trained(index, file)
+        write_streamed_output(whole, tokenizer, checkpoint, teacher_path, config, weights, result, out)
+        shutil.rmtree(layers_dir, ignore_errors=True)
+    dist.barrier()
