@@ -77,6 +77,9 @@ class FlopCount:
         objectives = set(weights)
         reads_head = bool({"kd", "lm"} & objectives)
         top = layers if reads_head else max(converted) + 1  # the student's layers that run
+        if scope == "lora":  # the adapters are tiny: the converted layers' weights pass the gradient, untrained
+            plain = cls.for_stage(shape, converted, objectives, share_prefix=share_prefix)
+            return cls(0, plain.backward_through + plain.trained, plain.forward_only)
         if scope == "all":
             trained = layers * layer + (head if reads_head else 0)
             return cls(trained, 0, cls._teacher(objectives, layers, layer, head, max(converted), 0))

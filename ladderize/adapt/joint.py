@@ -23,7 +23,8 @@ from ..progress import counted
 from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .data import batch_rows, micro_batch_index, token_windows
-from .throughput import PROJECT_AFTER_STEPS, Throughput, flops_per_token, peak_flops_per_s, plan_line, projection_line
+from .cost import FlopCount
+from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
 from .token_store import build_reporter, is_store
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
@@ -116,7 +117,6 @@ def adapt_joint(
     teacher = load_teacher(teacher_path, student) if with_teacher else None
 
     world = accelerator.num_processes
-    pace = Throughput(world, flops_per_token(student, teacher), peak_flops_per_s(accelerator.device))  # whole models, before sharding
     if not accelerator.is_main_process:  # one voice: the main process says the plan, the data and the pace
         say = _silent
     sequences_per_step = config.batch_size * config.grad_accum * world
@@ -151,6 +151,9 @@ def adapt_joint(
     else:
         params = select_trainable(student, config.train, spec)
     share_prefix = _prefix_shared(student, teacher, config.train)
+    flops = FlopCount.for_stage(student.config, student.layout.converted_layers or list(range(student.config.num_hidden_layers)),
+                                weights, share_prefix=share_prefix, scope=config.train)
+    pace = Throughput(world, flops.per_token, peak_flops_per_s(accelerator.device))
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     compiled = resolve_compile(config.compile, accelerator.device, fsdp=fsdp)
     if compiled:

@@ -485,3 +485,47 @@ def adapt_checkpoint(
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
     return AdaptRun(result, outcome.stages, outcome.finished)
+
+
+def dry_run(
+    checkpoint: str | Path,
+    launch: str | None,
+    *,
+    shared: dict[str, Any] | None = None,
+    single: dict[str, Any] | None = None,
+    recipe: str | None = None,
+    stages: list[str] | None = None,
+    budget: str | None = None,
+):
+    """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
+    this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read."""
+    from ..checkpoint.io import load_config
+    from .budget import STATE_MEMORY_SHARE
+    from .cost import Launch, plan_run
+    from .sequential_run import state_copies
+
+    shared, single = dict(shared or {}), dict(single or {})
+    chosen = None if single else (Recipe("command line", [parse_stage(s) for s in stages]) if stages
+                                  else load_recipe(recipe or DEFAULT_RECIPE))
+    steps = ([{"stage": 1, "name": single.get("objectives", AdaptConfig.objectives), **shared, **single}] if single
+             else resolve_stages(chosen, str(checkpoint), shared))
+    config = load_config(checkpoint)
+    where = Launch.parse(launch) if launch else Launch.current()
+    sized_by = parse_budget(budget) if budget is not None else None
+    if sized_by is not None:
+        if single:
+            raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
+        if sized_by.tokens is None:
+            raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {budget} is wall time, "
+                                 "which a run measures on its device first")
+        window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
+        cap = (int(STATE_MEMORY_SHARE * where.memory_bytes / (state_copies(window) * config.hidden_size * 4))
+               if where.memory_bytes else None)
+        from .budget import scale_stages
+
+        steps = scale_stages(steps, sized_by.tokens, max_calibration=cap)
+    layout = config.layout
+    if not layout.converted_layers:
+        raise LadderizeError(f"{checkpoint} has no converted layers (all {len(layout.modes)} are dense), so there is "
+                             "nothing to adapt")
+    return plan_run(config, layout.describe(), layout.converted_layers, steps, where, model_name=Path(checkpoint).name)

@@ -41,6 +41,7 @@ import torch
 from ..errors import LadderizeError
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
+from .cost import FlopCount
 from .data import batch_rows, micro_batch_index, token_windows
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
@@ -125,7 +126,8 @@ def adapt_sharded(
     params = [p for p in loss_module.parameters() if p.requires_grad]  # the sharded ones, after fully_shard
     tokenizer = load_tokenizer(checkpoint, "adaptation")
 
-    pace = Throughput(world, _flops_per_token(student_config, converted, weights, share), peak_flops_per_s(device))
+    pace = Throughput(world, FlopCount.for_stage(student_config, converted, weights, share_prefix=share).per_token,
+                      peak_flops_per_s(device))
     sequences_per_step = config.batch_size * config.grad_accum * world
     tokens_per_step = sequences_per_step * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
@@ -424,12 +426,6 @@ def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(loss_module, mp_policy=_policy(mixed), reshard_after_forward=True)
-
-
-def _flops_per_token(config, converted: list[int], weights: dict[str, float], share: bool) -> int:
-    from .cost import FlopCount
-
-    return FlopCount.for_stage(config, converted, weights, share_prefix=share).per_token
 
 
 def _read_state(state_dir: Path, config: AdaptConfig) -> dict | None:

@@ -1,11 +1,10 @@
 """A training run's pace: tokens per second per process and in total, the projected time of the whole budget,
 and on CUDA the model FLOPs utilisation (MFU).
 
-MFU counts the model's FLOPs, not the hardware's: ``6 x N_student + 2 x N_teacher`` per trained token (a
-forward and a backward through the student, a forward through the teacher when the objectives need one),
-with ``N`` the parameters that multiply activations (embedding lookups excluded, the LM head included) and
-the attention's quadratic term left out, as in the PaLM paper's appendix B. It is divided by the GPU's
-dense BF16 peak (``predict.gpus``; the datasheet figure) times the processes.
+MFU counts the model's FLOPs, not the hardware's: per trained token, 6 x the trained parameters, 4 x the frozen ones
+the gradient passes through and 2 x the forward-only ones (``cost.FlopCount``: the embedding lookup excluded, the LM
+head included, the attention's quadratic term left out, as in the PaLM paper's appendix B). It is divided by the
+GPU's dense BF16 peak (``predict.gpus``; the datasheet figure) times the processes.
 """
 
 from __future__ import annotations
@@ -14,26 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-MFU_FORMULA = ("(6 x student parameters + 2 x teacher parameters, embeddings excluded) x tokens per second "
-               "/ (processes x the GPU's dense BF16 peak FLOP/s)")
-
-
-def matmul_parameters(model: torch.nn.Module | None) -> int:
-    """Parameters that multiply activations: all but the input embeddings (the LM head counts, tied or not)."""
-    if model is None:
-        return 0
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    skip = {id(p) for p in embedding.parameters()} if embedding is not None else set()
-    total = sum(p.numel() for p in model.parameters() if id(p) not in skip)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and any(id(p) in skip for p in head.parameters()):  # tied: the head multiplies too
-        total += sum(p.numel() for p in head.parameters())
-    return total
-
-
-def flops_per_token(student: torch.nn.Module, teacher: torch.nn.Module | None) -> int:
-    """Model FLOPs of one trained token (see the module docstring)."""
-    return 6 * matmul_parameters(student) + 2 * matmul_parameters(teacher)
+MFU_FORMULA = ("(6 x trained + 4 x frozen parameters the gradient passes through + 2 x forward-only parameters, "
+               "embeddings excluded) x tokens per second / (processes x the GPU's dense BF16 peak FLOP/s)")
 
 
 def peak_flops_per_s(device: torch.device) -> float | None:

@@ -204,6 +204,8 @@ SHAPES: tuple[ModelShape, ...] = (
                source="synthetic: SmolLM2-135M's shape"),
     # Llama-3.2-1B's shape (untied head) for GPUs, TP 1, 2, 4, 8.
     ModelShape("llama-1b", 2048, 8192, 16, 32, 8, 64, 128256, **_LLAMA3, source="synthetic: Llama-3.2-1B's shape"),
+    # Llama-3.2-3B's shape (untied head), for adapt's throughput on one GPU.
+    ModelShape("llama-3b", 3072, 8192, 28, 24, 8, 128, 128256, **_LLAMA3, source="synthetic: Llama-3.2-3B's shape"),
 )
 PRESETS: dict[str, ModelShape] = {shape.name.lower(): shape for shape in SHAPES}
 #: Other names of the same shapes (``bench --synthetic llama-8b``).

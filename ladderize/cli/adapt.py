@@ -35,7 +35,11 @@ def adapt_cmd(
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),
     head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
     states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
-    save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default 50."),
+    save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default: by time (--save-minutes)."),
+    save_minutes: Optional[float] = typer.Option(None, "--save-minutes", help="Without --save-every: a training state a minute into each stage, then every N minutes of training; default 30."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Joint stages under a launcher: fsdp (FSDP2: weights, gradients and AdamW sharded over the processes), ddp (replicated), auto (fsdp with more than one process, unless LoRA, EMA, head grouping, interpolation or --compile need ddp); default auto."),
+    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Joint stages: recompute each layer's activations in the backward (a larger batch fits; about a third more compute)."),
+    dry_run: Optional[str] = typer.Option(None, "--dry-run", is_flag=False, flag_value="here", help="Print the plan priced for a launch (NxGPU, e.g. 8xH100; alone: the launch it runs under) and exit: memory per GPU, tokens per step, steps, saves, expected time. Reads CKPT/config.json only; refuses what will not fit, naming what to change."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after N optimizer steps (over all stages) with the state saved, for a smoke test or a dry run of a long budget; --resume (without it) continues the whole budget. The learning-rate schedule stays the budget's."),
     mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
     seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
@@ -51,17 +55,10 @@ def adapt_cmd(
     from ..checkpoint.atomic import check_output_free
 
     device, dtype_name = opts.check_placement(device, dtype)
-    opts.check_checkpoint(ckpt)  # before the heavy imports
-    opts.check_weights(ckpt)
-    check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
-    opts.check_output(out, "output")
-    opts.check_output(run_dir, "--run-dir")
-    from ..adapt.recipe import adapt_checkpoint, describe
-    from ..progress import Progress
-
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
+        save_minutes=save_minutes, shard=shard, activation_checkpointing=activation_checkpointing or None,
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
         states="disk" if states_on_disk else None, compile=compile,
     ).items() if v is not None}
@@ -69,6 +66,16 @@ def adapt_cmd(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
+    if dry_run is not None:
+        _print_dry_run(ckpt, None if dry_run == "here" else dry_run, shared, single, recipe, stage, budget, dtype_name)
+        return
+    opts.check_checkpoint(ckpt)  # before the heavy imports
+    opts.check_weights(ckpt)
+    check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
+    opts.check_output(out, "output")
+    opts.check_output(run_dir, "--run-dir")
+    from ..adapt.recipe import adapt_checkpoint, describe
+    from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, process_rank
 
@@ -109,6 +116,23 @@ def adapt_cmd(
             console.print(render.layer_summary_table(done.curve))
     for line in render.adapt_summary(result):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def _print_dry_run(ckpt: Path, launch: str | None, shared: dict, single: dict, recipe: str | None,
+                   stages: list[str] | None, budget: str | None, dtype_name: str | None) -> None:
+    """``adapt --dry-run``: the priced plan (and JSON beside it with --json-less stdout), exit 2 where it does not fit."""
+    from ..adapt.recipe import dry_run
+    from ..errors import LadderizeError
+
+    if not (ckpt / "config.json").is_file():
+        raise LadderizeError(f"{ckpt} has no config.json: --dry-run reads the converted checkpoint's config")
+    if dtype_name is not None:
+        shared = {**shared, "dtype": dtype_name}
+    plan = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget)
+    for line in plan.lines():
+        console.print(line, highlight=False, soft_wrap=True)
+    if plan.refusal is not None:
+        raise LadderizeError(f"the plan does not fit: {plan.refusal}")
 
 
 @app.command("tokenize")

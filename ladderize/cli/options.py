@@ -325,7 +325,7 @@ NUMBER_RANGES: dict[str, Range] = {
     "--threads-per-rank": NATURAL, "--tokens": COUNT, "--seq-len": COUNT, "--batch-size": COUNT, "--grad-accum": COUNT,
     "--lr": POSITIVE, "--epochs": POSITIVE, "--lora-rank": COUNT, "--save-every": COUNT, "--sequences": COUNT,
     "--new-tokens": COUNT, "--samples": COUNT, "--limit": POSITIVE, "--max-length": Range(2), "--bootstrap-iters": NATURAL,
-    "--max-steps": COUNT, "--max-tokens": COUNT, "--workers": COUNT,
+    "--max-steps": COUNT, "--max-tokens": COUNT, "--workers": COUNT, "--save-minutes": POSITIVE,
     "sample --temperature": POSITIVE,  # sampling text needs a temperature; generate's 0 is greedy
     "sensitivity --seq-len": Range(2),  # a perplexity needs one predicted token per sequence
 }
