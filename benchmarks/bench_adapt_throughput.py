@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", default="auto", help="sequences per process per step, or auto (fills the device)")
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--memory-share", type=float, default=1.0,
+                        help="the share of the GPU's memory a process may plan for (0.5: two processes on one GPU)")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--rehearse", action="store_true", help="tiny shape on the CPU, a few steps (CI)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir, removed)")
@@ -95,7 +97,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
     cuda = torch.cuda.is_available() and not args.rehearse
     row = {"shape": shape.name, "layout": f"ladder {layers // 2}:{layers}", "processes": world,
            "model_flops_per_token": FlopCount.for_stage(shape, converted, {"kd"}).per_token}
-    usable = usable_bytes(torch.cuda.get_device_properties(0).total_memory) if cuda else None
+    usable = usable_bytes(args.memory_share * torch.cuda.get_device_properties(0).total_memory) if cuda else None
 
     def estimate(batch: int) -> JointMemory:
         return JointMemory.estimate(shape, converted, world, batch * args.seq_len,
@@ -159,7 +161,7 @@ def checkpoints(shape, converted: list[int], folder: Path) -> tuple[Path, Path]:
     from ladderize.checkpoint.shapes import write_synthetic_checkpoint
 
     teacher, student = folder / "dense", folder / "ladder"
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (student / "config.json").is_file():
+    if int(os.environ.get("RANK", "0")) == 0 and not (student / "config.json").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         write_synthetic_checkpoint(teacher, shape, dtype=torch.bfloat16, force=True)
         shutil.rmtree(student, ignore_errors=True)

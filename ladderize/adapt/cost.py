@@ -33,7 +33,7 @@ from ..errors import LadderizeError
 
 USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand out before fragmentation bites
 RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
-ASSUMED_MFU = 0.35  # for the time estimate of a stage on a known GPU: torchtitan's FSDP figure for Llama-3.1-8B on H100
+ASSUMED_MFU = 0.34  # a joint stage's time on a known GPU: kd measured at llama-3b on one H100 (bench_adapt_throughput.py)
 SEQUENTIAL_ASSUMED_MFU = 0.30
 
 
@@ -146,15 +146,16 @@ class Launch:
         return f"{self.processes} x {self.gpu.upper() if self.gpu else 'device'}"
 
 
-ACTIVATION_VALUES = "7 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer (the docstring's estimate)
+ACTIVATION_VALUES = "14 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer (the docstring's estimate)
 
 
 def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
-    """Bytes one layer keeps for the backward per token: norms' inputs and outputs, q, k, v, the attention's output,
-    the MLP's gate, up, activation and product (``ACTIVATION_VALUES``), in the compute dtype."""
+    """Bytes one layer keeps for the backward per token (``ACTIVATION_VALUES``, in the compute dtype): each RMSNorm's
+    float32 input and normalised rows and its output (10 x hidden bytes in bf16), the projections' inputs, q, k, v
+    and the attention's output, the MLP's gate, up, activation and product."""
     shape = _shape_of(config)
     kv = shape.num_key_value_heads * shape.head_dim
-    return compute_bytes * (7 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
+    return compute_bytes * (14 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ LOCAL_INPUTS = ("teacher", "student", "stack")
 JOINT_ONLY_INPUTS = frozenset({"stack"})  # the student's states with the graph kept: a whole stack, not one layer
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
+LOGIT_BLOCK_BYTES_CUDA = 1 << 29  # on a GPU: 1,046 tokens a block at Llama 3's 128,256-token vocabulary
 
 
 def parse_objectives(spec: str) -> dict[str, float]:
@@ -324,9 +325,11 @@ def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.T
     return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
 
 
-def logit_block_rows(vocab: int) -> int:
-    """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits, at least 16."""
-    return max(16, LOGIT_BLOCK_BYTES // (4 * vocab))
+def logit_block_rows(vocab: int, device: str = "cpu") -> int:
+    """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits (``LOGIT_BLOCK_BYTES_CUDA`` on a
+    GPU, where a block is one matmul of the head and a thin one leaves the tensor cores idle), at least 16."""
+    budget = LOGIT_BLOCK_BYTES_CUDA if device == "cuda" else LOGIT_BLOCK_BYTES
+    return max(16, budget // (4 * vocab))
 
 
 def head_losses(
@@ -349,6 +352,10 @@ def head_losses(
     """
     batch, seq, _ = final.shape
     rows = batch * seq
+    head = student.lm_head
+    if type(head) is nn.Linear and head.bias is None:  # the head and the losses a block at a time: no [B*S, V] tensor
+        return _fused_head_losses(student, final, input_ids, teacher, teacher_final, temperature, divergence, top_k,
+                                  compiled)
     logits = logits_from(student, final).reshape(rows, -1)  # [B*S, V]
     block_rows = logit_block_rows(logits.shape[-1])
     losses = {}
@@ -362,6 +369,92 @@ def head_losses(
             normed, head = teacher.model.norm(teacher_rows), frozen_head(teacher.lm_head)
             losses["kd"] = blockwise_kd(logits, lambda part: head(normed[part]), temperature, divergence, top_k, compiled)
     return losses
+
+
+def _fused_head_losses(student: LadderLlamaForCausalLM, final: torch.Tensor, input_ids: torch.Tensor | None,
+                       teacher: LadderLlamaForCausalLM | None, teacher_final: torch.Tensor | None, temperature: float,
+                       divergence: str, top_k: int, compiled: bool) -> dict[str, torch.Tensor]:
+    """``head_losses`` with the student's head inside the blocks (``BlockwiseHeadLoss``): each block's logits are
+    computed, scored and differentiated, then freed."""
+    batch, seq, _ = final.shape
+    rows = batch * seq
+    normed = student.model.norm(final).reshape(rows, -1)
+    names, block_losses = [], []
+    if input_ids is not None:  # the next token; the last position of every sequence predicts nothing
+        targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
+        names.append("lm")
+        block_losses.append(lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum"))
+    with contextlib.ExitStack() as stack:
+        if teacher is not None:
+            stack.enter_context(head_gathered(teacher))  # a sharded teacher's head: gathered once, not once per block
+            teacher_normed = teacher.model.norm(teacher_final.reshape(rows, -1))
+            teacher_head = frozen_head(teacher.lm_head)
+            loss_of = compiled_kd_loss(final.device.type) if compiled else kd_loss
+
+            def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
+                with torch.no_grad():
+                    teacher_block = teacher_head(teacher_normed[part])
+                return loss_of(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
+
+            names.append("kd")
+            block_losses.append(kd_block)
+        weight = student.lm_head.weight
+        totals = BlockwiseHeadLoss.apply(normed, weight, tuple(block_losses),
+                                         logit_block_rows(weight.shape[0], final.device.type))
+    scale = {"lm": batch * (seq - 1), "kd": rows}
+    return {name: totals[i] / scale[name] for i, name in enumerate(names)}
+
+
+class BlockwiseHeadLoss(torch.autograd.Function):
+    """``[sum over row blocks of loss(rows[block] @ weight.T, block) for loss in block_losses]``: the LM head and
+    its losses a block of rows at a time.
+
+    Forward computes each block's logits (in autocast's dtype where it is on, float32 for the losses), every loss
+    and its gradient with respect to the block, and from it the gradients of the rows and, when the head trains,
+    of its weight; backward only scales them. Memory is one block's logits, the rows' gradient per loss and the
+    weight's: the ``[rows, V]`` logits never exist whole (at a 128K vocabulary and 32K tokens a step they would
+    take 8 GiB in bf16, their gradient as much again).
+    """
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, weight: torch.Tensor, block_losses, block_rows: int) -> torch.Tensor:
+        device = rows.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else rows.dtype
+        with torch.no_grad():
+            w = weight.detach().to(dtype)
+            x = rows.detach().to(dtype)
+        want_rows, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        row_grads = [torch.zeros_like(rows) for _ in block_losses] if want_rows else []
+        weight_grads = [torch.zeros_like(weight, dtype=torch.float32) for _ in block_losses] if want_weight else []
+        totals = torch.zeros(len(block_losses), dtype=torch.float32, device=rows.device)
+        for start in range(0, rows.shape[0], block_rows):
+            part = slice(start, start + block_rows)
+            with torch.no_grad():
+                logits = F.linear(x[part], w)
+            block = logits.float().requires_grad_(want_rows or want_weight)
+            for index, block_loss in enumerate(block_losses):
+                with torch.enable_grad():
+                    loss = block_loss(block, part)
+                totals[index] += loss.detach()
+                if want_rows or want_weight:
+                    grad = torch.autograd.grad(loss, block)[0].to(dtype)
+                    with torch.no_grad():
+                        if want_rows:
+                            row_grads[index][part] = (grad @ w).to(rows.dtype)
+                        if want_weight:
+                            weight_grads[index] += (grad.t() @ x[part]).float()
+        ctx.save_for_backward(*row_grads, *weight_grads)
+        ctx.counts = (len(row_grads), len(weight_grads), weight.dtype)
+        return totals
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        saved = ctx.saved_tensors
+        n_rows, n_weight, weight_dtype = ctx.counts
+        rows_grad = sum(g * grad_output[i].to(g.dtype) for i, g in enumerate(saved[:n_rows])) if n_rows else None
+        weight_grad = (sum(g * grad_output[i] for i, g in enumerate(saved[n_rows:n_rows + n_weight])).to(weight_dtype)
+                       if n_weight else None)
+        return rows_grad, weight_grad, None, None
 
 
 def frozen_head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
