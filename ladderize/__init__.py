@@ -2,7 +2,7 @@
 
 ``import ladderize`` is cheap (it imports neither torch nor transformers, so the command line
 answers ``--help`` at once) and still registers the ``ladder_llama`` model type with
-transformers' ``AutoConfig`` / ``AutoModelForCausalLM``: at once if transformers' auto classes
+transformers' ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM``: at once if transformers' auto classes
 are already loaded, else right after they are first imported. It also gives ``ladder_llama`` Llama's
 rows in peft's default target-module tables (``register_peft_targets``), at once or right after peft
 loads them, so ``LoraConfig(task_type="CAUSAL_LM")`` without ``target_modules`` works as on Llama.

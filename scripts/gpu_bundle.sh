@@ -77,7 +77,8 @@ if [ ! -f "$DL/$GGUF_NAME" ]; then
   mv "$DL/$GGUF_NAME.tmp" "$DL/$GGUF_NAME"
 fi
 
-find "$DIR" -maxdepth 1 -name 'part*' -exec rm -rf {} +
+# the parts of an earlier build (never DIR itself, whose name may start with part too)
+find "$DIR" -mindepth 1 -maxdepth 1 -name 'part*' -exec rm -rf {} +
 # what travels with a part: the tracked files (git ls-files), which grow with the repository
 repo_bytes=$(git ls-files -z | xargs -0 stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
 part_mib=$(awk -v b="$repo_bytes" 'BEGIN {printf "%.1f", 64 - b / 1048576 - 0.5}')

@@ -56,6 +56,18 @@ def check_writable(path: Path | str, what: str = "output") -> Path:
     return target
 
 
+def check_file_target(path: Path | str | None, what: str = "output file") -> Path | None:
+    """``check_writable`` for a file a command writes when it ends (``--json FILE``): its folder must exist, so that
+    a mistyped folder is one line before the work, not a folder created after it. Returns the absolute path
+    (``None`` for no file)."""
+    if path is None:
+        return None
+    target = Path(path).expanduser().absolute()
+    if not target.parent.exists():
+        raise LadderizeError(f"cannot write {what} {target}: folder {target.parent} does not exist")
+    return check_writable(target, what)
+
+
 def current_umask() -> int:
     """The process umask (read without changing it where /proc allows)."""
     try:

@@ -121,11 +121,12 @@ def _load_section(name: str, custom: bool) -> list[str]:
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
         f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
-        f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=False)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
         "```",
         "",
-        "(Pass `trust_remote_code` to the tokenizer too: the config is custom code, and without the argument "
-        "transformers asks whether to run it. The tokenizer itself is a standard one.)",
+        "(Pass `trust_remote_code=True` to the tokenizer too: it reads the config, which is custom code; without "
+        "the argument transformers asks whether to run it, and with `False` it reads the config as a generic one "
+        "and warns of a model type mismatch. The tokenizer itself is a standard one.)",
         "",
     ]
 

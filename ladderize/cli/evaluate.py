@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..checkpoint.atomic import check_file_target
 from . import options as opts
 from . import render
 from .app import app, console, err_console
@@ -35,7 +36,7 @@ def eval_command(
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
-    opts.check_output(json_path, "--json file")
+    check_file_target(json_path, "--json file")
     from ..checkpoint.atomic import write_json
     from ..eval.harness import evaluate_checkpoint
 

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..checkpoint.atomic import check_file_target
 from ..model.layout import LayerMode
 from . import options as opts
 from . import render
@@ -82,7 +83,7 @@ def predict_cmd(
         from ..predict.calibrate import fit_summary
 
         device, _ = opts.check_placement(device, dtype)
-        opts.check_output(profile, "--profile file")
+        check_file_target(profile, "--profile file")
         result = calibrate_from_options(model=model, layout=layout, tp=tp, batch=batch, prompt=prompt, gen=gen,
                                         out=profile, force=force, cache_dir=cache_dir, device=device)
         for line in fit_summary(result):
@@ -90,7 +91,7 @@ def predict_cmd(
         console.print(f"wrote {profile}", highlight=False, markup=False)
         return
     device, _ = opts.check_placement(device, dtype, resolve=compute != "roofline" and profile is None)
-    opts.check_output(json_path, "--json file")
+    check_file_target(json_path, "--json file")
     if (compute == "measured" or cache_dir is not None) and profile is None:
         from ..paths import cache_path
 

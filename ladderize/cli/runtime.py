@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ..checkpoint.atomic import check_file_target
 from . import options as opts
 from . import render
 from .app import app, console, err_console
@@ -122,7 +123,7 @@ def bench_cmd(
     opts.check_placement(device, dtype)
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
-    opts.check_output(json_path, "--json file")
+    check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
     from ..runtime.bench import BenchSpec, model_source, run_bench
     from ..runtime.generate import RuntimeOptions

@@ -29,6 +29,7 @@ from .layout import Layout  # noqa: E402
 CODE_FILES = ("layout.py", "configuration_ladder_llama.py", "block.py", "residual.py", "modeling_ladder_llama.py")
 AUTO_MAP = {
     "AutoConfig": "configuration_ladder_llama.LadderLlamaConfig",
+    "AutoModel": "modeling_ladder_llama.LadderLlamaModel",
     "AutoModelForCausalLM": "modeling_ladder_llama.LadderLlamaForCausalLM",
 }
 

@@ -520,6 +520,9 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
     """Causal LM head over ``LadderLlamaModel``; drop-in for ``LlamaForCausalLM``."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # Llama's: the head is split on the vocabulary as the embedding it is tied to (``embedding_rowwise``)
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def __init__(self, config: LadderLlamaConfig):
         super().__init__(config)

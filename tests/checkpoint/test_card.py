@@ -69,14 +69,37 @@ def test_tokenizer_length_is_the_models_positions(tiny_llama_dir, tmp_path):
     assert load_tokenizer(out).model_max_length == TINY["max_position_embeddings"]
 
 
+MISMATCH = "to instantiate a model of type"  # transformers' warning when a config is read by another config class
+
+
+def _python(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter, stdin closed (a custom-code prompt would print and fail)."""
+    return subprocess.run([sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / "hf"),
+                                                     "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])})
+
+
 def test_tokenizer_loads_without_a_custom_code_prompt(tiny_llama_dir, tmp_path):
-    """stdin closed: a prompt would print and fail. With ladderize imported the model type is known; without it,
-    trust_remote_code=False (as the card says) skips the question and loads the standard tokenizer."""
+    """With ladderize imported the model type is known; without it, trust_remote_code=True (as the card says) skips
+    the question and loads the standard tokenizer, with no model type mismatch warned of."""
     out = _converted(tiny_llama_dir, tmp_path)
-    for setup, kwargs in (("import ladderize", ""), ('sys.modules["ladderize"] = None', ", trust_remote_code=False")):
+    for setup, kwargs in (("import ladderize", ""), ('sys.modules["ladderize"] = None', ", trust_remote_code=True")):
         script = f"import sys\n{setup}\nfrom transformers import AutoTokenizer\nprint(AutoTokenizer.from_pretrained({str(out)!r}{kwargs}).model_max_length)"
-        run = subprocess.run([sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2])})
+        run = _python(script, tmp_path)
         assert run.returncode == 0, run.stderr[-2000:]
         assert "custom code" not in run.stdout + run.stderr, setup
+        assert MISMATCH not in run.stdout + run.stderr, setup
         assert run.stdout.split()[-1] == str(TINY["max_position_embeddings"])
+
+
+def test_the_cards_code_without_ladderize_loads_quietly(tiny_llama_dir, tmp_path):
+    """The card's "Without ladderize" block, run as written beside the folder: no prompt, no model type mismatch."""
+    out = _converted(tiny_llama_dir, tmp_path)
+    card = (out / "README.md").read_text()
+    block = card.split("Without ladderize", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    script = f'import sys\nsys.modules["ladderize"] = None\n{block}print(type(model).__module__, type(tokenizer).__name__)'
+    run = _python(script, out.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2].startswith("transformers_modules"), run.stdout
+    assert "custom code" not in run.stdout + run.stderr
+    assert MISMATCH not in run.stdout + run.stderr, run.stderr[-2000:]

@@ -84,3 +84,45 @@ def test_writable_check_accepts_new_nested_folders_and_leaves_nothing(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(LadderizeError, match="is a directory"):
         check_writable(tmp_path / "d", "--json file")
+
+
+FILE_COMMANDS = {  # a file written when the command ends, in a folder that does not exist
+    name: COMMANDS[name] for name in ("eval", "bench", "predict")
+} | {
+    "predict-profile": ("ladderize.predict.pipeline", "calibrate_from_options",
+                        lambda src, d: ["predict", "--calibrate", "--model", "cpu-512", "--device", "cpu",
+                                        "--profile", d / "profile.json"]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(FILE_COMMANDS))
+def test_a_file_in_a_missing_folder_is_one_line_before_the_work(command, tmp_path, tiny_llama_dir, capsys, monkeypatch):
+    """``--json DIR/x.json`` (``--profile``) where DIR does not exist: refused at once, DIR not created."""
+    import time
+
+    module_name, function, argv = FILE_COMMANDS[command]
+
+    def work_started(*args, **kwargs):
+        raise AssertionError(f"{command} started its work before checking the folder it writes in")
+
+    monkeypatch.setattr(importlib.import_module(module_name), function, work_started)
+    missing = tmp_path / "missing" / "dir"
+    started = time.perf_counter()
+    code, out, err = run_cli(argv(tiny_llama_dir, missing), capsys, monkeypatch)
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: cannot write") and f"folder {missing} does not exist" in lines[0], lines
+    assert time.perf_counter() - started < 30
+    assert not (tmp_path / "missing").exists()
+
+
+def test_file_target_check_accepts_an_existing_folder_and_leaves_nothing(tmp_path):
+    from ladderize.checkpoint.atomic import check_file_target
+    from ladderize.errors import LadderizeError
+
+    assert check_file_target(None) is None
+    assert check_file_target(tmp_path / "x.json", "--json file") == tmp_path / "x.json"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(LadderizeError, match="folder .* does not exist"):
+        check_file_target(tmp_path / "new" / "x.json", "--json file")
+    assert list(tmp_path.iterdir()) == []

@@ -119,6 +119,41 @@ def test_remote_code_loads_without_ladderize(tiny_llama_dir: Path, tmp_path: Pat
     assert (logits_without_ladderize(out, ids, tmp_path) - expected).abs().max() <= TOL
 
 
+def test_auto_model_loads_the_base_model_with_and_without_ladderize(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """``AutoModel`` gives the decoder without the head: registered with ladderize, and named in ``auto_map``
+    for remote code; its hidden states are the causal LM's base model's."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModel
+
+    from ladderize.model import LadderLlamaModel
+
+    out = convert_checkpoint(str(tiny_llama_dir), tmp_path / "out", ladder="2:", spd="0:1", spd_tp_size=3)
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModel"] == "modeling_ladder_llama.LadderLlamaModel"
+    ids = _ids(128, (2, 7))
+    base = AutoModel.from_pretrained(out).eval()
+    assert type(base) is LadderLlamaModel
+    with torch.no_grad():
+        expected = load_model(out).model(ids).last_hidden_state
+        assert torch.equal(base(ids).last_hidden_state, expected)
+    torch.save(ids, tmp_path / "ids.pt")
+    script = f"""
+import sys
+sys.modules["ladderize"] = None
+import torch
+from transformers import AutoModel
+model = AutoModel.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules") and type(model).__name__ == "LadderLlamaModel"
+with torch.no_grad():
+    torch.save(model(torch.load({str(tmp_path / 'ids.pt')!r})).last_hidden_state, {str(tmp_path / 'hidden.pt')!r})
+"""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (torch.load(tmp_path / "hidden.pt") - expected).abs().max() <= TOL
+
+
 def test_plain_llama_output_loads_without_ladderize(tiny_llama_dir, tmp_path):
     """``plain=True`` (what ``pull`` writes): model_type llama, no custom code, same function."""
     import json

@@ -3,8 +3,11 @@ attention maps, tuples, hidden states, and what forward hooks on decoder layers 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch.distributed.tensor import Shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.conftest import TINY, tiny_model
@@ -90,3 +93,37 @@ def test_stale_state_travels_as_a_layer_output_for_reentrant_checkpointing():
         model(ids, labels=ids, use_cache=False).loss.backward()
         grads.append([p.grad for p in model.parameters()])
     assert all(b is not None and max_diff(a, b) <= 1e-6 for a, b in zip(*grads))
+
+
+def test_parallel_plans_are_llamas():
+    """transformers' tensor and pipeline plans: Llama's, the tied head's entry included."""
+    model = tiny_model(**HYBRID, tie_word_embeddings=True)
+    llama = LlamaForCausalLM(LlamaConfig(**{**TINY, "tie_word_embeddings": True}))
+    assert model.tp_plan == llama.tp_plan and "lm_head" in model.tp_plan
+    assert model.pp_plan == llama.pp_plan
+
+
+def test_tied_weights_are_sharded_together(monkeypatch):
+    """Under tensor parallelism the tied head and embedding are split on the same dimension (the vocabulary):
+    each weight's style from the model's plan, asked by transformers where it would place the weight."""
+    from transformers.distributed import tensor_parallel
+
+    placements: list = []
+
+    def distribute_tensor(tensor, mesh, placement, **_):
+        placements.append(tuple(placement))
+        return tensor
+
+    monkeypatch.setattr(tensor_parallel, "distribute_tensor", distribute_tensor)
+    model = tiny_model(tie_word_embeddings=True)
+    modules = dict(model.named_modules())
+    assert model.all_tied_weights_keys == {"lm_head.weight": "model.embed_tokens.weight"}
+    for target, source in model.all_tied_weights_keys.items():
+        placed = {}
+        for name in (target, source):
+            module_name, _, param = name.rpartition(".")
+            style = model.tp_plan.get(module_name)
+            assert style is not None, f"{module_name} has no tensor-parallel plan"
+            tensor_parallel.ALL_PARALLEL_STYLES[style].shard_param(copy.deepcopy(modules[module_name]), param, None)
+            placed[name] = placements.pop()
+        assert placed[target] == placed[source] == (Shard(0),), placed
