@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import LadderizeError
+from ..hardware import GPU_PEAKS, gpu_named
 
 USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand out before fragmentation bites
 RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
@@ -108,10 +109,8 @@ class Launch:
 
     @classmethod
     def parse(cls, text: str) -> "Launch":
-        from ..predict.gpus import GPU_PROFILES
-
         match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*([A-Za-z0-9-]+)\s*", text)
-        known = sorted(k for k in GPU_PROFILES if "-" not in k)
+        known = sorted(GPU_PEAKS)
         if not match or int(match.group(1)) < 1 or match.group(2).lower() not in known:
             raise LadderizeError(f"--dry-run {text!r}: give the launch as NxGPU, e.g. 8xH100 (GPUs: "
                                  f"{', '.join(k.upper() for k in known)})")
@@ -126,21 +125,16 @@ class Launch:
 
         gpu = None
         if torch.cuda.is_available():
-            name = torch.cuda.get_device_name().upper()
-            gpu = next((key for key in ("h200", "h100", "a100") if key.upper() in name), None)
+            gpu = gpu_named(torch.cuda.get_device_name())
         return cls(world_size(), gpu)
 
     @property
     def memory_bytes(self) -> float | None:
-        from ..predict.gpus import GPU_PROFILES
-
-        return GPU_PROFILES[self.gpu].memory_bytes if self.gpu else None
+        return GPU_PEAKS[self.gpu].memory_bytes if self.gpu else None
 
     @property
     def peak_flops_per_s(self) -> float | None:
-        from ..predict.gpus import GPU_PROFILES
-
-        return GPU_PROFILES[self.gpu].peak_flops_per_s if self.gpu else None
+        return GPU_PEAKS[self.gpu].peak_flops_per_s if self.gpu else None
 
     def describe(self) -> str:
         return f"{self.processes} x {self.gpu.upper() if self.gpu else 'device'}"
@@ -348,14 +342,16 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
 def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[str, Any], memory: JointMemory,
                   usable: float, seq_len: int, batch: int, compute_bytes: int, teacher: bool) -> str:
     """One line: what the stage needs, and the changes that would make it fit."""
+    def fewest_gpus(checkpointing: bool) -> int | None:
+        return next((n for n in (2, 4, 8, 16, 32, 64, 128) if n > launch.processes and JointMemory.estimate(
+            config, converted, n, seq_len * batch, teacher=teacher, checkpointing=checkpointing,
+            compute_bytes=compute_bytes).total <= usable), None)
+
     fixes = []
-    for processes in (2, 4, 8, 16, 32, 64):
-        if processes <= launch.processes:
-            continue
-        if JointMemory.estimate(config, converted, processes, seq_len * batch, teacher=teacher,
-                                compute_bytes=compute_bytes).total <= usable:
-            fixes.append(f"at least {processes} GPUs")
-            break
+    plain, checked_gpus = fewest_gpus(False), fewest_gpus(True)
+    if plain is not None:
+        extra = f" ({checked_gpus} with --activation-checkpointing)" if checked_gpus and checked_gpus < plain else ""
+        fixes.append(f"at least {plain} GPUs{extra}")
     if not step.get("activation_checkpointing"):
         checked = JointMemory.estimate(config, converted, launch.processes, seq_len * batch, teacher=teacher,
                                        checkpointing=True, compute_bytes=compute_bytes)

@@ -9,7 +9,7 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   and device memory per rank are the models over the ranks.
 - **Only the converted layers train.** The optimizer holds their shards; the frozen teacher runs in the compute
   dtype (bf16 where the training autocasts), and the layers below the first converted one, identical in both
-  models, run once, the teacher's (``AdaptLoss`` with ``share_prefix``).
+  models, are held once and run once, the teacher's (``AdaptLoss`` with ``share_prefix``).
 - **One step** is the joint training's step (``joint.py``): each rank reads its rows of the deterministic batch
   order, FSDP2 averages the gradients (reduce-scatter), gradient sync waits for the last micro-batch, and the clip
   measures the global norm of the sharded gradients. Losses stay on the device and are read when logged
@@ -116,8 +116,9 @@ def adapt_sharded(
     share = teacher_path is not None and _same_rows(checkpoint, teacher_path, first, rank, world, device)
 
     teacher = _sharded_model(teacher_config, teacher_path, compute, device, trained=()) if teacher_path else None
+    prefix = {index: teacher.model.layers[index] for index in range(first)} if share else {}
     student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
-                             mixed=compute if compute != torch.float32 else None)
+                             mixed=compute if compute != torch.float32 else None, shared=prefix)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
                             config.kd_divergence, config.kd_top_k, compiled=False)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
@@ -362,11 +363,13 @@ def _same_rows(student_path: str, teacher_path: str, first: int, rank: int, worl
     return bool(flag.item())
 
 
-def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None):
+def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None,
+                   shared: dict[int, torch.nn.Module] | None = None):
     """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
     time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
 
-    ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision). A frozen
+    ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision); ``shared``:
+    layers taken from another model as they are (the teacher's frozen prefix, which the student never runs). A frozen
     model (the teacher, no ``trained``) also shards its embedding, norm and head, each a unit of its own
     (``fsdp.head_gathered``); a student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
     """
@@ -391,6 +394,9 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
     else:
         _fill(model.lm_head, "lm_head.", files, dtype, device)
     for index, layer in enumerate(model.model.layers):
+        if shared and index in shared:  # the teacher's own layer, identical and frozen: one copy for both
+            model.model.layers[index] = shared[index]
+            continue
         _fill(layer, layer_prefix(index), files, dtype, device)
         layer.requires_grad_(index in trained)
         fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
