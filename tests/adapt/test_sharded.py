@@ -193,3 +193,12 @@ def test_host_memory_per_rank_at_two_processes_is_under_one_processs(text_file, 
     two = _peak_rss_mb([*_torchrun(2), *[str(tmp_path / "two") if a is None else a for a in args]], _env(tmp_path))
     print(f"peak RSS: one process {one:,.0f} MB, a rank of two {two:,.0f} MB ({two / one:.2f}x)")
     assert two <= 0.75 * one, (one, two)
+
+
+def test_activation_checkpointing_recomputes_the_same_training(sharp_ladder, text_file, tmp_path):
+    plain = adapt(_config(sharp_ladder, text_file, tmp_path / "plain", tokens=4 * 2 * SEQ))
+    checked = adapt(_config(sharp_ladder, text_file, tmp_path / "checked", tokens=4 * 2 * SEQ,
+                            activation_checkpointing=True))
+    assert [r["loss_kd"] for r in plain.curve] == pytest.approx([r["loss_kd"] for r in checked.curve], rel=1e-6)
+    a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "checked" / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
