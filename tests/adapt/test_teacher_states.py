@@ -11,7 +11,7 @@ from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.objectives import AdaptLoss
 from ladderize.adapt.pace import stage_seconds
 from ladderize.adapt.recipe import load_recipe, resolve_stages, run_recipe
-from ladderize.adapt.residual_states import embed, run_layers
+from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, keeps_teacher_states, read, reads_stored_teacher, teacher_id, write
 from ladderize.checkpoint.io import load_model
 from tests.adapt.test_pace import PACE
@@ -102,7 +102,7 @@ def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_di
     """Ladder on layers 1-2 of 4: the stored final state runs the teacher's layer 3 past the last converted one, and
     the rows are the calibration set and the held-out batch after it."""
     from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.data import pack_tokens
+    from ladderize.corpus.windows import pack_tokens
     from ladderize.adapt.train import adapt
     from ladderize.checkpoint.io import load_tokenizer
     from ladderize.checkpoint.tensor_files import open_safetensors
@@ -112,7 +112,7 @@ def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_di
     states = tmp_path / "states"
     adapt(AdaptConfig(checkpoint=str(ladder), out=str(tmp_path / "out"), data=str(text_file), objectives="local",
                       local_schedule="sequential", tokens=32 * 4, seq_len=32, batch_size=2, epochs=1,
-                      teacher_states=str(states)))
+                      teacher_states=str(states), dtype="float32"))  # the fp32 teacher run below (bf16 CPUs too)
     ids = pack_tokens(str(text_file), load_tokenizer(str(ladder), "test"), 32, max_tokens=32 * 6)  # 4 + 2 held out
     with open_safetensors(states / ENTRY_FILE) as entry, open_safetensors(states / FINAL_FILE) as final:
         assert torch.equal(entry.get_tensor("input_ids"), ids) and torch.equal(final.get_tensor("input_ids"), ids)
