@@ -131,7 +131,7 @@ def lambada_scores(model, tokenizer, limit: int | None, batch_size: int = 16) ->
 def score(model, tokenizer, teacher, ids: torch.Tensor, lambada: int) -> dict:
     """Perplexity on ``ids``, LAMBADA on the first ``lambada`` passages (0: all) and, with a ``teacher``, agreement with it."""
     from ladderize.eval.perplexity import perplexity
-    from ladderize.eval.teacher_agreement import teacher_agreement
+    from teacher_agreement import teacher_agreement  # beside this file
 
     times = {}
     started = time.perf_counter()

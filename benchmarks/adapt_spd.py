@@ -45,9 +45,9 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.convert_support import head_group_checkpoint
-    from ladderize.adapt.data import pack_tokens
-    from ladderize.adapt.sensitivity import SensitivityReport, measure_sensitivity, select_layers
+    from ladderize.convert.convert_support import head_group_checkpoint
+    from ladderize.corpus.windows import pack_tokens
+    from ladderize.convert.sensitivity import SensitivityReport, measure_sensitivity, select_layers
     from ladderize.checkpoint.io import load_model
     from ladderize.convert.conversion import convert_checkpoint
     from ladderize.model import LayerMode, format_layer_ranges

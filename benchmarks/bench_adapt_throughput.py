@@ -158,7 +158,7 @@ def checkpoints(shape, converted: list[int], folder: Path) -> tuple[Path, Path]:
     import torch
 
     from ladderize.checkpoint.io import load_config
-    from ladderize.checkpoint.shapes import write_synthetic_checkpoint
+    from ladderize.synthetic import write_synthetic_checkpoint
 
     teacher, student = folder / "dense", folder / "ladder"
     if int(os.environ.get("RANK", "0")) == 0 and not (student / "config.json").is_file():

@@ -162,7 +162,8 @@ SHARES_WORKER = """
 import json, sys
 from accelerate import Accelerator
 from transformers import AutoTokenizer
-from ladderize.adapt.data import batch_at, micro_batch_index, token_windows
+from ladderize.adapt.batches import batch_at, micro_batch_index
+from ladderize.corpus.windows import token_windows
 store, tokenizer, out, steps, batch, accum, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
 accelerator = Accelerator(cpu=True)
 windows = token_windows(store, AutoTokenizer.from_pretrained(tokenizer), seq_len)
@@ -178,7 +179,8 @@ json.dump({"rank": accelerator.process_index, "world": accelerator.num_processes
 
 def check_shares(store: Path, tokenizer: Path, workdir: Path, env: dict, seq_len: int) -> dict:
     """Two launched processes' micro-batches against one process's: disjoint, and in order their union."""
-    from ladderize.adapt.data import batch_at, micro_batch_index, token_windows
+    from ladderize.adapt.batches import batch_at, micro_batch_index
+    from ladderize.corpus.windows import token_windows
     from transformers import AutoTokenizer
 
     steps, batch, accum = 50, 4, 2
@@ -214,7 +216,8 @@ def loader_cost(store: Path, tokenizer: Path, seq_len: int, batch: int, steps: i
     """Seconds per micro-batch read from the store (random positions over the whole corpus)."""
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.data import batch_at, token_windows
+    from ladderize.adapt.batches import batch_at
+    from ladderize.corpus.windows import token_windows
 
     windows = token_windows(str(store), AutoTokenizer.from_pretrained(tokenizer), seq_len)
     rng = random.Random(0)

@@ -87,7 +87,7 @@ def main() -> None:
 
     from ladderize.adapt.compilation import adamw, compile_layers
     from ladderize.adapt.layer_source import StreamedLayers
-    from ladderize.adapt.residual_states import attention_kwargs
+    from ladderize.convert.residual_states import attention_kwargs
     from ladderize.checkpoint.atomic import write_json
     from ladderize.checkpoint.io import load_config
     from ladderize.checkpoint.placement import training_precision

@@ -125,7 +125,7 @@ def log(message: str) -> None:
 
 def synthetic_checkpoint(dtype: torch.dtype) -> Path:
     """The issue's shape with random weights (seed 0), saved once as a plain Llama checkpoint in the cache."""
-    from ladderize.checkpoint.shapes import write_synthetic_checkpoint
+    from ladderize.synthetic import write_synthetic_checkpoint
 
     path = peers_dir() / "checkpoints" / "llama-12x512-seed0"
     if (path / "config.json").is_file():

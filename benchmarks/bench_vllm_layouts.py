@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ladderize.model.layout import Layout  # noqa: E402
-from ladderize.checkpoint.shapes import write_synthetic_checkpoint  # noqa: E402
+from ladderize.synthetic import write_synthetic_checkpoint  # noqa: E402
 from ladderize.runtime.timing import load_average  # noqa: E402
 from tests.runtime.vllm.serving_helpers import vllm_greedy  # noqa: E402
 

@@ -421,7 +421,8 @@ def _adapt_peak(argv: list[str]) -> None:
 
 def step_adapt_streaming(ctx: Context) -> dict[str, Any]:
     """Streamed sequential adapt at converted depth L and 2L (all layers ladder), random weights of the 8B shape."""
-    from ladderize.checkpoint.shapes import preset, write_synthetic_checkpoint
+    from ladderize.checkpoint.shapes import preset
+    from ladderize.synthetic import write_synthetic_checkpoint
     from ladderize.convert.conversion import convert_checkpoint
     from ladderize.eval.perplexity import wikitext2_valid_path
 
@@ -464,7 +465,8 @@ def step_model(ctx: Context) -> dict[str, Any]:
 def step_adapt_smollm2(ctx: Context) -> dict[str, Any]:
     """The default recipe through the CLI (as ``bench_gpu``'s adapt part), with the valid-window perplexity around it."""
     from ladderize.checkpoint.io import load_model, load_tokenizer
-    from ladderize.checkpoint.shapes import preset, write_synthetic_checkpoint
+    from ladderize.checkpoint.shapes import preset
+    from ladderize.synthetic import write_synthetic_checkpoint
     from ladderize.convert.conversion import convert_checkpoint
     from ladderize.eval.perplexity import perplexity
 

@@ -31,11 +31,12 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ladderize.predict import published_figures as published
 from ladderize.predict import fit as F
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.gpus import GPU_PROFILES, H100_FIT
 from ladderize.predict.interconnect import PROFILES, InterconnectProfile
+
+import published_figures as published  # beside this file
 
 FIXED_BY = {
     "h100-gpt-fast.weight_bytes_per_s": "upper-bound decode per token, TP8 b1 + TP4 b1 + TP8 b64 (logs), 3x3 solve",

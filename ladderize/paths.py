@@ -7,7 +7,7 @@ Every cache lives below it, one folder per kind (``cache_path(kind)``):
 - ``data/``: evaluation data (LAMBADA, WikiText-2); - ``eval-data/``: derived task files;
 - ``peers/``: the venvs and results of the peer benchmarks;
 - ``tokens/``: token stores, adapt's text tokenized once (``$LADDERIZE_TOKEN_DIR`` puts them elsewhere,
-  e.g. on a large scratch disk; ``adapt/token_store.py``).
+  e.g. on a large scratch disk; ``corpus/token_store.py``).
 
 Light on purpose (no torch), so the command line can answer from a cache at once.
 """

@@ -37,7 +37,7 @@ RECORD_VERSION = 2  # 1: the files written before these records (see ``read_lega
 BENCH_RECORD = "ladderize-bench"
 PREDICT_RECORD = "ladderize-predict"
 EVAL_RECORD = "ladderize-eval"
-SENSITIVITY_RECORD = "ladderize-sensitivity"  # adapt.sensitivity.SensitivityReport (not a speed or accuracy row)
+SENSITIVITY_RECORD = "ladderize-sensitivity"  # convert.sensitivity.SensitivityReport (not a speed or accuracy row)
 DENSE_SCHEDULE = "dense"
 R = TypeVar("R", bound="SpeedRow")
 

@@ -55,11 +55,11 @@ def tiny_model(seed: int = 0, **overrides) -> LadderLlamaForCausalLM:
 
 @pytest.fixture(scope="session", autouse=True)
 def _token_stores(tmp_path_factory: pytest.TempPathFactory):
-    """Token stores (``adapt/token_store.py``) of this session in a folder of its own, removed at the end:
+    """Token stores (``corpus/token_store.py``) of this session in a folder of its own, removed at the end:
     tests tokenize temp files, whose stores would pile up in the user's cache. Subprocesses inherit it."""
     import shutil
 
-    from ladderize.adapt.token_store import ROOT_ENV
+    from ladderize.corpus.token_store import ROOT_ENV
 
     root = tmp_path_factory.mktemp("token-stores")
     previous = os.environ.get(ROOT_ENV)

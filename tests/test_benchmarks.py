@@ -1,7 +1,7 @@
-"""Every ``benchmarks/*.py`` imports against the product as it is now and answers ``--help``.
+"""Every ``benchmarks/*.py`` and ``lab/*.py`` imports against the product as it is now and answers ``--help``.
 
 Each runs in its own process (``python benchmarks/X.py --help``), which executes the module's
-imports and its argument parser and nothing else: a benchmark that imports a name the product no
+imports and its argument parser and nothing else: a script that imports a name the product no
 longer has, or a test helper that moved, fails here rather than on the GPU machine. A module with
 no ``__main__`` block (``adapt_common.py``, the adapt scripts' shared code) is only imported.
 """
@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "lab").glob("*.py"))
 
 
-def test_the_benchmarks_are_found():
-    assert len(SCRIPTS) >= 15 and ROOT / "benchmarks" / "bench_vllm_layouts.py" in SCRIPTS
+def test_the_benchmarks_and_the_lab_scripts_are_found():
+    assert len(SCRIPTS) >= 25 and ROOT / "benchmarks" / "bench_vllm_layouts.py" in SCRIPTS
+    assert ROOT / "lab" / "adapt_interpolate.py" in SCRIPTS
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[f"{s.parent.name}/{s.stem}" for s in SCRIPTS])
 def test_benchmark_imports_and_answers_help(script: Path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)

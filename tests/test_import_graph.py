@@ -1,9 +1,11 @@
-"""The import graph between ladderize's packages runs one way: no cycle, and nothing imports the package root.
+"""The import graph of ladderize runs one way: no cycle between its packages nor between its files, nothing imports
+the package root, nothing imports the scripts of ``benchmarks/`` and ``lab/``, and each class name is defined once.
 
 Every ``import`` in every module counts, function-level (lazy) imports included, since a lazy import
-is still an arrow between packages. A node is a subpackage (``model``, ``adapt``, ...) or a module
-at the root (``errors``, ``demo``, ...); ``ladderize`` is the root ``__init__``, which only hands
-names on. docs/architecture.md records the edges this test prints.
+is still an arrow. A package node is a subpackage (``model``, ``adapt``, ...) or a module at the root
+(``errors``, ``hardware``, ...); ``ladderize`` is the root ``__init__``, which only hands names on; a file
+node is one module (a package's ``__init__`` is the package's). docs/architecture.md records the package
+edges this test prints.
 """
 
 from __future__ import annotations
@@ -40,6 +42,38 @@ def _imported(file: Path) -> list[tuple[str, int]]:
                 is_module = sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
                 found.append((f"{module}.{alias.name}" if is_module else module, node.lineno))
     return [(name, line) for name, line in found if name.split(".")[0] == ROOT]
+
+
+def _module_of(name: str) -> str | None:
+    """The ladderize module (a file, or a package's ``__init__``) that the dotted ``name`` imports: the name itself, or
+    the nearest module above it (``ladderize.model.Layout`` -> ``ladderize.model``); None for a folder without one."""
+    parts = name.split(".")
+    while parts:
+        path = PACKAGE.parent.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts)
+        if path.is_dir():
+            return None
+        parts.pop()
+    return None
+
+
+def _module_name(file: Path) -> str:
+    parts = list(file.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def file_graph() -> dict[tuple[str, str], list[str]]:
+    """``(importer, imported) -> ["file:line", ...]`` between distinct modules."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for file in sorted(PACKAGE.rglob("*.py")):
+        source = _module_name(file)
+        for name, line in _imported(file):
+            target = _module_of(name)
+            where = f"{file.relative_to(PACKAGE.parent).as_posix()}:{line}"
+            if target and target != source and where not in edges[source, target]:
+                edges[source, target].append(where)
+    return dict(edges)
 
 
 def import_graph() -> dict[tuple[str, str], list[str]]:
@@ -93,6 +127,47 @@ def test_package_import_graph_is_acyclic():
     )
 
 
+def test_no_file_is_in_an_import_cycle():
+    """Between files too: a function-level import that closes a loop is a shared piece in the wrong room."""
+    edges = file_graph()
+    assert ("ladderize.convert.conversion", "ladderize.checkpoint.io") in edges  # the graph sees the files
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle between files: " + " -> ".join(cycle) + "; " + "; ".join(
+        f"{a} -> {b} at {', '.join(edges[a, b])}" for a, b in zip(cycle, cycle[1:])
+    )
+
+
+def test_convert_imports_nothing_of_adapt():
+    """Convert's features (auto ranges, sensitivity, head grouping) stand below adapt, which may use them."""
+    edges = import_graph()
+    assert ("convert", "adapt") not in edges, edges.get(("convert", "adapt"))
+
+
+def test_nothing_imports_the_benchmarks_or_the_lab():
+    """``benchmarks/`` and ``lab/`` are scripts that use ladderize; ladderize reads nothing of theirs."""
+    root = PACKAGE.parent
+    scripts = {"benchmarks", "lab"} | {f.stem for folder in ("benchmarks", "lab") for f in (root / folder).glob("*.py")}
+    found = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            found += [f"{file.relative_to(root).as_posix()}:{node.lineno} imports {name}"
+                      for name in names if name.split(".")[0] in scripts]
+    assert not found, found
+
+
+def test_each_class_name_is_defined_once():
+    """One name per idea: two classes of one name in the package read as one thing and are two."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for file in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(f"{file.relative_to(PACKAGE.parent).as_posix()}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, twice
+
+
 def test_nothing_imports_the_package_root():
     up = [w for (source, target), where in import_graph().items() if target == ROOT for w in where]
     assert not up, f"imports of the package root (import the name from the module that defines it): {up}"
@@ -117,7 +192,7 @@ def test_the_portable_model_imports_nothing_else_of_ladderize():
 
 
 def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
-    # adapt/layer_source.py imported convert.sources inside a method: that lazy import closed a cycle
+    # a lazy import inside a method closes a cycle as surely as one at the top of the file
     assert find_cycle({("a", "b"): [], ("b", "c"): [], ("c", "a"): []}) == ["a", "b", "c", "a"]
     assert find_cycle({("a", "b"): [], ("b", "c"): []}) is None
     file = PACKAGE / "cli" / "app.py"

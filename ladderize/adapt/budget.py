@@ -312,7 +312,7 @@ def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int 
     """The tokens of whole sequences the data holds, up to ``cap`` (tokenized into the token store that far)."""
     from ..checkpoint.io import load_tokenizer
     from .config import AdaptConfig
-    from .data import token_windows
+    from ..corpus.windows import token_windows
 
     seq_len = step.get("seq_len", AdaptConfig.seq_len)
     windows = token_windows(step.get("data", AdaptConfig.data), load_tokenizer(checkpoint, "adaptation"), seq_len,

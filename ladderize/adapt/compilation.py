@@ -20,7 +20,7 @@ layer was a graph of its own: a kd stage's first step on ladder 15-29 waited 51 
 raised (``RECOMPILE_LIMIT``): at dynamo's default of 8, the graphs after the eighth (a layout of many kinds, several
 batch shapes) would run eager without a word. State dict keys do not change.
 
-The kd loss is compiled too (``compiled_kd_loss``): ``objectives.blockwise_kd`` runs it, and its gradient, on
+The kd loss is compiled too (``objectives.compiled_kd_loss``, with ``inductor_options``): ``objectives.blockwise_kd`` runs it, and its gradient, on
 blocks of 128 x 49,152 float32 logits, where eager PyTorch makes a dozen passes (temperature, two log-softmaxes,
 the KL terms and their backward) and Inductor two or three: 29 against 63 ms a block on one core. The LM head's
 matmul stays eager (one matmul, nothing to fuse).
@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 import torch
@@ -165,15 +165,6 @@ def graph_kinds(*models: Sequence[LayerMode]) -> list[tuple[int, ...]]:
             keys.append((replace(attention, layer=0, overlaps_next=False), replace(mlp, layer=0, overlaps_next=False), slots))
         found.append(tuple(kinds.setdefault(key, len(kinds)) for key in keys))
     return found
-
-
-@functools.lru_cache(maxsize=None)
-def compiled_kd_loss(device_type: str) -> Callable[..., torch.Tensor]:
-    """``objectives.kd_loss`` through ``torch.compile`` for ``device_type`` (one graph per block shape and setting),
-    compiled once a process."""
-    from .objectives import kd_loss
-
-    return torch.compile(kd_loss, dynamic=False, options=inductor_options(device_type))
 
 
 def adamw(params: list[torch.nn.Parameter], *, fused: bool = True, **settings) -> torch.optim.AdamW:

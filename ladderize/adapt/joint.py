@@ -20,12 +20,14 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..progress import counted
+from ..corpus.windows import token_windows
+from ..corpus.token_store import build_reporter, is_store
+from ..convert.teacher import load_teacher, resolve_teacher
 from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
-from .data import batch_rows, micro_batch_index, token_windows
+from .batches import batch_rows, micro_batch_index
 from .cost import FlopCount
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
-from .token_store import build_reporter, is_store
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
@@ -34,7 +36,6 @@ from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
 from .training_state import STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
-from .teacher import load_teacher, resolve_teacher
 from .teacher_states import read as read_teacher_states, teacher_id
 
 
@@ -137,7 +138,7 @@ def adapt_joint(
             f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")
 
     if config.head_grouping:  # before ``prepare``, on the Accelerator's device
-        from .head_grouping import group_heads_for_spd
+        from ..convert.head_grouping import group_heads_for_spd
 
         student.to(accelerator.device)
         teacher.to(accelerator.device)

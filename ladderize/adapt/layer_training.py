@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..convert.residual_states import State, attention_kwargs
 from .compilation import adamw
-from .data import batch_order
+from .batches import batch_order
 from .objectives import layer_error
 from .state_store import StateStore
-from .residual_states import State, attention_kwargs
 
 if TYPE_CHECKING:
     from ..checkpoint.placement import TrainingPrecision

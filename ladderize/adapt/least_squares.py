@@ -61,8 +61,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LadderizeError
+from ..convert.residual_states import State
 from .objectives import layer_error
-from .residual_states import State
 
 if TYPE_CHECKING:
     from .layer_training import Ranks, StateCache

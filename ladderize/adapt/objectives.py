@@ -41,6 +41,7 @@ dozen such tensors per step, each mapped fresh from the kernel.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,9 +52,9 @@ from torch import nn
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
-from .compilation import compiled_kd_loss
+from ..convert.residual_states import State, attention_kwargs, embed, logits_from, run_layers
+from .compilation import inductor_options
 from .fsdp import head_gathered
-from .residual_states import State, attention_kwargs, embed, logits_from, run_layers
 
 OBJECTIVES = ("lm", "kd", "local")
 TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare the student with a teacher
@@ -103,7 +104,7 @@ def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: tor
 
 
 @dataclass
-class TeacherStates:
+class TeacherPass:
     """What the teacher computed for one batch: per-layer inputs and outputs, and its last residual stream."""
 
     inputs: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (residual, stale) entering it
@@ -186,7 +187,7 @@ class AdaptLoss(nn.Module):
         return losses
 
     @torch.no_grad()
-    def _teacher_states(self, input_ids: torch.Tensor, want_final: bool) -> TeacherStates:
+    def _teacher_states(self, input_ids: torch.Tensor, want_final: bool) -> TeacherPass:
         teacher = self.teacher
         state, attn_kwargs = embed(teacher, input_ids)
         inputs, outputs = {}, {}
@@ -198,26 +199,26 @@ class AdaptLoss(nn.Module):
             if index in self.converted:
                 outputs[index] = state
         self._teacher_kwargs = attn_kwargs
-        return TeacherStates(inputs, outputs, state[0] if want_final else None)
+        return TeacherPass(inputs, outputs, state[0] if want_final else None)
 
-    def _stored_states(self, input_ids: torch.Tensor, stored: tuple[torch.Tensor, ...]) -> TeacherStates:
+    def _stored_states(self, input_ids: torch.Tensor, stored: tuple[torch.Tensor, ...]) -> TeacherPass:
         residual, stale, final = stored
         self._teacher_kwargs = attention_kwargs(self.teacher, *input_ids.shape, residual.dtype, residual.device)
-        return TeacherStates({self.first: (residual, stale)}, {}, final)
+        return TeacherPass({self.first: (residual, stale)}, {}, final)
 
-    def _student_start(self, input_ids: torch.Tensor, teacher: TeacherStates | None):
+    def _student_start(self, input_ids: torch.Tensor, teacher: TeacherPass | None):
         """The student's state entering its first converted layer, and its attention kwargs."""
         if self.share_prefix and teacher is not None and self.first in teacher.inputs:
             return teacher.inputs[self.first], self._teacher_kwargs, self.first
         state, attn_kwargs = embed(self.student, input_ids)
         return state, attn_kwargs, 0
 
-    def _student_final(self, input_ids: torch.Tensor, teacher: TeacherStates | None) -> torch.Tensor:
+    def _student_final(self, input_ids: torch.Tensor, teacher: TeacherPass | None) -> torch.Tensor:
         """The student's residual stream entering its final norm, ``[B, S, D]``."""
         state, attn_kwargs, start = self._student_start(input_ids, teacher)
         return run_layers(self.student, state, attn_kwargs, start, self.student.config.num_hidden_layers)[0]
 
-    def _student_errors(self, input_ids: torch.Tensor, teacher: TeacherStates, stop: int,
+    def _student_errors(self, input_ids: torch.Tensor, teacher: TeacherPass, stop: int,
                         cut_graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The student's own pass from its first converted layer (or its embedding) to layer ``stop``: its residual
         stream leaving layer ``stop - 1`` and the mean error of its converted layers against the teacher's states.
@@ -237,7 +238,7 @@ class AdaptLoss(nn.Module):
             state = out
         return state[0], total / len(self.converted)
 
-    def _local_loss(self, input_ids: torch.Tensor, teacher: TeacherStates) -> torch.Tensor:
+    def _local_loss(self, input_ids: torch.Tensor, teacher: TeacherPass) -> torch.Tensor:
         if self.local_inputs == "teacher":
             layers, total, attn_kwargs = self.student.model.layers, 0.0, self._teacher_kwargs
             for index in self.converted:
@@ -310,11 +311,18 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature**2
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_kd_loss(device_type: str) -> Callable[..., torch.Tensor]:
+    """``kd_loss`` through ``torch.compile`` for ``device_type`` (one graph per block shape and setting), compiled
+    once a process."""
+    return torch.compile(kd_loss, dynamic=False, options=inductor_options(device_type))
+
+
 def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.Tensor], temperature: float = 1.0,
                  divergence: str = "forward", top_k: int = 0, compiled: bool = False) -> torch.Tensor:
     """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
     ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time).
-    ``compiled``: each block's loss and gradient through ``torch.compile`` (``compilation.compiled_kd_loss``)."""
+    ``compiled``: each block's loss and gradient through ``torch.compile`` (``compiled_kd_loss``)."""
     loss_of = compiled_kd_loss(logits.device.type) if compiled else kd_loss
 
     def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:

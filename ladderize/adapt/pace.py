@@ -128,7 +128,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ..model.layout import LayerMode
     from .layer_source import StreamedLayers
     from .objectives import blockwise_kd, frozen_head
-    from .residual_states import attention_kwargs
+    from ..convert.residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
     target = resolve_device(device)

@@ -61,7 +61,7 @@ from .layer_training import Ranks, StateCache, layer_epochs, layer_windows, step
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
-from .teacher import check_teacher, load_teacher, resolve_teacher
+from ..convert.teacher import check_teacher, load_teacher, resolve_teacher
 from .teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
@@ -115,7 +115,7 @@ def adapt_sequential(
 
     from ..checkpoint.io import load_model, load_tokenizer
     from ..checkpoint.placement import resolve_device, training_precision, world_size
-    from .data import pack_tokens
+    from ..corpus.windows import pack_tokens
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
@@ -155,7 +155,7 @@ def adapt_sequential(
         data = torch.cat([data, held_out])
     if not stream:
         if config.head_grouping:
-            from .head_grouping import group_heads_for_spd
+            from ..convert.head_grouping import group_heads_for_spd
 
             if config.stream_layers:
                 say("head grouping needs the student and the teacher whole: the sequential training holds them in memory")
@@ -208,7 +208,7 @@ def adapt_sequential(
 def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) -> torch.Tensor | None:
     """Up to a batch of sequences of the data that follow the calibration set (the per-layer table's evaluation
     batch), or ``None`` when the data has no more text (or packs differently when asked for more)."""
-    from .data import pack_tokens
+    from ..corpus.windows import pack_tokens
 
     rows = calibration.shape[0]
     more = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=(rows + config.batch_size) * config.seq_len)

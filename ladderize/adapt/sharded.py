@@ -42,11 +42,12 @@ from ..errors import LadderizeError
 from ..progress import counted
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
-from .data import batch_rows, micro_batch_index, token_windows
+from ..corpus.token_store import build_reporter, is_store
+from ..corpus.windows import token_windows
+from .batches import batch_rows, micro_batch_index
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
-from .token_store import build_reporter, is_store
 from .training_state import (STATE_DIR, TRAINER_STATE, SaveClock, check_fingerprint, finish_state, main_says,
                              write_trainer_state)
 
@@ -92,7 +93,7 @@ def adapt_sharded(
 
     from ..checkpoint.io import load_config, load_tokenizer
     from ..checkpoint.placement import training_precision
-    from .teacher import check_teacher, resolve_teacher
+    from ..convert.teacher import check_teacher, resolve_teacher
 
     device = _init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -4,7 +4,7 @@ and on CUDA the model FLOPs utilisation (MFU).
 MFU counts the model's FLOPs, not the hardware's: per trained token, 6 x the trained parameters, 4 x the frozen ones
 the gradient passes through and 2 x the forward-only ones (``cost.FlopCount``: the embedding lookup excluded, the LM
 head included, the attention's quadratic term left out, as in the PaLM paper's appendix B). It is divided by the
-GPU's dense BF16 peak (``predict.gpus``; the datasheet figure) times the processes.
+GPU's dense BF16 peak (``hardware.GPU_PEAKS``; the datasheet figure) times the processes.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..hardware import GPU_PEAKS, gpu_named
+
 MFU_FORMULA = ("(6 x trained + 4 x frozen parameters the gradient passes through + 2 x forward-only parameters, "
                "embeddings excluded) x tokens per second / (processes x the GPU's dense BF16 peak FLOP/s)")
 
 
 def peak_flops_per_s(device: torch.device) -> float | None:
-    """The dense BF16 peak of ``device``'s GPU from ``predict.gpus`` (H100, H200, A100), else None (CPUs, others)."""
+    """The dense BF16 peak of ``device``'s GPU from ``hardware.GPU_PEAKS`` (H100, H200, A100), else None (CPUs, others)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    from ..predict.gpus import GPU_PROFILES
-
-    name = torch.cuda.get_device_name(device).upper()
-    for key in ("h200", "h100", "a100"):
-        if key.upper() in name:
-            return GPU_PROFILES[key].peak_flops_per_s
-    return None
+    key = gpu_named(torch.cuda.get_device_name(device))
+    return GPU_PEAKS[key].peak_flops_per_s if key else None
 
 
 @dataclass

@@ -79,8 +79,8 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     and that the teacher the training needs resolves from it. Returns the objective weights.
     """
     from ..checkpoint.io import load_config, load_tokenizer
-    from .data import check_data
-    from .teacher import resolve_teacher
+    from ..corpus.windows import check_data
+    from ..convert.teacher import resolve_teacher
 
     weights = validate_config(config)
     if config.local_schedule != "sequential":

@@ -3,16 +3,14 @@
 ``ModelShape`` is what the runtime, the performance model
 (``predict``) and ``ladderize inspect`` read from a checkpoint's config; ``PRESETS`` names the
 public and synthetic shapes (``ladderize predict --model``, ``ladderize bench --synthetic``);
-``write_synthetic_checkpoint`` writes a shape with random weights (benchmarks, tests).
+``ladderize.synthetic.write_synthetic_checkpoint`` writes a shape with random weights (benchmarks, tests).
 
-Ground floor: imports only ``ladderize.errors`` and ``ladderize.model`` (layout, placement) at
-module level; torch and the modeling code load inside ``write_synthetic_checkpoint``.
+Ground floor: imports only ``ladderize.errors``; no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import LadderizeError
@@ -238,57 +236,6 @@ def synthetic_presets() -> dict[str, dict[str, Any]]:
     return table
 
 
-def write_synthetic_checkpoint(
-    out: Path | str,
-    shape: ModelShape | Mapping[str, Any],
-    *,
-    seed: int = 0,
-    dtype: Any = None,
-    layer_modes: list[str] | None = None,
-    spd_tp_size: int = 1,
-    tokenizer: bool = True,
-    force: bool = False,
-    plain: bool | None = None,
-) -> Path:
-    """A random-weight checkpoint of ``shape`` at ``out`` (seed ``seed``), with a character tokenizer.
-
-    Plain Llama (``model_type: llama``) when every layer is dense (unless ``plain=False``), a
-    ``ladder_llama`` config otherwise; weights in ``model.safetensors`` (fp32 unless ``dtype``; shards with an index above
-    ``checkpoint.DEFAULT_MAX_SHARD_BYTES``). Written by ``checkpoint.write_checkpoint`` (atomically);
-    an existing ``out`` is replaced only with ``force``.
-    """
-    import torch
-
-    from ..synthetic import char_tokenizer
-    from .io import model_tensors, plain_llama_config, write_checkpoint
-    from ..model.configuration_ladder_llama import LadderLlamaConfig
-    from ..model.modeling_ladder_llama import LadderLlamaForCausalLM
-
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not force:
-        raise LadderizeError(f"{out} already exists (pass force=True to replace it)")
-    values = shape.config_dict() if isinstance(shape, ModelShape) else dict(shape)
-    rope_theta = values.pop("rope_theta", None)
-    if rope_theta is not None:
-        values.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": rope_theta})
-    values.setdefault("pad_token_id", 0)
-    values.setdefault("bos_token_id", 1)
-    values.setdefault("eos_token_id", 2)
-    dense = not layer_modes or all(mode == "dense" for mode in layer_modes)
-    if plain and not dense:
-        raise LadderizeError(f"a plain Llama checkpoint cannot hold the layer modes {layer_modes}")
-    plain = dense if plain is None else plain
-    config = LadderLlamaConfig(**values, layer_modes=layer_modes, spd_tp_size=spd_tp_size)
-    torch.manual_seed(seed)
-    model = LadderLlamaForCausalLM(config).eval()
-    if dtype is not None:
-        model = model.to(dtype)
-    written = plain_llama_config(values) if plain else model.config  # all dense: the model's tensors are Llama's
-    written.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return write_checkpoint(out, written, model_tensors(model), force=force, tokenizer=char_tokenizer() if tokenizer else None,
-                            generation_config=model.generation_config)
-
-
 __all__ = [
     "ALIASES",
     "PRESETS",
@@ -298,5 +245,4 @@ __all__ = [
     "preset",
     "public_presets",
     "synthetic_presets",
-    "write_synthetic_checkpoint",
 ]

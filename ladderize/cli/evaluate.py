@@ -17,14 +17,14 @@ from .app import app, console, err_console
 @app.command("eval")
 def eval_command(
     ckpt: Path = typer.Argument(..., help="A converted or plain Llama-family checkpoint directory."),
-    tasks: str = typer.Option(..., "--tasks", help="Comma-separated tasks: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE, or any lm-eval task."),
-    limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval."),
-    batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N (lm-eval's largest-batch search, on the accelerator)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder with lambada_openai/lambada_test.jsonl and wikitext-2/valid.txt (default: $LADDERIZE_DATA_DIR)."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length for lm-eval (and the rolling-perplexity window); default: the model's."),
-    bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="lm-eval bootstrap iterations for standard errors (its CLI default is 100000)."),
+    tasks: str = typer.Option(..., "--tasks", help="Comma-separated: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE or an lm-eval task."),
+    limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval.", rich_help_panel=opts.DATA),
+    batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N.", rich_help_panel=opts.MEASURE),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of lambada_openai/ and wikitext-2/ (default: $LADDERIZE_DATA_DIR).", rich_help_panel=opts.DATA),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length (and perplexity window); default: the model's.", rich_help_panel=opts.DATA),
+    bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="Bootstrap iterations for standard errors (lm-eval's CLI: 100000).", rich_help_panel=opts.MEASURE),
     json_path: Optional[Path] = opts.json_file_option(what="the eval record (lm-eval results + layout)"),
-    verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages.", rich_help_panel=opts.OUTPUT),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:
@@ -57,7 +57,7 @@ def eval_command(
 @app.command()
 def report(
     runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
-    out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True),
+    out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True, panel=None),
 ) -> None:
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from ..report import write_report

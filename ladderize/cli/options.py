@@ -8,6 +8,10 @@
 - output: ``--json`` has two meanings only: a flag that prints JSON on stdout instead of the human
   output (inspect, generate), or a FILE the command's JSON record is written to (bench, predict,
   sensitivity, eval); ``--force`` (replace OUT) and ``--out`` (where results go).
+- help panels: ``--help`` groups each command's options by purpose (``rich_help_panel``). Typer prints its own
+  "Options" panel first: it holds the few options most runs set (those given no panel) and ``--help``; the panels
+  below (``LAYOUT``, ``DEVICE``, ...) follow in the order the command first names them. Each option's help is one or
+  two lines; the details are in docs/.
 
 Importing this module imports neither torch nor transformers (``ladderize --help`` stays fast).
 """
@@ -25,8 +29,27 @@ import typer
 from ..checkpoint.atomic import write_json  # noqa: F401  (opts.write_json: the one JSON record writer)
 from ..checkpoint.placement import DEVICE_HELP, DTYPE_HELP
 
-RANGES = "half-open slices like '16:32' or '-8:', a single layer '5', lists '0:4,10', 'all' or 'none'"
-AUTO = " 'auto': the least sensitive layers of a --sensitivity report, within --{name}-budget."
+RANGES = "'16:32', '-8:', a single layer '5', '0:4,10', 'all' or 'none'"
+AUTO = " 'auto': within --{name}-budget."
+
+# ``--help`` panels, by purpose (see the module docstring)
+LAYOUT = "Layout"
+SYNTHETIC_LAYOUT = "Layout (with --synthetic)"
+INSTEAD_OF_LAYOUT = "Layout (instead of --layout)"
+DATA = "Data"
+STAGES = "Stages"
+TRAINING = "Training"
+SAMPLING = "Sampling"
+MEASURE = "Measurement"
+DEVICE = "Device"
+RUNTIME = "Runtime"
+SCALE = "Scale (multi-GPU)"
+AUTO_LAYOUT = "Auto layout and head grouping"
+COMPUTE = "Compute model"
+CALIBRATION = "Calibration"
+SCHEDULES = "Schedules"
+OUTPUT = "Output"
+RUN_STATE = "Run state"
 
 
 class ModeOptions:
@@ -40,12 +63,12 @@ class ModeOptions:
     """
 
     def __init__(self, command: Callable[..., Any], default: str | None, note: str, later_note: str | None, auto: bool,
-                 budgets: bool):
+                 budgets: bool, panel: str | None):
         self.__wrapped__ = command
         self.__name__, self.__qualname__ = command.__name__, command.__qualname__
         self.__module__, self.__doc__ = command.__module__, command.__doc__
         self._settings = (default, note, note if later_note is None else later_note, auto)
-        self._budgets = budgets
+        self._budgets, self._panel = budgets, panel
 
     @staticmethod
     def _modes() -> tuple[str, ...]:
@@ -64,13 +87,15 @@ class ModeOptions:
         kind = str if default is not None else Optional[str]
         made = {}
         for number, name in enumerate(self._modes()):
-            extra = AUTO.format(name=name) if auto else ""
+            extra = AUTO.format(name=name) if auto and number == 0 else ""  # the others: "same syntax"
             text = f": {RANGES}.{extra}{note}" if number == 0 else f", same syntax.{extra}{later_note}"
-            made[name] = (kind, typer.Option(default, f"--{name}", help=LayerMode(name).option_help + text))
+            made[name] = (kind, typer.Option(default, f"--{name}", help=LayerMode(name).option_help + text,
+                                             rich_help_panel=self._panel))
         for name in self._modes() if self._budgets else ():
             flag = f"--{name}-budget"
             made[f"{name}_budget"] = (Optional[float], typer.Option(
-                None, flag, help=f"With --{name} auto: {LayerMode(name).budget_help}.", callback=_range_check(flag, BUDGET)))
+                None, flag, help=f"With --{name} auto: {LayerMode(name).budget_help}.", callback=_range_check(flag, BUDGET),
+                rich_help_panel=AUTO_LAYOUT))
         return made
 
     @property
@@ -102,56 +127,62 @@ class ModeOptions:
 
 
 def mode_options(default: str | None = None, note: str = "", later_note: str | None = None, auto: bool = False,
-                 budgets: bool = False) -> Callable[[Callable[..., Any]], ModeOptions]:
+                 budgets: bool = False, panel: str | None = LAYOUT) -> Callable[[Callable[..., Any]], ModeOptions]:
     """Decorate a command taking ``ranges`` (and, with ``budgets``, ``budgets``) with the modes' options (``ModeOptions``).
 
     ``default``: each ``--<mode>``'s (``None``: not given); ``note``: the end of the first mode's help, ``later_note``
-    of the others' (default ``note``); ``auto``: the ranges may be ``auto`` (convert: with ``--<mode>-budget``)."""
+    of the others' (default ``note``); ``auto``: the ranges may be ``auto`` (convert: with ``--<mode>-budget``);
+    ``panel``: the ranges' ``--help`` panel (``None``: the first; the budgets are in ``AUTO_LAYOUT``)."""
     def decorate(command: Callable[..., Any]) -> ModeOptions:
-        return ModeOptions(command, default, note, later_note, auto, budgets)
+        return ModeOptions(command, default, note, later_note, auto, budgets, panel)
 
     return decorate
 
 
-def spd_tp_option(note: str = "") -> Any:
+def spd_tp_option(note: str = "", panel: str | None = LAYOUT) -> Any:
     """``--spd-tp N``: the TP degree SPD layers are defined for (``None``: the command's default)."""
-    return typer.Option(None, "--spd-tp", help=f"Tensor-parallel degree the SPD layers are defined for{note}.")
+    return typer.Option(None, "--spd-tp", help=f"Tensor-parallel degree the SPD layers are defined for{note}.",
+                        rich_help_panel=panel)
 
 
-DEVICE_OPTION: Any = typer.Option("auto", "--device", help=DEVICE_HELP)
-DTYPE_OPTION: Any = typer.Option("auto", "--dtype", help=DTYPE_HELP)
+DEVICE_OPTION: Any = typer.Option("auto", "--device", help=DEVICE_HELP, rich_help_panel=DEVICE)
+DTYPE_OPTION: Any = typer.Option("auto", "--dtype", help=DTYPE_HELP, rich_help_panel=DEVICE)
 
 # the runtime's (generate, bench)
-BACKEND_OPTION: Any = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.")
+BACKEND_OPTION: Any = typer.Option("auto", help="auto (gloo on CPU, nccl on CUDA), gloo or nccl.", rich_help_panel=RUNTIME)
 COMM_OPTION: Any = typer.Option(
-    "auto", "--comm", help="All-reduce path: auto (shared memory when all ranks share this host, gloo across hosts, nccl on CUDA), shm, gloo or nccl."
+    "auto", "--comm", help="All-reduce path: auto, shm (ranks on one host), gloo or nccl (CUDA).", rich_help_panel=RUNTIME,
 )
-OVERSUBSCRIBE_OPTION: Any = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.")
+OVERSUBSCRIBE_OPTION: Any = typer.Option(False, "--oversubscribe", help="Allow more ranks than CPU cores.",
+                                         rich_help_panel=RUNTIME)
 ALLOW_SPD_MISMATCH_OPTION: Any = typer.Option(
-    False, "--allow-spd-mismatch", help="Run SPD layers at a TP degree other than the one they were converted for."
+    False, "--allow-spd-mismatch", help="Run SPD layers at another TP degree than they were converted for.",
+    rich_help_panel=RUNTIME,
 )
-CUDA_GRAPHS_OPTION: Any = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph.")
+CUDA_GRAPHS_OPTION: Any = typer.Option(False, "--cuda-graphs", help="GPU: capture each decode step in a CUDA graph.",
+                                       rich_help_panel=RUNTIME)
 COMPILE_OPTION: Any = typer.Option(
-    False, "--compile",
-    help="torch.compile the whole decode step (prefill stays eager; with --cuda-graphs the graph captures it). "
-         "Compiled bfloat16 is not bit-identical to eager (inductor reorders reductions); float32 tokens equal eager's.",
+    False, "--compile", help="torch.compile the decode step (bf16 not bit-identical to eager; fp32 is).",
+    rich_help_panel=RUNTIME,
 )
-LINEAR_OPTION: Any = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten (CPU decode: gemv is fastest).")
+LINEAR_OPTION: Any = typer.Option("auto", "--linear", help="Linear kernel: auto, gemv, onednn or aten.",
+                                  rich_help_panel=RUNTIME)
 
 JSON_PRINT_OPTION: Any = typer.Option(False, "--json", help="Print JSON on stdout instead of the human-readable output.")
 
 
-def json_file_option(required: bool = False, what: str = "the JSON record") -> Any:
+def json_file_option(required: bool = False, what: str = "the JSON record", panel: str | None = OUTPUT) -> Any:
     """``--json FILE``: write the command's JSON record to FILE."""
-    return typer.Option(... if required else None, "--json", help=f"Write {what} to this JSON file.")
+    return typer.Option(... if required else None, "--json", help=f"Write {what} to this JSON file.",
+                        rich_help_panel=panel)
 
 
-def force_option(help: str = "Replace OUT if it exists.") -> Any:
-    return typer.Option(False, "--force", help=help)
+def force_option(help: str = "Replace OUT if it exists.", panel: str | None = OUTPUT) -> Any:
+    return typer.Option(False, "--force", help=help, rich_help_panel=panel)
 
 
-def out_option(default: Path | None, help: str, required: bool = False) -> Any:
-    return typer.Option(... if required else default, "--out", help=help)
+def out_option(default: Path | None, help: str, required: bool = False, panel: str | None = OUTPUT) -> Any:
+    return typer.Option(... if required else default, "--out", help=help, rich_help_panel=panel)
 
 
 def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tuple[str, str | None]:

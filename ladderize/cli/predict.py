@@ -21,12 +21,11 @@ def converted_modes() -> str:
 
 
 @app.command("predict")
-@opts.mode_options(note=" Instead of --layout.")
+@opts.mode_options(panel=opts.INSTEAD_OF_LAYOUT)
 def predict_cmd(
     model: Optional[str] = typer.Option(
         None, "--model",
-        help="Model shape: a preset (llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, llama-2-70b) or a config.json / "
-             "checkpoint folder. Defaults to the --layout checkpoint's own shape.",
+        help="A preset (llama-3.1-70b, ...), config.json or checkpoint; default --layout's.",
     ),
     tp: str = typer.Option("1,2,4,8", "--tp", help="Comma-separated tensor-parallel degrees to predict."),
     batch: str = typer.Option("1,4,16,64", "--batch", help="Comma-separated batch sizes (sequences decoded together)."),
@@ -34,45 +33,44 @@ def predict_cmd(
     gen: int = typer.Option(512, "--gen", help="New tokens generated per sequence."),
     interconnect: Optional[str] = typer.Option(
         None, "--interconnect",
-        help="All-reduce profile: h100-nvlink (default, unless --profile measured one), h100-no-p2p (peer-to-peer "
-             "disabled, via host memory), pcie-gen5, infiniband-ndr, or a JSON file with the profile's fields.",
+        help="h100-nvlink (default), h100-no-p2p, pcie-gen5, infiniband-ndr or a JSON profile.",
     ),
     layout: Optional[Path] = typer.Option(
-        None, "--layout", help="Converted checkpoint (folder or config.json): predict its layer_modes as the 'layout' schedule."
+        None, "--layout", help="Converted checkpoint (or its config.json): its layout's row."
     ),
     ranges: dict[str, Optional[str]] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
-    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)"),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the largest --tp)", panel=opts.INSTEAD_OF_LAYOUT),
     compute: Optional[str] = typer.Option(
         None, "--compute",
-        help="measured: time one rank's modules on this machine's GPU (cached; refused on a CPU against a GPU fabric). "
-             "roofline: estimate them from the --gpu profile (datasheet peaks and a compute model fitted on measured "
-             "timings). Default: measured where the interconnect's GPU is the local one, else roofline of that GPU.",
+        help="measured (this GPU's modules timed) or roofline (--gpu); default: measured on that GPU.",
+        rich_help_panel=opts.COMPUTE,
     ),
     gpu: Optional[str] = typer.Option(
         None, "--gpu",
-        help="GPU profile for --compute roofline: h100-gpt-fast (a compiled runtime, the one the published figures "
-             "used; the H100 fabrics' default), h100 (ladderize's RankModel kernels, uncompiled), h200, a100, or a "
-             "profile JSON.",
+        help="Roofline GPU: h100-gpt-fast (the H100 default), h100, h200, a100 or a profile JSON.",
+        rich_help_panel=opts.COMPUTE,
     ),
     calibrate: bool = typer.Option(
         False, "--calibrate",
-        help="Instead of predicting: time this device's modules (and the all-reduce when >1 GPU) for --model at "
-             "--tp/--batch, fit the compute model, and write it to --profile FILE.",
+        help="Instead of predicting: time this device, write the fitted profile to --profile.",
+        rich_help_panel=opts.CALIBRATION,
     ),
     profile: Optional[Path] = typer.Option(
-        None, "--profile", help="With --calibrate: the profile JSON to write. Otherwise: a profile to predict with "
-                                "(its fitted GPU, roofline; its measured all-reduce unless --interconnect is given).",
+        None, "--profile", help="With --calibrate: the profile to write; otherwise a profile to predict with.",
+        rich_help_panel=opts.CALIBRATION,
     ),
-    force: bool = opts.force_option("With --calibrate: replace an existing --profile file."),
+    force: bool = opts.force_option("With --calibrate: replace an existing --profile file.", panel=opts.CALIBRATION),
     schedules: Optional[str] = typer.Option(
-        None, "--schedules", help=f"Comma-separated subset of dense, {converted_modes()}, domino, upper-bound, layout (default: all that apply)."
+        None, "--schedules", help=f"Comma-separated: dense, {converted_modes()}, domino, upper-bound, layout (default: all that apply).",
+        rich_help_panel=opts.SCHEDULES,
     ),
-    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks the domino schedule splits the batch (or a lone prompt) into."),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Chunks domino splits the batch (or a lone prompt) into.", rich_help_panel=opts.SCHEDULES),
     json_path: Optional[Path] = opts.json_file_option(what="the rows, module timings and profiles used"),
     cache_dir: Optional[Path] = typer.Option(
-        None, "--cache-dir", help="Cache of measured module timings (default ~/.cache/ladderize/predict)."
+        None, "--cache-dir", help="Cache of measured module timings (default ~/.cache/ladderize/predict).",
+        rich_help_panel=opts.COMPUTE,
     ),
-    show_modules: bool = typer.Option(False, "--show-modules", help="Also print the per-module compute timings."),
+    show_modules: bool = typer.Option(False, "--show-modules", help="Also print the per-module compute timings.", rich_help_panel=opts.OUTPUT),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
 ) -> None:

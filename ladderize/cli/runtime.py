@@ -32,11 +32,11 @@ def generate_cmd(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (ranks)."),
     json_output: bool = opts.JSON_PRINT_OPTION,
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
-    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples."),
-    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = all)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
-    seed: int = typer.Option(0, help="Sampling seed (the same on every rank)."),
-    schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default); > 0 samples.", rich_help_panel=opts.SAMPLING),
+    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = all).", rich_help_panel=opts.SAMPLING),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass.", rich_help_panel=opts.SAMPLING),
+    seed: int = typer.Option(0, help="Sampling seed (the same on every rank).", rich_help_panel=opts.SAMPLING),
+    schedule: str = typer.Option("native", help="native, dense, upper-bound (wrong outputs) or domino.", rich_help_panel=opts.RUNTIME),
     dtype: str = opts.DTYPE_OPTION,
     device: str = opts.DEVICE_OPTION,
     backend: str = opts.BACKEND_OPTION,
@@ -82,35 +82,35 @@ def generate_cmd(
 
 
 @app.command("bench")
-@opts.mode_options(note=" Synthetic only (a checkpoint brings its own layout).", later_note=" Synthetic only.")
+@opts.mode_options(panel=opts.SYNTHETIC_LAYOUT)
 def bench_cmd(
     checkpoint: Optional[Path] = typer.Argument(None, help="Checkpoint directory (or use --synthetic)."),
     synthetic: Optional[str] = typer.Option(
-        None, "--synthetic", help="Random weights of a shape: a preset (tiny, cpu-512, cpu-1024, smollm2-135m, llama-1b, llama-8b, llama-70b) or a config.json."
+        None, "--synthetic", help="Random weights of a shape: a preset (tiny, smollm2-135m, llama-8b, ...) or a config.json."
     ),
     tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
-    gen: int = typer.Option(32, "--gen", help="Decode steps per row (each one new token; the prefill yields one more)."),
+    gen: int = typer.Option(32, "--gen", help="Decode steps per row (the prefill yields one more token)."),
     schedules: str = typer.Option("native,dense,upper-bound,domino", help="Comma-separated: native, dense, upper-bound, domino."),
     json_path: Optional[Path] = opts.json_file_option(what="the rows and metadata"),
-    warmup: int = typer.Option(2, help="Untimed runs first (0 still runs one untimed prefill and decode step per schedule)."),
-    repeats: int = typer.Option(5, help="Timed runs; the medians are reported."),
-    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule."),
+    warmup: int = typer.Option(2, help="Untimed runs first (0: still one step per schedule).", rich_help_panel=opts.MEASURE),
+    repeats: int = typer.Option(5, help="Timed runs; the medians are reported.", rich_help_panel=opts.MEASURE),
+    domino_chunks: int = typer.Option(2, "--domino-chunks", help="Micro-batches of the domino schedule.", rich_help_panel=opts.MEASURE),
     ranges: dict[str, Optional[str]] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
-    spd_tp: Optional[int] = opts.spd_tp_option(" (synthetic only; default: the first --tp)"),
+    spd_tp: Optional[int] = opts.spd_tp_option(" (default: the first --tp)", panel=opts.SYNTHETIC_LAYOUT),
     dtype: str = opts.DTYPE_OPTION,
     device: str = opts.DEVICE_OPTION,
     backend: str = opts.BACKEND_OPTION,
     comm: str = opts.COMM_OPTION,
     oversubscribe: bool = opts.OVERSUBSCRIBE_OPTION,
-    threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks)."),
-    pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores."),
+    threads_per_rank: int = typer.Option(0, "--threads-per-rank", help="CPU threads per rank (0 = cores / ranks).", rich_help_panel=opts.RUNTIME),
+    pin_cores: bool = typer.Option(False, "--pin-cores", help="CPU: bind each rank to its own cores.", rich_help_panel=opts.RUNTIME),
     allow_spd_mismatch: bool = opts.ALLOW_SPD_MISMATCH_OPTION,
     cuda_graphs: bool = opts.CUDA_GRAPHS_OPTION,
     compile_modules: bool = opts.COMPILE_OPTION,
     linear: str = opts.LINEAR_OPTION,
-    seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights)."),
+    seed: int = typer.Option(0, help="Seed of the random prompts (and synthetic weights).", rich_help_panel=opts.MEASURE),
 ) -> None:
     """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
     from ..errors import LadderizeError

@@ -54,7 +54,7 @@ def convert_layout(
 
     ``dtype`` is the output dtype (``auto`` keeps the source's); ``device`` is where head grouping computes.
     """
-    from ..adapt.convert_support import auto_ranges
+    from ..convert.convert_support import auto_ranges
     from ..model.layout import LayerMode, tp_degree_for
     from ..checkpoint.placement import check_device, check_dtype
     from .conversion import convert_checkpoint
@@ -78,6 +78,6 @@ def convert_layout(
                               progress=progress, **extra)
     if not head_grouping:
         return Converted(Path(path))
-    from ..adapt.convert_support import head_group_checkpoint
+    from ..convert.convert_support import head_group_checkpoint
 
     return Converted(Path(path), head_group_checkpoint(path, teacher=src, device=device))

@@ -241,7 +241,7 @@ def _training_corpus(folder: Path, say: EventFn) -> Path:
 
 def _select_spd_layers(dense: Path, report_file: Path, settings: DemoSettings, data: str, say: EventFn, device: str = "cpu") -> str:
     """Rank blocks by SPD sensitivity at the demo's TP degree; convert the least sensitive ones."""
-    from ..adapt.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
+    from ..convert.sensitivity import SensitivityReport, checkpoint_sensitivity, select_layers
     from ..model.layout import LayerMode, format_layer_ranges
     from ..progress import ProgressLine
 
@@ -373,7 +373,8 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
     """Bench one layout at the demo's TP degree; a bench already there is reused, and the note returned (and
     said) when it was measured under load."""
     from ..runtime.bench import BenchSpec, ModelSource, run_bench
-    from ..runtime.launch import LaunchSpec, cpu_cores
+    from ..hardware import cpu_cores
+    from ..runtime.launch import LaunchSpec
 
     if _valid_json(out, lambda r: isinstance(r.get("rows"), list) and r["rows"]):
         say("skip", f"bench {name} (exists)")

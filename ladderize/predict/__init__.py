@@ -4,10 +4,10 @@ One concept per module: ``presets`` (model shapes), ``gpus`` (GPU profiles: data
 compute model), ``fit`` (the compute model ``ComputeFit`` and its fit from measured module timings; the
 bundled H100 table), ``interconnect`` (the two-protocol all-reduce cost, overlap, and fabric profiles),
 ``work`` (one rank's module: shape, FLOPs, bytes), ``compute`` (how a module is priced: roofline, or
-``measured`` on the local device with its cache), ``schedule`` (the two-stream simulator), ``estimate``
-(rows per TP degree, batch and schedule, as ``ladderize.records.PredictRow``), ``calibration`` (the
-published figures, the authors' logs and the fits on them) and ``calibrate`` (``predict --calibrate``:
-fit this machine and write a profile).
+``measured`` on the local device with its cache), ``simulate`` (the two-stream simulator), ``estimate``
+(rows per TP degree, batch and schedule, as ``ladderize.records.PredictRow``) and ``calibrate``
+(``predict --calibrate``: fit this machine and write a profile). The published figures, the authors' logs and the
+fits on them that fixed the shipped constants are ``benchmarks/published_figures.py``'s.
 """
 
 from .compute import RooflineCompute, make_compute

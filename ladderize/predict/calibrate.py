@@ -35,7 +35,7 @@ from .work import module_work
 PROFILE_RECORD = "ladderize-predict-profile"
 PROFILE_VERSION = 1
 #: A fit that misses any timed module by more than this (relative) does not describe the device: a loaded CPU's
-#: timings of tiny shapes, for instance (issue 37: +40,275%). The shipped h100 fit misses its worst H100 row by
+#: timings of tiny shapes, for instance (one such fit missed by +40,275%). The shipped h100 fit misses its worst H100 row by
 #: 15.6%.
 FIT_ERROR_LIMIT = 0.5
 

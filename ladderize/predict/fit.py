@@ -21,7 +21,7 @@ are held out. The same function fits a user's own timings (``ladderize predict -
 
 The bundled H100 data (``ladderize/predict/data/``, copied from the measurement's README): one rank's
 attention and MLP modules of Llama-3.1-70B timed with the runtime's own ``RankModel`` kernels in a CUDA
-graph (bf16) on one H100 80GB HBM3 (torch 2.11+cu130, ladderize main 04399e6, 2026-11-23), TP 1 and 8,
+graph (bf16) on one H100 80GB HBM3 (torch 2.11+cu130, 2026-11-23), TP 1 and 8,
 batch 1 / 16 / 64, prefill (prompt 1024) and decode (KV length 1280); and ``ladderize bench`` of a
 synthetic llama-8b at TP1 on the same GPU (CUDA graphs + compile).
 """

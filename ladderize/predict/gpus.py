@@ -5,8 +5,8 @@ A module's time on one rank is ``ComputeFit.module_s`` (``ladderize.predict.fit`
     max((weight + activation bytes) / weight_bytes_per_s + KV bytes / kv_bytes_per_s,
         flops / (peak_flops_per_s * flops_efficiency(kind, width))) + overhead_s[kind]
 
-The peaks come from NVIDIA's datasheets (dense BF16 tensor-core FLOP/s, i.e. without the 2:4-sparsity
-doubling). The fitted constants depend on the runtime as much as on the GPU, so there are two H100 fits:
+The peaks are the datasheets' (``ladderize.hardware.GPU_PEAKS``: dense BF16 tensor-core FLOP/s, HBM
+bandwidth, memory). The fitted constants depend on the runtime as much as on the GPU, so there are two H100 fits:
 
 * ``h100``: ladderize's own runtime modules, fitted on the bundled H100 module table
   (``fit.fit_h100_table``; batch 1 and 64 rows fit, batch 16 held out);
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import LadderizeError
+from ..hardware import GPU_PEAKS
 from .fit import ComputeFit
 
 # Fitted by ladderize.predict.fit.fit_h100_table() on the bundled H100 table (4 significant digits;
@@ -47,15 +48,15 @@ H100_FIT = ComputeFit(
 
 GPT_FAST_PREFILL_SCALE = 0.7708  # fitted with the bandwidths below (calibration.fit_gpt_fast)
 
-# Fitted by ladderize.predict.published_figures.fit_gpt_fast() on the Ladder authors' logged upper-bound runs.
+# Fitted by fit_gpt_fast() of benchmarks/published_figures.py on the Ladder authors' logged upper-bound runs.
 GPT_FAST_FIT = ComputeFit(
     weight_bytes_per_s=3.293e12,
-    kv_bytes_per_s=0.3219e12,
+    kv_bytes_per_s=321.9e9,
     overhead_s={"attention": 18.28e-6, "mlp": 18.28e-6, "head": 18.28e-6},
     flops_efficiency={k: tuple((w, round(e * GPT_FAST_PREFILL_SCALE, 4)) for w, e in v)
                       for k, v in H100_FIT.flops_efficiency.items()},
     sources={
-        "all": "fitted by ladderize.predict.published_figures.fit_gpt_fast on the Ladder authors' upper-bound (no "
+        "all": "fitted by benchmarks/published_figures.py (fit_gpt_fast) on the Ladder authors' upper-bound (no "
                "communication) logs, Llama-3.1-70B on H100 (github.com/mayank31398/ladder-residual-inference, "
                "final-results-512/): decode per token at TP8 batch 1, TP4 batch 1 and TP8 batch 64 fix the two "
                "bandwidths and one overhead for every kind; the prefill at TP8 batch 1 fixes one factor on the h100 "
@@ -108,11 +109,6 @@ def scaled_bandwidth(fit: ComputeFit, ratio: float, note: str) -> ComputeFit:
                    sources={**fit.sources, "scaled": note})
 
 
-_H100_PEAKS = {
-    "hbm_bytes_per_s": "NVIDIA H100 Tensor Core GPU datasheet: H100 SXM GPU memory bandwidth 3.35 TB/s, 80 GB",
-    "peak_flops_per_s": "NVIDIA H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
-}
-
 _PERSISTENT = ("Hopper cuBLAS/CUTLASS 3.x GEMMs are persistent: the grid is one CTA per SM and a tile scheduler hands "
                "each CTA its tiles (CUTLASS docs, efficient_gemm.md, 'persistent' kernel schedules; NVIDIA developer "
                "forum, 'Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail "
@@ -120,44 +116,30 @@ _PERSISTENT = ("Hopper cuBLAS/CUTLASS 3.x GEMMs are persistent: the grid is one 
                "with a 24-CTA NCCL kernel runs part of its CTAs as a second wave and takes nearly twice as long, MFU "
                "80% to 47%). Applies to compute-bound (prefill) modules; decode GEMVs are not modelled so")
 
+def _profile(key: str, fit: ComputeFit, notes: Mapping[str, str], name: str | None = None,
+             persistent_gemm_grid: bool = False) -> GPUProfile:
+    """``hardware.GPU_PEAKS[key]`` with ``fit`` on it; ``notes`` join the peaks' sources."""
+    peaks = GPU_PEAKS[key]
+    return GPUProfile(name=name or peaks.name, hbm_bytes_per_s=peaks.hbm_bytes_per_s,
+                      peak_flops_per_s=peaks.peak_flops_per_s, fit=fit, memory_bytes=peaks.memory_bytes,
+                      sources={**peaks.sources, **notes}, persistent_gemm_grid=persistent_gemm_grid)
+
+
 GPU_PROFILES: dict[str, GPUProfile] = {
-    "h100": GPUProfile(
-        name="H100-SXM5-80GB", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=H100_FIT, memory_bytes=80e9,
-        sources={**_H100_PEAKS, "fit": "ladderize runtime modules measured on an H100 (ladderize.predict.fit)",
-                 "persistent_gemm_grid": _PERSISTENT},
-        persistent_gemm_grid=True,
-    ),
-    "h100-gpt-fast": GPUProfile(
-        name="H100-SXM5-80GB (gpt-fast)", hbm_bytes_per_s=3.35e12, peak_flops_per_s=989e12, fit=GPT_FAST_FIT,
-        memory_bytes=80e9,
-        sources={**_H100_PEAKS, "fit": "the Ladder authors' gpt-fast runtime, from their logs (ladderize.predict.published_figures)",
-                 "persistent_gemm_grid": _PERSISTENT},
-        persistent_gemm_grid=True,
-    ),
-    "h200": GPUProfile(
-        name="H200-SXM-141GB", hbm_bytes_per_s=4.8e12, peak_flops_per_s=989e12,
-        fit=scaled_bandwidth(H100_FIT, 4.8 / 3.35, "bandwidths scaled by 4.8/3.35 (datasheet HBM); not measured on an H200"),
-        memory_bytes=141e9,
-        sources={
-            "hbm_bytes_per_s": "NVIDIA H200 Tensor Core GPU datasheet: H200 SXM GPU memory bandwidth 4.8 TB/s, 141 GB",
-            "peak_flops_per_s": "NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, so 989 dense",
-            "fit": "the h100 fit with bandwidths scaled by the HBM ratio (same Hopper SM and kernels); not measured on an H200",
-            "persistent_gemm_grid": _PERSISTENT,
-        },
-        persistent_gemm_grid=True,
-    ),
-    "a100": GPUProfile(
-        name="A100-SXM4-80GB", hbm_bytes_per_s=2.039e12, peak_flops_per_s=312e12,
-        fit=scaled_bandwidth(H100_FIT, 2.039 / 3.35, "bandwidths scaled by 2.039/3.35 (datasheet HBM); not measured on an A100"),
-        memory_bytes=80e9,
-        sources={
-            "hbm_bytes_per_s": "NVIDIA A100 Tensor Core GPU datasheet: A100 80GB SXM GPU memory bandwidth 2,039 GB/s, 80 GB",
-            "peak_flops_per_s": "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)",
-            "fit": "the h100 fit with bandwidths scaled by the HBM ratio and FLOP efficiencies kept; not measured on an A100",
-            "persistent_gemm_grid": "False (assumption): Ampere GEMMs (CUTLASS 2.x style) launch one CTA per output tile "
-                                    "in several waves, so an overlapped collective costs them its SM share",
-        },
-    ),
+    "h100": _profile("h100", H100_FIT, {"fit": "ladderize runtime modules measured on an H100 (ladderize.predict.fit)",
+                                        "persistent_gemm_grid": _PERSISTENT}, persistent_gemm_grid=True),
+    "h100-gpt-fast": _profile("h100", GPT_FAST_FIT, {
+        "fit": "the Ladder authors' gpt-fast runtime, from their logs (benchmarks/published_figures.py)",
+        "persistent_gemm_grid": _PERSISTENT}, name=f"{GPU_PEAKS['h100'].name} (gpt-fast)", persistent_gemm_grid=True),
+    "h200": _profile("h200", scaled_bandwidth(H100_FIT, 4.8 / 3.35, "bandwidths scaled by 4.8/3.35 (datasheet HBM); "
+                                                                    "not measured on an H200"), {
+        "fit": "the h100 fit with bandwidths scaled by the HBM ratio (same Hopper SM and kernels); not measured on an H200",
+        "persistent_gemm_grid": _PERSISTENT}, persistent_gemm_grid=True),
+    "a100": _profile("a100", scaled_bandwidth(H100_FIT, 2.039 / 3.35, "bandwidths scaled by 2.039/3.35 (datasheet HBM); "
+                                                                      "not measured on an A100"), {
+        "fit": "the h100 fit with bandwidths scaled by the HBM ratio and FLOP efficiencies kept; not measured on an A100",
+        "persistent_gemm_grid": "False (assumption): Ampere GEMMs (CUTLASS 2.x style) launch one CTA per output tile "
+                                "in several waves, so an overlapped collective costs them its SM share"}),
 }
 
 

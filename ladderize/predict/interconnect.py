@@ -43,7 +43,7 @@ The SM and HBM terms are not fitted to a speed-up: the channel counts are NCCL's
 constant fitted to a speed-up (70B, TP4, batch 64, P2P disabled; that figure is then a fit point, not held out).
 
 Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
-figure that fixed them (``ladderize.predict.published_figures`` re-derives them, docs/predict.md tabulates them).
+figure that fixed them (``benchmarks/published_figures.py`` re-derives them, docs/predict.md tabulates them).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from ..errors import LadderizeError
 
 Algorithm = Literal["ring", "tree"]
 
-# Fitted by ladderize.predict.published_figures.fit_interconnects() (tests/predict/test_published_figures.py re-runs it).
+# Fitted by fit_interconnects() of benchmarks/published_figures.py (tests/predict/test_published_figures.py re-runs it).
 NVLINK_LAUNCH_S = 7.241e-6
 NVLINK_LATENCY_S = 1.187e-6
 NVLINK_SMALL_BUS_BYTES_PER_S = 242.6e9
@@ -72,7 +72,7 @@ NO_P2P_CROSS_SMALL_BUS_BYTES_PER_S = 8.162e9
 NO_P2P_LARGE_LATENCY_S = 7.548e-6  # bandwidth protocol
 NO_P2P_BUS_BYTES_PER_S = 316.7e9
 NO_P2P_GROUP_SIZE = 4  # disable.log: NCCL splits the 8 GPUs into two groups of 4
-PCIE_LATENCY_S = 2.64e-6  # pcie-gen5: half the host-staged hop latency fitted on the paper's 1.60x before issue 35
+PCIE_LATENCY_S = 2.64e-6  # pcie-gen5: half the host-staged hop latency the paper's 1.60x no-P2P figure gives (5.27 us)
 PCIE_BUS_BYTES_PER_S = 40e9
 
 # h100-no-p2p: what a host-staged (SHM) channel costs a memory-bound module beside it, per channel running; fitted on the
@@ -341,8 +341,7 @@ def _no_p2p() -> InterconnectProfile:
         host_staged_channel_slowdown=NO_P2P_HOST_STAGED_CHANNEL_SLOWDOWN,
         sources={
             "latency_s": f"{fitted}: decode at TP4, batch 1 and 16 (16 KB and 256 KB, a ring inside one group of 4), "
-                         "jointly with small_bus_bytes_per_s; before issue 35 it was fitted on the paper's 1.60x Ladder "
-                         "figure, which is now held out",
+                         "jointly with small_bus_bytes_per_s; the paper's 1.60x Ladder figure is held out",
             "small_bus_bytes_per_s": f"{fitted}: the same two TP4 decode runs",
             "cross_latency_s": f"{fitted}: decode at TP8, batch 1 and 4 (16 KB and 64 KB, a ring across both groups), "
                                "jointly with cross_small_bus_bytes_per_s",
@@ -393,9 +392,8 @@ def _pcie() -> InterconnectProfile:
             "nccl_channels": f"assumption: as h100-no-p2p ({NO_P2P_CHANNELS}), the PCIe ring's channel count ({_CHANNELS})",
             "gpu_sm_count": _SM_COUNT,
             "gpu": _DEFAULT_GPU + " (SXM peaks; a PCIe H100's are lower)",
-            "latency_s": "derived, not calibrated: half the h100-no-p2p hop latency as fitted on the paper's 1.60x before "
-                         "issue 35 (5.27 us; one PCIe crossing per hop "
-                         "instead of two through host memory)",
+            "latency_s": "derived, not calibrated: half the host-staged hop latency that the paper's 1.60x no-P2P Ladder "
+                         "figure gives (5.27 us; one PCIe crossing per hop instead of two through host memory)",
             "launch_s": "shared with h100-nvlink",
             "overlap_slowdown": "derived from nccl_channels as h100-no-p2p (SM-driven PCIe copies)",
         },

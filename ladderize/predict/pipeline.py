@@ -135,7 +135,7 @@ def resolve_compute(compute: str | None, device: str, link: InterconnectProfile)
 
     ``None``: ``measured`` where ``device`` is (or ``auto`` finds) a GPU of the fabric's kind (an H100 for the H100
     fabrics), else ``roofline`` of the interconnect's GPU. ``measured`` on a CPU against a GPU fabric is refused:
-    its table would be CPU compute against GPU communication (every speed-up near 1.000x, issue 35), and CPU
+    its table would be CPU compute against GPU communication (every speed-up near 1.000x), and CPU
     timings are noise at these shapes.
     """
     if compute == "roofline":

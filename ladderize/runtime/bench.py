@@ -51,7 +51,8 @@ from .engine import RankModel
 from ..checkpoint.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
 from .timing import load_average
-from .launch import LaunchSpec, RankContext, check_machine, cpu_cores, run_ranks
+from ..hardware import cpu_cores
+from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .tp_slicing import SafetensorsSource
 from .weights import load_rank_weights, random_rank_weights

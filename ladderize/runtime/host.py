@@ -1,5 +1,5 @@
-"""The machine the ranks start on, read without torch: its CPU cores, whether torchrun started this process, and the
-rule that more ranks than cores needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line
+"""The machine the ranks start on, read without torch: whether torchrun started this process, whether CUDA can be
+used, and the rule that more ranks than cores (``hardware.cpu_cores``) needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line
 checks it before torch loads)."""
 
 from __future__ import annotations
@@ -7,14 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import LadderizeError
-
-
-def cpu_cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+from ..hardware import cpu_cores
 
 
 def in_torchrun() -> bool:
@@ -38,4 +31,4 @@ def no_cuda_here() -> bool:
     return not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/nvidia0")
 
 
-__all__ = ["check_cores", "cpu_cores", "in_torchrun", "no_cuda_here"]
+__all__ = ["check_cores", "in_torchrun", "no_cuda_here"]

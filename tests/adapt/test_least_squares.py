@@ -45,7 +45,7 @@ def test_the_solve_is_the_ridge_closed_form_towards_the_current_weights():
 def _refit_each_layer(checkpoint, dense_dir, text_file, local_inputs="student", **refit) -> list[tuple]:
     """Every converted layer refit in turn on ``local_inputs``' states, as the sequential stage does (without its training):
     per layer, the refit's record, the loss measured before and after, and the weights before and after."""
-    from ladderize.adapt.data import pack_tokens
+    from ladderize.corpus.windows import pack_tokens
     from transformers import AutoTokenizer
 
     data = pack_tokens(str(text_file), AutoTokenizer.from_pretrained(dense_dir), 32, max_tokens=32 * 9)  # ragged batches

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from ladderize.adapt.head_grouping import (
+from ladderize.convert.head_grouping import (
     apply_head_orders,
     group_heads,
     materialize_head_order,
     permute_heads,
 )
-from ladderize.adapt.sensitivity import CATEGORIES, SensitivityReport, measure_sensitivity, select_layers
+from ladderize.convert.sensitivity import CATEGORIES, SensitivityReport, measure_sensitivity, select_layers
 from ladderize.errors import LadderizeError
 from ladderize.model import LayerMode
 from tests.conftest import tiny_model
@@ -31,7 +31,7 @@ def test_sensitivity_report_is_well_formed(mode, tp, tmp_path):
     # the last suffix converts every layer: compare with the real fully converted model
     from ladderize.eval.perplexity import perplexity
     from ladderize.model import Layout
-    from ladderize.adapt.relayout import with_layout
+    from ladderize.convert.relayout import with_layout
 
     full = with_layout(model, Layout(tuple([mode] * 4), tp))
     assert report.blocks[-1].ppl_suffix == pytest.approx(perplexity(full, IDS, seq_len=24), rel=1e-4)
@@ -82,7 +82,7 @@ def test_group_heads_picks_the_lowest_error_order():
 
 def test_attention_maps_are_the_models_own_attention():
     """Head grouping's maps come from the model's attention: maps @ V equals the heads' output."""
-    from ladderize.adapt.residual_states import embed
+    from ladderize.convert.residual_states import embed
 
     model = tiny_model()
     with torch.no_grad():

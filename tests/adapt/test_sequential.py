@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.residual_states import embed, run_layers
+from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
@@ -42,7 +42,7 @@ def test_sequential_trains_each_layer_in_order_and_lowers_the_output_error(hybri
     for index in (1, 3):
         losses = [r["loss_local"] for r in result.curve if r["layer"] == index]
         assert sum(losses[-3:]) / 3 < 0.8 * losses[0], (index, losses)
-    from ladderize.adapt.data import pack_tokens
+    from ladderize.corpus.windows import pack_tokens
     from transformers import AutoTokenizer
 
     ids = pack_tokens(str(text_file), AutoTokenizer.from_pretrained(dense_dir), 32, max_tokens=32 * 8)

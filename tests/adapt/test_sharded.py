@@ -137,7 +137,8 @@ def test_a_sharded_resume_is_bit_identical(sharp_ladder, text_file, tmp_path):
 def test_the_saved_state_is_the_trained_layers_and_their_adamw(text_file, tmp_path):
     """A model whose tensors are large beside DCP's per-tensor framing (a few KB): the state of a stopped run is
     the trained layers' fp32 weights and AdamW's two moments (12 bytes a parameter), the frozen layers left out."""
-    from ladderize.checkpoint.shapes import ModelShape, write_synthetic_checkpoint
+    from ladderize.checkpoint.shapes import ModelShape
+    from ladderize.synthetic import write_synthetic_checkpoint
 
     dense = write_synthetic_checkpoint(tmp_path / "dense", ModelShape("mid", 256, 512, 4, 8, 4, 32, 512))
     ladder = convert(dense, tmp_path / "ladder", ladder="2:4")
@@ -180,7 +181,8 @@ def test_host_memory_per_rank_at_two_processes_is_under_one_processs(text_file, 
     """A 1.1 GB model (fp32): each rank reads its own rows and holds half of the weights and AdamW state, so its peak
     is well under one process's (measured 2.8 against 4.0 GB, 0.70x: a step's gathered units and gloo's buffers,
     about 1 GB, do not shrink with the ranks)."""
-    from ladderize.checkpoint.shapes import ModelShape, write_synthetic_checkpoint
+    from ladderize.checkpoint.shapes import ModelShape
+    from ladderize.synthetic import write_synthetic_checkpoint
 
     shape = ModelShape("host-1g", 1024, 2816, 16, 16, 8, 64, 32000)
     assert shape.num_parameters * 4 > 1e9

@@ -6,7 +6,7 @@ import json
 import signal
 
 from ladderize.adapt import teacher_text
-from ladderize.adapt.data import pack_tokens
+from ladderize.corpus.windows import pack_tokens
 from ladderize.errors import Interrupted
 from tests.cli_helpers import error_lines, run_cli
 

@@ -1,4 +1,5 @@
-"""The token store (``adapt/token_store.py``) and the streamed windows read from it (``adapt/data.py``)."""
+"""The token store (``corpus/token_store.py``), the windows read from it (``corpus/windows.py``) and the batches a
+step takes of them (``adapt/batches.py``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from ladderize.adapt import token_store
-from ladderize.adapt.data import (
-    TokenWindows, batch_at, batch_order, micro_batch_index, pack_tokens, token_windows,
-)
-from ladderize.adapt.token_store import (
+from ladderize.corpus import token_store
+from ladderize.corpus.windows import TokenWindows, pack_tokens, token_windows
+from ladderize.adapt.batches import batch_at, batch_order, micro_batch_index
+from ladderize.corpus.token_store import (
     ensure_store, is_store, open_store, split_document, splittable, store_key, tokenizer_identity,
 )
 from ladderize.errors import LadderizeError
@@ -186,7 +186,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_committed_prefix(tmp_path, monke
 
 KILLED_BUILD = """
 import os, signal, sys
-from ladderize.adapt import token_store
+from ladderize.corpus import token_store
 from ladderize.synthetic import char_tokenizer
 token_store.COMMIT_TOKENS, token_store.BATCH_CHARS = 2000, 2000
 batches = [0]
@@ -294,9 +294,9 @@ def store_of(text_file: Path, tmp_path: Path) -> Path:
 def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, dense_dir, text_file, tmp_path):
     """joint (kd), sequential, sensitivity and head grouping give the same results from a store as from its text."""
     from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.convert_support import head_group_checkpoint
+    from ladderize.convert.convert_support import head_group_checkpoint
     from ladderize.adapt.train import adapt
-    from ladderize.adapt.sensitivity import checkpoint_sensitivity
+    from ladderize.convert.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
     from ladderize.checkpoint.io import read_provenance
     import shutil

@@ -49,7 +49,7 @@ COMMANDS = {
                 lambda src, d: ["predict", "--model", "llama-3.1-8b", "--compute", "roofline", "--json", d / "p.json"]),
     "predict-cache": ("ladderize.predict.pipeline", "prepare_prediction",
                       lambda src, d: ["predict", "--model", "llama-3.1-8b", "--device", "cpu", "--cache-dir", d / "cache"]),
-    "sensitivity": ("ladderize.adapt.sensitivity", "checkpoint_sensitivity",
+    "sensitivity": ("ladderize.convert.sensitivity", "checkpoint_sensitivity",
                     lambda src, d: ["sensitivity", src, "--spd-tp", "3", "--json", d / "s.json"]),
     "sample": ("ladderize.adapt.teacher_text", "sample_text", lambda src, d: ["sample", src, d / "s.jsonl"]),
     "adapt": ("ladderize.adapt.recipe", "adapt_checkpoint", lambda src, d: ["adapt", src, d / "adapted"]),

@@ -13,7 +13,8 @@ from ladderize.checkpoint.io import load_config, load_model, model_shape, save_m
 from ladderize.convert.inspect import inspect_checkpoint
 from ladderize.errors import LadderizeError
 from ladderize.model import LadderLlamaForCausalLM
-from ladderize.checkpoint.shapes import PRESETS, ModelShape, head_dim_of, write_synthetic_checkpoint
+from ladderize.checkpoint.shapes import PRESETS, ModelShape, head_dim_of
+from ladderize.synthetic import write_synthetic_checkpoint
 from tests.cli_helpers import error_lines, run_cli
 from tests.conftest import tiny_config
 

@@ -1,4 +1,5 @@
-"""teacher_agreement on tiny random models: against a plainly written reference, itself, its buckets, bad input."""
+"""``benchmarks/teacher_agreement.py`` on tiny random models: against a plainly written reference, itself, its buckets,
+bad input."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import torch.nn.functional as F
 
 from ladderize.errors import LadderizeError
 from ladderize.eval.perplexity import perplexity
-from ladderize.eval.teacher_agreement import position_buckets, teacher_agreement
 from tests.conftest import TINY, tiny_model
+from tests.script_modules import script_module
 
 from .conftest import tiny_llama
+
+agreement = script_module("benchmarks", "teacher_agreement")
+position_buckets, teacher_agreement = agreement.position_buckets, agreement.teacher_agreement
 
 SEQ_LEN = 33  # 32 predicted positions: 8 buckets of 4, or uneven ones for 5 buckets
 

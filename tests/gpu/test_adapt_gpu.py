@@ -146,7 +146,7 @@ def test_kd_head_grouping_before_prepare_on_cuda(spd_dir, dense_dir, text_file, 
 
 
 def test_sensitivity_on_cuda_equals_the_cpu(dense_dir, text_file):
-    from ladderize.adapt.sensitivity import checkpoint_sensitivity
+    from ladderize.convert.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
 
     args = (dense_dir, LayerMode.SPD, 3, str(text_file), 2, 32, "all")
@@ -157,7 +157,7 @@ def test_sensitivity_on_cuda_equals_the_cpu(dense_dir, text_file):
 
 
 def test_head_grouping_on_cuda_equals_the_cpu(dense_dir, text_file, tmp_path):
-    from ladderize.adapt.convert_support import head_group_checkpoint
+    from ladderize.convert.convert_support import head_group_checkpoint
 
     a = convert(dense_dir, tmp_path / "a", spd="0:4", spd_tp_size=3)
     b = convert(dense_dir, tmp_path / "b", spd="0:4", spd_tp_size=3)

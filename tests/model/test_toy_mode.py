@@ -275,7 +275,7 @@ def test_cli_gives_it_options(toy, capsys, monkeypatch):
         assert "Toy layers (SPD, stale attention read), same syntax." in toy_line
     code, out, _ = run_cli(["convert", "--help"], capsys, monkeypatch)
     assert f"With --lspd auto: {toy.budget_help}." in out
-    assert "Layers converted to Ladder Residual: half-open slices" in out
+    assert "Layers converted to Ladder Residual: '16:32'" in out
 
 
 def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, tmp_path, capsys, monkeypatch):

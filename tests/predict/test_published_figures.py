@@ -1,14 +1,17 @@
-"""The shipped constants are what the logs and published figures fix; the validation table is complete."""
+"""The shipped constants are what the logs and published figures fix (``benchmarks/published_figures.py``); the
+validation table is complete."""
 
 from __future__ import annotations
 
 import pytest
 
-from ladderize.predict import published_figures as published
 from ladderize.predict.compute import RooflineCompute
 from ladderize.predict.fit import TableCompute
 from ladderize.predict.gpus import GPU_PROFILES
 from ladderize.predict.interconnect import PROFILES
+from tests.script_modules import script_module
+
+published = script_module("benchmarks", "published_figures")
 
 
 @pytest.fixture(scope="module")

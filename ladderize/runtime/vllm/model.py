@@ -82,7 +82,7 @@ COMPILED_LADDER_VALIDATED = True
 # A dense layout never exposes it (the next norm needs r_k at once), but in the ladder flow the
 # residual update r_k = r_{k-1} + y_k is needed only a module later, gets fused into the kernel that
 # computes norm(r_{k-1}), and reads y_k's buffer before it is written: wrong tokens at TP=1.
-# Standalone reproducer (plain torch, no vLLM): benchmarks/repro_inductor_mutated_output_fusion.py;
+# Standalone reproducer (plain torch, no vLLM): lab/repro_inductor_mutated_output_fusion.py;
 # details in docs/serving.md. Workaround: when this model is compiled on CPU with ladder or SPD
 # layers, its linear layers use vLLM's plain ``F.linear`` path (``_cpu_skip_gemm_dispatch``), which
 # inductor lowers to functional ``mm``/``addmm`` with correct dependencies.

@@ -52,16 +52,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from ..model.layout import Layout
 import numpy as np
 
-from .compute import ComputeModel, RooflineCompute
-from .fit import ComputeFit
-from .gpus import GPU_PROFILES, GPUProfile
-from .interconnect import PROFILES, InterconnectProfile, ring_volume
-from .estimate import PredictRequest, decode_kv_len, predict
-from .presets import PUBLIC_PRESETS, ModelShape
-from .work import module_work
+from ladderize.model.layout import Layout
+from ladderize.predict.compute import ComputeModel, RooflineCompute
+from ladderize.predict.estimate import PredictRequest, decode_kv_len, predict
+from ladderize.predict.fit import ComputeFit
+from ladderize.predict.gpus import GPU_PROFILES, GPUProfile
+from ladderize.predict.interconnect import PROFILES, InterconnectProfile, ring_volume
+from ladderize.predict.presets import PUBLIC_PRESETS, ModelShape
+from ladderize.predict.work import module_work
 
 PROMPT, GEN = 1024, 512
 DECODE_STEPS = GEN - 1

@@ -5,17 +5,22 @@ domain. This measures each checkpoint on the first 16 x 512 tokens of the held-o
 and reports the share of the zero-shot gap closed there, next to the WikiText-2 figure from
 the benchmark JSON.
 
-    python benchmarks/adapt_indomain.py --dense DENSE --zero-shot ZS --json adapt_ladder15-30_indomain.json NAME=CKPT ...
+    python lab/adapt_indomain.py --dense DENSE --zero-shot ZS --json adapt_ladder15-30_indomain.json NAME=CKPT ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 
-from adapt_common import RESULTS, dense_source, named_checkpoints, parse_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # adapt_common, beside the benchmarks
+from adapt_common import dense_source, named_checkpoints, parse_args  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"  # lab/results
 
 
 def main() -> None:
@@ -23,7 +28,7 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="NAME=CKPT")
     parser.add_argument("--zero-shot", required=True)
     parser.add_argument("--dense", default=None)
-    parser.add_argument("--json", required=True, help="file name under benchmarks/results/")
+    parser.add_argument("--json", required=True, help="file name under lab/results/")
     args = parse_args(parser)
 
     from transformers import AutoTokenizer

@@ -1,4 +1,5 @@
-"""Run a ladderize model one decoder layer at a time: the residual-stream states adaptation needs.
+"""Run a ladderize model one decoder layer at a time: the residual-stream states that sensitivity, head grouping and
+adaptation read.
 
 ``LadderLlamaModel.forward`` runs every layer; adaptation, sensitivity and head grouping need
 the ``(residual, stale)`` pair that enters a given layer, to run a layer on someone else's

@@ -1,10 +1,10 @@
 """Where a converted model's residual-stream error sits: over tokens, at position 0, over dimensions.
 
-    python benchmarks/adapt_error_structure.py /tmp/adapt_bench/curve/ladder15-29 --layers 15,20,25,29
+    python lab/adapt_error_structure.py /tmp/adapt_bench/curve/ladder15-29 --layers 15,20,25,29
 
 Runs the dense teacher and the converted student (zero-shot or adapted) on 4 x 512 WikiText-2 valid tokens past the
 evaluation window (characters 40,000-120,000 of the file), and for the residual stream after each named layer prints
-and saves (``results/adapt_error_structure.json``) the share of the squared error that the 1% of tokens with the
+and saves (``lab/results/adapt_error_structure.json``) the share of the squared error that the 1% of tokens with the
 largest error hold, the share at position 0 (where the massive activations sit), the per-token relative error, and
 the share the 5 largest dimensions hold. Evenly spread error (the top 1% of tokens near 1%) means that reweighting
 the local loss per token cannot be a lever.
@@ -13,10 +13,13 @@ the local loss per token cannot be a lever.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from adapt_common import RESULTS, dense_source, shared_data_dir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # adapt_common, beside the benchmarks
+from adapt_common import dense_source, shared_data_dir  # noqa: E402
 from ladderize.checkpoint.atomic import write_json
 from ladderize.checkpoint.io import load_model, load_tokenizer
 
@@ -51,7 +54,7 @@ def main() -> None:
     for layer in (int(v) for v in args.layers.split(",")):
         rows[layer] = error_structure(teacher_states[layer + 1], student_states[layer + 1])
         print(f"layer {layer}: " + ", ".join(f"{k} {v:.4f}" for k, v in rows[layer].items()))
-    out = RESULTS / "adapt_error_structure.json"
+    out = Path(__file__).resolve().parent / "results" / "adapt_error_structure.json"
     write_json(out, {"student": args.student, "dense": dense, "layers": rows})
     print(f"-> {out}")
 

@@ -6,7 +6,7 @@ increase this adds, relative to the dense perplexity:
 
     delta_i = (ppl(converted i..L-1) - ppl(converted i+1..L-1)) / ppl(dense)
 
-Blocks are then classified (thresholds on ``delta_i``, documented in docs/adapt.md):
+Blocks are then classified (thresholds on ``delta_i``, documented in docs/sensitivity.md):
 
 - insensitive:          delta_i <  1%   -> zero-shot conversion is fine;
 - sensitive:            1% <= delta_i < 5%  -> block-to-block distillation;
@@ -208,7 +208,7 @@ def checkpoint_sensitivity(
     tokenizer, pack ``samples`` x ``seq_len`` tokens of ``data``, and rank the ``layers`` candidates."""
     from ..checkpoint.io import load_model, load_tokenizer
     from ..model.layout import parse_layer_ranges
-    from .data import pack_tokens
+    from ..corpus.windows import pack_tokens
 
     from ..checkpoint.placement import parse_dtype, resolve_device
 

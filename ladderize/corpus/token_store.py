@@ -43,7 +43,8 @@ import numpy as np
 from ..errors import LadderizeError, one_line
 from ..checkpoint.atomic import write_file_atomic
 from ..paths import cache_path
-from ..runtime.host import cpu_cores
+from .documents import BUILTIN_CORPORA, iter_documents, mixture_parts, spec_files
+from ..hardware import cpu_cores
 
 STORE_FORMAT = 1
 META_FILE = "store.json"
@@ -117,8 +118,6 @@ def tokenizer_identity(tokenizer) -> dict:
 
 def source_identity(spec: str) -> dict:
     """What a spec reads, to notice a change: each file's size and modification time, or the corpus's version."""
-    from .data import BUILTIN_CORPORA, spec_files
-
     if spec in BUILTIN_CORPORA:
         return {"builtin": spec, **_builtin_version(spec)}
     files = spec_files(spec)
@@ -287,8 +286,6 @@ def tokenize_data(
     """The pipeline behind ``ladderize tokenize``: the store of each part of ``data`` (a mixture is a store per
     part), built or continued, in ``out`` or the cache; ``force`` builds it again. A folder holding other files
     than a store's is refused. ``progress(tokens, tokens_per_s of this build, documents)``. Returns one record per store."""
-    from .data import mixture_parts
-
     records = []
     for part in [name for name, _ in mixture_parts(data) or [(data, 1.0)]]:
         target = Path(out).expanduser() if out is not None else default_root() / store_key(part, tokenizer)
@@ -313,8 +310,6 @@ def tokenize_data(
 
 def _absolute(spec: str) -> str:
     """A file or folder spec as an absolute path; a corpus or dataset name as it is."""
-    from .data import spec_files
-
     return str(Path(spec).expanduser().absolute()) if spec_files(spec) is not None else spec
 
 
@@ -339,8 +334,6 @@ def _locked(lock: Path, say: Callable[[str], None] | None = None) -> Iterator[No
 def _build(spec: str, tokenizer, path: Path, meta: StoreMeta | None, min_tokens: int | None, workers: int | None,
            progress: BuildProgress | None, say: Callable[[str], None] | None) -> StoreMeta:
     """Tokenize ``spec`` into ``path`` from ``meta``'s commit (or from nothing) up to ``min_tokens`` or its end."""
-    from .data import iter_documents
-
     if meta is None:
         dtype = "uint16" if len(tokenizer) <= UINT16_LIMIT else "uint32"
         meta = StoreMeta(STORE_FORMAT, spec, source_identity(spec), tokenizer_identity(tokenizer), dtype, tokenizer.eos_token_id,

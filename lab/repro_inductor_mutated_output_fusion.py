@@ -12,8 +12,8 @@ custom op has written ``y_k`` -- the read of the mutated output lost its depende
 Fewer layers (1 or 2) happen to schedule correctly; ``torch._inductor.config.max_fusion_size = 1`` (no
 fusion) or a functional op (``torch.mm``) instead of the out-variant op both give the right answer.
 
-    python benchmarks/repro_inductor_mutated_output_fusion.py            # exits 1 while the bug is there
-    python benchmarks/repro_inductor_mutated_output_fusion.py --functional  # the workaround: exits 0
+    python lab/repro_inductor_mutated_output_fusion.py            # exits 1 while the bug is there
+    python lab/repro_inductor_mutated_output_fusion.py --functional  # the workaround: exits 0
 
 This is why ladderize's vLLM plugin routes linear layers through ``F.linear`` when it compiles a ladder or
 SPD layout on CPU (``ladderize/runtime/vllm/model.py``, ``FUNCTIONAL_LINEARS_WHEN_COMPILED``).

@@ -10,7 +10,7 @@ Each book's hard-wrapped lines are joined into paragraphs (one per line), cut in
 characters at paragraph ends, and the records of the books are interleaved (one of each in turn), so that any
 prefix of the file, which is what a token budget reads, holds every book::
 
-    python benchmarks/novels_corpus.py /tmp/novels_mix.jsonl
+    python lab/novels_corpus.py /tmp/novels_mix.jsonl
     ladderize adapt L OUT --data 'wikitext2-heldout*0.5+/tmp/novels_mix.jsonl*0.5' --budget 642048
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..errors import LadderizeError
+from ladderize.errors import LadderizeError
 
 
 def position_buckets(positions: int, buckets: int) -> list[tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""What ``convert`` needs from adaptation: layers picked from a sensitivity report, and head grouping of a written checkpoint."""
+"""Convert's measured choices: the layers of an ``auto`` range, picked from a sensitivity report, and the SPD head
+order of a written checkpoint (head grouping on calibration text, the checkpoint rewritten with it)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def head_group_checkpoint(
 
     target = resolve_device(device)  # the maps and block errors are measured there, in fp32 (the weights are unchanged)
     from ..checkpoint.io import load_model, load_tokenizer, read_provenance, save_model_checkpoint
-    from .data import pack_tokens
+    from ..corpus.windows import pack_tokens
     from .head_grouping import group_heads_for_spd
     from .teacher import load_teacher
 

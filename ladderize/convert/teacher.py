@@ -1,4 +1,5 @@
-"""The dense teacher of an adaptation run: where it is, that it fits the student, and loading it."""
+"""The dense teacher of a converted checkpoint (its source, or another dense checkpoint of its shape): where it is,
+that it fits the student, and loading it. Head grouping measures against it; every adapt stage learns from it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Benchmark: the kd loss over whole logits against ``head_losses`` (blockwise), side by side in one process.
 
-    taskset -c 0 python benchmarks/bench_head_losses.py --threads 1
+    taskset -c 0 python lab/bench_head_losses.py --threads 1
 
 Both paths compute the same kd loss and its gradient for a batch of ``--batch x --seq``
 tokens at SmolLM2's shapes (hidden 576, vocabulary 49,152) with a small random model standing
@@ -8,7 +8,7 @@ in for the student and the teacher (only the final norm and LM head matter here;
 frozen, as in the default ``--train converted``, so the gradient goes to the residual stream). They run
 alternately, ``--repeats`` times each; the JSON records each path's median seconds per step,
 the minor page faults per step (fresh memory mapped from the kernel), and their ratio.
-Saves results/bench_head_losses.json.
+Saves lab/results/bench_head_losses.json.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # lab/results
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from ladderize.adapt.objectives import head_losses, kd_loss, logit_block_rows
-    from ladderize.adapt.residual_states import logits_from
+    from ladderize.convert.residual_states import logits_from
     from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
 
     def model(seed: int) -> LadderLlamaForCausalLM:

@@ -1,6 +1,6 @@
 """Evaluate a further adaptation phase run with the CLI and add it to a benchmark JSON as a new recipe.
 
-    python benchmarks/adapt_eval.py --results results/adapt_ladder15-30.json --base-recipe local_student \
+    python lab/adapt_eval.py --results benchmarks/results/adapt_ladder15-30.json --base-recipe local_student \
         --name local_student_then_kd --checkpoint /tmp/adapt_bench/ladder-kd --phase kd
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 
-from adapt_common import RESULTS, evaluate, plot
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # adapt_common, beside the benchmarks
+from adapt_common import evaluate, plot  # noqa: E402
 
 from ladderize.eval.perplexity import wikitext2_ids
 

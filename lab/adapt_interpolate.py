@@ -1,6 +1,6 @@
 """Weight interpolation between two adapted checkpoints of one layout (WiSE-FT's question for a recipe's stages).
 
-    python benchmarks/adapt_interpolate.py START END --alphas 0.25,0.5,0.75 --name ladder15-29@30m --cpu 0
+    python lab/adapt_interpolate.py START END --alphas 0.25,0.5,0.75 --name ladder15-29@30m --cpu 0
 
 ``START`` and ``END`` are checkpoints of the same converted layout, e.g. the sequential stage's output
 (``OUT.adapt-run/stage1-seq-local`` of a run with ``--keep-state``) and the finished run. Each alpha scores
@@ -9,7 +9,7 @@
 the gap closed, LAMBADA accuracy with the paired difference to dense, lm-eval's LAMBADA perplexity, KL and
 top-1 agreement with dense), one core and one thread. It asks whether the last stage's gain on the window
 and its cost on text outside the calibration domain move together along the line between the two. One JSON
-in ``results/adapt_interpolate/NAME.json``, rewritten by rename after each alpha.
+in ``lab/results/adapt_interpolate/NAME.json``, rewritten by rename after each alpha.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 
-from adapt_common import RESULTS, dense_source
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # adapt_common, adapt_curve, beside the benchmarks
+from adapt_common import dense_source  # noqa: E402
 from adapt_curve import ZERO_SHOT, Scorer, compare, read_json, point_file, score
 from ladderize.checkpoint.atomic import write_json
 from ladderize.adapt.interpolation import interpolate_weights
 from ladderize.checkpoint.io import load_model
 
-OUT = RESULTS / "adapt_interpolate"
+OUT = Path(__file__).resolve().parent / "results" / "adapt_interpolate"
 
 
 def main() -> None:
@@ -35,7 +37,7 @@ def main() -> None:
     parser.add_argument("start", type=Path, help="checkpoint at alpha 0 (e.g. the sequential stage's output)")
     parser.add_argument("end", type=Path, help="checkpoint at alpha 1 (e.g. the finished run)")
     parser.add_argument("--alphas", default="0,0.25,0.5,0.75,1", help="comma-separated weights of END")
-    parser.add_argument("--name", required=True, help="the result's name (results/adapt_interpolate/NAME.json)")
+    parser.add_argument("--name", required=True, help="the result's name (lab/results/adapt_interpolate/NAME.json)")
     parser.add_argument("--layout", default="ladder15-29", help="the adapt_curve layout whose zero-shot record gives the gap")
     parser.add_argument("--cpu", type=int, default=0)
     parser.add_argument("--lambada", type=int, default=1000)

@@ -1,6 +1,6 @@
 """Print the adaptation benchmark results (benchmarks/results/adapt_*.json) as Markdown tables.
 
-    python benchmarks/adapt_table.py adapt_ladder15-30_compare adapt_ladder15-30_best
+    python lab/adapt_table.py adapt_ladder15-30_compare adapt_ladder15-30_best
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def rows(report: dict) -> list[str]:
