@@ -34,7 +34,7 @@ from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
-from .training_state import STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state, save_accelerate_state
+from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
 from .teacher_states import read as read_teacher_states, teacher_id
 
@@ -188,6 +188,9 @@ def adapt_joint(
 
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
+    if saved is not None and (state_dir / DCP_DIR).is_dir():
+        raise LadderizeError(f"cannot resume {run_dir}: its state was saved sharded (FSDP2); resume it under the "
+                             "launcher it ran under, or with --shard fsdp (or --force to start over)")
     if saved is not None:
         accelerator.load_state(str(state_dir))
         if ema is not None:

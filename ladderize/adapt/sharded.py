@@ -16,18 +16,18 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   (every ``log_every`` steps on CUDA, every step on a CPU), so a step does not wait for the host.
 - **The training state** is what training changes: the trained parameters and their AdamW state, each rank writing
   its own shard with torch's distributed checkpoint (``torch.distributed.checkpoint``), beside
-  ``trainer_state.json``; saved every ``save_minutes`` of training (and every ``save_every`` steps when set) and
-  at a stop. A resume on the same process count continues bit for bit; on another count DCP reshards the state and
-  the run continues from the tokens trained.
+  ``trainer_state.json``; saved a minute into the run, then every ``save_minutes`` (every ``save_every`` steps
+  instead where set), and at a stop. A resume on the same process count continues bit for bit; on another count
+  DCP reshards the state and the run continues from the tokens trained.
 - **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
   file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
 
-LoRA, EMA, head grouping, interpolation and compiled layers keep the replicated path (``joint.py``, DDP).
+LoRA, EMA, head grouping, interpolation, ``--train all`` and compiled layers keep the replicated path (``joint.py``,
+DDP): ``sharding_reason``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -48,10 +48,9 @@ from .batches import batch_rows, micro_batch_index
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
-from .training_state import (STATE_DIR, TRAINER_STATE, SaveClock, check_fingerprint, finish_state, main_says,
+from .training_state import (DCP_DIR, STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state,
                              write_trainer_state)
 
-DCP_DIR = "dcp"  # in the state folder: the trained parameters and optimizer state, one shard per rank
 LOG_EVERY_CUDA = 10  # steps between reads of the losses on a GPU (each read waits for the device)
 
 
@@ -436,14 +435,11 @@ def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:
 
 
 def _read_state(state_dir: Path, config: AdaptConfig) -> dict | None:
-    file = state_dir / TRAINER_STATE
-    if not file.is_file() or not (state_dir / DCP_DIR).is_dir():
-        return None
-    try:
-        saved = json.loads(file.read_text())
-    except ValueError as exc:
-        raise LadderizeError(f"cannot resume {state_dir.parent}: {file} is corrupt ({exc}); pass --force to start over") from None
-    check_fingerprint(saved, config, state_dir.parent)
+    """The saved trainer state of a sharded run (``None``: nothing saved yet); a replicated run's is refused."""
+    saved = read_trainer_state(state_dir, config)
+    if saved is not None and not (state_dir / DCP_DIR).is_dir():
+        raise LadderizeError(f"cannot resume {state_dir.parent}: its state was saved by the replicated training; "
+                             "resume it with --shard ddp (or --force to start over)")
     return saved
 
 

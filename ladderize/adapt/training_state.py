@@ -27,6 +27,7 @@ from ..errors import LadderizeError
 from .config import AdaptConfig
 
 STATE_DIR = "state"
+DCP_DIR = "dcp"  # in a sharded run's state: the trained parameters and their AdamW state, one shard per rank
 TRAINER_STATE = "trainer_state.json"
 RUN_CURVE = "curve.json"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +203,14 @@ def test_activation_checkpointing_recomputes_the_same_training(sharp_ladder, tex
     assert [r["loss_kd"] for r in plain.curve] == pytest.approx([r["loss_kd"] for r in checked.curve], rel=1e-6)
     a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "checked" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+def test_a_state_is_resumed_by_the_training_that_saved_it(sharp_ladder, text_file, tmp_path):
+    from ladderize.errors import LadderizeError
+
+    adapt(_config(sharp_ladder, text_file, tmp_path / "rep", shard="ddp"), max_steps=2)
+    with pytest.raises(LadderizeError, match="saved by the replicated training; resume it with --shard ddp"):
+        adapt(_config(sharp_ladder, text_file, tmp_path / "rep"), resume=True)
+    adapt(_config(sharp_ladder, text_file, tmp_path / "sh"), max_steps=2)
+    with pytest.raises(LadderizeError, match="saved sharded"):
+        adapt(_config(sharp_ladder, text_file, tmp_path / "sh", shard="ddp"), resume=True)
