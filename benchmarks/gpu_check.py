@@ -72,6 +72,7 @@ STEPS = (
     Step("decode_1b", 480, 90),
     Step("decode_8b", 540, 90),
     Step("adapt_streaming", 480, 120),
+    Step("adapt_throughput", 420, 60),
     Step("model", 240, 120),
     Step("adapt_smollm2", 540, 150, needs_model=True),
     Step("eval_lambada", 480, 150, needs_model=True),
@@ -447,6 +448,20 @@ def step_adapt_streaming(ctx: Context) -> dict[str, Any]:
             "flat": ratio <= 1.10}
 
 
+def step_adapt_throughput(ctx: Context) -> dict[str, Any]:
+    """adapt's kd stage sharded with FSDP2 at the llama-1b, llama-3b and llama-3.1-8b shapes on the one GPU (a shape
+    that does not fit is recorded as refused): tokens/s per GPU, MFU by the true count and peak memory
+    (``benchmarks/bench_adapt_throughput.py``); the tiny shape on the CPU in the rehearsal."""
+    root = ctx.scratch("adapt_throughput")
+    stem = root / "adapt_throughput"
+    args = ["--rehearse"] if ctx.rehearse else ["--shapes", "llama-1b,llama-3b,llama-8b", "--steps", "30"]
+    _run([sys.executable, str(ROOT / "benchmarks" / "bench_adapt_throughput.py"), "--work", str(root / "work"),
+          "--out", str(stem), *args], BY_NAME["adapt_throughput"].limit_s, root / "bench.log")
+    record = json.loads(stem.with_suffix(".json").read_text())
+    shutil.rmtree(root / "work", ignore_errors=True)
+    return {"rows": record["rows"], "torchtitan_llama_3_1_8b": record["torchtitan_llama_3_1_8b"]}
+
+
 def step_model(ctx: Context) -> dict[str, Any]:
     """``ladderize pull`` from the GGUF the bundle's parts reassembled (in ladderize's download cache)."""
     from ladderize.convert.pull import MODELS
@@ -679,6 +694,9 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
         return f"{ran}/{len(figures['cases'])} cases exact; worst logit diff {worst:.2e}" if worst is not None else ""
     if name == "adapt_streaming" and figures.get("runs"):
         return f"peak at 2x depth / 1x: {figures['peak_ratio_2x_depth']}"
+    if name == "adapt_throughput" and figures.get("rows"):
+        return "; ".join(f"{r['shape']}: " + (f"{r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU {100 * r['mfu']:.1f}%"
+                                              if r.get("mfu") else r["status"]) for r in figures["rows"])[:400]
     if name == "adapt_smollm2" and figures:
         return f"wall {figures.get('wall_s')} s, cpu {figures.get('cpu_s')} s, ppl {figures.get('valid_ppl_before')} -> {figures.get('valid_ppl_after')}"
     if name == "eval_lambada" and figures:
