@@ -519,9 +519,10 @@ def dry_run(
             raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {budget} is wall time, "
                                  "which a run measures on its device first")
         window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
+        from .budget import max_calibration_tokens, scale_stages
+
         cap = (int(STATE_MEMORY_SHARE * where.memory_bytes / (state_copies(window) * config.hidden_size * 4))
-               if where.memory_bytes else None)
-        from .budget import scale_stages
+               if where.memory_bytes else max_calibration_tokens(config.hidden_size, "cpu", window=window))
 
         steps = scale_stages(steps, sized_by.tokens, max_calibration=cap)
     layout = config.layout

@@ -66,8 +66,8 @@ def adapt_cmd(
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", rich_help_panel=opts.SCALE,
         help="Joint: recompute activations in the backward."),
-    dry_run: Optional[str] = typer.Option(None, "--dry-run", is_flag=False, flag_value="here", rich_help_panel=opts.SCALE,
-                                          help="Print the plan priced for a launch (8xH100; alone: this one)."),
+    dry_run: Optional[str] = typer.Option(None, "--dry-run", rich_help_panel=opts.SCALE, metavar="NxGPU|here",
+                                          help="Print the plan priced for a launch (8xH100, or here: this one); exit."),
     save_minutes: Optional[float] = typer.Option(None, "--save-minutes", rich_help_panel=opts.SCALE,
                                                  help="Save the state every N minutes of training; default 30."),
     save_every: Optional[int] = typer.Option(None, rich_help_panel=opts.SCALE,

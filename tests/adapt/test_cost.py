@@ -94,3 +94,15 @@ def test_dry_run_refuses_llama_70b_on_one_h100_in_one_line_naming_what_to_change
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "does not fit" in errors[0] and "at least" in errors[0] and "GPUs" in errors[0], stderr
     assert "--activation-checkpointing" in errors[0]
+
+
+def test_dry_run_here_prices_the_launch_it_runs_under(tmp_path, capsys, monkeypatch):
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    code, stdout, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "here", "--budget", "1M"],
+                                   capsys, monkeypatch)
+    assert code == 0, stderr
+    assert "on 1 x device; no weights read" in stdout and "expected:" not in stdout  # no GPU here: no time estimate
+    code, _, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "here", "--budget", "30m"], capsys,
+                              monkeypatch)
+    assert code == 2 and "--dry-run prices a token budget" in stderr
