@@ -103,14 +103,12 @@ def bench_shape(name: str, args, work: Path) -> dict:
         return JointMemory.estimate(shape, converted, world, batch * args.seq_len,
                                     checkpointing=args.activation_checkpointing, sharded=True)
 
-    if args.batch_size == "auto":
-        batch = 0
-        for size in range(1, args.max_batch + 1):
-            if usable is None or estimate(size).total <= usable:
-                batch = size
-        batch = batch if usable is not None else 2
-    else:
+    if args.batch_size != "auto":
         batch = int(args.batch_size)
+    elif usable is None:  # no GPU to fill: the stage's own batch
+        batch = 2
+    else:  # the largest that the estimate fits (0: none)
+        batch = max((size for size in range(1, args.max_batch + 1) if estimate(size).total <= usable), default=0)
     if batch == 0:
         row.update(status="does not fit", estimate_gib=round(estimate(1).total / 2**30, 1),
                    usable_gib=round(usable / 2**30, 1))
@@ -171,7 +169,6 @@ def checkpoints(shape, converted: list[int], folder: Path) -> tuple[Path, Path]:
                 (student / file.name).symlink_to(file)
         config = load_config(teacher)
         modes = ["ladder" if index in converted else "dense" for index in range(shape.num_hidden_layers)]
-        config.layer_modes = modes
         ladder = type(config)(**{**config.to_dict(), "layer_modes": modes})
         ladder.save_pretrained(student)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

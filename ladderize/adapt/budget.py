@@ -125,12 +125,14 @@ def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: i
     return sized
 
 
-def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4, window: int = 1) -> int | None:
+def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4, window: int = 1,
+                           available: float | None = None) -> int | None:
     """The most calibration tokens whose cached states (``sequential_run.state_copies(window)`` tensors of
-    ``hidden_size``) fit in ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read)."""
+    ``hidden_size``) fit in ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read);
+    ``available``: that memory, given (a GPU the run is priced for) rather than read."""
     from .sequential_run import state_copies
 
-    available = _available_memory(device)
+    available = available or _available_memory(device)
     if available is None:
         return None
     return max(1, int(STATE_MEMORY_SHARE * available / (state_copies(window) * hidden_size * bytes_per_value)))

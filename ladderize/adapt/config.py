@@ -16,8 +16,8 @@ from .objectives import DIVERGENCES, JOINT_ONLY_INPUTS, LOCAL_INPUTS, TEACHER_OB
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
-STATES = ("memory", "disk")
-SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (sharded.sharding_reason)  # where the sequential training keeps the calibration states
+STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
+SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (sharded.sharding_reason)
 
 
 @dataclass
@@ -87,8 +87,8 @@ class AdaptConfig:
         ``shard`` and ``activation_checkpointing`` change when the state is written, where the weights live and what
         the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``).
         """
-        skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state", "recipe", "stream_layers", "states", "device",
-                "compile", "teacher_states"}
+        skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state",
+                "recipe", "stream_layers", "states", "device", "compile", "teacher_states"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

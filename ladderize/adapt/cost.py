@@ -288,23 +288,27 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
         else:
             tokens_per_step = seq_len * batch * accum * launch.processes
             steps_n = max(1, math.ceil(int(step["tokens"]) / tokens_per_step))
-            flops = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted")).per_token
+            count = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted"))
+            with_teacher = bool({"kd", "local"} & set(weights))
             sharded = launch.processes > 1 and step.get("shard", "auto") != "ddp"
-            memory = JointMemory.estimate(config, converted, launch.processes, seq_len * batch,
-                                          teacher=bool({"kd", "local"} & set(weights)),
+            memory = JointMemory.estimate(config, converted, launch.processes, seq_len * batch, teacher=with_teacher,
                                           checkpointing=bool(step.get("activation_checkpointing")),
                                           compute_bytes=compute_bytes, sharded=sharded)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
-                              flops, memory=asdict(memory), memory_bytes=memory.total)
+                              count.per_token, memory=asdict(memory), memory_bytes=memory.total,
+                              save_bytes=12.0 * count.trained)  # fp32 weights and AdamW's two moments
+            every = step.get("save_every")
+            if every:
+                stage.saves = steps_n // int(every)
             if launch.peak_flops_per_s:
-                stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / flops
+                stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / count.per_token
                 stage.seconds = stage.tokens / (stage.tokens_per_s_per_gpu * launch.processes)
-                minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
-                stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
-                stage.save_bytes = 12.0 * len(converted) * layer_parameters(config)
+                if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
+                    minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
+                    stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
                 refusal = _joint_advice(config, converted, launch, step, memory, usable, seq_len, batch, compute_bytes,
-                                        bool({"kd", "local"} & set(weights)))
+                                        with_teacher)
         stages.append(stage)
         if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
             refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "

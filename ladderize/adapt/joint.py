@@ -34,7 +34,7 @@ from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
-from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state, save_accelerate_state
+from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, save_accelerate_state
 from .layer_source import ResidentLayers, same_prefix
 from .teacher_states import read as read_teacher_states, teacher_id
 
@@ -248,7 +248,7 @@ def adapt_joint(
             progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s,
                               tokens_per_step / elapsed,
                               pace=pace.per_process(tokens_per_step / elapsed) or None), model)
-        if main_says(clock.due(step), accelerator.device) or step == total_steps:
+        if step == total_steps or clock.due(step, accelerator.device):
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             saved_step = step
             clock.saved()

@@ -116,12 +116,7 @@ class StreamedLayers:
         self.dtype = dtype
         self.device = torch.device(device)
         config = load_config(self.path)
-        files = weight_files(self.path)
-        if not files:
-            raise LadderizeError(f"{self.path} has no .safetensors weights")
-        self.files: dict[str, Path] = {}  # tensor name -> the safetensors file holding it
-        for file in files:
-            self.files.update(_names_in(file))
+        self.files = tensor_files(self.path)
         with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
             self.model = LadderLlamaForCausalLM(config).eval()
         self.model.requires_grad_(False)
@@ -136,13 +131,7 @@ class StreamedLayers:
 
     @contextlib.contextmanager
     def _filled(self, module: nn.Module, prefix: str) -> Iterator[nn.Module]:
-        names = [prefix + key for key in module.state_dict()]
-        tensors = read_tensors({name: self._file(name) for name in names})
-        state = {name[len(prefix):]: tensor.to(self.device, self.dtype if tensor.is_floating_point() else tensor.dtype)
-                 for name, tensor in tensors.items()}
-        del tensors
-        module.load_state_dict(state, strict=True, assign=True)  # requires_grad stays the module's (False)
-        del state
+        fill_module(module, prefix, self._file, self.dtype, self.device)  # requires_grad stays the module's (False)
         try:
             yield module
         finally:
@@ -179,6 +168,28 @@ class StreamedLayers:
                 tensor = tensors.pop(name)
                 yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
             return_free_memory()  # what the caller's writer has flushed meanwhile
+
+
+def tensor_files(path: str | Path) -> dict[str, Path]:
+    """``{tensor name: the safetensors file holding it}`` of a checkpoint folder (headers only)."""
+    files = weight_files(path)
+    if not files:
+        raise LadderizeError(f"{path} has no .safetensors weights")
+    found: dict[str, Path] = {}
+    for file in files:
+        found.update(_names_in(file))
+    return found
+
+
+def fill_module(module: nn.Module, prefix: str, file_of, dtype: torch.dtype, device: torch.device) -> None:
+    """Give ``module`` its tensors (``prefix`` + its state-dict names, each read from ``file_of(name)``), floating
+    ones in ``dtype``, on ``device``; its parameters' ``requires_grad`` stays as it was."""
+    names = [prefix + key for key in module.state_dict()]
+    tensors = read_tensors({name: file_of(name) for name in names})
+    state = {name[len(prefix):]: tensor.to(device, dtype if tensor.is_floating_point() else tensor.dtype)
+             for name, tensor in tensors.items()}
+    del tensors
+    module.load_state_dict(state, strict=True, assign=True)
 
 
 def _names_in(file: Path) -> dict[str, Path]:

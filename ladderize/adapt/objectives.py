@@ -323,14 +323,21 @@ def blockwise_kd(logits: torch.Tensor, teacher_logits: Callable[[slice], torch.T
     """``kd_loss`` of the student's ``[rows, V]`` logits, ``logit_block_rows`` rows at a time (``BlockwiseLoss``);
     ``teacher_logits(part)`` gives the teacher's logits of those rows (computed without grad, one block at a time).
     ``compiled``: each block's loss and gradient through ``torch.compile`` (``compiled_kd_loss``)."""
-    loss_of = compiled_kd_loss(logits.device.type) if compiled else kd_loss
+    kd_block = _kd_block_loss(teacher_logits, temperature, divergence, top_k, compiled, logits.device.type)
+    return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
+
+
+def _kd_block_loss(teacher_logits: Callable[[slice], torch.Tensor], temperature: float, divergence: str, top_k: int,
+                   compiled: bool, device_type: str) -> Callable[[torch.Tensor, slice], torch.Tensor]:
+    """One block's summed kd loss from the student's float32 logits of rows ``part`` (the teacher's computed then)."""
+    loss_of = compiled_kd_loss(device_type) if compiled else kd_loss
 
     def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
         with torch.no_grad():
             teacher_block = teacher_logits(part)
         return loss_of(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
 
-    return BlockwiseLoss.apply(logits, kd_block, logit_block_rows(logits.shape[-1])) / logits.shape[0]
+    return kd_block
 
 
 def logit_block_rows(vocab: int, device: str = "cpu") -> int:
@@ -353,64 +360,34 @@ def head_losses(
 ) -> dict[str, torch.Tensor]:
     """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams.
 
-    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order.
-    The student's logits are computed once, by its own head; each loss then runs
-    ``logit_block_rows`` tokens at a time (``BlockwiseLoss``), and the teacher's logits exist
-    one block at a time only.
+    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order. Each loss runs
+    ``logit_block_rows`` tokens at a time, and the teacher's logits exist one block at a time only. A plain
+    ``nn.Linear`` student head runs inside the blocks too (``BlockwiseHeadLoss``), so the student's ``[B*S, V]``
+    logits never exist whole; any other head computes them once and the blocks read them (``BlockwiseLoss``).
     """
     batch, seq, _ = final.shape
     rows = batch * seq
-    head = student.lm_head
-    if type(head) is nn.Linear and head.bias is None:  # the head and the losses a block at a time: no [B*S, V] tensor
-        return _fused_head_losses(student, final, input_ids, teacher, teacher_final, temperature, divergence, top_k,
-                                  compiled)
-    logits = logits_from(student, final).reshape(rows, -1)  # [B*S, V]
-    block_rows = logit_block_rows(logits.shape[-1])
-    losses = {}
+    block_losses: dict[str, Callable[[torch.Tensor, slice], torch.Tensor]] = {}
     if input_ids is not None:  # the next token; the last position of every sequence predicts nothing
         targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
-        lm = BlockwiseLoss.apply(logits, lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum"), block_rows)
-        losses["lm"] = lm / (batch * (seq - 1))
-    if teacher is not None:
-        teacher_rows = teacher_final.reshape(rows, -1)
-        with head_gathered(teacher):  # a sharded teacher's head: gathered once, not once per block
-            normed, head = teacher.model.norm(teacher_rows), frozen_head(teacher.lm_head)
-            losses["kd"] = blockwise_kd(logits, lambda part: head(normed[part]), temperature, divergence, top_k, compiled)
-    return losses
-
-
-def _fused_head_losses(student: LadderLlamaForCausalLM, final: torch.Tensor, input_ids: torch.Tensor | None,
-                       teacher: LadderLlamaForCausalLM | None, teacher_final: torch.Tensor | None, temperature: float,
-                       divergence: str, top_k: int, compiled: bool) -> dict[str, torch.Tensor]:
-    """``head_losses`` with the student's head inside the blocks (``BlockwiseHeadLoss``): each block's logits are
-    computed, scored and differentiated, then freed."""
-    batch, seq, _ = final.shape
-    rows = batch * seq
-    normed = student.model.norm(final).reshape(rows, -1)
-    names, block_losses = [], []
-    if input_ids is not None:  # the next token; the last position of every sequence predicts nothing
-        targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
-        names.append("lm")
-        block_losses.append(lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum"))
+        block_losses["lm"] = lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum")
     with contextlib.ExitStack() as stack:
         if teacher is not None:
             stack.enter_context(head_gathered(teacher))  # a sharded teacher's head: gathered once, not once per block
-            teacher_normed = teacher.model.norm(teacher_final.reshape(rows, -1))
-            teacher_head = frozen_head(teacher.lm_head)
-            loss_of = compiled_kd_loss(final.device.type) if compiled else kd_loss
-
-            def kd_block(block: torch.Tensor, part: slice) -> torch.Tensor:
-                with torch.no_grad():
-                    teacher_block = teacher_head(teacher_normed[part])
-                return loss_of(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
-
-            names.append("kd")
-            block_losses.append(kd_block)
-        weight = student.lm_head.weight
-        totals = BlockwiseHeadLoss.apply(normed, weight, tuple(block_losses),
-                                         logit_block_rows(weight.shape[0], final.device.type))
+            teacher_normed, teacher_head = teacher.model.norm(teacher_final.reshape(rows, -1)), frozen_head(teacher.lm_head)
+            block_losses["kd"] = _kd_block_loss(lambda part: teacher_head(teacher_normed[part]), temperature, divergence,
+                                                top_k, compiled, final.device.type)
+        head = student.lm_head
+        if type(head) is nn.Linear and head.bias is None:
+            normed = student.model.norm(final).reshape(rows, -1)
+            totals = BlockwiseHeadLoss.apply(normed, head.weight, tuple(block_losses.values()),
+                                             logit_block_rows(head.weight.shape[0], final.device.type))
+        else:
+            logits = logits_from(student, final).reshape(rows, -1)  # [B*S, V]
+            block_rows = logit_block_rows(logits.shape[-1], final.device.type)
+            totals = [BlockwiseLoss.apply(logits, block_loss, block_rows) for block_loss in block_losses.values()]
     scale = {"lm": batch * (seq - 1), "kd": rows}
-    return {name: totals[i] / scale[name] for i, name in enumerate(names)}
+    return {name: totals[index] / scale[name] for index, name in enumerate(block_losses)}
 
 
 class BlockwiseHeadLoss(torch.autograd.Function):

@@ -445,14 +445,7 @@ def adapt_checkpoint(
     shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate
     if (dtype_name := check_dtype(dtype)) is not None:
         shared["dtype"] = dtype_name
-    if single and (recipe or stages):
-        names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
-        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
-    if recipe and stages:
-        raise LadderizeError("give --recipe or --stage, not both")
-    if budget is not None and single:
-        raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
-
+    _check_choice(single, recipe, stages, budget)
     sized_by = parse_budget(budget) if budget is not None else None
     checkpoint, out = str(checkpoint), str(out)
     run_dir = str(run_dir) if run_dir else None
@@ -467,7 +460,7 @@ def adapt_checkpoint(
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
         return AdaptRun(result, [result], not result.stopped_early)
-    chosen = Recipe("command line", [parse_stage(s) for s in stages]) if stages else load_recipe(recipe or "best")
+    chosen = _chosen_recipe(recipe, stages)
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     try:
         outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
@@ -487,6 +480,23 @@ def adapt_checkpoint(
     return AdaptRun(result, outcome.stages, outcome.finished)
 
 
+def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None) -> None:
+    """Refuse a command line that names a single stage and a recipe, both --recipe and --stage, or a budget for a
+    single stage."""
+    if single and (recipe or stages):
+        names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
+        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
+    if recipe and stages:
+        raise LadderizeError("give --recipe or --stage, not both")
+    if budget is not None and single:
+        raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
+
+
+def _chosen_recipe(recipe: str | None, stages: list[str] | None) -> Recipe:
+    """The stages named on the command line, else the recipe named (the default one without a name)."""
+    return Recipe("command line", [parse_stage(s) for s in stages]) if stages else load_recipe(recipe or DEFAULT_RECIPE)
+
+
 def dry_run(
     checkpoint: str | Path,
     launch: str | None,
@@ -500,30 +510,22 @@ def dry_run(
     """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
     this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read."""
     from ..checkpoint.io import load_config
-    from .budget import STATE_MEMORY_SHARE
+    from .budget import max_calibration_tokens, scale_stages
     from .cost import Launch, plan_run
-    from .sequential_run import state_copies
 
     shared, single = dict(shared or {}), dict(single or {})
-    chosen = None if single else (Recipe("command line", [parse_stage(s) for s in stages]) if stages
-                                  else load_recipe(recipe or DEFAULT_RECIPE))
+    _check_choice(single, recipe, stages, budget)
     steps = ([{"stage": 1, "name": single.get("objectives", AdaptConfig.objectives), **shared, **single}] if single
-             else resolve_stages(chosen, str(checkpoint), shared))
+             else resolve_stages(_chosen_recipe(recipe, stages), str(checkpoint), shared))
     config = load_config(checkpoint)
     where = Launch.parse(launch) if launch else Launch.current()
     sized_by = parse_budget(budget) if budget is not None else None
     if sized_by is not None:
-        if single:
-            raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
         if sized_by.tokens is None:
             raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {budget} is wall time, "
                                  "which a run measures on its device first")
         window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
-        from .budget import max_calibration_tokens, scale_stages
-
-        cap = (int(STATE_MEMORY_SHARE * where.memory_bytes / (state_copies(window) * config.hidden_size * 4))
-               if where.memory_bytes else max_calibration_tokens(config.hidden_size, "cpu", window=window))
-
+        cap = max_calibration_tokens(config.hidden_size, "cpu", window=window, available=where.memory_bytes)
         steps = scale_stages(steps, sized_by.tokens, max_calibration=cap)
     layout = config.layout
     if not layout.converted_layers:

@@ -48,8 +48,7 @@ from .batches import batch_rows, micro_batch_index
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
-from .training_state import (DCP_DIR, STATE_DIR, SaveClock, finish_state, main_says, read_trainer_state,
-                             write_trainer_state)
+from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 
 LOG_EVERY_CUDA = 10  # steps between reads of the losses on a GPU (each read waits for the device)
 
@@ -91,10 +90,10 @@ def adapt_sharded(
     import torch.distributed as dist
 
     from ..checkpoint.io import load_config, load_tokenizer
-    from ..checkpoint.placement import training_precision
+    from ..checkpoint.placement import resolve_device, training_precision
     from ..convert.teacher import check_teacher, resolve_teacher
 
-    device = _init_process_group()
+    device = _init_process_group(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank != 0:
         say = _silent
@@ -245,9 +244,7 @@ def adapt_sharded(
                 losses_now = {k.removeprefix("loss_"): v for k, v in curve[-1].items() if k.startswith("loss_")}
                 progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, losses_now, lr,
                                   train_s, rate, pace=pace.per_process(rate) or None), student)
-        # by steps: every rank counts the same; by time: the main process's clock, read where the losses are
-        due = clock.due(step) if config.save_every is not None else logged and main_says(clock.due(step), device)
-        if due and step < total_steps:
+        if (logged or clock.by_steps) and step < total_steps and clock.due(step, device):  # time is read where losses are
             save()
             saved_step = step
             clock.saved()
@@ -280,27 +277,23 @@ def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Ten
     return total
 
 
-def _init_process_group() -> torch.device:
-    """The launched job's process group (gloo on a CPU, NCCL on CUDA) and this rank's device; one process makes a
+def _init_process_group(device: torch.device) -> torch.device:
+    """The launched job's process group on ``device`` (gloo on a CPU, NCCL on CUDA), returned; one process makes a
     group of one, so that the same code shards (trivially) there."""
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # one process, not launched: a group of one over a free local port
+        owned = "RANK" not in os.environ
+        if owned:  # one process, not launched: a group of one over a free local port
             import socket
 
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-            owned = True
-        else:
-            owned = False
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30), device_id=device if cuda else None)
         if owned:
             for key in ("RANK", "WORLD_SIZE"):
@@ -312,15 +305,6 @@ def _silent(_message: str) -> None:
     """What a process other than the main one says: nothing."""
 
 
-def _files_by_name(path: str) -> dict[str, Path]:
-    from ..checkpoint.tensor_files import tensor_names, weight_files
-
-    files = weight_files(path)
-    if not files:
-        raise LadderizeError(f"{path} has no .safetensors weights")
-    return {name: file for file in files for name in tensor_names(file)}
-
-
 def _rows(full_rows: int, rank: int, world: int) -> slice:
     """The rows of dim 0 that FSDP2's ``Shard(0)`` gives ``rank`` (``torch.chunk``'s split)."""
     size = -(-full_rows // world)
@@ -328,33 +312,30 @@ def _rows(full_rows: int, rank: int, world: int) -> slice:
     return slice(start, min(start + size, full_rows))
 
 
-def _read_rows(files: dict[str, Path], name: str, rows: slice) -> torch.Tensor:
+def _read_rows(file: Path, name: str, rows: slice) -> torch.Tensor:
+    """Rows ``rows`` of dim 0 of tensor ``name`` in ``file`` (a scalar whole), read without the rest."""
     from safetensors import safe_open
 
-    if name not in files:
-        raise LadderizeError(f"checkpoint is missing tensor {name}")
-    with safe_open(str(files[name]), framework="pt") as handle:
+    with safe_open(str(file), framework="pt") as handle:
         part = handle.get_slice(name)
         return part[rows] if part.get_shape() else handle.get_tensor(name)
 
 
 def _same_rows(student_path: str, teacher_path: str, first: int, rank: int, world: int, device: torch.device) -> bool:
-    """Whether the embedding and the layers below ``first`` are identical in both checkpoints: each rank compares
-    its own rows, and the ranks agree (all-reduce)."""
+    """Whether the embedding and the layers below ``first`` are identical in both checkpoints (``layer_source.
+    same_prefix``'s question): each rank compares its own rows only, and the ranks agree (all-reduce)."""
     import torch.distributed as dist
 
-    from .layer_source import EMBEDDING, layer_of
+    from ..checkpoint.tensor_files import tensor_shapes
+    from .layer_source import EMBEDDING, layer_of, tensor_files
 
-    mine, theirs = _files_by_name(student_path), _files_by_name(teacher_path)
+    mine, theirs = tensor_files(student_path), tensor_files(teacher_path)
     names = [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first]
+    shapes = {name: shape for file in set(theirs[n] for n in names) for name, shape in tensor_shapes(file).items()}
     same = all(n in mine for n in names)
     for name in names if same else []:
-        from safetensors import safe_open
-
-        with safe_open(str(theirs[name]), framework="pt") as handle:
-            length = handle.get_slice(name).get_shape()[0]
-        rows = _rows(length, rank, world)
-        a, b = _read_rows(mine, name, rows), _read_rows(theirs, name, rows)
+        rows = _rows(shapes[name][0], rank, world) if shapes[name] else slice(None)
+        a, b = _read_rows(mine[name], name, rows), _read_rows(theirs[name], name, rows)
         if a.shape != b.shape or not torch.equal(a.float(), b.float()):
             same = False
             break
@@ -376,28 +357,34 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
     from accelerate import init_empty_weights
     from torch.distributed.fsdp import fully_shard
 
-    from ..checkpoint.architectures import layer_prefix
+    from ..checkpoint.architectures import FINAL_NORM_TENSOR, LM_HEAD, layer_prefix
     from ..model import LadderLlamaForCausalLM
     from .fsdp import teacher_units
-    from .layer_source import EMBEDDING
+    from .layer_source import EMBEDDING, fill_module, tensor_files
 
     with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
         model = LadderLlamaForCausalLM(config)
     model.requires_grad_(False)
     model.model.rotary_emb.to(device)
-    files = _files_by_name(path)
+    files = tensor_files(path)
+
+    def file_of(name: str) -> Path:
+        if name not in files:
+            raise LadderizeError(f"checkpoint {path} is missing tensor {name}")
+        return files[name]
+
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    _fill(model.model.embed_tokens, EMBEDDING, files, dtype, device)
-    _fill(model.model.norm, "model.norm.", files, dtype, device)
+    fill_module(model.model.embed_tokens, EMBEDDING, file_of, dtype, device)
+    fill_module(model.model.norm, FINAL_NORM_TENSOR.removesuffix("weight"), file_of, dtype, device)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     else:
-        _fill(model.lm_head, "lm_head.", files, dtype, device)
+        fill_module(model.lm_head, LM_HEAD.removesuffix("weight"), file_of, dtype, device)
     for index, layer in enumerate(model.model.layers):
         if shared and index in shared:  # the teacher's own layer, identical and frozen: one copy for both
             model.model.layers[index] = shared[index]
             continue
-        _fill(layer, layer_prefix(index), files, dtype, device)
+        fill_module(layer, layer_prefix(index), file_of, dtype, device)
         layer.requires_grad_(index in trained)
         fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
     if not trained:
@@ -412,19 +399,6 @@ def _policy(mixed: torch.dtype | None):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
-
-
-def _fill(module: torch.nn.Module, prefix: str, files: dict[str, Path], dtype: torch.dtype, device: torch.device) -> None:
-    """Give ``module`` its tensors from the checkpoint (``prefix`` + its state-dict names), in ``dtype`` on ``device``."""
-    from ..checkpoint.tensor_files import read_tensors
-
-    names = [prefix + key for key in module.state_dict()]
-    missing = [name for name in names if name not in files]
-    if missing:
-        raise LadderizeError(f"checkpoint is missing tensor {missing[0]}")
-    tensors = read_tensors({name: files[name] for name in names})
-    module.load_state_dict({name[len(prefix):]: t.to(device, dtype if t.is_floating_point() else t.dtype)
-                            for name, t in tensors.items()}, strict=True, assign=True)
 
 
 def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:

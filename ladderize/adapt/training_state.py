@@ -78,7 +78,8 @@ FIRST_SAVE_S = 60.0  # a run saved by time writes its first state a minute in: a
 
 class SaveClock:
     """When a run saves its training state: every ``save_every`` optimizer steps where set, else by wall time (a
-    minute in, then every ``save_minutes``)."""
+    minute in, then every ``save_minutes``). A save is collective, so under a launcher the main process's clock
+    decides for every rank (a step count needs no word: every rank counts the same)."""
 
     def __init__(self, config: AdaptConfig):
         import time
@@ -88,13 +89,18 @@ class SaveClock:
         self.last = time.perf_counter()
         self.saved_once = False
 
-    def due(self, step: int) -> bool:
+    @property
+    def by_steps(self) -> bool:
+        return self.every is not None
+
+    def due(self, step: int, device) -> bool:
+        """Whether to save after optimizer step ``step``; by time, one broadcast from the main process."""
         import time
 
-        if self.every is not None:
+        if self.by_steps:
             return step % self.every == 0
         wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
-        return time.perf_counter() - self.last >= wait
+        return _main_says(time.perf_counter() - self.last >= wait, device)
 
     def saved(self) -> None:
         import time
@@ -102,9 +108,8 @@ class SaveClock:
         self.last, self.saved_once = time.perf_counter(), True
 
 
-def main_says(flag: bool, device) -> bool:
-    """The main process's ``flag`` on every process of a launched job (a save is collective: all ranks take part,
-    and each rank's clock reads another time)."""
+def _main_says(flag: bool, device) -> bool:
+    """The main process's ``flag`` on every process of a launched job (``flag`` itself outside one)."""
     import torch
     import torch.distributed as dist
 
