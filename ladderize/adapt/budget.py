@@ -183,6 +183,28 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     sequential = [s for s in steps if s.get("local_schedule") == "sequential"]
     window = max((int(s.get("window", 1)) for s in sequential), default=1)
     resolved = device if device != "auto" else _auto_device()
+    # the pace first (a wall budget's smallest run is checked by it before the data is read); a token budget's plan
+    # takes its expected time from it too
+    if budget.seconds is not None:
+        steps = _eager_if_short(steps, budget, resolved, say)
+        first = steps[0]
+    key = pacing.pace_key(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
+                          batch_size=first.get("batch_size", AdaptConfig.batch_size), device=resolved,
+                          dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
+                          compile=first.get("compile"))
+    pace = pacing.cached_pace(key)
+    if pace is not None and budget.seconds is not None:  # a pace timed here before answers a budget too short at once
+        _check_floor(budget, pace, steps, "timed here before")
+    if pace is None or budget.seconds is not None:
+        say(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and backward and the "
+            "kd head, a few calls each: seconds; kept for the next run)")
+        pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
+                              batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
+                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
+                              compile=first.get("compile"))
+        pacing.store_pace(key, pace)
+    if budget.seconds is not None:
+        _check_floor(budget, pace, steps, "timed now")
     memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, resolved,
                                         window=window)
     cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
@@ -194,17 +216,9 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap, "data_tokens": held}
     tokens = budget.tokens
     if budget.seconds is not None:
-        steps = _eager_if_short(steps, budget, resolved, say)
-        first = steps[0]
-        pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
-                              batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
-                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
-                              compile=first.get("compile"))
         tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size, held)
         if tokens < 1:
-            floor = pacing.recipe_seconds(pace, size(steps, 1), held)
-            raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; "
-                                 f"its smallest run takes about {floor / 60:.1f} min")
+            _check_floor(budget, pace, size(steps, 1), "timed now", held, floor_only=True)
         record["pace"] = pace.record()
         say(f"budget {budget.describe()} {pacing.describe(pace)}: {tokens:,} token passes fit")
     sized = size(steps, tokens)
@@ -216,12 +230,26 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         + "".join(f"; {name} reads the data {passes:.1f} times over: past one pass, the runs measured on SmolLM2 "
                   "gained WikiText and lost LAMBADA (docs/adapt.md); more data buys more than more passes"
                   for name, passes in rereads(sized, first, held)))
-    if budget.seconds is not None:
-        planned = pacing.stages_seconds(pace, sized, held)
-        record["planned_s"] = planned
-        say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
-            + f" (of {budget.describe()})")
+    planned = pacing.stages_seconds(pace, sized, held)
+    record["planned_s"] = planned
+    if budget.tokens is not None:
+        record["pace"] = pace.record()
+    say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
+        + (f" (of {budget.describe()})" if budget.seconds is not None else f" ({pacing.describe(pace)})"))
     return sized, record
+
+
+def _check_floor(budget: Budget, pace, steps: list[dict[str, Any]], when: str, held: int | None = None,
+                 floor_only: bool = False) -> None:
+    """Refuse ``budget`` in one line, naming the smallest wall budget that runs, where the recipe's smallest sizing
+    (one step per stage) takes longer by ``pace`` (``floor_only``: it is already known to)."""
+    from . import pace as pacing
+
+    floor = pacing.recipe_seconds(pace, scale_stages(steps, 1) if not floor_only else steps, held)
+    if floor_only or floor > budget.seconds:
+        least = f"{max(1, math.ceil(floor / 60))}m" if floor >= 60 else f"{math.ceil(floor) + 1}s"
+        raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; its smallest run "
+                             f"takes about {duration(floor)} (by the pace {when}): give at least --budget {least}")
 
 
 def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stage_s: list[float],

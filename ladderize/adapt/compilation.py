@@ -107,12 +107,7 @@ def resolve_compile(setting: bool | None, device: torch.device, *, fsdp: bool = 
     if setting is False:
         return False
     if setting is None:
-        told = os.environ.get(ENV, "").strip().lower()
-        if told and told not in ON + OFF:
-            raise LadderizeError(f"${ENV}={told!r}: use 1/on or 0/off")
-        if told in OFF or fsdp or device.type not in AUTO_DEVICES:
-            return False
-        return unavailable(device.type) is None
+        return _auto_may_compile(device, fsdp) and unavailable(device.type) is None
     if fsdp:
         raise LadderizeError("--compile is not supported under FSDP yet; run with --no-compile or under DDP")
     reason = unavailable(device.type)
@@ -121,10 +116,20 @@ def resolve_compile(setting: bool | None, device: torch.device, *, fsdp: bool = 
     return True
 
 
+def _auto_may_compile(device: torch.device, fsdp: bool = False) -> bool:
+    """Whether auto considers compiling on ``device`` at all (``$LADDERIZE_COMPILE``, FSDP, the device type), before
+    asking the backend whether it runs (``unavailable``)."""
+    told = os.environ.get(ENV, "").strip().lower()
+    if told and told not in ON + OFF:
+        raise LadderizeError(f"${ENV}={told!r}: use 1/on or 0/off")
+    return not (told in OFF or fsdp or device.type not in AUTO_DEVICES)
+
+
 def eager_for_budget(setting: bool | None, seconds: float, device: torch.device) -> bool:
-    """Whether auto (``setting`` None), which would compile on ``device``, runs a wall budget of ``seconds`` eager:
-    under ``AUTO_MIN_BUDGET_S`` the compiler's waits cost more than they save."""
-    return setting is None and seconds < AUTO_MIN_BUDGET_S and resolve_compile(None, device)
+    """Whether auto (``setting`` None), which may compile on ``device``, runs a wall budget of ``seconds`` eager:
+    under ``AUTO_MIN_BUDGET_S`` the compiler's waits cost more than they save. Decided without compiling anything
+    (``unavailable``'s probe takes seconds): where the backend does not run, auto is eager anyway."""
+    return setting is None and seconds < AUTO_MIN_BUDGET_S and _auto_may_compile(device)
 
 
 def inductor_options(device: torch.device | str) -> dict[str, bool]:

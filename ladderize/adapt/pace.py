@@ -51,6 +51,8 @@ CLOSED_FORM_TRAINS = 1.5
 # compiled layers: each stage compiles its layers' graphs for its own shapes (training, evaluation and state batches)
 COMPILES_PER_STAGE = 2
 BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
+HEAD_PART, HEAD_TIMED_ROWS = 4, 256  # the kd head is timed on a quarter of a step's rows (at least 256) and scaled up
+PACE_CACHE = "pace"  # paths.cache_path's folder of the paces timed on this machine (``cached_pace``)
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,8 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
             del optimizer
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
-    final = torch.randn(rows, hidden, generator=generator).to(target)
+    head_rows = min(rows, max(HEAD_TIMED_ROWS, rows // HEAD_PART))  # the head's time is linear in its rows: a part timed
+    final = torch.randn(head_rows, hidden, generator=generator).to(target)
 
     head_module = torch.nn.Linear(hidden, weight.shape[0], bias=False, device="meta")
     head_module.weight = torch.nn.Parameter(weight, requires_grad=False)
@@ -209,6 +212,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
         sync()
 
     head_step, head_compile = _timed(head)
+    head_step, head_compile = head_step * rows / head_rows, head_compile * rows / head_rows
     wall, machine_ended = time.perf_counter() - began, busy_cpu_seconds()
     others = None if machine_began is None or machine_ended is None else \
         max(0.0, (machine_ended - machine_began) - (time.process_time() - own_began)) / wall
@@ -301,3 +305,51 @@ def describe(pace: Pace) -> str:
     return (f"on {pace.device} ({pace.precision}{compiled}): timed in {pace.measured_s:.0f} s (a converted layer "
             f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
             f"{pace.tokens_per_call:,} tokens{busy})")
+
+
+def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dtype: str | None,
+             mixed_precision: str | None, compile: bool | None) -> str:
+    """The name of the pace ``measure`` would time for these arguments on this machine: the checkpoint (its path and
+    its ``config.json`` as written), the step's shape, the device and precision, the CPUs this process may use and the
+    torch build."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    config = Path(checkpoint).expanduser().absolute() / "config.json"
+    written = config.stat() if config.is_file() else None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    facts = {"checkpoint": str(config.parent), "config": [written.st_size, written.st_mtime_ns] if written else None,
+             "seq_len": seq_len, "batch_size": batch_size, "device": device, "dtype": dtype,
+             "mixed_precision": mixed_precision, "compile": compile, "cpus": cpus, "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def cached_pace(key: str) -> Pace | None:
+    """The pace stored under ``key`` (``store_pace``) by an earlier run on this machine, None where there is none."""
+    import json
+
+    from ..paths import cache_path
+
+    file = cache_path(PACE_CACHE) / f"{key}.json"
+    try:
+        values = json.loads(file.read_text())
+        return Pace(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def store_pace(key: str, pace: Pace) -> None:
+    """Keep ``pace`` under ``key`` for the next run's budget check (written whole, then renamed into place)."""
+    import json
+
+    from ..checkpoint.atomic import atomic_file
+    from ..paths import cache_path
+
+    folder = cache_path(PACE_CACHE)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_file(folder / f"{key}.json") as tmp:
+            tmp.write_text(json.dumps(pace.record()))
+    except OSError:  # a read-only cache costs the next run a timing, not this run its result
+        pass

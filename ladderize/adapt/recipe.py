@@ -42,9 +42,10 @@ from typing import Any
 from ..errors import LadderizeError, one_line
 from ..checkpoint.placement import process_rank
 from ..progress import counted
-from .budget import Budget, agreed, parse_budget, replan, size_recipe
+from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult
 from .output import CURVE_FILE
+from .plan import AdaptPlan, build_plan
 from .teacher_states import keeps_teacher_states
 from .train import adapt, preflight
 
@@ -199,7 +200,8 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 
 def describe(step: dict[str, Any]) -> str:
     kind = step.get("local_schedule", "joint")
-    tokens = counted(step["tokens"], "token") + (f" x {counted(float(step['epochs']), 'epoch')}" if kind == "sequential" else "")
+    epochs = float(step.get("epochs", AdaptConfig.epochs))
+    tokens = counted(step["tokens"], "token") + (f" x {counted(epochs, 'epoch')}" if kind == "sequential" else "")
     keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp", "window") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
@@ -207,9 +209,11 @@ def describe(step: dict[str, Any]) -> str:
 
 
 def _comparable(record: dict[str, Any]) -> dict[str, Any]:
-    """A plan record without the settings that place data but leave the result alone (a resume may change them)."""
+    """A plan record without the settings that place data but leave the result alone (a resume may change them), and
+    without the launch and its pricing (a sharded run may resume on another process count)."""
     placement = set(AdaptConfig(checkpoint="", out="").fingerprint()) ^ {f.name for f in fields(AdaptConfig)}
-    return {**record, "plan": [{k: v for k, v in step.items() if k not in placement} for step in record.get("plan", [])]}
+    kept = {key: value for key, value in record.items() if key not in ("launch", "cost", "expected_s")}
+    return {**kept, "plan": [{k: v for k, v in step.items() if k not in placement} for step in record.get("plan", [])]}
 
 
 @dataclass
@@ -240,10 +244,12 @@ def run_recipe(
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
     budget: Budget | None = None,
+    plan: AdaptPlan | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
-    ``budget`` sizes the stages to tokens or wall time (``budget.py``); a resumed run keeps the sizes it planned.
+    ``plan``: the run's plan (``plan.build_plan``), built here from ``recipe``, ``shared`` and ``budget`` where not
+    given; ``budget`` sizes the stages to tokens or wall time (``budget.py``); a resumed run keeps the sizes it planned.
 
     ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
     kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
@@ -251,10 +257,6 @@ def run_recipe(
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
     """
     say = on_message or (lambda _m: None)
-    for key in (shared or {}):
-        if key in _RESERVED:
-            raise LadderizeError(f"{key} is not a stage setting")
-    steps = resolve_stages(recipe, checkpoint, shared)
     final = Path(out).expanduser().absolute()
     if final.exists() and not force:
         raise LadderizeError(f"output {final} already exists; pass --force to replace it")
@@ -264,22 +266,17 @@ def run_recipe(
     plan_file = top / PLAN_FILE
     # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
     main = process_rank() == 0
-    sizing = None
-    if budget is not None:
-        saved = json.loads(plan_file.read_text()) if resume and plan_file.is_file() else {}
-        if saved.get("budget", {}).get("text") == budget.text:  # the sizes planned (and timed) when the run began
-            steps, sizing = saved["plan"], saved["budget"]
-        else:
-            steps, sizing = size_recipe(steps, budget, checkpoint, say)
-        steps, sizing = agreed((steps, sizing), steps[0].get("device", AdaptConfig.device))
-    record = {"recipe": recipe.name, "checkpoint": str(Path(checkpoint).expanduser().absolute()), "plan": steps}
-    if sizing is not None:
-        record["budget"] = sizing
+    if plan is None:
+        saved = json.loads(plan_file.read_text()) if resume and budget is not None and plan_file.is_file() else None
+        plan = build_plan(checkpoint, shared=shared, recipe=recipe, budget=budget, saved=saved, say=say)
+    if plan.budget is not None:
+        plan = agreed(plan, plan.steps[0].get("device", AdaptConfig.device))
+    steps = plan.steps
     if main and plan_file.is_file():
         if resume:
             saved = _comparable(json.loads(plan_file.read_text()))
-            if saved != _comparable(json.loads(json.dumps(record))):
-                changed = [s["stage"] for s, t in zip(saved.get("plan", []), _comparable(record)["plan"]) if s != json.loads(json.dumps(t))]
+            if saved != _comparable(json.loads(json.dumps(plan.record()))):
+                changed = [s["stage"] for s, t in zip(saved.get("plan", []), _comparable(plan.record())["plan"]) if s != json.loads(json.dumps(t))]
                 what = f"stage {changed[0]}" if changed and len(saved["plan"]) == len(steps) else "its stages"
                 raise LadderizeError(f"cannot resume {top}: the recipe differs from the interrupted run's ({what}); "
                                      "run the same command again with --resume, or --force to start over")
@@ -289,33 +286,33 @@ def run_recipe(
             shutil.rmtree(top)
     elif main and resume:
         say(f"nothing to resume in {top}; starting a new run")
-    for step in steps:  # every stage's settings, data and teacher, before the run dir exists
-        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
-        staged = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=True, **settings)
-        preflight(staged, checkpoint=checkpoint)
+    for stage in plan.stages:  # every stage's settings, data and teacher, before the run dir exists
+        preflight(stage.config(checkpoint, out, run_dir=run_dir, force=True), checkpoint=checkpoint)
     if on_plan is not None:
         on_plan(steps)
     fresh = not top.exists()
     top.mkdir(parents=True, exist_ok=True)
     if main:
-        plan_file.write_text(json.dumps(record, indent=1) + "\n")
+        plan_file.write_text(json.dumps(plan.record(), indent=1) + "\n")
 
-    def after_stage(index: int, current: list[dict[str, Any]], stage_s: list[float]) -> list[dict[str, Any]]:
+    def after_stage(index: int, current: AdaptPlan, stage_s: list[float]) -> AdaptPlan:
         """A wall budget re-plans the stages left once for each finished stage (``budget.replan``), kept in the plan."""
-        if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current) \
-                or any(entry["after_stage"] == current[index]["stage"] for entry in sizing.get("replanned", [])):
+        sizing = current.budget
+        if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current.stages) \
+                or any(entry["after_stage"] == current.stages[index].number for entry in sizing.get("replanned", [])):
             return current
         # the main process's times decide, as its pace decided the plan
-        planned, timed = agreed((replan(current, index, sizing, stage_s, say), sizing) if main else None,
-                                current[0].get("device", AdaptConfig.device))
+        planned, timed = agreed((replan(current.steps, index, sizing, stage_s, say), sizing) if main else None,
+                                current.steps[0].get("device", AdaptConfig.device))
         sizing.update(timed)
-        record["plan"] = planned
+        current = current.with_steps(planned)
+        current.budget = sizing
         if main:
-            plan_file.write_text(json.dumps(record, indent=1) + "\n")
-        return planned
+            plan_file.write_text(json.dumps(current.record(), indent=1) + "\n")
+        return current
 
     try:
-        return _run_stages(recipe, steps, checkpoint, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
+        return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
                            keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
                            on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
                            max_steps=max_steps, after_stage=after_stage)
@@ -332,40 +329,39 @@ def _saved_anything(top: Path) -> bool:
     return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
 
 
-def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, out: str, final: Path, top: Path, *,
+def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 run_dir: str | None, force: bool, keep_state: bool, keep_stages: bool, resume: bool, progress,
                 on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
                 stop_after_steps: int | None, max_steps: int | None,
-                after_stage: Callable[[int, list[dict[str, Any]], list[float]], list[dict[str, Any]]] = lambda _i, steps, _s: steps,
+                after_stage: Callable[[int, AdaptPlan, list[float]], AdaptPlan] = lambda _i, plan, _s: plan,
                 ) -> RecipeResult:
-    """The stages one after another, each from the one before; ``after_stage(index, steps, stage_s)`` may re-size the
-    stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
+    """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s)`` may re-size
+    the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
     say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
-    current, done_steps, stage_s = str(checkpoint), 0, []
-    for index in range(len(steps)):
-        step = steps[index]
+    current, done_steps, stage_s = str(plan.checkpoint), 0, []
+    for index in range(len(plan.stages)):
+        stage, steps = plan.stages[index], plan.steps
         last = index == len(steps) - 1
-        tag = f"stage{step['stage']}-{step['name']}"
+        tag = f"stage{stage.number}-{stage.name}"
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
-        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
-        config = AdaptConfig(checkpoint=current, out=str(stage_out), run_dir=str(stage_run), force=force or not last,
-                             keep_state=keep_state, recipe={"name": recipe.name, "stage": step["stage"], "plan": steps},
-                             teacher_states=str(top / TEACHER_STATES_DIR) if shares else None, **settings)
+        config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=force or not last,
+                              keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
+                              teacher_states=str(top / TEACHER_STATES_DIR) if shares else None)
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = json.loads((stage_out / CURVE_FILE).read_text())
             done_steps += curve[-1]["step"] if curve else 0
-            say(f"stage {step['stage']}/{len(steps)} {step['name']}: finished earlier, reusing {stage_out}")
+            say(f"stage {stage.number}/{len(steps)} {stage.name}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
             stage_s.append(curve[-1]["train_s"] if curve else 0.0)
-            steps = after_stage(index, steps, stage_s)
+            plan = after_stage(index, plan, stage_s)
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top)
-        (on_stage_start or say)(f"stage {step['stage']}/{len(steps)} {describe(step)[len(str(step['stage'])) + 2:]}")
+        (on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
@@ -377,10 +373,11 @@ def _run_stages(recipe: Recipe, steps: list[dict[str, Any]], checkpoint: str, ou
             return RecipeResult(final, results, steps, False, top)  # stopped early, as a kill would
         done_steps += result.steps
         if on_stage_end is not None:
-            on_stage_end(step, result, stage_out)
+            on_stage_end(stage.step, result, stage_out)
         current = str(stage_out)
         stage_s.append(written[-1]["train_s"])
-        steps = after_stage(index, steps, stage_s)  # (after the last stage: nothing left to re-plan)
+        plan = after_stage(index, plan, stage_s)  # (after the last stage: nothing left to re-plan)
+    steps = plan.steps
     if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
         for path in top.iterdir():
             if path.is_dir() and not (path / CURVE_FILE).is_file():
@@ -425,48 +422,56 @@ def adapt_checkpoint(
     dtype: str | None = None,
     progress=None,
     on_message: Callable[[str], None] | None = None,
-    on_plan: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    on_plan: Callable[[AdaptPlan], None] | None = None,
     on_stage_start: Callable[[str], None] | None = None,
     max_steps: int | None = None,
     budget: str | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
-    A single stage without ``lr`` takes the measured rate of its kind and the converted modes. An
-    interrupt gets a hint on how to continue. ``on_plan(recipe_name, steps)`` shows a recipe's plan. ``max_steps``
-    stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's ``max_steps`` for
-    a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly.
-    ``budget`` (``--budget``: ``30m`` wall time or ``20M`` tokens) sizes the recipe's stages (``budget.py``).
+    The run's plan (``plan.build_plan``) is built first, once: a single stage without ``lr`` takes the measured rate
+    of its kind and the converted modes, and ``budget`` (``--budget``: ``30m`` wall time or ``20M`` tokens) sizes a
+    recipe's stages (``budget.py``); ``on_plan(plan)`` shows it. An interrupt gets a hint on how to continue.
+    ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
+    ``max_steps`` for a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it
+    exactly.
     """
     from ..errors import Interrupted
     from ..checkpoint.placement import check_device, check_dtype
 
-    shared, single = dict(shared or {}), dict(single or {})
+    shared = dict(shared or {})
     shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate
     if (dtype_name := check_dtype(dtype)) is not None:
         shared["dtype"] = dtype_name
-    _check_choice(single, recipe, stages, budget)
-    sized_by = parse_budget(budget) if budget is not None else None
     checkpoint, out = str(checkpoint), str(out)
     run_dir = str(run_dir) if run_dir else None
-    if single:
-        if "lr" not in single and Path(checkpoint).is_dir() and (Path(checkpoint) / "config.json").is_file():
-            single["lr"] = measured_lr(single, converted_modes(checkpoint))
-        config = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir, force=force, keep_state=keep_state,
-                             **{**shared, **single})
+    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    saved = None
+    if resume and budget is not None and process_rank() == 0 and (top / PLAN_FILE).is_file():
+        saved = json.loads((top / PLAN_FILE).read_text())
+    plan = build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
+                      say=on_message or (lambda _m: None))
+    if plan.single:
+        config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
+        if on_plan is not None:
+            preflight(config)  # refused before the plan is shown, as a recipe's stages are
+            on_plan(plan)
         try:
             result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
         return AdaptRun(result, [result], not result.stopped_early)
-    chosen = _chosen_recipe(recipe, stages)
-    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    shown: list[AdaptPlan] = []
+
+    def show(_steps: list[dict[str, Any]]) -> None:
+        if on_plan is not None:
+            on_plan(shown[0] if shown else plan)
+
     try:
-        outcome = run_recipe(chosen, checkpoint, out, shared=shared, run_dir=run_dir, force=force, keep_state=keep_state,
-                             resume=resume, progress=progress, on_message=on_message,
-                             on_plan=None if on_plan is None else (lambda steps: on_plan(chosen.name, steps)),
-                             on_stage_start=on_stage_start, max_steps=max_steps, budget=sized_by)
+        outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
+                             keep_state=keep_state, resume=resume, progress=progress, on_message=on_message,
+                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise
@@ -475,25 +480,33 @@ def adapt_checkpoint(
     result = outcome.stages[-1]
     result.steps, result.tokens = sum(r.steps for r in outcome.stages), sum(r.tokens for r in outcome.stages)
     result.train_s = sum(r.train_s for r in outcome.stages)
+    result.throughput = whole_run_pace(outcome.stages)
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
     return AdaptRun(result, outcome.stages, outcome.finished)
 
 
-def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None) -> None:
-    """Refuse a command line that names a single stage and a recipe, both --recipe and --stage, or a budget for a
-    single stage."""
-    if single and (recipe or stages):
-        names = ", ".join(SINGLE_STAGE_FLAGS.get(k, "--" + k.replace("_", "-")) for k in single)
-        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
-    if recipe and stages:
-        raise LadderizeError("give --recipe or --stage, not both")
-    if budget is not None and single:
-        raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")
+def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:
+    """The pace of every stage together: tokens trained over training seconds, and MFU weighted by each stage's time
+    (each stage's MFU counts its own FLOPs per token, and is given where every stage has one); None before any
+    training second."""
+    paces = [stage.throughput for stage in stages]
+    seconds = sum(stage.train_s for stage in stages)
+    if seconds <= 0:
+        return None
+    total = sum(stage.tokens for stage in stages) / seconds
+    processes = next((pace["processes"] for pace in paces if pace), 1)
+    whole = {"tokens_per_s": round(total, 1), "tokens_per_s_per_process": round(total / processes, 1),
+             "processes": processes}
+    if all(pace and "mfu" in pace for pace in paces):
+        whole["mfu"] = round(sum(pace["mfu"] * stage.train_s for pace, stage in zip(paces, stages)) / seconds, 4)
+    return whole
 
 
-def _chosen_recipe(recipe: str | None, stages: list[str] | None) -> Recipe:
+def chosen_recipe(recipe: str | Recipe | None, stages: list[str] | None) -> Recipe:
     """The stages named on the command line, else the recipe named (the default one without a name)."""
+    if isinstance(recipe, Recipe):
+        return recipe
     return Recipe("command line", [parse_stage(s) for s in stages]) if stages else load_recipe(recipe or DEFAULT_RECIPE)
 
 
@@ -506,29 +519,18 @@ def dry_run(
     recipe: str | None = None,
     stages: list[str] | None = None,
     budget: str | None = None,
-):
+) -> AdaptPlan:
     """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
     this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read."""
-    from ..checkpoint.io import load_config
-    from .budget import max_calibration_tokens, scale_stages
-    from .cost import Launch, plan_run
+    plan = build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
+                      launch=launch, priced_only=True)
+    if plan.cost is None:
+        raise LadderizeError(f"{checkpoint} has no converted layers, so there is nothing to adapt")
+    return plan
 
-    shared, single = dict(shared or {}), dict(single or {})
-    _check_choice(single, recipe, stages, budget)
-    steps = ([{"stage": 1, "name": single.get("objectives", AdaptConfig.objectives), **shared, **single}] if single
-             else resolve_stages(_chosen_recipe(recipe, stages), str(checkpoint), shared))
-    config = load_config(checkpoint)
-    where = Launch.parse(launch) if launch else Launch.current()
-    sized_by = parse_budget(budget) if budget is not None else None
-    if sized_by is not None:
-        if sized_by.tokens is None:
-            raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {budget} is wall time, "
-                                 "which a run measures on its device first")
-        window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
-        cap = max_calibration_tokens(config.hidden_size, "cpu", window=window, available=where.memory_bytes)
-        steps = scale_stages(steps, sized_by.tokens, max_calibration=cap)
-    layout = config.layout
-    if not layout.converted_layers:
-        raise LadderizeError(f"{checkpoint} has no converted layers (all {len(layout.modes)} are dense), so there is "
-                             "nothing to adapt")
-    return plan_run(config, layout.describe(), layout.converted_layers, steps, where, model_name=Path(checkpoint).name)
+
+def _provenance_record(plan: AdaptPlan) -> dict[str, Any]:
+    """What each stage's provenance keeps of the plan: the recipe's name, its stages, the budget's sizing, the launch
+    and the expected time (the pricing in full stays in ``RUN/recipe.json``)."""
+    record = {key: value for key, value in plan.record().items() if key not in ("recipe", "checkpoint", "cost")}
+    return {"name": plan.recipe, **record}

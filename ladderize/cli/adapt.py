@@ -103,7 +103,7 @@ def adapt_cmd(
     check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
-    from ..adapt.recipe import adapt_checkpoint, describe
+    from ..adapt.recipe import adapt_checkpoint
     from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, process_rank
@@ -112,12 +112,11 @@ def adapt_cmd(
     if main and (mismatch := launch_mismatch()):
         err_console.print(mismatch, highlight=False, soft_wrap=True)
 
-    def on_plan(name: str, steps) -> None:
+    def on_plan(plan) -> None:
         if not main:
             return
-        console.print(f"plan (recipe {name}, {len(steps)} stage(s)):", highlight=False, soft_wrap=True)
-        for step in steps:
-            console.print(f"  {describe(step)}", highlight=False, soft_wrap=True)
+        for line in plan.lines():
+            console.print(line, highlight=False, soft_wrap=True)
 
     with Progress("adapt", err_console) as progress:
         def on_progress(info, _model) -> None:
@@ -157,11 +156,11 @@ def _print_dry_run(ckpt: Path, launch: str | None, shared: dict, single: dict, r
         raise LadderizeError(f"{ckpt} has no config.json: --dry-run reads the converted checkpoint's config")
     if dtype_name is not None:
         shared = {**shared, "dtype": dtype_name}
-    plan = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget)
-    for line in plan.lines():
+    cost = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget).cost
+    for line in cost.lines():
         console.print(line, highlight=False, soft_wrap=True)
-    if plan.refusal is not None:
-        raise LadderizeError(f"the plan does not fit: {plan.refusal}")
+    if cost.refusal is not None:
+        raise LadderizeError(f"the plan does not fit: {cost.refusal}")
 
 
 @app.command("tokenize")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_token_budget_runs_records_its_plan_and_says_it(ladder_dir, text_file, t
     # 640 token passes over 192 -> x3.33: seq-local 426.7 -> 7 steps of 64 (448), kd 213.3 -> 3 steps (192)
     assert "budget 640 tokens: 640 token passes (seq-local 448 tokens x 1, kd 192 tokens)" in stdout + stderr
     assert "1. seq-local: local (sequential), 448 tokens x 1 epoch" in stdout
+    assert "  expected: " in stdout and "(timed on this device)" in stdout  # a token budget's plan gives its time too
     assert "adapted 17 steps" in stdout  # 7 steps of 2 x 32 tokens for each of the 2 ladder layers, 3 kd steps
     record = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
     assert record["budget"]["tokens"] == 640 and [s["tokens"] for s in record["plan"]] == [448, 192]
@@ -155,7 +157,8 @@ def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, mon
                            (["--budget", "1M", "--tokens", "64"], "a single stage takes --tokens instead"),
                            (["--budget", "0.001s", "--seq-len", "32"], "too short for this recipe on cpu")):
         code, _, stderr = run_cli([*base, *extra], capsys, monkeypatch)
-        assert code == 2 and len(error_lines(stderr)) == 1 and message in stderr, stderr
+        errors = [line for line in error_lines(stderr) if "timing this device's pace" not in line]  # (what it did)
+        assert code == 2 and len(errors) == 1 and errors[0].startswith("error: ") and message in stderr, stderr
 
 
 def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
@@ -171,10 +174,12 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     assert held < 100_000 // 2 and sized[1]["tokens"] > held
     passes = sized[1]["tokens"] / held
     assert rereads(sized, sized[0], held) == [("kd", passes)]
-    assert f"kd reads the data {passes:.1f} times over" in said[-1] and "capped at" in said[-1], said[-1]
+    plan_line = next(line for line in said if line.startswith("budget 100,000 tokens: ") and "token passes (" in line)
+    assert f"kd reads the data {passes:.1f} times over" in plan_line and "capped at" in plan_line, plan_line
+    assert said[-1].startswith("planned wall time: seq-local ")  # a token budget's plan says its time too
     # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
     small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append)
-    assert "reads the data" not in said[-1] and rereads(small, small[0], held) == []
+    assert "reads the data" not in said[-2] and rereads(small, small[0], held) == []
     assert rereads([sized[0], {**sized[1], "data": "other.txt"}], sized[0], held) == []
 
 
@@ -187,3 +192,27 @@ def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatc
     assert (state_copies(1), state_copies(3)) == (STATE_COPIES, STATE_COPIES + 4) == (8, 12)
     one, three = (budget.max_calibration_tokens(576, "cpu", window=w) for w in (1, 3))
     assert one == int(0.25 * 96 * 2**30 / (8 * 576 * 4)) and three == int(0.25 * 96 * 2**30 / (12 * 576 * 4))
+
+
+def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_timed_or_read(
+        ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    from ladderize.adapt import budget as budgets, pace as pacing
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    args = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--budget", "0.001s", "--seq-len", "32"]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)  # the first time: timed, said so, refused, kept
+    assert code == 2 and "timing this device's pace" in stdout + stderr
+    assert "too short for this recipe on cpu" in stderr and "(by the pace timed now)" in stderr
+    assert len(list((tmp_path / "home" / pacing.PACE_CACHE).glob("*.json"))) == 1
+
+    def untouched(*_args, **_kwargs):
+        raise AssertionError("timed or read again")
+
+    monkeypatch.setattr(pacing, "measure", untouched)
+    monkeypatch.setattr(budgets, "_data_tokens", untouched)
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and len(error_lines(stderr)) == 1, stderr
+    assert re.search(r"takes about [\d.]+ (s|min) \(by the pace timed here before\): give at least --budget \d+[sm]$",
+                     error_lines(stderr)[0]), stderr
+    assert "timing this device's pace" not in stdout + stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.adapt-run").exists()

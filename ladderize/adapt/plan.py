@@ -1,0 +1,270 @@
+"""The plan of an adapt run: one typed object, built once before any weight loads, that every stage reads.
+
+``build_plan`` resolves the command line (a single stage's flags, or a recipe and the settings shared by its stages),
+sizes the stages to ``--budget`` (``budget.py``), and prices them for the launch the run is under or one it names
+(``cost.plan_run``: memory per GPU, tokens per step, steps, saves, and on a known GPU the expected tokens/s and wall
+time), from the checkpoint's ``config.json``. A run then builds each stage's ``AdaptConfig`` from it
+(``PlannedStage.config``), writes its ``record`` to ``RUN/recipe.json`` and into the output's provenance, and
+``adapt --dry-run`` prints it and stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LadderizeError
+from .config import AdaptConfig
+from .cost import Launch, RunPlan
+
+if TYPE_CHECKING:
+    from .budget import Budget
+    from .recipe import Recipe
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage as it will train: its number in the recipe, its preset's name, and the ``AdaptConfig`` fields it sets
+    (the preset, the shared settings and its own, with the learning rate filled in)."""
+
+    number: int
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sequential(self) -> bool:
+        return self.settings.get("local_schedule") == "sequential"
+
+    @property
+    def tokens(self) -> int:
+        return int(self.settings.get("tokens", AdaptConfig.tokens))
+
+    @property
+    def step(self) -> dict[str, Any]:
+        """The stage as ``recipe.json`` and the provenance record it."""
+        return {"stage": self.number, "name": self.name, **self.settings}
+
+    @classmethod
+    def from_step(cls, step: dict[str, Any]) -> "PlannedStage":
+        return cls(int(step["stage"]), str(step["name"]), {k: v for k, v in step.items() if k not in ("stage", "name")})
+
+    def config(self, checkpoint: str, out: str, **run: Any) -> AdaptConfig:
+        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out`` (``run``: the run's own fields:
+        ``run_dir``, ``force``, ``keep_state``, ``recipe``, ``teacher_states``)."""
+        return AdaptConfig(checkpoint=checkpoint, out=out, **run, **self.settings)
+
+
+@dataclass
+class AdaptPlan:
+    """What an adapt run will do and what it will cost (module docstring)."""
+
+    recipe: str  # the recipe's name (a file's path, "command line" for --stage), or the single stage's objective
+    checkpoint: str
+    stages: list[PlannedStage]
+    launch: Launch
+    single: bool = False  # one stage from the single-stage flags: it trains into OUT directly, without a recipe's run dir
+    budget: dict[str, Any] | None = None  # how --budget sized the stages (budget.size_recipe's record)
+    cost: RunPlan | None = None  # the stages priced for ``launch`` (None without a config.json or converted layers)
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return [stage.step for stage in self.stages]
+
+    def with_steps(self, steps: list[dict[str, Any]]) -> "AdaptPlan":
+        """This plan with its stages re-sized (a wall budget's re-plan after a finished stage), priced again."""
+        plan = replace(self, stages=[PlannedStage.from_step(step) for step in steps])
+        plan.cost = _price(plan) if self.cost is not None else None
+        return plan
+
+    @property
+    def expected_s(self) -> float | None:
+        """The wall seconds the run is expected to take: a wall budget's timed plan, else the launch's pricing."""
+        if self.budget and self.budget.get("planned_s"):
+            return float(sum(self.budget["planned_s"]))
+        return self.cost.seconds if self.cost is not None else None
+
+    def record(self) -> dict[str, Any]:
+        """``RUN/recipe.json`` and the provenance's ``recipe.plan``: the stages, the budget's sizing, the launch and
+        its pricing."""
+        record: dict[str, Any] = {"recipe": self.recipe, "checkpoint": str(Path(self.checkpoint).expanduser().absolute()),
+                                  "plan": self.steps}
+        if self.budget is not None:
+            record["budget"] = self.budget
+        record["launch"] = {"processes": self.launch.processes, "gpu": self.launch.gpu}
+        if self.cost is not None:
+            record["expected_s"] = self.expected_s
+            record["cost"] = self.cost.to_dict()
+        return record
+
+    def lines(self) -> list[str]:
+        """The plan as a run prints it before it starts: each stage, then what it is expected to cost."""
+        from ..progress import format_duration
+        from .recipe import describe
+
+        head = (f"plan (stage {self.stages[0].name}):" if self.single else
+                f"plan (recipe {self.recipe}, {len(self.stages)} stage(s)):")
+        out = [head, *(f"  {describe(stage.step)}" for stage in self.stages)]
+        expected = self.expected_s
+        if expected is not None:
+            how = "timed on this device" if self.budget and self.budget.get("planned_s") else \
+                f"at the assumed MFU on {self.launch.describe()}"
+            out.append(f"  expected: {format_duration(expected)} ({how})")
+        return out
+
+
+def build_plan(
+    checkpoint: str | Path,
+    *,
+    shared: dict[str, Any] | None = None,
+    single: dict[str, Any] | None = None,
+    recipe: "str | Recipe | None" = None,
+    stages: list[str] | None = None,
+    budget: "str | Budget | None" = None,
+    launch: str | Launch | None = None,
+    priced_only: bool = False,
+    saved: dict[str, Any] | None = None,
+    say: Callable[[str], None] = lambda _line: None,
+) -> AdaptPlan:
+    """The plan of ``ladderize adapt CKPT ...`` (module docstring).
+
+    ``launch``: ``8xH100`` or a ``Launch`` (None: the launch this process runs under). ``priced_only`` (``--dry-run``)
+    reads nothing but ``config.json``: a token budget is sized with the launch's memory as the calibration cap, and a
+    wall budget, which a run times on its device first, is refused. ``saved``: the record of an interrupted run's plan,
+    whose sizes a resume with the same budget keeps (they were timed when the run began)."""
+    from .budget import Budget, check_budget_steps, max_calibration_tokens, parse_budget, scale_stages, size_recipe
+    from .recipe import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
+
+    shared, single = dict(shared or {}), dict(single or {})
+    checkpoint = str(checkpoint)
+    _check_choice(single, recipe, stages, budget, SINGLE_STAGE_FLAGS)
+    for key in shared:
+        if key in _RESERVED:
+            raise LadderizeError(f"{key} is not a stage setting")
+    sized_by = budget if isinstance(budget, Budget) or budget is None else parse_budget(budget)
+    where = launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else Launch.current()
+    readable = (Path(checkpoint) / "config.json").is_file()
+    if single:
+        settings = {**shared, **single}
+        if "lr" not in settings and readable:
+            settings["lr"] = measured_lr(settings, converted_modes(checkpoint))
+        for key in ("objectives", "tokens", "lr"):  # the defaults it trains with, spelt out as a recipe's stages are
+            settings.setdefault(key, getattr(AdaptConfig, key))
+        name = settings["objectives"]
+        plan = AdaptPlan(name, checkpoint, [PlannedStage(1, name, settings)], where, single=True)
+        chosen = None
+    else:
+        chosen = chosen_recipe(recipe, stages)
+        steps = resolve_stages(chosen, checkpoint, shared)
+        plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    if sized_by is not None:
+        steps = plan.steps
+        check_budget_steps(steps)
+        if priced_only:
+            if sized_by.tokens is None:
+                raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {sized_by.text} is wall time, "
+                                     "which a run measures on its device first")
+            from ..checkpoint.io import load_config
+
+            window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
+            cap = max_calibration_tokens(load_config(checkpoint).hidden_size, "cpu", window=window,
+                                         available=where.memory_bytes)
+            plan = plan.with_steps(scale_stages(steps, sized_by.tokens, max_calibration=cap))
+            plan.budget = {"text": sized_by.text, "tokens": sized_by.tokens, "calibration_cap": cap}
+        elif saved is not None and saved.get("budget", {}).get("text") == sized_by.text:
+            plan = plan.with_steps(saved["plan"])
+            plan.budget = saved["budget"]
+        else:
+            sized, record = size_recipe(steps, sized_by, checkpoint, say)
+            plan = plan.with_steps(sized)
+            plan.budget = record
+    if readable and where.memory_bytes:
+        plan = _fill_device(plan, _user_set(chosen, shared, single), say)
+    plan.cost = _price(plan) if readable else None
+    return plan
+
+
+MIN_FILLED_STEPS = 1_000  # a batch grown to fill the device leaves a stage at least this many optimizer steps
+
+
+def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str, Any]) -> list[set[str]]:
+    """The settings the user chose for each stage (command line, recipe file, ``--stage``), not a preset's."""
+    given = set(shared) | set(single)
+    if recipe is None:
+        return [given]
+    return [given | set(recipe.shared) | set(stage.settings) for stage in recipe.stages]
+
+
+def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None]) -> AdaptPlan:
+    """``plan`` with each joint stage's batch per process grown to fill the launch's GPU memory: the largest batch whose
+    memory estimate (``cost.JointMemory``) fits, where the stage still takes ``MIN_FILLED_STEPS`` optimizer steps or
+    more, and never smaller than the stage's own. Where not even one sequence fits, activation checkpointing is turned
+    on if it makes one fit. A batch size the user gave, and a stage too short to fill the device, stay as they are."""
+    from ..checkpoint.io import load_config
+    from .cost import JointMemory, usable_bytes
+    from .objectives import parse_objectives
+
+    config = load_config(plan.checkpoint)
+    converted = config.layout.converted_layers
+    if not converted:
+        return plan
+    usable, processes = usable_bytes(plan.launch.memory_bytes), plan.launch.processes
+    steps = plan.steps
+    for index, step in enumerate(steps):
+        given = chosen[min(index, len(chosen) - 1)]
+        if step.get("local_schedule") == "sequential" or "batch_size" in given:
+            continue
+        seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
+        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
+        start = int(step.get("batch_size", AdaptConfig.batch_size))
+        weights = parse_objectives(step.get("objectives", AdaptConfig.objectives))
+        checkpointing = bool(step.get("activation_checkpointing"))
+
+        def fits(batch: int, checked: bool) -> bool:
+            return JointMemory.estimate(config, converted, processes, seq_len * batch,
+                                        teacher=bool({"kd", "local"} & set(weights)), checkpointing=checked,
+                                        compute_bytes=4 if step.get("dtype") == "float32" else 2,
+                                        sharded=processes > 1 and step.get("shard", "auto") != "ddp").total <= usable
+
+        if not fits(1, checkpointing) and not checkpointing and "activation_checkpointing" not in given and fits(1, True):
+            checkpointing = True
+            step["activation_checkpointing"] = True
+            say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
+                f"sequence of {seq_len:,} tokens fits a {plan.launch.describe().split(' x ')[-1]}")
+        most = int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes)
+        batch = start
+        while batch + 1 <= most and fits(batch + 1, checkpointing):
+            batch += 1
+        if batch > start:
+            step["batch_size"] = batch
+            say(f"stage {step['stage']} ({step['name']}): batch {batch} per process ({batch * seq_len:,} tokens), the "
+                f"largest that fits the GPU's memory; --batch-size sets it")
+    return plan.with_steps(steps) if steps != plan.steps else plan
+
+
+def _price(plan: AdaptPlan) -> RunPlan | None:
+    """``plan``'s stages priced for its launch from the checkpoint's ``config.json`` (None without converted layers:
+    there is nothing to price, and the run refuses it, ``train.preflight``)."""
+    from ..checkpoint.io import load_config
+    from .cost import plan_run
+
+    config = load_config(plan.checkpoint)
+    layout = config.layout
+    if not layout.converted_layers:
+        return None
+    return plan_run(config, layout.describe(), layout.converted_layers, plan.steps, plan.launch,
+                    model_name=Path(plan.checkpoint).name)
+
+
+def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None,
+                  flags: dict[str, str]) -> None:
+    """Refuse a command line that names a single stage and a recipe, both --recipe and --stage, or a budget for a
+    single stage."""
+    if single and (recipe or stages):
+        names = ", ".join(flags.get(k, "--" + k.replace("_", "-")) for k in single)
+        raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
+    if recipe and stages:
+        raise LadderizeError("give --recipe or --stage, not both")
+    if budget is not None and single:
+        raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")

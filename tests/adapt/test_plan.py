@@ -1,0 +1,91 @@
+"""The run's plan (``adapt/plan.py``): one typed object built before any weight loads, which the dry run prints, every
+stage reads and the provenance records; on a known GPU it sizes each joint stage's batch to fill the device."""
+
+from __future__ import annotations
+
+import json
+
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.cost import JointMemory, Launch, usable_bytes
+from ladderize.adapt.plan import MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
+from ladderize.adapt.recipe import run_recipe
+from ladderize.checkpoint.io import load_config, read_provenance
+from tests.adapt.test_cost import _config_only
+from tests.adapt.test_recipe import TINY_SHARED, tiny_best
+
+
+def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights, no tokenizer: nothing else could be read
+    plan = build_plan(folder, shared={"seq_len": 2048, "batch_size": 4}, budget="3B", launch="8xH100", priced_only=True)
+    assert isinstance(plan, AdaptPlan) and all(isinstance(stage, PlannedStage) for stage in plan.stages)
+    assert [(stage.number, stage.name, stage.sequential) for stage in plan.stages] == [(1, "seq-local", True),
+                                                                                      (2, "kd", False)]
+    assert plan.launch == Launch(8, "h100") and plan.cost.refusal is None
+    assert abs(sum(stage.tokens for stage in plan.stages) - 3e9) < 1e6  # the budget, in whole steps
+    assert plan.expected_s == plan.cost.seconds and 10 * 3600 < plan.expected_s < 13 * 3600
+    config = plan.stages[1].config(str(folder), str(tmp_path / "out"), run_dir=str(tmp_path / "run"))
+    assert isinstance(config, AdaptConfig) and (config.objectives, config.seq_len, config.batch_size) == ("kd", 2048, 4)
+    record = json.loads(json.dumps(plan.record()))
+    assert record["plan"] == plan.steps and record["launch"] == {"processes": 8, "gpu": "h100"}
+    assert record["budget"]["tokens"] == 3_000_000_000 and record["expected_s"] == plan.expected_s
+    assert plan.lines()[-1].startswith("  expected: 11h")
+
+
+def test_a_known_gpu_fills_each_joint_stage_s_batch_unless_the_user_set_it(tmp_path):
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    said: list[str] = []
+    filled = build_plan(folder, shared={"seq_len": 2048}, budget="3B", launch="8xH100", priced_only=True, say=said.append)
+    kd = filled.stages[1]
+    config, converted = load_config(folder), list(range(16, 32))
+    usable = usable_bytes(Launch(8, "h100").memory_bytes)
+
+    def memory(batch: int) -> float:
+        return JointMemory.estimate(config, converted, 8, 2048 * batch).total
+
+    assert kd.settings["batch_size"] > 2  # the preset's batch grew ...
+    assert memory(kd.settings["batch_size"]) <= usable < memory(kd.settings["batch_size"] + 1)  # ... to the largest fit
+    assert kd.tokens // (kd.settings["batch_size"] * 2048 * 8) >= MIN_FILLED_STEPS
+    assert any("the largest that fits the GPU's memory" in line for line in said)
+    assert filled.stages[0].settings["batch_size"] == 2  # the sequential stage's batch is its own
+    assert filled.cost.refusal is None
+    given = build_plan(folder, shared={"seq_len": 2048, "batch_size": 2}, budget="3B", launch="8xH100", priced_only=True)
+    assert given.stages[1].settings["batch_size"] == 2  # --batch-size is kept
+    short = build_plan(folder, shared={"seq_len": 2048}, budget="20M", launch="8xH100", priced_only=True)
+    assert short.stages[1].settings["batch_size"] == 2  # too few tokens to fill the device and keep 1,000 steps
+    here = build_plan(folder, shared={"seq_len": 2048}, budget="3B", launch="1xH100", priced_only=True)
+    assert here.stages[1].settings["batch_size"] == 2 and here.cost.refusal is not None  # nothing larger fits one GPU
+
+
+def test_a_run_records_the_plan_it_was_built_from(ladder_dir, text_file, tmp_path):
+    shared = {**TINY_SHARED, "data": str(text_file), "device": "cpu"}
+    plan = build_plan(ladder_dir, shared=shared, recipe=tiny_best())
+    assert plan.launch == Launch(1, None) and plan.expected_s is None  # a CPU: no GPU to price the time with
+    out = tmp_path / "o"
+    done = run_recipe(tiny_best(), str(ladder_dir), str(out), shared=shared, keep_state=True)
+    assert done.finished
+    written = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
+    assert written == json.loads(json.dumps(plan.record()))
+    recorded = [step["recipe"] for step in read_provenance(out)["history"] if step["step"] == "adapt"]
+    assert [entry["stage"] for entry in recorded] == [1, 2]
+    for entry in recorded:
+        assert entry["name"] == plan.recipe and entry["launch"] == {"processes": 1, "gpu": None}
+        assert [step["tokens"] for step in entry["plan"]] == [stage.tokens for stage in plan.stages]
+
+
+def test_the_last_line_s_rate_is_the_whole_run_s():
+    from pathlib import Path
+
+    from ladderize.adapt.config import AdaptResult
+    from ladderize.adapt.recipe import whole_run_pace
+    from ladderize.cli.render import adapt_summary
+
+    sequential = AdaptResult(Path("o"), 8, 3_000, 90.0)  # the sequential stage reports no pace of its own
+    kd = AdaptResult(Path("o"), 4, 1_000, 10.0, [{"loss_total": 1.0}],
+                     throughput={"tokens_per_s": 100.0, "tokens_per_s_per_process": 100.0, "processes": 1})
+    whole = whole_run_pace([sequential, kd])
+    assert whole == {"tokens_per_s": 40.0, "tokens_per_s_per_process": 40.0, "processes": 1}  # 4,000 tokens in 100 s
+    total = AdaptResult(Path("o"), 12, 4_000, 100.0, kd.curve, throughput=whole)
+    assert "4,000 tokens trained, 1.7 min (40 tokens/s, 40 per process)" in adapt_summary(total)[0]
+    timed = [AdaptResult(Path("o"), 1, 1_000, 10.0, throughput={"processes": 2, "mfu": 0.3}),
+             AdaptResult(Path("o"), 1, 1_000, 30.0, throughput={"processes": 2, "mfu": 0.1})]
+    assert whole_run_pace(timed)["mfu"] == 0.15  # weighted by each stage's seconds
