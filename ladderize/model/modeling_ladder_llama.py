@@ -55,7 +55,16 @@ from transformers.models.llama.modeling_llama import (
 
 from .block import attention_partial, fold_rotary_sign, mlp_partial, rotate, split_heads
 from .configuration_ladder_llama import LadderLlamaConfig
-from .layout import LayerMode, Layout, ModuleKind, module_program, rank_kv_heads, rank_query_heads
+from .layout import (
+    LayerMode,
+    Layout,
+    LayoutError,
+    ModuleKind,
+    format_layer_ranges,
+    module_program,
+    rank_kv_heads,
+    rank_query_heads,
+)
 from .residual import ResidualStream, layer_program
 
 # The KV cache's names: transformers calls it ``past_key_values`` up to 5.23 and ``cache`` from 5.24 on, as
@@ -380,13 +389,31 @@ def _spd_groups(
     return groups
 
 
+def check_transformers_tensor_parallel(layout: Layout, tp_size: int) -> None:
+    """Refuse transformers' tensor parallelism (``tp_plan``) of ``tp_size`` ranks for a layout with layers whose
+    attention output is not all-reduced (``attention_allreduce`` false): transformers' plan all-reduces every
+    ``o_proj``, while such a layer keeps each rank's attention partial local until its MLP's all-reduce.
+    ``LayoutError`` in one line that names ladderize's runtime, which runs them."""
+    local = [layer for layer, mode in enumerate(layout.modes) if not mode.traits.attention_allreduce]
+    if tp_size > 1 and local:
+        raise LayoutError(
+            f"transformers' tensor parallelism (tp_plan) cannot run this model ({layout.describe()}): layers "
+            f"{format_layer_ranges(local)} keep each rank's attention output local until the MLP's all-reduce, "
+            "where transformers' plan all-reduces every attention output; run it under tensor parallelism with "
+            "ladderize's runtime (`ladderize bench`, `ladderize generate`: ladderize.runtime), or without tp_plan "
+            "on one device"
+        )
+
+
 COMPANION_FILES = ("README.md", "ladderize.json")  # the model card and the provenance of a ladderize checkpoint
 
 
 class LadderLlamaPreTrainedModel(PreTrainedModel):
     """Saves (``save_pretrained``, ``push_to_hub``, ``Trainer.save_model``) keep ladderize's model card and
     provenance beside the weights: ``companion_writer`` builds them where ladderize is installed (it sets it:
-    ``checkpoint/io.write_companion_files``); under remote code alone the loaded folder's two files are copied."""
+    ``checkpoint/io.write_companion_files``); under remote code alone the loaded folder's two files are copied.
+    transformers' tensor parallelism (``tp_plan``) is refused where a layer's attention output stays local
+    (``check_transformers_tensor_parallel``)."""
 
     companion_writer: Callable[[LadderLlamaConfig, Path | None, Path], None] | None = None
     config_class = LadderLlamaConfig
@@ -399,6 +426,11 @@ class LadderLlamaPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+
+    def _resolve_parallel_plans(self, distributed_config, *args, **kwargs):
+        # from_pretrained(tp_plan=...) resolves the plans after building the model, before reading any weight
+        check_transformers_tensor_parallel(self.config.layout, getattr(distributed_config, "tp_size", 1) or 1)
+        return super()._resolve_parallel_plans(distributed_config, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """``PreTrainedModel.save_pretrained``, then the model card and provenance (``write_companions``)."""

@@ -11,7 +11,7 @@ from torch.distributed.tensor import Shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.conftest import TINY, tiny_model
-from tests.model.helpers import DENSE, HYBRID, LADDER_UPPER, max_diff, token_ids
+from tests.model.helpers import DENSE, HYBRID, LADDER, LADDER_UPPER, max_diff, token_ids
 
 
 def _twins(attn: str = "eager", **layout):
@@ -103,9 +103,11 @@ def test_parallel_plans_are_llamas():
     assert model.pp_plan == llama.pp_plan
 
 
-def test_tied_weights_are_sharded_together(monkeypatch):
+@pytest.mark.parametrize("layout", [DENSE, LADDER], ids=["dense", "ladder"])
+def test_tied_weights_are_sharded_together(monkeypatch, layout):
     """Under tensor parallelism the tied head and embedding are split on the same dimension (the vocabulary):
-    each weight's style from the model's plan, asked by transformers where it would place the weight."""
+    each weight's style from the model's plan, asked by transformers where it would place the weight.
+    (transformers' ``ModelTesterMixin`` of the same name is not in its wheel: this is its contract, checked here.)"""
     from transformers.distributed import tensor_parallel
 
     placements: list = []
@@ -115,7 +117,7 @@ def test_tied_weights_are_sharded_together(monkeypatch):
         return tensor
 
     monkeypatch.setattr(tensor_parallel, "distribute_tensor", distribute_tensor)
-    model = tiny_model(tie_word_embeddings=True)
+    model = tiny_model(**layout, tie_word_embeddings=True)
     modules = dict(model.named_modules())
     assert model.all_tied_weights_keys == {"lm_head.weight": "model.embed_tokens.weight"}
     for target, source in model.all_tied_weights_keys.items():
