@@ -81,10 +81,6 @@ class SpeedupSpread:
         median speed-up is then noise, not a gain or a loss."""
         return self.min < 1.0 < self.max
 
-    @property
-    def has_range(self) -> bool:
-        return self.min != self.max
-
 
 def measured_speedup(dense_runs: list[float] | None, runs: list[float] | None, dense_s: float, this_s: float) -> SpeedupSpread:
     """The one rule for a measured speed-up over dense: the median (min, max) over the rounds of dense's time in a

@@ -106,9 +106,9 @@ def format_speedup(speedup: SpeedupSpread | None) -> str:
     ``NOISE_NOTE``): ``~0.83x (0.74–1.81)``."""
     if speedup is None:
         return "–"
-    text = f"{speedup.median:.2f}x"
-    if speedup.has_range:
-        text += f" ({speedup.min:.2f}–{speedup.max:.2f})"
+    text, low, high = f"{speedup.median:.2f}x", f"{speedup.min:.2f}", f"{speedup.max:.2f}"
+    if low != high or speedup.within_noise():
+        text += f" ({low}–{high})"
     return "~" + text if speedup.within_noise() else text
 
 

@@ -101,7 +101,7 @@ def spans_a_decade(values: list[float]) -> bool:
     return len(positive) == len(values) and bool(positive) and max(positive) / min(positive) >= 10
 
 
-CIRCLE_SIZE, TRIANGLE_SIZE = 95.0, 45.0  # marker areas (points²): an adapted triangle stays visible inside its twin's circle
+CIRCLE_SIZE, TRIANGLE_SIZE = 95.0, 45.0  # marker areas (points²): an adapted triangle (white-edged) shows inside its twin's circle
 RING_WIDTH = 1.8  # the Pareto front's red ring around a marker (points)
 
 
@@ -163,9 +163,10 @@ def plot_pareto(report: "Report", path: Path, metric: "Metric | None" = None) ->
             if xerr is not None or yerr is not None:
                 ax.errorbar([x], [y], xerr=[xerr] if xerr is not None else None, yerr=[yerr] if yerr is not None else None,
                             fmt="none", ecolor=colors[run.layout], elinewidth=1, capsize=3, alpha=0.7, zorder=2)
+            edge = "tab:red" if runs.index(run) in front else "white" if run.adapted else "none"  # white: seen on its twin
             ax.scatter([x], [y], s=TRIANGLE_SIZE if run.adapted else CIRCLE_SIZE, color=colors[run.layout],
-                       marker="^" if run.adapted else "o", edgecolors="tab:red" if runs.index(run) in front else "none",
-                       linewidths=RING_WIDTH, zorder=5 if run.adapted else 4)
+                       marker="^" if run.adapted else "o", edgecolors=edge, linewidths=RING_WIDTH if edge == "tab:red" else 0.8,
+                       zorder=5 if run.adapted else 4)
         ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="tab:red", linestyle="--",
                 linewidth=1.1, zorder=3)
         xerrs = [run.decode_speedup[config].stderr or 0.0 for run in runs]
