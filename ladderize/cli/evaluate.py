@@ -58,9 +58,8 @@ def eval_command(
 def report(
     runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
     out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True, panel=None),
-    metric: Optional[str] = typer.Option(None, "--metric", help="The plot's quality axis: acc, acc_norm, perplexity, "
-                                         "word_perplexity, ... (default: an accuracy metric, else a perplexity)."),
-    task: Optional[str] = typer.Option(None, "--task", help="The task of the plot's metric (default: the one most layouts have)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="The plot's quality metric: acc, perplexity, ... (default: accuracy first)."),
+    task: Optional[str] = typer.Option(None, "--task", help="The plot metric's task (default: the one most layouts have)."),
 ) -> None:
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from ..report import write_report

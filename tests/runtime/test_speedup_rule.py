@@ -125,3 +125,19 @@ def test_bench_then_report_on_its_json_print_the_same_speedup(tmp_path: Path, mo
     native = next(row for row in data["rows"] if row["schedule"] == "native")
     assert bench_cell.lstrip("~").startswith(f"{native['decode_speedup_vs_dense']:.2f}x")
     assert "- Load: bench b.json was measured while other processes kept" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_the_demos_bench_says_its_speedup_and_load_as_bench_does(tmp_path: Path, monkeypatch):
+    """Issue 64: the demo's 'done bench' line and its load note come from the record, by bench's rule and words."""
+    from ladderize.demo.pipeline import DemoSettings, _bench
+
+    rows = _rows([0.1, 0.1, 0.1], [0.1, 0.1, 0.1])
+    meta = {"device": "cpu", "dtype": "float32", "cpu_cores": 2, "busy_cores_elsewhere": {"before": 0.2, "during": 1.1}}
+    monkeypatch.setattr("ladderize.runtime.bench.run_bench", lambda *args, **kwargs: BenchRecord("/m/ladder", "ladder 2:4", rows, meta))
+    events: list[tuple[str, str]] = []
+    note = _bench("ladder", tmp_path / "ckpt", tmp_path / "bench" / "ladder.json", DemoSettings(),
+                  lambda kind, message: events.append((kind, message)), "cpu")
+    assert ("done", "bench ladder: decode speed-up against dense b1 ~0.83x (0.74–1.43)") in events
+    assert note == "bench ladder was measured while other processes kept 1.1 of the 2 CPU cores busy during the run " \
+                   "(0.2 just before it), so its speed figures are noise" and ("note", note) in events
+    assert json.loads((tmp_path / "bench" / "ladder.json").read_text())["meta"]["busy_cores_elsewhere"]["during"] == 1.1
