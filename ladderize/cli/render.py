@@ -74,6 +74,9 @@ def bench_table(result: Any, name: str) -> Table:
     load = result.load_note("this bench")
     if load:
         notes.append(f"load: {load}")
+    if any(row.tp == 1 for row in result.rows):
+        notes.append("TP 1: no all-reduce to hide or drop, so every schedule does the same work there; its speed-ups "
+                     "measure noise")
     for row in result.rows:
         schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
         if row.schedule == "domino" and row.domino_chunks == 1:

@@ -127,6 +127,17 @@ def test_bench_then_report_on_its_json_print_the_same_speedup(tmp_path: Path, mo
     assert "- Load: bench b.json was measured while other processes kept" in (tmp_path / "report" / "report.md").read_text()
 
 
+
+def test_bench_says_tp1_speedups_measure_noise():
+    """Issue 64: at TP 1 bench printed the identical computation at 0.56x of dense, and nothing said it was noise."""
+    rows = _rows([0.1, 0.1, 0.1], [0.1, 0.1, 0.1])
+    assert "TP 1" not in _table_text(BenchRecord("m", "ladder 2:4", rows, {"device": "cpu", "dtype": "float32"}))
+    for row in rows:
+        row.tp = 1
+    text = " ".join(_table_text(BenchRecord("m", "ladder 2:4", rows, {"device": "cpu", "dtype": "float32"})).split())
+    assert "TP 1: no all-reduce to hide or drop, so every schedule does the same work there; its speed-ups measure noise" in text
+
+
 def test_the_demos_bench_says_its_speedup_and_load_as_bench_does(tmp_path: Path, monkeypatch):
     """Issue 64: the demo's 'done bench' line and its load note come from the record, by bench's rule and words."""
     from ladderize.demo.pipeline import DemoSettings, _bench
