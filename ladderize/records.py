@@ -13,6 +13,11 @@ One module holds every record name; before writing a field, find it here and use
   ``BenchRow`` (measured by ``ladderize bench``) adds the spread over the timed rounds and the
   communication it measured; ``PredictRow`` (priced by ``ladderize predict``) adds the exposed
   communication of each phase and a note.
+* A measured speed-up follows one rule (``measured_speedup``), wherever it is shown: each timed round
+  ran every schedule once, so round i of a row is compared with round i of ``dense``; the speed-up is
+  the median of those per-round ratios, with their min and max, and it is noise
+  (``SpeedupSpread.within_noise``, shown ``~``) when that min-max range straddles 1.0. A row without
+  rounds that pair up has the ratio of its times and no spread.
 * ``BenchRecord``, ``PredictRecord``, ``EvalRecord``: the JSON files. Each has ``record`` (its
   kind) and ``version`` (``RECORD_VERSION``); ``read_record`` turns any of them back into its type.
 
@@ -39,6 +44,7 @@ PREDICT_RECORD = "ladderize-predict"
 EVAL_RECORD = "ladderize-eval"
 SENSITIVITY_RECORD = "ladderize-sensitivity"  # convert.sensitivity.SensitivityReport (not a speed or accuracy row)
 DENSE_SCHEDULE = "dense"
+BUSY_CORES = 0.5  # CPU cores other processes keep busy from which a bench's speed figures are noise
 R = TypeVar("R", bound="SpeedRow")
 
 
@@ -65,10 +71,22 @@ class SpeedupSpread:
         stderr = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
         return cls(min(ratios), statistics.median(ratios), max(ratios), stderr)
 
+    @classmethod
+    def single(cls, value: float) -> "SpeedupSpread":
+        """A speed-up without rounds to spread over (a prediction, a row of another run's dense): no range."""
+        return cls(value, value, value, None)
+
     def within_noise(self) -> bool:
         """Whether the rounds disagree on the sign of the change (some faster than dense, some slower): the
         median speed-up is then noise, not a gain or a loss."""
         return self.min < 1.0 < self.max
+
+
+def measured_speedup(dense_runs: list[float] | None, runs: list[float] | None, dense_s: float, this_s: float) -> SpeedupSpread:
+    """The one rule for a measured speed-up over dense: the median (min, max) over the rounds of dense's time in a
+    round over this row's in the same round, when the rounds pair up; else ``dense_s / this_s`` with no range.
+    The times are of one phase (a decode step, or a whole generation) and one configuration."""
+    return SpeedupSpread.of(dense_runs, runs) or SpeedupSpread.single(dense_s / this_s)
 
 
 @dataclass
@@ -111,6 +129,13 @@ class SpeedRow:
         mine, theirs = self.e2e_tokens_per_s, dense.e2e_tokens_per_s
         return decode, (mine / theirs if mine is not None and theirs is not None else None)
 
+    def compare_with(self, dense: "SpeedRow | None") -> None:
+        """Set both speed-ups against ``dense`` (``None``: no dense row to compare with, no speed-up)."""
+        if dense is None:
+            self.decode_speedup_vs_dense = self.e2e_speedup_vs_dense = None
+        else:
+            self.decode_speedup_vs_dense, self.e2e_speedup_vs_dense = self.speedups_against(dense)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
@@ -137,7 +162,11 @@ class SpeedRow:
 
 @dataclass
 class BenchRow(SpeedRow):
-    """A row measured by ``ladderize bench``: medians over the timed rounds, and their spread."""
+    """A row measured by ``ladderize bench``: medians over the timed rounds, and their spread.
+
+    Its ``decode_speedup_vs_dense`` and ``e2e_speedup_vs_dense`` follow ``measured_speedup`` (the median over the
+    rounds), with ``decode_speedup_vs_dense_{min,median,max,stderr}`` and ``e2e_speedup_vs_dense_{min,max}``
+    beside them; ``decode_speedup()`` and ``e2e_speedup()`` read them back for every display."""
 
     comm: str | None = None  # what carried the all-reduces: shm, gloo, nccl
     decode_allreduce_share: float | None = None  # share of decode time the ranks spent blocked in all-reduces
@@ -147,6 +176,7 @@ class BenchRow(SpeedRow):
     overlapped_allreduces_per_decode_step: int | None = None
     domino_chunks: int | None = None
     decode_s_per_token_runs: list[float] = field(default_factory=list)  # one per timed round
+    prefill_s_runs: list[float] = field(default_factory=list)  # one per timed round, beside the decode times
     decode_s_per_token_min: float | None = None
     decode_s_per_token_median: float | None = None
     decode_s_per_token_max: float | None = None
@@ -156,34 +186,75 @@ class BenchRow(SpeedRow):
     decode_speedup_vs_dense_median: float | None = None
     decode_speedup_vs_dense_max: float | None = None
     decode_speedup_vs_dense_stderr: float | None = None
+    e2e_speedup_vs_dense_min: float | None = None
+    e2e_speedup_vs_dense_max: float | None = None
 
-    def set_decode_runs(self, runs_s_per_token: list[float]) -> None:
-        """Record the per-round decode times per token and their min, median and max (and the rates they give)."""
+    def set_decode_runs(self, runs_s_per_token: list[float], prefill_runs_s: list[float] | None = None) -> None:
+        """Record the per-round decode times per token and their min, median and max (and the rates they give), and
+        the per-round prefill times when given."""
         low, high = min(runs_s_per_token), max(runs_s_per_token)
         self.decode_s_per_token_runs = list(runs_s_per_token)
         self.decode_s_per_token_min, self.decode_s_per_token_max = low, high
         self.decode_s_per_token_median = statistics.median(runs_s_per_token)
         self.decode_tokens_per_s_min, self.decode_tokens_per_s_max = self.batch / high, self.batch / low
+        if prefill_runs_s is not None:
+            self.prefill_s_runs = list(prefill_runs_s)
 
-    def set_speedup_spread(self, spread: SpeedupSpread | None) -> None:
-        if spread is not None:
-            self.decode_speedup_vs_dense_min, self.decode_speedup_vs_dense_median = spread.min, spread.median
-            self.decode_speedup_vs_dense_max, self.decode_speedup_vs_dense_stderr = spread.max, spread.stderr
+    def generation_s(self) -> float | None:
+        """The median round's whole generation: the prefill and every decode step (None without a prefill time)."""
+        return None if self.prefill_s is None else self.prefill_s + self.decode_steps * self.decode_s_per_token
 
-    def headline_decode_speedup(self) -> float | None:
-        """The decode speed-up a report shows: the median of the rounds' speed-ups (each round against dense's round
-        beside it) when this row has them, else ``decode_speedup_vs_dense`` (dense's median time over this one's)."""
-        if self.decode_speedup_vs_dense_median is not None:
-            return self.decode_speedup_vs_dense_median
-        return self.decode_speedup_vs_dense
+    def generation_s_runs(self) -> list[float]:
+        """Each round's whole generation, where the rounds hold both phases."""
+        if len(self.prefill_s_runs) != len(self.decode_s_per_token_runs):
+            return []
+        return [p + self.decode_steps * d for p, d in zip(self.prefill_s_runs, self.decode_s_per_token_runs)]
 
-    def speedup_spread(self) -> SpeedupSpread | None:
-        """The spread of the decode speed-up over the rounds, when this row carries it."""
+    def compare_with(self, dense: "SpeedRow | None") -> None:
+        """Both speed-ups against ``dense`` by ``measured_speedup`` (round by round when the rounds pair up), with
+        their range; ``None``: no dense row, no speed-up. End to end, the time of a whole generation: the same
+        tokens in both, so its inverse ratio is that of ``e2e_tokens_per_s``."""
+        for name in ("decode_speedup_vs_dense", "e2e_speedup_vs_dense"):
+            for suffix in ("", "_min", "_max") + (("_median", "_stderr") if name.startswith("decode") else ()):
+                setattr(self, name + suffix, None)
+        if dense is None:
+            return
+        if dense.config() != self.config():
+            raise ValueError(f"cannot compare {self.config()} with {dense.config()}")
+        measured = isinstance(dense, BenchRow)
+        decode = measured_speedup(dense.decode_s_per_token_runs if measured else None, self.decode_s_per_token_runs,
+                                  dense.decode_s_per_token, self.decode_s_per_token)
+        self.decode_speedup_vs_dense = decode.median
+        self.decode_speedup_vs_dense_min, self.decode_speedup_vs_dense_median = decode.min, decode.median
+        self.decode_speedup_vs_dense_max, self.decode_speedup_vs_dense_stderr = decode.max, decode.stderr
+        dense_s = dense.generation_s() if measured else None
+        if dense_s is None or self.generation_s() is None:
+            return
+        e2e = measured_speedup(dense.generation_s_runs(), self.generation_s_runs(), dense_s, self.generation_s())
+        self.e2e_speedup_vs_dense, self.e2e_speedup_vs_dense_min, self.e2e_speedup_vs_dense_max = e2e.median, e2e.min, e2e.max
+
+    def decode_speedup(self) -> SpeedupSpread | None:
+        """The decode speed-up every display shows (bench's table, the report, its plot, the demo): the median over the
+        rounds with its range when this row has them, else ``decode_speedup_vs_dense`` alone."""
         low, high = self.decode_speedup_vs_dense_min, self.decode_speedup_vs_dense_max
-        if low is None or high is None:
-            return None
         median = self.decode_speedup_vs_dense_median
-        return SpeedupSpread(low, median if median is not None else (low + high) / 2, high, self.decode_speedup_vs_dense_stderr)
+        if median is None:
+            median = self.decode_speedup_vs_dense
+        if median is None and low is not None and high is not None:
+            median = (low + high) / 2
+        if median is None:
+            return None
+        if low is None or high is None:
+            return SpeedupSpread.single(median)
+        return SpeedupSpread(low, median, high, self.decode_speedup_vs_dense_stderr)
+
+    def e2e_speedup(self) -> SpeedupSpread | None:
+        """The end-to-end speed-up as shown: ``e2e_speedup_vs_dense`` (the rounds' median) with its range when known."""
+        value = self.e2e_speedup_vs_dense
+        if value is None:
+            return None
+        low, high = self.e2e_speedup_vs_dense_min, self.e2e_speedup_vs_dense_max
+        return SpeedupSpread.single(value) if low is None or high is None else SpeedupSpread(low, value, high, None)
 
 
 @dataclass
@@ -197,14 +268,11 @@ class PredictRow(SpeedRow):
 
 
 def add_speedups(rows: list[SpeedRow]) -> None:
-    """Set both speed-ups of every row against the ``dense`` row of its (tp, batch, lengths), when there is one."""
+    """Set both speed-ups of every row against the ``dense`` row of its (tp, batch, lengths), when there is one
+    (``compare_with``: measured rows by ``measured_speedup``). The rows are of one run (their rounds pair up)."""
     dense = {row.config(): row for row in rows if row.schedule == DENSE_SCHEDULE}
     for row in rows:
-        reference = dense.get(row.config())
-        if reference is None:
-            row.decode_speedup_vs_dense = row.e2e_speedup_vs_dense = None
-        else:
-            row.decode_speedup_vs_dense, row.e2e_speedup_vs_dense = row.speedups_against(reference)
+        row.compare_with(dense.get(row.config()))
 
 
 # --- the files ----------------------------------------------------------------------------------
@@ -225,10 +293,25 @@ class BenchRecord:
         return None if self.model.startswith("synthetic:") else self.model
 
     def load_note(self, where: str) -> str | None:
-        """A note when this bench ran with the 1-minute load average above the CPU cores (its meta): its speed
-        figures are then noise. ``where`` names the bench in the note."""
+        """A note when other processes took the CPU while this bench ran, so that its speed figures are noise:
+        ``BUSY_CORES`` or more cores busy elsewhere just before the run or during it (its meta's
+        ``busy_cores_elsewhere``), or, in a record without those, the 1-minute load average above the CPU cores.
+        ``where`` names the bench in the note."""
+        busy = self.meta.get("busy_cores_elsewhere")
+        cores = self.meta.get("cpu_cores")
+        if isinstance(busy, dict) and any(finite(busy.get(k)) is not None for k in ("before", "during")):
+            before, during = finite(busy.get("before")), finite(busy.get("during"))
+            if max(v for v in (before, during) if v is not None) < BUSY_CORES:
+                return None
+            of = f" of the {cores}" if isinstance(cores, int) and cores > 0 else ""
+            if during is None:
+                when = f"{before:.1f}{of} CPU cores busy just before it"
+            else:
+                when = f"{during:.1f}{of} CPU cores busy during the run" + (
+                    "" if before is None else f" ({before:.1f} just before it)")
+            return f"{where} was measured while other processes kept {when}, so its speed figures are noise"
         try:
-            load, cores = float((self.meta.get("load_average") or [0.0])[0]), int(self.meta.get("cpu_cores") or 0)
+            load, cores = float((self.meta.get("load_average") or [0.0])[0]), int(cores or 0)
         except (ValueError, TypeError, IndexError):
             return None
         if not cores or load <= cores:
@@ -468,6 +551,7 @@ def finite(value: Any) -> float | None:
 
 
 __all__ = [
+    "BUSY_CORES",
     "BENCH_RECORD",
     "DENSE_SCHEDULE",
     "EVAL_RECORD",
@@ -483,6 +567,7 @@ __all__ = [
     "SpeedRow",
     "SpeedupSpread",
     "add_speedups",
+    "measured_speedup",
     "e2e_tokens_per_s",
     "finite",
     "load_record",

@@ -58,12 +58,16 @@ def eval_command(
 def report(
     runs: list[Path] = typer.Argument(..., help="Eval and bench JSON files, or folders holding them."),
     out: Path = opts.out_option(None, "Folder for report.md, report.csv and accuracy_vs_speedup.png.", required=True, panel=None),
+    metric: Optional[str] = typer.Option(None, "--metric", help="The plot's quality metric: acc, perplexity, ... (default: accuracy first)."),
+    task: Optional[str] = typer.Option(None, "--task", help="The plot metric's task (default: the one most layouts have)."),
 ) -> None:
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from ..report import write_report
+    from ..report.plot import check_metric_name
 
+    check_metric_name(metric)
     opts.check_output(out / "report.md", "--out file")
-    written = write_report(runs, out)
+    written = write_report(runs, out, metric=metric, task=task)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
         empty = key == "png" and not written["plot"].get("points")

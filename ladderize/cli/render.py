@@ -49,27 +49,42 @@ def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> Table:
-    """``ladderize bench``'s rows. A decode speed-up whose rounds straddle 1.00x is marked as noise (``~``), a gap
-    that noise makes is ``n/a``, and domino with one chunk is said to be the dense path it is."""
+def rounds_text(untimed: int, timed: int) -> str:
+    """The rounds of a bench, as its progress line and its table's title both say them."""
+    return f"{untimed + timed} round(s) ({untimed} untimed, {timed} timed)"
+
+
+def bench_table(result: Any, name: str) -> Table:
+    """``ladderize bench``'s rows. Each speed-up is shown as everywhere else (``report.formats.format_speedup``: the
+    rounds' median, their range, ``~`` when the range straddles 1.00x); a gap that noise makes is ``n/a``, domino
+    with one chunk is said to be the dense path it is, and a bench measured while other processes took the CPU
+    says so (``BenchRecord.load_note``)."""
+    from ..report.formats import NOISE_NOTE, format_speedup
+
+    first = result.rows[0]
+    timed = len(first.decode_s_per_token_runs) or int(result.meta.get("repeats") or 0)
     table = titled(f"{name}: {result.layout}, {result.meta['device']} {result.meta['dtype']}, "
-                   f"prompt {prompt}, gen {gen}, median of {repeats}")
+                   f"prompt {first.prompt_len}, gen {first.decode_steps}, "
+                   f"{rounds_text(int(result.meta.get('warmup') or 0), timed)}: medians of the timed")
     for column in ("schedule", "tp", "batch", "prefill ms", "decode ms/tok", "decode tok/s", "all-reduces/step",
                    "decode comm share", "decode vs dense", "e2e vs dense", "decode gap closed"):
         table.add_column(column, justify="left" if column == "schedule" else "right")
     uppers = {(row.tp, row.batch) for row in result.rows if row.schedule == "upper-bound"}
     notes = []
+    load = result.load_note("this bench")
+    if load:
+        notes.append(f"load: {load}")
+    if any(row.tp == 1 for row in result.rows):
+        notes.append("TP 1: no all-reduce to hide or drop, so every schedule does the same work there; its speed-ups "
+                     "measure noise")
     for row in result.rows:
         schedule_name = row.schedule + (f" x{row.domino_chunks}" if row.domino_chunks else "")
         if row.schedule == "domino" and row.domino_chunks == 1:
             schedule_name += " = dense"
             _add_note(notes, f"domino x1: a batch of {row.batch} cannot be split, so domino runs the dense path (its timings are dense's)")
-        spread = row.speedup_spread()
-        noisy = spread is not None and spread.within_noise()
-        speedup = _cell(row.decode_speedup_vs_dense, ".2f") + "x" * (row.decode_speedup_vs_dense is not None)
-        if noisy:
-            speedup = "~" + speedup
-            _add_note(notes, "~: the rounds' decode speed-ups straddle 1.00x (some faster than dense, some slower): noise, not a gain")
+        speedups = [row.decode_speedup(), row.e2e_speedup()]
+        if any(speedup is not None and speedup.within_noise() for speedup in speedups):
+            _add_note(notes, NOISE_NOTE)
         gap = _cell(row.decode_gap_closed, ".0%").replace("-0%", "0%")
         if row.decode_gap_closed is None and (row.tp, row.batch) in uppers and row.schedule != "dense":
             gap = "n/a"
@@ -77,7 +92,8 @@ def bench_table(result: Any, name: str, prompt: int, gen: int, repeats: int) -> 
         table.add_row(
             schedule_name, str(row.tp), str(row.batch), f"{row.prefill_s * 1e3:.1f}", f"{row.decode_s_per_token * 1e3:.2f}",
             f"{row.decode_tokens_per_s:.1f}", str(row.allreduces_per_decode_step), _cell(row.decode_allreduce_share, ".0%"),
-            speedup, _cell(row.e2e_speedup_vs_dense, ".2f") + "x" * (row.e2e_speedup_vs_dense is not None), gap,
+            *("-" if speedup is None else format_speedup(speedup) for speedup in speedups),
+            gap,
         )
     if notes:
         table.caption = "\n".join(notes)

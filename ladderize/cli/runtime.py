@@ -125,7 +125,7 @@ def bench_cmd(
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
     check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
-    from ..runtime.bench import BenchSpec, model_source, run_bench
+    from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
     from ..runtime.generate import RuntimeOptions
 
     from ..model.layout import tp_degree_for
@@ -137,15 +137,15 @@ def bench_cmd(
         dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
         compile=compile_modules, linear=linear,
     )
-    rounds = (max(warmup, 1) if compile_modules or cuda_graphs else warmup) + repeats
+    rounds = render.rounds_text(untimed_rounds(warmup, options), repeats)
     if not err_console.is_terminal:  # the spinner below shows nothing in a log: say what runs, and how much
         err_console.print(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
-                          f"size(s) x {rounds} round(s) of a {prompt}-token prefill and {gen} decode steps; the table "
+                          f"size(s) x {rounds} of a {prompt}-token prefill and {gen} decode steps; the table "
                           "comes at the end", highlight=False, soft_wrap=True)
     with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
         result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
-    console.print(render.bench_table(result, source.name, prompt, gen, repeats))
+    console.print(render.bench_table(result, source.name))
     if json_path is not None:
         console.print(f"wrote {opts.write_json(json_path, result.to_json())}")

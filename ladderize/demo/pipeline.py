@@ -151,13 +151,9 @@ def run_demo(
 
     # 5. speed (a layout's speed does not depend on its weights: the zero-shot checkpoints stand for the adapted ones)
     for name in ("ladder", "spd"):
-        busy = None if (out / "bench" / f"{name}.json").is_file() else load_warning()  # a reused bench says its own
-        if busy:
-            say("note", busy)
-            notes.append(f"{busy} (during the bench of {name})")  # every noisy bench, not only the first
-        reused = _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
-        if reused:
-            notes.append(reused)
+        loaded = _bench(name, checkpoints[name], out / "bench" / f"{name}.json", settings, say, device)
+        if loaded:
+            notes.append(loaded)  # every noisy bench, not only the first
 
     # 6. report
     from ..report import write_report
@@ -172,9 +168,6 @@ def run_demo(
     return DemoResult(out, written["markdown"], written["csv"], written["png"], written["report"], notes)
 
 
-BUSY_CORES = 0.5  # cores busy elsewhere from which the demo's speed figures are noise
-
-
 def load_warning(busy: float | None = None, cores: int | None = None) -> str | None:
     """A warning when other processes keep half a CPU core or more busy: speed figures are then noise.
 
@@ -182,6 +175,7 @@ def load_warning(busy: float | None = None, cores: int | None = None) -> str | N
     leaves out the demo's own previous step (the 1-minute load average still holds it: the 3 ranks of
     one bench made the next one warn on an idle machine). Where that cannot be measured (not Linux),
     the 1-minute load average above the core count."""
+    from ..records import BUSY_CORES
     from ..runtime.timing import busy_elsewhere
 
     cores = cores or os.cpu_count() or 1
@@ -370,8 +364,8 @@ def _evaluate(name: str, checkpoint: Path, out: Path, tasks: list[str], data_dir
 
 
 def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: EventFn, device: str = "cpu") -> str | None:
-    """Bench one layout at the demo's TP degree; a bench already there is reused, and the note returned (and
-    said) when it was measured under load."""
+    """Bench one layout at the demo's TP degree (a bench already there is reused); the note returned (and said)
+    when it was measured while other processes took the CPU (``BenchRecord.load_note``: before and during it)."""
     from ..runtime.bench import BenchSpec, ModelSource, run_bench
     from ..hardware import cpu_cores
     from ..runtime.launch import LaunchSpec
@@ -403,21 +397,19 @@ def _bench(name: str, checkpoint: Path, out: Path, settings: DemoSettings, say: 
 
     write_json(out, result.to_json())
     say("done", f"bench {name}: decode speed-up against dense {_speeds(result.rows)}")
-    return None
+    note = result.load_note(f"bench {name}")
+    if note:
+        say("note", note)
+    return note
 
 
 def _speeds(rows: list[BenchRow]) -> str:
-    """Each batch's decode speed-up against dense as the report's table shows it: the median of the rounds' speed-ups
-    and their min–max (``b1 1.01x (1.01–1.06)``)."""
+    """Each batch's decode speed-up against dense as the report's table shows it (``report.formats.format_speedup``:
+    the median of the rounds' speed-ups, their min–max, ``~`` for noise: ``b1 ~1.01x (0.97–1.06)``)."""
     from ..report.formats import format_speedup
 
-    cells = []
-    for row in rows:
-        speed = row.headline_decode_speedup()
-        if row.schedule == "native" and speed is not None:
-            spread = row.speedup_spread()
-            cells.append(f"b{row.batch} {format_speedup(speed, (spread.min, spread.max) if spread else None)}")
-    return ", ".join(cells)
+    return ", ".join(f"b{row.batch} {format_speedup(row.decode_speedup())}" for row in rows
+                     if row.schedule == "native" and row.decode_speedup() is not None)
 
 
 GPU_NODE = {"interconnect": "h100-nvlink", "compute": "roofline", "gpu": "h100"}  # what the predicted column models

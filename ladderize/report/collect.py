@@ -4,10 +4,10 @@ Records are read with ``ladderize.records.read_record`` (files from before the r
 legacy reader) and by their names only:
 
 - an ``EvalRecord`` gives a checkpoint's layout, its all-reduce counts and lm-eval's ``results``;
-- a ``BenchRecord`` gives ``BenchRow``s. A layout's speed is its ``native`` rows: the median of a row's
-  per-round speed-ups (``decode_speedup_vs_dense_median``) when it has them, else its
-  ``decode_speedup_vs_dense``, else its decode time against the ``dense`` row of the same (TP degree,
-  batch, prompt, decode steps), from the same file or from the dense layout's bench.
+- a ``BenchRecord`` gives ``BenchRow``s. A layout's speed is its ``native`` rows' ``BenchRow.decode_speedup()``
+  (the rounds' median and range, the rule of ``records.measured_speedup``, as bench wrote it); a row without
+  one is compared by the same rule with the ``dense`` row of the same (TP degree, batch, prompt, decode
+  steps) in its own file, else with the dense layout's bench (times only: rounds of two runs do not pair).
 - a ``PredictRecord`` (a model, not a measurement) is refused with one line.
 
 The records must be of one model (``check_one_model``). Runs are joined per layout, keyed by checkpoint path when both sides name one, else by the layout's
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import LadderizeError
-from ..records import BenchRecord, BenchRow, EvalRecord, PredictRecord, Record, SpeedupSpread, finite, read_record
+from ..records import (DENSE_SCHEDULE, BenchRecord, BenchRow, EvalRecord, PredictRecord, Record, SpeedupSpread, finite,
+                       measured_speedup, read_record)
 
 # Headline metrics, in display order: (lm-eval metric name, short label, higher is better).
 ACCURACY_METRICS = {"acc": "acc", "acc_norm": "acc_norm", "exact_match": "em", "f1": "f1", "mcc": "mcc"}
@@ -57,14 +58,17 @@ class LayoutRun:
     metrics: dict[Metric, float] = field(default_factory=dict)
     metric_stderr: dict[Metric, float] = field(default_factory=dict)
     bench_rows: list[BenchRow] = field(default_factory=list)
-    decode_speedups: dict[Config, float] = field(default_factory=dict)
-    decode_speedup_spread: dict[Config, tuple[float, float]] = field(default_factory=dict)  # (min, max) over the rounds
-    decode_speedup_stderr: dict[Config, float] = field(default_factory=dict)
+    decode_speedup: dict[Config, SpeedupSpread] = field(default_factory=dict)  # the rounds' median, range, stderr
     decode_tokens_per_s: dict[Config, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     load_notes: list[str] = field(default_factory=list)  # benches measured under load (``BenchRecord.load_note``)
     adapted: bool = False  # the checkpoint's provenance records an adapt step
     speed_shared_from: str | None = None  # speed-ups borrowed from a run of the same layout
+
+    @property
+    def decode_speedups(self) -> dict[Config, float]:
+        """The decode speed-up per (tp, batch): ``decode_speedup``'s value (the rounds' median)."""
+        return {config: speedup.median for config, speedup in self.decode_speedup.items()}
 
     @property
     def is_dense(self) -> bool:
@@ -225,6 +229,10 @@ def _add_eval(runs: dict[str, LayoutRun], file: Path, record: EvalRecord) -> Non
 def _add_bench(runs: dict[str, LayoutRun], file: Path, record: BenchRecord) -> None:
     # The checkpoint's own layout names the run; a row's layout is the layout its schedule ran.
     run = _run_for(runs, record.checkpoint, record.layout)
+    dense = {row.config(): row for row in record.rows if row.schedule == DENSE_SCHEDULE}
+    for row in record.rows:  # a row written without its speed-up: the rule, against the dense row of its own run
+        if row.decode_speedup() is None and row.config() in dense:
+            row.compare_with(dense[row.config()])
     run.bench_rows += record.rows
     note = record.load_note(f"bench {file.name}")
     if note and note not in run.load_notes:
@@ -292,14 +300,12 @@ def _absorb(target: LayoutRun, other: LayoutRun, metrics: bool = True) -> None:
 def _share_speedups(runs: list[LayoutRun]) -> None:
     """A checkpoint without its own bench takes the speed-ups measured for another of the same layout."""
     for run in runs:
-        if run.decode_speedups:
+        if run.decode_speedup:
             continue
-        donor = next((r for r in runs if r is not run and r.layout == run.layout and r.decode_speedups
+        donor = next((r for r in runs if r is not run and r.layout == run.layout and r.decode_speedup
                       and not r.speed_shared_from), None)  # fmt: skip
         if donor is not None:
-            run.decode_speedups = dict(donor.decode_speedups)
-            run.decode_speedup_spread = dict(donor.decode_speedup_spread)
-            run.decode_speedup_stderr = dict(donor.decode_speedup_stderr)
+            run.decode_speedup = dict(donor.decode_speedup)
             run.decode_tokens_per_s = dict(donor.decode_tokens_per_s)
             run.speed_shared_from = donor.label
 
@@ -309,31 +315,22 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
     dense_reference: dict[tuple, BenchRow] = {}
     if dense is not None:
         for row in dense.bench_rows:
-            if row.schedule in (NATIVE_SCHEDULE, "dense"):
+            if row.schedule in (NATIVE_SCHEDULE, DENSE_SCHEDULE):
                 dense_reference.setdefault(row.config(), row)
     for run in runs:
-        own_dense = {r.config(): r for r in run.bench_rows if r.schedule == "dense"}
         for row in run.bench_rows:
             config = (row.tp, row.batch)
-            if row.schedule != NATIVE_SCHEDULE or config in run.decode_speedups:
+            if row.schedule != NATIVE_SCHEDULE or config in run.decode_speedup:
                 continue
             run.decode_tokens_per_s[config] = row.decode_tokens_per_s
-            reference = own_dense.get(row.config()) or dense_reference.get(row.config())
-            speed = row.headline_decode_speedup()
+            speed = row.decode_speedup()
+            reference = dense_reference.get(row.config())
             if speed is None and run.is_dense:
-                speed = 1.0
+                speed = SpeedupSpread.single(1.0)
             elif speed is None and reference is not None:
-                speed = row.speedups_against(reference)[0]
-            if speed is None:
-                continue
-            run.decode_speedups[config] = speed
-            spread = row.speedup_spread()
-            if spread is None and row.config() in own_dense:
-                spread = SpeedupSpread.of(own_dense[row.config()].decode_s_per_token_runs, row.decode_s_per_token_runs)
-            if spread is not None:
-                run.decode_speedup_spread[config] = (spread.min, spread.max)
-                if spread.stderr is not None:
-                    run.decode_speedup_stderr[config] = spread.stderr
+                speed = measured_speedup(None, None, reference.decode_s_per_token, row.decode_s_per_token)
+            if speed is not None:
+                run.decode_speedup[config] = speed
 
 
 __all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Metric", "ModelOf", "check_one_model", "collect_runs",

@@ -7,8 +7,12 @@ import io
 from pathlib import Path
 from typing import Any
 
+from ..records import SpeedupSpread
 from .collect import LayoutRun
 from .table import Report
+
+NOISE_NOTE = ("~: the rounds' speed-ups straddle 1.00x (some rounds faster than dense, some slower): noise, "
+              "not a gain or a loss")
 
 
 def table_rows(report: Report) -> list[list[str]]:
@@ -19,9 +23,9 @@ def table_rows(report: Report) -> list[list[str]]:
         for metric in report.metrics:
             row += [_fmt_value(run.metrics.get(metric)), _fmt_delta(report.delta(run, metric), run.is_dense)]
         for config in report.configs:
-            row.append(format_speedup(run.decode_speedups.get(config), run.decode_speedup_spread.get(config)))
+            row.append(format_speedup(run.decode_speedup.get(config)))
         if report.predicted is not None:
-            row += [format_speedup(report.predicted.of(run, config), None) for config in report.predicted.configs()]
+            row += [format_speedup(_single(report.predicted.of(run, config))) for config in report.predicted.configs()]
         out.append(row)
     return out
 
@@ -54,8 +58,9 @@ def notes(report: Report, plot_info: dict[str, Any]) -> str:
             "- Decode speed-up: the dense schedule's decode time per token over the layout's own schedule's, on the "
             "same weights, per tensor-parallel degree (TP) and batch (b), from `ladderize bench`: the median over the "
             "bench's rounds of each round's speed-up (each round runs every schedule once); in brackets the lowest and "
-            "highest round. The plot's error bars are ± one standard error (of the rounds' speed-ups; of the metric, "
-            "from lm-eval), not the bracketed range."
+            "highest round, and `~` before a speed-up whose rounds straddle 1.00x (noise, not a gain or a loss). "
+            "The plot's error bars are ± one standard error (of the rounds' speed-ups; of the metric, from lm-eval), "
+            "not the bracketed range; a `~` before a point's name marks the same noise."
         )
     else:
         lines.append("- No bench run was given, so there are no speed-up columns.")
@@ -95,13 +100,20 @@ def _fmt_allreduces(run: LayoutRun) -> str:
     return str(run.allreduces_per_decode_step)
 
 
-def format_speedup(speed: float | None, spread: tuple[float, float] | None) -> str:
-    """``1.13x``, with the min–max over the bench rounds when known: ``1.13x (1.08–1.17)``."""
-    if speed is None:
+def format_speedup(speedup: SpeedupSpread | None) -> str:
+    """How every speed-up is shown (bench's table, the report, the demo): ``1.13x``, with the min–max over the bench
+    rounds when they differ, ``1.13x (1.08–1.17)``, and marked ``~`` when that range straddles 1.00x (noise,
+    ``NOISE_NOTE``): ``~0.83x (0.74–1.81)``."""
+    if speedup is None:
         return "–"
-    if spread is None or spread[0] == spread[1]:
-        return f"{speed:.2f}x"
-    return f"{speed:.2f}x ({spread[0]:.2f}–{spread[1]:.2f})"
+    text, low, high = f"{speedup.median:.2f}x", f"{speedup.min:.2f}", f"{speedup.max:.2f}"
+    if low != high or speedup.within_noise():
+        text += f" ({low}–{high})"
+    return "~" + text if speedup.within_noise() else text
+
+
+def _single(value: float | None) -> SpeedupSpread | None:
+    return None if value is None else SpeedupSpread.single(value)
 
 
 def _fmt_value(value: float | None) -> str:
@@ -122,4 +134,4 @@ def _fmt_delta(delta: float | None, is_dense: bool) -> str:
     return f"{delta:+.4f}" if abs(delta) < 1 else f"{delta:+.2f}"
 
 
-__all__ = ["csv_text", "format_speedup", "markdown", "notes", "table_rows"]
+__all__ = ["NOISE_NOTE", "csv_text", "format_speedup", "markdown", "notes", "table_rows"]

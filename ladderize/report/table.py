@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..records import SpeedupSpread
 from .collect import ACCURACY_METRICS, PERPLEXITY_METRICS, Config, LayoutRun, Metric, collect_runs, dense_run
 
 
@@ -55,7 +56,7 @@ class Report:
             cols += [name, f"{name}/delta_vs_dense"]
         for tp, batch in self.configs:
             name = f"decode_speedup_vs_dense/tp{tp}/batch{batch}"
-            cols += [name, f"{name}/min", f"{name}/max"]
+            cols += [name, f"{name}/min", f"{name}/max", f"{name}/noise"]
         cols += [f"predicted_decode_speedup_vs_dense/tp{tp}/batch{batch}" for tp, batch in self._predicted_configs()]
         return cols
 
@@ -72,8 +73,8 @@ class Report:
             for metric in self.metrics:
                 row += [run.metrics.get(metric), self.delta(run, metric)]
             for config in self.configs:
-                spread = run.decode_speedup_spread.get(config) or (None, None)
-                row += [run.decode_speedups.get(config), *spread]
+                speedup = run.decode_speedup.get(config)
+                row += [None] * 4 if speedup is None else [speedup.median, speedup.min, speedup.max, int(speedup.within_noise())]
             row += [self.predicted.of(run, config) for config in self._predicted_configs()]
             out.append(row)
         return out
@@ -84,12 +85,12 @@ def build_report(paths: list[Path | str], predicted: Predicted | None = None) ->
     ones beside them)."""
     runs = collect_runs(paths)
     metrics = _metric_order({m for r in runs for m in r.metrics})
-    configs = sorted({c for r in runs for c in r.decode_speedups})
+    configs = sorted({c for r in runs for c in r.decode_speedup})
     for run in runs:  # the dense layout is the reference: 1x by definition where it was not benched (and can run)
         if run.is_dense:
             for config in configs:
                 if _can_run(run, config[0]):
-                    run.decode_speedups.setdefault(config, 1.0)
+                    run.decode_speedup.setdefault(config, SpeedupSpread.single(1.0))
     return Report(runs, metrics, configs, dense_run(runs), predicted)
 
 

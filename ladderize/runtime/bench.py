@@ -13,15 +13,17 @@ The row's names are those of ``ladderize.records`` (each says its phase and unit
 measured (host time inside all-reduce calls and waits, averaged over ranks) on CPU; on
 CUDA, where those calls only enqueue work, it is estimated as ``1 - upper_bound/decode``.
 
-Rows of the same (tp, batch) are compared with the ``dense`` schedule:
-``decode_speedup_vs_dense = dense.decode_s_per_token / decode_s_per_token``, the end-to-end
-``e2e_speedup_vs_dense`` from both phases, and ``decode_gap_closed = (dense - this) / (dense - upper_bound)``
-in decode time per token.
+Rows of the same (tp, batch) are compared with the ``dense`` schedule by ``records.measured_speedup``:
+``decode_speedup_vs_dense`` is the median over the rounds of round i of dense's decode time over round i of
+this schedule's (which ran next to it), with ``decode_speedup_vs_dense_{min,median,max,stderr}``;
+``e2e_speedup_vs_dense`` (with ``_min`` and ``_max``) the same for whole generations; and
+``decode_gap_closed = (dense - this) / (dense - upper_bound)`` in decode time per token.
 
 The spread of the repeats: ``decode_s_per_token_{min,median,max}`` and ``decode_tokens_per_s_{min,max}``
-beside the medians, and ``decode_speedup_vs_dense_{min,median,max}`` and ``decode_speedup_vs_dense_stderr``
-over the per-round ratios (round i of this schedule against round i of ``dense``, which ran
-next to it).
+beside the medians, and the per-round times ``decode_s_per_token_runs`` and ``prefill_s_runs``.
+
+The machine's load is measured before the run and during it (``runtime.timing.LoadWatch``: CPU cores other
+processes kept busy) and kept in the record's meta, beside the load average.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch.distributed as dist
 
 from ..errors import LadderizeError
 from ..model.layout import Layout, mode_flags
-from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
+from ..records import BenchRecord, BenchRow, add_speedups, measured_speedup
 from .decode import Decoder
 from ..checkpoint.architectures import read_config_file
 from ..checkpoint.io import config_from_dict, load_config
@@ -50,8 +52,9 @@ from .tp_check import validate_tp
 from .engine import RankModel
 from ..checkpoint.placement import dtype_name, runtime_dtype
 from .generate import RuntimeOptions, resolve_linear
-from .timing import load_average
+from .timing import LoadWatch, load_average
 from ..hardware import cpu_cores
+from .host import in_torchrun
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .tp_slicing import SafetensorsSource
@@ -184,8 +187,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
         ]
         runs: list[list[tuple[float, ...]]] = [[] for _ in plans]
         same = _same_as_dense(plans)  # domino with one chunk is the dense plan: it gets dense's timings, not its own noise
-        # a compiled or graphed decoder compiles / captures on its first step: always one untimed round first
-        warmup = max(spec.warmup, 1) if options.compile or options.cuda_graphs else spec.warmup
+        warmup = untimed_rounds(spec.warmup, options)
         timed = [(index, decoder) for index, decoder in enumerate(decoders) if index not in same]
         if warmup == 0:
             # still one untimed prefill and decode step per schedule: one-time costs (first-touch allocation,
@@ -223,7 +225,7 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
                 domino_chunks=plan.chunks if plan.schedule is Schedule.DOMINO else None,
                 overlapped_allreduces_per_decode_step=plan.overlapped_allreduces,
             )
-            row.set_decode_runs([t[1] / spec.gen_len for t in timings])
+            row.set_decode_runs([t[1] / spec.gen_len for t in timings], [t[0] for t in timings])
             rows.append(row)
         del decoders, cache
     if context.world_size > 1:  # average the measured communication share over ranks (outside timing)
@@ -234,6 +236,12 @@ def _bench_job(context: RankContext, source: ModelSource, spec: BenchSpec, optio
             for k, key in enumerate(keys):
                 setattr(row, key, statistics.fmean(rank_values[index][k] for rank_values in shares))
     return rows
+
+
+def untimed_rounds(warmup: int, options: RuntimeOptions) -> int:
+    """The untimed rounds before the timed ones: ``--warmup``, and at least one for a compiled or graphed decoder,
+    which compiles / captures on its first step."""
+    return max(warmup, 1) if options.compile or options.cuda_graphs else warmup
 
 
 def _same_as_dense(plans: list) -> dict[int, int]:
@@ -278,16 +286,14 @@ def decode_runner(
 
 
 def add_comparisons(rows: list[BenchRow], estimate_share: bool = False) -> None:
-    """Add both speed-ups against dense (the decode one with its spread over rounds) and ``decode_gap_closed``
-    (and, on CUDA, the estimated communication share) in place."""
+    """Add both speed-ups against dense (``records.add_speedups``: the rounds' median and range) and
+    ``decode_gap_closed`` (and, on CUDA, the estimated communication share) in place."""
     add_speedups(rows)
     by_key = {(r.schedule, r.tp, r.batch): r for r in rows}
     for row in rows:
         dense = by_key.get(("dense", row.tp, row.batch))
         upper = by_key.get(("upper-bound", row.tp, row.batch))
         this = row.decode_s_per_token
-        if dense is not None:
-            row.set_speedup_spread(SpeedupSpread.of(dense.decode_s_per_token_runs, row.decode_s_per_token_runs))
         row.decode_gap_closed = None
         if dense and upper and dense.decode_s_per_token > upper.decode_s_per_token and not _noise(dense, upper) \
                 and not _noise(dense, row):
@@ -298,10 +304,10 @@ def add_comparisons(rows: list[BenchRow], estimate_share: bool = False) -> None:
 
 
 def _noise(dense: BenchRow, row: BenchRow) -> bool:
-    """Whether ``row``'s difference from ``dense`` is within the noise of the rounds (``SpeedupSpread.within_noise``):
-    a gap that noise makes cannot be a fraction's denominator or numerator (it printed -301%)."""
-    spread = SpeedupSpread.of(dense.decode_s_per_token_runs, row.decode_s_per_token_runs)
-    return spread is not None and spread.within_noise()
+    """Whether ``row``'s difference from ``dense`` is within the noise of the rounds (``SpeedupSpread.within_noise`` of
+    ``measured_speedup``): a gap that noise makes cannot be a fraction's denominator or numerator (it printed -301%)."""
+    return measured_speedup(dense.decode_s_per_token_runs, row.decode_s_per_token_runs, dense.decode_s_per_token,
+                            row.decode_s_per_token).within_noise()
 
 
 def run_bench(
@@ -331,12 +337,15 @@ def run_bench(
     device_type = launch.device_type
     linear = resolve_linear(options, device_type)
     rows: list[BenchRow] = []
+    # under torchrun the other ranks are not this process's children: their work would count as another's
+    watch = LoadWatch.start(during=not in_torchrun())
     for tp in tps:
         tp_launch = dataclasses.replace(launch, tp=tp)
         tp_rows = run_ranks(functools.partial(_bench_job, source=source, spec=spec, options=options), tp_launch)
         if tp_rows is None:  # a torchrun rank other than 0
             return None
         rows += tp_rows
+    busy = watch.stop()
     add_comparisons(rows, estimate_share=device_type == "cuda")
     meta = {
         "params": dims.param_count(),
@@ -350,11 +359,13 @@ def run_bench(
         "pin_cores": launch.pin_cores,
         "comm_nice": launch.comm_nice,
         "load_average": load_average(),
+        "load_average_before": watch.load_average,
+        "busy_cores_elsewhere": busy,  # {"before": cores other processes kept busy just before, "during": over the run}
         # the layout's shape, so a report without this checkpoint's eval still shows it (report.runs)
         "num_layers": layout.num_layers,
         "layers_converted": len(layout.converted_layers),
         "allreduces_per_token": layout.allreduces_per_token(),
-        "warmup": spec.warmup,
+        "warmup": untimed_rounds(spec.warmup, options),
         "repeats": spec.repeats,
         "domino_chunks": options.domino_chunks,
         "cuda_graphs": options.cuda_graphs,
@@ -375,4 +386,5 @@ __all__ = [
     "decode_runner",
     "run_bench",
     "synthetic_source",
+    "untimed_rounds",
 ]

@@ -89,9 +89,35 @@ def busy_elsewhere(window_s: float = 1.0) -> float | None:
     return round(max(0.0, (last[0] - first[0]) - (last[1] - first[1])) / window_s, 2)
 
 
+class LoadWatch:
+    """The machine's load around a timed run: the CPU cores other processes kept busy just before it
+    (``busy_elsewhere`` over ``window_s``) and during it (``cpu_seconds`` at its start and its end: the
+    work of child processes counts as this process's once they are reaped), and the load average before it."""
+
+    def __init__(self, before: float | None, load_average_before: list[float], started: tuple[float, float] | None):
+        self.before, self.load_average, self.started = before, load_average_before, started
+        self.wall = time.perf_counter()
+
+    @classmethod
+    def start(cls, window_s: float = 0.5, during: bool = True) -> "LoadWatch":
+        """Measure the load before the run, then start watching it (``during=False``: before only, for a run whose
+        other processes are not this process's children)."""
+        before = busy_elsewhere(window_s)
+        return cls(before, load_average(), cpu_seconds() if during else None)
+
+    def stop(self) -> dict[str, float | None]:
+        """``{"before": cores, "during": cores}`` busy elsewhere; None where not measured."""
+        during = None
+        end, elapsed = cpu_seconds(), time.perf_counter() - self.wall
+        if self.started is not None and end is not None and elapsed > 0:
+            others = (end[0] - self.started[0]) - (end[1] - self.started[1])
+            during = round(max(0.0, others) / elapsed, 2)
+        return {"before": self.before, "during": during}
+
+
 def worker_source() -> str:
     """This module's text, for a benchmark worker to ``exec`` where ladderize is not installed."""
     return Path(__file__).read_text()
 
 
-__all__ = ["busy_elsewhere", "cpu_seconds", "load_average", "time_decode", "worker_source"]
+__all__ = ["LoadWatch", "busy_elsewhere", "cpu_seconds", "load_average", "time_decode", "worker_source"]

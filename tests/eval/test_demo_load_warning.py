@@ -81,3 +81,22 @@ def test_a_reused_bench_measured_under_load_is_said(tmp_path):
     events.clear()
     assert _bench("spd", tmp_path / "unused", idle, DemoSettings(), lambda kind, message: events.append((kind, message))) is None
     assert events == [("skip", "bench spd (exists)")]
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="LoadWatch reads Linux's /proc/stat")
+def test_load_watch_measures_before_and_during_a_run():
+    """Issue 64: a bench recorded the load average only after its run. A child that spins through the run and is not
+    reaped by its end is another process's work: it shows in 'during'."""
+    from ladderize.runtime.timing import LoadWatch
+
+    watch = LoadWatch.start(window_s=0.2)
+    spin = [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
+    child = subprocess.Popen(spin)
+    try:
+        time.sleep(1.2)
+        busy = watch.stop()
+    finally:
+        child.wait()
+    assert set(busy) == {"before", "during"} and busy["before"] is not None
+    assert busy["during"] is not None and busy["during"] >= 0.5, busy  # about one core (less when the CPU is shared)
+    assert LoadWatch.start(window_s=0.1, during=False).stop()["during"] is None

@@ -36,6 +36,12 @@ def _row(schedule: str, tp: int, batch: int, tps: float, layout: str, speedup: f
                     decode_speedup_vs_dense=speedup)
 
 
+def _set_spread(row: BenchRow, spread: SpeedupSpread) -> None:
+    """The round speed-ups a bench file carries beside its ``decode_speedup_vs_dense``."""
+    row.decode_speedup_vs_dense_min, row.decode_speedup_vs_dense_median = spread.min, spread.median
+    row.decode_speedup_vs_dense_max, row.decode_speedup_vs_dense_stderr = spread.max, spread.stderr
+
+
 def _bench(ckpt: str, layout: str, native_tps: dict, dense_tps: dict, speedups: bool = True):
     """The format of ``ladderize bench --json`` (decode_speedup_vs_dense per row unless ``speedups`` is False)."""
     rows = []
@@ -230,7 +236,7 @@ def test_report_headline_is_the_median_and_load_is_noted(tmp_path: Path):
     a bench measured under load said nothing in report.md."""
     dense = _row("dense", 3, 1, 100.0, "dense", 1.0)
     native = _row("native", 3, 1, 103.26, "ladder 22:30", 1.0326)
-    native.set_speedup_spread(SpeedupSpread(0.96, 1.0191, 1.17, 0.04))
+    _set_spread(native, SpeedupSpread(0.96, 1.0191, 1.17, 0.04))
     record = BenchRecord("/m/ladder", "ladder 22:30", [native, dense], {"device": "cpu", "load_average": [3.93, 2, 1], "cpu_cores": 2})
     (tmp_path / "bench.json").write_text(json.dumps(record.to_json()))
     (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/ladder", "ladder 22:30", 8, 60, 8, 0.4, 20.0, 30.0)))
@@ -271,7 +277,7 @@ def test_the_demos_bench_line_shows_the_reports_headline(tmp_path: Path):
 
     dense = _row("dense", 3, 1, 100.0, "dense", 1.0)
     native = _row("native", 3, 1, 105.4, "ladder 22:30", 1.054)
-    native.set_speedup_spread(SpeedupSpread(1.0112, 1.0129, 1.0643, 0.017))
+    _set_spread(native, SpeedupSpread(1.0112, 1.0129, 1.0643, 0.017))
     pooled = _row("native", 3, 4, 95.3, "ladder 22:30", 0.953)  # a row without rounds keeps its one figure
     line = _speeds([native, dense, pooled])
     assert line == "b1 1.01x (1.01–1.06), b4 0.95x"

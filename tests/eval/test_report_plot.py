@@ -120,7 +120,7 @@ def test_report_plot_error_bars_from_lm_eval_stderr(tmp_path: Path):
     ladder = next(r for r in report.runs if r.layout == "ladder 22:30")
     acc = next(m for m in ladder.metrics if m.name == "acc")
     assert ladder.metric_stderr[acc] == 0.02
-    assert ladder.decode_speedup_stderr[(2, 1)] > 0
+    assert ladder.decode_speedup[(2, 1)].stderr > 0
     assert written["plot"]["y_label"] == "lambada_openai acc" and not written["plot"]["log_y"]
     assert written["plot"]["title"] == "dense: lambada_openai acc vs decode speed-up, TP=2"
 
@@ -141,11 +141,11 @@ def test_report_plot_error_bars_stay_inside_the_axes(tmp_path: Path):
     (x_low, x_high), (y_low, y_high) = panel["xlim"], panel["ylim"]
     for point in panel["points"]:
         run = next(r for r in written["report"].runs if r.label == point["layout"])
-        xerr = run.decode_speedup_stderr.get((2, 1), 0.0)
+        xerr = run.decode_speedup[(2, 1)].stderr or 0.0
         yerr = run.metric_stderr.get(acc, 0.0)
         assert x_low <= point["decode_speedup"] - xerr and point["decode_speedup"] + xerr <= x_high, (point, xerr, panel["xlim"])
         assert y_low <= point["quality"] - yerr and point["quality"] + yerr <= y_high, (point, yerr, panel["ylim"])
-    assert ladder.decode_speedup_stderr[(2, 1)] > 0.3  # the case above is a real one
+    assert ladder.decode_speedup[(2, 1)].stderr > 0.3  # the case above is a real one
 
 
 def test_a_bench_without_an_eval_fills_layers_and_allreduces_from_its_layout(tmp_path: Path):
