@@ -33,9 +33,14 @@ def eval_command(
     Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
     --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
     as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
+    from ..eval.harness import parse_batch_size
+    from ..eval.local_tasks import check_tasks, parse_task_list
+
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
+    parse_batch_size(batch_size)
+    check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     check_file_target(json_path, "--json file")
     from ..checkpoint.atomic import write_json
     from ..eval.harness import evaluate_checkpoint
@@ -62,7 +67,9 @@ def report(
     """Join eval and bench runs into an accuracy-vs-speed table (Markdown, CSV) and a Pareto plot (PNG)."""
     from ..report import write_report
 
-    opts.check_output(out / "report.md", "--out file")
+    opts.check_output(out, "--out folder")
+    if out.exists():
+        opts.check_output(out / "report.md", "--out file")
     written = write_report(runs, out)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):
