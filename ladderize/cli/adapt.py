@@ -103,12 +103,13 @@ def adapt_cmd(
         return
     if budget is not None:  # before the heavy imports, as every check below
         parse_budget(budget)
-    check_input_checkpoint(ckpt)
+    opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
-    check_data(data)
     check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
+    check_input_checkpoint(ckpt)  # converted layers to adapt
+    check_data(data)
     from ..adapt.recipe import adapt_checkpoint, describe
     from ..progress import Progress
 

@@ -40,8 +40,8 @@ def eval_command(
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
     parse_batch_size(batch_size)
-    check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     check_file_target(json_path, "--json file")
+    check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     from ..checkpoint.atomic import write_json
     from ..eval.harness import evaluate_checkpoint
 

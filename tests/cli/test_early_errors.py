@@ -69,7 +69,7 @@ def test_argument_errors_come_before_torch(tmp_path: Path) -> None:
         (["eval", ckpt, "--tasks", "lambada_opneai"], "unknown task 'lambada_opneai'; did you mean lambada_openai"),
         (["eval", ckpt, "--tasks", "lambada_openai"], "task lambada_openai needs its data"),  # offline, no data
         (["eval", ckpt, "--tasks", "shakespeare", "--data-dir", tmp_path / "nowhere"], "does not exist"),
-        (["adapt", ckpt, exists], "no converted layers"),
+        (["adapt", ckpt, tmp_path / "o"], "no converted layers"),
         (["adapt", converted, exists], "already exists"),
         (["adapt", truncated, tmp_path / "o"], "trunc"),
         (["adapt", converted, tmp_path / "o", "--budget", "0"], "--budget '0'"),
