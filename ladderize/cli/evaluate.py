@@ -20,7 +20,7 @@ def eval_command(
     tasks: str = typer.Option(..., "--tasks", help="Comma-separated: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE or an lm-eval task."),
     limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval.", rich_help_panel=opts.DATA),
     batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N.", rich_help_panel=opts.MEASURE),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of lambada_openai/ and wikitext-2/ (default: $LADDERIZE_DATA_DIR).", rich_help_panel=opts.DATA),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of lambada_openai/ and wikitext-2/ (default: $LADDERIZE_DATA_DIR); a clone has slices in tests/data.", rich_help_panel=opts.DATA),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length (and perplexity window); default: the model's.", rich_help_panel=opts.DATA),
     bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="Bootstrap iterations for standard errors (lm-eval's CLI: 100000).", rich_help_panel=opts.MEASURE),
     json_path: Optional[Path] = opts.json_file_option(what="the eval record (lm-eval results + layout)"),
