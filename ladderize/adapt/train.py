@@ -79,7 +79,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     and that the teacher the training needs resolves from it. Returns the objective weights.
     """
     from ..checkpoint.io import load_tokenizer
-    from ..corpus.documents import check_data
+    from ..corpus.token_store import check_data
     from .inputs import check_input_checkpoint
     from ..convert.teacher import resolve_teacher
 

@@ -236,24 +236,6 @@ def synthetic_presets() -> dict[str, dict[str, Any]]:
     return table
 
 
-
-def synthetic_config(shape: str) -> tuple[dict[str, Any], str]:
-    """``bench --synthetic SHAPE``: a preset (``synthetic_presets``) or a config.json (or a folder holding one), as a
-    config dict and its name; one line when it is neither (no torch: the command line asks before it loads)."""
-    from pathlib import Path
-
-    presets = synthetic_presets()
-    if shape in presets:
-        return dict(presets[shape]), shape
-    path = Path(shape)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(presets)}) nor a config.json")
-    from .architectures import read_config_file
-
-    return read_config_file(path), str(path)
-
 __all__ = [
     "ALIASES",
     "PRESETS",
@@ -262,6 +244,5 @@ __all__ = [
     "head_dim_of",
     "preset",
     "public_presets",
-    "synthetic_config",
     "synthetic_presets",
 ]

@@ -84,7 +84,7 @@ def adapt_cmd(
     from ..adapt.budget import parse_budget
     from ..adapt.inputs import check_input_checkpoint
     from ..checkpoint.atomic import check_output_free
-    from ..corpus.documents import check_data
+    from ..corpus.token_store import check_data
 
     device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
@@ -270,7 +270,7 @@ def sensitivity_cmd(
 
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
-    from ..corpus.documents import check_data
+    from ..corpus.token_store import check_data
     from ..model.layout import LayerMode, Layout, parse_layer_ranges
 
     device, dtype_name = opts.check_placement(device, dtype)

@@ -266,7 +266,8 @@ def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatc
 def check_synthetic(shape: str, ranges: dict[str, str | None], spd_tp: int, tps: list[int], allow_spd_mismatch: bool) -> None:
     """``bench --synthetic SHAPE`` checked before torch: the shape (a preset or a config.json), the ``--<mode>``
     ranges on it, and each TP degree against its heads (``runtime.tp_check.validate_tp``), one line each."""
-    from ..checkpoint.shapes import ModelShape, synthetic_config
+    from ..checkpoint.architectures import synthetic_config
+    from ..checkpoint.shapes import ModelShape
     from ..model.layout import Layout
     from ..runtime.tp_check import validate_tp
 

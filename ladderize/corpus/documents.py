@@ -65,23 +65,6 @@ def iter_documents(spec: str) -> Iterator[str]:
         yield from _file_documents(file)
 
 
-def check_data(spec: str, tokenizer=None) -> None:
-    """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
-    document of each part (a missing or empty file, an empty folder, a bad mixture, a built-in corpus whose data is
-    missing, a hub dataset while offline); a token store is opened instead, and refused when it was built with
-    another tokenizer than ``tokenizer``. Imports neither torch nor, with ``tokenizer`` None, a hub dataset
-    (``datasets``): the command line calls it before its heavy imports, the run again with the tokenizer."""
-    from .token_store import is_store, open_store
-
-    for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
-        if is_store(part):
-            open_store(part, tokenizer)
-        elif tokenizer is None and part not in BUILTIN_CORPORA and spec_files(part) is None:
-            _check_hub_reachable(part)
-        elif next(iter(iter_documents(part)), None) is None:
-            raise LadderizeError(f"data {part} holds no text")
-
-
 def _file_documents(path: Path) -> Iterator[str]:
     if path.stat().st_size == 0:
         raise LadderizeError(f"data file {path} is empty")
@@ -139,7 +122,7 @@ BUILTIN_CORPORA: dict[str, Callable[[], Iterator[str]]] = {
 }
 
 
-def _check_hub_reachable(spec: str) -> None:
+def check_hub_reachable(spec: str) -> None:
     """A hub dataset is refused while the hub is off (``HF_HUB_OFFLINE``)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         name = spec.partition("@")[0].partition(":")[0]
@@ -147,7 +130,7 @@ def _check_hub_reachable(spec: str) -> None:
 
 
 def _hub_documents(spec: str) -> Iterator[str]:
-    _check_hub_reachable(spec)
+    check_hub_reachable(spec)
     name, _, split = spec.partition("@")
     name, _, config = name.partition(":")
     try:

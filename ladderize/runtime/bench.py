@@ -43,7 +43,8 @@ from ..model.layout import Layout, mode_flags
 from ..records import BenchRecord, BenchRow, SpeedupSpread, add_speedups
 from .decode import Decoder
 from ..checkpoint.io import config_from_dict, load_config
-from ..checkpoint.shapes import synthetic_config, synthetic_presets
+from ..checkpoint.shapes import synthetic_presets
+from ..checkpoint.architectures import synthetic_config
 from ..checkpoint.shapes import ModelShape
 from .tp_check import validate_tp
 from .engine import RankModel
