@@ -21,6 +21,7 @@ word/byte perplexity and bits-per-byte metrics, as lm-eval's ``wikitext`` task d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -142,7 +143,8 @@ _NAME_KEY = re.compile(r"""^["']?(?:task|group|tag)["']?:[ \t]*(.*?)[ \t]*(?:#.*
 _LIST_ITEM = re.compile(r"^[ \t]*-[ \t]+(.+?)[ \t]*$")
 
 
-def lm_eval_task_names() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def lm_eval_task_names() -> frozenset[str]:
     """Every task, group and tag name lm-eval's task folder defines, read from its config files as text (no lm-eval
     import, no YAML parse: under a second where lm-eval's own index takes tens).
 
@@ -173,7 +175,7 @@ def lm_eval_task_names() -> set[str]:
                     if item.strip():
                         names.add(_unquote(listed.group(1)))
     names.discard("")
-    return names
+    return frozenset(names)
 
 
 def _unquote(text: str) -> str:
