@@ -102,11 +102,12 @@ def resolve_data_dir(data_dir: Path | str | None) -> Path | None:
     return path
 
 
-def require_data_dir(data_dir: Path | str | None = None) -> Path:
-    """``resolve_data_dir``, or one line saying where the data is looked for."""
+def require_data_dir(data_dir: Path | str | None = None, option: str | None = "--data-dir") -> Path:
+    """``resolve_data_dir``, or one line saying where the data is looked for (``option``: the command's flag that
+    names the folder, ``None`` where only the environment variable does)."""
     found = resolve_data_dir(data_dir)
     if found is None:
-        raise LadderizeError(f"evaluation data not found: {where_data_goes(DATA_LAYOUT)}")
+        raise LadderizeError(f"evaluation data not found: {where_data_goes(DATA_LAYOUT, option)}")
     return found
 
 
@@ -117,14 +118,20 @@ def bundled_data_dir() -> Path | None:
     return folder if (folder / LAMBADA_FILE).is_file() else None
 
 
-def where_data_goes(files: str) -> str:
-    """Where the offline data ``files`` (paths inside the data dir) are read from, and the bundled slices for a
-    quick check: the end of every line that reports missing evaluation data."""
+def where_data_goes(files: str, option: str | None = "--data-dir") -> str:
+    """Where the offline data ``files`` (paths inside the data dir) are read from, named by ``option`` (the
+    command's flag; ``None``: only ``$LADDERIZE_DATA_DIR``), and the bundled slices for a quick check: the end of
+    every line that reports missing evaluation data."""
     places = " or ".join(str(c) for c in default_data_dirs())
     bundled = bundled_data_dir()
-    quick = (f"--data-dir {bundled} (a 100-passage LAMBADA slice and 22 WikiText-2 articles)" if bundled is not None
-             else "--data-dir tests/data in a clone of ladderize (a 100-passage LAMBADA slice and 22 WikiText-2 articles)")
-    return (f"put {files} in a folder named by --data-dir or ${DATA_ENV} (default: {places}); "
+    named = f"{option} or ${DATA_ENV}" if option else f"${DATA_ENV}"
+    slices = "a 100-passage LAMBADA slice and 22 WikiText-2 articles"
+    if bundled is None:
+        quick = f"a clone of ladderize holds {slices} in tests/data"
+    else:
+        quick = f"{option} {bundled}" if option else f"{DATA_ENV}={bundled}"
+        quick = f"{quick} ({slices})"
+    return (f"put {files} in a folder named by {named} (default: {places}); "
             f"docs/eval.md says where to get the full sets; for a quick check: {quick}")
 
 
@@ -146,7 +153,7 @@ _LIST_ITEM = re.compile(r"^[ \t]*-[ \t]+(.+?)[ \t]*$")
 @functools.lru_cache(maxsize=1)
 def lm_eval_task_names() -> frozenset[str]:
     """Every task, group and tag name lm-eval's task folder defines, read from its config files as text (no lm-eval
-    import, no YAML parse: under a second where lm-eval's own index takes tens).
+    import, no YAML parse: about a second, where lm-eval's own index takes 15-25 s on 2 cores).
 
     A superset of lm-eval's ``TaskManager().all_tasks`` (tests/eval/test_task_names.py): the subtasks a group lists
     are named too, and so are templates' names (included configs, which need not end in .yaml). A name outside it

@@ -29,7 +29,7 @@ def shared_data_dir() -> Path:
     beside a source checkout (``local_tasks.default_data_dirs``); one line when none exists."""
     from .local_tasks import require_data_dir
 
-    return require_data_dir(None)
+    return require_data_dir(None, option=None)  # adapt's --data wikitext2-heldout, the benchmarks: no flag
 
 
 def packed_token_ids(tokenizer, text: str, seq_len: int, num_sequences: int) -> torch.Tensor:
