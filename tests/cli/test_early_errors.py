@@ -75,6 +75,8 @@ def test_argument_errors_come_before_torch(tmp_path: Path) -> None:
         (["adapt", converted, tmp_path / "o", "--budget", "0"], "--budget '0'"),
         (["adapt", converted, tmp_path / "o", "--data", tmp_path / "nope.txt"], f"data file {tmp_path / 'nope.txt'} does not exist"),
         (["adapt", converted, tmp_path / "o", "--data", "wikitext"], "offline"),
+        (["adapt", converted, tmp_path / "o", "--data", "wikitext2-heldout"],  # no data dir: where it goes, the slices
+         f"for a quick check: LADDERIZE_DATA_DIR={REPO / 'tests' / 'data'} (a 100-passage LAMBADA slice"),
         (["sensitivity", ckpt, "--spd-tp", "3", "--json", tmp_path / "s.json", "--layers", "abc"], "abc"),
         (["sensitivity", heads3, "--spd-tp", "2", "--json", tmp_path / "s.json"], "SPD TP degree 2 does not divide"),
         (["sensitivity", ckpt, "--spd-tp", "3", "--json", tmp_path / "s.json", "--data", tmp_path / "nope.txt"], "does not exist"),
