@@ -522,11 +522,11 @@ def dry_run(
 ) -> AdaptPlan:
     """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
     this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read."""
-    plan = build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
+    from .inputs import check_input_checkpoint
+
+    check_input_checkpoint(checkpoint)  # converted layers to price
+    return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
                       launch=launch, priced_only=True)
-    if plan.cost is None:
-        raise LadderizeError(f"{checkpoint} has no converted layers, so there is nothing to adapt")
-    return plan
 
 
 def _provenance_record(plan: AdaptPlan) -> dict[str, Any]:

@@ -78,8 +78,9 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer,
     and that the teacher the training needs resolves from it. Returns the objective weights.
     """
-    from ..checkpoint.io import load_config, load_tokenizer
-    from ..corpus.windows import check_data
+    from ..checkpoint.io import load_tokenizer
+    from ..corpus.token_store import check_data
+    from .inputs import check_input_checkpoint
     from ..convert.teacher import resolve_teacher
 
     weights = validate_config(config)
@@ -92,16 +93,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     source = str(Path(checkpoint or config.checkpoint).expanduser())
-    if not Path(source).exists():
-        raise LadderizeError(f"checkpoint {source} not found")
-    if not Path(source).is_dir():
-        raise LadderizeError(f"{source} is not a checkpoint: a checkpoint is a directory with config.json and safetensors weights")
-    layout = load_config(source).layout
-    if not layout.converted_layers:
-        raise LadderizeError(
-            f"{source} has no converted layers (all {len(layout.modes)} are dense), so there is nothing to "
-            f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(layout.modes) // 2}:{len(layout.modes)}"
-        )
+    check_input_checkpoint(source)
     if needs_teacher(config, weights):
         resolve_teacher(source, config.teacher)
     check_data(config.data, load_tokenizer(source, "adaptation"))

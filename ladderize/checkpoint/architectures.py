@@ -255,6 +255,22 @@ def read_config_file(config_file: Path | str) -> dict[str, Any]:
     return config
 
 
+def synthetic_config(shape: str) -> tuple[dict[str, Any], str]:
+    """``bench --synthetic SHAPE``: a preset (``synthetic_presets``) or a config.json (or a folder holding one), as a
+    config dict and its name; one line when it is neither (no torch: the command line asks before it loads)."""
+    from .shapes import synthetic_presets
+
+    presets = synthetic_presets()
+    if shape in presets:
+        return dict(presets[shape]), shape
+    path = Path(shape)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(presets)}) nor a config.json")
+    return read_config_file(path), str(path)
+
+
 def architecture_for(config: dict[str, Any]) -> Architecture:
     """Return the supported architecture of a source config dict, or raise a one-line error."""
     model_type = config.get("model_type")

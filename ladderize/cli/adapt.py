@@ -81,7 +81,10 @@ def adapt_cmd(
     force: bool = opts.force_option("Replace OUT and any earlier run state.", panel=opts.RUN_STATE),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    from ..adapt.budget import parse_budget
+    from ..adapt.inputs import check_input_checkpoint
     from ..checkpoint.atomic import check_output_free
+    from ..corpus.token_store import check_data
 
     device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
@@ -98,11 +101,15 @@ def adapt_cmd(
     if dry_run is not None:
         _print_dry_run(ckpt, None if dry_run == "here" else dry_run, shared, single, recipe, stage, budget, dtype_name)
         return
-    opts.check_checkpoint(ckpt)  # before the heavy imports
+    if budget is not None:  # before the heavy imports, as every check below
+        parse_budget(budget)
+    opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
     check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
+    check_input_checkpoint(ckpt)  # converted layers to adapt
+    check_data(data)
     from ..adapt.recipe import adapt_checkpoint
     from ..progress import Progress
 
@@ -262,19 +269,23 @@ def sensitivity_cmd(
 
     if ladder == bool(spd_tp and spd_tp > 0):
         raise LadderizeError("choose what to rank: --spd-tp N (SPD blocks) or --ladder")
-    from ..model.layout import parse_layer_ranges
+    from ..corpus.token_store import check_data
+    from ..model.layout import LayerMode, Layout, parse_layer_ranges
 
     device, dtype_name = opts.check_placement(device, dtype)
     header = opts.check_checkpoint(src)  # before the heavy imports
-    parse_layer_ranges(layers, header.shape.num_hidden_layers)
-    opts.check_weights(src)
-    opts.check_output(json_out, "--json file")
-    from ..convert.sensitivity import checkpoint_sensitivity
-    from ..model import LayerMode
-    from ..progress import Progress
-
+    shape = header.shape
+    parse_layer_ranges(layers, shape.num_hidden_layers)
     # --spd-tp N ranks the table's (first) TP-dependent mode, --ladder its (first) converted mode that is not
     mode = LayerMode.with_traits(converted=True, tp_dependent=not ladder)
+    ranked = Layout(tuple([mode] * shape.num_hidden_layers), max(spd_tp or 0, 1) if mode.traits.tp_dependent else 1)
+    ranked.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)  # its heads split
+    opts.check_weights(src)
+    check_data(data)
+    opts.check_output(json_out, "--json file")
+    from ..convert.sensitivity import checkpoint_sensitivity
+    from ..progress import Progress
+
     with Progress("sensitivity", err_console) as progress:
         report = checkpoint_sensitivity(src, mode, max(spd_tp or 0, 1), data, samples, seq_len, layers, min_sequences=samples,
                                         progress=lambda done, total: progress.update(done, total), device=device, dtype=dtype_name)  # fmt: skip

@@ -31,7 +31,9 @@ def demo(
     from ..demo.pipeline import run_demo
 
     device, dtype_name = opts.check_placement(device, dtype)
-    opts.check_output(out / "report.md", "--out file")
+    opts.check_output(out, "--out folder")
+    if out.exists():
+        opts.check_output(out / "report.md", "--out file")
     opts.quiet_libraries(verbose)
     started = time.perf_counter()
 

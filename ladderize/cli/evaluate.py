@@ -20,7 +20,7 @@ def eval_command(
     tasks: str = typer.Option(..., "--tasks", help="Comma-separated: lambada_openai, wikitext2_valid, shakespeare, ppl:FILE or an lm-eval task."),
     limit: Optional[float] = typer.Option(None, help="Examples (documents) per task; a value below 1 is a fraction, as in lm-eval.", rich_help_panel=opts.DATA),
     batch_size: str = typer.Option("8", "--batch-size", help="lm-eval batch size: N, auto or auto:N.", rich_help_panel=opts.MEASURE),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of lambada_openai/ and wikitext-2/ (default: $LADDERIZE_DATA_DIR).", rich_help_panel=opts.DATA),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of lambada_openai/ and wikitext-2/ (default: $LADDERIZE_DATA_DIR); a clone has slices in tests/data.", rich_help_panel=opts.DATA),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="Context length (and perplexity window); default: the model's.", rich_help_panel=opts.DATA),
     bootstrap_iters: int = typer.Option(1000, "--bootstrap-iters", help="Bootstrap iterations for standard errors (lm-eval's CLI: 100000).", rich_help_panel=opts.MEASURE),
     json_path: Optional[Path] = opts.json_file_option(what="the eval record (lm-eval results + layout)"),
@@ -33,10 +33,15 @@ def eval_command(
     Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
     --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
     as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
+    from ..eval.harness import parse_batch_size
+    from ..eval.local_tasks import check_tasks, parse_task_list
+
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
+    parse_batch_size(batch_size)
     check_file_target(json_path, "--json file")
+    check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     from ..checkpoint.atomic import write_json
     from ..eval.harness import evaluate_checkpoint
 
@@ -66,7 +71,9 @@ def report(
     from ..report.plot import check_metric_name
 
     check_metric_name(metric)
-    opts.check_output(out / "report.md", "--out file")
+    opts.check_output(out, "--out folder")
+    if out.exists():
+        opts.check_output(out / "report.md", "--out file")
     written = write_report(runs, out, metric=metric, task=task)
     render.print_report(console, written["report"])
     for key in ("markdown", "csv", "png"):

@@ -263,6 +263,22 @@ def check_runtime_checkpoint(path: Path | str, tps: list[int], allow_spd_mismatc
     check_weights(path)
 
 
+def check_synthetic(shape: str, ranges: dict[str, str | None], spd_tp: int, tps: list[int], allow_spd_mismatch: bool) -> None:
+    """``bench --synthetic SHAPE`` checked before torch: the shape (a preset or a config.json), the ``--<mode>``
+    ranges on it, and each TP degree against its heads (``runtime.tp_check.validate_tp``), one line each."""
+    from ..checkpoint.architectures import synthetic_config
+    from ..checkpoint.shapes import ModelShape
+    from ..model.layout import Layout
+    from ..runtime.tp_check import validate_tp
+
+    values, name = synthetic_config(shape)
+    dims = ModelShape.from_config(values, name)
+    layout = Layout.from_mode_ranges(dims.num_hidden_layers, {k: v for k, v in ranges.items() if v}, spd_tp_size=spd_tp)
+    layout.validate(dims.num_attention_heads, dims.num_key_value_heads, dims.intermediate_size)
+    for tp in tps:
+        validate_tp(dims, layout, tp, allow_spd_mismatch)
+
+
 def check_source(src: str) -> None:
     """``convert``/``sensitivity``/``sample`` SRC checked before heavy imports (``convert.sources.check_source``)."""
     from ..convert.sources import check_source as check
@@ -271,11 +287,12 @@ def check_source(src: str) -> None:
 
 
 def check_output(path: Path | str | None, what: str = "output") -> None:
-    """An output location (``OUT``, ``--out``, ``--json FILE``) checked writable before any work: one line if not."""
+    """An output location (``OUT``, ``--out``, ``--json FILE``) checked before any work: its folder exists (no folder
+    is made outside what the user named) and takes a new file; one line if not."""
     if path is not None:
-        from ..checkpoint.atomic import check_writable
+        from ..checkpoint.atomic import check_file_target
 
-        check_writable(path, what)
+        check_file_target(path, what)
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -91,9 +91,11 @@ def predict_cmd(
     device, _ = opts.check_placement(device, dtype, resolve=compute != "roofline" and profile is None)
     check_file_target(json_path, "--json file")
     if (compute == "measured" or cache_dir is not None) and profile is None:
+        from ..checkpoint.atomic import check_writable
         from ..paths import cache_path
 
-        opts.check_output(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
+        opts.check_output(cache_dir, "--cache-dir")  # a folder the user names: in one that exists
+        check_writable(Path(cache_dir or cache_path("predict")).expanduser() / "measurements.json", "predict cache file")
     plan = prepare_prediction(
         model=model, layout=layout, ranges=ranges, spd_tp=spd_tp, tp=tp, batch=batch, prompt=prompt, gen=gen,
         interconnect=interconnect, compute=compute, gpu=gpu, schedules=schedules, domino_chunks=domino_chunks,

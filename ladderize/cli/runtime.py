@@ -114,6 +114,7 @@ def bench_cmd(
 ) -> None:
     """Benchmark prefill and decode per schedule, TP degree and batch size; print a table, save JSON."""
     from ..errors import LadderizeError
+    from ..model.layout import tp_degree_for
     from ..parsing import parse_int_list
 
     if (checkpoint is None) == (synthetic is None):
@@ -121,16 +122,17 @@ def bench_cmd(
     tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
     opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)
+    spd_tp_size = tp_degree_for(ranges, spd_tp, default=tps[0], default_from="the first --tp")
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
+    else:
+        opts.check_synthetic(synthetic, ranges, spd_tp_size, tps, allow_spd_mismatch or "native" not in schedules)
     check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
     from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
     from ..runtime.generate import RuntimeOptions
 
-    from ..model.layout import tp_degree_for
-
-    source = model_source(checkpoint, synthetic, ranges, tp_degree_for(ranges, spd_tp, default=tps[0], default_from="the first --tp"))
+    source = model_source(checkpoint, synthetic, ranges, spd_tp_size)
     spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
                      prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
     options = RuntimeOptions(

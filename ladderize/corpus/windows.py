@@ -13,20 +13,8 @@ import numpy as np
 import torch
 
 from ..errors import LadderizeError
-from .documents import iter_documents, mixture_parts
-from .token_store import ensure_store, is_store, open_store
-
-
-def check_data(spec: str, tokenizer=None) -> None:
-    """Refuse (one line) a data spec that cannot give text, before a run writes anything: reads the first
-    document of each part (a missing or empty file, an empty folder, a bad mixture, an unreachable dataset);
-    a token store is opened instead, and refused when it was built with another tokenizer than ``tokenizer``."""
-    for part, _weight in mixture_parts(spec) or [(spec, 1.0)]:
-        if is_store(part):
-            open_store(part, tokenizer)
-        elif next(iter(iter_documents(part)), None) is None:
-            raise LadderizeError(f"data {part} holds no text")
-
+from .documents import mixture_parts
+from .token_store import ensure_store
 
 
 def _mixture_shares(parts: list[tuple[str, float]], wanted: int | None) -> list[int | None]:

@@ -33,7 +33,8 @@ from typing import Any
 
 from ..errors import LadderizeError, one_line
 from ..checkpoint.placement import world_size
-from .local_tasks import DEFAULT_CHUNK_CHARS, check_task_names, parse_task_list, build_tasks, resolve_data_dir
+from .local_tasks import (DEFAULT_CHUNK_CHARS, LOCAL_TASKS, build_tasks, check_task_names, check_tasks, parse_task_list,
+                          resolve_data_dir, where_data_goes)
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +200,9 @@ def _load_tasks(manager, names: list[str]) -> list:
         try:
             loaded = manager.load([name])
         except Exception as exc:
-            raise LadderizeError(
-                f"cannot load the data of task {name!r}: {one_line(exc)} "
-                f"(offline? local tasks read --data-dir; see 'ladderize eval --help')"
-            ) from None
+            hint = (where_data_goes(str(LOCAL_TASKS[name])) if name in LOCAL_TASKS
+                    else "offline? local tasks read --data-dir; see 'ladderize eval --help'")
+            raise LadderizeError(f"cannot load the data of task {name!r}: {one_line(exc)} ({hint})") from None
         if name in loaded["groups"]:
             objects.append(loaded["groups"][name])
         else:
@@ -239,7 +239,7 @@ def evaluate_checkpoint(
         raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
     specs = parse_task_list(tasks)
     batch_size = parse_batch_size(batch_size)
-    build_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)  # bad task input fails before loading
+    check_tasks(specs, data_dir, chunk_chars=chunk_chars)  # bad task input fails before loading
     target = resolve_device(device)
     model = load_model(ckpt, dtype=eval_dtype(dtype), device=target)
     tokenizer = load_tokenizer(ckpt)

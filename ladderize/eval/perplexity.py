@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError
+
+if TYPE_CHECKING:
+    import torch
 
 WIKITEXT2_VALID = Path("wikitext-2") / "valid.txt"
 # The held-out calibration split of WikiText-2 valid: the articles that start after the first
@@ -27,11 +29,13 @@ def shared_data_dir() -> Path:
     beside a source checkout (``local_tasks.default_data_dirs``); one line when none exists."""
     from .local_tasks import require_data_dir
 
-    return require_data_dir(None)
+    return require_data_dir(None, option=None)  # adapt's --data wikitext2-heldout, the benchmarks: no flag
 
 
 def packed_token_ids(tokenizer, text: str, seq_len: int, num_sequences: int) -> torch.Tensor:
     """Tokenize ``text`` as one stream and cut its start into ``[num_sequences, seq_len]``."""
+    import torch
+
     ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     needed = seq_len * num_sequences
     if len(ids) < needed:
@@ -68,7 +72,6 @@ def wikitext2_heldout_articles() -> list[str]:
     return [text[a:b] for a, b in zip(starts, starts[1:]) if a >= boundary]
 
 
-@torch.no_grad()
 def perplexity(
     model: torch.nn.Module,
     tokens,
@@ -81,6 +84,15 @@ def perplexity(
     ``tokens`` is either a tokenizer (then WikiText-2 valid is used) or a LongTensor of
     token ids, ``[N, S]`` (used as is, at most ``num_sequences`` rows) or 1-D (packed here).
     """
+    import torch
+
+    with torch.no_grad():
+        return _perplexity(model, tokens, seq_len, num_sequences, batch_size)
+
+
+def _perplexity(model: torch.nn.Module, tokens, seq_len: int, num_sequences: int, batch_size: int) -> float:
+    import torch
+
     if isinstance(tokens, torch.Tensor):
         ids = tokens.long()
         if ids.dim() == 1:

@@ -44,9 +44,9 @@ from ..errors import LadderizeError
 from ..model.layout import Layout, mode_flags
 from ..records import BenchRecord, BenchRow, add_speedups, measured_speedup
 from .decode import Decoder
-from ..checkpoint.architectures import read_config_file
 from ..checkpoint.io import config_from_dict, load_config
 from ..checkpoint.shapes import synthetic_presets
+from ..checkpoint.architectures import synthetic_config
 from ..checkpoint.shapes import ModelShape
 from .tp_check import validate_tp
 from .engine import RankModel
@@ -85,15 +85,7 @@ class ModelSource:
 def synthetic_source(shape: str, ranges: Mapping[str, str | None] | None = None, spd_tp_size: int = 1) -> ModelSource:
     """``shape`` is a preset name (see ``SYNTHETIC_CONFIGS``) or a path to a config.json; ``ranges`` (mode name to the layers
     of that mode, ``{"ladder": "4:8"}``) its layout, dense without."""
-    if shape in SYNTHETIC_CONFIGS:
-        values, name = dict(SYNTHETIC_CONFIGS[shape]), shape
-    else:
-        path = Path(shape)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise LadderizeError(f"--synthetic {shape!r} is neither a preset ({', '.join(SYNTHETIC_CONFIGS)}) nor a config.json")
-        values, name = read_config_file(path), str(path)
+    values, name = synthetic_config(shape)
     override = None
     if ranges and any(ranges.values()):
         override = Layout.from_mode_ranges(int(values["num_hidden_layers"]), ranges, spd_tp_size=spd_tp_size)
