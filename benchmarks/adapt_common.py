@@ -97,7 +97,7 @@ def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dic
 
 def stage_of(phase: dict):
     """A benchmark phase (AdaptConfig overrides) as a stage of the product's recipes (``ladderize.adapt.recipe``)."""
-    from ladderize.adapt.recipe import Stage
+    from ladderize.adapt.stages import Stage
 
     if phase.get("local_schedule") == "sequential":
         name = "seq-local"
@@ -113,7 +113,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     ``phases``: the stages' settings (AdaptConfig overrides, on top of ``base``), or the name of a built-in
     recipe (``"best"``: the stages and learning rates ``ladderize adapt`` runs by default).
     """
-    from ladderize.adapt.recipe import Recipe, load_recipe
+    from ladderize.adapt.stages import Recipe, load_recipe
     from ladderize.adapt.recipe import run_recipe as run_stages
     from ladderize.checkpoint.io import load_model
 

@@ -21,7 +21,7 @@ from .cost import Launch, RunPlan
 
 if TYPE_CHECKING:
     from .budget import Budget
-    from .recipe import Recipe
+    from .stages import Recipe
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class AdaptPlan:
     def lines(self) -> list[str]:
         """The plan as a run prints it before it starts: each stage, then what it is expected to cost."""
         from ..progress import format_duration
-        from .recipe import describe
+        from .stages import describe
 
         head = (f"plan (stage {self.stages[0].name}):" if self.single else
                 f"plan (recipe {self.recipe}, {len(self.stages)} stage(s)):")
@@ -134,7 +134,7 @@ def build_plan(
     wall budget, which a run times on its device first, is refused. ``saved``: the record of an interrupted run's plan,
     whose sizes a resume with the same budget keeps (they were timed when the run began)."""
     from .budget import Budget, check_budget_steps, max_calibration_tokens, parse_budget, scale_stages, size_recipe
-    from .recipe import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
+    from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
     shared, single = dict(shared or {}), dict(single or {})
     checkpoint = str(checkpoint)

@@ -297,7 +297,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
         return out
-    from ..adapt.recipe import converted_modes, measured_lr
+    from ..adapt.stages import converted_modes, measured_lr
 
     lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
     config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
-from ladderize.adapt.recipe import load_recipe, resolve_stages, run_recipe
+from ladderize.adapt.recipe import run_recipe
+from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best

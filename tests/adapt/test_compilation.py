@@ -75,7 +75,7 @@ def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
 @needs_compiler
 def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_file, monkeypatch):
     from ladderize.adapt.budget import _eager_if_short, size_recipe
-    from ladderize.adapt.recipe import load_recipe, resolve_stages
+    from ladderize.adapt.stages import load_recipe, resolve_stages
 
     monkeypatch.delenv(ENV, raising=False)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
@@ -281,7 +281,7 @@ def test_the_pace_records_every_layers_graph_kind(ladder_dir):
 
 
 def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
-    from ladderize.adapt.recipe import parse_stage
+    from ladderize.adapt.stages import parse_stage
 
     assert parse_stage("kd:compile=false").settings == {"compile": False}
     assert "compile" not in AdaptConfig(checkpoint="c", out="o").fingerprint()

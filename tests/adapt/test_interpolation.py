@@ -7,7 +7,8 @@ import torch
 
 from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.interpolation import interpolate_weights
-from ladderize.adapt.recipe import Recipe, parse_stage, run_recipe
+from ladderize.adapt.recipe import run_recipe
+from ladderize.adapt.stages import Recipe, parse_stage
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 

@@ -10,7 +10,7 @@ from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.layer_source import ResidentLayers
 from ladderize.adapt.layer_training import StateCache
 from ladderize.adapt.least_squares import NormalEquations, calibration_loss, refit_output_projections
-from ladderize.adapt.recipe import describe, parse_stage
+from ladderize.adapt.stages import describe, parse_stage
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError

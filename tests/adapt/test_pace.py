@@ -6,7 +6,7 @@ import pytest
 
 from ladderize.adapt.budget import scale_stages
 from ladderize.adapt.pace import CLOSED_FORM_TRAINS, FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
-from ladderize.adapt.recipe import load_recipe, resolve_stages
+from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 
 PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.recipe import Recipe, load_recipe, parse_stage, resolve_stages, run_recipe
+from ladderize.adapt.recipe import run_recipe
+from ladderize.adapt.stages import Recipe, load_recipe, parse_stage, resolve_stages
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.model.layout import MODE_TRAITS
 from ladderize.errors import LadderizeError
