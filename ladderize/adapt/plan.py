@@ -131,7 +131,9 @@ def build_plan(
 
     ``launch``: ``8xH100`` or a ``Launch`` (None: the launch this process runs under). ``priced_only`` (``--dry-run``)
     reads nothing but ``config.json``: a token budget is sized with the launch's memory as the calibration cap, and a
-    wall budget, which a run times on its device first, is refused. ``saved``: the record of an interrupted run's plan,
+    wall budget, which a run times on its device first, is refused; otherwise a plan that does not fit a known GPU's
+    memory is refused in one line before the budget reads or times anything (its batch only grows after that).
+    ``saved``: the record of an interrupted run's plan,
     whose sizes a resume with the same budget keeps (they were timed when the run began)."""
     from .budget import Budget, check_budget_steps, max_calibration_tokens, parse_budget, scale_stages, size_recipe
     from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
@@ -158,6 +160,10 @@ def build_plan(
         chosen = chosen_recipe(recipe, stages)
         steps = resolve_stages(chosen, checkpoint, shared)
         plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    if readable and where.memory_bytes and not priced_only:  # a known GPU's memory: refused before a budget is timed
+        unfit = _price(plan)
+        if unfit is not None and unfit.refusal is not None:
+            raise LadderizeError(f"the plan does not fit: {unfit.refusal}")
     if sized_by is not None:
         steps = plan.steps
         check_budget_steps(steps)

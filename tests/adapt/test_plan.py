@@ -89,3 +89,17 @@ def test_the_last_line_s_rate_is_the_whole_run_s():
     timed = [AdaptResult(Path("o"), 1, 1_000, 10.0, throughput={"processes": 2, "mfu": 0.3}),
              AdaptResult(Path("o"), 1, 1_000, 30.0, throughput={"processes": 2, "mfu": 0.1})]
     assert whole_run_pace(timed)["mfu"] == 0.15  # weighted by each stage's seconds
+
+
+def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    import pytest
+
+    from ladderize.adapt import cost
+    from ladderize.adapt.recipe import adapt_checkpoint
+    from ladderize.errors import LadderizeError
+
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights: a run that got as far as loading would fail
+    monkeypatch.setattr(cost.Launch, "current", classmethod(lambda cls: cls(1, "h100")))  # launched on one H100
+    with pytest.raises(LadderizeError, match=r"^the plan does not fit: stage 2 \(kd\) needs .* per GPU on 1 x H100"):
+        adapt_checkpoint(folder, tmp_path / "out", shared={"seq_len": 2048}, budget="3B", device="cpu")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["llama-3.1-8b"]  # nothing written
