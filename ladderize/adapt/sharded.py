@@ -93,6 +93,9 @@ def adapt_sharded(
     from ..checkpoint.placement import resolve_device, training_precision
     from ..convert.teacher import check_teacher, resolve_teacher
 
+    from .layer_source import map_large_allocations
+
+    map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
     device = _init_process_group(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank != 0:
