@@ -45,13 +45,11 @@ from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
 from ..corpus.windows import token_windows
 from .batches import batch_rows, micro_batch_index
+from .loss_log import PendingLosses, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
 from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
-
-LOG_EVERY_CUDA = 10  # steps between reads of the losses on a GPU (each read waits for the device)
-
 
 def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) -> str | None:
     """Why this joint stage runs replicated (DDP) rather than sharded, or None when it is sharded.
@@ -170,29 +168,15 @@ def adapt_sharded(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, config.warmup_steps,
                                                                            config.min_lr_ratio), last_epoch=step - 1)
 
-    log_every = LOG_EVERY_CUDA if device.type == "cuda" else 1
-    pending: list[tuple[int, int, float, float, float, dict[str, torch.Tensor]]] = []
+    log_every = log_interval(device)
+    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     loss_module.train()
     saved_step, clock, logged_s = step, SaveClock(config), train_s
     first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
     projected = False
 
-    def flush() -> None:
-        """Read the pending steps' losses (one wait for the device, one all-reduce) into the curve."""
-        if not pending:
-            return
-        names = list(pending[0][5])
-        stacked = torch.stack([torch.stack([sums[n] for n in names]) for *_, sums in pending]).float()
-        if world > 1:
-            dist.all_reduce(stacked)
-            stacked /= world
-        for (done, tokens, seconds, cpu, lr, _), values in zip(pending, stacked.tolist()):
-            curve.append({"step": done, "tokens": tokens, "train_s": round(seconds, 3), "cpu_s": round(cpu, 3), "lr": lr,
-                          **{f"loss_{n}": v for n, v in zip(names, values)}})
-        pending.clear()
-
     def save() -> None:
-        flush()
+        pending.flush(curve)
         _save_state(state_dir, config, loss_module, optimizer, {"step": step, "tokens": tokens_done, "train_s": train_s,
                                                                "cpu_s": cpu_s, "curve": curve, "processes": world})
 
@@ -200,7 +184,7 @@ def adapt_sharded(
         if stop_after_steps is not None and step >= stop_after_steps:
             if save_at_stop and saved_step != step:
                 save()
-            flush()
+            pending.flush(curve)
             dist.barrier()
             return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
                                state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
@@ -232,11 +216,12 @@ def adapt_sharded(
             torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
         train_s += time.perf_counter() - started
         cpu_s += time.process_time() - cpu_started
-        pending.append((step, tokens_done, train_s, cpu_s, lr, sums))
+        pending.add({"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3),
+                     "lr": lr}, sums)
         if logged:
             rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
             logged_s = train_s
-            flush()
+            pending.flush(curve)
             if first_window is None:
                 first_window = (step, train_s)
             elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
@@ -252,13 +237,21 @@ def adapt_sharded(
             saved_step = step
             clock.saved()
 
-    flush()
+    pending.flush(curve)
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     _write_out(loss_module.student, converted, checkpoint, tokenizer, teacher_path, config, weights, result, out, state_dir)
     if rank == 0:
         result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
     dist.barrier()
     return result
+
+
+def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, config: AdaptConfig, world: int) -> bool:
