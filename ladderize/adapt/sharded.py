@@ -7,9 +7,13 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   unit (``fully_shard``), the student's embedding, final norm and LM head one more (the root, ``AdaptLoss``), and
   each rank then reads only its own rows of every tensor from the checkpoints' safetensors (``load_shards``): host
   and device memory per rank are the models over the ranks.
-- **Only the converted layers train.** The optimizer holds their shards; the frozen teacher runs in the compute
-  dtype (bf16 where the training autocasts), and the layers below the first converted one, identical in both
-  models, are held once and run once, the teacher's (``AdaptLoss`` with ``share_prefix``).
+- **Only the converted layers train.** The optimizer (fused AdamW) holds their shards; the frozen teacher runs in
+  the compute dtype (bf16 where the training autocasts), and what both checkpoints hold identical is held once, the
+  teacher's (``_teacher_pieces``): the layers below the first converted one, run once for both (``AdaptLoss`` with
+  ``share_prefix``), the embedding, the final norm and the LM head.
+- **Host memory** is the shards and what a step gathers: glibc maps every block of a MiB or more on its own
+  (``layer_source.map_large_allocations``), so that the gathered weights and gradients a step frees leave the
+  process.
 - **One step** is the joint training's step (``joint.py``): each rank reads its rows of the deterministic batch
   order, FSDP2 averages the gradients (reduce-scatter), gradient sync waits for the last micro-batch, and the clip
   measures the global norm of the sharded gradients. Losses stay on the device and are read when logged
@@ -40,6 +44,7 @@ import torch
 
 from ..errors import LadderizeError
 from ..progress import counted
+from .compilation import adamw
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
@@ -113,12 +118,13 @@ def adapt_sharded(
         check_teacher(teacher_path, teacher_config, student_config)
     converted = student_config.layout.converted_layers
     first = min(converted)
-    share = teacher_path is not None and _same_rows(checkpoint, teacher_path, first, rank, world, device)
+    same = _identical_parts(checkpoint, teacher_path, first, rank, world, device) if teacher_path else {}
+    share = same.get("prefix", False)
 
     teacher = _sharded_model(teacher_config, teacher_path, compute, device, trained=()) if teacher_path else None
-    prefix = {index: teacher.model.layers[index] for index in range(first)} if share else {}
     student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
-                             mixed=compute if compute != torch.float32 else None, shared=prefix)
+                             mixed=compute if compute != torch.float32 else None,
+                             shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
                             config.kd_divergence, config.kd_top_k, compiled=False)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
@@ -147,8 +153,7 @@ def adapt_sharded(
         if found:
             say(found)
 
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
-                                  foreach=True)
+    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fused: no temporaries
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     saved = _read_state(state_dir, config) if resume and state_dir.is_dir() else None
     if saved is not None:
@@ -317,38 +322,66 @@ def _read_rows(file: Path, name: str, rows: slice) -> torch.Tensor:
         return part[rows] if part.get_shape() else handle.get_tensor(name)
 
 
-def _same_rows(student_path: str, teacher_path: str, first: int, rank: int, world: int, device: torch.device) -> bool:
-    """Whether the embedding and the layers below ``first`` are identical in both checkpoints (``layer_source.
-    same_prefix``'s question): each rank compares its own rows only, and the ranks agree (all-reduce)."""
+def _identical_parts(student_path: str, teacher_path: str, first: int, rank: int, world: int,
+                     device: torch.device) -> dict[str, bool]:
+    """Which frozen parts the two checkpoints hold identical: ``prefix`` (the embedding and the layers below
+    ``first``: ``layer_source.same_prefix``'s question), ``norm`` (the final norm) and ``head`` (an untied LM head).
+    Each rank compares its own rows only, and the ranks agree (one all-reduce)."""
     import torch.distributed as dist
 
+    from ..checkpoint.architectures import FINAL_NORM_TENSOR, LM_HEAD
     from ..checkpoint.tensor_files import tensor_shapes
     from .layer_source import EMBEDDING, layer_of, tensor_files
 
     mine, theirs = tensor_files(student_path), tensor_files(teacher_path)
-    names = [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first]
-    shapes = {name: shape for file in set(theirs[n] for n in names) for name, shape in tensor_shapes(file).items()}
-    same = all(n in mine for n in names)
-    for name in names if same else []:
-        rows = _rows(shapes[name][0], rank, world) if shapes[name] else slice(None)
-        a, b = _read_rows(mine[name], name, rows), _read_rows(theirs[name], name, rows)
-        if a.shape != b.shape or not torch.equal(a.float(), b.float()):
-            same = False
-            break
-    flag = torch.tensor([1 if same else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    parts = {"prefix": [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first],
+             "norm": [FINAL_NORM_TENSOR], "head": [LM_HEAD]}
+    named = {n for names in parts.values() for n in names if n in theirs}
+    shapes = {name: shape for file in set(theirs[n] for n in named) for name, shape in tensor_shapes(file).items()}
+
+    def identical(names: list[str]) -> bool:
+        if not all(n in mine and n in theirs for n in names):
+            return False
+        for name in names:
+            rows = _rows(shapes[name][0], rank, world) if shapes[name] else slice(None)
+            a, b = _read_rows(mine[name], name, rows), _read_rows(theirs[name], name, rows)
+            if a.shape != b.shape or not torch.equal(a.float(), b.float()):
+                return False
+        return True
+
+    flags = torch.tensor([1 if identical(names) else 0 for names in parts.values()], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    return dict(zip(parts, (bool(flag) for flag in flags.tolist())))
+
+
+def _teacher_pieces(teacher, student_config, first: int, same: dict[str, bool]) -> dict[str, torch.nn.Module]:
+    """The teacher's modules the student uses as its own, by name: the frozen parts both checkpoints hold identical
+    (``_identical_parts``), kept once. A tied LM head is its embedding's: shared with it, where both models tie."""
+    pieces: dict[str, torch.nn.Module] = {}
+    if same.get("prefix"):
+        pieces.update({f"model.layers.{index}": teacher.model.layers[index] for index in range(first)})
+    tied = bool(getattr(student_config, "tie_word_embeddings", False))
+    if same.get("prefix") and tied == bool(getattr(teacher.config, "tie_word_embeddings", False)):
+        pieces["model.embed_tokens"] = teacher.model.embed_tokens
+        if tied:
+            pieces["lm_head"] = teacher.lm_head
+    if same.get("norm"):
+        pieces["model.norm"] = teacher.model.norm
+    if same.get("head") and not tied:
+        pieces["lm_head"] = teacher.lm_head
+    return pieces
 
 
 def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None,
-                   shared: dict[int, torch.nn.Module] | None = None):
+                   shared: dict[str, torch.nn.Module] | None = None):
     """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
     time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
 
     ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision); ``shared``:
-    layers taken from another model as they are (the teacher's frozen prefix, which the student never runs). A frozen
-    model (the teacher, no ``trained``) also shards its embedding, norm and head, each a unit of its own
-    (``fsdp.head_gathered``); a student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
+    modules taken from another model as they are, by name (``_teacher_pieces``: the teacher's frozen prefix, final
+    norm and head where identical), never read again. A frozen model (the teacher, no ``trained``) also shards its
+    embedding, norm and head, each a unit of its own (a tied head with its embedding; ``fsdp.teacher_units``); a
+    student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
     """
     from accelerate import init_empty_weights
     from torch.distributed.fsdp import fully_shard
@@ -360,25 +393,32 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
 
     with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
         model = LadderLlamaForCausalLM(config)
+    model.tie_weights()  # a tied head is its embedding's weight (not tied on the meta device)
     model.requires_grad_(False)
     model.model.rotary_emb.to(device)
     files = tensor_files(path)
+    shared = shared or {}
+    for name, module in shared.items():
+        model.set_submodule(name, module)
 
     def file_of(name: str) -> Path:
         if name not in files:
             raise LadderizeError(f"checkpoint {path} is missing tensor {name}")
         return files[name]
 
+    def fill(module: torch.nn.Module, prefix: str) -> None:
+        if prefix.removesuffix(".") not in shared:
+            fill_module(module, prefix, file_of, dtype, device)
+
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    fill_module(model.model.embed_tokens, EMBEDDING, file_of, dtype, device)
-    fill_module(model.model.norm, FINAL_NORM_TENSOR.removesuffix("weight"), file_of, dtype, device)
-    if tied:
+    fill(model.model.embed_tokens, EMBEDDING)
+    fill(model.model.norm, FINAL_NORM_TENSOR.removesuffix("weight"))
+    if tied and "lm_head" not in shared:
         model.lm_head.weight = model.model.embed_tokens.weight
-    else:
-        fill_module(model.lm_head, LM_HEAD.removesuffix("weight"), file_of, dtype, device)
+    elif not tied:
+        fill(model.lm_head, LM_HEAD.removesuffix("weight"))
     for index, layer in enumerate(model.model.layers):
-        if shared and index in shared:  # the teacher's own layer, identical and frozen: one copy for both
-            model.model.layers[index] = shared[index]
+        if layer_prefix(index).removesuffix(".") in shared:  # the teacher's own layer, identical and frozen
             continue
         fill_module(layer, layer_prefix(index), file_of, dtype, device)
         layer.requires_grad_(index in trained)
