@@ -26,8 +26,8 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 - **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
   file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
 
-LoRA, EMA, head grouping, interpolation, ``--train all`` and compiled layers keep the replicated path (``joint.py``,
-DDP): ``sharding_reason``.
+LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``joint.py``, DDP):
+``sharding_reason``. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 
 from ..errors import LadderizeError
 from ..progress import counted
-from .compilation import adamw
+from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
@@ -67,12 +67,12 @@ def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) 
         return "one process"
     blockers = [name for name, on in (("--train lora", config.train == "lora"), ("ema", bool(config.ema)),
                                       ("--head-grouping", config.head_grouping), ("interpolate", config.interpolate != 1),
-                                      ("--train all", config.train == "all"), ("--compile", config.compile is True))
+                                      ("--train all", config.train == "all"))
                 if on]
     if not blockers:
         return None
     if config.shard == "fsdp":
-        raise LadderizeError(f"--shard fsdp trains the converted layers, eager: {blockers[0]} needs the replicated "
+        raise LadderizeError(f"--shard fsdp trains the converted layers: {blockers[0]} needs the replicated "
                              "path (--shard ddp)")
     return blockers[0]
 
@@ -121,12 +121,16 @@ def adapt_sharded(
     same = _identical_parts(checkpoint, teacher_path, first, rank, world, device) if teacher_path else {}
     share = same.get("prefix", False)
 
-    teacher = _sharded_model(teacher_config, teacher_path, compute, device, trained=()) if teacher_path else None
+    compiled = resolve_compile(config.compile, device)
+    teacher = (_sharded_model(teacher_config, teacher_path, compute, device, trained=(), compiled=compiled)
+               if teacher_path else None)
     student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
-                             mixed=compute if compute != torch.float32 else None,
+                             mixed=compute if compute != torch.float32 else None, compiled=compiled,
                              shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
+    if compiled:
+        say(COMPILING)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
-                            config.kd_divergence, config.kd_top_k, compiled=False)
+                            config.kd_divergence, config.kd_top_k, compiled)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     _shard_root(loss_module, compute if compute != torch.float32 else None)
@@ -373,13 +377,14 @@ def _teacher_pieces(teacher, student_config, first: int, same: dict[str, bool]) 
 
 
 def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None,
-                   shared: dict[str, torch.nn.Module] | None = None):
+                   shared: dict[str, torch.nn.Module] | None = None, compiled: bool = False):
     """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
     time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
 
     ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision); ``shared``:
     modules taken from another model as they are, by name (``_teacher_pieces``: the teacher's frozen prefix, final
-    norm and head where identical), never read again. A frozen model (the teacher, no ``trained``) also shards its
+    norm and head where identical), never read again. ``compiled``: each decoder layer's forward is compiled
+    (``compilation.compile_layers``) before it is sharded, so that FSDP2's gathers stay outside its graph. A frozen model (the teacher, no ``trained``) also shards its
     embedding, norm and head, each a unit of its own (a tied head with its embedding; ``fsdp.teacher_units``); a
     student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
     """
@@ -422,6 +427,8 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
             continue
         fill_module(layer, layer_prefix(index), file_of, dtype, device)
         layer.requires_grad_(index in trained)
+        if compiled:
+            compile_layers([layer], device)
         fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
     if not trained:
         for unit in teacher_units(model):

@@ -163,7 +163,7 @@ def test_a_run_saved_on_two_processes_continues_on_one(sharp_ladder, text_file, 
 def test_shard_fsdp_refuses_what_needs_the_whole_weights(sharp_ladder, text_file, tmp_path):
     from ladderize.errors import LadderizeError
 
-    with pytest.raises(LadderizeError, match="--shard fsdp trains the converted layers, eager: ema"):
+    with pytest.raises(LadderizeError, match="--shard fsdp trains the converted layers: ema needs the replicated path"):
         adapt(_config(sharp_ladder, text_file, tmp_path / "o", ema=0.9))
 
 
