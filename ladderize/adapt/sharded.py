@@ -3,10 +3,10 @@
 A model that does not fit one device whole (Llama-3.1-8B's kd stage: fp32 student, teacher, gradients and AdamW,
 about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 
-- **Build, then load a shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2
-  unit (``fully_shard``), the student's embedding, final norm and LM head one more (the root, ``AdaptLoss``), and
-  each rank then reads only its own rows of every tensor from the checkpoints' safetensors (``load_shards``): host
-  and device memory per rank are the models over the ranks.
+- **Build, then shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2 unit
+  (``fully_shard``), filled from the checkpoints' safetensors and sharded at once (``_sharded_model``), and the
+  student's own embedding, final norm and LM head (those that are not the teacher's) one more (the root,
+  ``AdaptLoss``): host and device memory per rank are the models over the ranks, plus one unit.
 - **Only the converted layers train.** The optimizer (fused AdamW) holds their shards; the frozen teacher runs in
   the compute dtype (bf16 where the training autocasts), and what both checkpoints hold identical is held once, the
   teacher's (``_teacher_pieces``): the layers below the first converted one, run once for both (``AdaptLoss`` with
@@ -56,6 +56,7 @@ from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
 from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 
+
 def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) -> str | None:
     """Why this joint stage runs replicated (DDP) rather than sharded, or None when it is sharded.
 
@@ -95,7 +96,6 @@ def adapt_sharded(
     from ..checkpoint.io import load_config, load_tokenizer
     from ..checkpoint.placement import resolve_device, training_precision
     from ..convert.teacher import check_teacher, resolve_teacher
-
     from .layer_source import map_large_allocations
 
     map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
