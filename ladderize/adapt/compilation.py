@@ -31,7 +31,8 @@ Triton, a CPU without a C++ compiler; checked by compiling a small function once
 (``AUTO_DEVICES``: the CPU; docs/adapt.md, "Compiled layers and kd loss") and where the backend runs, unless the
 environment says ``LADDERIZE_COMPILE=0``; a wall ``--budget`` under ``AUTO_MIN_BUDGET_S`` runs eager (``eager_for_budget``,
 applied by ``budget.size_recipe``). On CUDA it is ``--compile``'s to ask until the GPU check has measured it
-(``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). FSDP runs eager (not measured with compiled layers yet).
+(``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). Accelerate's FSDP runs eager; the sharded path
+(``sharded.py``) compiles each layer before FSDP2 shards it (tested against eager on a CPU).
 A compiled layer computes the same function in a different order of roundings (fused ops keep their
 intermediates in float32), so a run resumed with another setting continues within rounding, as on
 another device (``AdaptConfig.fingerprint`` leaves it out).

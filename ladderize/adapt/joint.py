@@ -4,7 +4,8 @@ One process on CPU by default; under ``accelerate launch`` the same code runs DD
 with mixed precision and gradient accumulation. Each process reads its own rows of a
 deterministic batch order (a pure function of the step and the seed), so a resumed run
 replays exactly the batches an uninterrupted run would have seen. The training state is
-saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``).
+saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``). Losses stay on
+the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
+from .loss_log import PendingLosses, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
@@ -205,15 +207,20 @@ def adapt_joint(
     model = accelerator.unwrap_model(loss_module).student
     loss_module.train()
     rank = accelerator.process_index
-    first_step_s, saved_step, clock = None, step, SaveClock(config)
+    saved_step, clock, logged_s = step, SaveClock(config), train_s
+    first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
+    projected = False
+    log_every = log_interval(accelerator.device)
+    pending = PendingLosses((lambda t: accelerator.reduce(t, reduction="mean")) if world > 1 else None)
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
+            pending.flush(curve)
             if save_at_stop and saved_step != step:
                 save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
                                stopped_early=True, throughput=pace.record(tokens_done, train_s))
         started, cpu_started = time.perf_counter(), time.process_time()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         for micro in range(config.grad_accum):
             index = micro_batch_index(step, micro, config.grad_accum, world, rank)
             rows = batch_rows(len(data), index, config.batch_size, config.seed)
@@ -227,28 +234,36 @@ def adapt_joint(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             for name, value in losses.items():
-                sums[name] = sums.get(name, 0.0) + value.detach().float().item() / config.grad_accum
+                sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
         if ema is not None:
             ema.update()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         step += 1
         tokens_done += tokens_per_step
-        elapsed = time.perf_counter() - started
-        train_s += elapsed
+        logged = step % log_every == 0 or step == total_steps
+        if logged and accelerator.device.type == "cuda":
+            torch.cuda.synchronize(accelerator.device)  # the clock counts the device's work where the losses are read
+        train_s += time.perf_counter() - started
         cpu_s += time.process_time() - cpu_started
-        averaged = {k: _mean_across(accelerator, v) for k, v in sums.items()}
-        record = {"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3), "lr": lr, **{f"loss_{k}": v for k, v in averaged.items()}}
-        curve.append(record)
-        if first_step_s is None:
-            first_step_s = train_s
-        elif step - resumed_from == PROJECT_AFTER_STEPS + 1 and step < total_steps:
-            say(projection_line(PROJECT_AFTER_STEPS, train_s - first_step_s, total_steps - step, total_steps, tokens_per_step, pace))
-        if accelerator.is_main_process and progress is not None:
-            progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, averaged, lr, train_s,
-                              tokens_per_step / elapsed,
-                              pace=pace.per_process(tokens_per_step / elapsed) or None), model)
-        if step == total_steps or clock.due(step, accelerator.device):
+        pending.add({"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3),
+                     "lr": lr}, sums)
+        if logged:
+            rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
+            logged_s = train_s
+            pending.flush(curve)
+            if first_window is None:
+                first_window = (step, train_s)
+            elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
+                projected = True
+                say(projection_line(step - first_window[0], train_s - first_window[1], total_steps - step, total_steps,
+                                    tokens_per_step, pace))
+            if accelerator.is_main_process and progress is not None:
+                losses_now = {k.removeprefix("loss_"): v for k, v in curve[-1].items() if k.startswith("loss_")}
+                progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, losses_now, lr, train_s,
+                                  rate, pace=pace.per_process(rate) or None), model)
+        if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
+            pending.flush(curve)
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
             saved_step = step
             clock.saved()
@@ -302,10 +317,3 @@ def _launched() -> bool:
     import os
 
     return "LOCAL_RANK" in os.environ
-
-
-def _mean_across(accelerator, value: float) -> float:
-    if accelerator.num_processes == 1:
-        return value
-    tensor = torch.tensor([value], device=accelerator.device)
-    return accelerator.reduce(tensor, reduction="mean").item()

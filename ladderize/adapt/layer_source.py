@@ -39,6 +39,8 @@ from ..model import LadderLlamaForCausalLM
 from ..checkpoint.architectures import EMBED_TENSOR, layer_prefix
 
 EMBEDDING = EMBED_TENSOR.removesuffix("weight")  # the embedding module's tensors: "model.embed_tokens."
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h): blocks from this size on are mapped on their own
+MAPPED_ALLOCATION_BYTES = 1 << 20  # a tensor of a MiB or more (a 512 x 512 fp32 matrix) is mapped on its own
 
 
 def return_free_memory() -> None:
@@ -48,16 +50,31 @@ def return_free_memory() -> None:
     many of a layer's tensors are that size (a 2048 x 2048 fp32 projection is 16 MB): without
     this, RSS grew from layer to layer although nothing was held (docs/adapt.md).
     """
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is not None:
         trim(0)
 
 
+def map_large_allocations(min_bytes: int = MAPPED_ALLOCATION_BYTES) -> None:
+    """Have glibc give every allocation of ``min_bytes`` or more its own mapping, returned to the OS when it is freed
+    (``mallopt(M_MMAP_THRESHOLD)``), for the rest of the process; elsewhere nothing.
+
+    glibc's own threshold rises to the size of the mapped blocks freed (up to 32 MB), after which such blocks come
+    from its heaps and stay there when freed, and blocks freed by another thread (gloo's) stay in that thread's
+    heap. A sharded training step gathers every unit's weights, makes gradients and frees them again: with the
+    default, a rank of a 1.1 GB model kept about 1 GB of freed blocks (docs/adapt.md).
+    """
+    mallopt = _libc_function("mallopt")
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, min_bytes)
+
+
 @functools.cache
-def _malloc_trim():
+def _libc_function(name: str):
+    """glibc's function ``name``, or None where the C library has none."""
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError, TypeError):  # not glibc
         return None
 
 

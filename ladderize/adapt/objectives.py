@@ -372,8 +372,9 @@ def head_losses(
         targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
         block_losses["lm"] = lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum")
     with contextlib.ExitStack() as stack:
+        # a sharded head (the teacher's, or the student's where it is the teacher's): gathered once, not once per block
+        stack.enter_context(head_gathered(*(model for model in (teacher, student) if model is not None)))
         if teacher is not None:
-            stack.enter_context(head_gathered(teacher))  # a sharded teacher's head: gathered once, not once per block
             teacher_normed, teacher_head = teacher.model.norm(teacher_final.reshape(rows, -1)), frozen_head(teacher.lm_head)
             block_losses["kd"] = _kd_block_loss(lambda part: teacher_head(teacher_normed[part]), temperature, divergence,
                                                 top_k, compiled, final.device.type)

@@ -3,13 +3,17 @@
 A model that does not fit one device whole (Llama-3.1-8B's kd stage: fp32 student, teacher, gradients and AdamW,
 about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 
-- **Build, then load a shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2
-  unit (``fully_shard``), the student's embedding, final norm and LM head one more (the root, ``AdaptLoss``), and
-  each rank then reads only its own rows of every tensor from the checkpoints' safetensors (``load_shards``): host
-  and device memory per rank are the models over the ranks.
-- **Only the converted layers train.** The optimizer holds their shards; the frozen teacher runs in the compute
-  dtype (bf16 where the training autocasts), and the layers below the first converted one, identical in both
-  models, are held once and run once, the teacher's (``AdaptLoss`` with ``share_prefix``).
+- **Build, then shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2 unit
+  (``fully_shard``), filled from the checkpoints' safetensors and sharded at once (``_sharded_model``), and the
+  student's own embedding, final norm and LM head (those that are not the teacher's) one more (the root,
+  ``AdaptLoss``): host and device memory per rank are the models over the ranks, plus one unit.
+- **Only the converted layers train.** The optimizer (fused AdamW) holds their shards; the frozen teacher runs in
+  the compute dtype (bf16 where the training autocasts), and what both checkpoints hold identical is held once, the
+  teacher's (``_teacher_pieces``): the layers below the first converted one, run once for both (``AdaptLoss`` with
+  ``share_prefix``), the embedding, the final norm and the LM head.
+- **Host memory** is the shards and what a step gathers: glibc maps every block of a MiB or more on its own
+  (``layer_source.map_large_allocations``), so that the gathered weights and gradients a step frees leave the
+  process.
 - **One step** is the joint training's step (``joint.py``): each rank reads its rows of the deterministic batch
   order, FSDP2 averages the gradients (reduce-scatter), gradient sync waits for the last micro-batch, and the clip
   measures the global norm of the sharded gradients. Losses stay on the device and are read when logged
@@ -22,8 +26,8 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 - **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
   file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
 
-LoRA, EMA, head grouping, interpolation, ``--train all`` and compiled layers keep the replicated path (``joint.py``,
-DDP): ``sharding_reason``.
+LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``joint.py``, DDP):
+``sharding_reason``. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
 """
 
 from __future__ import annotations
@@ -40,17 +44,17 @@ import torch
 
 from ..errors import LadderizeError
 from ..progress import counted
+from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
 from ..corpus.windows import token_windows
 from .batches import batch_rows, micro_batch_index
+from .loss_log import PendingLosses, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
 from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
-
-LOG_EVERY_CUDA = 10  # steps between reads of the losses on a GPU (each read waits for the device)
 
 
 def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) -> str | None:
@@ -64,12 +68,12 @@ def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) 
         return "one process"
     blockers = [name for name, on in (("--train lora", config.train == "lora"), ("ema", bool(config.ema)),
                                       ("--head-grouping", config.head_grouping), ("interpolate", config.interpolate != 1),
-                                      ("--train all", config.train == "all"), ("--compile", config.compile is True))
+                                      ("--train all", config.train == "all"))
                 if on]
     if not blockers:
         return None
     if config.shard == "fsdp":
-        raise LadderizeError(f"--shard fsdp trains the converted layers, eager: {blockers[0]} needs the replicated "
+        raise LadderizeError(f"--shard fsdp trains the converted layers: {blockers[0]} needs the replicated "
                              "path (--shard ddp)")
     return blockers[0]
 
@@ -92,7 +96,9 @@ def adapt_sharded(
     from ..checkpoint.io import load_config, load_tokenizer
     from ..checkpoint.placement import resolve_device, training_precision
     from ..convert.teacher import check_teacher, resolve_teacher
+    from .layer_source import map_large_allocations
 
+    map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
     device = _init_process_group(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank != 0:
@@ -112,14 +118,19 @@ def adapt_sharded(
         check_teacher(teacher_path, teacher_config, student_config)
     converted = student_config.layout.converted_layers
     first = min(converted)
-    share = teacher_path is not None and _same_rows(checkpoint, teacher_path, first, rank, world, device)
+    same = _identical_parts(checkpoint, teacher_path, first, rank, world, device) if teacher_path else {}
+    share = same.get("prefix", False)
 
-    teacher = _sharded_model(teacher_config, teacher_path, compute, device, trained=()) if teacher_path else None
-    prefix = {index: teacher.model.layers[index] for index in range(first)} if share else {}
+    compiled = resolve_compile(config.compile, device)
+    teacher = (_sharded_model(teacher_config, teacher_path, compute, device, trained=(), compiled=compiled)
+               if teacher_path else None)
     student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
-                             mixed=compute if compute != torch.float32 else None, shared=prefix)
+                             mixed=compute if compute != torch.float32 else None, compiled=compiled,
+                             shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
+    if compiled:
+        say(COMPILING)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
-                            config.kd_divergence, config.kd_top_k, compiled=False)
+                            config.kd_divergence, config.kd_top_k, compiled)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     _shard_root(loss_module, compute if compute != torch.float32 else None)
@@ -146,8 +157,7 @@ def adapt_sharded(
         if found:
             say(found)
 
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95),
-                                  foreach=True)
+    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fused: no temporaries
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     saved = _read_state(state_dir, config) if resume and state_dir.is_dir() else None
     if saved is not None:
@@ -167,29 +177,15 @@ def adapt_sharded(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, config.warmup_steps,
                                                                            config.min_lr_ratio), last_epoch=step - 1)
 
-    log_every = LOG_EVERY_CUDA if device.type == "cuda" else 1
-    pending: list[tuple[int, int, float, float, float, dict[str, torch.Tensor]]] = []
+    log_every = log_interval(device)
+    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     loss_module.train()
     saved_step, clock, logged_s = step, SaveClock(config), train_s
     first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
     projected = False
 
-    def flush() -> None:
-        """Read the pending steps' losses (one wait for the device, one all-reduce) into the curve."""
-        if not pending:
-            return
-        names = list(pending[0][5])
-        stacked = torch.stack([torch.stack([sums[n] for n in names]) for *_, sums in pending]).float()
-        if world > 1:
-            dist.all_reduce(stacked)
-            stacked /= world
-        for (done, tokens, seconds, cpu, lr, _), values in zip(pending, stacked.tolist()):
-            curve.append({"step": done, "tokens": tokens, "train_s": round(seconds, 3), "cpu_s": round(cpu, 3), "lr": lr,
-                          **{f"loss_{n}": v for n, v in zip(names, values)}})
-        pending.clear()
-
     def save() -> None:
-        flush()
+        pending.flush(curve)
         _save_state(state_dir, config, loss_module, optimizer, {"step": step, "tokens": tokens_done, "train_s": train_s,
                                                                "cpu_s": cpu_s, "curve": curve, "processes": world})
 
@@ -197,7 +193,7 @@ def adapt_sharded(
         if stop_after_steps is not None and step >= stop_after_steps:
             if save_at_stop and saved_step != step:
                 save()
-            flush()
+            pending.flush(curve)
             dist.barrier()
             return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
                                state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
@@ -229,11 +225,12 @@ def adapt_sharded(
             torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
         train_s += time.perf_counter() - started
         cpu_s += time.process_time() - cpu_started
-        pending.append((step, tokens_done, train_s, cpu_s, lr, sums))
+        pending.add({"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3),
+                     "lr": lr}, sums)
         if logged:
             rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
             logged_s = train_s
-            flush()
+            pending.flush(curve)
             if first_window is None:
                 first_window = (step, train_s)
             elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
@@ -249,13 +246,21 @@ def adapt_sharded(
             saved_step = step
             clock.saved()
 
-    flush()
+    pending.flush(curve)
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     _write_out(loss_module.student, converted, checkpoint, tokenizer, teacher_path, config, weights, result, out, state_dir)
     if rank == 0:
         result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
     dist.barrier()
     return result
+
+
+def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, config: AdaptConfig, world: int) -> bool:
@@ -321,38 +326,67 @@ def _read_rows(file: Path, name: str, rows: slice) -> torch.Tensor:
         return part[rows] if part.get_shape() else handle.get_tensor(name)
 
 
-def _same_rows(student_path: str, teacher_path: str, first: int, rank: int, world: int, device: torch.device) -> bool:
-    """Whether the embedding and the layers below ``first`` are identical in both checkpoints (``layer_source.
-    same_prefix``'s question): each rank compares its own rows only, and the ranks agree (all-reduce)."""
+def _identical_parts(student_path: str, teacher_path: str, first: int, rank: int, world: int,
+                     device: torch.device) -> dict[str, bool]:
+    """Which frozen parts the two checkpoints hold identical: ``prefix`` (the embedding and the layers below
+    ``first``: ``layer_source.same_prefix``'s question), ``norm`` (the final norm) and ``head`` (an untied LM head).
+    Each rank compares its own rows only, and the ranks agree (one all-reduce)."""
     import torch.distributed as dist
 
+    from ..checkpoint.architectures import FINAL_NORM_TENSOR, LM_HEAD
     from ..checkpoint.tensor_files import tensor_shapes
     from .layer_source import EMBEDDING, layer_of, tensor_files
 
     mine, theirs = tensor_files(student_path), tensor_files(teacher_path)
-    names = [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first]
-    shapes = {name: shape for file in set(theirs[n] for n in names) for name, shape in tensor_shapes(file).items()}
-    same = all(n in mine for n in names)
-    for name in names if same else []:
-        rows = _rows(shapes[name][0], rank, world) if shapes[name] else slice(None)
-        a, b = _read_rows(mine[name], name, rows), _read_rows(theirs[name], name, rows)
-        if a.shape != b.shape or not torch.equal(a.float(), b.float()):
-            same = False
-            break
-    flag = torch.tensor([1 if same else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    parts = {"prefix": [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first],
+             "norm": [FINAL_NORM_TENSOR], "head": [LM_HEAD]}
+    named = {n for names in parts.values() for n in names if n in theirs}
+    shapes = {name: shape for file in set(theirs[n] for n in named) for name, shape in tensor_shapes(file).items()}
+
+    def identical(names: list[str]) -> bool:
+        if not all(n in mine and n in theirs for n in names):
+            return False
+        for name in names:
+            rows = _rows(shapes[name][0], rank, world) if shapes[name] else slice(None)
+            a, b = _read_rows(mine[name], name, rows), _read_rows(theirs[name], name, rows)
+            if a.shape != b.shape or not torch.equal(a.float(), b.float()):
+                return False
+        return True
+
+    flags = torch.tensor([1 if identical(names) else 0 for names in parts.values()], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    return dict(zip(parts, (bool(flag) for flag in flags.tolist())))
+
+
+def _teacher_pieces(teacher, student_config, first: int, same: dict[str, bool]) -> dict[str, torch.nn.Module]:
+    """The teacher's modules the student uses as its own, by name: the frozen parts both checkpoints hold identical
+    (``_identical_parts``), kept once. A tied LM head is its embedding's: shared with it, where both models tie."""
+    pieces: dict[str, torch.nn.Module] = {}
+    if same.get("prefix"):
+        pieces.update({f"model.layers.{index}": teacher.model.layers[index] for index in range(first)})
+    tied = bool(getattr(student_config, "tie_word_embeddings", False))
+    if same.get("prefix") and tied == bool(getattr(teacher.config, "tie_word_embeddings", False)):
+        pieces["model.embed_tokens"] = teacher.model.embed_tokens
+        if tied:
+            pieces["lm_head"] = teacher.lm_head
+    if same.get("norm"):
+        pieces["model.norm"] = teacher.model.norm
+    if same.get("head") and not tied:
+        pieces["lm_head"] = teacher.lm_head
+    return pieces
 
 
 def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None,
-                   shared: dict[int, torch.nn.Module] | None = None):
+                   shared: dict[str, torch.nn.Module] | None = None, compiled: bool = False):
     """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
     time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
 
     ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision); ``shared``:
-    layers taken from another model as they are (the teacher's frozen prefix, which the student never runs). A frozen
-    model (the teacher, no ``trained``) also shards its embedding, norm and head, each a unit of its own
-    (``fsdp.head_gathered``); a student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
+    modules taken from another model as they are, by name (``_teacher_pieces``: the teacher's frozen prefix, final
+    norm and head where identical), never read again. ``compiled``: each decoder layer's forward is compiled
+    (``compilation.compile_layers``) before it is sharded, so that FSDP2's gathers stay outside its graph. A frozen model (the teacher, no ``trained``) also shards its
+    embedding, norm and head, each a unit of its own (a tied head with its embedding; ``fsdp.teacher_units``); a
+    student's stay whole until the loss module, their unit, is sharded (``_shard_root``).
     """
     from accelerate import init_empty_weights
     from torch.distributed.fsdp import fully_shard
@@ -364,28 +398,37 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
 
     with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
         model = LadderLlamaForCausalLM(config)
+    model.tie_weights()  # a tied head is its embedding's weight (not tied on the meta device)
     model.requires_grad_(False)
     model.model.rotary_emb.to(device)
     files = tensor_files(path)
+    shared = shared or {}
+    for name, module in shared.items():
+        model.set_submodule(name, module)
 
     def file_of(name: str) -> Path:
         if name not in files:
             raise LadderizeError(f"checkpoint {path} is missing tensor {name}")
         return files[name]
 
+    def fill(module: torch.nn.Module, prefix: str) -> None:
+        if prefix.removesuffix(".") not in shared:
+            fill_module(module, prefix, file_of, dtype, device)
+
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    fill_module(model.model.embed_tokens, EMBEDDING, file_of, dtype, device)
-    fill_module(model.model.norm, FINAL_NORM_TENSOR.removesuffix("weight"), file_of, dtype, device)
-    if tied:
+    fill(model.model.embed_tokens, EMBEDDING)
+    fill(model.model.norm, FINAL_NORM_TENSOR.removesuffix("weight"))
+    if tied and "lm_head" not in shared:
         model.lm_head.weight = model.model.embed_tokens.weight
-    else:
-        fill_module(model.lm_head, LM_HEAD.removesuffix("weight"), file_of, dtype, device)
+    elif not tied:
+        fill(model.lm_head, LM_HEAD.removesuffix("weight"))
     for index, layer in enumerate(model.model.layers):
-        if shared and index in shared:  # the teacher's own layer, identical and frozen: one copy for both
-            model.model.layers[index] = shared[index]
+        if layer_prefix(index).removesuffix(".") in shared:  # the teacher's own layer, identical and frozen
             continue
         fill_module(layer, layer_prefix(index), file_of, dtype, device)
         layer.requires_grad_(index in trained)
+        if compiled:
+            compile_layers([layer], device)
         fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
     if not trained:
         for unit in teacher_units(model):

@@ -225,6 +225,12 @@ def test_a_compiled_stage_trains_as_the_eager_one(stage, hybrid_dir, text_file, 
     assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage)
 
 
+@needs_compiler
+def test_compiled_layers_train_sharded_as_eager(hybrid_dir, text_file, tmp_path):
+    """The sharded path (FSDP2, one process) compiles each decoder layer before sharding it: kd trains as eager."""
+    assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, STAGES[1], shard="fsdp", device="cpu")
+
+
 def assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage: dict, **settings) -> None:
     """The stage run compiled (through dynamo) and eager: the same steps, losses within rounding, each weight's
     difference a small part of its update."""

@@ -163,7 +163,7 @@ def test_a_run_saved_on_two_processes_continues_on_one(sharp_ladder, text_file, 
 def test_shard_fsdp_refuses_what_needs_the_whole_weights(sharp_ladder, text_file, tmp_path):
     from ladderize.errors import LadderizeError
 
-    with pytest.raises(LadderizeError, match="--shard fsdp trains the converted layers, eager: ema"):
+    with pytest.raises(LadderizeError, match="--shard fsdp trains the converted layers: ema needs the replicated path"):
         adapt(_config(sharp_ladder, text_file, tmp_path / "o", ema=0.9))
 
 
@@ -177,9 +177,9 @@ def _peak_rss_mb(command: list[str], env: dict[str, str]) -> float:
 
 
 def test_host_memory_per_rank_at_two_processes_is_under_one_processs(text_file, tmp_path):
-    """A 1.1 GB model (fp32): each rank reads its own rows and holds half of the weights and AdamW state, so its peak
-    is well under one process's (measured 2.8 against 4.0 GB, 0.70x: a step's gathered units and gloo's buffers,
-    about 1 GB, do not shrink with the ranks)."""
+    """A 1.1 GB model (fp32): each rank holds half of the weights, gradients and AdamW state, and what a step gathers
+    and frees leaves the process (``layer_source.map_large_allocations``), so its peak is one process's less half of
+    what the model takes (measured 1.65 against 2.85 GB, 0.58x; the 0.4 GB of Python and torch do not shrink)."""
     from ladderize.checkpoint.shapes import ModelShape
     from ladderize.synthetic import write_synthetic_checkpoint
 
@@ -193,7 +193,7 @@ def test_host_memory_per_rank_at_two_processes_is_under_one_processs(text_file, 
     one = _peak_rss_mb([sys.executable, *[str(tmp_path / "one") if a is None else a for a in args]], _env(tmp_path))
     two = _peak_rss_mb([*_torchrun(2), *[str(tmp_path / "two") if a is None else a for a in args]], _env(tmp_path))
     print(f"peak RSS: one process {one:,.0f} MB, a rank of two {two:,.0f} MB ({two / one:.2f}x)")
-    assert two <= 0.75 * one, (one, two)
+    assert two <= 0.6 * one, (one, two)
 
 
 def test_activation_checkpointing_recomputes_the_same_training(sharp_ladder, text_file, tmp_path):
@@ -214,3 +214,73 @@ def test_a_state_is_resumed_by_the_training_that_saved_it(sharp_ladder, text_fil
     adapt(_config(sharp_ladder, text_file, tmp_path / "sh"), max_steps=2)
     with pytest.raises(LadderizeError, match="saved sharded"):
         adapt(_config(sharp_ladder, text_file, tmp_path / "sh", shard="ddp"), resume=True)
+
+
+def _tied_ladder(root: Path) -> Path:
+    """``sharp_dense``'s model with its LM head tied to the embedding (SmolLM2's way), converted ladder 1:4."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY, char_tokenizer
+
+    torch.manual_seed(1)
+    dense = root / "dense"
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "tie_word_embeddings": True}, initializer_range=0.15)).save_pretrained(dense)
+    char_tokenizer().save_pretrained(dense)
+    return convert(dense, root / "ladder", ladder="1:4")
+
+
+def test_a_tied_checkpoint_trains_sharded_as_replicated(text_file, tmp_path):
+    """A tied LM head is its embedding's weight in the sharded build too (one FSDP2 unit with it in the teacher):
+    kd sharded on one process equals the replicated training."""
+    from torch.distributed.tensor import DTensor
+
+    from ladderize.adapt.sharded import _init_process_group, _sharded_model
+    from ladderize.checkpoint.io import load_config
+
+    ladder = _tied_ladder(tmp_path)
+    dense = tmp_path / "dense"
+    teacher = _sharded_model(load_config(dense), str(dense), torch.float32, _init_process_group(torch.device("cpu")), ())
+    assert isinstance(teacher.lm_head.weight, DTensor) and teacher.lm_head.weight is teacher.model.embed_tokens.weight
+    sharded = adapt(_config(ladder, text_file, tmp_path / "sharded", tokens=4 * 2 * SEQ))
+    replicated = adapt(_config(ladder, text_file, tmp_path / "replicated", tokens=4 * 2 * SEQ, shard="ddp"))
+    assert [r["loss_kd"] for r in sharded.curve] == pytest.approx([r["loss_kd"] for r in replicated.curve], rel=1e-5)
+    _updates_agree(tmp_path / "replicated", tmp_path / "sharded", ladder, 1e-4)
+
+
+def test_the_student_holds_the_teachers_identical_frozen_parts_once(sharp_ladder, tmp_path):
+    """The layers below the first converted one, the embedding, the final norm and an untied LM head are the
+    teacher's own modules where both checkpoints hold them identical: the student's own parameters are its converted
+    layers'. A head that differs is the student's own."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from ladderize.adapt.sharded import _identical_parts, _init_process_group, _sharded_model, _teacher_pieces
+    from ladderize.checkpoint.io import load_config
+
+    dense = sharp_ladder.parent / "dense"
+    other = tmp_path / "other-head"
+    shutil.copytree(dense, other)
+    tensors = load_file(other / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1.0
+    save_file(tensors, other / "model.safetensors", metadata={"format": "pt"})
+
+    device = _init_process_group(torch.device("cpu"))
+    config = load_config(sharp_ladder)
+    converted = config.layout.converted_layers
+    first = min(converted)
+    for teacher_path, head_shared in ((dense, True), (other, False)):
+        same = _identical_parts(str(sharp_ladder), str(teacher_path), first, 0, 1, device)
+        assert same == {"prefix": True, "norm": True, "head": head_shared}
+        teacher = _sharded_model(load_config(teacher_path), str(teacher_path), torch.float32, device, trained=())
+        student = _sharded_model(config, str(sharp_ladder), torch.float32, device, trained=converted,
+                                 shared=_teacher_pieces(teacher, config, first, same))
+        assert student.model.embed_tokens is teacher.model.embed_tokens and student.model.norm is teacher.model.norm
+        assert (student.lm_head is teacher.lm_head) == head_shared
+        assert all(student.model.layers[i] is teacher.model.layers[i] for i in range(first))
+        teachers = {id(p) for p in teacher.parameters()}
+        own = {id(p) for p in student.parameters() if id(p) not in teachers}
+        expected = {id(p) for i in converted for p in student.model.layers[i].parameters()}
+        if not head_shared:
+            expected.add(id(student.lm_head.weight))
+        assert own == expected
