@@ -13,7 +13,8 @@ the embedding lookup excluded, the LM head included; the attention's quadratic t
   they are identical, ``share_prefix``), and the teacher's layers and head that the objectives read.
 
 **Memory per GPU** of a joint stage (``JointMemory``), sharded over the processes with FSDP2 (``sharded.py``):
-fp32 student weights, the teacher in the compute dtype, fp32 gradients and AdamW's two fp32 moments of the trained
+fp32 student weights (beside a teacher, only its layers from the first converted one up: the rest are the teacher's,
+held once), the teacher in the compute dtype, fp32 gradients and AdamW's two fp32 moments of the trained
 parameters, each divided by the processes; two gathered decoder layers in the compute dtype (the one computing and
 the one prefetched); and the activations the backward keeps, per token of a micro-batch:
 ``ACTIVATION_VALUES`` x the layer widths in the compute dtype for every layer from the first trained one up
@@ -182,7 +183,10 @@ class JointMemory:
             activations = micro_batch_tokens * (kept_layers * 2 * shape.hidden_size * compute_bytes + per_layer)
         else:
             activations = micro_batch_tokens * kept_layers * per_layer
-        return cls(student=4 * every / parts, teacher=(compute_bytes * every / parts) if teacher else 0.0,
+        # sharded beside a teacher, the student holds its own layers from the first converted one up: the layers
+        # below it, the embedding, the final norm and the head are the teacher's (``sharded._identical_parts``)
+        own = kept_layers * layer if sharded and teacher else every
+        return cls(student=4 * own / parts, teacher=(compute_bytes * every / parts) if teacher else 0.0,
                    gradients=4 * trained / parts, optimizer=8 * trained / parts,
                    gathered=2 * layer * compute_bytes if sharded and processes > 1 else 0.0,
                    activations=float(activations))

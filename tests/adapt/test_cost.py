@@ -93,7 +93,7 @@ def test_dry_run_refuses_llama_70b_on_one_h100_in_one_line_naming_what_to_change
     assert code == 2
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "does not fit" in errors[0] and "at least" in errors[0] and "GPUs" in errors[0], stderr
-    assert "--activation-checkpointing" in errors[0]
+    assert "1 x H100" in errors[0] and "GiB usable" in errors[0]
 
 
 def test_dry_run_here_prices_the_launch_it_runs_under(tmp_path, capsys, monkeypatch):
