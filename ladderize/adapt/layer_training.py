@@ -115,6 +115,13 @@ def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
     return max(1, math.ceil(epochs * num_sequences / batch_size))
 
 
+def window_epochs(converted: list[int] | set[int], epochs: float, ramp: float, window: int) -> dict[int, float]:
+    """The epochs of each group of layers the sequential stage trains together (``layer_windows``, keyed by the
+    group's first layer): the mean of its layers' ``layer_epochs``."""
+    ramped = {index: layer_epochs(epochs, ramp, position, len(converted)) for position, index in enumerate(sorted(converted))}
+    return {group[0]: sum(ramped[i] for i in group) / len(group) for group in layer_windows(converted, window)}
+
+
 def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float:
     """Epochs of the ``position``-th of ``count`` converted layers (0: the lowest) under ``epochs_ramp``.
 

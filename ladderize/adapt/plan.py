@@ -67,6 +67,7 @@ class AdaptPlan:
     single: bool = False  # one stage from the single-stage flags: it trains into OUT directly, without a recipe's run dir
     budget: dict[str, Any] | None = None  # how --budget sized the stages (budget.size_recipe's record)
     cost: RunPlan | None = None  # the stages priced for ``launch`` (None without a config.json or converted layers)
+    converted: tuple[int, ...] = ()  # the checkpoint's converted layers (from its config.json)
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -98,14 +99,39 @@ class AdaptPlan:
             record["cost"] = self.cost.to_dict()
         return record
 
+    def tokens_trained(self, stage: PlannedStage) -> int:
+        """The tokens ``stage`` trains, as its progress and the run's last line count them: a joint stage's tokens in
+        whole steps, a sequential stage's steps through each group of layers it trains together times their tokens
+        (``layer_training.window_epochs``: its calibration tokens x epochs, once for every group)."""
+        from .layer_training import steps_per_layer, window_epochs
+
+        seq_len = int(stage.settings.get("seq_len", AdaptConfig.seq_len))
+        batch = int(stage.settings.get("batch_size", AdaptConfig.batch_size))
+        if not stage.sequential:
+            step = seq_len * batch * int(stage.settings.get("grad_accum", AdaptConfig.grad_accum)) * self.launch.processes
+            return -(-stage.tokens // step) * step
+        rows = max(1, stage.tokens // seq_len)
+        batch = min(batch, rows)
+        epochs = window_epochs(self.converted, float(stage.settings.get("epochs", AdaptConfig.epochs)),
+                               float(stage.settings.get("epochs_ramp", AdaptConfig.epochs_ramp)),
+                               int(stage.settings.get("window", AdaptConfig.window)))
+        return sum(steps_per_layer(rows, share, batch) for share in epochs.values()) * batch * seq_len
+
     def lines(self) -> list[str]:
-        """The plan as a run prints it before it starts: each stage, then what it is expected to cost."""
+        """The plan as a run prints it before it starts: each stage, the tokens it trains where a sequential stage
+        counts them otherwise than its size, then what it is expected to cost."""
         from ..progress import format_duration
         from .stages import describe
 
         head = (f"plan (stage {self.stages[0].name}):" if self.single else
                 f"plan (recipe {self.recipe}, {len(self.stages)} stage(s)):")
         out = [head, *(f"  {describe(stage.step)}" for stage in self.stages)]
+        if self.converted and any(stage.sequential for stage in self.stages):
+            trained = [self.tokens_trained(stage) for stage in self.stages]
+            parts = ", ".join(f"{stage.name} {count:,}" for stage, count in zip(self.stages, trained))
+            out.append(f"  tokens trained: {parts}" + (f" ({sum(trained):,} in all)" if len(trained) > 1 else "") +
+                       "; a sequential stage trains its tokens x epochs through each converted layer (or window) in "
+                       "turn, where a budget counts them once (token passes)")
         expected = self.expected_s
         if expected is not None:
             how = "timed on this device" if self.budget and self.budget.get("planned_s") else \
@@ -187,6 +213,10 @@ def build_plan(
             plan.budget = record
     if readable and where.memory_bytes:
         plan = _fill_device(plan, _user_set(chosen, shared, single), say)
+    if readable:
+        from ..checkpoint.io import load_config
+
+        plan.converted = tuple(load_config(checkpoint).layout.converted_layers)
     plan.cost = _price(plan) if readable else None
     return plan
 

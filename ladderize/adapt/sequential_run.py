@@ -57,7 +57,7 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
+from .layer_training import Ranks, StateCache, layer_windows, steps_per_layer, train_layer, window_epochs
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -239,10 +239,8 @@ def _train_layers(
     if batch_size < config.batch_size:
         say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")
-    ramp = {index: layer_epochs(config.epochs, config.epochs_ramp, position, len(converted))
-            for position, index in enumerate(sorted(converted))}
     windows = {window[0]: window for window in layer_windows(converted, config.window)}
-    epochs = {start: sum(ramp[i] for i in window) / len(window) for start, window in windows.items()}  # a window's mean
+    epochs = window_epochs(converted, config.epochs, config.epochs_ramp, config.window)
     per_window = {start: steps_per_layer(num_train, share, batch_size) for start, share in epochs.items()}
     total_steps = sum(per_window.values())
     tokens_per_step = batch_size * config.seq_len

@@ -63,6 +63,10 @@ def test_a_run_records_the_plan_it_was_built_from(ladder_dir, text_file, tmp_pat
     out = tmp_path / "o"
     done = run_recipe(tiny_best(), str(ladder_dir), str(out), shared=shared, keep_state=True)
     assert done.finished
+    # one unit: the plan's tokens trained are what each stage's progress and result count
+    assert [plan.tokens_trained(stage) for stage in plan.stages] == [result.tokens for result in done.stages]
+    assert plan.stages[0].sequential and plan.tokens_trained(plan.stages[0]) > plan.stages[0].tokens  # every layer
+    assert any(line.startswith("  tokens trained: seq-local ") for line in plan.lines())
     written = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
     assert written == json.loads(json.dumps(plan.record()))
     recorded = [step["recipe"] for step in read_provenance(out)["history"] if step["step"] == "adapt"]
