@@ -193,8 +193,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                           dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
                           compile=first.get("compile"))
     pace = pacing.cached_pace(key)
-    if pace is not None and budget.seconds is not None:  # a pace timed here before answers a budget too short at once
-        _check_floor(budget, pace, steps, "timed here before")
+    if pace is not None and budget.seconds is not None:  # the fastest pace timed here answers a budget too short at once
+        _check_floor(budget, pace, steps, "timed here before, its fastest")
     if pace is None or budget.seconds is not None:
         say(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and backward and the "
             "kd head, a few calls each: seconds; kept for the next run)")

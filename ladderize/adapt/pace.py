@@ -339,13 +339,21 @@ def cached_pace(key: str) -> Pace | None:
         return None
 
 
+TIMED_PIECES = ("layer_forward", "layer_train", "head_step", "layer_read")
+
+
 def store_pace(key: str, pace: Pace) -> None:
-    """Keep ``pace`` under ``key`` for the next run's budget check (written whole, then renamed into place)."""
+    """Keep under ``key``, for the next run's budget check, the fastest of ``pace`` and the pace kept there, piece by
+    piece: a budget refused by it is too short even on this machine at its quietest (written whole, then renamed)."""
     import json
+    from dataclasses import replace
 
     from ..checkpoint.atomic import atomic_file
     from ..paths import cache_path
 
+    kept = cached_pace(key)
+    if kept is not None:
+        pace = replace(pace, **{piece: min(getattr(pace, piece), getattr(kept, piece)) for piece in TIMED_PIECES})
     folder = cache_path(PACE_CACHE)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -213,7 +213,25 @@ def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_time
     monkeypatch.setattr(budgets, "_data_tokens", untouched)
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 2 and len(error_lines(stderr)) == 1, stderr
-    assert re.search(r"takes about [\d.]+ (s|min) \(by the pace timed here before\): give at least --budget \d+[sm]$",
+    assert re.search(r"takes about [\d.]+ (s|min) \(by the pace timed here before, its fastest\): give at least "
+                     r"--budget \d+[sm]$",
                      error_lines(stderr)[0]), stderr
     assert "timing this device's pace" not in stdout + stderr
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.adapt-run").exists()
+
+
+def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch):
+    """A pace timed on a busy machine must not refuse a budget a quiet one fits: the kept one is the fastest seen."""
+    from dataclasses import replace
+
+    from ladderize.adapt.pace import Pace, cached_pace, store_pace
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    quiet = Pace("cpu", "float32", 64, layer_forward=0.01, layer_train=0.03, head_step=0.02, layer_read=0.001, layers=4,
+                 first_converted=2, last_converted=3, converted=2, measured_s=1.0)
+    busy = replace(quiet, layer_forward=0.04, layer_train=0.02, head_step=0.05, measured_s=3.0)
+    store_pace("k", quiet)
+    store_pace("k", busy)
+    kept = cached_pace("k")
+    assert (kept.layer_forward, kept.layer_train, kept.head_step) == (0.01, 0.02, 0.02)
+    assert cached_pace("other") is None
