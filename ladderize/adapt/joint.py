@@ -28,11 +28,11 @@ from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .batches import batch_rows, micro_batch_index
 from .cost import FlopCount
-from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
+from .throughput import Throughput, peak_flops_per_s, plan_line
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
-from .loss_log import PendingLosses, log_every as log_interval
+from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .output import write_output
@@ -207,11 +207,12 @@ def adapt_joint(
     model = accelerator.unwrap_model(loss_module).student
     loss_module.train()
     rank = accelerator.process_index
-    saved_step, clock, logged_s = step, SaveClock(config), train_s
-    first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
-    projected = False
+    saved_step, clock = step, SaveClock(config)
     log_every = log_interval(accelerator.device)
     pending = PendingLosses((lambda t: accelerator.reduce(t, reduction="mean")) if world > 1 else None)
+    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
+                      pace=pace, say=say, report=(lambda info: progress(info, model))
+                      if accelerator.is_main_process and progress is not None else None)
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
             pending.flush(curve)
@@ -246,22 +247,7 @@ def adapt_joint(
             torch.cuda.synchronize(accelerator.device)  # the clock counts the device's work where the losses are read
         train_s += time.perf_counter() - started
         cpu_s += time.process_time() - cpu_started
-        pending.add({"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3),
-                     "lr": lr}, sums)
-        if logged:
-            rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
-            logged_s = train_s
-            pending.flush(curve)
-            if first_window is None:
-                first_window = (step, train_s)
-            elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
-                projected = True
-                say(projection_line(step - first_window[0], train_s - first_window[1], total_steps - step, total_steps,
-                                    tokens_per_step, pace))
-            if accelerator.is_main_process and progress is not None:
-                losses_now = {k.removeprefix("loss_"): v for k, v in curve[-1].items() if k.startswith("loss_")}
-                progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, losses_now, lr, train_s,
-                                  rate, pace=pace.per_process(rate) or None), model)
+        log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
         if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
             pending.flush(curve)
             save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)

@@ -50,10 +50,10 @@ from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
 from ..corpus.windows import token_windows
 from .batches import batch_rows, micro_batch_index
-from .loss_log import PendingLosses, log_every as log_interval
+from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
-from .throughput import PROJECT_AFTER_STEPS, Throughput, peak_flops_per_s, plan_line, projection_line
+from .throughput import Throughput, peak_flops_per_s, plan_line
 from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 
 
@@ -180,9 +180,10 @@ def adapt_sharded(
     log_every = log_interval(device)
     pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     loss_module.train()
-    saved_step, clock, logged_s = step, SaveClock(config), train_s
-    first_window: tuple[int, float] | None = None  # (step, train_s) after the first logged window (one-time costs)
-    projected = False
+    saved_step, clock = step, SaveClock(config)
+    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
+                      pace=pace, say=say,
+                      report=(lambda info: progress(info, student)) if rank == 0 and progress is not None else None)
 
     def save() -> None:
         pending.flush(curve)
@@ -225,22 +226,7 @@ def adapt_sharded(
             torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
         train_s += time.perf_counter() - started
         cpu_s += time.process_time() - cpu_started
-        pending.add({"step": step, "tokens": tokens_done, "train_s": round(train_s, 3), "cpu_s": round(cpu_s, 3),
-                     "lr": lr}, sums)
-        if logged:
-            rate = len(pending) * tokens_per_step / max(train_s - logged_s, 1e-9)
-            logged_s = train_s
-            pending.flush(curve)
-            if first_window is None:
-                first_window = (step, train_s)
-            elif not projected and step - first_window[0] >= PROJECT_AFTER_STEPS and step < total_steps:
-                projected = True
-                say(projection_line(step - first_window[0], train_s - first_window[1], total_steps - step, total_steps,
-                                    tokens_per_step, pace))
-            if rank == 0 and progress is not None:
-                losses_now = {k.removeprefix("loss_"): v for k, v in curve[-1].items() if k.startswith("loss_")}
-                progress(StepInfo(step, total_steps, tokens_done, total_steps * tokens_per_step, losses_now, lr,
-                                  train_s, rate, pace=pace.per_process(rate) or None), student)
+        log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
         if (logged or clock.by_steps) and step < total_steps and clock.due(step, device):  # time is read where losses are
             save()
             saved_step = step
