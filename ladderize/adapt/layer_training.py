@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -98,6 +99,32 @@ class LayerStep:
     steps_per_layer: int
     loss: float
     lr: float
+
+
+@dataclass
+class LayerProgress:
+    """A window's training after ``steps`` of its steps, what continues it exactly: the losses so far, the evaluation
+    loss before its first step, and AdamW's state (``optimizer_tensors``). The weights are the window's own."""
+
+    steps: int
+    losses: list[float]
+    before: float
+    optimizer: dict[str, torch.Tensor]
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """An optimizer's per-parameter state as named tensors (``PARAM.KEY``, host memory), for a safetensors file."""
+    return {f"{index}.{key}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().cpu().contiguous()
+            for index, entry in optimizer.state_dict()["state"].items() for key, value in entry.items()}
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+    """Give ``optimizer`` the per-parameter state ``optimizer_tensors`` wrote (its parameter groups stay its own)."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 @dataclass
@@ -294,6 +321,9 @@ def train_layer(
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
     ranks: Ranks = Ranks(),
+    start: LayerProgress | None = None,
+    save: Callable[[LayerProgress], None] | None = None,
+    save_due: Callable[[], bool] = lambda: False,
 ) -> LayerFit:
     """Train the student's current window on the cached states: its losses per step, and its loss on the fixed
     evaluation batch (``StateCache.eval_rows``) before and after.
@@ -302,6 +332,9 @@ def train_layer(
     states leaving each (``StateCache.teacher_outputs``). The layers train together, each fed the one below's
     output of the same step, and the loss is the mean of their layer errors.
     Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
+
+    ``start``: continue a training saved partway (the layers hold its weights). ``save(progress)`` runs after a step
+    before the window's last when ``save_due()`` says so (on every process: ``save_due`` decides for all of them).
     """
     from .lr_curve import warmup_cosine
 
@@ -331,10 +364,18 @@ def train_layer(
         return error / len(layers)
 
     evaluation = cache.eval_rows(batch_size)  # every process measures the whole evaluation batch
-    with torch.no_grad():
-        before = loss_on(evaluation).item()
-    losses = []
-    for step in range(total):
+    if start is not None:
+        with warnings.catch_warnings():  # the schedule moved to the saved step: no optimizer step comes first
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            for _ in range(start.steps):
+                scheduler.step()
+        load_optimizer_tensors(optimizer, start.optimizer)
+        before, losses = start.before, list(start.losses)
+    else:
+        with torch.no_grad():
+            before = loss_on(evaluation).item()
+        losses = []
+    for step in range(len(losses), total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
         part = ranks.part(len(rows)) if ranks.world > 1 else None
         optimizer.zero_grad(set_to_none=True)
@@ -358,6 +399,8 @@ def train_layer(
         losses.append(loss.item())
         if progress is not None:
             progress(LayerStep(index, step + 1, total, losses[-1], current_lr))
+        if save is not None and step + 1 < total and save_due():
+            save(LayerProgress(step + 1, list(losses), before, optimizer_tensors(optimizer)))
     for param in params:
         param.requires_grad_(False)
         param.grad = None

@@ -49,15 +49,15 @@ import torch
 
 from ..checkpoint.atomic import atomic_file
 from ..checkpoint.placement import TrainingPrecision
-from ..checkpoint.tensor_files import save_safetensors
+from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
 from ..errors import LadderizeError
 from .compilation import COMPILING, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
-from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
+from .layer_training import LayerProgress, Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -97,6 +97,19 @@ class _Stop(Exception):
 def layer_file(state_dir: Path, index: int) -> Path:
     """Where finished layer ``index`` is written."""
     return state_dir / f"layer-{index:05d}.safetensors"
+
+
+def partial_file(state_dir: Path, step: int, index: int | None = None) -> Path:
+    """Where the training saved at ``step`` partway through a window keeps layer ``index``'s weights (``None``: the
+    window's AdamW state). The step in the name keeps a save from overwriting the files the trainer state names."""
+    return state_dir / f"partial-{step:08d}-{'optimizer' if index is None else f'layer-{index:05d}'}.safetensors"
+
+
+def _remove_partial(state_dir: Path, keep_step: int | None = None) -> None:
+    """Remove the files of saves partway through a window, but those of ``keep_step``."""
+    for file in state_dir.glob("partial-*.safetensors"):
+        if keep_step is None or not file.name.startswith(f"partial-{keep_step:08d}-"):
+            file.unlink(missing_ok=True)
 
 
 def adapt_sequential(
@@ -248,13 +261,24 @@ def _train_layers(
     tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
+    partial = None  # a window's training saved partway: {"layer", "steps", "losses", "before"} (train_layer's start)
     if saved is not None:
         step, train_s, cpu_s, curve, done = saved["step"], saved["train_s"], saved["cpu_s"], saved["curve"], saved["layer_done"]
+        partial = saved.get("partial")
+        needed = [layer_file(state_dir, i) for i in converted if i <= done]
+        if partial is not None:
+            needed += [partial_file(state_dir, step, i) for i in windows[partial["layer"]]] + [partial_file(state_dir, step)]
+        for file in needed:
+            if not file.is_file():
+                raise LadderizeError(f"cannot resume {state_dir.parent}: {file.name} is missing; pass --force to start over")
         for index in (i for i in converted if i <= done):
-            if not layer_file(state_dir, index).is_file():
-                raise LadderizeError(f"cannot resume {state_dir.parent}: {layer_file(state_dir, index).name} is missing; pass --force to start over")
             student.use_trained(index, layer_file(state_dir, index))
-        say(f"resumed after layer {done} (step {step})")
+        if partial is not None:
+            for index in windows[partial["layer"]]:
+                student.use_trained(index, partial_file(state_dir, step, index))
+            say(f"resumed at step {partial['steps']} of layer {partial['layer']} (step {step})")
+        else:
+            say(f"resumed after layer {done} (step {step})")
     else:
         if resume:
             say(f"nothing to resume in {state_dir.parent}; starting a new run")
@@ -265,6 +289,21 @@ def _train_layers(
     resumed_from = step
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
+    clock = SaveClock(config)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
+
+    def save_partial(group: list[int], layers: list[torch.nn.Module], progress: LayerProgress) -> None:
+        """Save the window's training partway: its layers, AdamW's state, then the trainer state that names them."""
+        if ranks.main:
+            for i, layer in zip(group, layers):
+                _save_tensors(partial_file(state_dir, step, i), layer_tensors(layer, i))
+            _save_tensors(partial_file(state_dir, step), progress.optimizer)
+            write_trainer_state(state_dir, config, {
+                "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
+                "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[0] - 1,
+                "partial": {"layer": group[0], "steps": progress.steps, "losses": progress.losses, "before": progress.before}})
+            _remove_partial(state_dir, keep_step=step)
+        ranks.barrier()
+        clock.saved()
 
     def stopping() -> bool:
         return stop_after_steps is not None and stop_after_steps <= step < total_steps
@@ -308,9 +347,16 @@ def _train_layers(
                     if config.closed_form:  # one layer per group (validate_config)
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
+                    start = None
+                    if partial is not None and partial["layer"] == group[0]:
+                        tensors = read_tensors(dict.fromkeys(tensor_names(partial_file(state_dir, step)), partial_file(state_dir, step)))
+                        start = LayerProgress(partial["steps"], partial["losses"], partial["before"], tensors)
+                        partial = None
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
+                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,
+                                      start=start, save=lambda progress, group=group, layers=layers: save_partial(group, layers, progress),
+                                      save_due=lambda: clock.due(step, device))
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
                     if ranks.main:
                         for i, layer in zip(group, layers):
@@ -318,7 +364,9 @@ def _train_layers(
                         write_trainer_state(state_dir, config, {
                             "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
                             "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1]})
+                        _remove_partial(state_dir)
                     ranks.barrier()  # the layers' files are written before any process reads them
+                    clock.saved()
                     for i in group:
                         student.use_trained(i, layer_file(state_dir, i))
                     if stopping():
@@ -335,9 +383,14 @@ def _train_layers(
 
 def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
     """Write the trained layer's tensors (checkpoint names) to its file, atomically."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_file(layer_file(state_dir, index)) as tmp:
-        save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)
+    _save_tensors(layer_file(state_dir, index), layer_tensors(layer, index))
+
+
+def _save_tensors(file: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (host copies) to a safetensors ``file``, atomically."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(file) as tmp:
+        save_safetensors({name: tensor.cpu() for name, tensor in tensors.items()}, tmp)
 
 
 def _silent(_message: str) -> None:

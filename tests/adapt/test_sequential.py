@@ -65,6 +65,38 @@ def test_sequential_resume_after_interruption_is_bit_identical(hybrid_dir, text_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identical(hybrid_dir, text_file, tmp_path):
+    """A layer's training is saved partway (by the save clock: here every 5 steps), so an interrupt loses at most the
+    steps since; the resume continues the layer's AdamW state, schedule and losses exactly."""
+    whole = adapt(_config(hybrid_dir, tmp_path / "whole", text_file))
+    interrupted = _config(hybrid_dir, tmp_path / "resumed", text_file, save_every=5)
+    partial = adapt(interrupted, stop_after_steps=17)  # killed inside layer 3 (steps 13-24); saved at step 15
+    assert partial.steps == 17
+    state = tmp_path / "resumed.adapt-run" / "state"
+    assert sorted(f.name for f in state.glob("partial-*")) == [
+        "partial-00000015-layer-00003.safetensors", "partial-00000015-optimizer.safetensors"]
+    resumed = adapt(interrupted, resume=True)
+    assert resumed.resumed_from_step == 15 and resumed.steps == whole.steps
+    assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
+    assert [r.get("eval_before") for r in resumed.curve] == [r.get("eval_before") for r in whole.curve]
+    assert resumed.curve[14]["train_s"] <= resumed.curve[15]["train_s"]  # the saved attempt's time carries on
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sequential_saves_a_layer_partway_a_minute_in_by_default(hybrid_dir, text_file, tmp_path, monkeypatch):
+    """Without --save-every the save clock's first save (a minute in; here at once) comes partway through a layer."""
+    from ladderize.adapt import training_state
+
+    monkeypatch.setattr(training_state, "FIRST_SAVE_S", 0.0)
+    partial = adapt(_config(hybrid_dir, tmp_path / "out", text_file), stop_after_steps=5)  # inside layer 1 (steps 1-12)
+    assert partial.steps == 5
+    state = tmp_path / "out.adapt-run" / "state"
+    assert {f.name for f in state.glob("partial-*")} == {"partial-00000001-layer-00001.safetensors", "partial-00000001-optimizer.safetensors"}
+    resumed = adapt(_config(hybrid_dir, tmp_path / "out", text_file), resume=True, stop_after_steps=1)
+    assert resumed.resumed_from_step == 1
+
+
 @pytest.mark.parametrize(
     "change,message",
     [({"objectives": "local,kd"}, "local objective alone"), ({"train": "all"}, "converted layers"), ({"epochs": 0}, "epochs")],
