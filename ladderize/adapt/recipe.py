@@ -11,10 +11,11 @@ and resumes the interrupted one exactly; a finished recipe removes RUN unless ``
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..errors import LadderizeError
 from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult
-from .output import CURVE_FILE
+from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, chosen_recipe, describe
 from .teacher_states import keeps_teacher_states
@@ -47,6 +48,7 @@ class RecipeResult:
     plan: list[dict[str, Any]]
     finished: bool
     run_dir: Path | None = None
+    earlier: list[AdaptResult] = field(default_factory=list)  # the stages an earlier attempt finished, as recorded
 
 
 def run_recipe(
@@ -164,6 +166,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
     the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
     say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
+    earlier: list[AdaptResult] = []
     current, done_steps, stage_s = str(plan.checkpoint), 0, []
     for index in range(len(plan.stages)):
         stage, steps = plan.stages[index], plan.steps
@@ -176,7 +179,8 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None)
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
-            curve = json.loads((stage_out / CURVE_FILE).read_text())
+            curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
+            earlier.append(_finished_stage(stage_out, curve))
             done_steps += curve[-1]["step"] if curve else 0
             say(f"stage {stage.number}/{len(steps)} {stage.name}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
@@ -184,7 +188,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             plan = after_stage(index, plan, stage_s)
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
-            return RecipeResult(final, results, steps, False, top)
+            return RecipeResult(final, results, steps, False, top, earlier)
         (on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
@@ -194,7 +198,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
-            return RecipeResult(final, results, steps, False, top)  # stopped early, as a kill would
+            return RecipeResult(final, results, steps, False, top, earlier)  # stopped early, as a kill would
         done_steps += result.steps
         if on_stage_end is not None:
             on_stage_end(stage.step, result, stage_out)
@@ -210,15 +214,26 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 path.unlink()
     elif not keep_state:
         shutil.rmtree(top, ignore_errors=True)
-    return RecipeResult(final, results, steps, True, top if top.exists() else None)
+    return RecipeResult(final, results, steps, True, top if top.exists() else None, earlier)
+
+
+def _finished_stage(stage_out: Path, curve: list[dict[str, Any]]) -> AdaptResult:
+    """A stage an earlier attempt finished, as its checkpoint records it (the ``adapt`` record its training appended
+    to the provenance): its steps, tokens and training time over all its attempts, and its own curve."""
+    from ..checkpoint.io import read_provenance
+
+    record = next((step for step in reversed(read_provenance(stage_out).get("history", [])) if step.get("step") == "adapt"), {})
+    return AdaptResult(stage_out, record.get("steps", 0), record.get("tokens", 0), record.get("train_s", 0.0), curve,
+                       throughput=record.get("throughput"))
 
 
 @dataclass
 class AdaptRun:
-    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages."""
+    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages
+    (those an earlier attempt finished included)."""
 
     result: AdaptResult
-    stages: list[AdaptResult]
+    stages: list[AdaptResult]  # every stage's, in order: those an earlier attempt finished, then this attempt's
     finished: bool = True  # False: stopped at --max-steps, OUT not written (resume continues)
 
 
@@ -298,13 +313,14 @@ def adapt_checkpoint(
         raise
     if not outcome.stages:  # --max-steps reached before this run's first stage (resumed past it)
         raise LadderizeError(f"--max-steps {max_steps}: the run in {top} is already past that step; resume without it")
-    result = outcome.stages[-1]
-    result.steps, result.tokens = sum(r.steps for r in outcome.stages), sum(r.tokens for r in outcome.stages)
-    result.train_s = sum(r.train_s for r in outcome.stages)
-    result.throughput = whole_run_pace(outcome.stages)
+    every = outcome.earlier + outcome.stages
+    result = copy.copy(outcome.stages[-1])
+    result.steps, result.tokens = sum(r.steps for r in every), sum(r.tokens for r in every)
+    result.train_s = sum(r.train_s for r in every)
+    result.throughput = whole_run_pace(every)
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
-    return AdaptRun(result, outcome.stages, outcome.finished)
+    return AdaptRun(result, every, outcome.finished)
 
 
 def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:

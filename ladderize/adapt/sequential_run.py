@@ -31,10 +31,12 @@ states of the whole calibration set and trains the same layer on its part of eac
 is the step's batch, split over the processes); the gradients are summed (``layer_training.Ranks``), so
 the steps are one process's within fp32 rounding. The main process writes the files.
 
-Resume: ``trainer_state.json`` names the last finished layer. A resumed run reads the
-finished layers from their files, recomputes the states through them, and trains the next
-layer from its start: a layer's training (and refit) is a pure function of its input states, its
-weights and (layer, seed), so the result equals an uninterrupted run's bit for bit.
+Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
+(``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). A resumed run
+reads the finished layers from their files, recomputes the states through them, and trains the next
+window from its start, or from its saved step with its saved weights and AdamW state: a layer's
+training (and refit) is a pure function of its input states, its weights and (layer, seed), so the
+result equals an uninterrupted run's bit for bit.
 """
 
 from __future__ import annotations

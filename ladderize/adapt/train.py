@@ -10,7 +10,8 @@ Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
   curve) plus what the training needs to continue exactly (``training_state.py``);
-- ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
+- ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve (a recipe's: every stage's,
+  ``output.run_curve``);
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
 """

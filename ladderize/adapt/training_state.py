@@ -8,7 +8,9 @@ fingerprint) and what the training needs to continue exactly:
   replaced atomically every ``save_every`` optimizer steps;
 - sequential training: one ``layer-NNNNN.safetensors`` per finished converted layer, each
   written (atomically) as soon as the layer is trained, then ``trainer_state.json``
-  rewritten (atomically) to name the last finished layer.
+  rewritten (atomically) to name the last finished layer; when ``SaveClock`` says so, the
+  window in training partway (``partial-STEP-*.safetensors``: its layers and AdamW state), which
+  ``trainer_state.json`` then names.
 
 ``RUN_DIR/curve.json`` mirrors the curve beside it.
 """
