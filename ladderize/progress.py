@@ -138,7 +138,8 @@ class ProgressLine:
                layer: int | str | None = None, elapsed: float = 0.0, extra: str | None = None,
                pace: float | None = None) -> str:
         """The line's text; ``pace`` (seconds per step) gives the ETA (``?`` without it)."""
-        parts = [f"{self.label} {done}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {done}"]
+        count = int(done)  # a count moved in fractions (a batch partway) shows its whole units; the percentage moves
+        parts = [f"{self.label} {count}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {count}"]
         details = self.details(loss=loss, tokens_per_s=tokens_per_s, layer=layer, extra=extra)
         if details:
             parts.append(details)

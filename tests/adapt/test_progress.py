@@ -49,6 +49,16 @@ def test_eta_leaves_out_the_first_steps_one_time_cost_and_restarts_with_the_coun
     assert "ETA 14s" in line.update(3, 10, elapsed=9.0)  # 2 s a step, 7 to go
 
 
+def test_a_count_moved_in_fractions_shows_whole_units_and_a_moving_percentage():
+    clock = FakeClock()
+    line = ProgressLine("eval rolling windows", 25, interval=0.0, clock=clock)
+    assert line.update(0).startswith("eval rolling windows 0/25 (0%)")
+    clock.now += 4.0
+    assert line.update(0.5).startswith("eval rolling windows 0/25 (2%)")  # an eighth of a batch of 4
+    clock.now += 4.0
+    assert line.update(1.0).startswith("eval rolling windows 1/25 (4%)")
+
+
 def test_progress_interval_from_environment(monkeypatch):
     monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "2.5")
     assert progress_interval() == 2.5
