@@ -106,6 +106,7 @@ class StepInfo:
     tokens_per_s: float
     layer: int | None = None  # the layer being trained (sequential training)
     pace: str | None = None  # tokens/s per process and in total, MFU on a known GPU (``throughput.Throughput.describe``)
+    phase: str | None = None  # a phase before the steps (caching states): ``step``/``total_steps`` count its chunks
 
 
 @dataclass

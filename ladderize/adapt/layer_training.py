@@ -205,10 +205,16 @@ class StateCache:
     the layers below ``first``, one module at a time, to compute the first states. The states
     come from ``store`` (memory or disk, ``state_store.py``) and are computed ``CHUNK`` sequences at
     a time, in the same chunks whatever the source.
+
+    ``progress(label, chunks done, chunks in all)`` follows a phase's chunks (``phase``), from the first states on.
     """
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
-                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0):
+                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0,
+                 progress: Callable[[str, int, int], None] | None = None):
+        self.progress = progress
+        self._phase: tuple[str, int] | None = None  # (label, chunks in all) of the phase reported
+        self._chunks = 0
         self.teacher, self.data = teacher, data
         # the first ``num_train`` rows are the calibration set; the ``held_out`` rows after them only evaluate
         self.num_train = data.shape[0] - held_out
@@ -218,6 +224,7 @@ class StateCache:
         self.precision = precision
         self._kwargs: dict[int, dict] = {}
         self.layer = first
+        self.phase(f"caching the teacher's states entering layer {first}", first + 1)  # the embedding, the layers below
         with torch.no_grad():
             with teacher.embedding() as embed_tokens:
                 embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(data[rows])),) * 2, None)
@@ -227,6 +234,14 @@ class StateCache:
                     embeds = self._through(layer, embeds)
         self.teacher_state = embeds
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
+        self.phase(None)
+
+    def phase(self, label: str | None, passes: int = 0) -> None:
+        """Report the chunks of the next ``passes`` passes over the data as ``label`` (``None``: report nothing)."""
+        total = passes * math.ceil(self.data.shape[0] / CHUNK)
+        self._phase, self._chunks = (None if label is None or self.progress is None else (label, total)), 0
+        if self._phase is not None:
+            self.progress(label, 0, total)
 
     def eval_rows(self, batch_size: int) -> torch.Tensor:
         """The fixed batch a layer's loss is measured on before and after its training: the held-out rows
@@ -267,6 +282,9 @@ class StateCache:
                 outs = tuple(self.store.empty((self.data.shape[0], *t.shape[1:]), t.dtype) for t in new)
             for out, tensor in zip(outs, new):
                 out[rows] = tensor
+            if self._phase is not None and self._chunks < self._phase[1]:
+                self._chunks += 1
+                self.progress(self._phase[0], self._chunks, self._phase[1])
         return outs
 
     def _through(self, layer: torch.nn.Module, state: State) -> State:

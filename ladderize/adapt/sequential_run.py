@@ -59,7 +59,7 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import LayerProgress, Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
+from .layer_training import CHUNK, LayerProgress, Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -331,7 +331,22 @@ def _train_layers(
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
+    phase_started = [time.perf_counter()]
+
+    def phase(label: str, done: int, total: int) -> None:
+        """A phase's progress (the states' chunks), as a step's: from its first second, so the bar or the log moves."""
+        if done == 0:
+            phase_started[0] = time.perf_counter()
+        if progress is not None and ranks.main:
+            chunk_tokens = CHUNK * config.seq_len
+            rate = done * chunk_tokens / max(time.perf_counter() - phase_started[0], 1e-9)
+            progress(StepInfo(done, total, done * chunk_tokens, total * chunk_tokens, {}, 0.0, time.perf_counter() - started,
+                              rate, phase=label), student.model)
+
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase)
+    if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
+        cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",
+                    2 * (done + 1 - first))
     if keep is not None:
         keep(ENTRY_FILE, {"residual": cache.teacher_state[0], "stale": cache.teacher_state[1]})
     try:
@@ -349,6 +364,7 @@ def _train_layers(
                     if config.closed_form:  # one layer per group (validate_config)
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
+                    cache.phase(None)
                     start = None
                     if partial is not None and partial["layer"] == group[0]:
                         tensors = read_tensors(dict.fromkeys(tensor_names(partial_file(state_dir, step)), partial_file(state_dir, step)))

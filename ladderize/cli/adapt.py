@@ -131,7 +131,7 @@ def adapt_cmd(
             pace = [f"[{info.pace}]"] if info.pace else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
-                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"] + pace))
+                            extra=" ".join(([info.phase] if info.phase else []) + parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"] + pace))
 
         run = adapt_checkpoint(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,

@@ -75,8 +75,12 @@ def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identica
     state = tmp_path / "resumed.adapt-run" / "state"
     assert sorted(f.name for f in state.glob("partial-*")) == [
         "partial-00000015-layer-00003.safetensors", "partial-00000015-optimizer.safetensors"]
-    resumed = adapt(interrupted, resume=True)
+    seen = []
+    resumed = adapt(interrupted, resume=True, progress=lambda info, _model: seen.append((info.phase, info.step, info.total_steps)))
     assert resumed.resumed_from_step == 15 and resumed.steps == whole.steps
+    label = "recomputing the states through the finished layers 1:3"  # layers 1 and 2: 2 passes of 3 chunks each
+    assert [(done, total) for phase, done, total in seen if phase == label] == [(i, 12) for i in range(13)]
+    assert seen.index((label, 12, 12)) < seen.index((None, 16, 24))
     assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
     assert [r.get("eval_before") for r in resumed.curve] == [r.get("eval_before") for r in whole.curve]
     assert resumed.curve[14]["train_s"] <= resumed.curve[15]["train_s"]  # the saved attempt's time carries on
