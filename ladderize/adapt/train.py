@@ -25,7 +25,7 @@ from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..checkpoint.placement import tf32_restored
 from .config import AdaptConfig, AdaptResult, StepInfo, needs_teacher, validate_config
-from .training_state import STATE_DIR
+from .training_state import STATE_DIR, record_unsaved
 
 
 def adapt(
@@ -55,20 +55,32 @@ def adapt(
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
     if max_steps is not None:
         stop_after_steps = max_steps if stop_after_steps is None else min(stop_after_steps, max_steps)
-    run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
-    with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
-        if config.local_schedule == "sequential":
-            from .sequential_run import adapt_sequential
+    trained: list[float] = []  # the training time of the last progress report (the main process's)
 
-            return adapt_sequential(config, weights, checkpoint, out, **run)
-        from ..checkpoint.placement import world_size
-        from .sharded import adapt_sharded, sharding_reason
+    def report(info: StepInfo, model: LadderLlamaForCausalLM) -> None:
+        trained[:] = [info.train_s]
+        if progress is not None:
+            progress(info, model)
 
-        if sharding_reason(config, weights, world_size()) is None:
-            return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
-        from .joint import adapt_joint
+    run = dict(resume=resume, progress=report, say=say, stop_after_steps=stop_after_steps)
+    try:
+        with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
+            if config.local_schedule == "sequential":
+                from .sequential_run import adapt_sequential
 
-        return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+                return adapt_sequential(config, weights, checkpoint, out, **run)
+            from ..checkpoint.placement import world_size
+            from .sharded import adapt_sharded, sharding_reason
+
+            if sharding_reason(config, weights, world_size()) is None:
+                return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+            from .joint import adapt_joint
+
+            return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+    except BaseException:  # Ctrl-C, SIGTERM or an error: the time past the saved state counts on the resume
+        if trained:
+            record_unsaved(run_dir / STATE_DIR, trained[0])
+        raise
 
 
 def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, float]:

@@ -88,6 +88,31 @@ def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identica
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_training_time_an_interrupted_attempt_spent_past_its_save_counts_on_the_resume(hybrid_dir, text_file, tmp_path):
+    """A stage's train_s is the time of all its attempts: Ctrl-C at step 8 of an attempt saved at step 5 keeps the
+    time of steps 6-8 (here a second slept in step 7's report) for the resume, which redoes them on top of it."""
+    import time
+
+    config = _config(hybrid_dir, tmp_path / "out", text_file, save_every=5)
+    reported = {}
+
+    def interrupt(info, _model) -> None:
+        reported[info.step] = info.train_s
+        if info.phase is None and info.step == 7:
+            time.sleep(1.0)
+        if info.phase is None and info.step == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        adapt(config, progress=interrupt)
+    resumed = adapt(config, resume=True)
+    assert resumed.resumed_from_step == 5
+    assert resumed.curve[4]["train_s"] < reported[8] - 0.9  # step 5, saved
+    assert resumed.curve[5]["train_s"] >= reported[8]  # step 6, redone after the interrupted attempt's time
+    assert resumed.train_s >= reported[8] + (resumed.curve[-1]["train_s"] - resumed.curve[5]["train_s"])
+    assert not (tmp_path / "out.adapt-run").exists()
+
+
 def test_sequential_saves_a_layer_partway_a_minute_in_by_default(hybrid_dir, text_file, tmp_path, monkeypatch):
     """Without --save-every the save clock's first save (a minute in; here at once) comes partway through a layer."""
     from ladderize.adapt import training_state
