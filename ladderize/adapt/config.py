@@ -7,6 +7,7 @@ continues.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,9 @@ class AdaptConfig:
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
+PhaseProgress = Callable[[str, int, int], None]  # (what, done, total): a long phase before the steps (caching states)
+
+
 @dataclass
 class StepInfo:
     """Progress of one optimizer step, handed to ``progress``."""
@@ -106,7 +110,6 @@ class StepInfo:
     tokens_per_s: float
     layer: int | None = None  # the layer being trained (sequential training)
     pace: str | None = None  # tokens/s per process and in total, MFU on a known GPU (``throughput.Throughput.describe``)
-    phase: str | None = None  # a phase before the steps (caching states): ``step``/``total_steps`` count its chunks
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import LadderizeError
 from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
-from .config import AdaptConfig, AdaptResult
+from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, chosen_recipe, describe
@@ -71,6 +71,7 @@ def run_recipe(
     max_steps: int | None = None,
     budget: Budget | None = None,
     plan: AdaptPlan | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
@@ -81,6 +82,7 @@ def run_recipe(
     kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
     keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
+    ``on_phase`` follows a stage's long phases before its steps (``train.adapt``).
     """
     say = on_message or (lambda _m: None)
     final = Path(out).expanduser().absolute()
@@ -141,7 +143,7 @@ def run_recipe(
         return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
                            keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
                            on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
-                           max_steps=max_steps, after_stage=after_stage)
+                           max_steps=max_steps, after_stage=after_stage, on_phase=on_phase)
     except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
         if fresh and main and not _saved_anything(top):
             shutil.rmtree(top, ignore_errors=True)
@@ -161,7 +163,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
                 stop_after_steps: int | None, max_steps: int | None,
                 after_stage: Callable[[int, AdaptPlan, list[float]], AdaptPlan] = lambda _i, plan, _s: plan,
-                ) -> RecipeResult:
+                on_phase: PhaseProgress | None = None) -> RecipeResult:
     """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s)`` may re-size
     the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
     say = on_message or (lambda _m: None)
@@ -194,7 +196,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
-                       max_steps=None if max_steps is None else max_steps - done_steps)
+                       max_steps=None if max_steps is None else max_steps - done_steps, on_phase=on_phase)
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
@@ -262,6 +264,7 @@ def adapt_checkpoint(
     on_stage_start: Callable[[str], None] | None = None,
     max_steps: int | None = None,
     budget: str | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
@@ -270,7 +273,7 @@ def adapt_checkpoint(
     recipe's stages (``budget.py``); ``on_plan(plan)`` shows it. An interrupt gets a hint on how to continue.
     ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
     ``max_steps`` for a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it
-    exactly.
+    exactly. ``on_phase(what, done, total)`` follows a stage's long phases before its steps (``train.adapt``).
     """
     from ..errors import Interrupted
     from ..checkpoint.placement import check_device, check_dtype
@@ -293,7 +296,7 @@ def adapt_checkpoint(
             preflight(config)  # refused before the plan is shown, as a recipe's stages are
             on_plan(plan)
         try:
-            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps)
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps, on_phase=on_phase)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
@@ -307,7 +310,7 @@ def adapt_checkpoint(
     try:
         outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
                              keep_state=keep_state, resume=resume, progress=progress, on_message=on_message,
-                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan)
+                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan, on_phase=on_phase)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise

@@ -54,12 +54,12 @@ from ..checkpoint.placement import TrainingPrecision
 from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
 from ..errors import LadderizeError
 from .compilation import COMPILING, compile_layers, resolve_compile
-from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
+from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import CHUNK, LayerProgress, Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
+from .layer_training import LayerProgress, Ranks, StateCache, layer_epochs, layer_windows, steps_per_layer, train_layer
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -124,8 +124,10 @@ def adapt_sequential(
     progress: Callable | None,
     say: Callable[[str], None],
     stop_after_steps: int | None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptResult:
-    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
+    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``; ``on_phase(what,
+    done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``)."""
     from accelerate.utils import set_seed
 
     from ..checkpoint.io import load_model, load_tokenizer
@@ -199,7 +201,7 @@ def adapt_sequential(
             write_teacher_states(Path(config.teacher_states), name, data, tensors, kept, first)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
-                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep)
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
@@ -236,7 +238,7 @@ def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
-    keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None,
+    keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None, on_phase: PhaseProgress | None = None,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
 
@@ -331,18 +333,7 @@ def _train_layers(
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    phase_started = [time.perf_counter()]
-
-    def phase(label: str, done: int, total: int) -> None:
-        """A phase's progress (the states' chunks), as a step's: from its first second, so the bar or the log moves."""
-        if done == 0:
-            phase_started[0] = time.perf_counter()
-        if progress is not None and ranks.main:
-            chunk_tokens = CHUNK * config.seq_len
-            rate = done * chunk_tokens / max(time.perf_counter() - phase_started[0], 1e-9)
-            progress(StepInfo(done, total, done * chunk_tokens, total * chunk_tokens, {}, 0.0, time.perf_counter() - started,
-                              rate, phase=label), student.model)
-
+    phase = on_phase if on_phase is not None and ranks.main else None  # the states' chunks, from the first one
     cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase)
     if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
         cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",

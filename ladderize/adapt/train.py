@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..checkpoint.placement import tf32_restored
-from .config import AdaptConfig, AdaptResult, StepInfo, needs_teacher, validate_config
+from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, needs_teacher, validate_config
 from .training_state import STATE_DIR, record_unsaved
 
 
@@ -36,6 +36,7 @@ def adapt(
     on_message: Callable[[str], None] | None = None,
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
@@ -44,7 +45,8 @@ def adapt(
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``). ``max_steps`` (``--max-steps``) ends it there too, with the
     state of that step saved (the joint training; the sequential one keeps its finished layers), so that
-    ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run.
+    ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run. ``on_phase(what, done,
+    total)`` follows a long phase before the steps, from its start (the sequential stage's caching of states).
     """
     say = on_message or (lambda _m: None)
     weights = preflight(config)
@@ -68,7 +70,7 @@ def adapt(
             if config.local_schedule == "sequential":
                 from .sequential_run import adapt_sequential
 
-                return adapt_sequential(config, weights, checkpoint, out, **run)
+                return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase)
             from ..checkpoint.placement import world_size
             from .sharded import adapt_sharded, sharding_reason
 

@@ -131,14 +131,14 @@ def adapt_cmd(
             pace = [f"[{info.pace}]"] if info.pace else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
-                            extra=" ".join(([info.phase] if info.phase else []) + parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"] + pace))
+                            extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens"] + pace))
 
         run = adapt_checkpoint(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
             on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
-            budget=budget,
+            budget=budget, on_phase=lambda what, done, total: progress.update(done, total, extra=what),
         )
     result, stages = run.result, run.stages
     if not main:

@@ -76,11 +76,12 @@ def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identica
     assert sorted(f.name for f in state.glob("partial-*")) == [
         "partial-00000015-layer-00003.safetensors", "partial-00000015-optimizer.safetensors"]
     seen = []
-    resumed = adapt(interrupted, resume=True, progress=lambda info, _model: seen.append((info.phase, info.step, info.total_steps)))
+    resumed = adapt(interrupted, resume=True, progress=lambda info, _model: seen.append(("step", info.step, info.total_steps)),
+                    on_phase=lambda what, done, total: seen.append((what, done, total)))
     assert resumed.resumed_from_step == 15 and resumed.steps == whole.steps
     label = "recomputing the states through the finished layers 1:3"  # layers 1 and 2: 2 passes of 3 chunks each
-    assert [(done, total) for phase, done, total in seen if phase == label] == [(i, 12) for i in range(13)]
-    assert seen.index((label, 12, 12)) < seen.index((None, 16, 24))
+    assert [(done, total) for what, done, total in seen if what == label] == [(i, 12) for i in range(13)]
+    assert seen.index((label, 12, 12)) < seen.index(("step", 16, 24))
     assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
     assert [r.get("eval_before") for r in resumed.curve] == [r.get("eval_before") for r in whole.curve]
     assert resumed.curve[14]["train_s"] <= resumed.curve[15]["train_s"]  # the saved attempt's time carries on
@@ -98,9 +99,9 @@ def test_the_training_time_an_interrupted_attempt_spent_past_its_save_counts_on_
 
     def interrupt(info, _model) -> None:
         reported[info.step] = info.train_s
-        if info.phase is None and info.step == 7:
+        if info.step == 7:
             time.sleep(1.0)
-        if info.phase is None and info.step == 8:
+        if info.step == 8:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
