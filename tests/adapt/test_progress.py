@@ -59,6 +59,43 @@ def test_a_count_moved_in_fractions_shows_whole_units_and_a_moving_percentage():
     assert line.update(1.0).startswith("eval rolling windows 1/25 (4%)")
 
 
+def test_a_quiet_log_gets_a_heartbeat_with_the_elapsed_time_moved_on():
+    """Off a terminal, an interval without a line (a compile, a long batch) gets one: the last update's line with its
+    elapsed time moved on, or how long it has been quiet."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from ladderize.progress import Progress
+
+    out = io.StringIO()
+    clock = FakeClock()
+    progress = Progress("adapt", Console(file=out, width=200), interval=10.0, terminal=False)
+    progress.line.clock, progress.line.started, progress._printed = clock, clock(), clock()
+    assert progress.heartbeat() is None
+    clock.now += 11.0
+    assert progress.heartbeat() == "adapt  working, 11s since the last line  elapsed 11s"
+    progress.update(0, 10, extra="caching the teacher's states")
+    assert out.getvalue().startswith("adapt 0/10 (0%)  caching the teacher's states  elapsed 11s")
+    clock.now += 9.0
+    assert progress.heartbeat() is None  # a line 9 s ago
+    clock.now += 21.0
+    assert progress.heartbeat() == "adapt 0/10 (0%)  caching the teacher's states  elapsed 41s"
+    progress.update(10, 10)
+    clock.now += 12.0
+    assert progress.heartbeat().startswith("adapt  working, 12s since the last line")  # after a finished count
+
+    out = io.StringIO()
+    with Progress("eval", Console(file=out, width=200), interval=0.2, terminal=False) as live:  # the thread, in real time
+        live.update(0, 4)
+        time.sleep(1.0)
+    beats = out.getvalue().splitlines()[1:]
+    assert len(beats) >= 2 and all(line.startswith("eval 0/4 (0%)") for line in beats)
+    time.sleep(0.5)
+    assert out.getvalue().splitlines()[1:] == beats  # no line after the exit
+
+
 def test_progress_interval_from_environment(monkeypatch):
     monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "2.5")
     assert progress_interval() == 2.5
