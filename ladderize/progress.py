@@ -240,16 +240,15 @@ class Progress:
                 self.message(text)
 
     def heartbeat(self) -> str | None:
-        """The heartbeat's line when none was printed for an interval: the last update's, its elapsed time moved on
-        (the ETA unknown), or, after a finished count or before any, how long it has been quiet; else ``None``."""
+        """The heartbeat's line when neither a line nor an update came for an interval: the last update's, its elapsed
+        time moved on (the ETA unknown), or, after a finished count or before any, how long it has been quiet."""
         with self._lock:
             now = self.line.clock()
             quiet = now - self._printed
-            if quiet < self.line.interval:
-                return None
+            if quiet < self.line.interval or (self._last is not None and now - self._last[3] < self.line.interval):
+                return None  # a line came, or an update that the next due line shows
             if self._last is None or (self.line.total is not None and self._last[0] >= self.line.total):
-                elapsed = now - self.line.started
-                return f"{self.label}  working, {format_duration(quiet)} since the last line  elapsed {format_duration(elapsed)}"
+                return f"{self.label}  working, {format_duration(quiet)} since the last line"
             done, fields, elapsed, when = self._last
             details = {k: v for k, v in fields.items() if k in ("loss", "layer", "extra")}
             return self.line.format(done, **details, elapsed=elapsed + now - when)
