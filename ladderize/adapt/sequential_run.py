@@ -352,15 +352,15 @@ def _train_layers(
             with contextlib.ExitStack() as stack:
                 layers = [stack.enter_context(student.layer(i)) for i in group]
                 if group[0] in converted and group[0] > done:
-                    if config.closed_form:  # one layer per group (validate_config)
-                        say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
-                                                     ranks=ranks).describe())
                     cache.phase(None)
-                    start = None
+                    start = None  # the window's training saved partway (its layers hold the saved weights)
                     if partial is not None and partial["layer"] == group[0]:
                         tensors = read_tensors(dict.fromkeys(tensor_names(partial_file(state_dir, step)), partial_file(state_dir, step)))
                         start = LayerProgress(partial["steps"], partial["losses"], partial["before"], tensors)
                         partial = None
+                    if config.closed_form and start is None:  # one layer per group (validate_config); refit before training
+                        say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
+                                                     ranks=ranks).describe())
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,

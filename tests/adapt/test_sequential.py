@@ -65,11 +65,13 @@ def test_sequential_resume_after_interruption_is_bit_identical(hybrid_dir, text_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identical(hybrid_dir, text_file, tmp_path):
+@pytest.mark.parametrize("closed_form", [False, True])
+def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identical(closed_form, hybrid_dir, text_file, tmp_path):
     """A layer's training is saved partway (by the save clock: here every 5 steps), so an interrupt loses at most the
-    steps since; the resume continues the layer's AdamW state, schedule and losses exactly."""
-    whole = adapt(_config(hybrid_dir, tmp_path / "whole", text_file))
-    interrupted = _config(hybrid_dir, tmp_path / "resumed", text_file, save_every=5)
+    steps since; the resume continues the layer's AdamW state, schedule and losses exactly (a refit layer is not
+    refit again)."""
+    whole = adapt(_config(hybrid_dir, tmp_path / "whole", text_file, closed_form=closed_form))
+    interrupted = _config(hybrid_dir, tmp_path / "resumed", text_file, save_every=5, closed_form=closed_form)
     partial = adapt(interrupted, stop_after_steps=17)  # killed inside layer 3 (steps 13-24); saved at step 15
     assert partial.steps == 17
     state = tmp_path / "resumed.adapt-run" / "state"
