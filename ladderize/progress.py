@@ -8,7 +8,9 @@ updates become plain lines instead, one every ``LADDERIZE_PROGRESS_INTERVAL`` se
     adapt 12/64 (19%)  layer 23  loss 0.0123  1,234 tok/s  elapsed 1m02s  ETA 4m30s
 
 ``ProgressLine`` decides when a line is due and formats it (no I/O: the demo hands its lines
-to its own event callback); ``Progress`` prints them, or drives the bar on a terminal.
+to its own event callback); ``Progress`` prints them, or drives the bar on a terminal. Off a terminal,
+``Progress`` also prints a heartbeat when no line came for an interval (a compile, a long batch): the last
+line with its elapsed time moved on, so a log never stands still for longer than the interval.
 ``make_console`` builds the consoles of the command line: off a terminal they are wide, so
 that tables keep their full width in logs instead of cutting headers to ``sche…``.
 """
@@ -138,7 +140,8 @@ class ProgressLine:
                layer: int | str | None = None, elapsed: float = 0.0, extra: str | None = None,
                pace: float | None = None) -> str:
         """The line's text; ``pace`` (seconds per step) gives the ETA (``?`` without it)."""
-        parts = [f"{self.label} {done}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {done}"]
+        count = int(done)  # a count moved in fractions (a batch partway) shows its whole units; the percentage moves
+        parts = [f"{self.label} {count}/{self.total} ({100 * done / self.total:.0f}%)" if self.total else f"{self.label} {count}"]
         details = self.details(loss=loss, tokens_per_s=tokens_per_s, layer=layer, extra=extra)
         if details:
             parts.append(details)
@@ -169,17 +172,25 @@ class Progress:
     """A progress bar on a terminal, plain ``ProgressLine`` lines on ``console`` otherwise.
 
     Use as a context manager; ``update`` takes ``ProgressLine.update``'s arguments and
-    ``message`` prints a line above the bar (or in the log).
+    ``message`` prints a line above the bar (or in the log). Off a terminal, a line (the
+    heartbeat) follows every ``interval`` seconds without one (module docstring).
     """
 
     def __init__(self, label: str, console, *, total: int | None = None, interval: float | None = None,
                  terminal: bool | None = None):
+        import threading
+
         self.console = console
         self.label = label
         self.terminal = console.is_terminal if terminal is None else terminal
         self.line = ProgressLine(label, total, interval=interval)
         self._bar: Any = None
         self._task: Any = None
+        self._lock = threading.RLock()  # the heartbeat's thread and the caller's share the line and its record
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._printed = self.line.clock()  # when the last line (progress or message) was printed
+        self._last: tuple[float, dict[str, Any], float, float] | None = None  # (done, fields, elapsed, when) of the last update
 
     def __enter__(self) -> "Progress":
         if self.terminal:
@@ -191,24 +202,59 @@ class Progress:
             )
             self._bar.__enter__()
             self._task = self._bar.add_task("", total=self.line.total)
+        elif self.line.interval > 0:
+            import threading
+
+            self._heartbeat = threading.Thread(target=self._beat, name=f"{self.label} heartbeat", daemon=True)
+            self._heartbeat.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+            self._heartbeat = None
         if self._bar is not None:
             self._bar.__exit__(*exc_info)
             self._bar = None
 
     def message(self, text: str) -> None:
-        target = self._bar.console if self._bar is not None else self.console
-        target.print(text, highlight=False, markup=False, soft_wrap=True)
+        with self._lock:
+            target = self._bar.console if self._bar is not None else self.console
+            target.print(text, highlight=False, markup=False, soft_wrap=True)
+            self._printed = self.line.clock()
 
-    def update(self, done: int, total: int | None = None, **fields: Any) -> None:
+    def update(self, done: float, total: int | None = None, **fields: Any) -> None:
         if self._bar is not None:
             if total is not None:
                 self.line.total = total
             details = ProgressLine.details(**{k: v for k, v in fields.items() if k in ("loss", "tokens_per_s", "layer", "extra")})
             self._bar.update(self._task, completed=done, total=self.line.total, description=details)
             return
-        text = self.line.update(done, total, **fields)
-        if text is not None:
-            self.message(text)
+        with self._lock:
+            now = self.line.clock()
+            elapsed = fields.get("elapsed")
+            self._last = (done, fields, now - self.line.started if elapsed is None else elapsed, now)
+            text = self.line.update(done, total, **fields)
+            if text is not None:
+                self.message(text)
+
+    def heartbeat(self) -> str | None:
+        """The heartbeat's line when neither a line nor an update came for an interval: the last update's, its elapsed
+        time moved on (the ETA unknown), or, after a finished count or before any, how long it has been quiet."""
+        with self._lock:
+            now = self.line.clock()
+            quiet = now - self._printed
+            if quiet < self.line.interval or (self._last is not None and now - self._last[3] < self.line.interval):
+                return None  # a line came, or an update that the next due line shows
+            if self._last is None or (self.line.total is not None and self._last[0] >= self.line.total):
+                return f"{self.label}  working, {format_duration(quiet)} since the last line"
+            done, fields, elapsed, when = self._last
+            details = {k: v for k, v in fields.items() if k in ("loss", "layer", "extra")}
+            return self.line.format(done, **details, elapsed=elapsed + now - when)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(max(self.line.interval / 4, 0.05)):
+            text = self.heartbeat()
+            if text is not None:
+                self.message(text)

@@ -7,6 +7,7 @@ continues.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ class AdaptConfig:
         skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state",
                 "recipe", "stream_layers", "states", "device", "compile", "teacher_states"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+PhaseProgress = Callable[[str, int, int], None]  # (what, done, total): a long phase before the steps (caching states)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -98,6 +99,32 @@ class LayerStep:
     steps_per_layer: int
     loss: float
     lr: float
+
+
+@dataclass
+class LayerProgress:
+    """A window's training after ``steps`` of its steps, what continues it exactly: the losses so far, the evaluation
+    loss before its first step, and AdamW's state (``optimizer_tensors``). The weights are the window's own."""
+
+    steps: int
+    losses: list[float]
+    before: float
+    optimizer: dict[str, torch.Tensor]
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """An optimizer's per-parameter state as named tensors (``PARAM.KEY``, host memory), for a safetensors file."""
+    return {f"{index}.{key}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().cpu().contiguous()
+            for index, entry in optimizer.state_dict()["state"].items() for key, value in entry.items()}
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+    """Give ``optimizer`` the per-parameter state ``optimizer_tensors`` wrote (its parameter groups stay its own)."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 @dataclass
@@ -185,10 +212,16 @@ class StateCache:
     the layers below ``first``, one module at a time, to compute the first states. The states
     come from ``store`` (memory or disk, ``state_store.py``) and are computed ``CHUNK`` sequences at
     a time, in the same chunks whatever the source.
+
+    ``progress(label, chunks done, chunks in all)`` follows a phase's chunks (``phase``), from the first states on.
     """
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
-                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0):
+                 device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0,
+                 progress: Callable[[str, int, int], None] | None = None):
+        self.progress = progress
+        self._phase: tuple[str, int] | None = None  # (label, chunks in all) of the phase reported
+        self._chunks = 0
         self.teacher, self.data = teacher, data
         # the first ``num_train`` rows are the calibration set; the ``held_out`` rows after them only evaluate
         self.num_train = data.shape[0] - held_out
@@ -198,6 +231,7 @@ class StateCache:
         self.precision = precision
         self._kwargs: dict[int, dict] = {}
         self.layer = first
+        self.phase(f"caching the teacher's states entering layer {first}", first + 1)  # the embedding, the layers below
         with torch.no_grad():
             with teacher.embedding() as embed_tokens:
                 embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(data[rows])),) * 2, None)
@@ -207,6 +241,14 @@ class StateCache:
                     embeds = self._through(layer, embeds)
         self.teacher_state = embeds
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
+        self.phase(None)
+
+    def phase(self, label: str | None, passes: int = 0) -> None:
+        """Report the chunks of the next ``passes`` passes over the data as ``label`` (``None``: report nothing)."""
+        total = passes * math.ceil(self.data.shape[0] / CHUNK)
+        self._phase, self._chunks = (None if label is None or self.progress is None else (label, total)), 0
+        if self._phase is not None:
+            self.progress(label, 0, total)
 
     def eval_rows(self, batch_size: int) -> torch.Tensor:
         """The fixed batch a layer's loss is measured on before and after its training: the held-out rows
@@ -247,6 +289,9 @@ class StateCache:
                 outs = tuple(self.store.empty((self.data.shape[0], *t.shape[1:]), t.dtype) for t in new)
             for out, tensor in zip(outs, new):
                 out[rows] = tensor
+            if self._phase is not None and self._chunks < self._phase[1]:
+                self._chunks += 1
+                self.progress(self._phase[0], self._chunks, self._phase[1])
         return outs
 
     def _through(self, layer: torch.nn.Module, state: State) -> State:
@@ -301,6 +346,9 @@ def train_layer(
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
     ranks: Ranks = Ranks(),
+    start: LayerProgress | None = None,
+    save: Callable[[LayerProgress], None] | None = None,
+    save_due: Callable[[], bool] = lambda: False,
 ) -> LayerFit:
     """Train the student's current window on the cached states: its losses per step, and its loss on the fixed
     evaluation batch (``StateCache.eval_rows``) before and after.
@@ -309,6 +357,9 @@ def train_layer(
     states leaving each (``StateCache.teacher_outputs``). The layers train together, each fed the one below's
     output of the same step, and the loss is the mean of their layer errors.
     Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
+
+    ``start``: continue a training saved partway (the layers hold its weights). ``save(progress)`` runs after a step
+    before the window's last when ``save_due()`` says so (on every process: ``save_due`` decides for all of them).
     """
     from .lr_curve import warmup_cosine
 
@@ -338,10 +389,18 @@ def train_layer(
         return error / len(layers)
 
     evaluation = cache.eval_rows(batch_size)  # every process measures the whole evaluation batch
-    with torch.no_grad():
-        before = loss_on(evaluation).item()
-    losses = []
-    for step in range(total):
+    if start is not None:
+        with warnings.catch_warnings():  # the schedule moved to the saved step: no optimizer step comes first
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            for _ in range(start.steps):
+                scheduler.step()
+        load_optimizer_tensors(optimizer, start.optimizer)
+        before, losses = start.before, list(start.losses)
+    else:
+        with torch.no_grad():
+            before = loss_on(evaluation).item()
+        losses = []
+    for step in range(len(losses), total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
         part = ranks.part(len(rows)) if ranks.world > 1 else None
         optimizer.zero_grad(set_to_none=True)
@@ -365,6 +424,8 @@ def train_layer(
         losses.append(loss.item())
         if progress is not None:
             progress(LayerStep(index, step + 1, total, losses[-1], current_lr))
+        if save is not None and step + 1 < total and save_due():
+            save(LayerProgress(step + 1, list(losses), before, optimizer_tensors(optimizer)))
     for param in params:
         param.requires_grad_(False)
         param.grad = None

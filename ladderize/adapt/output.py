@@ -30,6 +30,27 @@ from .lora import ADAPTER_DIR
 CURVE_FILE = "adapt_curve.json"
 
 
+def run_curve(config: AdaptConfig, result: AdaptResult) -> list[dict[str, Any]]:
+    """The loss curve OUT records: a single run's points as they are; a recipe stage's tagged with its ``stage``
+    (number) and ``stage_name``, after the points of the stages before it, which its input checkpoint's curve holds
+    (each stage writes the curve of the run so far). Each stage counts its own ``step``, ``tokens`` and ``train_s``."""
+    if not config.recipe:
+        return result.curve
+    number = config.recipe["stage"]
+    name = next((step["name"] for step in config.recipe.get("plan", []) if step.get("stage") == number), None)
+    earlier: list[dict[str, Any]] = []
+    before = Path(config.checkpoint) / CURVE_FILE
+    if number > 1 and before.is_file():
+        earlier = [point for point in json.loads(before.read_text()) if point.get("stage", number) < number]
+    return earlier + [{"stage": number, "stage_name": name, **point} for point in result.curve]
+
+
+def stage_points(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points of a curve's last stage (all of a single run's curve)."""
+    last = curve[-1].get("stage") if curve else None
+    return [point for point in curve if point.get("stage") == last]
+
+
 def adapt_provenance(
     checkpoint: str, teacher_path: str | None, config: AdaptConfig, weights: dict[str, float], result: AdaptResult,
     model_config: LadderLlamaConfig, lora: bool = False,
@@ -98,7 +119,7 @@ def write_output(
     final.requires_grad_(False)
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config, lora=adapter is not None)
     save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
-    (out / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n")
+    (out / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n")
     if adapter is not None:
         os.replace(adapter, out / ADAPTER_DIR)
 
@@ -129,7 +150,7 @@ def write_streamed_output(
     write_checkpoint(
         out, saved, student.iter_tensors(), force=config.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
         tokenizer=tokenizer, generation_config=generation_config, provenance=provenance,
-        extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(result.curve, indent=1) + "\n"),
+        extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n"),
     )
 
 

@@ -11,18 +11,19 @@ and resumes the interrupted one exactly; a finished recipe removes RUN unless ``
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
 from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
-from .config import AdaptConfig, AdaptResult
-from .output import CURVE_FILE
+from .config import AdaptConfig, AdaptResult, PhaseProgress
+from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, chosen_recipe, describe
 from .teacher_states import keeps_teacher_states
@@ -47,6 +48,7 @@ class RecipeResult:
     plan: list[dict[str, Any]]
     finished: bool
     run_dir: Path | None = None
+    earlier: list[AdaptResult] = field(default_factory=list)  # the stages an earlier attempt finished, as recorded
 
 
 def run_recipe(
@@ -69,6 +71,7 @@ def run_recipe(
     max_steps: int | None = None,
     budget: Budget | None = None,
     plan: AdaptPlan | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
@@ -79,6 +82,7 @@ def run_recipe(
     kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
     keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
+    ``on_phase`` follows a stage's long phases before its steps (``train.adapt``).
     """
     say = on_message or (lambda _m: None)
     final = Path(out).expanduser().absolute()
@@ -139,7 +143,7 @@ def run_recipe(
         return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
                            keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
                            on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
-                           max_steps=max_steps, after_stage=after_stage)
+                           max_steps=max_steps, after_stage=after_stage, on_phase=on_phase)
     except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
         if fresh and main and not _saved_anything(top):
             shutil.rmtree(top, ignore_errors=True)
@@ -159,11 +163,12 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
                 stop_after_steps: int | None, max_steps: int | None,
                 after_stage: Callable[[int, AdaptPlan, list[float]], AdaptPlan] = lambda _i, plan, _s: plan,
-                ) -> RecipeResult:
+                on_phase: PhaseProgress | None = None) -> RecipeResult:
     """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s)`` may re-size
     the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
     say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
+    earlier: list[AdaptResult] = []
     current, done_steps, stage_s = str(plan.checkpoint), 0, []
     for index in range(len(plan.stages)):
         stage, steps = plan.stages[index], plan.steps
@@ -176,7 +181,8 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None)
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
-            curve = json.loads((stage_out / CURVE_FILE).read_text())
+            curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
+            earlier.append(_finished_stage(stage_out, curve))
             done_steps += curve[-1]["step"] if curve else 0
             say(f"stage {stage.number}/{len(steps)} {stage.name}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
@@ -184,17 +190,17 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             plan = after_stage(index, plan, stage_s)
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
-            return RecipeResult(final, results, steps, False, top)
+            return RecipeResult(final, results, steps, False, top, earlier)
         (on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
-                       max_steps=None if max_steps is None else max_steps - done_steps)
+                       max_steps=None if max_steps is None else max_steps - done_steps, on_phase=on_phase)
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
-            return RecipeResult(final, results, steps, False, top)  # stopped early, as a kill would
+            return RecipeResult(final, results, steps, False, top, earlier)  # stopped early, as a kill would
         done_steps += result.steps
         if on_stage_end is not None:
             on_stage_end(stage.step, result, stage_out)
@@ -210,15 +216,26 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 path.unlink()
     elif not keep_state:
         shutil.rmtree(top, ignore_errors=True)
-    return RecipeResult(final, results, steps, True, top if top.exists() else None)
+    return RecipeResult(final, results, steps, True, top if top.exists() else None, earlier)
+
+
+def _finished_stage(stage_out: Path, curve: list[dict[str, Any]]) -> AdaptResult:
+    """A stage an earlier attempt finished, as its checkpoint records it (the ``adapt`` record its training appended
+    to the provenance): its steps, tokens and training time over all its attempts, and its own curve."""
+    from ..checkpoint.io import read_provenance
+
+    record = next((step for step in reversed(read_provenance(stage_out).get("history", [])) if step.get("step") == "adapt"), {})
+    return AdaptResult(stage_out, record.get("steps", 0), record.get("tokens", 0), record.get("train_s", 0.0), curve,
+                       throughput=record.get("throughput"))
 
 
 @dataclass
 class AdaptRun:
-    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages."""
+    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages
+    (those an earlier attempt finished included)."""
 
     result: AdaptResult
-    stages: list[AdaptResult]
+    stages: list[AdaptResult]  # every stage's, in order: those an earlier attempt finished, then this attempt's
     finished: bool = True  # False: stopped at --max-steps, OUT not written (resume continues)
 
 
@@ -247,6 +264,7 @@ def adapt_checkpoint(
     on_stage_start: Callable[[str], None] | None = None,
     max_steps: int | None = None,
     budget: str | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
@@ -255,7 +273,7 @@ def adapt_checkpoint(
     recipe's stages (``budget.py``); ``on_plan(plan)`` shows it. An interrupt gets a hint on how to continue.
     ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
     ``max_steps`` for a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it
-    exactly.
+    exactly. ``on_phase(what, done, total)`` follows a stage's long phases before its steps (``train.adapt``).
     """
     from ..errors import Interrupted
     from ..checkpoint.placement import check_device, check_dtype
@@ -278,7 +296,7 @@ def adapt_checkpoint(
             preflight(config)  # refused before the plan is shown, as a recipe's stages are
             on_plan(plan)
         try:
-            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps)
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps, on_phase=on_phase)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
@@ -292,19 +310,20 @@ def adapt_checkpoint(
     try:
         outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
                              keep_state=keep_state, resume=resume, progress=progress, on_message=on_message,
-                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan)
+                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan, on_phase=on_phase)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise
     if not outcome.stages:  # --max-steps reached before this run's first stage (resumed past it)
         raise LadderizeError(f"--max-steps {max_steps}: the run in {top} is already past that step; resume without it")
-    result = outcome.stages[-1]
-    result.steps, result.tokens = sum(r.steps for r in outcome.stages), sum(r.tokens for r in outcome.stages)
-    result.train_s = sum(r.train_s for r in outcome.stages)
-    result.throughput = whole_run_pace(outcome.stages)
+    every = outcome.earlier + outcome.stages
+    result = copy.copy(outcome.stages[-1])
+    result.steps, result.tokens = sum(r.steps for r in every), sum(r.tokens for r in every)
+    result.train_s = sum(r.train_s for r in every)
+    result.throughput = whole_run_pace(every)
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
-    return AdaptRun(result, outcome.stages, outcome.finished)
+    return AdaptRun(result, every, outcome.finished)
 
 
 def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:

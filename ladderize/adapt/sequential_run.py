@@ -31,10 +31,12 @@ states of the whole calibration set and trains the same layer on its part of eac
 is the step's batch, split over the processes); the gradients are summed (``layer_training.Ranks``), so
 the steps are one process's within fp32 rounding. The main process writes the files.
 
-Resume: ``trainer_state.json`` names the last finished layer. A resumed run reads the
-finished layers from their files, recomputes the states through them, and trains the next
-layer from its start: a layer's training (and refit) is a pure function of its input states, its
-weights and (layer, seed), so the result equals an uninterrupted run's bit for bit.
+Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
+(``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). A resumed run
+reads the finished layers from their files, recomputes the states through them, and trains the next
+window from its start, or from its saved step with its saved weights and AdamW state: a layer's
+training (and refit) is a pure function of its input states, its weights and (layer, seed), so the
+result equals an uninterrupted run's bit for bit.
 """
 
 from __future__ import annotations
@@ -49,15 +51,15 @@ import torch
 
 from ..checkpoint.atomic import atomic_file
 from ..checkpoint.placement import TrainingPrecision
-from ..checkpoint.tensor_files import save_safetensors
+from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
 from ..errors import LadderizeError
 from .compilation import COMPILING, compile_layers, resolve_compile
-from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of
+from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
-from .training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
+from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import Ranks, StateCache, layer_windows, steps_per_layer, train_layer, window_epochs
+from .layer_training import LayerProgress, Ranks, StateCache, layer_windows, steps_per_layer, train_layer, window_epochs
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -99,6 +101,19 @@ def layer_file(state_dir: Path, index: int) -> Path:
     return state_dir / f"layer-{index:05d}.safetensors"
 
 
+def partial_file(state_dir: Path, step: int, index: int | None = None) -> Path:
+    """Where the training saved at ``step`` partway through a window keeps layer ``index``'s weights (``None``: the
+    window's AdamW state). The step in the name keeps a save from overwriting the files the trainer state names."""
+    return state_dir / f"partial-{step:08d}-{'optimizer' if index is None else f'layer-{index:05d}'}.safetensors"
+
+
+def _remove_partial(state_dir: Path, keep_step: int | None = None) -> None:
+    """Remove the files of saves partway through a window, but those of ``keep_step``."""
+    for file in state_dir.glob("partial-*.safetensors"):
+        if keep_step is None or not file.name.startswith(f"partial-{keep_step:08d}-"):
+            file.unlink(missing_ok=True)
+
+
 def adapt_sequential(
     config: AdaptConfig,
     weights: dict[str, float],
@@ -109,8 +124,10 @@ def adapt_sequential(
     progress: Callable | None,
     say: Callable[[str], None],
     stop_after_steps: int | None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptResult:
-    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``."""
+    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``; ``on_phase(what,
+    done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``)."""
     from accelerate.utils import set_seed
 
     from ..checkpoint.io import load_model, load_tokenizer
@@ -184,7 +201,7 @@ def adapt_sequential(
             write_teacher_states(Path(config.teacher_states), name, data, tensors, kept, first)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
-                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep)
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
@@ -221,7 +238,7 @@ def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
-    keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None,
+    keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None, on_phase: PhaseProgress | None = None,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
 
@@ -246,13 +263,24 @@ def _train_layers(
     tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
+    partial = None  # a window's training saved partway: {"layer", "steps", "losses", "before"} (train_layer's start)
     if saved is not None:
         step, train_s, cpu_s, curve, done = saved["step"], saved["train_s"], saved["cpu_s"], saved["curve"], saved["layer_done"]
+        partial = saved.get("partial")
+        needed = [layer_file(state_dir, i) for i in converted if i <= done]
+        if partial is not None:
+            needed += [partial_file(state_dir, step, i) for i in windows[partial["layer"]]] + [partial_file(state_dir, step)]
+        for file in needed:
+            if not file.is_file():
+                raise LadderizeError(f"cannot resume {state_dir.parent}: {file.name} is missing; pass --force to start over")
         for index in (i for i in converted if i <= done):
-            if not layer_file(state_dir, index).is_file():
-                raise LadderizeError(f"cannot resume {state_dir.parent}: {layer_file(state_dir, index).name} is missing; pass --force to start over")
             student.use_trained(index, layer_file(state_dir, index))
-        say(f"resumed after layer {done} (step {step})")
+        if partial is not None:
+            for index in windows[partial["layer"]]:
+                student.use_trained(index, partial_file(state_dir, step, index))
+            say(f"resumed at step {partial['steps']} of layer {partial['layer']} (step {step})")
+        else:
+            say(f"resumed after layer {done} (step {step})")
     else:
         if resume:
             say(f"nothing to resume in {state_dir.parent}; starting a new run")
@@ -263,6 +291,21 @@ def _train_layers(
     resumed_from = step
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
+    clock = SaveClock(config)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
+
+    def save_partial(group: list[int], layers: list[torch.nn.Module], progress: LayerProgress) -> None:
+        """Save the window's training partway: its layers, AdamW's state, then the trainer state that names them."""
+        if ranks.main:
+            for i, layer in zip(group, layers):
+                _save_tensors(partial_file(state_dir, step, i), layer_tensors(layer, i))
+            _save_tensors(partial_file(state_dir, step), progress.optimizer)
+            write_trainer_state(state_dir, config, {
+                "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
+                "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[0] - 1,
+                "partial": {"layer": group[0], "steps": progress.steps, "losses": progress.losses, "before": progress.before}})
+            _remove_partial(state_dir, keep_step=step)
+        ranks.barrier()
+        clock.saved()
 
     def stopping() -> bool:
         return stop_after_steps is not None and stop_after_steps <= step < total_steps
@@ -288,7 +331,11 @@ def _train_layers(
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out)
+    phase = on_phase if on_phase is not None and ranks.main else None  # the states' chunks, from the first one
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase)
+    if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
+        cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",
+                    2 * (done + 1 - first))
     if keep is not None:
         keep(ENTRY_FILE, {"residual": cache.teacher_state[0], "stale": cache.teacher_state[1]})
     try:
@@ -303,12 +350,20 @@ def _train_layers(
             with contextlib.ExitStack() as stack:
                 layers = [stack.enter_context(student.layer(i)) for i in group]
                 if group[0] in converted and group[0] > done:
-                    if config.closed_form:  # one layer per group (validate_config)
+                    cache.phase(None)
+                    start = None  # the window's training saved partway (its layers hold the saved weights)
+                    if partial is not None and partial["layer"] == group[0]:
+                        tensors = read_tensors(dict.fromkeys(tensor_names(partial_file(state_dir, step)), partial_file(state_dir, step)))
+                        start = LayerProgress(partial["steps"], partial["losses"], partial["before"], tensors)
+                        partial = None
+                    if config.closed_form and start is None:  # one layer per group (validate_config); refit before training
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks)
+                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,
+                                      start=start, save=lambda progress, group=group, layers=layers: save_partial(group, layers, progress),
+                                      save_due=lambda: clock.due(step, device))
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
                     if ranks.main:
                         for i, layer in zip(group, layers):
@@ -316,7 +371,9 @@ def _train_layers(
                         write_trainer_state(state_dir, config, {
                             "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
                             "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1]})
+                        _remove_partial(state_dir)
                     ranks.barrier()  # the layers' files are written before any process reads them
+                    clock.saved()
                     for i in group:
                         student.use_trained(i, layer_file(state_dir, i))
                     if stopping():
@@ -333,9 +390,14 @@ def _train_layers(
 
 def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
     """Write the trained layer's tensors (checkpoint names) to its file, atomically."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_file(layer_file(state_dir, index)) as tmp:
-        save_safetensors({name: tensor.cpu() for name, tensor in layer_tensors(layer, index).items()}, tmp)
+    _save_tensors(layer_file(state_dir, index), layer_tensors(layer, index))
+
+
+def _save_tensors(file: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (host copies) to a safetensors ``file``, atomically."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(file) as tmp:
+        save_safetensors({name: tensor.cpu() for name, tensor in tensors.items()}, tmp)
 
 
 def _silent(_message: str) -> None:

@@ -10,7 +10,8 @@ Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
   curve) plus what the training needs to continue exactly (``training_state.py``);
-- ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve;
+- ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve (a recipe's: every stage's,
+  ``output.run_curve``);
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
 """
@@ -23,8 +24,8 @@ from pathlib import Path
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..checkpoint.placement import tf32_restored
-from .config import AdaptConfig, AdaptResult, StepInfo, needs_teacher, validate_config
-from .training_state import STATE_DIR
+from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, needs_teacher, validate_config
+from .training_state import STATE_DIR, record_unsaved
 
 
 def adapt(
@@ -35,6 +36,7 @@ def adapt(
     on_message: Callable[[str], None] | None = None,
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
+    on_phase: PhaseProgress | None = None,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
@@ -43,7 +45,8 @@ def adapt(
     weights of the layer in training only). ``stop_after_steps`` ends the run early without
     writing OUT, as a kill would (for tests of ``resume``). ``max_steps`` (``--max-steps``) ends it there too, with the
     state of that step saved (the joint training; the sequential one keeps its finished layers), so that
-    ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run.
+    ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run. ``on_phase(what, done,
+    total)`` follows a long phase before the steps, from its start (the sequential stage's caching of states).
     """
     say = on_message or (lambda _m: None)
     weights = preflight(config)
@@ -54,20 +57,32 @@ def adapt(
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
     if max_steps is not None:
         stop_after_steps = max_steps if stop_after_steps is None else min(stop_after_steps, max_steps)
-    run = dict(resume=resume, progress=progress, say=say, stop_after_steps=stop_after_steps)
-    with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
-        if config.local_schedule == "sequential":
-            from .sequential_run import adapt_sequential
+    trained: list[float] = []  # the training time of the last progress report (the main process's)
 
-            return adapt_sequential(config, weights, checkpoint, out, **run)
-        from ..checkpoint.placement import world_size
-        from .sharded import adapt_sharded, sharding_reason
+    def report(info: StepInfo, model: LadderLlamaForCausalLM) -> None:
+        trained[:] = [info.train_s]
+        if progress is not None:
+            progress(info, model)
 
-        if sharding_reason(config, weights, world_size()) is None:
-            return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
-        from .joint import adapt_joint
+    run = dict(resume=resume, progress=report, say=say, stop_after_steps=stop_after_steps)
+    try:
+        with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
+            if config.local_schedule == "sequential":
+                from .sequential_run import adapt_sequential
 
-        return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+                return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase)
+            from ..checkpoint.placement import world_size
+            from .sharded import adapt_sharded, sharding_reason
+
+            if sharding_reason(config, weights, world_size()) is None:
+                return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+            from .joint import adapt_joint
+
+            return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+    except BaseException:  # Ctrl-C, SIGTERM or an error: the time past the saved state counts on the resume
+        if trained:
+            record_unsaved(run_dir / STATE_DIR, trained[0])
+        raise
 
 
 def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, float]:

@@ -8,9 +8,13 @@ fingerprint) and what the training needs to continue exactly:
   replaced atomically every ``save_every`` optimizer steps;
 - sequential training: one ``layer-NNNNN.safetensors`` per finished converted layer, each
   written (atomically) as soon as the layer is trained, then ``trainer_state.json``
-  rewritten (atomically) to name the last finished layer.
+  rewritten (atomically) to name the last finished layer; when ``SaveClock`` says so, the
+  window in training partway (``partial-STEP-*.safetensors``: its layers and AdamW state), which
+  ``trainer_state.json`` then names.
 
-``RUN_DIR/curve.json`` mirrors the curve beside it.
+``RUN_DIR/curve.json`` mirrors the curve beside it. ``state/unsaved.json`` holds the training time an attempt ended
+by an exception (Ctrl-C, SIGTERM, an error) spent past the state it left (``record_unsaved``): a resume counts it, so
+a stage's ``train_s`` is the time of all its attempts; the next save covers it (and drops the file).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ STATE_DIR = "state"
 DCP_DIR = "dcp"  # in a sharded run's state: the trained parameters and their AdamW state, one shard per rank
 TRAINER_STATE = "trainer_state.json"
 RUN_CURVE = "curve.json"
+UNSAVED = "unsaved.json"  # in the state: training seconds of ended attempts past the state saved (``record_unsaved``)
 
 
 def save_accelerate_state(
@@ -124,6 +129,7 @@ def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str,
     """Write ``trainer_state.json`` (the payload plus the fingerprint) atomically, and the curve beside the state."""
     state_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(state_dir / TRAINER_STATE, json.dumps({**payload, "fingerprint": config.fingerprint()}) + "\n")
+    (state_dir / UNSAVED).unlink(missing_ok=True)  # the payload's train_s counts it (``read_trainer_state``)
     _write_curve(state_dir, payload["curve"])
 
 
@@ -132,7 +138,8 @@ def _write_curve(state_dir: Path, curve: list[dict[str, Any]]) -> None:
 
 
 def read_trainer_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] | None:
-    """The saved trainer state, checked against ``config``; ``None`` when nothing was saved yet."""
+    """The saved trainer state, checked against ``config``; ``None`` when nothing was saved yet. Its ``train_s``
+    counts the time ended attempts spent past it (``record_unsaved``)."""
     file = state_dir / TRAINER_STATE
     if not file.is_file():
         return None
@@ -141,7 +148,28 @@ def read_trainer_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] |
     except ValueError as exc:
         raise LadderizeError(f"cannot resume {state_dir.parent}: {file} is corrupt ({exc}); pass --force to start over") from None
     check_fingerprint(saved, config, state_dir.parent)
+    saved["train_s"] = saved.get("train_s", 0.0) + _unsaved_seconds(state_dir)
     return saved
+
+
+def record_unsaved(state_dir: Path, train_s: float) -> None:
+    """An attempt ended by an exception at ``train_s`` seconds of training (its last progress report, counted from
+    the run's start): keep the part past the saved state for the resume. Nothing when no state was saved (a rerun
+    starts over)."""
+    file = state_dir / TRAINER_STATE
+    try:
+        covered = json.loads(file.read_text()).get("train_s", 0.0) if file.is_file() else None
+    except ValueError:
+        covered = None
+    if covered is not None and train_s > covered:
+        write_file_atomic(state_dir / UNSAVED, json.dumps({"train_s": train_s - covered}) + "\n")
+
+
+def _unsaved_seconds(state_dir: Path) -> float:
+    try:
+        return float(json.loads((state_dir / UNSAVED).read_text())["train_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path) -> None:

@@ -138,7 +138,7 @@ def adapt_cmd(
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
             on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
-            budget=budget,
+            budget=budget, on_phase=lambda what, done, total: progress.update(done, total, extra=what),
         )
     result, stages = run.result, run.stages
     if not main:

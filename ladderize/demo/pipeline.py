@@ -291,7 +291,6 @@ def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
-    from ..adapt.config import AdaptConfig
     from ..adapt.train import adapt
 
     if _complete_checkpoint(out):

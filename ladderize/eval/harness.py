@@ -19,7 +19,6 @@ results dict unchanged under ``"results"`` and adds the model's layout, for ``la
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile

@@ -39,7 +39,9 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 
 DEFAULT_CHUNK = 256  # continuation positions per LM-head call: 256 x 49,152 x 4 bytes = 50 MB
-ProgressFn = Callable[[str, int, int, int], None]  # (request kind, requests done, requests total, tokens through the model)
+# (request kind, requests done, requests total, tokens through the model); within a batch ``done`` moves in fractions,
+# a decoder layer at a time, so a batch that takes minutes shows its pace from its first layer
+ProgressFn = Callable[[str, float, int, int], None]
 
 
 class LeanHFLM(HFLM):
@@ -50,6 +52,7 @@ class LeanHFLM(HFLM):
         self.chunk = max(1, int(chunk))
         self.progress = progress
         self._kind, self._done, self._total, self._tokens = "loglikelihood", 0, 0, 0
+        self._batch = (0, 0)  # (requests, tokens) of the batch in the model, for the progress within it
 
     # --- progress: one count over a request list (rolling windows are counted as lm-eval batches them) ---
 
@@ -69,6 +72,13 @@ class LeanHFLM(HFLM):
         self._kind, self._done, self._total, self._tokens = kind, 0, total, 0
         if self.progress is not None:
             self.progress(kind, 0, total, 0)
+
+    def _within(self, fraction: float) -> None:
+        """Progress partway through the batch in the model: ``fraction`` of its decoder layers have run."""
+        if self.progress is not None:
+            requests, tokens = self._batch
+            self.progress(self._kind, self._done + fraction * requests, max(self._total, self._done + requests),
+                          self._tokens + int(fraction * tokens))
 
     def _advance(self, requests: int, tokens: int) -> None:
         self._done += requests
@@ -91,7 +101,14 @@ class LeanHFLM(HFLM):
 
     @torch.inference_mode()
     def _hidden_states(self, inps: torch.Tensor) -> torch.Tensor:
-        return self.model.model(input_ids=inps, use_cache=False).last_hidden_state
+        layers = list(getattr(self.model.model, "layers", None) or []) if self.progress is not None else []
+        hooks = [layer.register_forward_hook(lambda *_args, part=number / len(layers): self._within(part))
+                 for number, layer in enumerate(layers, 1)]
+        try:
+            return self.model.model(input_ids=inps, use_cache=False).last_hidden_state
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Log-softmax over the vocabulary of ``hidden [n, D]``, as lm-eval computes it."""
@@ -142,6 +159,7 @@ class LeanHFLM(HFLM):
                 conts.append(continuation_enc)
                 inplens.append(inp.shape[0])
             padding_len_inp = max(inplens)
+            self._batch = (len(chunk), sum(inplens))
             hidden = self._hidden_states(pad_and_concat(padding_len_inp, inps, padding_side="right"))
             scored_tokens, answered = 0, len(res)
             for (request_str, ctx_tokens, _), row, inplen, cont_toks in zip(chunk, hidden, inplens, conts, strict=True):

@@ -250,7 +250,7 @@ def _place_labels(ax, points: list[tuple[float, float]], labels: list[str], size
     placed: list[tuple[float, float, float, float]] = []
     order = sorted(range(len(points)), key=lambda i: (centres[i][0], centres[i][1]))
     for i in order:
-        (cx, cy), r = centres[i], radii[i]
+        (cx, _), r = centres[i], radii[i]
         sides = (1, -1) if cx <= middle else (-1, 1)  # towards the panel's middle first
         candidates = [(sx * (r + 3), sy * (2 + step * 11)) for step in range(12) for sx in sides for sy in (1, -1)]
         candidates += [(0, sy * (r + 2 + step * 11)) for step in range(12) for sy in (1, -1)]

@@ -49,6 +49,56 @@ def test_eta_leaves_out_the_first_steps_one_time_cost_and_restarts_with_the_coun
     assert "ETA 14s" in line.update(3, 10, elapsed=9.0)  # 2 s a step, 7 to go
 
 
+def test_a_count_moved_in_fractions_shows_whole_units_and_a_moving_percentage():
+    clock = FakeClock()
+    line = ProgressLine("eval rolling windows", 25, interval=0.0, clock=clock)
+    assert line.update(0).startswith("eval rolling windows 0/25 (0%)")
+    clock.now += 4.0
+    assert line.update(0.5).startswith("eval rolling windows 0/25 (2%)")  # an eighth of a batch of 4
+    clock.now += 4.0
+    assert line.update(1.0).startswith("eval rolling windows 1/25 (4%)")
+
+
+def test_a_quiet_log_gets_a_heartbeat_with_the_elapsed_time_moved_on():
+    """Off a terminal, an interval without a line (a compile, a long batch) gets one: the last update's line with its
+    elapsed time moved on, or how long it has been quiet."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from ladderize.progress import Progress
+
+    out = io.StringIO()
+    clock = FakeClock()
+    progress = Progress("adapt", Console(file=out, width=200), interval=10.0, terminal=False)
+    progress.line.clock, progress.line.started, progress._printed = clock, clock(), clock()
+    assert progress.heartbeat() is None
+    clock.now += 11.0
+    assert progress.heartbeat() == "adapt  working, 11s since the last line"
+    progress.update(0, 10, extra="caching the teacher's states")
+    assert out.getvalue().startswith("adapt 0/10 (0%)  caching the teacher's states  elapsed 11s")
+    clock.now += 9.0
+    assert progress.heartbeat() is None  # a line 9 s ago
+    clock.now += 6.0
+    progress.update(0, extra="caching the teacher's states")  # not due: the next line shows it, so no heartbeat either
+    assert progress.heartbeat() is None
+    clock.now += 15.0
+    assert progress.heartbeat() == "adapt 0/10 (0%)  caching the teacher's states  elapsed 41s"  # 11 s, then 30 s
+    progress.update(10, 10)
+    clock.now += 12.0
+    assert progress.heartbeat() == "adapt  working, 12s since the last line"  # after a finished count
+
+    out = io.StringIO()
+    with Progress("eval", Console(file=out, width=200), interval=0.2, terminal=False) as live:  # the thread, in real time
+        live.update(0, 4)
+        time.sleep(1.0)
+    beats = out.getvalue().splitlines()[1:]
+    assert len(beats) >= 2 and all(line.startswith("eval 0/4 (0%)") for line in beats)
+    time.sleep(0.5)
+    assert out.getvalue().splitlines()[1:] == beats  # no line after the exit
+
+
 def test_progress_interval_from_environment(monkeypatch):
     monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "2.5")
     assert progress_interval() == 2.5
@@ -97,7 +147,11 @@ def test_sequential_adapt_names_the_layer_and_ends_with_a_per_layer_table(ladder
             "--tokens", 128, "--seq-len", 32, "--batch-size", 2]
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
-    lines = [line for line in stderr.splitlines() if LINE.match(line)]
+    caching = [line for line in stderr.splitlines() if LINE.match(line) and "caching the teacher's states entering layer 2" in line]
+    lines = [line for line in stderr.splitlines() if LINE.match(line) and line not in caching]
+    # the states' caching moves from its first chunk: the embedding and layers 0-1, 2 chunks each (4 + 4 held-out rows)
+    assert [LINE.match(line).groups() for line in caching] == [(str(i), "6") for i in range(7)]
+    assert stderr.index(caching[-1]) < stderr.index(lines[0])
     layers = [re.search(r"layer (\d+)", line).group(1) for line in lines]
     assert layers == ["2", "2", "3", "3"]  # ladder layers 2 and 3, 2 steps each
     table = stdout[stdout.index("sequential adaptation, per layer"):]
@@ -126,7 +180,7 @@ def test_a_two_stage_recipe_never_prints_a_negative_rate(ladder_dir, text_file, 
             "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=128"]
     code, _, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
-    lines = [line for line in stderr.splitlines() if LINE.match(line)]
+    lines = [line for line in stderr.splitlines() if LINE.match(line) and "caching the teacher's states" not in line]
     assert [LINE.match(line).groups() for line in lines] == [(str(i), "4") for i in range(1, 5)] + [("1", "2"), ("2", "2")]
     rates = [float(re.search(r"(-?[\d,.]+) tok/s", line).group(1).replace(",", "")) for line in lines]
     assert len(rates) == 6 and all(rate > 0 for rate in rates), lines

@@ -72,6 +72,29 @@ def test_default_recipe_runs_and_resumes_between_and_within_stages(ladder_dir, t
     assert not run.exists()
 
 
+def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts(ladder_dir, text_file, tmp_path):
+    """OUT/adapt_curve.json holds every stage's points, each tagged with its stage; a run resumed after stage 1 finished
+    counts stage 1's steps, tokens and training time in its totals (from stage 1's own record)."""
+    import json
+
+    from ladderize.adapt.recipe import adapt_checkpoint
+
+    common = dict(shared={**TINY_SHARED, "data": str(text_file)}, stages=["seq-local:tokens=128,epochs=1", "kd:tokens=192"])
+    out = tmp_path / "out"
+    stopped = adapt_checkpoint(ladder_dir, out, max_steps=5, **common)  # stage 1 (4 steps) done, stage 2 saved at its step 1
+    assert not stopped.finished
+    run = adapt_checkpoint(ladder_dir, out, resume=True, **common)
+    assert run.finished and [r.steps for r in run.stages] == [4, 3]  # stage 1 finished by the first attempt
+    curve = json.loads((out / "adapt_curve.json").read_text())
+    assert [(p["stage"], p["stage_name"], p["step"]) for p in curve] == [
+        (1, "seq-local", 1), (1, "seq-local", 2), (1, "seq-local", 3), (1, "seq-local", 4), (2, "kd", 1), (2, "kd", 2), (2, "kd", 3)]
+    assert all("layer" in p for p in curve[:4]) and all("loss_kd" in p for p in curve[4:])
+    history = read_provenance(out)["history"]  # each stage's adapt record: its steps, tokens and time over its attempts
+    assert [h["steps"] for h in history[-2:]] == [4, 3] and history[-2]["train_s"] >= curve[3]["train_s"] - 0.05 > 0
+    assert run.result.steps == 7 and run.result.tokens == history[-2]["tokens"] + history[-1]["tokens"]
+    assert run.result.train_s == pytest.approx(history[-2]["train_s"] + run.stages[1].train_s)
+
+
 def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
     run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)

@@ -65,6 +65,70 @@ def test_sequential_resume_after_interruption_is_bit_identical(hybrid_dir, text_
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("closed_form", [False, True])
+def test_sequential_saves_partway_through_a_layer_and_resumes_there_bit_identical(closed_form, hybrid_dir, text_file, tmp_path):
+    """A layer's training is saved partway (by the save clock: here every 5 steps), so an interrupt loses at most the
+    steps since; the resume continues the layer's AdamW state, schedule and losses exactly (a refit layer is not
+    refit again)."""
+    whole = adapt(_config(hybrid_dir, tmp_path / "whole", text_file, closed_form=closed_form))
+    interrupted = _config(hybrid_dir, tmp_path / "resumed", text_file, save_every=5, closed_form=closed_form)
+    partial = adapt(interrupted, stop_after_steps=17)  # killed inside layer 3 (steps 13-24); saved at step 15
+    assert partial.steps == 17
+    state = tmp_path / "resumed.adapt-run" / "state"
+    assert sorted(f.name for f in state.glob("partial-*")) == [
+        "partial-00000015-layer-00003.safetensors", "partial-00000015-optimizer.safetensors"]
+    seen = []
+    resumed = adapt(interrupted, resume=True, progress=lambda info, _model: seen.append(("step", info.step, info.total_steps)),
+                    on_phase=lambda what, done, total: seen.append((what, done, total)))
+    assert resumed.resumed_from_step == 15 and resumed.steps == whole.steps
+    label = "recomputing the states through the finished layers 1:3"  # layers 1 and 2: 2 passes of 3 chunks each
+    assert [(done, total) for what, done, total in seen if what == label] == [(i, 12) for i in range(13)]
+    assert seen.index((label, 12, 12)) < seen.index(("step", 16, 24))
+    assert [r["loss_local"] for r in resumed.curve] == [r["loss_local"] for r in whole.curve]
+    assert [r.get("eval_before") for r in resumed.curve] == [r.get("eval_before") for r in whole.curve]
+    assert resumed.curve[14]["train_s"] <= resumed.curve[15]["train_s"]  # the saved attempt's time carries on
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_training_time_an_interrupted_attempt_spent_past_its_save_counts_on_the_resume(hybrid_dir, text_file, tmp_path):
+    """A stage's train_s is the time of all its attempts: Ctrl-C at step 8 of an attempt saved at step 5 keeps the
+    time of steps 6-8 (here a second slept in step 7's report) for the resume, which redoes them on top of it."""
+    import time
+
+    config = _config(hybrid_dir, tmp_path / "out", text_file, save_every=5)
+    reported = {}
+
+    def interrupt(info, _model) -> None:
+        reported[info.step] = info.train_s
+        if info.step == 7:
+            time.sleep(1.0)
+        if info.step == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        adapt(config, progress=interrupt)
+    resumed = adapt(config, resume=True)
+    assert resumed.resumed_from_step == 5
+    assert resumed.curve[4]["train_s"] < reported[8] - 0.9  # step 5, saved
+    assert resumed.curve[5]["train_s"] >= reported[8]  # step 6, redone after the interrupted attempt's time
+    assert resumed.train_s >= reported[8] + (resumed.curve[-1]["train_s"] - resumed.curve[5]["train_s"])
+    assert not (tmp_path / "out.adapt-run").exists()
+
+
+def test_sequential_saves_a_layer_partway_a_minute_in_by_default(hybrid_dir, text_file, tmp_path, monkeypatch):
+    """Without --save-every the save clock's first save (a minute in; here at once) comes partway through a layer."""
+    from ladderize.adapt import training_state
+
+    monkeypatch.setattr(training_state, "FIRST_SAVE_S", 0.0)
+    partial = adapt(_config(hybrid_dir, tmp_path / "out", text_file), stop_after_steps=5)  # inside layer 1 (steps 1-12)
+    assert partial.steps == 5
+    state = tmp_path / "out.adapt-run" / "state"
+    assert {f.name for f in state.glob("partial-*")} == {"partial-00000001-layer-00001.safetensors", "partial-00000001-optimizer.safetensors"}
+    resumed = adapt(_config(hybrid_dir, tmp_path / "out", text_file), resume=True, stop_after_steps=1)
+    assert resumed.resumed_from_step == 1
+
+
 @pytest.mark.parametrize(
     "change,message",
     [({"objectives": "local,kd"}, "local objective alone"), ({"train": "all"}, "converted layers"), ({"epochs": 0}, "epochs")],

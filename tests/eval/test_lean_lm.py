@@ -53,6 +53,24 @@ def test_lean_equals_hflm_request_by_request(models, batch_size):
     assert seen[-1][1] == windows and seen[-1][3] > 700
 
 
+def test_progress_moves_within_a_batch_a_decoder_layer_at_a_time(models):
+    """A batch of rolling windows that takes minutes reports its progress from its first layer, not at its end."""
+    model, tokenizer = models
+    seen = []
+    lean = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=4, max_length=64,
+                    progress=lambda kind, done, total, tokens: seen.append((done, total, tokens)))
+    lean.loglikelihood_rolling(_requests("loglikelihood_rolling", ROLLING), disable_tqdm=True)
+    windows, layers = seen[0][1], model.config.num_hidden_layers
+    first_batch = min(4, windows)
+    # the start, then one update per layer of the first batch (a quarter of its windows each), before the batch ends
+    assert seen[0] == (0, windows, 0)
+    assert [done for done, _, _ in seen[1:layers]] == pytest.approx([first_batch * n / layers for n in range(1, layers)])
+    assert 0 < seen[1][2] < seen[layers - 1][2]  # tokens through the model move with the layers
+    dones = [done for done, _, _ in seen]
+    assert dones == sorted(dones) and dones[-1] == windows and all(total == windows for _, total, _ in seen)
+    assert len(seen) >= 1 + layers * -(-windows // 4)
+
+
 def test_lean_never_computes_logits_for_a_batch(models):
     """The memory claim, structurally: the LM head sees at most ``chunk`` positions, and the full forward never runs."""
     model, tokenizer = models
