@@ -301,11 +301,9 @@ def adapt_checkpoint(
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
         return AdaptRun(result, [result], not result.stopped_early)
-    shown: list[AdaptPlan] = []
-
-    def show(_steps: list[dict[str, Any]]) -> None:
+    def show(_steps: list[dict[str, Any]]) -> None:  # after every stage's preflight, as run_recipe calls it
         if on_plan is not None:
-            on_plan(shown[0] if shown else plan)
+            on_plan(plan)
 
     try:
         outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
