@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Iterator
 from typing import TypeVar
 
 E = TypeVar("E", bound=enum.Enum)
@@ -61,6 +63,9 @@ def install_interrupt_handlers() -> dict:
         return {}
 
     def handler(signum, _frame):
+        if _HELD["on"] and _HELD["signum"] is None:  # a training loop takes it where it can save (``holding_interrupts``)
+            _HELD["signum"] = signum
+            return
         signal.signal(signum, signal.SIG_DFL)  # a second one while cleaning up ends the process
         raise Interrupted(signum)
 
@@ -70,6 +75,30 @@ def install_interrupt_handlers() -> dict:
         signal.signal(signum, handler)
     _defaults_in_forked_children()
     return previous
+
+
+_HELD: dict = {"on": False, "signum": None}  # the interrupt a training loop holds for its next save point
+
+
+@contextlib.contextmanager
+def holding_interrupts() -> Iterator[None]:
+    """Inside, the first SIGINT or SIGTERM does not unwind at once: it is held (``held_interrupt``) for the training
+    loop to save its state at the end of the step and stop there (``adapt.training_state.SaveClock``); a second one
+    unwinds at once. Leaving the block with one still held raises it. Without ``install_interrupt_handlers``'
+    handlers (a library caller's own), nothing is held."""
+    _HELD.update(on=True, signum=None)
+    try:
+        yield
+    finally:
+        signum = _HELD["signum"]
+        _HELD.update(on=False, signum=None)
+    if signum is not None:
+        raise Interrupted(signum)
+
+
+def held_interrupt() -> int | None:
+    """The signal ``holding_interrupts`` holds, or None."""
+    return _HELD["signum"]
 
 
 _FORK_HOOK_INSTALLED = False

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, holding_interrupts
 from ..model import LadderLlamaForCausalLM
 from ..progress import counted
 from ..corpus.windows import token_windows
@@ -213,46 +213,47 @@ def adapt_joint(
     log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
                       pace=pace, say=say, report=(lambda info: progress(info, model))
                       if accelerator.is_main_process and progress is not None else None)
-    while step < total_steps:
-        if stop_after_steps is not None and step >= stop_after_steps:
-            pending.flush(curve)
-            if save_at_stop and saved_step != step:
+    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+        while step < total_steps:
+            if stop_after_steps is not None and step >= stop_after_steps:
+                pending.flush(curve)
+                if save_at_stop and saved_step != step:
+                    save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
+                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
+                                   stopped_early=True, throughput=pace.record(tokens_done, train_s))
+            started, cpu_started = time.perf_counter(), time.process_time()
+            sums: dict[str, torch.Tensor] = {}
+            for micro in range(config.grad_accum):
+                index = micro_batch_index(step, micro, config.grad_accum, world, rank)
+                rows = batch_rows(len(data), index, config.batch_size, config.seed)
+                batch = data.rows(rows).to(accelerator.device)
+                kept = stored.rows(rows, accelerator.device) if stored is not None else None
+                with accelerator.accumulate(loss_module):
+                    losses = loss_module(batch, kept)
+                    accelerator.backward(losses["total"])
+                    if accelerator.sync_gradients and config.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(params, config.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                for name, value in losses.items():
+                    sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
+            if ema is not None:
+                ema.update()
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            tokens_done += tokens_per_step
+            logged = step % log_every == 0 or step == total_steps
+            if logged and accelerator.device.type == "cuda":
+                torch.cuda.synchronize(accelerator.device)  # the clock counts the device's work where the losses are read
+            train_s += time.perf_counter() - started
+            cpu_s += time.process_time() - cpu_started
+            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
+            if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
+                pending.flush(curve)
                 save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
-            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
-                               stopped_early=True, throughput=pace.record(tokens_done, train_s))
-        started, cpu_started = time.perf_counter(), time.process_time()
-        sums: dict[str, torch.Tensor] = {}
-        for micro in range(config.grad_accum):
-            index = micro_batch_index(step, micro, config.grad_accum, world, rank)
-            rows = batch_rows(len(data), index, config.batch_size, config.seed)
-            batch = data.rows(rows).to(accelerator.device)
-            kept = stored.rows(rows, accelerator.device) if stored is not None else None
-            with accelerator.accumulate(loss_module):
-                losses = loss_module(batch, kept)
-                accelerator.backward(losses["total"])
-                if accelerator.sync_gradients and config.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(params, config.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            for name, value in losses.items():
-                sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
-        if ema is not None:
-            ema.update()
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-        step += 1
-        tokens_done += tokens_per_step
-        logged = step % log_every == 0 or step == total_steps
-        if logged and accelerator.device.type == "cuda":
-            torch.cuda.synchronize(accelerator.device)  # the clock counts the device's work where the losses are read
-        train_s += time.perf_counter() - started
-        cpu_s += time.process_time() - cpu_started
-        log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-        if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
-            pending.flush(curve)
-            save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
-            saved_step = step
-            clock.saved()
+                saved_step = step
+                clock.saved()
 
     accelerator.wait_for_everyone()
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))

@@ -52,7 +52,7 @@ import torch
 from ..checkpoint.atomic import atomic_file
 from ..checkpoint.placement import TrainingPrecision
 from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
-from ..errors import LadderizeError
+from ..errors import LadderizeError, holding_interrupts
 from .compilation import COMPILING, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output
@@ -359,6 +359,7 @@ def _train_layers(
                     if config.closed_form and start is None:  # one layer per group (validate_config); refit before training
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
+                    stack.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import LadderizeError
+from ..errors import LadderizeError, holding_interrupts
 from ..progress import counted
 from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
@@ -190,47 +190,48 @@ def adapt_sharded(
         _save_state(state_dir, config, loss_module, optimizer, {"step": step, "tokens": tokens_done, "train_s": train_s,
                                                                "cpu_s": cpu_s, "curve": curve, "processes": world})
 
-    while step < total_steps:
-        if stop_after_steps is not None and step >= stop_after_steps:
-            if save_at_stop and saved_step != step:
+    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+        while step < total_steps:
+            if stop_after_steps is not None and step >= stop_after_steps:
+                if save_at_stop and saved_step != step:
+                    save()
+                pending.flush(curve)
+                dist.barrier()
+                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
+                                   state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
+                                   throughput=pace.record(tokens_done, train_s))
+            started, cpu_started = time.perf_counter(), time.process_time()
+            sums: dict[str, torch.Tensor] = {}
+            for micro in range(config.grad_accum):
+                index = micro_batch_index(step, micro, config.grad_accum, world, rank)
+                rows = batch_rows(len(data), index, config.batch_size, config.seed)
+                batch = data.rows(rows).to(device, non_blocking=True)
+                teacher_rows = None
+                if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, config, world):
+                    teacher_rows = kept.rows(rows, device)  # else the teacher runs, on every rank (its units gather)
+                loss_module.set_requires_gradient_sync(micro == config.grad_accum - 1)
+                losses = loss_module(batch, teacher_rows)
+                (losses["total"] / config.grad_accum).backward()
+                for name, value in losses.items():
+                    sums[name] = sums.get(name, 0.0) + value.detach() / config.grad_accum
+            if config.max_grad_norm > 0:
+                clip_sharded(params, config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            tokens_done += tokens_per_step
+            logged = step % log_every == 0 or step == total_steps
+            if logged and device.type == "cuda":
+                torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
+            train_s += time.perf_counter() - started
+            cpu_s += time.process_time() - cpu_started
+            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
+            if (logged or clock.by_steps) and step < total_steps and clock.due(step, device):  # time is read where losses are
                 save()
-            pending.flush(curve)
-            dist.barrier()
-            return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
-                               state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
-                               throughput=pace.record(tokens_done, train_s))
-        started, cpu_started = time.perf_counter(), time.process_time()
-        sums: dict[str, torch.Tensor] = {}
-        for micro in range(config.grad_accum):
-            index = micro_batch_index(step, micro, config.grad_accum, world, rank)
-            rows = batch_rows(len(data), index, config.batch_size, config.seed)
-            batch = data.rows(rows).to(device, non_blocking=True)
-            teacher_rows = None
-            if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, config, world):
-                teacher_rows = kept.rows(rows, device)  # else the teacher runs, on every rank (its units gather)
-            loss_module.set_requires_gradient_sync(micro == config.grad_accum - 1)
-            losses = loss_module(batch, teacher_rows)
-            (losses["total"] / config.grad_accum).backward()
-            for name, value in losses.items():
-                sums[name] = sums.get(name, 0.0) + value.detach() / config.grad_accum
-        if config.max_grad_norm > 0:
-            clip_sharded(params, config.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-        step += 1
-        tokens_done += tokens_per_step
-        logged = step % log_every == 0 or step == total_steps
-        if logged and device.type == "cuda":
-            torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
-        train_s += time.perf_counter() - started
-        cpu_s += time.process_time() - cpu_started
-        log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-        if (logged or clock.by_steps) and step < total_steps and clock.due(step, device):  # time is read where losses are
-            save()
-            saved_step = step
-            clock.saved()
+                saved_step = step
+                clock.saved()
 
     pending.flush(curve)
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))

@@ -83,8 +83,10 @@ FIRST_SAVE_S = 60.0  # a run saved by time writes its first state a minute in: a
 
 class SaveClock:
     """When a run saves its training state: every ``save_every`` optimizer steps where set, else by wall time (a
-    minute in, then every ``save_minutes``). A save is collective, so under a launcher the main process's clock
-    decides for every rank (a step count needs no word: every rank counts the same)."""
+    minute in, then every ``save_minutes``), and at once where a Ctrl-C or SIGTERM is held for it
+    (``errors.holding_interrupts``): the run then stops after that save (``saved`` raises the interrupt), losing
+    nothing. A save is collective, so under a launcher the main process's clock and signal decide for every rank (a
+    step count needs no word: every rank counts the same, and the signal is then heard at those steps)."""
 
     def __init__(self, config: AdaptConfig):
         import time
@@ -93,6 +95,7 @@ class SaveClock:
         self.interval = 60.0 * config.save_minutes
         self.last = time.perf_counter()
         self.saved_once = False
+        self.stop: int | None = None  # the held interrupt the run stops with after this save
 
     @property
     def by_steps(self) -> bool:
@@ -102,27 +105,47 @@ class SaveClock:
         """Whether to save after optimizer step ``step``; by time, one broadcast from the main process."""
         import time
 
+        from ..errors import held_interrupt
+
+        held = held_interrupt() or 0
         if self.by_steps:
-            return step % self.every == 0
-        wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
-        return _main_says(time.perf_counter() - self.last >= wait, device)
+            due = step % self.every == 0
+            if _launched() and not due:  # the ranks agree on the signal where they agree to save
+                return False
+        else:
+            wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
+            due = time.perf_counter() - self.last >= wait
+        due, held = _main_says(due, held, device)
+        self.stop = held or None
+        return due or self.stop is not None
 
     def saved(self) -> None:
+        """The state was saved: the clock starts again, and a held interrupt stops the run here."""
         import time
 
+        from ..errors import Interrupted
+
         self.last, self.saved_once = time.perf_counter(), True
+        if self.stop is not None:
+            raise Interrupted(self.stop)
 
 
-def _main_says(flag: bool, device) -> bool:
-    """The main process's ``flag`` on every process of a launched job (``flag`` itself outside one)."""
+def _launched() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _main_says(flag: bool, signum: int, device) -> tuple[bool, int]:
+    """The main process's ``flag`` and held ``signum`` on every process of a launched job (its own outside one)."""
     import torch
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
-    tensor = torch.tensor([1 if flag else 0], device=device)
+    if not _launched():
+        return flag, signum
+    tensor = torch.tensor([1 if flag else 0, signum], device=device)
     dist.broadcast(tensor, src=0)
-    return bool(tensor.item())
+    return bool(tensor[0].item()), int(tensor[1].item())
 
 
 def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str, Any]) -> None:
