@@ -108,7 +108,8 @@ def bench_shape(name: str, args, work: Path) -> dict:
     elif usable is None:  # no GPU to fill: the stage's own batch
         batch = 2
     else:  # the largest that the estimate fits (0: none)
-        batch = max((size for size in range(1, args.max_batch + 1) if estimate(size).total <= usable), default=0)
+        batch = JointMemory.largest_batch(shape, converted, world, args.seq_len, usable, most=args.max_batch,
+                                          checkpointing=args.activation_checkpointing)
     if batch == 0:
         row.update(status="does not fit", estimate_gib=round(estimate(1).total / 2**30, 1),
                    usable_gib=round(usable / 2**30, 1))

@@ -191,6 +191,19 @@ class JointMemory:
                    gathered=2 * layer * compute_bytes if sharded and processes > 1 else 0.0,
                    activations=float(activations))
 
+    @classmethod
+    def largest_batch(cls, config: Any, converted: list[int], processes: int, seq_len: int, usable: float, *,
+                      most: int, teacher: bool = True, checkpointing: bool = False, compute_bytes: int = 2,
+                      sharded: bool = True) -> int:
+        """The most sequences of ``seq_len`` tokens per micro-batch, up to ``most``, whose estimate fits in ``usable``
+        bytes (0: not one)."""
+        batch = 0
+        while batch < most and cls.estimate(config, converted, processes, seq_len * (batch + 1), teacher=teacher,
+                                            checkpointing=checkpointing, compute_bytes=compute_bytes,
+                                            sharded=sharded).total <= usable:
+            batch += 1
+        return batch
+
     def describe(self) -> str:
         parts = [("student", self.student), ("teacher", self.teacher), ("gradients", self.gradients),
                  ("AdamW", self.optimizer), ("gathered layers", self.gathered), ("activations", self.activations)]
@@ -365,11 +378,10 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
                                        checkpointing=True, compute_bytes=compute_bytes)
         if checked.total <= usable:
             fixes.append("--activation-checkpointing")
-    for smaller in range(batch - 1, 0, -1):
-        if JointMemory.estimate(config, converted, launch.processes, seq_len * smaller, teacher=teacher,
-                                compute_bytes=compute_bytes).total <= usable:
-            fixes.append(f"--batch-size {smaller} (with --grad-accum to keep the tokens per step)")
-            break
+    smaller = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
+                                        teacher=teacher, compute_bytes=compute_bytes)
+    if smaller:
+        fixes.append(f"--batch-size {smaller} (with --grad-accum to keep the tokens per step)")
     advice = "; ".join(fixes) if fixes else "more GPUs or a GPU with more memory"
     return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()}, "
             f"{gib(usable)} usable: {advice}")

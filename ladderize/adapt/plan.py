@@ -186,6 +186,9 @@ def build_plan(
         chosen = chosen_recipe(recipe, stages)
         steps = resolve_stages(chosen, checkpoint, shared)
         plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    given = _user_set(chosen, shared, single)
+    if readable and where.memory_bytes:
+        plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
     if readable and where.memory_bytes and not priced_only:  # a known GPU's memory: refused before a budget is timed
         unfit = _price(plan)
         if unfit is not None and unfit.refusal is not None:
@@ -212,7 +215,7 @@ def build_plan(
             plan = plan.with_steps(sized)
             plan.budget = record
     if readable and where.memory_bytes:
-        plan = _fill_device(plan, _user_set(chosen, shared, single), say)
+        plan = _fill_device(plan, given, say)
     if readable:
         from ..checkpoint.io import load_config
 
@@ -232,11 +235,14 @@ def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str,
     return [given | set(recipe.shared) | set(stage.settings) for stage in recipe.stages]
 
 
-def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None]) -> AdaptPlan:
-    """``plan`` with each joint stage's batch per process grown to fill the launch's GPU memory: the largest batch whose
-    memory estimate (``cost.JointMemory``) fits, where the stage still takes ``MIN_FILLED_STEPS`` optimizer steps or
-    more, and never smaller than the stage's own. Where not even one sequence fits, activation checkpointing is turned
-    on if it makes one fit. A batch size the user gave, and a stage too short to fill the device, stay as they are."""
+def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:
+    """``plan`` with each joint stage's batch per process grown to fill the launch's GPU memory (``grow``): the largest
+    batch whose memory estimate (``cost.JointMemory``) fits, where the stage still takes ``MIN_FILLED_STEPS`` optimizer
+    steps or more, and never smaller than the stage's own. Where the stage's own batch does not fit, it is split into
+    accumulated micro-batches that do (the same sequences per step), with activation checkpointing turned on where
+    not one sequence fits without it (``grow`` False: that alone, before the plan is checked against the memory). A
+    batch size, accumulation or checkpointing the user gave, and a stage too short to fill the device, stay as they
+    are."""
     from ..checkpoint.io import load_config
     from .cost import JointMemory, usable_bytes
     from .objectives import parse_objectives
@@ -257,21 +263,30 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         weights = parse_objectives(step.get("objectives", AdaptConfig.objectives))
         checkpointing = bool(step.get("activation_checkpointing"))
 
-        def fits(batch: int, checked: bool) -> bool:
-            return JointMemory.estimate(config, converted, processes, seq_len * batch,
-                                        teacher=bool({"kd", "local"} & set(weights)), checkpointing=checked,
-                                        compute_bytes=4 if step.get("dtype") == "float32" else 2,
-                                        sharded=processes > 1 and step.get("shard", "auto") != "ddp").total <= usable
+        def largest(most: int, checked: bool) -> int:
+            return JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=most,
+                                             teacher=bool({"kd", "local"} & set(weights)), checkpointing=checked,
+                                             compute_bytes=4 if step.get("dtype") == "float32" else 2,
+                                             sharded=processes > 1 and step.get("shard", "auto") != "ddp")
 
-        if not fits(1, checkpointing) and not checkpointing and "activation_checkpointing" not in given and fits(1, True):
-            checkpointing = True
-            step["activation_checkpointing"] = True
-            say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
-                f"sequence of {seq_len:,} tokens fits a {plan.launch.describe().split(' x ')[-1]}")
-        most = int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes)
-        batch = start
-        while batch + 1 <= most and fits(batch + 1, checkpointing):
-            batch += 1
+        gpu = plan.launch.describe().split(" x ")[-1]
+        if largest(start, checkpointing) < start:  # the stage's own batch does not fit
+            if not checkpointing and "activation_checkpointing" not in given and not largest(1, False) \
+                    and largest(1, True):
+                checkpointing = True
+                step["activation_checkpointing"] = True
+                say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
+                    f"sequence of {seq_len:,} tokens fits a {gpu}")
+            smaller, whole = largest(start, checkpointing), start * accum
+            while smaller and whole % smaller:
+                smaller -= 1
+            if 0 < smaller < start and "grad_accum" not in given:  # the same tokens per step, accumulated
+                step["batch_size"], step["grad_accum"] = smaller, whole // smaller
+                say(f"stage {step['stage']} ({step['name']}): batch {smaller} per process x {whole // smaller} "
+                    f"accumulated, the {whole:,} sequences per step its batch {start} holds, in the memory of a {gpu}")
+        if not grow:
+            continue
+        batch = max(start, largest(int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes), checkpointing))
         if batch > start:
             step["batch_size"] = batch
             say(f"stage {step['stage']} ({step['name']}): batch {batch} per process ({batch * seq_len:,} tokens), the "

@@ -107,3 +107,17 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
     with pytest.raises(LadderizeError, match=r"^the plan does not fit: stage 2 \(kd\) needs .* per GPU on 1 x H100"):
         adapt_checkpoint(folder, tmp_path / "out", shared={"seq_len": 2048}, budget="3B", device="cpu")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama-3.1-8b"]  # nothing written
+
+
+def test_a_stage_s_batch_that_does_not_fit_is_accumulated_and_checkpointed_where_it_must(tmp_path):
+    folder = _config_only(tmp_path, "llama-3b", 14)
+    said: list[str] = []
+    split = build_plan(folder, shared={"seq_len": 8192}, budget="3B", launch="1xH100", priced_only=True, say=said.append)
+    kd = split.stages[1].settings  # the preset's 2 sequences do not fit one H100; 1 does, twice per step
+    assert (kd["batch_size"], kd["grad_accum"], kd.get("activation_checkpointing")) == (1, 2, None)
+    assert split.cost.refusal is None and any("batch 1 per process x 2 accumulated" in line for line in said)
+    checked = build_plan(folder, shared={"seq_len": 32_768}, budget="3B", launch="1xH100", priced_only=True)
+    assert checked.stages[1].settings["activation_checkpointing"] is True and checked.cost.refusal is None
+    assert checked.stages[1].settings["batch_size"] == 2  # not one sequence fits without it: with it, the preset's
+    mine = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2}, budget="3B", launch="1xH100", priced_only=True)
+    assert mine.cost.refusal is not None and "--batch-size 1" in mine.cost.refusal  # the user's batch is the user's
