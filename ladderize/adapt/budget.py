@@ -13,7 +13,9 @@ where the data ends (its whole sequences; further epochs over the same set overf
 cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
 (``sequential_run.state_copies`` state tensors, more with ``window``); the tokens past that go to the next stage that is not
 sequential (kd in ``best``), which passes over the data as many times as they need. A wall budget is turned into tokens by the pace measured on this
-device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take. After each
+device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take, as a token
+budget's plan does from the same pace. The pace is kept (``pace.store_pace``: the fastest timed here), and a wall
+budget shorter than the recipe's smallest run by it is refused before anything is timed or read. After each
 stage but the last, the stages left are re-planned to the time left (``replan``): a pace timed on a quieter or busier
 machine than the run then met still ends near the budget. Under a launcher every process runs the main process's plan
 (``agreed``).
