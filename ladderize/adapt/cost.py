@@ -118,15 +118,17 @@ class Launch:
         return cls(int(match.group(1)), match.group(2).lower())
 
     @classmethod
-    def current(cls) -> "Launch":
-        """The launch this process runs under: the launcher's process count and this machine's GPU, if known."""
-        import torch
+    def current(cls, device: str = "auto") -> "Launch":
+        """The launch this process runs under: the launcher's process count and, where ``device`` (``--device``)
+        places the run on a GPU, that GPU if known."""
+        from ..checkpoint.placement import resolve_device, world_size
 
-        from ..checkpoint.placement import world_size
-
+        target = resolve_device(device)
         gpu = None
-        if torch.cuda.is_available():
-            gpu = gpu_named(torch.cuda.get_device_name())
+        if target.type == "cuda":
+            import torch
+
+            gpu = gpu_named(torch.cuda.get_device_name(target))
         return cls(world_size(), gpu)
 
     @property

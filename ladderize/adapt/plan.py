@@ -171,7 +171,8 @@ def build_plan(
         if key in _RESERVED:
             raise LadderizeError(f"{key} is not a stage setting")
     sized_by = budget if isinstance(budget, Budget) or budget is None else parse_budget(budget)
-    where = launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else Launch.current()
+    where = (launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else
+             Launch.current(shared.get("device", AdaptConfig.device)))
     readable = (Path(checkpoint) / "config.json").is_file()
     if single:
         settings = {**shared, **single}

@@ -99,7 +99,8 @@ def adapt_cmd(
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
     if dry_run is not None:
-        _print_dry_run(ckpt, None if dry_run == "here" else dry_run, shared, single, recipe, stage, budget, dtype_name)
+        _print_dry_run(ckpt, None if dry_run == "here" else dry_run, {**shared, "device": device}, single, recipe, stage,
+                       budget, dtype_name)
         return
     if budget is not None:  # before the heavy imports, as every check below
         parse_budget(budget)

@@ -103,7 +103,7 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
     from ladderize.errors import LadderizeError
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights: a run that got as far as loading would fail
-    monkeypatch.setattr(cost.Launch, "current", classmethod(lambda cls: cls(1, "h100")))  # launched on one H100
+    monkeypatch.setattr(cost.Launch, "current", classmethod(lambda cls, _device: cls(1, "h100")))  # on one H100
     with pytest.raises(LadderizeError, match=r"^the plan does not fit: stage 2 \(kd\) needs .* per GPU on 1 x H100"):
         adapt_checkpoint(folder, tmp_path / "out", shared={"seq_len": 2048}, budget="3B", device="cpu")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama-3.1-8b"]  # nothing written
@@ -121,3 +121,14 @@ def test_a_stage_s_batch_that_does_not_fit_is_accumulated_and_checkpointed_where
     assert checked.stages[1].settings["batch_size"] == 2  # not one sequence fits without it: with it, the preset's
     mine = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2}, budget="3B", launch="1xH100", priced_only=True)
     assert mine.cost.refusal is not None and "--batch-size 1" in mine.cost.refusal  # the user's batch is the user's
+
+
+def test_the_launch_a_run_is_under_follows_its_device(monkeypatch):
+    import torch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with an H100 that --device cpu leaves idle
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    assert Launch.current("cpu") == Launch(2, None)  # no GPU memory to fill or to refuse by
+    assert Launch.current("auto") == Launch(2, "h100")
