@@ -149,6 +149,12 @@ def window_epochs(converted: list[int] | set[int], epochs: float, ramp: float, w
     return {group[0]: sum(ramped[i] for i in group) / len(group) for group in layer_windows(converted, window)}
 
 
+def window_steps(epochs: dict[int, float], num_sequences: int, batch_size: int) -> dict[int, int]:
+    """The optimizer steps of each window of ``window_epochs``: its epochs over ``num_sequences`` calibration
+    sequences, ``batch_size`` a step (the sequential stage's count, which its plan counts too)."""
+    return {start: steps_per_layer(num_sequences, share, batch_size) for start, share in epochs.items()}
+
+
 def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float:
     """Epochs of the ``position``-th of ``count`` converted layers (0: the lowest) under ``epochs_ramp``.
 

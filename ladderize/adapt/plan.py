@@ -102,8 +102,8 @@ class AdaptPlan:
     def tokens_trained(self, stage: PlannedStage) -> int:
         """The tokens ``stage`` trains, as its progress and the run's last line count them: a joint stage's tokens in
         whole steps, a sequential stage's steps through each group of layers it trains together times their tokens
-        (``layer_training.window_epochs``: its calibration tokens x epochs, once for every group)."""
-        from .layer_training import steps_per_layer, window_epochs
+        (``layer_training.window_steps``: its calibration tokens x epochs, once for every group)."""
+        from .layer_training import window_epochs, window_steps
 
         seq_len = int(stage.settings.get("seq_len", AdaptConfig.seq_len))
         batch = int(stage.settings.get("batch_size", AdaptConfig.batch_size))
@@ -115,7 +115,7 @@ class AdaptPlan:
         epochs = window_epochs(self.converted, float(stage.settings.get("epochs", AdaptConfig.epochs)),
                                float(stage.settings.get("epochs_ramp", AdaptConfig.epochs_ramp)),
                                int(stage.settings.get("window", AdaptConfig.window)))
-        return sum(steps_per_layer(rows, share, batch) for share in epochs.values()) * batch * seq_len
+        return sum(window_steps(epochs, rows, batch).values()) * batch * seq_len
 
     def lines(self) -> list[str]:
         """The plan as a run prints it before it starts: each stage, the tokens it trains where a sequential stage

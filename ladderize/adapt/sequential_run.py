@@ -59,7 +59,7 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import LayerProgress, Ranks, StateCache, layer_windows, steps_per_layer, train_layer, window_epochs
+from .layer_training import LayerProgress, Ranks, StateCache, layer_windows, train_layer, window_epochs, window_steps
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -258,7 +258,7 @@ def _train_layers(
             f"a step trains {counted(batch_size, 'sequence')}")
     windows = {window[0]: window for window in layer_windows(converted, config.window)}
     epochs = window_epochs(converted, config.epochs, config.epochs_ramp, config.window)
-    per_window = {start: steps_per_layer(num_train, share, batch_size) for start, share in epochs.items()}
+    per_window = window_steps(epochs, num_train, batch_size)
     total_steps = sum(per_window.values())
     tokens_per_step = batch_size * config.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
