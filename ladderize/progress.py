@@ -218,10 +218,11 @@ class Progress:
             self._bar.__exit__(*exc_info)
             self._bar = None
 
-    def message(self, text: str) -> None:
+    def message(self, text: str, markup: bool = False) -> None:
+        """Print ``text`` above the bar (or in the log); ``markup``: it holds rich markup (``[dim]...[/]``)."""
         with self._lock:
             target = self._bar.console if self._bar is not None else self.console
-            target.print(text, highlight=False, markup=False, soft_wrap=True)
+            target.print(text, highlight=False, markup=markup, soft_wrap=True)
             self._printed = self.line.clock()
 
     def update(self, done: float, total: int | None = None, **fields: Any) -> None:
@@ -254,7 +255,7 @@ class Progress:
             return self.line.format(done, **details, elapsed=elapsed + now - when)
 
     def _beat(self) -> None:
-        while not self._stop.wait(max(self.line.interval / 4, 0.05)):
+        while not self._stop.wait(min(max(self.line.interval / 4, 0.05), 1.0)):  # a line at most a second late
             text = self.heartbeat()
             if text is not None:
                 self.message(text)
