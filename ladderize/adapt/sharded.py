@@ -3,8 +3,9 @@
 A model that does not fit one device whole (Llama-3.1-8B's kd stage: fp32 student, teacher, gradients and AdamW,
 about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 
-- **Build, then shard.** Student and teacher are built on the meta device; every decoder layer is one FSDP2 unit
-  (``fully_shard``), filled from the checkpoints' safetensors and sharded at once (``_sharded_model``), and the
+- **Build, shard, then read.** Student and teacher are built on the meta device; every decoder layer is one FSDP2
+  unit (``fully_shard``) sharded there, then each rank reads only its own rows of each of the layer's tensors from the
+  safetensors (``fill_shards``: ``safe_open``'s slices), and the
   student's own embedding, final norm and LM head (those that are not the teacher's) one more (the root,
   ``AdaptLoss``): host and device memory per rank are the models over the ranks, plus one unit.
 - **Only the converted layers train.** The optimizer (fused AdamW) holds their shards; the frozen teacher runs in
@@ -313,6 +314,26 @@ def _read_rows(file: Path, name: str, rows: slice) -> torch.Tensor:
         return part[rows] if part.get_shape() else handle.get_tensor(name)
 
 
+def fill_shards(module: torch.nn.Module, prefix: str, file_of: Callable[[str], Path], device: torch.device) -> None:
+    """Give ``module``, sharded by ``fully_shard`` on the meta device, its tensors on ``device``: each rank reads only its
+    own rows of each sharded parameter (``prefix`` + its name, from ``file_of(name)``) with ``safe_open``'s slices, a
+    tensor that is not sharded whole; each in the dtype the module holds it in."""
+    from torch.distributed.tensor import DTensor
+
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            if isinstance(tensor, DTensor):
+                if [type(p).__name__ for p in tensor.placements] != ["Shard"] or tensor.placements[0].dim != 0:
+                    raise LadderizeError(f"{prefix + name}: expected FSDP2's dim-0 shards, got {tensor.placements}")
+                mesh = tensor.device_mesh
+                rows = _rows(tensor.shape[0], mesh.get_local_rank(), mesh.size())
+            else:
+                rows = slice(None)
+            local.copy_(_read_rows(file_of(prefix + name), prefix + name, rows))
+
+
 def _identical_parts(student_path: str, teacher_path: str, first: int, rank: int, world: int,
                      device: torch.device) -> dict[str, bool]:
     """Which frozen parts the two checkpoints hold identical: ``prefix`` (the embedding and the layers below
@@ -365,8 +386,9 @@ def _teacher_pieces(teacher, student_config, first: int, same: dict[str, bool]) 
 
 def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, trained, mixed: torch.dtype | None = None,
                    shared: dict[str, torch.nn.Module] | None = None, compiled: bool = False):
-    """The model at ``path``, each decoder layer an FSDP2 unit: built without weights, then filled one unit at a
-    time from its safetensors (in ``dtype``) and sharded at once, so that a rank holds its shards plus one unit.
+    """The model at ``path``, each decoder layer an FSDP2 unit: built without weights; each layer is sharded, then
+    filled with this rank's rows from its safetensors (in ``dtype``; ``fill_shards``), so that no rank holds a layer
+    whole; the embedding, final norm and LM head are read whole, one at a time.
 
     ``trained``: the layers that keep gradients, their compute dtype ``mixed`` (FSDP2's mixed precision); ``shared``:
     modules taken from another model as they are, by name (``_teacher_pieces``: the teacher's frozen prefix, final
@@ -412,11 +434,12 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
     for index, layer in enumerate(model.model.layers):
         if layer_prefix(index).removesuffix(".") in shared:  # the teacher's own layer, identical and frozen
             continue
-        fill_module(layer, layer_prefix(index), file_of, dtype, device)
+        layer.to(dtype=dtype)  # on the meta device: its floating parameters' dtype, nothing read
         layer.requires_grad_(index in trained)
         if compiled:
             compile_layers([layer], device)
         fully_shard(layer, mp_policy=_policy(mixed if index in trained else None), reshard_after_forward=True)
+        fill_shards(layer, layer_prefix(index), file_of, device)
     if not trained:
         for unit in teacher_units(model):
             if unit not in model.model.layers:

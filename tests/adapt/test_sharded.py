@@ -285,3 +285,26 @@ def test_the_student_holds_the_teachers_identical_frozen_parts_once(sharp_ladder
         if not head_shared:
             expected.add(id(student.lm_head.weight))
         assert own == expected
+
+
+def test_each_rank_reads_only_its_rows_of_each_layer(tmp_path):
+    """Under 3 processes each rank reads its own rows of every decoder-layer tensor (safetensors slices, uneven
+    shards included: 100 MLP rows over 3 ranks), never a layer tensor whole, and its shards equal the checkpoint's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**dict(TINY, intermediate_size=100))).save_pretrained(tmp_path / "dense")
+    ladder = convert(tmp_path / "dense", tmp_path / "ladder", ladder="2:4")
+    worker = Path(__file__).with_name("shard_read_worker.py")
+    env = {**_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([*_torchrun(3), str(worker), str(ladder)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2]
+    full = reports[0]["full_layer_bytes"]
+    assert sum(r["layer_bytes"] for r in reports) == full  # every row read once, by one rank
+    for report in reports:
+        assert report["equal"] and report["whole_layer_reads"] == []
+        assert report["layer_bytes"] <= full / 3 * 1.1  # a third, give or take the uneven chunks
