@@ -188,15 +188,18 @@ class AdaptLoss(nn.Module):
 
     @torch.no_grad()
     def _teacher_states(self, input_ids: torch.Tensor, want_final: bool) -> TeacherPass:
+        """The teacher's pass: its states at each converted layer where ``local`` compares them, else only the state
+        entering the first converted layer (the student's start with a shared prefix); its final stream for kd."""
         teacher = self.teacher
         state, attn_kwargs = embed(teacher, input_ids)
         inputs, outputs = {}, {}
+        every_layer = "local" in self.weights
         last = teacher.config.num_hidden_layers if want_final else max(self.converted) + 1
         for index in range(last):
-            if index in self.converted:
+            if index in self.converted and (every_layer or index == self.first):
                 inputs[index] = state
             state = run_layers(teacher, state, attn_kwargs, index, index + 1)
-            if index in self.converted:
+            if every_layer and index in self.converted:
                 outputs[index] = state
         self._teacher_kwargs = attn_kwargs
         return TeacherPass(inputs, outputs, state[0] if want_final else None)

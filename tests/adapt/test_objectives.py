@@ -289,3 +289,16 @@ def test_adapt_end_to_end_writes_a_converted_checkpoint(scope, ladder_dir, dense
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, original.state_dict()[n])}
     if scope != "all":
         assert changed and all(n.startswith(("model.layers.2.", "model.layers.3.")) for n in changed)
+
+
+@pytest.mark.parametrize("objective,kept", [("kd", ([1], [])), ("kd,local", ([1, 2, 3], [1, 2, 3])), ("lm,local", ([1, 2, 3], [1, 2, 3]))])
+def test_the_teacher_keeps_only_the_states_its_objective_reads(objective, kept):
+    """kd reads the state entering the first converted layer and the final stream: the teacher's pass keeps no state
+    of the layers above; local compares every converted layer, so it keeps each one's input and output."""
+    teacher, student = _dense_and(["dense", "ladder", "ladder", "ladder"])
+    module = AdaptLoss(student, teacher, parse_objectives(objective), share_prefix=True)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    states = module._teacher_states(ids, want_final="kd" in objective)
+    assert (sorted(states.inputs), sorted(states.outputs)) == kept
+    assert (states.final is not None) == ("kd" in objective)
+    module(ids)["total"].backward()  # the pass serves the loss it was kept for
