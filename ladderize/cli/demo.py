@@ -53,7 +53,7 @@ def demo(
             err_console.print(line, highlight=False, soft_wrap=True)
             return
         if kind == "start":
-            log.line.label = f"demo, {message.split(':')[0][:60]}"
+            log.label = f"demo, {message.split(':')[0][:60]}"
         log.message(line, markup=True)
 
     with log or nullcontext(), err_console.status("[bold]ladderize demo[/]", spinner="dots"):
