@@ -197,3 +197,17 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
     assert find_cycle({("a", "b"): [], ("b", "c"): []}) is None
     file = PACKAGE / "cli" / "app.py"
     assert any(name == "ladderize.version" for name, _ in _imported(file))  # `from ..version import __version__`, in a function
+
+
+def test_the_planning_side_imports_no_training():
+    """What chooses and prices a run's strategy (``adapt/strategy.py``, ``cost.py``, ``plan.py``) reads settings and
+    shapes: it imports neither training (``joint``, ``sharded``), and the strategy no training module at all."""
+    edges = file_graph()
+    training = {f"ladderize.adapt.{name}" for name in ("joint", "sharded", "layer_training", "sequential_run", "train")}
+    for planner, barred in (("strategy", training), ("cost", {"ladderize.adapt.joint", "ladderize.adapt.sharded"}),
+                            ("plan", {"ladderize.adapt.joint", "ladderize.adapt.sharded"})):
+        found = {target: where for (source, target), where in edges.items()
+                 if source == f"ladderize.adapt.{planner}" and target in barred}
+        assert not found, f"{planner} imports training: {found}"
+    assert ("ladderize.adapt.train", "ladderize.adapt.strategy") in edges  # the run reads the same choice
+    assert ("ladderize.adapt.cost", "ladderize.adapt.strategy") in edges

@@ -18,7 +18,7 @@ from .objectives import DIVERGENCES, JOINT_ONLY_INPUTS, LOCAL_INPUTS, TEACHER_OB
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
 STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
-SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (sharded.sharding_reason)
+SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (strategy.choose_strategy)
 
 
 @dataclass

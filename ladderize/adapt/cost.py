@@ -12,13 +12,22 @@ the embedding lookup excluded, the LM head included; the attention's quadratic t
 - 2 x the forward-only parameters: the layers below the first converted one (run once for student and teacher when
   they are identical, ``share_prefix``), and the teacher's layers and head that the objectives read.
 
-**Memory per GPU** of a joint stage (``JointMemory``), sharded over the processes with FSDP2 (``sharded.py``):
-fp32 student weights (beside a teacher, only its layers from the first converted one up: the rest are the teacher's,
-held once), the teacher in the compute dtype, fp32 gradients and AdamW's two fp32 moments of the trained
-parameters, each divided by the processes; two gathered decoder layers in the compute dtype (the one computing and
-the one prefetched); and the activations the backward keeps, per token of a micro-batch:
-``ACTIVATION_VALUES`` x the layer widths in the compute dtype for every layer from the first trained one up
-(``activation_checkpointing``: only each layer's two input states, plus one layer's activations while it recomputes).
+**Memory per GPU** of a joint stage (``JointMemory``), priced for the strategy it runs with
+(``strategy.choose_strategy``: the same call the run makes):
+
+- *sharded* (FSDP2, ``sharded.py``): fp32 student weights (beside a teacher, only its layers from the first converted
+  one up: the rest are the teacher's, held once), the teacher in the compute dtype, fp32 gradients and AdamW's two
+  fp32 moments of the trained parameters, each divided by the processes; two gathered decoder layers in the compute
+  dtype (the one computing and the one prefetched); with ``grad_accum`` > 1, the accumulated gradients, which FSDP2
+  keeps unsharded in fp32 between micro-batches (gradient sync waits for the last one);
+- *one process* or *replicated* (``joint.py``, DDP): the whole fp32 student and the whole fp32 teacher on every
+  process, fp32 gradients and AdamW's moments of the trained parameters (under DDP a second copy of the gradients in
+  its buckets), and ``ema``'s fp32 average of them. ``--train all`` trains every parameter, ``--train lora`` the
+  adapters (``lora_parameters``).
+
+Both keep the activations the backward needs, per token of a micro-batch: ``ACTIVATION_VALUES`` x the layer widths
+in the compute dtype for every layer from the first trained one up (``activation_checkpointing``: only each layer's
+two input states, plus one layer's activations while it recomputes).
 A run fits where the total is at most ``USABLE_SHARE`` of the GPU's memory less ``RESERVED_BYTES`` (CUDA context,
 NCCL buffers, the allocator's slack).
 """
@@ -155,6 +164,17 @@ def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
     return compute_bytes * (14 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
 
 
+def lora_parameters(config: Any, rank: int) -> int:
+    """Parameters of one layer's LoRA adapters of ``rank`` (``lora.py``: A and B on each of the layer's linear modules,
+    ``architectures.LINEAR_MODULES``)."""
+    shape = _shape_of(config)
+    hidden, inner = shape.hidden_size, shape.intermediate_size
+    query, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
+    widths = {"q_proj": hidden + query, "k_proj": hidden + kv, "v_proj": hidden + kv, "o_proj": query + hidden,
+              "gate_proj": hidden + inner, "up_proj": hidden + inner, "down_proj": inner + hidden}
+    return rank * sum(widths.values())
+
+
 @dataclass(frozen=True)
 class JointMemory:
     """Bytes per GPU of a joint stage, by what holds them."""
@@ -165,50 +185,87 @@ class JointMemory:
     optimizer: float
     gathered: float
     activations: float
+    accumulated: float = 0.0  # sharded, with grad_accum > 1: the unsharded fp32 gradients between micro-batches
+    buckets: float = 0.0  # replicated (DDP): the gradients' copy in its buckets
+    ema: float = 0.0  # ema: the fp32 average of the trained parameters
 
     @property
     def total(self) -> float:
-        return self.student + self.teacher + self.gradients + self.optimizer + self.gathered + self.activations
+        return (self.student + self.teacher + self.gradients + self.optimizer + self.gathered + self.activations
+                + self.accumulated + self.buckets + self.ema)
 
     @classmethod
     def estimate(cls, config: Any, converted: list[int], processes: int, micro_batch_tokens: int, *,
                  teacher: bool = True, checkpointing: bool = False, compute_bytes: int = 2,
-                 sharded: bool = True) -> "JointMemory":
+                 sharded: bool = True, scope: str = "converted", ema: bool = False, accumulating: bool = False,
+                 lora_rank: int = 16) -> "JointMemory":
+        """The bytes per GPU (module docstring) of a stage training ``scope`` (``--train``) of ``converted``, on
+        ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy.Strategy.sharded``)."""
         shape = _shape_of(config)
-        parts = processes if sharded else 1
         layer = layer_parameters(shape)
-        trained = len(converted) * layer
         every = shape.num_parameters
+        first = 0 if scope == "all" else min(converted)
+        trained = (every if scope == "all" else len(converted) * lora_parameters(shape, lora_rank) if scope == "lora"
+                   else len(converted) * layer)
         per_layer = activation_bytes_per_token(shape, compute_bytes)
-        kept_layers = shape.num_hidden_layers - min(converted)
+        kept_layers = shape.num_hidden_layers - first
         if checkpointing:
             activations = micro_batch_tokens * (kept_layers * 2 * shape.hidden_size * compute_bytes + per_layer)
         else:
             activations = micro_batch_tokens * kept_layers * per_layer
+        if not sharded:  # joint.py: both models whole, in fp32, on every process
+            return cls(student=4 * every + (4 * trained if scope == "lora" else 0),
+                       teacher=4 * every if teacher else 0.0, gradients=4 * trained, optimizer=8 * trained,
+                       gathered=0.0, activations=float(activations), buckets=4 * trained if processes > 1 else 0.0,
+                       ema=4 * trained if ema else 0.0)
         # sharded beside a teacher, the student holds its own layers from the first converted one up: the layers
         # below it, the embedding, the final norm and the head are the teacher's (``sharded._identical_parts``)
-        own = kept_layers * layer if sharded and teacher else every
-        return cls(student=4 * own / parts, teacher=(compute_bytes * every / parts) if teacher else 0.0,
-                   gradients=4 * trained / parts, optimizer=8 * trained / parts,
-                   gathered=2 * layer * compute_bytes if sharded and processes > 1 else 0.0,
-                   activations=float(activations))
+        own = kept_layers * layer if teacher else every
+        return cls(student=4 * own / processes, teacher=(compute_bytes * every / processes) if teacher else 0.0,
+                   gradients=4 * trained / processes, optimizer=8 * trained / processes,
+                   gathered=2 * layer * compute_bytes if processes > 1 else 0.0,
+                   activations=float(activations), accumulated=4 * trained if accumulating else 0.0)
+
+    @classmethod
+    def for_step(cls, config: Any, converted: list[int], step: dict[str, Any], processes: int,
+                 micro_batch_tokens: int | None = None) -> "JointMemory":
+        """The estimate of a plan's joint stage ``step`` (its settings; a missing one is ``AdaptConfig``'s default) on
+        ``processes``, for the strategy it runs with there (``strategy.choose_strategy``); ``micro_batch_tokens``:
+        the step's own micro-batch unless given."""
+        from .objectives import parse_objectives
+        from .strategy import choose_strategy, setting
+
+        weights = parse_objectives(setting(step, "objectives"))
+        seq_len, batch = int(setting(step, "seq_len")), int(setting(step, "batch_size"))
+        return cls.estimate(config, converted, processes, micro_batch_tokens or seq_len * batch,
+                            teacher=bool({"kd", "local"} & set(weights)),
+                            checkpointing=bool(setting(step, "activation_checkpointing")),
+                            compute_bytes=4 if setting(step, "dtype") == "float32" else 2,
+                            sharded=choose_strategy(step, processes).sharded, scope=setting(step, "train"),
+                            ema=bool(setting(step, "ema")), accumulating=int(setting(step, "grad_accum")) > 1,
+                            lora_rank=int(setting(step, "lora_rank")))
 
     @classmethod
     def largest_batch(cls, config: Any, converted: list[int], processes: int, seq_len: int, usable: float, *,
-                      most: int, teacher: bool = True, checkpointing: bool = False, compute_bytes: int = 2,
-                      sharded: bool = True) -> int:
+                      most: int, step: dict[str, Any] | None = None, **options: Any) -> int:
         """The most sequences of ``seq_len`` tokens per micro-batch, up to ``most``, whose estimate fits in ``usable``
-        bytes (0: not one)."""
+        bytes (0: not one): of the plan's stage ``step`` (``for_step``), else ``estimate`` with ``options``."""
+        def fits(batch: int) -> bool:
+            tokens = seq_len * batch
+            memory = (cls.for_step(config, converted, step, processes, tokens) if step is not None else
+                      cls.estimate(config, converted, processes, tokens, **options))
+            return memory.total <= usable
+
         batch = 0
-        while batch < most and cls.estimate(config, converted, processes, seq_len * (batch + 1), teacher=teacher,
-                                            checkpointing=checkpointing, compute_bytes=compute_bytes,
-                                            sharded=sharded).total <= usable:
+        while batch < most and fits(batch + 1):
             batch += 1
         return batch
 
     def describe(self) -> str:
         parts = [("student", self.student), ("teacher", self.teacher), ("gradients", self.gradients),
-                 ("AdamW", self.optimizer), ("gathered layers", self.gathered), ("activations", self.activations)]
+                 ("DDP buckets", self.buckets), ("unsharded accumulated gradients", self.accumulated),
+                 ("AdamW", self.optimizer), ("EMA", self.ema), ("gathered layers", self.gathered),
+                 ("activations", self.activations)]
         return f"{gib(self.total)} = " + " + ".join(f"{name} {gib(value)}" for name, value in parts if value)
 
 
@@ -234,6 +291,7 @@ class StageCost:
     flops_per_token: int
     memory: dict[str, float] | None = None
     memory_bytes: float | None = None
+    strategy: str | None = None  # a joint stage's: how it runs on the launch (``strategy.Strategy.describe``)
     tokens_per_s_per_gpu: float | None = None
     seconds: float | None = None
     saves: int = 0
@@ -269,6 +327,8 @@ class RunPlan:
             head = (f"  {stage.stage}. {stage.name} ({stage.kind}): {stage.tokens:,} tokens = {stage.steps:,} steps x "
                     f"{stage.tokens_per_step:,} tokens, {stage.flops_per_token / 1e9:,.1f} GFLOP per token")
             out.append(head)
+            if stage.strategy is not None:
+                out.append(f"     runs {stage.strategy}")
             if stage.memory_bytes is not None:
                 mem = JointMemory(**stage.memory).describe() if stage.memory else gib(stage.memory_bytes)
                 cap = f" of {gib(usable_bytes(self.launch.memory_bytes))} usable" if self.launch.memory_bytes else ""
@@ -292,6 +352,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
     stage does not fit."""
     from .config import AdaptConfig
     from .objectives import parse_objectives
+    from .strategy import choose_strategy
 
     stages, refusal = [], None
     usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
@@ -308,14 +369,12 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
             tokens_per_step = seq_len * batch * accum * launch.processes
             steps_n = max(1, math.ceil(int(step["tokens"]) / tokens_per_step))
             count = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted"))
-            with_teacher = bool({"kd", "local"} & set(weights))
-            sharded = launch.processes > 1 and step.get("shard", "auto") != "ddp"
-            memory = JointMemory.estimate(config, converted, launch.processes, seq_len * batch, teacher=with_teacher,
-                                          checkpointing=bool(step.get("activation_checkpointing")),
-                                          compute_bytes=compute_bytes, sharded=sharded)
+            strategy = choose_strategy(step, launch)
+            memory = JointMemory.for_step(config, converted, step, launch.processes)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
-                              save_bytes=12.0 * count.trained)  # fp32 weights and AdamW's two moments
+                              save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
+                              strategy=strategy.describe())
             every = step.get("save_every")
             if every:
                 stage.saves = steps_n // int(every)
@@ -326,8 +385,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
                     minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
-                refusal = _joint_advice(config, converted, launch, step, memory, usable, seq_len, batch, compute_bytes,
-                                        with_teacher)
+                refusal = _joint_advice(config, converted, launch, step, memory, usable)
         stages.append(stage)
         if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
             refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "
@@ -363,27 +421,47 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
 
 
 def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[str, Any], memory: JointMemory,
-                  usable: float, seq_len: int, batch: int, compute_bytes: int, teacher: bool) -> str:
-    """One line: what the stage needs, and the changes that would make it fit."""
-    def fewest_gpus(checkpointing: bool) -> int | None:
-        return next((n for n in (2, 4, 8, 16, 32, 64, 128) if n > launch.processes and JointMemory.estimate(
-            config, converted, n, seq_len * batch, teacher=teacher, checkpointing=checkpointing,
-            compute_bytes=compute_bytes).total <= usable), None)
+                  usable: float) -> str:
+    """One line: what the stage needs, and the changes that would make it fit, each priced for the strategy it would
+    run with (``strategy.choose_strategy``: more GPUs shard a stage that one GPU runs whole, not one that a setting
+    keeps replicated)."""
+    from .strategy import choose_strategy, setting, whole_weight_settings, without_whole_weight_settings
+
+    def fits(changes: dict[str, Any], processes: int = launch.processes) -> JointMemory | None:
+        priced = JointMemory.for_step(config, converted, {**step, **changes}, processes)
+        return priced if priced.total <= usable else None
+
+    def fewest_gpus(changes: dict[str, Any]) -> int | None:
+        return next((n for n in (2, 4, 8, 16, 32, 64, 128) if n > launch.processes and fits(changes, n)), None)
 
     fixes = []
-    plain, checked_gpus = fewest_gpus(False), fewest_gpus(True)
+    plain, checked_gpus = fewest_gpus({}), fewest_gpus({"activation_checkpointing": True})
     if plain is not None:
         extra = f" ({checked_gpus} with --activation-checkpointing)" if checked_gpus and checked_gpus < plain else ""
         fixes.append(f"at least {plain} GPUs{extra}")
-    if not step.get("activation_checkpointing"):
-        checked = JointMemory.estimate(config, converted, launch.processes, seq_len * batch, teacher=teacher,
-                                       checkpointing=True, compute_bytes=compute_bytes)
-        if checked.total <= usable:
-            fixes.append("--activation-checkpointing")
-    smaller = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
-                                        teacher=teacher, compute_bytes=compute_bytes)
-    if smaller:
-        fixes.append(f"--batch-size {smaller} (with --grad-accum to keep the tokens per step)")
+    elif checked_gpus is not None:
+        fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
+    if not setting(step, "activation_checkpointing") and fits({"activation_checkpointing": True}):
+        fixes.append("--activation-checkpointing")
+    batch, seq_len = int(setting(step, "batch_size")), int(setting(step, "seq_len"))
+    accumulated = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
+                                            step={**step, "grad_accum": max(2, int(setting(step, "grad_accum")))})
+    if accumulated:
+        fixes.append(f"--batch-size {accumulated} (with --grad-accum to keep the tokens per step)")
+    else:
+        alone = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
+                                          step={**step, "grad_accum": 1})
+        if alone:
+            fixes.append(f"--batch-size {alone} without --grad-accum (fewer tokens per step: the accumulated "
+                         "gradients do not fit beside it)")
+    strategy = choose_strategy(step, launch)
+    if not strategy.sharded and launch.processes > 1:
+        sharded_step = without_whole_weight_settings(step)
+        priced = fits(sharded_step)
+        if priced is not None and choose_strategy(sharded_step, launch).sharded:
+            dropped = [entry.flag for entry in whole_weight_settings(step)]
+            dropped += ["--shard ddp"] if setting(step, "shard") == "ddp" else []
+            fixes.append(f"without {' and '.join(dropped)} (then sharded: {gib(priced.total)})")
     advice = "; ".join(fixes) if fixes else "more GPUs or a GPU with more memory"
-    return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()}, "
-            f"{gib(usable)} usable: {advice}")
+    return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()} "
+            f"({strategy.describe()}), {gib(usable)} usable: {advice}")

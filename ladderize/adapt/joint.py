@@ -1,7 +1,8 @@
 """The joint training, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
 
-One process on CPU by default; under ``accelerate launch`` the same code runs DDP or FSDP
-with mixed precision and gradient accumulation. Each process reads its own rows of a
+One process on CPU by default; under a launcher the same code runs DDP (the replicated strategy,
+``strategy.choose_strategy``; Accelerate's FSDP under ``accelerate launch`` with an FSDP config) with mixed
+precision, gradient accumulation and activation checkpointing. Each process reads its own rows of a
 deterministic batch order (a pure function of the step and the seed), so a resumed run
 replays exactly the batches an uninterrupted run would have seen. The training state is
 saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``). Losses stay on
@@ -164,6 +165,8 @@ def adapt_joint(
         say(COMPILING)
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
                             config.kd_divergence, config.kd_top_k, compiled)
+    if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if teacher is not None:
         teacher.to(accelerator.device)
     stored = None

@@ -246,7 +246,6 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
     are."""
     from ..checkpoint.io import load_config
     from .cost import JointMemory, usable_bytes
-    from .objectives import parse_objectives
 
     config = load_config(plan.checkpoint)
     converted = config.layout.converted_layers
@@ -261,24 +260,25 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
         accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
         start = int(step.get("batch_size", AdaptConfig.batch_size))
-        weights = parse_objectives(step.get("objectives", AdaptConfig.objectives))
         checkpointing = bool(step.get("activation_checkpointing"))
 
-        def largest(most: int, checked: bool) -> int:
+        def largest(most: int, checked: bool, accumulated: int) -> int:
+            """The largest batch up to ``most`` that fits, priced for the strategy the stage runs with
+            (``JointMemory.for_step``), with ``checked`` checkpointing and ``accumulated`` micro-batches a step."""
             return JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=most,
-                                             teacher=bool({"kd", "local"} & set(weights)), checkpointing=checked,
-                                             compute_bytes=4 if step.get("dtype") == "float32" else 2,
-                                             sharded=processes > 1 and step.get("shard", "auto") != "ddp")
+                                             step={**step, "activation_checkpointing": checked,
+                                                   "grad_accum": accumulated})
 
         gpu = plan.launch.describe().split(" x ")[-1]
-        if largest(start, checkpointing) < start:  # the stage's own batch does not fit
-            if not checkpointing and "activation_checkpointing" not in given and not largest(1, False) \
-                    and largest(1, True):
+        if largest(start, checkpointing, accum) < start:  # the stage's own batch does not fit
+            split = max(accum, 2)  # a smaller batch is accumulated: priced so (FSDP2 keeps unsharded gradients)
+            if not checkpointing and "activation_checkpointing" not in given and not largest(1, False, split) \
+                    and largest(1, True, split):
                 checkpointing = True
                 step["activation_checkpointing"] = True
                 say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
-            smaller, whole = largest(start, checkpointing), start * accum
+            smaller, whole = largest(start, checkpointing, split), start * accum
             while smaller and whole % smaller:
                 smaller -= 1
             if 0 < smaller < start and "grad_accum" not in given:  # the same tokens per step, accumulated
@@ -287,7 +287,9 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                     f"accumulated, the {whole:,} sequences per step its batch {start} holds, in the memory of a {gpu}")
         if not grow:
             continue
-        batch = max(start, largest(int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes), checkpointing))
+        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
+        batch = max(start, largest(int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes), checkpointing,
+                                   accum))
         if batch > start:
             step["batch_size"] = batch
             say(f"stage {step['stage']} ({step['name']}): batch {batch} per process ({batch * seq_len:,} tokens), the "

@@ -28,7 +28,7 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
 
 LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``joint.py``, DDP):
-``sharding_reason``. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
+``strategy.choose_strategy`` decides, for the plan and the run alike. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
 """
 
 from __future__ import annotations
@@ -56,27 +56,6 @@ from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
 from .throughput import Throughput, peak_flops_per_s, plan_line
 from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
-
-
-def sharding_reason(config: AdaptConfig, weights: dict[str, float], world: int) -> str | None:
-    """Why this joint stage runs replicated (DDP) rather than sharded, or None when it is sharded.
-
-    ``config.shard``: ``fsdp`` shards (one process too), ``ddp`` replicates, ``auto`` shards under a launcher
-    with more than one process unless a setting needs the whole weights on every rank."""
-    if config.shard == "ddp":
-        return "--shard ddp"
-    if config.shard == "auto" and world <= 1:
-        return "one process"
-    blockers = [name for name, on in (("--train lora", config.train == "lora"), ("ema", bool(config.ema)),
-                                      ("--head-grouping", config.head_grouping), ("interpolate", config.interpolate != 1),
-                                      ("--train all", config.train == "all"))
-                if on]
-    if not blockers:
-        return None
-    if config.shard == "fsdp":
-        raise LadderizeError(f"--shard fsdp trains the converted layers: {blockers[0]} needs the replicated "
-                             "path (--shard ddp)")
-    return blockers[0]
 
 
 def adapt_sharded(

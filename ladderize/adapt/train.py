@@ -1,7 +1,9 @@
 """``adapt``: check a run's settings and paths, then run its training (joint or sequential).
 
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
-- ``joint.py``: the joint training (Accelerate: DDP, FSDP, mixed precision, LoRA);
+- ``strategy.py``: how a joint stage runs on the launch (one process, replicated, sharded), as its plan priced it;
+- ``joint.py``: the joint training, one process or replicated (Accelerate: DDP, mixed precision, LoRA);
+- ``sharded.py``: the joint training sharded with FSDP2;
 - ``sequential_run.py``: the sequential training, one layer at a time;
 - ``training_state.py``: the training state in the run dir (save, resume, removal);
 - ``output.py``: OUT, the adapted checkpoint with its provenance.
@@ -72,9 +74,11 @@ def adapt(
 
                 return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase)
             from ..checkpoint.placement import world_size
-            from .sharded import adapt_sharded, sharding_reason
+            from .strategy import choose_strategy
 
-            if sharding_reason(config, weights, world_size()) is None:
+            if choose_strategy(config, world_size()).sharded:
+                from .sharded import adapt_sharded
+
                 return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
             from .joint import adapt_joint
 
@@ -101,9 +105,9 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     weights = validate_config(config)
     if config.local_schedule != "sequential":
         from ..checkpoint.placement import world_size
-        from .sharded import sharding_reason
+        from .strategy import choose_strategy
 
-        sharding_reason(config, weights, world_size())  # a setting --shard fsdp cannot take, refused here
+        choose_strategy(config, world_size())  # a setting --shard fsdp cannot take, refused here
     out = Path(config.out).expanduser().absolute()
     if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")

@@ -206,6 +206,21 @@ def test_activation_checkpointing_recomputes_the_same_training(sharp_ladder, tex
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
+def test_the_replicated_training_recomputes_activations_too(sharp_ladder, text_file, tmp_path):
+    """``--activation-checkpointing`` on the replicated training (``joint.py``): the same training, its layers
+    checkpointed."""
+    checked_layers: list[bool] = []
+
+    def progress(_info, model):
+        checked_layers.append(all(layer.gradient_checkpointing for layer in model.model.layers))
+
+    plain = adapt(_config(sharp_ladder, text_file, tmp_path / "plain", tokens=4 * 2 * SEQ, shard="ddp"))
+    checked = adapt(_config(sharp_ladder, text_file, tmp_path / "checked", tokens=4 * 2 * SEQ, shard="ddp",
+                            activation_checkpointing=True), progress=progress)
+    assert checked_layers and all(checked_layers)
+    assert [r["loss_kd"] for r in plain.curve] == pytest.approx([r["loss_kd"] for r in checked.curve], rel=1e-6)
+
+
 def test_a_state_is_resumed_by_the_training_that_saved_it(sharp_ladder, text_file, tmp_path):
     from ladderize.errors import LadderizeError
 
