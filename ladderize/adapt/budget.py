@@ -144,7 +144,9 @@ def _available_memory(device: str) -> int | None:
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        from ..checkpoint.placement import resolve_device
+
+        free, _total = torch.cuda.mem_get_info(resolve_device(device))  # "cuda": this process's own GPU, not GPU 0
         return int(free)
     try:
         import psutil
@@ -303,9 +305,10 @@ def agreed(value: Any, device: str) -> Any:
     if world_size() <= 1:
         return value
     import torch.distributed as dist
-    from accelerate import PartialState
 
-    PartialState(cpu=resolve_device(device).type == "cpu")  # the launcher's process group, as the stages join it
+    from . import process_group
+
+    process_group.start(resolve_device(device))  # the launcher's process group, the one the stages run in
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]

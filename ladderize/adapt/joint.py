@@ -94,7 +94,11 @@ def adapt_joint(
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
     device = resolve_device(config.device)  # under accelerate launch the Accelerator's device wins (below)
-    if device.type == "cuda" and device.index is not None and not _launched():
+    if _launched():  # the one process group, on this process's device, before Accelerate looks for one
+        from . import process_group
+
+        device = process_group.start(device)
+    elif device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
     precision = training_precision(config.dtype, device, config.mixed_precision)
     precision.apply()

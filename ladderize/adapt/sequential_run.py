@@ -138,11 +138,13 @@ def adapt_sequential(
     state_dir = run_dir / STATE_DIR
     device = resolve_device(config.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
     ranks = Ranks()
-    if world_size() > 1:  # data parallel: the launcher's process group and device win
-        from accelerate import PartialState
+    if world_size() > 1:  # data parallel over the launcher's processes, each on its own device
+        import torch.distributed as dist
 
-        launched = PartialState(cpu=device.type == "cpu")
-        device, ranks = launched.device, Ranks(launched.process_index, launched.num_processes)
+        from . import process_group
+
+        device = process_group.start(device)
+        ranks = Ranks(dist.get_rank(), dist.get_world_size())
         if not ranks.main:  # one voice: the main process says the plan, the data and the pace
             say = _silent
         if config.batch_size < ranks.world:

@@ -34,17 +34,16 @@ LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from ..errors import LadderizeError, holding_interrupts
 from ..progress import counted
+from . import process_group
 from .compilation import COMPILING, adamw, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
@@ -79,7 +78,7 @@ def adapt_sharded(
     from .layer_source import map_large_allocations
 
     map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
-    device = _init_process_group(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
+    device = process_group.start(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank != 0:
         say = _silent
@@ -247,30 +246,6 @@ def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Ten
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
-
-
-def _init_process_group(device: torch.device) -> torch.device:
-    """The launched job's process group on ``device`` (gloo on a CPU, NCCL on CUDA), returned; one process makes a
-    group of one, so that the same code shards (trivially) there."""
-    import torch.distributed as dist
-
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        owned = "RANK" not in os.environ
-        if owned:  # one process, not launched: a group of one over a free local port
-            import socket
-
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=30), device_id=device if cuda else None)
-        if owned:
-            for key in ("RANK", "WORLD_SIZE"):
-                os.environ.pop(key, None)
-    return device
 
 
 def _silent(_message: str) -> None:

@@ -250,7 +250,8 @@ def test_a_tied_checkpoint_trains_sharded_as_replicated(text_file, tmp_path):
     kd sharded on one process equals the replicated training."""
     from torch.distributed.tensor import DTensor
 
-    from ladderize.adapt.sharded import _init_process_group, _sharded_model
+    from ladderize.adapt.process_group import start as _init_process_group
+    from ladderize.adapt.sharded import _sharded_model
     from ladderize.checkpoint.io import load_config
 
     ladder = _tied_ladder(tmp_path)
@@ -271,7 +272,8 @@ def test_the_student_holds_the_teachers_identical_frozen_parts_once(sharp_ladder
 
     from safetensors.torch import save_file
 
-    from ladderize.adapt.sharded import _identical_parts, _init_process_group, _sharded_model, _teacher_pieces
+    from ladderize.adapt.process_group import start as _init_process_group
+    from ladderize.adapt.sharded import _identical_parts, _sharded_model, _teacher_pieces
     from ladderize.checkpoint.io import load_config
 
     dense = sharp_ladder.parent / "dense"
