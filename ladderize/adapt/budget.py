@@ -175,8 +175,14 @@ def check_budget_steps(steps: list[dict[str, Any]]) -> None:
 
 
 def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
-                say=lambda _line: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps."""
+                say=lambda _line: None, began: float | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
+
+    A wall budget's smallest run (one step a stage) must fit the budget by the pace (``_check_floor``); the stages are
+    then sized to the time left on the clock (``began``: when the command began, ``time.perf_counter()``), and where
+    that is less than the smallest run, they run it."""
+    import time
+
     from ..checkpoint.io import load_config
     from . import pace as pacing
     from .config import AdaptConfig
@@ -197,9 +203,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                           dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
                           compile=first.get("compile"))
     pace = pacing.cached_pace(key)
-    if pace is not None and budget.seconds is not None:  # the fastest pace timed here answers a budget too short at once
-        _check_floor(budget, pace, steps, "timed here before, its fastest")
-    if pace is None or budget.seconds is not None:
+    when = "timed here before, its fastest"
+    if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
         say(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and backward and the "
             "kd head, a few calls each: seconds; kept for the next run)")
         pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
@@ -207,8 +212,9 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                               dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
                               compile=first.get("compile"))
         pacing.store_pace(key, pace)
+        when = "timed now"
     if budget.seconds is not None:
-        _check_floor(budget, pace, steps, "timed now")
+        _check_floor(budget, pace, steps, when)
     memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, resolved,
                                         window=window)
     cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
@@ -219,12 +225,18 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
 
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap, "data_tokens": held}
     tokens = budget.tokens
+    record["timed_s"] = pace.measured_s if when == "timed now" else 0.0  # what timing the pace cost this run
     if budget.seconds is not None:
-        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds, size, held)
+        spent = 0.0 if began is None else time.perf_counter() - began  # imports, the data, the pace: spent already
+        record["spent_s"] = round(spent, 3)
+        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds - spent, size, held)
         if tokens < 1:
-            _check_floor(budget, pace, size(steps, 1), "timed now", held, floor_only=True)
+            _check_floor(budget, pace, size(steps, 1), when, held)  # refused where the smallest run is over the budget
+            tokens = 1
         record["pace"] = pace.record()
-        say(f"budget {budget.describe()} {pacing.describe(pace)}: {tokens:,} token passes fit")
+        kept = "" if when == "timed now" else f" (kept in {pacing.pace_file(key)}: each piece the fastest timed here)"
+        say(f"budget {budget.describe()} {pacing.describe(pace)}{kept}: {tokens:,} token passes fit"
+            + (f" in the {duration(max(0.0, budget.seconds - spent))} left after {duration(spent)} of starting" if spent else ""))
     sized = size(steps, tokens)
     record["tokens"] = tokens
     full = cap is not None and any(step.get("local_schedule") == "sequential" and step["tokens"] + step_tokens(step) > cap
@@ -243,35 +255,49 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     return sized, record
 
 
-def _check_floor(budget: Budget, pace, steps: list[dict[str, Any]], when: str, held: int | None = None,
-                 floor_only: bool = False) -> None:
-    """Refuse ``budget`` in one line, naming the smallest wall budget that runs, where the recipe's smallest sizing
-    (one step per stage) takes longer by ``pace`` (``floor_only``: it is already known to)."""
+FLOOR_MARGIN = 1.25  # the smallest budget a refusal names: the smallest run's time by the pace, times this, rounded up
+
+
+def floor_budget(seconds: float) -> str:
+    """The ``--budget`` a refusal names for a smallest run of ``seconds`` by the pace: ``FLOOR_MARGIN`` over it, rounded
+    up to whole minutes from a minute on, else to whole seconds. A budget that long passes the check by the same pace
+    (``_check_floor``: the smallest run no longer than the budget), and by a pace up to ``FLOOR_MARGIN`` slower."""
+    least = FLOOR_MARGIN * seconds
+    return f"{math.ceil(least / 60 - 1e-9)}m" if least >= 60 else f"{max(1, math.ceil(least - 1e-9))}s"
+
+
+def _check_floor(budget: Budget, pace, steps: list[dict[str, Any]], when: str, held: int | None = None) -> None:
+    """Refuse ``budget`` in one line, naming the smallest wall budget that runs (``floor_budget``), where the recipe's
+    smallest sizing (one step per stage) takes longer by ``pace`` than the budget."""
     from . import pace as pacing
 
-    floor = pacing.recipe_seconds(pace, scale_stages(steps, 1) if not floor_only else steps, held)
-    if floor_only or floor > budget.seconds:
-        least = f"{max(1, math.ceil(floor / 60))}m" if floor >= 60 else f"{math.ceil(floor) + 1}s"
+    floor = pacing.recipe_seconds(pace, scale_stages(steps, 1), held)
+    if floor > budget.seconds:
         raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; its smallest run "
-                             f"takes about {duration(floor)} (by the pace {when}): give at least --budget {least}")
+                             f"takes about {duration(floor)} (by the pace {when}): give at least "
+                             f"--budget {floor_budget(floor)}")
 
 
 def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stage_s: list[float],
-           say=lambda _line: None) -> list[dict[str, Any]]:
+           say=lambda _line: None, spent_s: float | None = None) -> list[dict[str, Any]]:
     """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished, and the entry kept
     in ``record["replanned"]``.
 
-    The time spent is the pace's measurement and the finished stages' own training seconds (``stage_s``, from their
-    curves, not the clock: a run resumed after a kill counts the training it did, not the time it lay stopped); the
-    stages left are timed by the pace, slowed by as much as the finished ones ran over their plan (never sped up: a
-    budget is a ceiling), and sized by ``scale_stages``. A pace timed while the machine was quieter or busier than the
-    run then finds it still keeps the budget."""
+    The time spent is the run's clock (``spent_s``: the wall seconds since the command began, loading, writing and the
+    pace included), and never less than the pace's timing here and the finished stages' own training seconds
+    (``stage_s``, from their curves: a run resumed after a kill counts the training it did, not the time it lay
+    stopped). The stages left are timed by the pace, slowed by as much as the finished ones ran over their plan (never
+    sped up: a budget is a ceiling), and sized by ``scale_stages``. Where even their smallest sizing does not fit, the
+    line says so at once, and by how much the run will end past its budget."""
     from . import pace as pacing
 
     pace = pacing.Pace(**record["pace"])
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
     slower = max(1.0, ran / planned) if planned > 0 else 1.0
-    left = record["seconds"] - pace.measured_s - ran
+    spent = record.get("timed_s", pace.measured_s) + ran
+    if spent_s is not None:
+        spent = max(spent, spent_s)
+    left = record["seconds"] - spent
     rest = steps[index + 1:]
 
     def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
@@ -285,13 +311,17 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     expected = [slower * seconds for seconds in timed]
     record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({
-        "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "left_s": round(left, 3), "slower": round(slower, 4),
-        "tokens": recipe_cost(sized), "expected_s": expected})
+        "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "spent_s": round(spent, 3),
+        "left_s": round(left, 3), "slower": round(slower, 4), "tokens": recipe_cost(sized), "expected_s": expected})
     finished = steps[index]["name"]
     pace_note = f", at the {slower:.2f}x slower pace the stages so far ran" if slower > 1 else ""
     sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
+    over = spent + sum(expected) - record["seconds"]
+    short = "" if tokens else (
+        f", less than the smallest stage left: it runs one step, and the run will end about {duration(max(0.0, over))} "
+        f"past its budget of {duration(record['seconds'])} ({finished} ran over its plan; nothing left can be shortened)")
     say(f"budget {duration(record['seconds'])}: {finished} ran {duration(ran)} (planned {duration(planned)}), "
-        f"{duration(max(0.0, left))} left" + ("" if tokens else ", less than the smallest stage left: it runs one step") +
+        f"{duration(spent)} spent in all, {duration(max(0.0, left))} left" + short +
         f"; re-planned {sizes}: {recipe_cost(plan):,} token passes "
         f"(expected {', '.join(duration(s) for s in expected)}{pace_note})")
     return plan

@@ -79,8 +79,12 @@ def adapt_joint(
     say: Callable[[str], None],
     stop_after_steps: int | None,
     save_at_stop: bool = False,
+    deadline: float | None = None,
 ) -> AdaptResult:
     """Run the joint training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``.
+
+    ``deadline`` (``time.perf_counter()``'s clock, one process): a wall budget's stage stops at the first step that
+    ends past it, says so, and writes OUT from there.
 
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state
     of that step first, so that ``--resume`` continues from it."""
@@ -256,6 +260,10 @@ def adapt_joint(
             train_s += time.perf_counter() - started
             cpu_s += time.process_time() - cpu_started
             log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
+            if deadline is not None and world == 1 and step < total_steps and time.perf_counter() >= deadline:
+                say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
+                    f"({counted(tokens_done, 'token')} trained) to keep the budget")
+                total_steps = log.total_steps = step
             if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
                 pending.flush(curve)
                 save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)

@@ -355,6 +355,8 @@ def train_layer(
     start: LayerProgress | None = None,
     save: Callable[[LayerProgress], None] | None = None,
     save_due: Callable[[], bool] = lambda: False,
+    steps: int | None = None,
+    time_up: Callable[[], bool] = lambda: False,
 ) -> LayerFit:
     """Train the student's current window on the cached states: its losses per step, and its loss on the fixed
     evaluation batch (``StateCache.eval_rows``) before and after.
@@ -366,6 +368,8 @@ def train_layer(
 
     ``start``: continue a training saved partway (the layers hold its weights). ``save(progress)`` runs after a step
     before the window's last when ``save_due()`` says so (on every process: ``save_due`` decides for all of them).
+    ``steps``: the window's steps, where a wall budget shortened them (default: ``epochs`` over the calibration set);
+    ``time_up()``: checked after each step (one process), true when the stage's time is up: the window stops there.
     """
     from .lr_curve import warmup_cosine
 
@@ -374,7 +378,7 @@ def train_layer(
     for param in params:
         param.requires_grad_(True)
     optimizer = adamw(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    total = steps_per_layer(cache.num_train, epochs, batch_size)
+    total = steps if steps is not None else steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     teacher_inputs = [cache.teacher_state, *targets[:-1]]
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
@@ -430,6 +434,8 @@ def train_layer(
         losses.append(loss.item())
         if progress is not None:
             progress(LayerStep(index, step + 1, total, losses[-1], current_lr))
+        if ranks.world == 1 and step + 1 < total and time_up():
+            break
         if save is not None and step + 1 < total and save_due():
             save(LayerProgress(step + 1, list(losses), before, optimizer_tensors(optimizer)))
     for param in params:

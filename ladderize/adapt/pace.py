@@ -309,29 +309,41 @@ def describe(pace: Pace) -> str:
 
 def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dtype: str | None,
              mixed_precision: str | None, compile: bool | None) -> str:
-    """The name of the pace ``measure`` would time for these arguments on this machine: the checkpoint (its path and
-    its ``config.json`` as written), the step's shape, the device and precision, the CPUs this process may use and the
-    torch build."""
+    """The name of the pace ``measure`` would time for these arguments on this machine: what the pace depends on, the
+    model's shape and layout (its ``config.json``'s settings, not its path: another conversion of the same shape shares
+    it), the step's shape, the device and precision, compilation, the CPUs this process may use and the torch build."""
     import hashlib
     import json
     from pathlib import Path
 
     config = Path(checkpoint).expanduser().absolute() / "config.json"
-    written = config.stat() if config.is_file() else None
+    try:
+        shape = json.loads(config.read_text())
+        shape = {name: value for name, value in shape.items() if name not in CONFIG_NOT_PACE}
+    except (OSError, ValueError):
+        shape = {"checkpoint": str(config.parent)}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    facts = {"checkpoint": str(config.parent), "config": [written.st_size, written.st_mtime_ns] if written else None,
-             "seq_len": seq_len, "batch_size": batch_size, "device": device, "dtype": dtype,
+    facts = {"model": shape, "seq_len": seq_len, "batch_size": batch_size, "device": device, "dtype": dtype,
              "mixed_precision": mixed_precision, "compile": compile, "cpus": cpus, "torch": torch.__version__}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+# config.json entries that name the checkpoint or its tools, not its shape: they leave the pace alone
+CONFIG_NOT_PACE = {"_name_or_path", "transformers_version", "auto_map", "architectures", "name_or_path"}
+
+
+def pace_file(key: str):
+    """Where the pace of ``key`` is kept (``store_pace``)."""
+    from ..paths import cache_path
+
+    return cache_path(PACE_CACHE) / f"{key}.json"
 
 
 def cached_pace(key: str) -> Pace | None:
     """The pace stored under ``key`` (``store_pace``) by an earlier run on this machine, None where there is none."""
     import json
 
-    from ..paths import cache_path
-
-    file = cache_path(PACE_CACHE) / f"{key}.json"
+    file = pace_file(key)
     try:
         values = json.loads(file.read_text())
         return Pace(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})

@@ -152,6 +152,7 @@ def build_plan(
     priced_only: bool = False,
     saved: dict[str, Any] | None = None,
     say: Callable[[str], None] = lambda _line: None,
+    began: float | None = None,
 ) -> AdaptPlan:
     """The plan of ``ladderize adapt CKPT ...`` (module docstring).
 
@@ -160,7 +161,8 @@ def build_plan(
     wall budget, which a run times on its device first, is refused; otherwise a plan that does not fit a known GPU's
     memory is refused in one line before the budget reads or times anything (its batch only grows after that).
     ``saved``: the record of an interrupted run's plan,
-    whose sizes a resume with the same budget keeps (they were timed when the run began)."""
+    whose sizes a resume with the same budget keeps (they were timed when the run began). ``began``: when the command
+    began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made."""
     from .budget import Budget, check_budget_steps, max_calibration_tokens, parse_budget, scale_stages, size_recipe
     from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
@@ -212,7 +214,7 @@ def build_plan(
             plan = plan.with_steps(saved["plan"])
             plan.budget = saved["budget"]
         else:
-            sized, record = size_recipe(steps, sized_by, checkpoint, say)
+            sized, record = size_recipe(steps, sized_by, checkpoint, say, began=began)
             plan = plan.with_steps(sized)
             plan.budget = record
     if readable and where.memory_bytes:

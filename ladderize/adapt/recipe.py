@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -72,6 +73,7 @@ def run_recipe(
     budget: Budget | None = None,
     plan: AdaptPlan | None = None,
     on_phase: PhaseProgress | None = None,
+    began: float | None = None,
 ) -> RecipeResult:
     """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
 
@@ -82,9 +84,12 @@ def run_recipe(
     kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
     keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
     ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
-    ``on_phase`` follows a stage's long phases before its steps (``train.adapt``).
+    ``on_phase`` follows a stage's long phases before its steps (``train.adapt``). ``began``: when the run began
+    (``time.perf_counter()``; default now, before the plan): a wall budget's clock, which its re-plans and the stages'
+    deadlines read (``budget.py``, "keeping the time").
     """
     say = on_message or (lambda _m: None)
+    began = time.perf_counter() if began is None else began
     final = Path(out).expanduser().absolute()
     if final.exists() and not force:
         raise LadderizeError(f"output {final} already exists; pass --force to replace it")
@@ -96,7 +101,7 @@ def run_recipe(
     main = process_rank() == 0
     if plan is None:
         saved = json.loads(plan_file.read_text()) if resume and budget is not None and plan_file.is_file() else None
-        plan = build_plan(checkpoint, shared=shared, recipe=recipe, budget=budget, saved=saved, say=say)
+        plan = build_plan(checkpoint, shared=shared, recipe=recipe, budget=budget, saved=saved, say=say, began=began)
     if plan.budget is not None:
         plan = agreed(plan, plan.steps[0].get("device", AdaptConfig.device))
     steps = plan.steps
@@ -123,14 +128,31 @@ def run_recipe(
     if main:
         plan_file.write_text(json.dumps(plan.record(), indent=1) + "\n")
 
-    def after_stage(index: int, current: AdaptPlan, stage_s: list[float]) -> AdaptPlan:
+    def deadline(index: int, current: AdaptPlan, reused_s: float) -> float | None:
+        """When stage ``index`` of a wall budget should end (``time.perf_counter()``'s clock): its planned time from
+        now (as re-planned), and the last stage the budget's end (the time this attempt reused from earlier ones
+        counted as spent). One process alone keeps a deadline (a launcher's processes would not stop together)."""
+        from ..checkpoint.placement import world_size
+
+        sizing = current.budget
+        if sizing is None or sizing.get("seconds") is None or world_size() > 1:
+            return None
+        if index + 1 >= len(current.stages):
+            return began + sizing["seconds"] - reused_s
+        expected = next((entry["expected_s"] for entry in reversed(sizing.get("replanned", []))
+                         if entry["after_stage"] < current.stages[index].number), None)
+        planned = expected[index - len(current.stages) + len(expected)] if expected else sizing["planned_s"][index]
+        return time.perf_counter() + planned
+
+    def after_stage(index: int, current: AdaptPlan, stage_s: list[float], reused_s: float = 0.0) -> AdaptPlan:
         """A wall budget re-plans the stages left once for each finished stage (``budget.replan``), kept in the plan."""
         sizing = current.budget
         if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current.stages) \
                 or any(entry["after_stage"] == current.stages[index].number for entry in sizing.get("replanned", [])):
             return current
         # the main process's times decide, as its pace decided the plan
-        planned, timed = agreed((replan(current.steps, index, sizing, stage_s, say), sizing) if main else None,
+        spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
+        planned, timed = agreed((replan(current.steps, index, sizing, stage_s, say, spent_s=spent), sizing) if main else None,
                                 current.steps[0].get("device", AdaptConfig.device))
         sizing.update(timed)
         current = current.with_steps(planned)
@@ -143,7 +165,7 @@ def run_recipe(
         return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
                            keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
                            on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
-                           max_steps=max_steps, after_stage=after_stage, on_phase=on_phase)
+                           max_steps=max_steps, after_stage=after_stage, on_phase=on_phase, deadline=deadline)
     except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
         if fresh and main and not _saved_anything(top):
             shutil.rmtree(top, ignore_errors=True)
@@ -162,14 +184,18 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
                 on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
                 on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
                 stop_after_steps: int | None, max_steps: int | None,
-                after_stage: Callable[[int, AdaptPlan, list[float]], AdaptPlan] = lambda _i, plan, _s: plan,
-                on_phase: PhaseProgress | None = None) -> RecipeResult:
-    """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s)`` may re-size
-    the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves)."""
+                after_stage: Callable[..., AdaptPlan] = lambda _i, plan, _s, _r=0.0: plan,
+                on_phase: PhaseProgress | None = None,
+                deadline: Callable[[int, AdaptPlan, float], float | None] = lambda _i, _plan, _r: None) -> RecipeResult:
+    """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s, reused_s)``
+    may re-size the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves;
+    ``reused_s``: those of the stages an earlier attempt finished); ``deadline(index, plan, reused_s)`` is when stage
+    ``index`` should end (None: no deadline; none where ``stop_after_steps`` or ``max_steps`` stops the run: its stages
+    keep the plan's sizes, so that a resume continues them exactly)."""
     say = on_message or (lambda _m: None)
     results: list[AdaptResult] = []
     earlier: list[AdaptResult] = []
-    current, done_steps, stage_s = str(plan.checkpoint), 0, []
+    current, done_steps, stage_s, reused_s = str(plan.checkpoint), 0, [], 0.0
     for index in range(len(plan.stages)):
         stage, steps = plan.stages[index], plan.steps
         last = index == len(steps) - 1
@@ -187,7 +213,8 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             say(f"stage {stage.number}/{len(steps)} {stage.name}: finished earlier, reusing {stage_out}")
             current = str(stage_out)
             stage_s.append(curve[-1]["train_s"] if curve else 0.0)
-            plan = after_stage(index, plan, stage_s)
+            reused_s += stage_s[-1]
+            plan = after_stage(index, plan, stage_s, reused_s)
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top, earlier)
@@ -196,7 +223,8 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
-                       max_steps=None if max_steps is None else max_steps - done_steps, on_phase=on_phase)
+                       max_steps=None if max_steps is None else max_steps - done_steps, on_phase=on_phase,
+                       deadline=None if stop_after_steps is not None or max_steps is not None else deadline(index, plan, reused_s))
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
@@ -206,7 +234,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             on_stage_end(stage.step, result, stage_out)
         current = str(stage_out)
         stage_s.append(written[-1]["train_s"])
-        plan = after_stage(index, plan, stage_s)  # (after the last stage: nothing left to re-plan)
+        plan = after_stage(index, plan, stage_s, reused_s)  # (after the last stage: nothing left to re-plan)
     steps = plan.steps
     if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
         for path in top.iterdir():
@@ -265,6 +293,7 @@ def adapt_checkpoint(
     max_steps: int | None = None,
     budget: str | None = None,
     on_phase: PhaseProgress | None = None,
+    began: float | None = None,
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
@@ -274,8 +303,12 @@ def adapt_checkpoint(
     ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
     ``max_steps`` for a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it
     exactly. ``on_phase(what, done, total)`` follows a stage's long phases before its steps (``train.adapt``).
+    ``began``: when the command began (``time.perf_counter()``; default now): a wall budget's clock, and the wall
+    time the result gives (``AdaptResult.wall_s``).
     """
     from ..errors import Interrupted
+
+    began = time.perf_counter() if began is None else began
     from ..checkpoint.placement import check_device, check_dtype
 
     shared = dict(shared or {})
@@ -289,7 +322,7 @@ def adapt_checkpoint(
     if resume and budget is not None and process_rank() == 0 and (top / PLAN_FILE).is_file():
         saved = json.loads((top / PLAN_FILE).read_text())
     plan = build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
-                      say=on_message or (lambda _m: None))
+                      say=on_message or (lambda _m: None), began=began)
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
         if on_plan is not None:
@@ -300,6 +333,7 @@ def adapt_checkpoint(
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
+        result.wall_s = time.perf_counter() - began
         return AdaptRun(result, [result], not result.stopped_early)
     def show(_steps: list[dict[str, Any]]) -> None:  # after every stage's preflight, as run_recipe calls it
         if on_plan is not None:
@@ -308,7 +342,8 @@ def adapt_checkpoint(
     try:
         outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
                              keep_state=keep_state, resume=resume, progress=progress, on_message=on_message,
-                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan, on_phase=on_phase)
+                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan, on_phase=on_phase,
+                             began=began)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise
@@ -321,6 +356,7 @@ def adapt_checkpoint(
     result.throughput = whole_run_pace(every)
     if outcome.run_dir is not None:
         result.state_dir = outcome.run_dir
+    result.wall_s = time.perf_counter() - began
     return AdaptRun(result, every, outcome.finished)
 
 

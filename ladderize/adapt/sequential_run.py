@@ -125,9 +125,12 @@ def adapt_sequential(
     say: Callable[[str], None],
     stop_after_steps: int | None,
     on_phase: PhaseProgress | None = None,
+    deadline: float | None = None,
 ) -> AdaptResult:
     """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``; ``on_phase(what,
-    done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``)."""
+    done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``);
+    ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock): the layers' steps fit in the time up to it
+    (``_fitted_steps``)."""
     from accelerate.utils import set_seed
 
     from ..checkpoint.io import load_model, load_tokenizer
@@ -203,7 +206,8 @@ def adapt_sequential(
             write_teacher_states(Path(config.teacher_states), name, data, tensors, kept, first)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
-                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase)
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase,
+                                      deadline if ranks.world == 1 else None)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
@@ -241,6 +245,7 @@ def _train_layers(
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
     stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
     keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None, on_phase: PhaseProgress | None = None,
+    deadline: float | None = None,
 ) -> tuple[AdaptResult, bool]:
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
 
@@ -269,6 +274,8 @@ def _train_layers(
     if saved is not None:
         step, train_s, cpu_s, curve, done = saved["step"], saved["train_s"], saved["cpu_s"], saved["curve"], saved["layer_done"]
         partial = saved.get("partial")
+        per_window.update({int(start): count for start, count in saved.get("window_steps", {}).items()})
+        total_steps = sum(per_window.values())
         needed = [layer_file(state_dir, i) for i in converted if i <= done]
         if partial is not None:
             needed += [partial_file(state_dir, step, i) for i in windows[partial["layer"]]] + [partial_file(state_dir, step)]
@@ -304,6 +311,7 @@ def _train_layers(
             write_trainer_state(state_dir, config, {
                 "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
                 "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[0] - 1,
+                "window_steps": {str(k): v for k, v in per_window.items()},
                 "partial": {"layer": group[0], "steps": progress.steps, "losses": progress.losses, "before": progress.before}})
             _remove_partial(state_dir, keep_step=step)
         ranks.barrier()
@@ -311,6 +319,40 @@ def _train_layers(
 
     def stopping() -> bool:
         return stop_after_steps is not None and stop_after_steps <= step < total_steps
+
+    attempt = {"first": None, "steps": step, "said": False}  # this attempt's clock, for the deadline
+
+    def time_up() -> bool:
+        if deadline is None or time.perf_counter() < deadline:
+            return False
+        if not attempt["said"]:
+            attempt["said"] = True
+            say(f"budget: the sequential stage's time is up at step {step:,} (layer {cache.layer}): the layer in "
+                "training stops here, and each layer left trains one step, to keep the budget")
+        return True
+
+    def fit_windows(start: int) -> None:
+        """Shorten the windows from ``start`` on, in proportion, to the time left before ``deadline`` at the pace
+        this attempt's steps so far ran (every second since its first window's training began, the next windows'
+        states and the layer files included)."""
+        nonlocal total_steps
+        if deadline is None:
+            return
+        left = [w for w in windows if w >= start and w > done]
+        if attempt["first"] is None:  # the pace is counted from the first window's training on (the states cached)
+            attempt["first"] = time.perf_counter()
+            attempt["steps"] = step
+        if attempt["said"]:
+            fitted = dict.fromkeys(left, 1)
+        else:
+            fitted = _fitted_steps({w: per_window[w] for w in left}, deadline - time.perf_counter(),
+                                   time.perf_counter() - attempt["first"], step - attempt["steps"])
+        if fitted != {w: per_window[w] for w in left}:
+            if not attempt["said"] and sum(fitted.values()) < sum(per_window[w] for w in left):
+                say(f"budget: the sequential stage runs behind its plan: the {counted(len(left), 'window' if config.window > 1 else 'layer')} "
+                    f"left train {sum(fitted.values()):,} steps instead of {sum(per_window[w] for w in left):,}, to end by its planned time")
+            per_window.update(fitted)
+            total_steps = sum(per_window.values())
 
     def record(info) -> None:
         nonlocal step
@@ -362,18 +404,25 @@ def _train_layers(
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
                     stack.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
+                    if start is None:
+                        fit_windows(group[0])
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
                                       lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
                                       max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,
                                       start=start, save=lambda progress, group=group, layers=layers: save_partial(group, layers, progress),
-                                      save_due=lambda: clock.due(step, device))
+                                      save_due=lambda: clock.due(step, device), steps=per_window[group[0]],
+                                      time_up=time_up)
+                    if len(fit.losses) != per_window[group[0]]:  # stopped by the deadline (time_up)
+                        per_window[group[0]] = len(fit.losses)
+                        total_steps = sum(per_window.values())
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
                     if ranks.main:
                         for i, layer in zip(group, layers):
                             _save_layer(state_dir, i, layer)
                         write_trainer_state(state_dir, config, {
                             "step": step, "tokens": step * tokens_per_step, "train_s": time.perf_counter() - started,
-                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1]})
+                            "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1],
+                            "window_steps": {str(k): v for k, v in per_window.items()}})
                         _remove_partial(state_dir)
                     ranks.barrier()  # the layers' files are written before any process reads them
                     clock.saved()
@@ -389,6 +438,19 @@ def _train_layers(
     except _Stop:
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
     return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), True
+
+
+def _fitted_steps(planned: dict[int, int], left_s: float, spent_s: float, steps_done: int) -> dict[int, int]:
+    """The windows' ``planned`` steps, shortened in proportion (at least one each) to fit ``left_s`` seconds at the
+    pace ``steps_done`` steps took ``spent_s`` (the windows as planned where no step has run yet, or they fit)."""
+    if steps_done <= 0:
+        return dict(planned)
+    affordable = max(0.0, left_s) * steps_done / max(spent_s, 1e-9)
+    wanted = sum(planned.values())
+    if affordable >= wanted:
+        return dict(planned)
+    share = affordable / wanted
+    return {start: max(1, int(count * share)) for start, count in planned.items()}
 
 
 def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:

@@ -39,6 +39,7 @@ def adapt(
     stop_after_steps: int | None = None,
     max_steps: int | None = None,
     on_phase: PhaseProgress | None = None,
+    deadline: float | None = None,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
@@ -49,6 +50,8 @@ def adapt(
     state of that step saved (the joint training; the sequential one keeps its finished layers), so that
     ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run. ``on_phase(what, done,
     total)`` follows a long phase before the steps, from its start (the sequential stage's caching of states).
+    ``deadline`` (``time.perf_counter()``'s clock; a wall budget's stage, one process): the training ends by then, the
+    sequential stage's layers shortened to fit it and any stage stopped at it (``budget.py``, "keeping the time").
     """
     say = on_message or (lambda _m: None)
     weights = preflight(config)
@@ -72,7 +75,7 @@ def adapt(
             if config.local_schedule == "sequential":
                 from .sequential_run import adapt_sequential
 
-                return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase)
+                return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase, deadline=deadline)
             from ..checkpoint.placement import world_size
             from .strategy import choose_strategy
 
@@ -82,7 +85,8 @@ def adapt(
                 return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
             from .joint import adapt_joint
 
-            return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
+            return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None,
+                               deadline=deadline)
     except BaseException:  # Ctrl-C, SIGTERM or an error: the time past the saved state counts on the resume
         if trained:
             record_unsaved(run_dir / STATE_DIR, trained[0])

@@ -81,6 +81,9 @@ def adapt_cmd(
     force: bool = opts.force_option("Replace OUT and any earlier run state.", panel=opts.RUN_STATE),
 ) -> None:
     """Adapt converted layers with Accelerate, resumable. Without single-stage flags it runs the measured best recipe (staged)."""
+    import time
+
+    began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here
     from ..adapt.budget import parse_budget
     from ..adapt.inputs import check_input_checkpoint
     from ..checkpoint.atomic import check_output_free
@@ -139,7 +142,7 @@ def adapt_cmd(
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
             on_message=progress.message, on_plan=on_plan,
             on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
-            budget=budget, on_phase=lambda what, done, total: progress.update(done, total, extra=what),
+            budget=budget, on_phase=lambda what, done, total: progress.update(done, total, extra=what), began=began,
         )
     result, stages = run.result, run.stages
     if not main:

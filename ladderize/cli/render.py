@@ -153,6 +153,7 @@ def adapt_summary(result: Any) -> list[str]:
     """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
+    from ..adapt.budget import duration
     from ..progress import counted
 
     pace = getattr(result, "throughput", None) or {}
@@ -162,7 +163,12 @@ def adapt_summary(result: Any) -> list[str]:
         loss = f"last layer ({last['layer']}) final step loss {last.get('loss_total', float('nan')):.4f}"
     else:
         loss = f"final loss {last.get('loss_total', float('nan')):.4f}"
-    lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {result.train_s / 60:.1f} min{rate}; "
+    wall = getattr(result, "wall_s", None)
+    if wall is None:
+        spent = f"{result.train_s / 60:.1f} min{rate}"
+    else:  # the command's wall time as measured, then the training seconds the rate counts
+        spent = f"{duration(wall)} wall time ({result.train_s / 60:.1f} min training" + (f", {rate[2:]}" if rate else ")")
+    lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {spent}; "
              f"{loss} -> {result.out}"]
     if result.state_dir is not None:
         lines.append(f"training state kept in {result.state_dir} (remove it when done)")

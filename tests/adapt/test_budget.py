@@ -235,3 +235,49 @@ def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch
     kept = cached_pace("k")
     assert (kept.layer_forward, kept.layer_train, kept.head_step) == (0.01, 0.02, 0.02)
     assert cached_pace("other") is None
+
+
+def _last_line_wall_s(stdout: str) -> float:
+    """The wall time the last line of ``adapt`` gives (``45 s`` or ``12.5 min``)."""
+    match = re.search(r"tokens trained, ([\d.]+) (s|min) wall time \(", stdout)
+    assert match, stdout
+    return float(match.group(1)) * (60 if match.group(2) == "min" else 1)
+
+
+def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budget(
+        ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    """A budget is a promise: the floor a refusal names is accepted by the next run (by the pace kept, not timed
+    again), and a run ends within 10% of its budget past the fixed cost of loading and writing the model (measured
+    here as the floor run's wall time less its training), its last line giving the wall time it measured."""
+    import time
+
+    from ladderize.adapt import pace as pacing
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--seq-len", 32, "--force"]
+    code, stdout, stderr = run_cli([*base, "--budget", "0.001s"], capsys, monkeypatch)
+    assert code == 2 and "(by the pace timed now)" in stderr, stderr
+    refusal, = [line for line in error_lines(stderr) if "timing this device's pace" not in line]
+    floor = re.search(r"give at least --budget (\d+)s$", refusal).group(1)
+
+    def untouched(*_args, **_kwargs):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(pacing, "measure", untouched)  # the second answer reads the kept pace
+    started = time.perf_counter()
+    code, stdout, stderr = run_cli([*base, "--budget", f"{floor}s"], capsys, monkeypatch)
+    outer = time.perf_counter() - started
+    assert code == 0 and "too short" not in stderr, stderr
+    assert "kept in " in stdout + stderr  # the plan says where the pace it read is kept
+    wall = _last_line_wall_s(stdout)
+    assert wall <= outer + 0.5 and wall >= 0.5 * outer  # the command's own clock, not its budget or training time
+    training = float(re.search(r"\(([\d.]+) min training", stdout).group(1)) * 60
+    load = max(0.0, outer - training)  # what a run costs past its training: loading, states, writing
+    # a budget of twice the floor run's wall time: its stages are sized to it, and the deadlines keep it
+    budget = max(int(floor), round(2 * outer))
+    started = time.perf_counter()
+    code, stdout, stderr = run_cli([*base, "--budget", f"{budget}s"], capsys, monkeypatch)
+    outer = time.perf_counter() - started
+    assert code == 0, stderr
+    assert abs(_last_line_wall_s(stdout) - outer) <= 0.5 + 0.05 * outer
+    assert outer <= 1.1 * budget + load, (outer, budget, load, stdout + stderr)
