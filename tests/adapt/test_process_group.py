@@ -29,6 +29,7 @@ def test_a_started_group_is_joined_not_started_again(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: bool(started))
     monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: started.append(kwargs["timeout"]))
     monkeypatch.setenv(process_group.ENV_TIMEOUT, "30")
+    monkeypatch.setenv("RANK", "0")  # as under a launcher: no group of one made with its port
     device = torch.device("cpu")
     assert process_group.start(device) == device and process_group.start(device) == device
     assert started == [timedelta(minutes=30)]
