@@ -187,12 +187,19 @@ def out_option(default: Path | None, help: str, required: bool = False, panel: s
 
 def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tuple[str, str | None]:
     """``--device``/``--dtype`` checked before any work: a typo is one line at once (no torch); with ``resolve``,
-    a CUDA device where torch sees none is one line too (this imports torch). Returns the device spec and dtype name."""
+    a CUDA device where there is none is one line too: without torch where the machine surely has none (no NVIDIA
+    driver: ``runtime.host.no_cuda_here``), else torch is asked (its import alone, nothing heavier). Returns the device
+    spec and dtype name."""
     from ..checkpoint.placement import check_device, check_dtype
 
     device_spec, dtype_name = check_device(device), check_dtype(dtype)
     if resolve and device_spec.startswith("cuda"):
-        from ..checkpoint.placement import resolve_device
+        from ..checkpoint.placement import no_cuda_line, resolve_device
+        from ..errors import LadderizeError
+        from ..runtime.host import no_cuda_here
+
+        if no_cuda_here():
+            raise LadderizeError(no_cuda_line(device_spec))
 
         resolve_device(device_spec)
     return device_spec, dtype_name
