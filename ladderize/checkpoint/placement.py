@@ -105,6 +105,11 @@ def launch_mismatch(world: int | None = None) -> str | None:
     return None
 
 
+def no_cuda_line(device: str) -> str:
+    """The one line of a CUDA ``--device`` on a machine where none can be used."""
+    return f"--device {device} was asked for, but torch sees no CUDA device; use --device cpu"
+
+
 def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device":
     """The torch device of ``spec`` by the rule in this module's docstring."""
     import torch
@@ -119,7 +124,7 @@ def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device"
     if text == "cpu":
         return torch.device("cpu")
     if text.startswith("cuda") and not cuda:
-        raise LadderizeError(f"--device {text} was asked for, but torch sees no CUDA device; use --device cpu")
+        raise LadderizeError(no_cuda_line(text))
     if text == "cuda":
         index = local_rank() if local_rank() < torch.cuda.device_count() else 0
         return torch.device("cuda", index)
@@ -249,6 +254,7 @@ __all__ = [
     "inference_dtype",
     "eval_dtype",
     "local_rank",
+    "no_cuda_line",
     "world_size",
     "parse_dtype",
     "resolve_device",

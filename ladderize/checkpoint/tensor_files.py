@@ -157,6 +157,20 @@ def _weight_map(index: Path) -> dict[str, str]:
         raise LadderizeError(f"cannot read {index}: {one_line(exc)}") from None
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def no_safetensors(path: Path, name: str | None = None) -> LadderizeError:
+    """The one line of a checkpoint folder without safetensors weights (``name``: how the user named it), which says
+    so where it holds pickles instead."""
+    name = str(path) if name is None else name
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+    if pickles:
+        return LadderizeError(f"{name} holds only pickle weights ({pickles[0]}...); ladderize loads safetensors only, "
+                              "never pickles")
+    return LadderizeError(f"{name} has no .safetensors weights")
+
+
 class CheckpointTensors:
     """Lazy reads from a checkpoint folder's safetensors (single file or sharded index): names, shapes, tensors, slices.
 
@@ -172,7 +186,7 @@ class CheckpointTensors:
         else:
             found = sorted(self.path.glob("*.safetensors"))
             if not found:
-                raise LadderizeError(f"{self.path} has no .safetensors weights")
+                raise no_safetensors(self.path)
             self.files = {}
             for file in found:
                 self.files.update(dict.fromkeys(tensor_names(file), file))

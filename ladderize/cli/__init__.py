@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from .app import app, err_console
-# the command modules register their commands on ``app`` when imported, in the order --help lists them
+# the command modules register their commands on ``app`` when imported (--help lists the workflow first: app.WORKFLOW)
 from . import convert, runtime, predict, adapt, evaluate, demo  # noqa: E402,F401  isort: skip
 from .options import check_ranges  # noqa: E402
 

@@ -89,6 +89,10 @@ def adapt_cmd(
     from ..checkpoint.atomic import check_output_free
     from ..corpus.token_store import check_data
 
+    if dry_run is not None and dry_run != "here":  # a launch spec that does not parse: one line, before the heavy imports
+        from ..adapt.cost import Launch
+
+        Launch.parse(dry_run)
     device, dtype_name = opts.check_placement(device, dtype)
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,

@@ -22,6 +22,8 @@ def convert(
     out: Path = typer.Argument(..., help="Output directory (written atomically)."),
     ranges: dict[str, str] = None,  # --ladder, --spd, ...: one option per converted mode (``opts.mode_options``)
     spd_tp: Optional[int] = opts.spd_tp_option(" (2 or more; required with --spd ranges)", panel=None),
+    layout: Optional[str] = typer.Option(None, "--layout", help=f"dense: copy SRC with no layer converted (instead of {mode_flags()}).",
+                                         show_default=False),
     force: bool = opts.force_option(panel=None),
     budgets: dict[str, Optional[float]] = None,  # --ladder-budget, --spd-budget, ...
     sensitivity: Optional[str] = typer.Option(None, help=f"Report of 'ladderize sensitivity' that {mode_flags()} auto read.", rich_help_panel=opts.AUTO_LAYOUT),
@@ -31,16 +33,21 @@ def convert(
                                         rich_help_panel=opts.OUTPUT),
     device: str = opts.DEVICE_OPTION,
 ) -> None:
-    """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic)."""
+    """Convert a dense Llama-family checkpoint into a Ladder / SPD layout (streaming, atomic).
+
+    The layout options name the layers to convert; with none, convert refuses (nothing written) unless --layout dense
+    asks for an unconverted copy. A converted SRC keeps its own layout where none is given."""
     from ..convert.pipeline import check_auto_options
     from ..checkpoint.atomic import check_output_free
 
     check_auto_options(ranges, budgets, sensitivity)
+    opts.check_layout_option(layout, ranges)
     device, _ = opts.check_placement(device, dtype)
-    opts.check_source(src)  # before the heavy imports: a typo is one line at once
+    if opts.check_source(src) == "local":  # before the heavy imports: a typo is one line at once
+        opts.check_weights(src)  # truncated or corrupt weights too (their headers, as inspect reads them)
     check_output_free(Path(out).expanduser().absolute(), force)
     opts.check_output(out, "output")
-    opts.check_layout_of_source(src, ranges, spd_tp)
+    opts.check_layout_of_source(src, ranges, spd_tp, dense=layout is not None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..convert.pipeline import convert_layout

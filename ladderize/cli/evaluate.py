@@ -32,7 +32,13 @@ def eval_command(
 
     Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
     --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
-    as in lm-eval's data-parallel mode and rank 0 prints and writes the results."""
+    as in lm-eval's data-parallel mode and rank 0 prints and writes the results.
+
+    The Hugging Face hub is off (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) unless either variable is set: a task
+    whose data is not on this machine is refused in one line."""
+    from ..eval.local_tasks import default_offline
+
+    default_offline()  # first: the hub libraries read it when they are imported
     from ..eval.harness import parse_batch_size
     from ..eval.local_tasks import check_tasks, parse_task_list
 

@@ -187,12 +187,19 @@ def out_option(default: Path | None, help: str, required: bool = False, panel: s
 
 def check_placement(device: str, dtype: str | None, resolve: bool = True) -> tuple[str, str | None]:
     """``--device``/``--dtype`` checked before any work: a typo is one line at once (no torch); with ``resolve``,
-    a CUDA device where torch sees none is one line too (this imports torch). Returns the device spec and dtype name."""
+    a CUDA device where there is none is one line too: without torch where the machine surely has none (no NVIDIA
+    driver: ``runtime.host.no_cuda_here``), else torch is asked (its import alone, nothing heavier). Returns the device
+    spec and dtype name."""
     from ..checkpoint.placement import check_device, check_dtype
 
     device_spec, dtype_name = check_device(device), check_dtype(dtype)
     if resolve and device_spec.startswith("cuda"):
-        from ..checkpoint.placement import resolve_device
+        from ..checkpoint.placement import no_cuda_line, resolve_device
+        from ..errors import LadderizeError
+        from ..runtime.host import no_cuda_here
+
+        if no_cuda_here():
+            raise LadderizeError(no_cuda_line(device_spec))
 
         resolve_device(device_spec)
     return device_spec, dtype_name
@@ -215,18 +222,48 @@ def check_weights(path: Path | str) -> None:
     count_parameters(Path(path).expanduser())
 
 
-def check_layout_of_source(src: str, ranges: dict[str, str | None], spd_tp: int | None) -> None:
+def check_layout_option(layout: str | None, ranges: dict[str, str | None]) -> None:
+    """``convert --layout``: ``dense`` only (a copy with no layer converted), and not beside ``--<mode>`` ranges."""
+    from ..errors import LadderizeError
+    from ..model.layout import mode_flags
+
+    if layout is None:
+        return
+    if layout.strip().lower() != "dense":
+        raise LadderizeError(f"--layout {layout!r}: convert takes --layout dense only (a copy with no layer converted); "
+                             f"name the layers to convert with {mode_flags(', ')}")
+    given = [f"--{name} {spec}" for name, spec in ranges.items() if (spec or "none") != "none"]
+    if given:
+        raise LadderizeError(f"--layout dense converts no layer; it does not go with {', '.join(given)}")
+
+
+def check_layout_of_source(src: str, ranges: dict[str, str | None], spd_tp: int | None, dense: bool = False) -> None:
     """``convert``'s ``--<mode>`` ranges and ``--spd-tp`` against a local source's config, before torch loads: a range
     that does not parse, lies outside the model or overlaps, and a TP-dependent degree its heads cannot split, are one
-    line. (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)"""
-    from ..convert.sources import check_source as kind_of
-    from ..model.layout import Layout, tp_degree_for
+    line. (``auto`` layouts, GGUF files and hub ids are checked by the conversion.)
 
-    if "auto" in ranges.values() or kind_of(src) != "local":
+    No ranges (none given, or all ``none``) convert no layer: a converted local source keeps its own layout, and any
+    other source is refused in one line naming the layout options unless ``dense`` (``--layout dense``) asks for the
+    unconverted copy on purpose."""
+    from ..convert.sources import check_source as kind_of
+    from ..errors import LadderizeError
+    from ..model.layout import Layout, mode_flags, tp_degree_for
+
+    if "auto" in ranges.values():
         return
-    header = check_checkpoint(src)
+    local = kind_of(src) == "local"
+    header = check_checkpoint(src) if local else None
     if all((spec or "none") == "none" for spec in ranges.values()):
-        return  # a converted source keeps its own layout
+        converted = header is not None and bool(header.layout.converted_layers)
+        if converted and dense:
+            raise LadderizeError(f"--layout dense copies a dense source; {src} is converted ({header.layout.describe()}): "
+                                 "leave out --layout to copy it with its own layout")
+        if not converted and not dense:
+            raise LadderizeError(f"no layout given: name the layers to convert with {mode_flags(', ')} (ranges, or auto), "
+                                 "or pass --layout dense to copy the source unconverted")
+        return  # a converted source keeps its own layout; --layout dense copies a dense one
+    if not local:
+        return
     shape = header.shape
     layout = Layout.from_mode_ranges(shape.num_hidden_layers, ranges, spd_tp_size=tp_degree_for(ranges, spd_tp))
     layout.validate(shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size)
@@ -279,11 +316,12 @@ def check_synthetic(shape: str, ranges: dict[str, str | None], spd_tp: int, tps:
         validate_tp(dims, layout, tp, allow_spd_mismatch)
 
 
-def check_source(src: str) -> None:
-    """``convert``/``sensitivity``/``sample`` SRC checked before heavy imports (``convert.sources.check_source``)."""
+def check_source(src: str) -> str:
+    """``convert``/``sensitivity``/``sample`` SRC checked before heavy imports (``convert.sources.check_source``).
+    Returns what it is: ``local``, ``gguf`` or ``hub``."""
     from ..convert.sources import check_source as check
 
-    check(src)
+    return check(src)
 
 
 def check_output(path: Path | str | None, what: str = "output") -> None:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import LadderizeError, one_line
 from ..checkpoint.architectures import architecture_for, read_config_file, read_config_json
-from ..checkpoint.tensor_files import check_finite, iter_file_tensors, tensor_names, weight_files as safetensors_files
+from ..checkpoint.tensor_files import (check_finite, iter_file_tensors, no_safetensors, tensor_names,
+                                       weight_files as safetensors_files)
 
 if TYPE_CHECKING:
     import torch
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -146,12 +146,7 @@ def _local_source(spec: str, path: Path, kind: str) -> Source:
     config = read_config_file(config_path)
     weight_files = safetensors_files(path)
     if not weight_files:
-        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            raise LadderizeError(
-                f"{spec} holds only pickle weights ({pickles[0]}...); ladderize loads safetensors only, never pickles"
-            )
-        raise LadderizeError(f"{spec} has no .safetensors weights")
+        raise no_safetensors(path, spec)
     for file in weight_files:
         tensor_names(file)  # validates every header up front, before any output is written
     return Source(spec=spec, kind=kind, path=path, config=config, weight_files=weight_files)

@@ -159,28 +159,8 @@ def lm_eval_task_names() -> frozenset[str]:
     are named too, and so are templates' names (included configs, which need not end in .yaml). A name outside it
     is surely unknown; one inside it is still checked by lm-eval when the evaluation starts."""
     names: set[str] = set()
-    for path in lm_eval_tasks_dir().rglob("*"):
-        if not (path.suffix in ("", ".yaml", ".yml") or path.name.endswith("yaml")) or "__pycache__" in path.parts:
-            continue
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-        except OSError:
-            continue
-        for number, line in enumerate(lines):
-            match = _NAME_KEY.match(line)
-            if not match:
-                continue
-            value = match.group(1)
-            if value.startswith("["):
-                names.update(_unquote(item) for item in value.strip("[]").split(","))
-            elif value:
-                names.add(_unquote(value))
-            else:
-                for item in lines[number + 1:]:
-                    if item.strip() and not (listed := _LIST_ITEM.match(item)):
-                        break
-                    if item.strip():
-                        names.add(_unquote(listed.group(1)))
+    for entry in _task_files().values():
+        names.update(entry.tasks, entry.groups, entry.members)
     names.discard("")
     return frozenset(names)
 
@@ -197,27 +177,142 @@ def check_tasks(specs: list[str], data_dir: Path | str | None, chunk_chars: int 
     if wanted:
         local = {name for name in plan.names if name not in wanted} | set(LOCAL_TASKS) | {"shakespeare"}
         check_task_names(plan, sorted(lm_eval_task_names() | local))
-    for name in wanted:
-        if name in HUB_DATA and offline() and not hub_data_cached(HUB_DATA[name]):
-            raise LadderizeError(f"task {name} needs its data, and the Hugging Face hub is off (offline): "
-                                 f"{where_data_goes(str(LOCAL_TASKS[name]))}")
+    for name in wanted if offline() else ():
+        if name in HUB_DATA:
+            if not hub_data_cached(HUB_DATA[name]):
+                raise LadderizeError(f"task {name} needs its data, and the Hugging Face hub is off (offline): "
+                                     f"{where_data_goes(str(LOCAL_TASKS[name]))}; {ONLINE_HINT}")
+        elif missing := [repo for repo in lm_eval_task_datasets(name) if not hub_data_cached(repo)]:
+            raise LadderizeError(f"task {name} reads {', '.join(missing)} from the Hugging Face hub, which is off (offline), "
+                                 f"and no copy is cached; the tasks with local data: {OFFLINE_TASKS}; {ONLINE_HINT}")
     return plan
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+OFFLINE_TASKS = f"lambada_openai and wikitext2_valid (their files in --data-dir or ${DATA_ENV}), shakespeare, ppl:FILE"
+ONLINE_HINT = "HF_HUB_OFFLINE=0 lets eval download from the hub"
+
+
+def default_offline() -> None:
+    """``eval``'s default: the Hugging Face hub off (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``), so a task
+    whose data is not on this machine is one line (``check_tasks``), not minutes of retries. Left alone where the
+    user set either variable. Call it before huggingface_hub or datasets are imported (they read the variables
+    then); where one already is, its setting is turned off too."""
+    import sys
+
+    if any(name in os.environ for name in OFFLINE_VARIABLES):
+        return
+    for name in OFFLINE_VARIABLES:
+        os.environ[name] = "1"
+    for module, attributes in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                               ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        loaded = sys.modules.get(module)
+        for attribute in attributes if loaded is not None else ():
+            if hasattr(loaded, attribute):
+                setattr(loaded, attribute, True)
 
 
 def offline() -> bool:
     """Whether the Hugging Face hub is off for this process (``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set)."""
-    return any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-               for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE") for name in OFFLINE_VARIABLES)
 
 
 def hub_data_cached(repo: str) -> bool:
-    """Whether the hub data set ``repo`` (``owner/name``) has a copy in the Hugging Face caches (the hub's or the
-    ``datasets`` library's), which lm-eval can read offline."""
+    """Whether the hub data set ``repo`` (``owner/name``, or a bare ``name``) has a copy in the Hugging Face caches
+    (the hub's or the ``datasets`` library's), which lm-eval can read offline."""
     home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
     hub = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub")
     datasets = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets")
-    owner, _, name = repo.partition("/")
-    return any(folder.expanduser().is_dir() for folder in (hub / f"datasets--{owner}--{name}", datasets / f"{owner}___{name}"))
+    folders = (hub / f"datasets--{repo.replace('/', '--')}", datasets / repo.replace("/", "___"))
+    return any(folder.expanduser().is_dir() for folder in folders)
+
+
+# ``datasets``' builders that read local files (``data_files``), not a hub repository
+_LOCAL_BUILDERS = frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "imagefolder", "audiofolder"})
+_DATASET_KEY = re.compile(r"""^["']?(dataset_path|include)["']?:[ \t]*(.*?)[ \t]*(?:#.*)?$""")
+
+
+@dataclass
+class _TaskFile:
+    """One lm-eval task config read as text: what it declares and where its data comes from."""
+
+    tasks: set[str] = field(default_factory=set)  # ``task: NAME`` and its ``tag:`` names
+    groups: set[str] = field(default_factory=set)  # ``group: NAME``
+    members: list[str] = field(default_factory=list)  # a group's ``task:`` list
+    dataset_path: str | None = None
+    include: str | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def _task_files() -> dict[Path, _TaskFile]:
+    """lm-eval's task configs read as text (as ``lm_eval_task_names`` reads them), by path."""
+    found: dict[Path, _TaskFile] = {}
+    for path in lm_eval_tasks_dir().rglob("*"):
+        if not (path.suffix in ("", ".yaml", ".yml") or path.name.endswith("yaml")) or "__pycache__" in path.parts:
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+        except OSError:
+            continue
+        entry = found[path] = _TaskFile()
+        for number, line in enumerate(lines):
+            if data := _DATASET_KEY.match(line):
+                setattr(entry, data.group(1), _unquote(data.group(2)) or None)
+                continue
+            match = _NAME_KEY.match(line)
+            if not match:
+                continue
+            key, value = _unquote(line.split(":", 1)[0]), match.group(1)
+            if value.startswith("["):
+                values = [_unquote(item) for item in value.strip("[]").split(",")]
+            elif value:
+                values = [_unquote(value)]
+            else:
+                values = []
+                for item in lines[number + 1:]:
+                    if item.strip() and not (listed := _LIST_ITEM.match(item)):
+                        break
+                    if item.strip():
+                        values.append(_unquote(listed.group(1)))
+            if key == "group":
+                entry.groups.update(values)
+            elif key == "task" and not value:  # a list: the group's member tasks
+                entry.members += [_unquote(v.removeprefix("task:")) for v in values]
+            else:
+                entry.tasks.update(values)
+    return found
+
+
+def lm_eval_task_datasets(name: str) -> list[str]:
+    """The hub data sets lm-eval's task, tag or group ``name`` reads (``dataset_path``, through ``include`` files
+    and a group's member tasks), found by reading its configs as text; data read from local files is left out, and
+    a task defined in Python alone gives none."""
+    files = _task_files()
+    repos: list[str] = []
+
+    def dataset_of(path: Path, depth: int = 0) -> str | None:
+        entry = files.get(path)
+        if entry is None or depth > 8:
+            return None
+        if entry.dataset_path or not entry.include:
+            return entry.dataset_path
+        return dataset_of((path.parent / entry.include).resolve(), depth + 1)
+
+    def visit(wanted: str, seen: set[str]) -> None:
+        if wanted in seen or len(seen) > 200:
+            return
+        seen.add(wanted)
+        for path, entry in files.items():
+            if wanted in entry.tasks:
+                repo = dataset_of(path.resolve())
+                if repo and repo.lower() not in _LOCAL_BUILDERS and repo not in repos:
+                    repos.append(repo)
+            if wanted in entry.groups:
+                for member in entry.members:
+                    visit(member, seen)
+
+    visit(name, set())
+    return repos
 
 
 def build_tasks(specs: list[str], data_dir: Path | None, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> EvalTasks:

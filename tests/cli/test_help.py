@@ -67,3 +67,15 @@ def test_help_tells_no_history(capsys, monkeypatch):
         assert code == 0
         assert not re.search(r"\bsessions?\b", text, flags=re.I), command
         assert not re.search(r"\b[0-9a-f]{7,40}\b", text), (command, re.search(r"\b[0-9a-f]{7,40}\b", text))
+
+
+def test_top_level_help_says_where_to_start(capsys, monkeypatch):
+    """``ladderize --help`` names the demo as the place to start and the workflow's order, and lists it first."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, stdout, _ = run_cli(["--help"], capsys, monkeypatch)
+    assert code == 0
+    text = " ".join(stdout.split())
+    assert "Start with 'ladderize demo'" in text and "pull -> convert -> adapt -> eval -> bench" in text, text
+    listed = re.findall(r"^│ (\w+) ", stdout, flags=re.M)
+    assert listed[:6] == ["demo", "pull", "convert", "adapt", "eval", "bench"], listed
+    assert sorted(listed) == sorted(COMMANDS), listed

@@ -60,7 +60,7 @@ def test_missing_source(tmp_path: Path, capsys, monkeypatch) -> None:
 def test_hub_id_offline(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out"
-    code, _, err = run_cli(["convert", "no-such-org/no-such-model", out], capsys, monkeypatch)
+    code, _, err = run_cli(["convert", "no-such-org/no-such-model", out, "--ladder", "2:4"], capsys, monkeypatch)
     _assert_clean_failure(code, err, out, "cannot fetch 'no-such-org/no-such-model' from the Hugging Face hub")
 
 
@@ -85,7 +85,7 @@ def test_corrupt_source(tiny_llama_dir: Path, tmp_path: Path, capsys, monkeypatc
         src.write_bytes(b"GGUF-but-not-really")
         pattern = "cannot read GGUF file"
     out = tmp_path / "out"
-    code, _, err = run_cli(["convert", src, out], capsys, monkeypatch)
+    code, _, err = run_cli(["convert", src, out, "--ladder", "2:4"], capsys, monkeypatch)
     _assert_clean_failure(code, err, out, pattern)
 
 
@@ -96,7 +96,7 @@ def test_missing_tensor(tiny_llama_dir: Path, tmp_path: Path, capsys, monkeypatc
     del weights["model.layers.1.mlp.up_proj.weight"]
     save_file(weights, tiny_llama_dir / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "out"
-    code, _, err = run_cli(["convert", tiny_llama_dir, out], capsys, monkeypatch)
+    code, _, err = run_cli(["convert", tiny_llama_dir, out, "--layout", "dense"], capsys, monkeypatch)
     _assert_clean_failure(code, err, out, "missing tensor model.layers.1.mlp.up_proj.weight")
 
 

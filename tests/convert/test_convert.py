@@ -184,3 +184,18 @@ def test_plain_output_of_a_converted_layout_is_refused(tiny_llama_dir, tmp_path)
 
     with pytest.raises(LadderizeError, match="plain Llama checkpoint cannot hold"):
         convert_checkpoint(str(tiny_llama_dir), tmp_path / "x", ladder="2:4", plain=True)
+
+
+def test_the_command_copies_dense_only_when_asked_and_a_converted_source_keeps_its_layout(
+        tiny_llama_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``convert SRC OUT --layout dense`` writes the unconverted copy (without it convert refuses:
+    tests/cli/test_quick_refusals.py); a converted SRC with no layout option is copied with its own layout."""
+    from tests.cli_helpers import run_cli
+
+    code, _, err = run_cli(["convert", tiny_llama_dir, tmp_path / "dense", "--layout", "dense"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads((tmp_path / "dense" / "config.json").read_text())["layer_modes"] == ["dense"] * 4
+    converted = convert_checkpoint(str(tiny_llama_dir), tmp_path / "ladder", ladder="2:")
+    code, _, err = run_cli(["convert", converted, tmp_path / "again", "--dtype", "bfloat16"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["layer_modes"] == ["dense"] * 2 + ["ladder"] * 2

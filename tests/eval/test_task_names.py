@@ -3,6 +3,7 @@ offline answered with where the data goes and the slices a clone carries (issue 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,40 @@ def test_a_cached_hub_copy_is_not_refused_offline(no_data_anywhere):
 
     (no_data_anywhere / "hf" / "hub" / "datasets--EleutherAI--lambada_openai").mkdir(parents=True)
     assert check_tasks(["lambada_openai"], None).sources == {"lambada_openai": "lm-eval"}
+
+
+def test_eval_turns_the_hub_off_unless_the_user_set_it(monkeypatch):
+    """``eval``'s default: both offline variables set where neither is; a user's own setting (either) is kept."""
+    import huggingface_hub.constants
+
+    from ladderize.eval.local_tasks import OFFLINE_VARIABLES, default_offline
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", huggingface_hub.constants.HF_HUB_OFFLINE)
+    for name in OFFLINE_VARIABLES:
+        monkeypatch.setenv(name, "x")  # recorded, so that the test's own changes are undone
+        monkeypatch.delenv(name)
+    default_offline()
+    assert [os.environ.get(name) for name in OFFLINE_VARIABLES] == ["1", "1"]
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is True  # already imported: turned off too
+    for name in OFFLINE_VARIABLES:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    default_offline()
+    assert os.environ["HF_HUB_OFFLINE"] == "0" and "HF_DATASETS_OFFLINE" not in os.environ
+
+
+def test_an_lm_eval_task_without_a_cached_copy_is_refused_offline(no_data_anywhere):
+    """A tag (lambada: lambada_openai and lambada_standard) or task read from the hub, offline with no copy: one line
+    naming the data sets, the offline tasks and --data-dir; with copies cached, no refusal."""
+    from ladderize.errors import LadderizeError
+    from ladderize.eval.local_tasks import check_tasks, lm_eval_task_datasets
+
+    assert sorted(lm_eval_task_datasets("lambada")) == ["EleutherAI/lambada_openai", "cimec/lambada"]
+    with pytest.raises(LadderizeError) as refused:
+        check_tasks(["lambada"], None)
+    line = str(refused.value)
+    assert "task lambada reads" in line and "cimec/lambada" in line and "\n" not in line, line
+    assert all(words in line for words in ("lambada_openai", "wikitext2_valid", "shakespeare", "ppl:FILE", "--data-dir"))
+    for repo in ("EleutherAI--lambada_openai", "cimec--lambada"):
+        (no_data_anywhere / "hf" / "hub" / f"datasets--{repo}").mkdir(parents=True)
+    assert check_tasks(["lambada"], None).sources == {"lambada": "lm-eval"}

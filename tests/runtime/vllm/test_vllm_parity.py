@@ -97,7 +97,7 @@ def test_smollm2_tp3_equals_hf(vllm_venv, smollm2_dir, tmp_path, capsys, monkeyp
     """The real SmolLM2-135M, converted by ``ladderize convert``, served at TP=3: dense and a hybrid of all three modes."""
     from tests.cli_helpers import run_cli
 
-    layouts = {"dense": [], "hybrid": ["--ladder", "15:30", "--spd", "0:3", "--spd-tp", "3"]}
+    layouts = {"dense": ["--layout", "dense"], "hybrid": ["--ladder", "15:30", "--spd", "0:3", "--spd-tp", "3"]}
     paths = {}
     for name, flags in layouts.items():
         paths[name] = tmp_path / name

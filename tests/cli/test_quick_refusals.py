@@ -1,0 +1,132 @@
+"""Refusals that took a minute (issue 69): a bad ``adapt --dry-run`` launch, a truncated or garbage safetensors source
+to convert, ``--device cuda`` without CUDA, an lm-eval task whose data is not here, and ``convert`` with no layout.
+Each runs as its own process and must be one line on stderr, exit 2, nothing written, and, where no model is needed,
+none of the heavy libraries imported: the order is checked, not the time (``PROBE`` runs the CLI in-process and
+prints what ``sys.modules`` holds after its ``SystemExit``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "transformers", "lm_eval", "accelerate", "peft", "datasets")
+PROBE = f"HEAVY = {HEAVY!r}" + """
+import json, sys
+from ladderize import cli
+sys.argv = ['ladderize', *json.loads(sys.argv[1])]
+code = 0
+try:
+    cli.main()
+except SystemExit as exc:
+    code = exc.code
+print('PROBE', json.dumps([code, [m for m in HEAVY if m in sys.modules]]))
+"""
+
+
+def _refusal(argv: list, tmp_path: Path, unset: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+    """Run ``ladderize ARGV`` in a fresh process: assert exit 2 and one line on stderr; return it and the heavy
+    modules imported by then."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "LADDERIZE_HOME": str(tmp_path / "home")}
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "LADDERIZE_DATA_DIR", *unset):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", PROBE, json.dumps([str(a) for a in argv])], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=300)
+    line = next((l for l in result.stdout.splitlines() if l.startswith("PROBE ")), None)
+    assert line is not None, result.stderr[-2000:]
+    code, heavy = json.loads(line[len("PROBE "):])
+    errors = [l for l in result.stderr.splitlines() if l.strip()]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error:"), (argv, result.stderr)
+    return errors[0], heavy
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A dense and a converted tiny checkpoint, and two dense ones whose weights are truncated or have a garbage header."""
+    from tests.runtime.runtime_helpers import TINY_TP23, save_char_tokenizer, save_tiny
+
+    root = tmp_path_factory.mktemp("quick-refusals")
+    made = {}
+    for name, shape in (("dense", TINY_TP23), ("truncated", TINY_TP23), ("garbage", TINY_TP23),
+                        ("converted", dict(TINY_TP23, layer_modes=["dense", "dense", "ladder", "ladder"]))):
+        made[name] = root / name
+        save_tiny(made[name], **shape)
+        save_char_tokenizer(made[name])
+    weights = made["truncated"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    weights = made["garbage"] / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:8] + b"{garbage!!" + data[18:])  # the header's length kept, its JSON broken
+    return made
+
+
+@pytest.mark.parametrize("launch", ["8xB200", "0xH100", "H100"])
+def test_a_bad_dry_run_launch_is_refused_before_torch(launch, checkpoints, tmp_path):
+    out = tmp_path / "out"
+    line, heavy = _refusal(["adapt", checkpoints["converted"], out, "--dry-run", launch], tmp_path)
+    assert f"--dry-run '{launch}': give the launch as NxGPU" in line and "H100" in line, line
+    assert heavy == [] and not out.exists()
+
+
+@pytest.mark.parametrize("damage, words", [("truncated", "incomplete metadata"), ("garbage", "invalid JSON in header")])
+def test_convert_reads_the_source_headers_before_torch(damage, words, checkpoints, tmp_path):
+    out = tmp_path / "out"
+    line, heavy = _refusal(["convert", checkpoints[damage], out, "--ladder", "2:4"], tmp_path)
+    assert f"corrupt safetensors file {checkpoints[damage] / 'model.safetensors'}" in line and words in line, line
+    assert heavy == [] and not out.exists()
+    inspected, _ = _refusal(["inspect", checkpoints[damage]], tmp_path)
+    assert inspected == line  # convert says what inspect says: the same check
+
+
+@pytest.mark.parametrize("command", ["convert", "eval"])
+def test_cuda_on_a_machine_without_a_driver_is_refused_before_torch(command, checkpoints, tmp_path):
+    from ladderize.runtime.host import no_cuda_here
+
+    if not no_cuda_here():
+        pytest.skip("this machine has an NVIDIA driver: torch is asked")
+    out = tmp_path / "out"
+    argv = {"convert": ["convert", checkpoints["dense"], out, "--ladder", "2:4"],
+            "eval": ["eval", checkpoints["dense"], "--tasks", "shakespeare", "--json", out]}[command]
+    line, heavy = _refusal([*argv, "--device", "cuda"], tmp_path)
+    assert "--device cuda was asked for, but torch sees no CUDA device; use --device cpu" in line, line
+    assert heavy == [] and not out.exists()
+
+
+def test_eval_keeps_the_hub_off_and_refuses_a_task_whose_data_is_not_here(checkpoints, tmp_path):
+    """``--tasks lambada`` (lm-eval's tag: lambada_openai and lambada_standard) with no offline variable set: the hub
+    is off by default, so the task is one line naming the offline tasks, not minutes of retries."""
+    out = tmp_path / "e.json"
+    line, heavy = _refusal(["eval", checkpoints["dense"], "--tasks", "lambada", "--json", out], tmp_path,
+                           unset=("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    assert "task lambada reads" in line and "EleutherAI/lambada_openai" in line and "offline" in line, line
+    for words in ("lambada_openai", "wikitext2_valid", "shakespeare", "ppl:FILE", "--data-dir", "HF_HUB_OFFLINE=0"):
+        assert words in line, (words, line)
+    assert heavy == [] and not out.exists()
+
+
+def test_convert_without_a_layout_is_refused_and_names_the_modes_flags(checkpoints, tmp_path):
+    from ladderize.model.layout import LayerMode
+
+    out = tmp_path / "out"
+    for extra in ([], ["--ladder", "none"]):
+        line, heavy = _refusal(["convert", checkpoints["dense"], out, *extra], tmp_path)
+        assert "no layout given" in line and "--layout dense" in line, line
+        assert all(f"--{mode.value}" in line for mode in LayerMode.converted_modes()), line
+        assert heavy == [] and not out.exists()
+
+
+@pytest.mark.parametrize("source, flags, words", [
+    ("dense", ["--layout", "ladder"], "convert takes --layout dense only"),
+    ("dense", ["--layout", "dense", "--ladder", "2:4"], "--layout dense converts no layer; it does not go with --ladder 2:4"),
+    ("converted", ["--layout", "dense"], "is converted (ladder 2:4): leave out --layout"),
+])
+def test_a_layout_option_that_does_not_fit_is_refused(source, flags, words, checkpoints, tmp_path):
+    out = tmp_path / "out"
+    line, heavy = _refusal(["convert", checkpoints[source], out, *flags], tmp_path)
+    assert words in line, line
+    assert heavy == [] and not out.exists()
