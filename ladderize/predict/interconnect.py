@@ -32,7 +32,8 @@ progresses at ``1 / (1 + slowdown)`` of its rate, with ``slowdown = overlap_slow
   memory-bound modules, ``host_staged_channel_slowdown`` per channel the all-reduce runs on. How many channels NCCL
   runs a collective on grows with its size (``nccl_ring_channels``: NVIDIA/nccl ``src/enqueue.cc`` drops channels
   while ``nBytes < channels * threads * threadThreshold``), so a 16 KB all-reduce runs on 1 channel and a 256 KB one
-  on 16. The per-channel cost is fitted on one P2P-disabled Ladder figure (docs/predict.md).
+  on 16. The per-channel cost is fitted on one P2P-disabled Ladder figure (docs/predict-model.md, "Host-staged
+  channels").
 
 A fabric can split the node into groups (``group_size``; the Ladder authors' P2P-disabled node is two groups of
 4): a ring that crosses groups pays its own latency-protocol hop and bandwidth (``cross_latency_s``,
@@ -43,7 +44,8 @@ The SM and HBM terms are not fitted to a speed-up: the channel counts are NCCL's
 constant fitted to a speed-up (70B, TP4, batch 64, P2P disabled; that figure is then a fit point, not held out).
 
 Every parameter carries its source in ``sources``; "fitted" parameters name the logs or published
-figure that fixed them (``benchmarks/published_figures.py`` re-derives them, docs/predict.md tabulates them).
+figure that fixed them (``benchmarks/published_figures.py`` re-derives them, docs/predict-measurements.md tabulates
+them).
 """
 
 from __future__ import annotations
