@@ -426,6 +426,7 @@ class LadderLlamaPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # every layout's forward is one graph (tests/model/test_torch_compile.py)
 
     def _resolve_parallel_plans(self, distributed_config, *args, **kwargs):
         # from_pretrained(tp_plan=...) resolves the plans after building the model, before reading any weight
