@@ -178,3 +178,13 @@ def adamw(params: list[torch.nn.Parameter], *, fused: bool = True, **settings) -
     CPU or a CUDA device; the same update as the loop, within rounding."""
     fuse = fused and bool(params) and all(param.device.type in ("cpu", "cuda") for param in params)
     return torch.optim.AdamW(params, fused=True if fuse else None, **settings)
+
+
+def recompute_activations(model: torch.nn.Module) -> None:
+    """Activation checkpointing on each decoder layer of ``model`` (non-reentrant): transformers'
+    ``activation_checkpointing_enable`` where it has it (5.24 on), else its ``gradient_checkpointing_enable``."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -25,7 +25,7 @@ from ..progress import counted
 from ..corpus.windows import token_windows
 from ..corpus.token_store import build_reporter, is_store
 from ..convert.teacher import load_teacher, resolve_teacher
-from .compilation import COMPILING, adamw, compile_layers, resolve_compile
+from .compilation import COMPILING, adamw, compile_layers, recompute_activations, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .batches import batch_rows, micro_batch_index
 from .cost import FlopCount
@@ -174,7 +174,7 @@ def adapt_joint(
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
                             config.kd_divergence, config.kd_top_k, compiled)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute_activations(student)
     if teacher is not None:
         teacher.to(accelerator.device)
     stored = None

@@ -44,7 +44,7 @@ import torch
 from ..errors import LadderizeError, holding_interrupts
 from ..progress import counted
 from . import process_group
-from .compilation import COMPILING, adamw, compile_layers, resolve_compile
+from .compilation import COMPILING, adamw, compile_layers, recompute_activations, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
@@ -111,7 +111,7 @@ def adapt_sharded(
     loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
                             config.kd_divergence, config.kd_top_k, compiled)
     if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute_activations(student)
     _shard_root(loss_module, compute if compute != torch.float32 else None)
     params = [p for p in loss_module.parameters() if p.requires_grad]  # the sharded ones, after fully_shard
     tokenizer = load_tokenizer(checkpoint, "adaptation")

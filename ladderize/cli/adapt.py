@@ -105,6 +105,10 @@ def adapt_cmd(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
     ).items() if v is not None}
+    from ..adapt.accelerate_config import from_accelerate
+
+    from_config, accelerate_note = from_accelerate(shared)  # a user's Accelerate config: mapped or refused, never ignored
+    shared.update(from_config)
     if dry_run is not None:
         _print_dry_run(ckpt, None if dry_run == "here" else dry_run, {**shared, "device": device}, single, recipe, stage,
                        budget, dtype_name)
@@ -126,6 +130,8 @@ def adapt_cmd(
     main = process_rank() == 0  # under a launcher, rank 0 alone prints the plan and the result
     if main and (mismatch := launch_mismatch()):
         err_console.print(mismatch, highlight=False, soft_wrap=True)
+    if main and accelerate_note:
+        err_console.print(accelerate_note, highlight=False, soft_wrap=True)
 
     def on_plan(plan) -> None:
         if not main:

@@ -1,0 +1,111 @@
+"""A user's Accelerate config, as ``accelerate launch`` hands it to the processes, read once into adapt's settings.
+
+``accelerate launch --config_file CONFIG`` passes its config to every process as environment variables
+(``ACCELERATE_USE_FSDP``, ``FSDP_OFFLOAD_PARAMS``, ``ACCELERATE_MIXED_PRECISION``, ...). Each one is honoured,
+mapped onto adapt's own setting, or refused in one line naming what ladderize does instead; none is ignored:
+
+- FSDP (``distributed_type: FSDP``): the sharded training (``--shard fsdp``: FSDP2, each decoder layer a unit, fully
+  sharded and resharded after its forward); its activation checkpointing is ``--activation-checkpointing``.
+  Parameter or activation offload, and sharding strategies other than full sharding, are refused. How Accelerate
+  would wrap, prefetch, load and save (auto-wrap policy, layer class, prefetch, state-dict type, original params,
+  RAM-efficient loading, module-state sync, FSDP version) is ladderize's own: said in one note.
+- ``mixed_precision`` bf16 or fp16 is ``--mixed-precision`` (``no``, Accelerate's default, leaves ladderize's);
+  ``gradient_accumulation_steps`` is ``--grad-accum``; ``gradient_clipping`` is the stages' ``max_grad_norm``;
+  ``dynamo_backend: INDUCTOR`` is ``--compile``.
+- DeepSpeed and Megatron-LM configs are refused: adapt shards with FSDP2.
+
+A setting given on the command line and one the config maps onto it must agree, or the run is refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import LadderizeError
+
+# Accelerate's FSDP settings that ladderize decides itself (module docstring): the note names them
+OWN_FSDP = ("FSDP_AUTO_WRAP_POLICY", "FSDP_TRANSFORMER_CLS_TO_WRAP", "FSDP_MIN_NUM_PARAMS", "FSDP_BACKWARD_PREFETCH",
+            "FSDP_FORWARD_PREFETCH", "FSDP_STATE_DICT_TYPE", "FSDP_USE_ORIG_PARAMS", "FSDP_CPU_RAM_EFFICIENT_LOADING",
+            "FSDP_SYNC_MODULE_STATES", "FSDP_VERSION", "FSDP_IGNORED_MODULES")
+FULL_SHARD = {"1", "FULL_SHARD"}
+
+
+def _on(env: Mapping[str, str], key: str) -> bool:
+    return env.get(key, "").strip().lower() in {"true", "1", "yes"}
+
+
+def _refuse(what: str, instead: str) -> LadderizeError:
+    return LadderizeError(f"the Accelerate config asks for {what}; {instead}")
+
+
+def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str | None]:
+    """The settings the launching Accelerate config maps onto (``given``: those set on the command line, which must
+    agree), and one note saying what was taken (``None`` outside ``accelerate launch``). Refusals raise
+    ``LadderizeError`` before any work."""
+    env = os.environ if env is None else env
+    if _on(env, "ACCELERATE_USE_DEEPSPEED"):
+        raise _refuse("DeepSpeed", "ladderize adapt shards with FSDP2: use an FSDP or multi-GPU config, or torchrun")
+    if _on(env, "ACCELERATE_USE_MEGATRON_LM"):
+        raise _refuse("Megatron-LM", "ladderize adapt shards with FSDP2: use an FSDP or multi-GPU config, or torchrun")
+    mapped: dict[str, Any] = {}
+    taken: list[str] = []
+    if _on(env, "ACCELERATE_USE_FSDP"):
+        strategy = env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD").strip().upper()
+        if strategy not in FULL_SHARD:
+            raise _refuse(f"fsdp_sharding_strategy {strategy}",
+                          "ladderize's sharded training shards fully (FULL_SHARD); for replicated training use --shard ddp "
+                          "with a multi-GPU config")
+        if env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() == "false":
+            raise _refuse("fsdp_reshard_after_forward false",
+                          "ladderize's sharded training reshards each layer after its forward (FULL_SHARD)")
+        if _on(env, "FSDP_OFFLOAD_PARAMS"):
+            raise _refuse("fsdp_offload_params", "ladderize's sharded training keeps its shards on the device; the plan "
+                          "sizes the batch to the memory (--dry-run prices it), or add processes")
+        if _on(env, "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"):
+            raise _refuse("fsdp_activation_checkpointing_offload",
+                          "ladderize recomputes activations on the device (--activation-checkpointing), without offload")
+        mapped["shard"] = "fsdp"
+        taken.append("FSDP as --shard fsdp (FSDP2, full sharding)")
+        if _on(env, "FSDP_ACTIVATION_CHECKPOINTING"):
+            mapped["activation_checkpointing"] = True
+            taken.append("activation checkpointing")
+        own = [key.removeprefix("FSDP_").lower() for key in OWN_FSDP if key in env]
+        if own:
+            taken.append(f"ladderize's own wrapping, prefetch, loading and saving in place of fsdp's {', '.join(own)} "
+                         "(each decoder layer one unit; each rank reads its rows; distributed checkpoint)")
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if precision == "fp8":
+        raise _refuse("mixed_precision fp8", "ladderize trains in bf16 or fp32 (--mixed-precision bf16 or no)")
+    if precision in {"bf16", "fp16"}:
+        mapped["mixed_precision"] = precision
+        taken.append(f"mixed precision {precision}")
+    steps = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
+    if steps and steps != "1":
+        try:
+            mapped["grad_accum"] = int(steps)
+        except ValueError:
+            raise _refuse(f"gradient_accumulation_steps {steps!r}", "give a whole number") from None
+        taken.append(f"gradient accumulation {steps}")
+    clipping = env.get("ACCELERATE_GRADIENT_CLIPPING", "").strip().lower()
+    if clipping and clipping not in {"none", "false"}:
+        try:
+            mapped["max_grad_norm"] = float(clipping)
+        except ValueError:
+            raise _refuse(f"gradient_clipping {clipping!r}", "give a number") from None
+        taken.append(f"gradient clipping {clipping}")
+    backend = env.get("ACCELERATE_DYNAMO_BACKEND", "NO").strip().upper()
+    if backend == "INDUCTOR":
+        mapped["compile"] = True
+        taken.append("dynamo_backend INDUCTOR as --compile (each decoder layer compiled)")
+    elif backend not in {"", "NO"}:
+        raise _refuse(f"dynamo_backend {backend}", "ladderize compiles its layers with inductor (--compile), or not at all")
+    for key, value in mapped.items():
+        if key in given and given[key] != value:
+            raise LadderizeError(f"the Accelerate config sets {key} to {value!r}, the command line to {given[key]!r}; "
+                                 "give one of them")
+    launched = "ACCELERATE_MIXED_PRECISION" in env or "ACCELERATE_USE_FSDP" in env
+    if not launched:
+        return mapped, None
+    return mapped, "Accelerate config: " + ("; ".join(taken) if taken else "nothing to take (processes and devices only)")

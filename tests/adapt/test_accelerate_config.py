@@ -1,0 +1,104 @@
+"""A user's Accelerate config (``adapt/accelerate_config.py``): each setting mapped onto adapt's or refused in one
+line; ``accelerate launch`` with an FSDP config trains what torchrun does with the same settings, bit for bit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ladderize.adapt.accelerate_config import from_accelerate
+from ladderize.errors import LadderizeError
+from tests.adapt.test_sharded import _env, _torchrun, launch_failure
+
+# what `accelerate launch` (1.x) sets for a config with distributed_type FSDP, full sharding, activation checkpointing
+FSDP_ENV = {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_USE_FSDP": "true",
+            "FSDP_VERSION": "2", "FSDP_SHARDING_STRATEGY": "FULL_SHARD", "FSDP_RESHARD_AFTER_FORWARD": "true",
+            "FSDP_OFFLOAD_PARAMS": "false", "FSDP_ACTIVATION_CHECKPOINTING": "true",
+            "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}
+
+
+def test_an_fsdp_config_maps_onto_the_sharded_training_and_says_so():
+    mapped, note = from_accelerate({}, FSDP_ENV)
+    assert mapped == {"shard": "fsdp", "activation_checkpointing": True}
+    assert note.startswith("Accelerate config: FSDP as --shard fsdp") and "state_dict_type" in note and "version" in note
+    mapped, note = from_accelerate({}, {**FSDP_ENV, "ACCELERATE_MIXED_PRECISION": "bf16",
+                                        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"})
+    assert mapped == {"shard": "fsdp", "activation_checkpointing": True, "mixed_precision": "bf16", "grad_accum": 4,
+                      "compile": True}
+    assert from_accelerate({}, {}) == ({}, None)  # not launched by Accelerate: nothing taken, nothing said
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"FSDP_OFFLOAD_PARAMS": "true"}, "fsdp_offload_params"),
+    ({"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}, "fsdp_sharding_strategy SHARD_GRAD_OP"),
+    ({"FSDP_SHARDING_STRATEGY": "4"}, "fsdp_sharding_strategy 4"),
+    ({"FSDP_RESHARD_AFTER_FORWARD": "false"}, "fsdp_reshard_after_forward false"),
+    ({"FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "true"}, "fsdp_activation_checkpointing_offload"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed"),
+    ({"ACCELERATE_MIXED_PRECISION": "fp8"}, "mixed_precision fp8"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "AOT_EAGER"}, "dynamo_backend AOT_EAGER"),
+])
+def test_what_adapt_does_not_do_is_refused_in_one_line(change, words):
+    with pytest.raises(LadderizeError, match=words) as refused:
+        from_accelerate({}, {**FSDP_ENV, **change})
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_and_the_config_must_agree():
+    with pytest.raises(LadderizeError, match="sets shard to 'fsdp', the command line to 'ddp'"):
+        from_accelerate({"shard": "ddp"}, FSDP_ENV)
+    assert from_accelerate({"shard": "fsdp", "activation_checkpointing": True}, FSDP_ENV)[0]["shard"] == "fsdp"
+
+
+FSDP_YAML = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+num_processes: 2
+num_machines: 1
+machine_rank: 0
+mixed_precision: 'no'
+use_cpu: true
+fsdp_config:
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_offload_params: {offload}
+  fsdp_activation_checkpointing: true
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_version: 2
+"""
+
+
+def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, text_file, tmp_path):
+    from tests.adapt.test_sharded import _free_port
+
+    args = ["adapt", str(ladder_dir), None, "--data", str(text_file), "--objective", "kd", "--tokens", "256",
+            "--seq-len", "32", "--batch-size", "1", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
+
+    def with_out(out: Path) -> list[str]:
+        return [str(out) if item is None else item for item in args]
+
+    env = _env(tmp_path)
+    runs = {}
+    for offload in ("false", "true"):
+        config = tmp_path / f"fsdp-{offload}.yaml"
+        config.write_text(FSDP_YAML.format(offload=offload))
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
+                  _free_port(), "-m", "ladderize.cli", *with_out(tmp_path / f"accelerate-{offload}")]
+        runs[offload] = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+    assert runs["false"].returncode == 0, launch_failure(runs["false"].stderr)
+    assert "Accelerate config: FSDP as --shard fsdp" in runs["false"].stderr
+    assert "sharded over 2 processes (FSDP2)" in runs["false"].stdout + runs["false"].stderr
+    refused = runs["true"]
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and len(errors) >= 1 and all("fsdp_offload_params" in line for line in errors)
+    assert not (tmp_path / "accelerate-true").exists()
+
+    done = subprocess.run([*_torchrun(2), "-m", "ladderize.cli", *with_out(tmp_path / "torchrun"), "--shard", "fsdp",
+                           "--activation-checkpointing"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    a, b = load_file(tmp_path / "accelerate-false" / "model.safetensors"), load_file(tmp_path / "torchrun" / "model.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
