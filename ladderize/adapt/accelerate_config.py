@@ -81,20 +81,17 @@ def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = No
     if precision in {"bf16", "fp16"}:
         mapped["mixed_precision"] = precision
         taken.append(f"mixed precision {precision}")
-    steps = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
-    if steps and steps != "1":
+    numbers = (("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "grad_accum", int, "gradient_accumulation_steps", {"", "1"}),
+               ("ACCELERATE_GRADIENT_CLIPPING", "max_grad_norm", float, "gradient_clipping", {"", "none", "false"}))
+    for key, setting, kind, name, unset in numbers:
+        text = env.get(key, "").strip().lower()
+        if text in unset:
+            continue
         try:
-            mapped["grad_accum"] = int(steps)
+            mapped[setting] = kind(text)
         except ValueError:
-            raise _refuse(f"gradient_accumulation_steps {steps!r}", "give a whole number") from None
-        taken.append(f"gradient accumulation {steps}")
-    clipping = env.get("ACCELERATE_GRADIENT_CLIPPING", "").strip().lower()
-    if clipping and clipping not in {"none", "false"}:
-        try:
-            mapped["max_grad_norm"] = float(clipping)
-        except ValueError:
-            raise _refuse(f"gradient_clipping {clipping!r}", "give a number") from None
-        taken.append(f"gradient clipping {clipping}")
+            raise _refuse(f"{name} {text!r}", f"give a {'whole ' if kind is int else ''}number") from None
+        taken.append(f"{name.replace('_', ' ')} {text}")
     backend = env.get("ACCELERATE_DYNAMO_BACKEND", "NO").strip().upper()
     if backend == "INDUCTOR":
         mapped["compile"] = True
