@@ -52,7 +52,7 @@ CURVE = RESULTS / "adapt_curve"
 WORK = Path(os.environ.get("ADAPT_BENCH_WORK", "/tmp/adapt_bench/curve"))
 DATA = "wikitext2-heldout"
 # ladderize convert flags and ladderize adapt flags per layout. spd3-half: the 15 blocks that sensitivity on
-# held-out WikiText picked (docs/adapt.md, "SPD at TP=3 on 15 blocks"), heads grouped on the adapt data.
+# held-out WikiText picked (docs/adapt-measurements.md, "SPD at TP=3 on 15 blocks"), heads grouped on the adapt data.
 LAYOUTS = {
     "ladder15-29": (["--ladder", "15:30"], []),
     "ladder10-29": (["--ladder", "10:30"], []),

@@ -7,7 +7,7 @@ in bf16 on one core of this project's CPU, side by side in one process (``benchm
 converted layer's forward takes 42 against 58 ms per 1,024 tokens and its training step (forward, backward, clip,
 fused AdamW) 149 against 206 ms. Of that, 168 against 206 comes from the fused elementwise ops; the rest from
 attention's backward, which a compiled layer on a CPU computes as tensor ops Inductor fuses in place of the flash
-kernel's backward (``causal_attention.py``; docs/adapt.md, "Compiled layers").
+kernel's backward (``causal_attention.py``; docs/adapt-design.md, "Compiled layers and kd loss").
 
 Regional compilation: each decoder layer's ``forward`` is compiled in place (``nn.Module.compile``).
 Dynamo traces one graph per layer kind, grad mode and batch shape, and the layers of a kind share it: a layer's
@@ -16,7 +16,7 @@ residual-stream slot numbers, constants of its graph, are numbered from the laye
 ladder 15-29 of a 30-layer model has three kinds, the first layer, the dense layers after it and the ladder
 layers; the teacher's and the student's layers of a kind share theirs too). Numbered from the model's start, each
 layer was a graph of its own: a kd stage's first step on ladder 15-29 waited 51 s for 15 traces where it now waits
-10 s for one (``benchmarks/bench_kd_step.py --compile --stored-first``; docs/adapt.md). The recompile limits are
+10 s for one (``benchmarks/bench_kd_step.py --compile --stored-first``; docs/adapt-measurements.md). The recompile limits are
 raised (``RECOMPILE_LIMIT``): at dynamo's default of 8, the graphs after the eighth (a layout of many kinds, several
 batch shapes) would run eager without a word. State dict keys do not change.
 
@@ -28,7 +28,7 @@ matmul stays eager (one matmul, nothing to fuse).
 The setting (``AdaptConfig.compile``): ``True`` compiles and refuses a machine where it cannot (CUDA without
 Triton, a CPU without a C++ compiler; checked by compiling a small function once per process); ``False`` runs eager;
 ``None`` (auto, the default) compiles on the device types where compiled adapt runs were measured against eager
-(``AUTO_DEVICES``: the CPU; docs/adapt.md, "Compiled layers and kd loss") and where the backend runs, unless the
+(``AUTO_DEVICES``: the CPU; docs/adapt-design.md, "Compiled layers and kd loss") and where the backend runs, unless the
 environment says ``LADDERIZE_COMPILE=0``; a wall ``--budget`` under ``AUTO_MIN_BUDGET_S`` runs eager (``eager_for_budget``,
 applied by ``budget.size_recipe``). On CUDA it is ``--compile``'s to ask until the GPU check has measured it
 (``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). Accelerate's FSDP runs eager; the sharded path
@@ -68,7 +68,7 @@ AUTO_DEVICES = ("cpu",)  # where auto compiles: the device types a compiled run 
 # the shortest wall budget auto compiles for: 30 minutes, the one a compiled run was measured at against eager (6%
 # less training for the same token passes, its compiler's waits included); on a cold cache the first kind of layer
 # alone waits about a minute (60 s for ladder 15-29 in fp32), and a budget of a few minutes spends more on that than
-# fused ops give back (--budget 10m: 34,816 token passes compiled on a cold cache against 59,392 eager; docs/adapt.md)
+# fused ops give back (--budget 10m: 34,816 token passes compiled on a cold cache against 59,392 eager; docs/adapt-measurements.md)
 AUTO_MIN_BUDGET_S = 1800.0
 
 

@@ -4,7 +4,7 @@
 ``(1 - ALPHA) * start + ALPHA * trained`` for every parameter, where ``start`` is the checkpoint
 the stage read (for the default recipe's kd stage: the sequential stage's output). The trained
 end fits the calibration text most closely; the way back trades some of that fit for text the
-stage never saw. Measured (docs/adapt.md, "Weight interpolation" and "Every kd variant on one
+stage never saw. Measured (docs/adapt-measurements.md, "Weight interpolation" and "Every kd variant on one
 stage 1"): on ladder 15-29 at the 30m plan, kd at lr 5e-4 then ``interpolate=0.75`` is within the
 batch-order noise of kd at the default rate; on ladder 10-29 at the 60m plan it loses LAMBADA, so it
 is a setting, not a default.

@@ -48,7 +48,7 @@ def return_free_memory() -> None:
 
     glibc keeps freed blocks below its mmap threshold (dynamic, up to 32 MB) in its heaps, and
     many of a layer's tensors are that size (a 2048 x 2048 fp32 projection is 16 MB): without
-    this, RSS grew from layer to layer although nothing was held (docs/adapt.md).
+    this, RSS grew from layer to layer although nothing was held (docs/adapt-measurements.md).
     """
     trim = _libc_function("malloc_trim")
     if trim is not None:
@@ -62,7 +62,7 @@ def map_large_allocations(min_bytes: int = MAPPED_ALLOCATION_BYTES) -> None:
     glibc's own threshold rises to the size of the mapped blocks freed (up to 32 MB), after which such blocks come
     from its heaps and stay there when freed, and blocks freed by another thread (gloo's) stay in that thread's
     heap. A sharded training step gathers every unit's weights, makes gradients and frees them again: with the
-    default, a rank of a 1.1 GB model kept about 1 GB of freed blocks (docs/adapt.md).
+    default, a rank of a 1.1 GB model kept about 1 GB of freed blocks (docs/adapt-design.md).
     """
     mallopt = _libc_function("mallopt")
     if mallopt is not None:

@@ -46,7 +46,7 @@ STAGES: dict[str, dict[str, Any]] = {
     "lm": {"objectives": "lm", "tokens": 131_072},
 }
 RECIPES: dict[str, list[str]] = {
-    # sequential local 65,536 x 2, then kd 32,768: 96.0% of the ladder 15-29 gap (docs/adapt.md)
+    # sequential local 65,536 x 2, then kd 32,768: 96.0% of the ladder 15-29 gap (docs/adapt-measurements.md)
     "best": ["seq-local", "kd"],
     "seq-local": ["seq-local"],
     "kd": ["kd"],

@@ -11,7 +11,7 @@ The average is part of the training state: ``ema.safetensors`` beside Accelerate
 ``RUN_DIR/state/``, written and renamed with them, so a resumed stage writes the same bytes as
 an uninterrupted one. It is kept in float32 on the parameters' device.
 
-Measured (docs/adapt.md, "Every kd variant on one stage 1"): on SmolLM2-135M's ladder 15-29 and
+Measured (docs/adapt-measurements.md, "Every kd variant on one stage 1"): on SmolLM2-135M's ladder 15-29 and
 10-29 kd stages its gains are within the spread of a second batch order, so it is a setting and the
 default recipe does not set it.
 """

@@ -64,7 +64,7 @@ def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
     """The compiler's waits (about a minute a stage on a cold cache) cost more than fused ops save in a short budget:
     on ladder 15-29 with a cold Inductor cache, a 20 s budget was refused as too short compiled (1.3 min), and fit eager."""
     monkeypatch.delenv(ENV, raising=False)
-    assert AUTO_MIN_BUDGET_S == 1800.0  # the budget a compiled run was measured at against eager (docs/adapt.md)
+    assert AUTO_MIN_BUDGET_S == 1800.0  # the budget a compiled run was measured at against eager (docs/adapt-measurements.md)
     assert eager_for_budget(None, 20.0, CPU) and eager_for_budget(None, AUTO_MIN_BUDGET_S - 1, CPU)
     assert not eager_for_budget(None, AUTO_MIN_BUDGET_S, CPU)  # from 30 minutes on, auto compiles
     assert not eager_for_budget(True, 20.0, CPU)  # --compile is the user's to give, whatever the budget

@@ -27,7 +27,7 @@ def tiny_best() -> Recipe:
 
 
 def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_dir, dense_dir, tmp_path):
-    # the one table of rates, the mode table's rows (docs/adapt.md has the runs); the values the recipe measured
+    # the one table of rates, the mode table's rows (docs/adapt-measurements.md has the runs); the values the recipe measured
     seq, kd = ({mode: MODE_TRAITS[mode].learning_rates[kind] for mode in ("ladder", "spd")} for kind in ("sequential", "kd"))
     assert (seq, kd) == ({"ladder": 1e-3, "spd": 2e-3}, {"ladder": 2e-4, "spd": 1e-4})
     ladder = resolve_stages(load_recipe("best"), str(ladder_dir))
