@@ -218,7 +218,7 @@ def adapt_joint(
     model = accelerator.unwrap_model(loss_module).student
     loss_module.train()
     rank = accelerator.process_index
-    saved_step, clock = step, SaveClock(config)
+    saved_step, clock = step, SaveClock(config, say)
     log_every = log_interval(accelerator.device)
     pending = PendingLosses((lambda t: accelerator.reduce(t, reduction="mean")) if world > 1 else None)
     log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,

@@ -300,7 +300,7 @@ def _train_layers(
     resumed_from = step
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
-    clock = SaveClock(config)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
+    clock = SaveClock(config, say)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
 
     def save_partial(group: list[int], layers: list[torch.nn.Module], progress: LayerProgress) -> None:
         """Save the window's training partway: its layers, AdamW's state, then the trainer state that names them."""

@@ -159,7 +159,7 @@ def adapt_sharded(
     log_every = log_interval(device)
     pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     loss_module.train()
-    saved_step, clock = step, SaveClock(config)
+    saved_step, clock = step, SaveClock(config, say)
     log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
                       pace=pace, say=say,
                       report=(lambda info: progress(info, student)) if rank == 0 and progress is not None else None)

@@ -88,7 +88,7 @@ class SaveClock:
     nothing. A save is collective, so under a launcher the main process's clock and signal decide for every rank (a
     step count needs no word: every rank counts the same, and the signal is then heard at those steps)."""
 
-    def __init__(self, config: AdaptConfig):
+    def __init__(self, config: AdaptConfig, say: Callable[[str], None] | None = None):
         import time
 
         self.every = config.save_every
@@ -96,6 +96,11 @@ class SaveClock:
         self.last = time.perf_counter()
         self.saved_once = False
         self.stop: int | None = None  # the held interrupt the run stops with after this save
+        self.say = say  # where the first save says that an interrupt's save would outlast torchrun's shutdown window
+        self._checked = self.last  # when the current step began: ``due`` asked (a step's end), or a save ended
+        self._step_s = 0.0  # the last step's length: how long a signal waits to be heard
+        self._due_at: float | None = None
+        self._warned = False
 
     @property
     def by_steps(self) -> bool:
@@ -108,6 +113,8 @@ class SaveClock:
         from ..errors import held_interrupt
 
         held = held_interrupt() or 0
+        now = time.perf_counter()
+        self._step_s, self._checked, self._due_at = now - self._checked, now, now
         if self.by_steps:
             due = step % self.every == 0
             if _launched() and not due:  # the ranks agree on the signal where they agree to save
@@ -126,8 +133,40 @@ class SaveClock:
         from ..errors import Interrupted
 
         self.last, self.saved_once = time.perf_counter(), True
+        self._checked = self.last  # the next step begins after the save
+        window = shutdown_window()
+        if self.say is not None and not self._warned and window is not None and self._due_at is not None:
+            needs = self._step_s + self.last - self._due_at  # a signal is heard at a step's end, then the state is saved
+            if needs > window:
+                self._warned = True
+                self.say(f"warning: an interrupt's save here takes about {needs:.0f} s (a step, then this save), and "
+                         f"torchrun ends the processes {window:.0f} s after a signal: launch with torchrun "
+                         f"--shutdown_timeout {_generous(needs)} (or {SHUTDOWN_ENV}={_generous(needs)}), or an interrupt "
+                         "keeps only the last periodic save")
         if self.stop is not None:
             raise Interrupted(self.stop)
+
+
+SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+
+def shutdown_window() -> float | None:
+    """Seconds torchrun waits for its processes after forwarding a signal before it kills them
+    (``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else its default 30; its ``--shutdown_timeout`` is not seen by the processes);
+    ``None`` outside torchrun."""
+    import os
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    try:
+        return float(os.environ.get(SHUTDOWN_ENV, "30"))
+    except ValueError:
+        return 30.0
+
+
+def _generous(seconds: float) -> int:
+    """A shutdown window with room: twice ``seconds``, rounded up to a whole minute."""
+    return 60 * -(-int(2 * seconds) // 60)
 
 
 def _launched() -> bool:

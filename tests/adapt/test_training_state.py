@@ -79,3 +79,36 @@ def test_saving_a_tied_model_does_not_warn_about_the_shared_tensor(caplog, monke
             clean_state_dict_for_safetensors({"embed.weight": weight, "lm_head.weight": weight})
         assert "Removed shared tensor" not in caplog.text
         assert log.level == logging.WARNING  # put back
+
+
+def _clock_run(monkeypatch, save_s: float, env: dict[str, str]) -> list[str]:
+    """A SaveClock saving after every step of 2 s, each save taking ``save_s``, under ``env``: what it said."""
+    import pytest
+
+    from ladderize.adapt.training_state import SaveClock
+    from ladderize.errors import Interrupted
+
+    for key in ("TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    said: list[str] = []
+    clock = SaveClock(AdaptConfig(checkpoint="c", out="o", save_every=1), said.append)
+    for step in range(1, 4):
+        now[0] += 2.0  # the step
+        assert clock.due(step, "cpu")
+        now[0] += save_s  # the save
+        clock.saved()
+    return said
+
+
+def test_a_save_that_would_outlast_torchruns_shutdown_window_is_said_once(monkeypatch):
+    """torchrun kills its processes 30 s (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``) after forwarding a signal: where a step and
+    a save take longer, the first save says which setting to raise; within the window, or outside torchrun, nothing."""
+    said = _clock_run(monkeypatch, 40.0, {"TORCHELASTIC_RUN_ID": "job"})
+    assert len(said) == 1 and "about 42 s" in said[0] and "--shutdown_timeout 120" in said[0]
+    assert _clock_run(monkeypatch, 40.0, {"TORCHELASTIC_RUN_ID": "job", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}) == []
+    assert _clock_run(monkeypatch, 5.0, {"TORCHELASTIC_RUN_ID": "job"}) == []
+    assert _clock_run(monkeypatch, 40.0, {}) == []
