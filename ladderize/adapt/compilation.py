@@ -31,7 +31,7 @@ Triton, a CPU without a C++ compiler; checked by compiling a small function once
 (``AUTO_DEVICES``: the CPU; docs/adapt-design.md, "Compiled layers and kd loss") and where the backend runs, unless the
 environment says ``LADDERIZE_COMPILE=0``; a wall ``--budget`` under ``AUTO_MIN_BUDGET_S`` runs eager (``eager_for_budget``,
 applied by ``budget.size_recipe``). On CUDA it is ``--compile``'s to ask until the GPU check has measured it
-(``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). Accelerate's FSDP runs eager; the sharded path
+(``tests/gpu/test_adapt_gpu.py`` runs a compiled stage there). The sharded path
 (``sharded.py``) compiles each layer before FSDP2 shards it (tested against eager on a CPU).
 A compiled layer computes the same function in a different order of roundings (fused ops keep their
 intermediates in float32), so a run resumed with another setting continues within rounding, as on
@@ -103,27 +103,25 @@ def unavailable(device_type: str) -> str | None:
     return None
 
 
-def resolve_compile(setting: bool | None, device: torch.device, *, fsdp: bool = False) -> bool:
+def resolve_compile(setting: bool | None, device: torch.device) -> bool:
     """Whether this run compiles its decoder layers (module docstring): ``setting`` True, False or None (auto)."""
     if setting is False:
         return False
     if setting is None:
-        return _auto_may_compile(device, fsdp) and unavailable(device.type) is None
-    if fsdp:
-        raise LadderizeError("--compile is not supported under FSDP yet; run with --no-compile or under DDP")
+        return _auto_may_compile(device) and unavailable(device.type) is None
     reason = unavailable(device.type)
     if reason is not None:
         raise LadderizeError(f"--compile: torch.compile cannot run on {device.type} here: {reason} (or run with --no-compile)")
     return True
 
 
-def _auto_may_compile(device: torch.device, fsdp: bool = False) -> bool:
-    """Whether auto considers compiling on ``device`` at all (``$LADDERIZE_COMPILE``, FSDP, the device type), before
+def _auto_may_compile(device: torch.device) -> bool:
+    """Whether auto considers compiling on ``device`` at all (``$LADDERIZE_COMPILE``, the device type), before
     asking the backend whether it runs (``unavailable``)."""
     told = os.environ.get(ENV, "").strip().lower()
     if told and told not in ON + OFF:
         raise LadderizeError(f"${ENV}={told!r}: use 1/on or 0/off")
-    return not (told in OFF or fsdp or device.type not in AUTO_DEVICES)
+    return not (told in OFF or device.type not in AUTO_DEVICES)
 
 
 def eager_for_budget(setting: bool | None, seconds: float, device: torch.device) -> bool:
@@ -173,10 +171,10 @@ def graph_kinds(*models: Sequence[LayerMode]) -> list[tuple[int, ...]]:
     return found
 
 
-def adamw(params: list[torch.nn.Parameter], *, fused: bool = True, **settings) -> torch.optim.AdamW:
+def adamw(params: list[torch.nn.Parameter], **settings) -> torch.optim.AdamW:
     """AdamW, with its fused kernel (one pass over each tensor for the whole update) where every parameter is on a
     CPU or a CUDA device; the same update as the loop, within rounding."""
-    fuse = fused and bool(params) and all(param.device.type in ("cpu", "cuda") for param in params)
+    fuse = bool(params) and all(param.device.type in ("cpu", "cuda") for param in params)
     return torch.optim.AdamW(params, fused=True if fuse else None, **settings)
 
 

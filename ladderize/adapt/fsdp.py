@@ -1,11 +1,10 @@
-"""Sharding the frozen teacher under FSDP, so that it is not replicated on every rank.
+"""The frozen teacher's FSDP2 units, so that it is not replicated on every rank (``sharded.py``).
 
-``AdaptLoss`` keeps the teacher out of its registered submodules (Accelerate wraps only the
-student), and it runs the teacher piece by piece (``residual_states.embed``, ``run_layers``,
-``logits_from``), not through ``teacher.forward``. ``shard_teacher`` therefore applies torch's
-FSDP2 ``fully_shard`` to every piece that holds parameters: the embedding, each decoder
-layer, the final norm and the LM head. Each unit gathers its parameters in its own forward
-and frees them after it, so a rank holds 1/world of the teacher plus one unit at a time.
+``AdaptLoss`` runs the teacher piece by piece (``residual_states.embed``, ``run_layers``,
+``logits_from``), not through ``teacher.forward``, so every piece that holds parameters is a unit
+of its own (``teacher_units``): the embedding, each decoder layer, the final norm and the LM head.
+Each unit gathers its parameters in its own forward and frees them after it, so a rank holds
+1/world of the teacher plus one unit at a time.
 ``head_gathered`` keeps the final norm and LM head gathered while ``objectives.head_losses``
 calls them once per block of tokens: one all-gather per step, not one per block. A tied LM head
 is one unit with the embedding whose weight it is.
@@ -33,16 +32,6 @@ def head_unit(teacher: LadderLlamaForCausalLM) -> torch.nn.Module:
     """The module that owns the LM head's weight: the head, or the embedding when they are tied."""
     tied = teacher.lm_head.weight is teacher.model.embed_tokens.weight
     return teacher.model.embed_tokens if tied else teacher.lm_head
-
-
-def shard_teacher(teacher: LadderLlamaForCausalLM, mesh=None) -> LadderLlamaForCausalLM:
-    """Shard the frozen ``teacher`` over the default process group (or ``mesh``) with FSDP2, in place."""
-    from torch.distributed.fsdp import fully_shard
-
-    teacher.requires_grad_(False)
-    for unit in teacher_units(teacher):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
-    return teacher
 
 
 @contextmanager

@@ -1,8 +1,8 @@
 """The joint training, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
 
 One process on CPU by default; under a launcher the same code runs DDP (the replicated strategy,
-``strategy.choose_strategy``; Accelerate's FSDP under ``accelerate launch`` with an FSDP config) with mixed
-precision, gradient accumulation and activation checkpointing. Each process reads its own rows of a
+``strategy.choose_strategy``; sharding is ``sharded.py``'s, an Accelerate FSDP config included:
+``accelerate_config``) with mixed precision, gradient accumulation and activation checkpointing. Each process reads its own rows of a
 deterministic batch order (a pure function of the step and the seed), so a resumed run
 replays exactly the batches an uninterrupted run would have seen. The training state is
 saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``). Losses stay on
@@ -12,6 +12,7 @@ the device and are read when logged (``loss_log``: every 10 steps on CUDA, every
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -89,7 +90,7 @@ def adapt_joint(
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state
     of that step first, so that ``--resume`` continues from it."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     from ..checkpoint.io import load_model, load_tokenizer
 
@@ -107,6 +108,9 @@ def adapt_joint(
     precision = training_precision(config.dtype, device, config.mixed_precision)
     precision.apply()
     _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
+        raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
+                             "adapt/accelerate_config.py), not this replicated one: launch it without the FSDP config")
     # training every parameter with only the local objective leaves the unconverted layers unused
     unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
     accelerator = Accelerator(
@@ -116,11 +120,6 @@ def adapt_joint(
         cpu=device.type == "cpu",  # --device cpu, or a CPU-only machine: torchrun / accelerate launch then give gloo DDP
     )
     set_seed(config.seed)
-    if config.train == "lora" and accelerator.distributed_type == DistributedType.FSDP:
-        raise LadderizeError("--train lora is not supported under FSDP yet; run it under DDP (accelerate launch --multi_gpu)")
-    if config.ema and accelerator.distributed_type == DistributedType.FSDP:
-        raise LadderizeError("ema is not supported under FSDP yet (each process holds a shard of the weights); "
-                             "run it under DDP (accelerate launch --multi_gpu)")
 
     student = load_model(checkpoint, dtype=torch.float32)
     tokenizer = load_tokenizer(checkpoint, "adaptation")
@@ -166,8 +165,7 @@ def adapt_joint(
     flops = FlopCount.for_stage(student.config, student.layout.converted_layers or list(range(student.config.num_hidden_layers)),
                                 weights, share_prefix=share_prefix, scope=config.train)
     pace = Throughput(world, flops.per_token, peak_flops_per_s(accelerator.device))
-    fsdp = accelerator.distributed_type == DistributedType.FSDP
-    compiled = resolve_compile(config.compile, accelerator.device, fsdp=fsdp)
+    compiled = resolve_compile(config.compile, accelerator.device)
     if compiled:
         compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])], accelerator.device)
         say(COMPILING)
@@ -184,17 +182,11 @@ def adapt_joint(
         if found:
             say(found)
 
-    optimizer = adamw(params, fused=not fsdp, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
     )
     loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
-    if fsdp:  # FSDP replaces the parameters with sharded ones: clip those, not the list captured before
-        params = [p for p in loss_module.parameters() if p.requires_grad]
-    if teacher is not None and accelerator.distributed_type == DistributedType.FSDP:
-        from .fsdp import shard_teacher
-
-        shard_teacher(teacher)  # FSDP2 units of its own: a rank holds 1/world of the frozen teacher (fsdp.py)
     accelerator.register_for_checkpointing(scheduler)
     ema = WeightEMA(params, config.ema) if config.ema else None  # from the weights training starts from
     keep_ema = ema.save if ema is not None else None
@@ -274,14 +266,8 @@ def adapt_joint(
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     if ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
         ema.write_into()
-    full_state = None
-    if accelerator.distributed_type == DistributedType.FSDP:  # every rank takes part in gathering the full weights
-        full_state = accelerator.get_state_dict(loss_module)
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(loss_module).student
-        if full_state is not None:  # the student's parameters are shards: write a plain copy
-            final = load_model(checkpoint, dtype=torch.float32)
-            final.load_state_dict({k.removeprefix("student."): v for k, v in full_state.items() if k.startswith("student.")})
         adapter = None
         if peft_model is not None:
             adapter = run_dir / f".{ADAPTER_DIR}.tmp"

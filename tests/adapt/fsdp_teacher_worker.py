@@ -9,10 +9,10 @@ import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 
 from ladderize.adapt import objectives
-from ladderize.adapt.fsdp import shard_teacher
+from ladderize.adapt.sharded import _sharded_model
 from ladderize.adapt.objectives import head_losses
 from ladderize.convert.residual_states import embed, logits_from, run_layers
-from ladderize.checkpoint.io import load_model
+from ladderize.checkpoint.io import load_config, load_model
 
 
 def logits(model, ids):
@@ -23,9 +23,10 @@ def logits(model, ids):
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-whole, sharded = load_model(sys.argv[1]), load_model(sys.argv[1])
-full_numel = sum(p.numel() for p in sharded.parameters())
-shard_teacher(sharded)
+whole = load_model(sys.argv[1])
+full_numel = sum(p.numel() for p in whole.parameters())
+# the sharded training's teacher: built on the meta device, each unit sharded, each rank reading its rows
+sharded = _sharded_model(load_config(sys.argv[1]), sys.argv[1], torch.float32, torch.device("cpu"), ())
 local_numel = sum(p.to_local().numel() for p in sharded.parameters())
 ids = torch.randint(3, 100, (2, 24), generator=torch.Generator().manual_seed(rank))
 with torch.no_grad():

@@ -102,3 +102,17 @@ def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, te
     assert done.returncode == 0, launch_failure(done.stderr)
     a, b = load_file(tmp_path / "accelerate-false" / "model.safetensors"), load_file(tmp_path / "torchrun" / "model.safetensors")
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladder_dir, text_file, tmp_path, monkeypatch):
+    """The replicated training is Accelerate's DDP only: handed an FSDP config (through the Python API, where the
+    command line would have mapped it onto the sharded training) it says so in one line, before any step."""
+    from ladderize.adapt.config import AdaptConfig
+    from ladderize.adapt.train import adapt
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
+                         tokens=64, seq_len=32, batch_size=1, dtype="float32", device="cpu", compile=False, shard="ddp")
+    with pytest.raises(LadderizeError, match="an Accelerate FSDP config runs the sharded training"):
+        adapt(config)
+    assert not (tmp_path / "out").exists()
