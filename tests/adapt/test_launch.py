@@ -75,3 +75,28 @@ def test_two_process_staged_run_prints_once(ladder_dir, text_file, tmp_path):
     assert sum(line.startswith("stage 2/2") for line in lines) == 1
     assert sum(line.startswith("adapted 4 steps") for line in lines) == 1, done.stdout
     assert "warning:" not in done.stderr
+
+
+def test_torchrun_prints_the_plan_and_the_summary_once(ladder_dir, text_file, tmp_path):
+    """``torchrun --nproc_per_node 2`` (gloo) of a two-stage run with a wall budget: every rank times its pace, and the
+    main process's plan is the one both run, so its budget lines, its planned wall time, the plan, the stage lines and
+    the summary appear once in the combined output."""
+    import subprocess
+    from collections import Counter
+
+    from tests.adapt.test_multiprocess import launch_failure
+    from tests.adapt.test_sharded import _env, _torchrun
+
+    env = _env(tmp_path)
+    command = [*_torchrun(2), "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data",
+               str(text_file), "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32",
+               "--no-compile", "--budget", "3s", "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if line.strip() and not line.startswith(("adapt ", "[rank", "W1", "I1"))]  # progress; torchrun's own
+    repeated = {line: n for line, n in Counter(lines).items() if n > 1}
+    assert not repeated, done.stdout + done.stderr
+    for start in ("planned wall time:", "plan (recipe", "  tokens trained:", "stage 1/2", "stage 2/2", "adapted "):
+        assert sum(line.startswith(start) for line in lines) == 1, (start, done.stdout + done.stderr)
+    assert not any(line.startswith("rank 1:") for line in lines)
