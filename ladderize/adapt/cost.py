@@ -297,6 +297,27 @@ class StageCost:
     saves: int = 0
     save_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # a sequential stage: its calibration tokens x epochs through each group of layers it trains together, in turn
+    epochs: float | None = None
+    groups: int | None = None  # the groups (a layer each, or ``window`` layers)
+    window: int = 1
+    uneven: bool = False  # some group holds fewer than ``window`` layers
+    tokens_trained: int | None = None  # calibration tokens x the epochs of every group, summed
+
+    def arithmetic(self) -> str:
+        """What the stage trains, as a sum that holds as written: a joint stage's tokens are whole steps; a sequential
+        stage's calibration tokens pass ``epochs`` times through each group of layers in turn, in whole steps (the
+        last of an epoch may be short)."""
+        steps = f"{self.steps:,} steps x {self.tokens_per_step:,} tokens"
+        if self.tokens_trained is None:
+            return f"{self.tokens:,} tokens = {steps}"
+        epochs = f"{self.epochs:g} epoch{'' if self.epochs == 1 else 's'}"
+        groups = (f"{self.groups} layer{'' if self.groups == 1 else 's'}" if self.window == 1 else
+                  f"{self.groups} window{'' if self.groups == 1 else 's'} of {'up to ' if self.uneven else ''}"
+                  f"{self.window} layers")
+        whole = self.steps * self.tokens_per_step == self.tokens_trained
+        return (f"{self.tokens:,} tokens x {epochs} x {groups} in turn = {self.tokens_trained:,} tokens"
+                + (f" = {steps}" if whole else f" in {self.steps:,} steps of up to {self.tokens_per_step:,} tokens"))
 
 
 @dataclass
@@ -324,8 +345,8 @@ class RunPlan:
 
         out = [f"dry run: {self.model} ({self.layout}) on {self.launch.describe()}; no weights read"]
         for stage in self.stages:
-            head = (f"  {stage.stage}. {stage.name} ({stage.kind}): {stage.tokens:,} tokens = {stage.steps:,} steps x "
-                    f"{stage.tokens_per_step:,} tokens, {stage.flops_per_token / 1e9:,.1f} GFLOP per token")
+            head = (f"  {stage.stage}. {stage.name} ({stage.kind}): {stage.arithmetic()}, "
+                    f"{stage.flops_per_token / 1e9:,.1f} GFLOP per token")
             out.append(head)
             if stage.strategy is not None:
                 out.append(f"     runs {stage.strategy}")
@@ -395,20 +416,30 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
 
 def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
                      batch: int, compute_bytes: int) -> StageCost:
-    """A sequential stage: the teacher's states cached once, then each layer trained on them for ``epochs``."""
+    """A sequential stage: the teacher's states cached once, then each layer (or window of layers) trained on them for
+    ``epochs``, in the steps the stage runs (``layer_training.window_steps``)."""
+    from .config import AdaptConfig
+    from .layer_training import window_epochs, window_steps
+
     shape = _shape_of(config)
     tokens = int(step["tokens"])
-    epochs = float(step.get("epochs", 2.0))
+    epochs = float(step.get("epochs", AdaptConfig.epochs))
+    rows = max(1, tokens // seq_len)  # the calibration set: whole sequences
+    batch = min(batch, rows)
     tokens_per_step = seq_len * batch
-    steps_n = len(converted) * max(1, math.ceil(epochs * tokens / tokens_per_step))
+    window = int(step.get("window", AdaptConfig.window))
+    shares = window_epochs(converted, epochs, float(step.get("epochs_ramp", AdaptConfig.epochs_ramp)), window)
+    steps_n = sum(window_steps(shares, rows, batch).values())
+    trained = round(sum(shares.values()) * rows * seq_len)
     layer = layer_parameters(shape)
     flops = 6 * layer  # per token pass through one layer (the states are cached)
     from .sequential_run import state_copies
 
     states = 0.0 if step.get("states") == "disk" else state_copies(int(step.get("window", 1))) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
-    stage = StageCost(step["stage"], step["name"], "sequential", tokens, tokens_per_step, steps_n, flops,
-                      memory_bytes=memory)
+    stage = StageCost(step["stage"], step["name"], "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
+                      memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),
+                      window=window, uneven=len(shares) * window != len(converted), tokens_trained=trained)
     if launch.peak_flops_per_s:
         work = 6 * layer * tokens * epochs * len(converted) + 2 * shape.num_parameters * tokens  # + the teacher's pass
         gpus = min(launch.processes, batch)  # a step's batch is split over the processes

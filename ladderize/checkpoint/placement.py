@@ -110,6 +110,50 @@ def no_cuda_line(device: str) -> str:
     return f"--device {device} was asked for, but torch sees no CUDA device; use --device cpu"
 
 
+# what Accelerate's simple launcher writes into its one process's environment whatever the command asked
+# (``accelerate.utils.launch.prepare_simple_launcher_cmd_env``): OMP_NUM_THREADS is its
+# --num_cpu_threads_per_process, 1 unless given or set before; the KMP_* two go with --cpu (Intel's OpenMP)
+SIMPLE_LAUNCHER_SET = ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME")
+
+
+def _parent_process() -> tuple[dict[str, str], list[str]] | None:
+    """The environment this process's parent started with and its command line (Linux ``/proc``), or None."""
+    try:
+        parent = f"/proc/{os.getppid()}"
+        with open(f"{parent}/environ", "rb") as handle:
+            pairs = [item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item]
+        with open(f"{parent}/cmdline", "rb") as handle:
+            argv = [arg.decode(errors="replace") for arg in handle.read().split(b"\0") if arg]
+    except OSError:
+        return None
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}, argv
+
+
+def as_plain_process(parent: tuple[dict[str, str], list[str]] | None = None) -> list[str]:
+    """Under ``accelerate launch``'s simple launcher (one process: ``--num_processes 1``, ``--cpu``, or several
+    without ``--multi_gpu``), remove from this process's environment the thread settings the launcher wrote that
+    the command did not ask for, so that the process computes as the same command without the launcher: Accelerate
+    sets OMP_NUM_THREADS=1 (its --num_cpu_threads_per_process default), and a CPU's kernels sum in another order on
+    one thread than on every core (a SmolLM2 sequential stage's weights differed by up to 2e-3). A variable the
+    launching process had, or ``--num_cpu_threads_per_process`` given, stays. Returns the names removed; call it
+    before torch is imported (torch reads OMP_NUM_THREADS once). ``parent``: (environment, command line) of the
+    launching process, read from ``/proc`` where not given."""
+    if "ACCELERATE_USE_CPU" not in os.environ or "LOCAL_RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return []  # not Accelerate's simple launcher: torchrun-style launchers place several processes themselves
+    parent = _parent_process() if parent is None else parent
+    if parent is None:
+        return []
+    environ, argv = parent
+    if not any("accelerate" in arg for arg in argv[:3]):  # `accelerate launch`, `python -m accelerate.commands.launch`
+        return []
+    given = any(arg.startswith("--num_cpu_threads_per_process") for arg in argv)
+    removed = [name for name in SIMPLE_LAUNCHER_SET
+               if name in os.environ and name not in environ and not (name == "OMP_NUM_THREADS" and given)]
+    for name in removed:
+        del os.environ[name]
+    return removed
+
+
 def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device":
     """The torch device of ``spec`` by the rule in this module's docstring."""
     import torch
@@ -256,6 +300,7 @@ __all__ = [
     "local_rank",
     "no_cuda_line",
     "world_size",
+    "as_plain_process",
     "parse_dtype",
     "resolve_device",
     "runtime_dtype",

@@ -36,6 +36,10 @@ def main() -> None:
     from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
     entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
+    if entry and "torch" not in sys.modules:  # a process `accelerate launch` started alone computes as one without it
+        from ..checkpoint.placement import as_plain_process
+
+        as_plain_process()
     previous_handlers = install_interrupt_handlers()
     # transformers reads these when it is first imported (lazily, by the commands that need it)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bars report long work

@@ -139,8 +139,18 @@ def adapt_cmd(
         for line in plan.lines():
             console.print(line, highlight=False, soft_wrap=True)
 
-    with Progress("adapt", err_console) as progress:
+    # under a launcher the other ranks keep quiet (no heartbeat, no bar): their plan, pace and progress are rank 0's;
+    # a warning or an error of theirs still reaches the user, with its rank
+    with Progress("adapt", err_console, **({} if main else {"interval": 0, "terminal": False})) as progress:
+        def say(text: str, markup: bool = False) -> None:
+            if main:
+                progress.message(text, markup=markup)
+            elif text.lstrip().lower().startswith(("warning", "error")):
+                progress.message(f"rank {process_rank()}: {text}", markup=markup)
+
         def on_progress(info, _model) -> None:
+            if not main:
+                return
             parts = [f"{k}={v:.4f}" for k, v in info.losses.items() if k != "total"] if len(info.losses) > 2 else []
             pace = [f"[{info.pace}]"] if info.pace else []
             progress.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
@@ -150,9 +160,10 @@ def adapt_cmd(
         run = adapt_checkpoint(
             ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
             keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
-            on_message=progress.message, on_plan=on_plan,
+            on_message=say, on_plan=on_plan,
             on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
-            budget=budget, on_phase=lambda what, done, total: progress.update(done, total, extra=what), began=began,
+            budget=budget, on_phase=lambda what, done, total: main and progress.update(done, total, extra=what),
+            began=began,
         )
     result, stages = run.result, run.stages
     if not main:

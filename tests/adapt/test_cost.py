@@ -106,3 +106,42 @@ def test_dry_run_here_prices_the_launch_it_runs_under(tmp_path, capsys, monkeypa
     code, _, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "here", "--budget", "30m"], capsys,
                               monkeypatch)
     assert code == 2 and "--dry-run prices a token budget" in stderr
+
+
+def _numbers(text: str) -> list[float]:
+    import re
+
+    return [float(n.replace(",", "")) for n in re.findall(r"\d[\d,]*(?:\.\d+)?", text)]
+
+
+@pytest.mark.parametrize("extra", [
+    [],  # the default recipe: seq-local (2 epochs through each of 16 layers in turn), then kd
+    ["--stage", "seq-local:epochs=1.5,window=3,epochs_ramp=0.5,batch_size=3", "--stage", "kd"],  # windows, odd steps
+])  # fmt: skip
+def test_each_dry_run_lines_arithmetic_holds_as_written(extra, tmp_path, capsys, monkeypatch):
+    """``1. seq-local (sequential): A tokens x E epochs x L layers in turn = T tokens = S steps x B tokens``: every
+    product a stage line writes is true (a step that is not whole says ``up to``)."""
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    code, stdout, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "8xH100", "--budget", "3B",
+                                    "--seq-len", "2048", "--batch-size", "4", *extra], capsys, monkeypatch)
+    assert code == 0, stderr
+    stages = [line for line in stdout.splitlines() if line.startswith(("  1. ", "  2. "))]
+    assert len(stages) == 2, stdout
+    for line in stages:
+        arithmetic = line.split("): ", 1)[1].rsplit(", ", 1)[0]  # between the stage's kind and its GFLOP per token
+        sides = arithmetic.split(" = ")
+        if "(sequential)" in line:
+            calibration, epochs, groups = _numbers(sides[0])[:3]
+            trained = _numbers(sides[1])[0]
+            # the epochs are the groups' mean (a ramp gives each its own), written to 6 digits
+            assert calibration * epochs * groups == pytest.approx(trained, rel=1e-5), line
+            assert f"{groups:g} {'layers' if 'window=' not in str(extra) else 'windows of up to 3 layers'} in turn" in line
+            if len(sides) == 3:
+                steps, per_step = _numbers(sides[2])
+                assert steps * per_step == trained, line
+            else:
+                steps, per_step = _numbers(sides[1].split(" in ", 1)[1])
+                assert "steps of up to" in line and trained < steps * per_step < trained + groups * per_step, line
+        else:
+            tokens, (steps, per_step) = _numbers(sides[0])[0], _numbers(sides[1])
+            assert len(sides) == 2 and tokens == steps * per_step, line

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ladderize.checkpoint.placement import launch_mismatch
@@ -75,3 +77,82 @@ def test_two_process_staged_run_prints_once(ladder_dir, text_file, tmp_path):
     assert sum(line.startswith("stage 2/2") for line in lines) == 1
     assert sum(line.startswith("adapted 4 steps") for line in lines) == 1, done.stdout
     assert "warning:" not in done.stderr
+
+
+def test_torchrun_prints_the_plan_and_the_summary_once(ladder_dir, text_file, tmp_path):
+    """``torchrun --nproc_per_node 2`` (gloo) of a two-stage run with a wall budget: every rank times its pace, and the
+    main process's plan is the one both run, so its budget lines, its planned wall time, the plan, the stage lines and
+    the summary appear once in the combined output."""
+    import subprocess
+    from collections import Counter
+
+    from tests.adapt.test_multiprocess import launch_failure
+    from tests.adapt.test_sharded import _env, _torchrun
+
+    env = _env(tmp_path)
+    command = [*_torchrun(2), "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data",
+               str(text_file), "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32",
+               "--no-compile", "--budget", "3s", "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if line.strip() and not line.startswith(("adapt ", "[rank", "W1", "I1"))]  # progress; torchrun's own
+    repeated = {line: n for line, n in Counter(lines).items() if n > 1}
+    assert not repeated, done.stdout + done.stderr
+    for start in ("planned wall time:", "plan (recipe", "  tokens trained:", "stage 1/2", "stage 2/2", "adapted "):
+        assert sum(line.startswith(start) for line in lines) == 1, (start, done.stdout + done.stderr)
+    assert not any(line.startswith("rank 1:") for line in lines)
+
+
+@pytest.mark.parametrize("parent,before,removed", [
+    ({}, {"OMP_NUM_THREADS": "1"}, ["OMP_NUM_THREADS"]),  # Accelerate's default: torch's own count, as without it
+    ({}, {"OMP_NUM_THREADS": "1", "KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"},
+     ["OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME"]),  # --cpu
+    ({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "1"}, []),  # the user's: plain adapt runs on it too
+    ({}, {"OMP_NUM_THREADS": "3", "WORLD_SIZE": "2"}, []),  # a multi-process launcher places its processes itself
+])  # fmt: skip
+def test_a_process_accelerate_launched_alone_drops_the_threads_the_launcher_chose(parent, before, removed, monkeypatch):
+    from ladderize.checkpoint.placement import SIMPLE_LAUNCHER_SET, as_plain_process
+
+    for name in (*SIMPLE_LAUNCHER_SET, "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"ACCELERATE_USE_CPU": "False", **before}.items():
+        monkeypatch.setenv(name, value)
+    assert as_plain_process((parent, ["/usr/bin/python", "/usr/bin/accelerate", "launch"])) == removed
+    assert all(name not in os.environ for name in removed) and all(name in os.environ for name in before if name not in removed)
+    # --num_cpu_threads_per_process asks for the count; a parent that is not accelerate launch is left alone
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert as_plain_process(({}, ["python", "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1",
+                                  "x.py"])) == []
+    assert as_plain_process(({}, ["bash"])) == [] and os.environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_accelerate_launch_of_one_process_trains_as_plain_adapt(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    """``accelerate launch --num_processes 2`` without ``--multi_gpu`` starts one process with OMP_NUM_THREADS=1: the
+    process runs on the threads plain ``ladderize adapt`` runs on (a CPU's sums depend on them) and its weights equal
+    the in-process run's."""
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    script = tmp_path / "entry.py"  # the CLI's entry point, then the thread count it left torch with
+    script.write_text("import sys\nfrom ladderize.cli import main\ntry:\n    main()\nexcept SystemExit as done:\n"
+                      "    assert not done.code, done.code\nimport torch\nprint('threads', torch.get_num_threads())\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "WORLD_SIZE", "RANK")}
+    env.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", ACCELERATE_CONFIG_FILE=str(tmp_path / "none.yaml"))
+    plain = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    args = ["adapt", str(ladder_dir), str(tmp_path / "launched"), "--data", str(text_file), "--objective", "kd",
+            "--tokens", "128", "--seq-len", "32", "--batch-size", "2", "--device", "cpu"]
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--num_machines", "1", str(script),
+                           *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"threads {plain}" in done.stdout.splitlines(), (plain, done.stdout)
+    assert done.stderr.count(WARNING) == 1  # still one process, as the warning says
+    code, _, stderr = run_cli([*args[:2], tmp_path / "here", *args[3:]], capsys, monkeypatch)
+    assert code == 0, stderr
+    launched, here = (load_file(tmp_path / name / "model.safetensors") for name in ("launched", "here"))
+    assert all(torch.equal(launched[name], here[name]) for name in here)
