@@ -139,6 +139,20 @@ def test_the_default_recipe_on_a_token_budget_ends_equal_on_one_and_three_proces
     print(f"worst relative update difference, 1 against 3 processes: {worst:.2e}")
 
 
+def test_an_uneven_batch_replicated_over_three_processes_equals_one_process(sharp_ladder, text_file, tmp_path):
+    """The replicated path (``--shard ddp``: DDP through Accelerate) with kd's batch of 2 over 3 processes and 2
+    micro-batches each (parts of 1 and 0 rows, the empty ones weighted 0) against one process with the same flags."""
+    stage = ["--stage", "kd:tokens=256,lr=1e-2,batch_size=2,grad_accum=2"]
+    three = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--shard", "ddp",
+                        *stage], tmp_path)
+    assert "(FSDP2)" not in three.stderr  # replicated: joint.py
+    assert "batch 2 = 1 or 0 per process x 3 processes x 2 accumulated" in three.stderr
+    _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), *stage], tmp_path)
+    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three"), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    _updates_agree(tmp_path / "one", tmp_path / "three", sharp_ladder, 1e-3)
+
+
 def _config(ladder: Path, text_file: Path, out: Path, **overrides) -> AdaptConfig:
     settings = dict(checkpoint=str(ladder), out=str(out), data=str(text_file), objectives="kd", tokens=8 * 2 * SEQ,
                     seq_len=SEQ, batch_size=2, lr=1e-2, dtype="float32", device="cpu", compile=False, shard="fsdp")
