@@ -71,11 +71,10 @@ def parse_budget(text: str) -> Budget:
 
 
 def step_tokens(step: dict[str, Any]) -> int:
-    """Tokens of one optimizer step of a resolved stage (a sequential stage's batch is the step's)."""
+    """Tokens of one optimizer step of a resolved stage: its batch is the step's, on any process count."""
     from .config import AdaptConfig
 
-    tokens = step.get("seq_len", AdaptConfig.seq_len) * step.get("batch_size", AdaptConfig.batch_size)
-    return tokens if step.get("local_schedule") == "sequential" else tokens * step.get("grad_accum", AdaptConfig.grad_accum)
+    return step.get("seq_len", AdaptConfig.seq_len) * step.get("batch_size", AdaptConfig.batch_size)
 
 
 def stage_cost(step: dict[str, Any]) -> float:

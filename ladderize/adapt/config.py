@@ -33,8 +33,8 @@ class AdaptConfig:
     train: str = "converted"
     tokens: int = 131_072
     seq_len: int = 512
-    batch_size: int = 4  # sequences per micro-batch per process
-    grad_accum: int = 1
+    batch_size: int = 4  # sequences per optimizer step, global: split over the processes and grad_accum (batches.StepSplit)
+    grad_accum: int = 1  # micro-batches per optimizer step on each process
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 5

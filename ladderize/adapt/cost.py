@@ -231,13 +231,16 @@ class JointMemory:
                  micro_batch_tokens: int | None = None) -> "JointMemory":
         """The estimate of a plan's joint stage ``step`` (its settings; a missing one is ``AdaptConfig``'s default) on
         ``processes``, for the strategy it runs with there (``strategy.choose_strategy``); ``micro_batch_tokens``:
-        the step's own micro-batch unless given."""
+        the step's own micro-batch unless given: its global batch's rows on one process in one micro-batch
+        (``batches.StepSplit.local``)."""
+        from .batches import StepSplit
         from .objectives import parse_objectives
         from .strategy import choose_strategy, setting
 
         weights = parse_objectives(setting(step, "objectives"))
         seq_len, batch = int(setting(step, "seq_len")), int(setting(step, "batch_size"))
-        return cls.estimate(config, converted, processes, micro_batch_tokens or seq_len * batch,
+        local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
+        return cls.estimate(config, converted, processes, micro_batch_tokens or seq_len * local,
                             teacher=bool({"kd", "local"} & set(weights)),
                             checkpointing=bool(setting(step, "activation_checkpointing")),
                             compute_bytes=4 if setting(step, "dtype") == "float32" else 2,
@@ -292,6 +295,7 @@ class StageCost:
     memory: dict[str, float] | None = None
     memory_bytes: float | None = None
     strategy: str | None = None  # a joint stage's: how it runs on the launch (``strategy.Strategy.describe``)
+    split: str | None = None  # a joint stage's: its global batch over the processes (``batches.StepSplit.describe``)
     tokens_per_s_per_gpu: float | None = None
     seconds: float | None = None
     saves: int = 0
@@ -350,6 +354,8 @@ class RunPlan:
             out.append(head)
             if stage.strategy is not None:
                 out.append(f"     runs {stage.strategy}")
+            if stage.split is not None:
+                out.append(f"     {stage.split}")
             if stage.memory_bytes is not None:
                 mem = JointMemory(**stage.memory).describe() if stage.memory else gib(stage.memory_bytes)
                 cap = f" of {gib(usable_bytes(self.launch.memory_bytes))} usable" if self.launch.memory_bytes else ""
@@ -371,6 +377,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
              model_name: str = "model") -> RunPlan:
     """Price the resolved (and sized) recipe ``steps`` for ``launch``; ``refusal`` names what to change where a
     stage does not fit."""
+    from .batches import StepSplit
     from .config import AdaptConfig
     from .objectives import parse_objectives
     from .strategy import choose_strategy
@@ -387,7 +394,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
         if sequential:
             stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes)
         else:
-            tokens_per_step = seq_len * batch * accum * launch.processes
+            tokens_per_step = seq_len * batch  # the global batch
             steps_n = max(1, math.ceil(int(step["tokens"]) / tokens_per_step))
             count = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted"))
             strategy = choose_strategy(step, launch)
@@ -395,13 +402,15 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
                               save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
-                              strategy=strategy.describe())
+                              strategy=strategy.describe(), split=StepSplit(batch, launch.processes, accum).describe())
             every = step.get("save_every")
             if every:
                 stage.saves = steps_n // int(every)
             if launch.peak_flops_per_s:
                 stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / count.per_token
-                stage.seconds = stage.tokens / (stage.tokens_per_s_per_gpu * launch.processes)
+                # each process computes its largest part of every step (a batch that does not divide waits on it)
+                split = StepSplit(batch, launch.processes, accum)
+                stage.seconds = steps_n * split.grad_accum * split.local * seq_len / stage.tokens_per_s_per_gpu
                 if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
                     minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
@@ -474,17 +483,21 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
         fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
     if not setting(step, "activation_checkpointing") and fits({"activation_checkpointing": True}):
         fixes.append("--activation-checkpointing")
-    batch, seq_len = int(setting(step, "batch_size")), int(setting(step, "seq_len"))
-    accumulated = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
+    from .batches import StepSplit
+
+    batch, seq_len, processes = int(setting(step, "batch_size")), int(setting(step, "seq_len")), launch.processes
+    local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
+    accumulated = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                             step={**step, "grad_accum": max(2, int(setting(step, "grad_accum")))})
-    if accumulated:
-        fixes.append(f"--batch-size {accumulated} (with --grad-accum to keep the tokens per step)")
+    if accumulated:  # the same global batch in smaller micro-batches
+        fixes.append(f"--grad-accum {-(-batch // (processes * accumulated))} (the same batch of {batch}, "
+                     f"{accumulated} per process a micro-batch)")
     else:
-        alone = JointMemory.largest_batch(config, converted, launch.processes, seq_len, usable, most=batch - 1,
+        alone = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                           step={**step, "grad_accum": 1})
         if alone:
-            fixes.append(f"--batch-size {alone} without --grad-accum (fewer tokens per step: the accumulated "
-                         "gradients do not fit beside it)")
+            fixes.append(f"--batch-size {alone * processes} without --grad-accum (fewer tokens per step: the "
+                         "accumulated gradients do not fit beside it)")
     strategy = choose_strategy(step, launch)
     if not strategy.sharded and launch.processes > 1:
         sharded_step = without_whole_weight_settings(step)

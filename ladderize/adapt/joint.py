@@ -2,9 +2,10 @@
 
 One process on CPU by default; under a launcher the same code runs DDP (the replicated strategy,
 ``strategy.choose_strategy``; sharding is ``sharded.py``'s, an Accelerate FSDP config included:
-``accelerate_config``) with mixed precision, gradient accumulation and activation checkpointing. Each process reads its own rows of a
-deterministic batch order (a pure function of the step and the seed), so a resumed run
-replays exactly the batches an uninterrupted run would have seen. The training state is
+``accelerate_config``) with mixed precision, gradient accumulation and activation checkpointing. ``--batch-size`` is
+the global batch of an optimizer step; each process reads its rows of it from a deterministic batch order (a pure
+function of the step and the seed, ``batches.StepSplit``), so a resumed run replays exactly the batches an
+uninterrupted run would have seen, and a step trains the same sequences on any process count. The training state is
 saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``). Losses stay on
 the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU).
 """
@@ -28,7 +29,7 @@ from ..corpus.token_store import build_reporter, is_store
 from ..convert.teacher import load_teacher, resolve_teacher
 from .compilation import COMPILING, adamw, compile_layers, recompute_activations, resolve_compile
 from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
-from .batches import batch_rows, micro_batch_index
+from .batches import StepSplit
 from .cost import FlopCount
 from .throughput import Throughput, peak_flops_per_s, plan_line
 from .interpolation import toward_start
@@ -130,14 +131,14 @@ def adapt_joint(
     world = accelerator.num_processes
     if not accelerator.is_main_process:  # one voice: the main process says the plan, the data and the pace
         say = _silent
-    sequences_per_step = config.batch_size * config.grad_accum * world
+    split = StepSplit(config.batch_size, world, config.grad_accum)
+    sequences_per_step = config.batch_size
     tokens_per_step = sequences_per_step * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
     if total_steps * tokens_per_step != config.tokens:
         say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
-            f"sequence(s) x {config.seq_len} tokens (--batch-size x --grad-accum x processes x --seq-len)")
-    say(plan_line(total_steps * tokens_per_step, total_steps, sequences_per_step, config.batch_size, config.grad_accum,
-                  world, config.seq_len))
+            f"sequence(s) x {config.seq_len} tokens (--batch-size x --seq-len)")
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len))
     data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
                          progress=build_reporter(say, config.data), say=say)
     where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
@@ -227,12 +228,13 @@ def adapt_joint(
             started, cpu_started = time.perf_counter(), time.process_time()
             sums: dict[str, torch.Tensor] = {}
             for micro in range(config.grad_accum):
-                index = micro_batch_index(step, micro, config.grad_accum, world, rank)
-                rows = batch_rows(len(data), index, config.batch_size, config.seed)
+                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
                 batch = data.rows(rows).to(accelerator.device)
                 kept = stored.rows(rows, accelerator.device) if stored is not None else None
                 with accelerator.accumulate(loss_module):
                     losses = loss_module(batch, kept)
+                    if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
+                        losses = {name: value * weight for name, value in losses.items()}
                     accelerator.backward(losses["total"])
                     if accelerator.sync_gradients and config.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(params, config.max_grad_norm)

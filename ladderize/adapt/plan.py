@@ -108,7 +108,7 @@ class AdaptPlan:
         seq_len = int(stage.settings.get("seq_len", AdaptConfig.seq_len))
         batch = int(stage.settings.get("batch_size", AdaptConfig.batch_size))
         if not stage.sequential:
-            step = seq_len * batch * int(stage.settings.get("grad_accum", AdaptConfig.grad_accum)) * self.launch.processes
+            step = seq_len * batch  # the global batch: the same on any launch
             return -(-stage.tokens // step) * step
         rows = max(1, stage.tokens // seq_len)
         batch = min(batch, rows)
@@ -239,14 +239,16 @@ def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str,
 
 
 def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:
-    """``plan`` with each joint stage's batch per process grown to fill the launch's GPU memory (``grow``): the largest
-    batch whose memory estimate (``cost.JointMemory``) fits, where the stage still takes ``MIN_FILLED_STEPS`` optimizer
-    steps or more, and never smaller than the stage's own. Where the stage's own batch does not fit, it is split into
-    accumulated micro-batches that do (the same sequences per step), with activation checkpointing turned on where
+    """``plan`` with each joint stage's global batch grown to fill the launch's GPU memory (``grow``): processes x
+    accumulation x the largest micro-batch per process whose memory estimate (``cost.JointMemory``) fits, where the
+    stage still takes ``MIN_FILLED_STEPS`` optimizer steps or more, and never smaller than the stage's own. Where the
+    stage's own batch's rows per process do not fit, they are split into accumulated micro-batches that do (the same
+    sequences per step, ``batches.StepSplit``), with activation checkpointing turned on where
     not one sequence fits without it (``grow`` False: that alone, before the plan is checked against the memory). A
-    batch size, accumulation or checkpointing the user gave, and a stage too short to fill the device, stay as they
-    are."""
+    batch size the user gave is not grown (it is still accumulated where it must be); an accumulation or
+    checkpointing the user gave, and a stage too short to fill the device, stay as they are."""
     from ..checkpoint.io import load_config
+    from .batches import StepSplit
     from .cost import JointMemory, usable_bytes
 
     config = load_config(plan.checkpoint)
@@ -257,11 +259,12 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
     steps = plan.steps
     for index, step in enumerate(steps):
         given = chosen[min(index, len(chosen) - 1)]
-        if step.get("local_schedule") == "sequential" or "batch_size" in given:
+        if step.get("local_schedule") == "sequential":
             continue
         seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
         accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
-        start = int(step.get("batch_size", AdaptConfig.batch_size))
+        start = int(step.get("batch_size", AdaptConfig.batch_size))  # the global batch
+        local = StepSplit(start, processes, accum).local  # its rows on one process in one micro-batch
         checkpointing = bool(step.get("activation_checkpointing"))
 
         def largest(most: int, checked: bool, accumulated: int) -> int:
@@ -272,7 +275,7 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                                                    "grad_accum": accumulated})
 
         gpu = plan.launch.describe().split(" x ")[-1]
-        if largest(start, checkpointing, accum) < start:  # the stage's own batch does not fit
+        if largest(local, checkpointing, accum) < local:  # the stage's own batch does not fit
             split = max(accum, 2)  # a smaller batch is accumulated: priced so (FSDP2 keeps unsharded gradients)
             if not checkpointing and "activation_checkpointing" not in given and not largest(1, False, split) \
                     and largest(1, True, split):
@@ -280,22 +283,22 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                 step["activation_checkpointing"] = True
                 say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
-            smaller, whole = largest(start, checkpointing, split), start * accum
-            while smaller and whole % smaller:
-                smaller -= 1
-            if 0 < smaller < start and "grad_accum" not in given:  # the same tokens per step, accumulated
-                step["batch_size"], step["grad_accum"] = smaller, whole // smaller
-                say(f"stage {step['stage']} ({step['name']}): batch {smaller} per process x {whole // smaller} "
-                    f"accumulated, the {whole:,} sequences per step its batch {start} holds, in the memory of a {gpu}")
-        if not grow:
+            smaller = largest(local, checkpointing, split)
+            if 0 < smaller < local and "grad_accum" not in given:  # the same sequences per step, accumulated
+                step["grad_accum"] = -(-start // (processes * smaller))
+                say(f"stage {step['stage']} ({step['name']}): "
+                    f"{StepSplit(start, processes, step['grad_accum']).describe()}, in the memory of a {gpu}")
+        if not grow or "batch_size" in given:
             continue
         accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
-        batch = max(start, largest(int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes), checkpointing,
-                                   accum))
+        most = int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes)
+        batch = max(start, processes * accum * largest(most, checkpointing, accum))
         if batch > start:
             step["batch_size"] = batch
-            say(f"stage {step['stage']} ({step['name']}): batch {batch} per process ({batch * seq_len:,} tokens), the "
-                f"largest that fits the GPU's memory; --batch-size sets it")
+            local = StepSplit(batch, processes, accum).local
+            say(f"stage {step['stage']} ({step['name']}): {StepSplit(batch, processes, accum).describe()} "
+                f"({local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory; "
+                "--batch-size sets it")
     return plan.with_steps(steps) if steps != plan.steps else plan
 
 

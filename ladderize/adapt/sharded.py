@@ -49,7 +49,7 @@ from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_t
 from .cost import FlopCount
 from ..corpus.token_store import build_reporter, is_store
 from ..corpus.windows import token_windows
-from .batches import batch_rows, micro_batch_index
+from .batches import StepSplit
 from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
@@ -118,11 +118,11 @@ def adapt_sharded(
 
     pace = Throughput(world, FlopCount.for_stage(student_config, converted, weights, share_prefix=share).per_token,
                       peak_flops_per_s(device))
-    sequences_per_step = config.batch_size * config.grad_accum * world
-    tokens_per_step = sequences_per_step * config.seq_len
+    split = StepSplit(config.batch_size, world, config.grad_accum)
+    tokens_per_step = config.batch_size * config.seq_len
     total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
-    say(plan_line(total_steps * tokens_per_step, total_steps, sequences_per_step, config.batch_size, config.grad_accum,
-                  world, config.seq_len) + f", sharded over {counted(world, 'process', 'processes')} (FSDP2)")
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len)
+        + f", sharded over {counted(world, 'process', 'processes')} (FSDP2)")
     data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
                          progress=build_reporter(say, config.data), say=say)
     where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
@@ -144,7 +144,7 @@ def adapt_sharded(
         step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
                                                     saved.get("cpu_s", 0.0), saved["curve"])
         resumed_from = step
-        if saved.get("processes", world) != world:  # the global batch changed: go on from the tokens trained
+        if saved.get("processes", world) != world:  # resharded: the same global batch goes on from the tokens trained
             total_steps = step + max(1, math.ceil((config.tokens - tokens_done) / tokens_per_step))
             say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
                 f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
@@ -182,14 +182,15 @@ def adapt_sharded(
             started, cpu_started = time.perf_counter(), time.process_time()
             sums: dict[str, torch.Tensor] = {}
             for micro in range(config.grad_accum):
-                index = micro_batch_index(step, micro, config.grad_accum, world, rank)
-                rows = batch_rows(len(data), index, config.batch_size, config.seed)
+                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
                 batch = data.rows(rows).to(device, non_blocking=True)
                 teacher_rows = None
-                if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, config, world):
+                if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, split, config.seed):
                     teacher_rows = kept.rows(rows, device)  # else the teacher runs, on every rank (its units gather)
                 loss_module.set_requires_gradient_sync(micro == config.grad_accum - 1)
                 losses = loss_module(batch, teacher_rows)
+                if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
+                    losses = {name: value * weight for name, value in losses.items()}
                 (losses["total"] / config.grad_accum).backward()
                 for name, value in losses.items():
                     sums[name] = sums.get(name, 0.0) + value.detach() / config.grad_accum
@@ -229,11 +230,10 @@ def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return tensor / dist.get_world_size()
 
 
-def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, config: AdaptConfig, world: int) -> bool:
+def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
     """Whether every rank's rows of this micro-batch have stored teacher states: the ranks run the sharded teacher
     together or not at all (its units gather across them), and each computes the others' rows itself."""
-    return all(max(batch_rows(num_sequences, micro_batch_index(step, micro, config.grad_accum, world, r), config.batch_size,
-                              config.seed)) < stored_rows for r in range(world))
+    return all(max(split.rows(num_sequences, step, micro, r, seed)[0]) < stored_rows for r in range(split.processes))
 
 
 def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

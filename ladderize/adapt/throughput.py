@@ -63,14 +63,13 @@ class Throughput:
         return ", ".join(parts)
 
 
-def plan_line(tokens: int, steps: int, sequences_per_step: int, batch_size: int, grad_accum: int, processes: int,
-              seq_len: int) -> str:
-    """The run's plan before its first step: the budget in tokens, steps and sequences."""
+def plan_line(tokens: int, steps: int, split, seq_len: int) -> str:
+    """The run's plan before its first step: the budget in tokens, steps and sequences, and how a step's batch is split
+    (``batches.StepSplit``)."""
     from ..progress import counted
 
-    return (f"plan: {tokens:,} tokens = {counted(steps, 'step')} x {counted(sequences_per_step, 'sequence')} "
-            f"({batch_size} per micro-batch x {grad_accum} accumulated x {counted(processes, 'process', 'processes')}) "
-            f"x {seq_len} tokens")
+    return (f"plan: {tokens:,} tokens = {counted(steps, 'step')} x {counted(split.batch_size, 'sequence')} "
+            f"({split.describe()}) x {seq_len} tokens")
 
 
 def projection_line(steps_timed: int, timed_s: float, steps_left: int, total_steps: int, tokens_per_step: int,

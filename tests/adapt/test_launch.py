@@ -69,7 +69,7 @@ def test_two_process_staged_run_prints_once(ladder_dir, text_file, tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
               "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
-              "--stage", "local:tokens=128", "--stage", "kd:tokens=128", "--seq-len", "32", "--batch-size", "1"]  # fmt: skip
+              "--stage", "local:tokens=128", "--stage", "kd:tokens=128", "--seq-len", "32", "--batch-size", "2"]  # fmt: skip
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, launch_failure(done.stderr)
     lines = done.stdout.splitlines()

@@ -49,7 +49,7 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
            "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}  # never read a user's accelerate config
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--batch-size", "1", *common]
+              "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--batch-size", "2", *common]
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, launch_failure(done.stderr)
     assert f"adapted {steps} steps, {steps * 2 * seq_len} tokens" in done.stdout

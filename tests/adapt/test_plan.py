@@ -16,7 +16,8 @@ from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 
 def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights, no tokenizer: nothing else could be read
-    plan = build_plan(folder, shared={"seq_len": 2048, "batch_size": 4}, budget="3B", launch="8xH100", priced_only=True)
+    # the global batch: 4 sequences per process on 8
+    plan = build_plan(folder, shared={"seq_len": 2048, "batch_size": 32}, budget="3B", launch="8xH100", priced_only=True)
     assert isinstance(plan, AdaptPlan) and all(isinstance(stage, PlannedStage) for stage in plan.stages)
     assert [(stage.number, stage.name, stage.sequential) for stage in plan.stages] == [(1, "seq-local", True),
                                                                                       (2, "kd", False)]
@@ -24,7 +25,7 @@ def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
     assert abs(sum(stage.tokens for stage in plan.stages) - 3e9) < 1e6  # the budget, in whole steps
     assert plan.expected_s == plan.cost.seconds and 10 * 3600 < plan.expected_s < 13 * 3600
     config = plan.stages[1].config(str(folder), str(tmp_path / "out"), run_dir=str(tmp_path / "run"))
-    assert isinstance(config, AdaptConfig) and (config.objectives, config.seq_len, config.batch_size) == ("kd", 2048, 4)
+    assert isinstance(config, AdaptConfig) and (config.objectives, config.seq_len, config.batch_size) == ("kd", 2048, 32)
     record = json.loads(json.dumps(plan.record()))
     assert record["plan"] == plan.steps and record["launch"] == {"processes": 8, "gpu": "h100"}
     assert record["budget"]["tokens"] == 3_000_000_000 and record["expected_s"] == plan.expected_s
@@ -42,16 +43,20 @@ def test_a_known_gpu_fills_each_joint_stage_s_batch_unless_the_user_set_it(tmp_p
     def memory(batch: int) -> float:
         return JointMemory.estimate(config, converted, 8, 2048 * batch).total
 
-    assert kd.settings["batch_size"] > 2  # the preset's batch grew ...
-    assert memory(kd.settings["batch_size"]) <= usable < memory(kd.settings["batch_size"] + 1)  # ... to the largest fit
-    assert kd.tokens // (kd.settings["batch_size"] * 2048 * 8) >= MIN_FILLED_STEPS
+    local, rest = divmod(kd.settings["batch_size"], 8)  # the global batch: 8 processes x the micro-batch of each
+    assert kd.settings["batch_size"] > 2 and rest == 0  # the preset's batch grew ...
+    assert memory(local) <= usable < memory(local + 1)  # ... to the largest fit
+    assert kd.tokens // (kd.settings["batch_size"] * 2048) >= MIN_FILLED_STEPS
+    assert any(f"batch {8 * local} = {local} per process x 8 processes" in line for line in said)
     assert any("the largest that fits the GPU's memory" in line for line in said)
     assert filled.stages[0].settings["batch_size"] == 2  # the sequential stage's batch is its own
     assert filled.cost.refusal is None
     given = build_plan(folder, shared={"seq_len": 2048, "batch_size": 2}, budget="3B", launch="8xH100", priced_only=True)
     assert given.stages[1].settings["batch_size"] == 2  # --batch-size is kept
-    short = build_plan(folder, shared={"seq_len": 2048}, budget="20M", launch="8xH100", priced_only=True)
+    short = build_plan(folder, shared={"seq_len": 2048}, budget="10M", launch="8xH100", priced_only=True)
     assert short.stages[1].settings["batch_size"] == 2  # too few tokens to fill the device and keep 1,000 steps
+    one_each = build_plan(folder, shared={"seq_len": 2048}, budget="20M", launch="8xH100", priced_only=True)
+    assert one_each.stages[1].settings["batch_size"] == 8  # one sequence per process keeps 1,000 steps; two would not
     here = build_plan(folder, shared={"seq_len": 2048}, budget="3B", launch="1xH100", priced_only=True)
     assert here.stages[1].settings["batch_size"] == 2 and here.cost.refusal is not None  # nothing larger fits one GPU
 
@@ -114,13 +119,17 @@ def test_a_stage_s_batch_that_does_not_fit_is_accumulated_and_checkpointed_where
     said: list[str] = []
     split = build_plan(folder, shared={"seq_len": 8192}, budget="3B", launch="1xH100", priced_only=True, say=said.append)
     kd = split.stages[1].settings  # the preset's 2 sequences do not fit one H100; 1 does, twice per step
-    assert (kd["batch_size"], kd["grad_accum"], kd.get("activation_checkpointing")) == (1, 2, None)
-    assert split.cost.refusal is None and any("batch 1 per process x 2 accumulated" in line for line in said)
+    assert (kd["batch_size"], kd["grad_accum"], kd.get("activation_checkpointing")) == (2, 2, None)
+    assert split.cost.refusal is None and any("batch 2 = 1 per process x 2 accumulated" in line for line in said)
     checked = build_plan(folder, shared={"seq_len": 32_768}, budget="3B", launch="1xH100", priced_only=True)
     assert checked.stages[1].settings["activation_checkpointing"] is True and checked.cost.refusal is None
     assert checked.stages[1].settings["batch_size"] == 2  # not one sequence fits without it: with it, the preset's
     mine = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2}, budget="3B", launch="1xH100", priced_only=True)
-    assert mine.cost.refusal is not None and "--batch-size 1" in mine.cost.refusal  # the user's batch is the user's
+    assert (mine.stages[1].settings["batch_size"], mine.stages[1].settings["grad_accum"]) == (2, 2)  # the user's batch,
+    assert mine.cost.refusal is None  # accumulated as the memory requires
+    theirs = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2, "grad_accum": 1}, budget="3B", launch="1xH100",
+                        priced_only=True)
+    assert theirs.cost.refusal is not None and "--grad-accum 2" in theirs.cost.refusal  # the user's accumulation too
 
 
 def test_the_launch_a_run_is_under_follows_its_device(monkeypatch):

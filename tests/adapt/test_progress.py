@@ -132,7 +132,7 @@ def test_adapt_prints_periodic_progress_lines_when_not_a_terminal(ladder_dir, te
         assert re.search(r"loss \d+\.\d{4}", line) and re.search(r"[\d,]+ tok/s", line) and " ETA " in line
     assert lines[-1].endswith("done")
     before_first_step = stderr[: stderr.index(lines[0])]  # the plan and the data, said while loading
-    assert before_first_step.startswith("plan: 256 tokens = 4 steps x 2 sequences (2 per micro-batch x 1 accumulated x 1 process) x 32 tokens")
+    assert before_first_step.startswith("plan: 256 tokens = 4 steps x 2 sequences (batch 2) x 32 tokens")
     assert "data: 8 sequences of 32 tokens" in before_first_step
 
     monkeypatch.setenv("LADDERIZE_PROGRESS_INTERVAL", "3600")  # only the first and the last step

@@ -89,9 +89,9 @@ def test_two_processes_shard_and_equal_one_process_with_a_clip_that_matters(shar
     """kd at 2 processes (FSDP2 by default under a launcher) against one replicated process at the same global batch,
     with a clip that changes the result: losses within 1e-5 relative, each weight's update within 1e-3 of its norm."""
     stage = "kd:tokens=256,max_grad_norm=0.01,lr=1e-2,batch_size={}"
-    two = _launch(2, ["adapt", str(sharp_ladder), str(tmp_path / "two"), *_common(text_file), "--stage", stage.format(1)],
+    two = _launch(2, ["adapt", str(sharp_ladder), str(tmp_path / "two"), *_common(text_file), "--stage", stage.format(2)],
                   tmp_path)
-    assert "sharded over 2 processes (FSDP2)" in two.stderr
+    assert "sharded over 2 processes (FSDP2)" in two.stderr and "batch 2 = 1 per process x 2 processes" in two.stderr
     _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), "--stage", stage.format(2)], tmp_path)
     _single(["adapt", str(sharp_ladder), str(tmp_path / "free"), *_common(text_file), "--stage",
              "kd:tokens=256,max_grad_norm=0,lr=1e-2,batch_size=2"], tmp_path)
@@ -103,17 +103,53 @@ def test_two_processes_shard_and_equal_one_process_with_a_clip_that_matters(shar
 
 
 def test_three_processes_run_the_default_recipe_like_one_process(sharp_ladder, text_file, tmp_path):
-    """The default recipe's stages (seq-local with a batch of 2 split over 3 processes, then kd) at 3 processes
-    against one process with kd's batch three times as large."""
+    """The default recipe's stages (seq-local with a batch of 2 split over 3 processes, then kd with a batch of 3, one
+    sequence per process) at 3 processes against one process with the same flags."""
     seq = "seq-local:tokens=192,epochs=1,batch_size=2"
     done = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--stage", seq,
-                       "--stage", "kd:tokens=384,batch_size=1"], tmp_path)
+                       "--stage", "kd:tokens=384,batch_size=3"], tmp_path)
     assert "1 wait each step" in done.stderr and done.stderr.count("1 wait each step") == 1  # the main process says it
+    assert "batch 3 = 1 per process x 3 processes" in done.stderr
     _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), "--stage", seq,
              "--stage", "kd:tokens=384,batch_size=3"], tmp_path)
     for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three")):
         assert a == pytest.approx(b, rel=1e-5)
     assert len(_losses(tmp_path / "three")) == 4
+    _updates_agree(tmp_path / "one", tmp_path / "three", sharp_ladder, 1e-3)
+
+
+def test_the_default_recipe_on_a_token_budget_ends_equal_on_one_and_three_processes(ladder_dir, text_file, tmp_path):
+    """``ladderize adapt L OUT --data TEXT --budget 24576`` on the 4-layer ladder 2:4, no batch flags, alone and under
+    ``torchrun --nproc_per_node 3``: kd's batch of 2 is the step's on both (1, 1 and 0 rows over 3 processes, each
+    part's loss weighted by its rows), so both train the same tokens, and each weight's update agrees within 1e-3."""
+    args = ["--data", str(text_file), "--budget", "24576", "--dtype", "float32", "--device", "cpu", "--no-compile"]
+    three = _launch(3, ["adapt", str(ladder_dir), str(tmp_path / "three"), *args], tmp_path, timeout=600)
+    assert "batch 2 = 1 or 0 per process x 3 processes" in three.stderr, three.stderr[-3000:]
+    one = _single(["adapt", str(ladder_dir), str(tmp_path / "one"), *args], tmp_path)
+
+    def trained(done: subprocess.CompletedProcess) -> str:
+        return next(line for line in done.stdout.splitlines() + done.stderr.splitlines()
+                    if line.startswith("adapted ")).split(" trained")[0]
+
+    assert trained(one) == trained(three)
+    assert _losses(tmp_path / "one") and len(_losses(tmp_path / "one")) == len(_losses(tmp_path / "three"))
+    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three")):
+        assert a == pytest.approx(b, rel=1e-3)
+    worst = _updates_agree(tmp_path / "one", tmp_path / "three", ladder_dir, 1e-3)
+    print(f"worst relative update difference, 1 against 3 processes: {worst:.2e}")
+
+
+def test_an_uneven_batch_replicated_over_three_processes_equals_one_process(sharp_ladder, text_file, tmp_path):
+    """The replicated path (``--shard ddp``: DDP through Accelerate) with kd's batch of 2 over 3 processes and 2
+    micro-batches each (parts of 1 and 0 rows, the empty ones weighted 0) against one process with the same flags."""
+    stage = ["--stage", "kd:tokens=256,lr=1e-2,batch_size=2,grad_accum=2"]
+    three = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--shard", "ddp",
+                        *stage], tmp_path)
+    assert "(FSDP2)" not in three.stderr  # replicated: joint.py
+    assert "batch 2 = 1 or 0 per process x 3 processes x 2 accumulated" in three.stderr
+    _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), *stage], tmp_path)
+    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three"), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
     _updates_agree(tmp_path / "one", tmp_path / "three", sharp_ladder, 1e-3)
 
 

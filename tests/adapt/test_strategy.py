@@ -55,10 +55,11 @@ def test_a_setting_that_keeps_the_whole_weights_is_priced_replicated_and_advised
     every = ModelShape.from_config(config, "model").num_parameters
     memory = JointMemory(**stage.memory)
     assert memory.student >= 4 * every and memory.teacher == 4 * every and memory.gathered == 0  # whole, on every GPU
-    assert memory.total == JointMemory.estimate(config, converted, 8, 2048 * step["batch_size"], sharded=False,
+    local = -(-step["batch_size"] // 8)  # the global batch's rows on one of the 8 processes
+    assert memory.total == JointMemory.estimate(config, converted, 8, 2048 * local, sharded=False,
                                                 scope=step.get("train", "converted"), ema=bool(step.get("ema")),
                                                 checkpointing=bool(step.get("activation_checkpointing"))).total
-    sharded = JointMemory.estimate(config, converted, 8, 2048 * step["batch_size"],
+    sharded = JointMemory.estimate(config, converted, 8, 2048 * local,
                                    checkpointing=bool(step.get("activation_checkpointing")))
     assert memory.total > sharded.total + 50 * 2**30  # what the sharded pricing missed
     if settings.get("train") == "all":
@@ -127,7 +128,8 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
     assert two.memory["accumulated"] == 4 * 16 * layer and one.memory["accumulated"] == 0
     assert two.memory_bytes == one.memory_bytes + 4 * 16 * layer
     (filled_one, _), (filled_two, cost) = kd(1), kd(2)
-    assert filled_two.settings["batch_size"] < filled_one.settings["batch_size"]  # the batch filled leaves room for them
+    # the micro-batch per process filled leaves room for them (the global batch is 8 processes x accumulation x it)
+    assert filled_two.settings["batch_size"] // 16 < filled_one.settings["batch_size"] // 8
     assert cost.memory_bytes <= usable_bytes(Launch(8, "h100").memory_bytes)
 
 
