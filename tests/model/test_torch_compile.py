@@ -51,32 +51,3 @@ def test_a_peft_adapted_hybrid_is_one_graph():
     explained = dynamo.explain(adapted)(input_ids=token_ids(), use_cache=False)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
-
-def test_the_model_declares_a_full_graph():
-    """transformers runs its static-cache and compiled-generation paths (and their tests) only for classes that
-    declare it."""
-    from ladderize.model.modeling_ladder_llama import LadderLlamaPreTrainedModel
-
-    assert LadderLlamaPreTrainedModel._can_compile_fullgraph is True
-
-
-@pytest.mark.parametrize("layout", [DENSE, LADDER, SPD_TP3], ids=["dense", "ladder", "spd"])
-def test_static_cache_compiled_generation_equals_dynamic_cache_generation(layout):
-    """Greedy tokens with a static cache and transformers' own full-graph compiled forward (``compile_config``, on
-    every device) equal those of the dynamic cache, eager, with the logits of each step; a graph was compiled."""
-    import torch._dynamo as dynamo
-    from torch._dynamo.utils import counters
-    from transformers import CompileConfig
-
-    model = tiny_model(**layout)
-    ids = token_ids()
-    settings = dict(max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    eager = model.generate(ids, **settings)
-    dynamo.reset()
-    counters.clear()
-    compile_config = CompileConfig(fullgraph=True, dynamic=False, backend="aot_eager", mode=None)
-    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
-    static = model.generate(ids, cache_implementation="static", compile_config=compile_config, **settings)
-    assert counters["stats"]["unique_graphs"] >= 1  # the compiled forward ran
-    assert torch.equal(static.sequences, eager.sequences)
-    assert max(max_diff(a, b) for a, b in zip(static.logits, eager.logits)) <= 1e-5
