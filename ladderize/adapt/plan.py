@@ -295,9 +295,9 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         batch = max(start, processes * accum * largest(most, checkpointing, accum))
         if batch > start:
             step["batch_size"] = batch
-            local = StepSplit(batch, processes, accum).local
-            say(f"stage {step['stage']} ({step['name']}): {StepSplit(batch, processes, accum).describe()} "
-                f"({local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory; "
+            split = StepSplit(batch, processes, accum)
+            say(f"stage {step['stage']} ({step['name']}): {split.describe()} "
+                f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory; "
                 "--batch-size sets it")
     return plan.with_steps(steps) if steps != plan.steps else plan
 
