@@ -71,6 +71,8 @@ class AdaptConfig:
     recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
     teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's states
     # and a later kd or lm stage reads them (teacher_states.py)
+    teacher_state_rows: int | None = None  # set by recipe.run_recipe: how many of its first sequences' teacher states a
+    # sequential stage stores (teacher_states.rows_read); None: all it computes
 
     def resolved_run_dir(self) -> Path:
         out = Path(self.out).expanduser().absolute()
@@ -89,7 +91,7 @@ class AdaptConfig:
         the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``).
         """
         skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state",
-                "recipe", "stream_layers", "states", "device", "compile", "teacher_states"}
+                "recipe", "stream_layers", "states", "device", "compile", "teacher_states", "teacher_state_rows"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 

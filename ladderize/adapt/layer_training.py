@@ -18,7 +18,8 @@ teacher's states and matches the teacher's module updates (block-local).
 
 Memory: the modules in use (one layer, or the embedding while the first states are
 computed; ``layer_source.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
-out) of the calibration set, in the model's dtype, in memory or on disk (``state_store.py``).
+out) of the calibration set (under data parallelism: of this process's sequences, ``Ranks``), in the
+model's dtype, in memory or on disk (``state_store.py``).
 
 Device: the layer in use computes on the cache's ``device`` (``placement.resolve_device``) at
 the run's training precision (``placement.training_precision``: fp32 weights, bf16 autocast and
@@ -41,7 +42,7 @@ import torch
 from ..convert.residual_states import State, attention_kwargs
 from .compilation import adamw
 from .batches import batch_order
-from .objectives import layer_error
+from .objectives import layer_error, update_sums
 from .state_store import StateStore
 
 if TYPE_CHECKING:
@@ -57,9 +58,12 @@ CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
 class Ranks:
     """The processes of a data-parallel sequential stage (``accelerate launch`` / torchrun; one process: rank 0 of 1).
 
-    Every process holds the whole calibration set's states; a step's batch is split into contiguous
-    parts, one per process, and the parts' gradients and losses are summed (each part's loss is its
-    share of the batch's, ``objectives.layer_error``), so every process takes the step one process would.
+    Each process owns the sequences whose index modulo ``world`` is its ``rank`` (``owned``; the held-out rows after
+    the calibration set too), and computes and holds their states only, through every layer. A step's batch is
+    trained by each process on the rows of it that it owns; the sums of squares of the teacher's updates that the
+    relative errors divide by are summed over the processes first, so each process's loss is its rows' share of the
+    batch's (``objectives.layer_error``'s ``shared``), and the gradients and losses summed over the processes are one
+    process's on the whole batch: every process takes the step one process would.
     """
 
     rank: int = 0
@@ -69,11 +73,9 @@ class Ranks:
     def main(self) -> bool:
         return self.rank == 0
 
-    def part(self, batch: int) -> slice:
-        """This process's rows of a batch of ``batch`` (``torch.tensor_split``'s parts)."""
-        size, extra = divmod(batch, self.world)
-        start = self.rank * size + min(self.rank, extra)
-        return slice(start, start + size + (1 if self.rank < extra else 0))
+    def owned(self, count: int) -> torch.Tensor:
+        """The indices, among ``count`` sequences, of those this process owns."""
+        return torch.arange(self.rank, max(count, self.rank), self.world)
 
     def sum(self, tensors: list[torch.Tensor]) -> None:
         """Sum each tensor over the processes, in place (nothing in one process)."""
@@ -220,18 +222,26 @@ class StateCache:
     a time, in the same chunks whatever the source.
 
     ``progress(label, chunks done, chunks in all)`` follows a phase's chunks (``phase``), from the first states on.
+
+    Under data parallelism (``ranks``) the cache holds the states of this process's sequences only
+    (``Ranks.owned``); ``self.data`` is their tokens, and ``local(rows)`` finds rows of the whole set among them.
     """
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
                  device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0,
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None, ranks: Ranks = Ranks()):
         self.progress = progress
         self._phase: tuple[str, int] | None = None  # (label, chunks in all) of the phase reported
         self._chunks = 0
-        self.teacher, self.data = teacher, data
         # the first ``num_train`` rows are the calibration set; the ``held_out`` rows after them only evaluate
         self.num_train = data.shape[0] - held_out
+        self.num_rows = data.shape[0]
         self.held_out = held_out > 0
+        self.ranks = ranks
+        self.rows = ranks.owned(data.shape[0]) if ranks.world > 1 else torch.arange(data.shape[0])
+        self._local = torch.full((data.shape[0],), -1, dtype=torch.long)
+        self._local[self.rows] = torch.arange(len(self.rows))
+        self.teacher, self.data = teacher, (data[self.rows] if ranks.world > 1 else data)
         self.store = store or StateStore()
         self.device = torch.device(device)
         self.precision = precision
@@ -240,7 +250,7 @@ class StateCache:
         self.phase(f"caching the teacher's states entering layer {first}", first + 1)  # the embedding, the layers below
         with torch.no_grad():
             with teacher.embedding() as embed_tokens:
-                embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(data[rows])),) * 2, None)
+                embeds = self._map(lambda _none, rows: (embed_tokens(self.on_device(self.data[rows])),) * 2, None)
             self.dtype = embeds[0].dtype
             for index in range(first):
                 with teacher.layer(index) as layer:
@@ -259,8 +269,13 @@ class StateCache:
     def eval_rows(self, batch_size: int) -> torch.Tensor:
         """The fixed batch a layer's loss is measured on before and after its training: the held-out rows
         (up to ``batch_size``), else the first ``batch_size`` calibration rows."""
-        start, stop = (self.num_train, self.data.shape[0]) if self.held_out else (0, self.num_train)
+        start, stop = (self.num_train, self.num_rows) if self.held_out else (0, self.num_train)
         return torch.arange(start, min(stop, start + batch_size))
+
+    def local(self, rows: torch.Tensor) -> torch.Tensor:
+        """This process's indices in the cached states of those of ``rows`` (of the whole set) it holds, in order."""
+        found = self._local[rows]
+        return found[found >= 0]
 
     def kwargs(self, batch: int) -> dict:
         """Attention kwargs for ``batch`` full-length sequences (equal for every such batch), on the device."""
@@ -364,7 +379,8 @@ def train_layer(
     ``layers``: consecutive ``LadderDecoderLayer``s from the current one (usually one); ``targets``: the teacher's
     states leaving each (``StateCache.teacher_outputs``). The layers train together, each fed the one below's
     output of the same step, and the loss is the mean of their layer errors.
-    Under data parallelism (``ranks``) each process runs its part of every batch and the gradients are summed.
+    Under data parallelism (``ranks``) each process runs the rows of every batch it holds (``Ranks``) and the
+    gradients are summed.
 
     ``start``: continue a training saved partway (the layers hold its weights). ``save(progress)`` runs after a step
     before the window's last when ``save_due()`` says so (on every process: ``save_due`` decides for all of them).
@@ -383,9 +399,9 @@ def train_layer(
     teacher_inputs = [cache.teacher_state, *targets[:-1]]
     torch.manual_seed(seed * 1_000 + index)  # dropout-free, but keep any randomness per layer
 
-    def loss_on(rows: torch.Tensor, part: slice | None = None) -> torch.Tensor:
-        """The window's error on ``rows`` (this process's ``part`` of them under data parallelism)."""
-        own = rows if part is None else rows[part]
+    def loss_on(rows: torch.Tensor) -> torch.Tensor:
+        """The window's error on ``rows`` (one process)."""
+        own = rows
         error, s_out = 0.0, None
         for module, t_in_all, t_out_all in zip(layers, teacher_inputs, targets):
             t_in = (cache.rows_on_device(t_in_all[0], rows), cache.rows_on_device(t_in_all[1], rows))
@@ -395,10 +411,44 @@ def train_layer(
                 s_out = (cache.rows_on_device(source[0], own), cache.rows_on_device(source[1], own))
             with cache.autocast():
                 s_out = module(s_out[0], s_out[1], **cache.kwargs(len(own)))
-                error = error + layer_error(module.mode, t_in, s_out, t_out, local_inputs, part=part)
+                error = error + layer_error(module.mode, t_in, s_out, t_out, local_inputs)
         return error / len(layers)
 
-    evaluation = cache.eval_rows(batch_size)  # every process measures the whole evaluation batch
+    def share_on(rows: torch.Tensor) -> torch.Tensor | None:
+        """Under data parallelism: the window's error on the rows of batch ``rows`` this process holds, as their
+        share of the batch's (the teacher's update sums summed over the processes); ``None`` where it holds none."""
+        own = cache.local(rows)
+        on = cache.rows_on_device
+        teacher = [((on(t_in[0], own), on(t_in[1], own)), (on(t_out[0], own), on(t_out[1], own)))
+                   for t_in, t_out in zip(teacher_inputs, targets)]
+        sums = [update_sums(module.mode, t_in, t_out) for module, (t_in, t_out) in zip(layers, teacher)]
+        summed = torch.cat(sums)
+        ranks.sum([summed])  # every process joins, with or without rows
+        if len(own) == 0:
+            return None
+        total = len(rows) * math.prod(teacher[0][1][0].shape[1:])
+        error, s_out, offset = 0.0, None, 0
+        for module, (t_in, t_out), t_in_all, part_sums in zip(layers, teacher, teacher_inputs, sums):
+            shared = (summed[offset:offset + len(part_sums)], total)
+            offset += len(part_sums)
+            if s_out is None or local_inputs == "teacher":
+                source = cache.student_state if local_inputs == "student" else t_in_all
+                s_out = (on(source[0], own), on(source[1], own))
+            with cache.autocast():
+                s_out = module(s_out[0], s_out[1], **cache.kwargs(len(own)))
+                error = error + layer_error(module.mode, t_in, s_out, t_out, local_inputs, shared=shared)
+        return error / len(layers)
+
+    def measured(rows: torch.Tensor) -> float:
+        """The window's error on the evaluation batch ``rows`` (summed over the processes' shares)."""
+        if ranks.world == 1:
+            return loss_on(rows).item()
+        share = share_on(rows)
+        total = torch.zeros((), device=params[0].device) if share is None else share.detach().float().reshape(())
+        ranks.sum([total])
+        return total.item()
+
+    evaluation = cache.eval_rows(batch_size)
     if start is not None:
         with warnings.catch_warnings():  # the schedule moved to the saved step: no optimizer step comes first
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
@@ -408,16 +458,15 @@ def train_layer(
         before, losses = start.before, list(start.losses)
     else:
         with torch.no_grad():
-            before = loss_on(evaluation).item()
+            before = measured(evaluation)
         losses = []
     for step in range(len(losses), total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
-        part = ranks.part(len(rows)) if ranks.world > 1 else None
         optimizer.zero_grad(set_to_none=True)
-        if part is not None and part.start == part.stop:  # more processes than rows: this one adds nothing
+        loss = loss_on(rows) if ranks.world == 1 else share_on(rows)
+        if loss is None:  # this process holds none of the batch's rows: it adds nothing
             loss = torch.zeros((), device=params[0].device)
         else:
-            loss = loss_on(rows, part)
             loss.backward()
         if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts' (every rank sums every tensor)
             for param in params:
@@ -442,7 +491,7 @@ def train_layer(
         param.requires_grad_(False)
         param.grad = None
     with torch.no_grad():
-        after = loss_on(evaluation).item()
+        after = measured(evaluation)
     # torch's optimizer and scheduler hold each other in reference cycles: collect them now, or the
     # layer's AdamW state (twice the layer) waits for the cyclic garbage collector, layer after layer
     del optimizer, scheduler

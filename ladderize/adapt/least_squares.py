@@ -52,6 +52,7 @@ sums are all-reduced.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,7 +63,7 @@ from torch import nn
 
 from ..errors import LadderizeError
 from ..convert.residual_states import State
-from .objectives import layer_error
+from .objectives import layer_error, update_sums
 
 if TYPE_CHECKING:
     from .layer_training import Ranks, StateCache
@@ -173,17 +174,26 @@ def _direct(layer: nn.Module, name: str) -> tuple[float, float]:
     return 1.0, float(name == "o_proj" and layer.attn_op.allreduce)
 
 
-def _batches(cache: StateCache, teacher_out: State, inputs: State, batch_size: int, ranks: Ranks
-             ) -> Iterator[tuple[int, State, State, State]]:
-    """The calibration set in batches of ``batch_size`` rows, in order (this process's: every ``world``-th):
-    rows, then the teacher's states entering and leaving the layer and the layer's inputs, on the device."""
-    for number, start in enumerate(range(0, cache.num_train, batch_size)):
-        if number % ranks.world != ranks.rank:
-            continue
+def _batches(cache: StateCache, mode, teacher_out: State, inputs: State, batch_size: int, ranks: Ranks
+             ) -> Iterator[tuple[int, State, State, State, tuple[torch.Tensor, int] | None]]:
+    """The calibration set in batches of ``batch_size`` rows, in order: the batch's rows, then the teacher's states
+    entering and leaving the layer and the layer's inputs of those rows this process holds, on the device, and
+    ``layer_error``'s ``shared`` (``None`` in one process). Under data parallelism every process joins every batch's
+    sum of the teacher's update sums; a batch it holds no row of yields nothing."""
+    on = cache.rows_on_device
+    for start in range(0, cache.num_train, batch_size):
         rows = torch.arange(start, min(start + batch_size, cache.num_train))
-        on = cache.rows_on_device
-        yield (len(rows), (on(cache.teacher_state[0], rows), on(cache.teacher_state[1], rows)),
-               (on(inputs[0], rows), on(inputs[1], rows)), (on(teacher_out[0], rows), on(teacher_out[1], rows)))
+        own = rows if ranks.world == 1 else cache.local(rows)
+        t_in = (on(cache.teacher_state[0], own), on(cache.teacher_state[1], own))
+        t_out = (on(teacher_out[0], own), on(teacher_out[1], own))
+        shared = None
+        if ranks.world > 1:
+            sums = update_sums(mode, t_in, t_out)
+            ranks.sum([sums])
+            shared = (sums, len(rows) * math.prod(t_out[0].shape[1:]))
+            if len(own) == 0:
+                continue
+        yield len(rows), t_in, (on(inputs[0], own), on(inputs[1], own)), t_out, shared
 
 
 def _solve_device(device: torch.device) -> torch.device:
@@ -200,10 +210,10 @@ def calibration_loss(cache: StateCache, layer: nn.Module, teacher_out: State, *,
     ranks = ranks or Ranks()
     inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
     total = torch.zeros((), dtype=torch.float64, device=cache.device)
-    for count, t_in, s_in, t_out in _batches(cache, teacher_out, inputs, batch_size, ranks):
+    for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
         with cache.autocast():
-            s_out = layer(s_in[0], s_in[1], **cache.kwargs(count))
-        total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs).double() * (count / cache.num_train)
+            s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
+        total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs, shared=shared).double() * (count / cache.num_train)
     ranks.sum([total])
     return total.item()
 
@@ -219,18 +229,19 @@ def _collect(cache: StateCache, layer: nn.Module, name: str, teacher_out: State,
     equations = NormalEquations.zeros(linear.in_features, linear.out_features, _solve_device(weight.device))
     total = torch.zeros((), dtype=torch.float64, device=weight.device)
     with _recording(layer, name) as recorder:
-        for count, t_in, s_in, t_out in _batches(cache, teacher_out, inputs, batch_size, ranks):
+        for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
             recorder.inputs = None
             with cache.autocast():
-                s_out = layer(s_in[0], s_in[1], **cache.kwargs(count))
+                s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
             share = count / cache.num_train
-            total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs).double() * share
+            total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs, shared=shared).double() * share
             z = recorder.inputs.float()  # [B, S, D_in]
             y0 = F.linear(z, weight)  # the module's output without its bias, [B, S, D_out]
             base = tuple(s.float() - c * y0 for s, c in zip(s_out[:2], direct))
             with torch.enable_grad():
                 y = y0.clone().requires_grad_(True)
-                loss = layer_error(layer.mode, t_in, tuple(b + c * y for b, c in zip(base, direct)), t_out, local_inputs)
+                loss = layer_error(layer.mode, t_in, tuple(b + c * y for b, c in zip(base, direct)), t_out, local_inputs,
+                                   shared=shared)
                 (grad,) = torch.autograd.grad(loss, y, create_graph=True)
                 (curvature,) = torch.autograd.grad(grad, y, torch.ones_like(y))  # 2 alpha everywhere
             alpha = curvature.double().mean() / 2

@@ -91,16 +91,10 @@ def parse_objectives(spec: str) -> dict[str, float]:
     return weights
 
 
-def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, total: int | None = None) -> torch.Tensor:
-    """``mean((prediction - target)^2) / mean(scale^2)`` with the denominator treated as a constant.
-
-    ``total``: ``prediction`` and ``target`` are a part of a batch of ``total`` elements (``scale`` is the whole
-    batch's): the part's share of the batch's error, ``sum((prediction - target)^2) / total / mean(scale^2)``.
-    """
+def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``mean((prediction - target)^2) / mean(scale^2)`` with the denominator treated as a constant."""
     denominator = scale.detach().float().pow(2).mean().clamp_min(1e-12)
-    if total is None:
-        return (prediction.float() - target.float()).pow(2).mean() / denominator
-    return (prediction.float() - target.float()).pow(2).sum() / total / denominator
+    return (prediction.float() - target.float()).pow(2).mean() / denominator
 
 
 @dataclass
@@ -255,34 +249,54 @@ class AdaptLoss(nn.Module):
         return self._student_errors(input_ids, teacher, max(self.converted) + 1, cut_graph=True)[1]
 
 
+def update_sums(mode: LayerMode, t_in: State, t_out: State) -> torch.Tensor:
+    """The sums of squares (float32, ``[2]`` where the layer syncs its attention, else ``[1]``) of the teacher's updates
+    that ``layer_error``'s relative errors divide by, over the rows of ``t_in``/``t_out``: summed over the processes
+    that hold a batch's rows, they are ``layer_error``'s ``shared`` sums."""
+    if mode.syncs_attention:
+        scales = (t_out[1] - t_in[0], t_out[0] - t_out[1])
+    else:
+        scales = (t_out[0] - t_in[0],)
+    return torch.stack([scale.detach().float().pow(2).sum() for scale in scales])
+
+
 def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_inputs: str,
-                part: slice | None = None) -> torch.Tensor:
+                shared: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """Relative squared error of one layer: per module where the layer syncs its attention, else per block.
 
     ``t_in``/``t_out`` are the teacher's ``(residual, stale)`` entering and leaving the layer,
     ``s_out`` the student's leaving it. With teacher inputs the student's module *updates* are
     compared; with student inputs, its residual stream after each module.
 
-    ``part``: ``s_out`` holds only these rows of the batch (one process's share under data
-    parallelism); the result is their share of the whole batch's error, so the shares of all
-    processes sum to the error of the batch (the denominators are the whole batch's).
+    ``shared``: ``t_in``, ``s_out`` and ``t_out`` hold only this process's rows of a batch whose other rows other
+    processes hold (data parallelism); ``(sums, total)`` are the whole batch's ``update_sums`` (summed over the
+    processes) and its element count. The result is these rows' share of the batch's error,
+    ``sum((prediction - target)^2) / total / (sum / total)`` per term, so the shares of all processes sum to the
+    error of the batch.
     """
-    def own(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if part is None else tensor[part]
+    if shared is not None:
+        sums, total = shared
+        denominators = (sums / total).clamp_min(1e-12)
+        if mode.syncs_attention:
+            if local_inputs == "teacher":
+                pairs = ((s_out[1] - t_in[0], t_out[1] - t_in[0]), (s_out[0] - s_out[1], t_out[0] - t_out[1]))
+            else:
+                pairs = ((s_out[1], t_out[1]), (s_out[0], t_out[0]))
+        else:
+            pairs = ((s_out[0], t_out[0]),)
+        return sum((p.float() - t.float()).pow(2).sum() / total / d for (p, t), d in zip(pairs, denominators))
 
-    total = None if part is None else t_out[0].numel()
     if mode.syncs_attention:
         # the returned stale state of a synced layer is its post-attention residual
         attn_update = t_out[1] - t_in[0]
         mlp_update = t_out[0] - t_out[1]
         if local_inputs == "teacher":
-            s_attn = s_out[1] - own(t_in[0])
+            s_attn = s_out[1] - t_in[0]
             s_mlp = s_out[0] - s_out[1]
-            return (relative_sq_error(s_attn, own(attn_update), attn_update, total)
-                    + relative_sq_error(s_mlp, own(mlp_update), mlp_update, total))
-        return relative_sq_error(s_out[1], own(t_out[1]), attn_update, total) + relative_sq_error(s_out[0], own(t_out[0]), mlp_update, total)
+            return relative_sq_error(s_attn, attn_update, attn_update) + relative_sq_error(s_mlp, mlp_update, mlp_update)
+        return relative_sq_error(s_out[1], t_out[1], attn_update) + relative_sq_error(s_out[0], t_out[0], mlp_update)
     update = t_out[0] - t_in[0]
-    return relative_sq_error(s_out[0], own(t_out[0]), update, total)
+    return relative_sq_error(s_out[0], t_out[0], update)
 
 
 def check_top_k(top_k: int, divergence: str) -> None:

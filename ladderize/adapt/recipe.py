@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from ..checkpoint.placement import process_rank
+from ..checkpoint.placement import process_rank, world_size
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, chosen_recipe, describe
-from .teacher_states import keeps_teacher_states
+from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
 
 PLAN_FILE = "recipe.json"
@@ -198,6 +198,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
     current, done_steps, stage_s, reused_s = str(plan.checkpoint), 0, [], 0.0
     for index in range(len(plan.stages)):
         stage, steps = plan.stages[index], plan.steps
+        budgeted = plan.budget is not None and plan.budget.get("seconds") is not None  # a re-plan may grow what is read
         last = index == len(steps) - 1
         tag = f"stage{stage.number}-{stage.name}"
         stage_out = final if last else top / tag
@@ -205,7 +206,8 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
-                              teacher_states=str(top / TEACHER_STATES_DIR) if shares else None)
+                              teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
+                              teacher_state_rows=None if budgeted else rows_read(steps, index, world_size()))
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
             earlier.append(_finished_stage(stage_out, curve))

@@ -26,10 +26,13 @@ The calibration states are on the device too when ``STATE_COPIES`` of them fit i
 copied over a chunk or a batch at a time. On CPU every copy is the tensor itself: the numbers
 are the CPU run's bit for bit.
 
-Data parallel (``accelerate launch`` / torchrun, ``WORLD_SIZE`` > 1): every process computes the
-states of the whole calibration set and trains the same layer on its part of each batch (``--batch-size``
-is the step's batch, split over the processes); the gradients are summed (``layer_training.Ranks``), so
-the steps are one process's within fp32 rounding. The main process writes the files.
+Data parallel (``accelerate launch`` / torchrun, ``WORLD_SIZE`` > 1): each process owns the sequences
+whose index modulo the process count is its rank, computes and holds only their states (1/N of the
+memory), and trains the same layer on the rows of each batch it owns (``--batch-size`` is the step's
+batch); the losses are shares of the batch's and the gradients are summed (``layer_training.Ranks``), so
+the steps are one process's within fp32 rounding. The main process writes the layer files and OUT; each
+process writes the teacher's states of its own sequences (``teacher_states.write``), those of the rows a
+later stage reads (``config.teacher_state_rows``).
 
 Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
 (``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). A resumed run
@@ -151,8 +154,8 @@ def adapt_sequential(
         if not ranks.main:  # one voice: the main process says the plan, the data and the pace
             say = _silent
         if config.batch_size < ranks.world:
-            say(f"the sequential step's batch ({config.batch_size}) is split over {ranks.world} processes: "
-                f"{ranks.world - config.batch_size} wait each step (a larger batch_size uses them)")
+            say(f"the sequential step's batch ({config.batch_size}) is split over {ranks.world} processes (each its own "
+                f"sequences): at least {ranks.world - config.batch_size} wait each step (a larger batch_size uses them)")
     precision = training_precision(config.dtype, device, config.mixed_precision)
     if precision.autocast is torch.float16:
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
@@ -195,15 +198,18 @@ def adapt_sequential(
         say(COMPILING)
 
     hidden = student.model.config.hidden_size
-    store = state_store(config, device, run_dir, data.numel() * hidden * torch.empty((), dtype=torch.float32).element_size())
+    held = len(ranks.owned(int(data.shape[0])))  # the sequences whose states this process holds (Ranks)
+    store = state_store(config, device, run_dir, held * data.shape[1] * hidden * torch.empty((), dtype=torch.float32).element_size())
     if device.type != "cpu":
         say(f"sequential on {device} ({precision.name}); states in {store.where}")
     keep = None
-    if config.teacher_states and ranks.main:  # for a later kd or lm stage of the recipe (teacher_states.py)
+    rows_kept = int(data.shape[0]) if config.teacher_state_rows is None else min(config.teacher_state_rows, int(data.shape[0]))
+    if config.teacher_states and rows_kept > 0:  # for a later kd or lm stage of the recipe (teacher_states.py)
         first, kept = min(student.model.layout.converted_layers), teacher_id(teacher_path)
+        mine = data[ranks.owned(int(data.shape[0]))][:len(ranks.owned(rows_kept))]  # this process's of the rows kept
 
         def keep(name: str, tensors: dict[str, torch.Tensor]) -> None:
-            write_teacher_states(Path(config.teacher_states), name, data, tensors, kept, first)
+            write_teacher_states(Path(config.teacher_states), name, mine, tensors, kept, first, ranks.rank, ranks.world)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
                                       state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase,
@@ -250,7 +256,7 @@ def _train_layers(
     """Train the converted layers in order; each is saved as it finishes, and a resumed run continues after the last saved.
 
     ``keep(file, tensors)``: stores the teacher's states entering the first converted layer, and those entering its
-    final norm once its last layer has run (``teacher_states.py``).
+    final norm once its last layer has run, of this process's sequences (``teacher_states.py``).
 
     ``data``'s last ``held_out`` rows only measure each layer's loss before and after (``StateCache.eval_rows``).
     A batch holds at most the whole calibration set: a set smaller than ``--batch-size`` trains every sequence
@@ -376,7 +382,7 @@ def _train_layers(
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
     phase = on_phase if on_phase is not None and ranks.main else None  # the states' chunks, from the first one
-    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase)
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase, ranks=ranks)
     if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
         cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",
                     2 * (done + 1 - first))

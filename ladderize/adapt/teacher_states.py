@@ -16,6 +16,10 @@ states only where its own windows are those rows, token for token, of the same t
 the teacher. The stage reads a batch's rows from the files at each step, so the states take disk, not memory: three
 ``[N, S, D]`` float32 tensors (1.6 GB for SmolLM2's 237,056 held-out WikiText tokens). The files live in the recipe's
 run dir and go with it.
+
+The sequential stage writes the first ``rows_read`` rows only, as many as the later stages' plans read (all its rows
+under a wall budget, whose re-plan may grow them). Under N processes each writes the rows it holds, those whose index
+modulo N is its rank (``layer_training.Ranks``), to files of its own (``part_name``); ``read`` puts them together.
 """
 
 from __future__ import annotations
@@ -39,13 +43,42 @@ def teacher_id(teacher_path: str) -> str:
     return str(path.resolve()) if path.exists() else str(teacher_path)
 
 
+def part_name(name: str, part: int, parts: int) -> str:
+    """The file of ``name`` that process ``part`` of ``parts`` writes (``name`` itself for one process)."""
+    if parts == 1:
+        return name
+    stem, suffix = name.split(".", 1)
+    return f"{stem}-{part:05d}-of-{parts:05d}.{suffix}"
+
+
+def _parts(directory: Path, name: str) -> int | None:
+    """How many processes wrote ``name`` in ``directory`` (1: the one file), ``None`` where it is not all there."""
+    if (directory / name).is_file():
+        return 1
+    stem, suffix = name.split(".", 1)
+    counts = {int(file.name.rsplit("-of-", 1)[1].split(".")[0]) for file in directory.glob(f"{stem}-*-of-*.{suffix}")}
+    for parts in sorted(counts, reverse=True):
+        if all((directory / part_name(name, part, parts)).is_file() for part in range(parts)):
+            return parts
+    return None
+
+
 def write(directory: Path, name: str, input_ids: torch.Tensor, tensors: dict[str, torch.Tensor], teacher: str,
-          first: int) -> None:
-    """Write ``tensors`` (``[N, S, D]`` each, N the rows of ``input_ids``) to ``directory / name``, atomically."""
+          first: int, part: int = 0, parts: int = 1) -> None:
+    """Write ``tensors`` (``[N, S, D]`` each, N the rows of ``input_ids``) to ``directory / name``, atomically.
+
+    Under ``parts`` processes each writes the rows it holds, those whose index modulo ``parts`` is ``part``, in order,
+    to a file of its own (``part_name``), and removes ``name``'s files of another process count."""
+    directory = Path(directory)
     rows = input_ids.shape[0]
     payload = {"input_ids": input_ids.cpu().contiguous(),
                **{key: value[:rows].detach().to("cpu", torch.float32).contiguous() for key, value in tensors.items()}}
-    with atomic_file(Path(directory) / name) as tmp:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem, suffix = name.split(".", 1)
+    for other in [directory / name, *directory.glob(f"{stem}-*-of-*.{suffix}")]:
+        if other.name not in {part_name(name, p, parts) for p in range(parts)}:
+            other.unlink(missing_ok=True)
+    with atomic_file(directory / part_name(name, part, parts)) as tmp:
         save_safetensors(payload, tmp, metadata={"teacher": teacher, "first_converted": str(first)})
 
 
@@ -54,17 +87,25 @@ class TeacherStates:
     ``(residual, stale, final)``, read from the files then (each file open for that read only: pages read through an
     open map count in the process's RSS, as ``layer_source.py`` found), so nothing of them stays in memory."""
 
-    def __init__(self, directory: Path, num_rows: int):
-        self.directory, self.num_rows = Path(directory), num_rows
+    def __init__(self, directory: Path, num_rows: int, parts: int = 1):
+        self.directory, self.num_rows, self.parts = Path(directory), num_rows, parts
 
     def rows(self, index: list[int], device: torch.device | str) -> tuple[torch.Tensor, ...] | None:
-        """The states of rows ``index`` on ``device``; ``None`` when one of them is not stored (the teacher runs)."""
+        """The states of rows ``index`` on ``device``; ``None`` when one of them is not stored (the teacher runs).
+        Row ``r`` is row ``r // parts`` of part ``r % parts``'s files."""
         if max(index) >= self.num_rows:
             return None
-        parts = [slice(row, row + 1) for row in index]
-        with open_safetensors(self.directory / ENTRY_FILE) as entry, open_safetensors(self.directory / FINAL_FILE) as final:
-            return tuple(handle.read(key, rows=parts).to(device)
-                         for handle, key in ((entry, "residual"), (entry, "stale"), (final, "final")))
+        found: list[list[torch.Tensor | None]] = [[None] * len(index) for _ in range(3)]
+        for part in sorted({row % self.parts for row in index}):
+            positions = [at for at, row in enumerate(index) if row % self.parts == part]
+            slices = [slice(index[at] // self.parts, index[at] // self.parts + 1) for at in positions]
+            with open_safetensors(self.directory / part_name(ENTRY_FILE, part, self.parts)) as entry, \
+                    open_safetensors(self.directory / part_name(FINAL_FILE, part, self.parts)) as final:
+                for kind, (handle, key) in enumerate(((entry, "residual"), (entry, "stale"), (final, "final"))):
+                    read = handle.read(key, rows=slices)
+                    for offset, at in enumerate(positions):
+                        found[kind][at] = read[offset:offset + 1]
+        return tuple(torch.cat(kind).to(device) for kind in found)
 
 
 def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tensor], teacher: str,
@@ -72,20 +113,34 @@ def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tens
     """The stored states if a stage's ``count`` windows (``windows(n)``: the first ``n`` as ``[n, S]``) begin with the
     stored rows, or are their first rows, for the same ``teacher`` and first converted layer; else ``None``. The
     second value says what was found, for the log (``None``: nothing is stored)."""
-    files = [] if directory is None else [Path(directory) / ENTRY_FILE, Path(directory) / FINAL_FILE]
-    if not files or not all(file.is_file() for file in files):
+    if directory is None:
         return None, None
+    directory = Path(directory)
+    parts = [_parts(directory, name) for name in (ENTRY_FILE, FINAL_FILE)]
+    if parts[0] is None or parts[0] != parts[1]:
+        return None, None
+    parts = parts[0]
     shared = count
-    for file in files:
-        with open_safetensors(file) as handle:
-            meta = handle.metadata() or {}
-            if meta.get("teacher") != teacher or meta.get("first_converted") != str(first):
-                return None, f"the teacher states in {directory} are of another teacher or layout: the teacher runs"
-            ids = handle.get_tensor("input_ids")
-            shared = min(shared, ids.shape[0])
-            if not torch.equal(ids[:shared], windows(shared).to(ids.dtype)):
-                return None, "this stage's sequences are not those whose teacher states are stored: the teacher runs"
-    states = TeacherStates(Path(directory), shared)
+    for name in (ENTRY_FILE, FINAL_FILE):
+        pieces = []
+        for part in range(parts):
+            with open_safetensors(directory / part_name(name, part, parts)) as handle:
+                meta = handle.metadata() or {}
+                if meta.get("teacher") != teacher or meta.get("first_converted") != str(first):
+                    return None, f"the teacher states in {directory} are of another teacher or layout: the teacher runs"
+                pieces.append(handle.get_tensor("input_ids"))
+        stored = sum(piece.shape[0] for piece in pieces)
+        if any(piece.shape[0] != len(range(part, stored, parts)) for part, piece in enumerate(pieces)):
+            return None, f"the teacher states in {directory} are not whole: the teacher runs"
+        ids = torch.empty((stored, *pieces[0].shape[1:]), dtype=pieces[0].dtype)
+        for part, piece in enumerate(pieces):
+            ids[part::parts] = piece
+        shared = min(shared, stored)
+        if not torch.equal(ids[:shared], windows(shared).to(ids.dtype)):
+            return None, "this stage's sequences are not those whose teacher states are stored: the teacher runs"
+    if shared == 0:
+        return None, None
+    states = TeacherStates(directory, shared, parts)
     outside = "" if count <= shared else \
         f"; {count - shared:,} of its {count:,} sequences are not stored: the batches with one of them run the teacher"
     return states, (f"the teacher's states of {shared:,} sequences come from the sequential stage ({directory}): "
@@ -106,6 +161,23 @@ def _reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
 def keeps_teacher_states(steps: list[dict[str, Any]], index: int) -> bool:
     """Whether stage ``index`` is a sequential stage whose teacher states a later stage can read."""
     return any(_reads_kept_states(step, steps[index]) for step in steps[index + 1:])
+
+
+def rows_read(steps: list[dict[str, Any]], index: int, world: int = 1) -> int:
+    """How many of its first sequences' teacher states sequential stage ``index`` stores: as many as the later stages
+    that read them (``_reads_kept_states``) take windows, at ``world`` processes (the joint stage's count: its tokens
+    rounded up to whole steps of ``batch_size x grad_accum x world`` sequences); 0 where none reads them."""
+    import math
+
+    from .config import AdaptConfig
+
+    rows = 0
+    for step in steps[index + 1:]:
+        if _reads_kept_states(step, steps[index]):
+            seq_len = step.get("seq_len", AdaptConfig.seq_len)
+            per_step = step.get("batch_size", AdaptConfig.batch_size) * step.get("grad_accum", AdaptConfig.grad_accum) * world
+            rows = max(rows, math.ceil(step["tokens"] / (per_step * seq_len)) * per_step)
+    return rows
 
 
 def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: int | None = None) -> bool:
