@@ -1,47 +1,37 @@
-"""The joint training, built on Accelerate: every trained parameter updated at every step, checkpoints and exact resume.
+"""The replicated run of a joint stage (``trainer.train_joint``'s loop drives it): one process, or every process
+holding the whole student under a launcher (DDP), built on Accelerate.
 
-One process on CPU by default; under a launcher the same code runs DDP (the replicated strategy,
-``strategy.choose_strategy``; sharding is ``sharded.py``'s, an Accelerate FSDP config included:
-``accelerate_config``) with mixed precision, gradient accumulation and activation checkpointing. ``--batch-size`` is
-the global batch of an optimizer step; each process reads its rows of it from a deterministic batch order (a pure
-function of the step and the seed, ``batches.StepSplit``), so a resumed run replays exactly the batches an
-uninterrupted run would have seen, and a step trains the same sequences on any process count. The training state is
-saved every ``save_every`` optimizer steps (``run_dir.save_accelerate_state``). Losses stay on
-the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU).
+Accelerate gives the device, DDP (gloo on a CPU, NCCL on CUDA), mixed precision (autocast, and a loss scaler under
+fp16) and the gradient synchronisation; the loop divides each micro-batch's loss by the accumulation itself. This run
+takes what needs the whole weights on every process (``strategy.SETTINGS``): LoRA (peft, merged into OUT, the adapter
+saved beside it), an EMA of the trained weights, head grouping before training, interpolation towards the start,
+and ``--train all``. OUT is written by the main process from the whole model.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..errors import LadderizeError, holding_interrupts
+from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
-from ..progress import counted
-from ..corpus.windows import token_windows
-from ..corpus.token_store import build_reporter, is_store
 from ..convert.teacher import load_teacher, resolve_teacher
-from .compilation import COMPILING, adamw, compile_layers, recompute_activations, resolve_compile
-from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
-from .batches import StepSplit
+from .compilation import COMPILING, compile_layers, recompute_activations, resolve_compile
+from .config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
 from .cost import FlopCount
-from .throughput import Throughput, peak_flops_per_s, plan_line
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
-from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
-from .lr_curve import warmup_cosine
-from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
+from .objectives import AdaptLoss
 from .output import write_output
-from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, save_accelerate_state
+from .training_state import finish_state
 from .layer_source import ResidentLayers, same_prefix
-from .teacher_states import read as read_teacher_states, teacher_id
 
 
 def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) -> list[torch.nn.Parameter]:
@@ -70,222 +60,151 @@ def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausa
     return same_prefix(ResidentLayers(student), ResidentLayers(teacher), min(student.layout.converted_layers))
 
 
-def adapt_joint(
-    config: AdaptConfig,
-    weights: dict[str, float],
-    checkpoint: str,
-    out: Path,
-    *,
-    resume: bool,
-    progress: Callable[[StepInfo, LadderLlamaForCausalLM], None] | None,
-    say: Callable[[str], None],
-    stop_after_steps: int | None,
-    save_at_stop: bool = False,
-    deadline: float | None = None,
-) -> AdaptResult:
-    """Run the joint training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``.
+class ReplicatedRun:
+    """A joint stage on one process or replicated over the launched ones: the whole student, teacher, gradients and
+    optimizer state on every process (``trainer.train_joint`` calls it in this order: build, prepare, then each
+    step's ``synchronizing``/``backward``, ``clip``, ``optimizer_step``, and ``write_out``)."""
 
-    ``deadline`` (``time.perf_counter()``'s clock, one process): a wall budget's stage stops at the first step that
-    ends past it, says so, and writes OUT from there.
+    teacher_gathers = False  # each process runs its own teacher: a micro-batch takes stored states where it has them
 
-    ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state
-    of that step first, so that ``--resume`` continues from it."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+    def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
-    from ..checkpoint.io import load_model, load_tokenizer
+        from ..checkpoint.placement import resolve_device, training_precision
 
-    from ..checkpoint.placement import resolve_device, training_precision
+        self.config, self.weights, self.checkpoint = config, weights, checkpoint
+        device = resolve_device(config.device)  # under accelerate launch the Accelerator's device wins (below)
+        if _launched():  # the one process group, on this process's device, before Accelerate looks for one
+            from . import process_group
 
-    run_dir = config.resolved_run_dir()
-    state_dir = run_dir / STATE_DIR
-    device = resolve_device(config.device)  # under accelerate launch the Accelerator's device wins (below)
-    if _launched():  # the one process group, on this process's device, before Accelerate looks for one
-        from . import process_group
+            device = process_group.start(device)
+        elif device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
+        precision = training_precision(config.dtype, device, config.mixed_precision)
+        precision.apply()
+        _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
+            raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
+                                 "adapt/accelerate_config.py), not this replicated one: launch it without the FSDP config")
+        # training every parameter with only the local objective leaves the unconverted layers unused
+        unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
+        self.accelerator = Accelerator(
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
+            mixed_precision=precision.mixed_precision,
+            cpu=device.type == "cpu",  # --device cpu, or a CPU-only machine: torchrun / accelerate launch give gloo DDP
+        )
+        set_seed(config.seed)
+        self.device = self.accelerator.device
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.ema: WeightEMA | None = None
+        self.peft_model = None
 
-        device = process_group.start(device)
-    elif device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
-    precision = training_precision(config.dtype, device, config.mixed_precision)
-    precision.apply()
-    _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
-        raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
-                             "adapt/accelerate_config.py), not this replicated one: launch it without the FSDP config")
-    # training every parameter with only the local objective leaves the unconverted layers unused
-    unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
-    accelerator = Accelerator(
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
-        gradient_accumulation_steps=config.grad_accum,
-        mixed_precision=precision.mixed_precision,
-        cpu=device.type == "cpu",  # --device cpu, or a CPU-only machine: torchrun / accelerate launch then give gloo DDP
-    )
-    set_seed(config.seed)
+    def plan_suffix(self) -> str:
+        return ""
 
-    student = load_model(checkpoint, dtype=torch.float32)
-    tokenizer = load_tokenizer(checkpoint, "adaptation")
-    with_teacher = needs_teacher(config, weights)
-    teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else config.teacher
-    teacher = load_teacher(teacher_path, student) if with_teacher else None
+    def build(self, data, say: Callable[[str], None]) -> None:
+        """Load the student and (where an objective needs it) the teacher whole, pick the trained parameters, and
+        build the loss."""
+        from ..checkpoint.io import load_model
 
-    world = accelerator.num_processes
-    if not accelerator.is_main_process:  # one voice: the main process says the plan, the data and the pace
-        say = _silent
-    split = StepSplit(config.batch_size, world, config.grad_accum)
-    sequences_per_step = config.batch_size
-    tokens_per_step = sequences_per_step * config.seq_len
-    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
-    if total_steps * tokens_per_step != config.tokens:
-        say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains {sequences_per_step} "
-            f"sequence(s) x {config.seq_len} tokens (--batch-size x --seq-len)")
-    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len))
-    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
-                         progress=build_reporter(say, config.data), say=say)
-    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
-    stored = "" if is_store(config.data) else f" (token store {where})"
-    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{stored}")
-    if len(data) < sequences_per_step:
-        say(f"the data holds fewer sequences than a step trains ({sequences_per_step}): every step repeats them, "
-            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")
+        config, weights, checkpoint = self.config, self.weights, self.checkpoint
+        student = load_model(checkpoint, dtype=torch.float32)
+        with_teacher = needs_teacher(config, weights)
+        self.teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else config.teacher
+        teacher = load_teacher(self.teacher_path, student) if with_teacher else None
+        if config.head_grouping:  # before ``prepare``, on the Accelerator's device
+            from ..convert.head_grouping import group_heads_for_spd
 
-    if config.head_grouping:  # before ``prepare``, on the Accelerator's device
-        from ..convert.head_grouping import group_heads_for_spd
+            student.to(self.device)
+            teacher.to(self.device)
+            student, orders = group_heads_for_spd(student, teacher, data.head(8))
+            say(f"head grouping: {orders}")
+        spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
+        if config.train == "lora":  # peft wraps the target linears of ``student`` in place
+            self.peft_model, self.params = add_lora(student, student.layout.converted_layers, spec, base=checkpoint)
+        else:
+            self.params = select_trainable(student, config.train, spec)
+        self.share_prefix = _prefix_shared(student, teacher, config.train)
+        self.flops = FlopCount.for_stage(student.config, student.layout.converted_layers
+                                         or list(range(student.config.num_hidden_layers)),
+                                         weights, share_prefix=self.share_prefix, scope=config.train)
+        compiled = resolve_compile(config.compile, self.device)
+        if compiled:
+            compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])], self.device)
+            say(COMPILING)
+        self.state_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature,
+                                      self.share_prefix, config.kd_divergence, config.kd_top_k, compiled)
+        self.first = self.state_module.first
+        if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+            recompute_activations(student)
+        if teacher is not None:
+            teacher.to(self.device)
+        self.student = student
+        self.loss_module = self.state_module
 
-        student.to(accelerator.device)
-        teacher.to(accelerator.device)
-        student, orders = group_heads_for_spd(student, teacher, data.head(8))
-        say(f"head grouping: {orders}")
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hand the loss and the optimizer to Accelerate (DDP, autocast, the loss scaler); start the EMA from the
+        weights training starts from."""
+        self.loss_module, self.optimizer = self.accelerator.prepare(self.state_module, optimizer)
+        self.ema = WeightEMA(self.params, self.config.ema) if self.config.ema else None
 
-    spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
-    peft_model = None
-    if config.train == "lora":  # peft wraps the target linears of ``student`` in place
-        peft_model, params = add_lora(student, student.layout.converted_layers, spec, base=checkpoint)
-    else:
-        params = select_trainable(student, config.train, spec)
-    share_prefix = _prefix_shared(student, teacher, config.train)
-    flops = FlopCount.for_stage(student.config, student.layout.converted_layers or list(range(student.config.num_hidden_layers)),
-                                weights, share_prefix=share_prefix, scope=config.train)
-    pace = Throughput(world, flops.per_token, peak_flops_per_s(accelerator.device))
-    compiled = resolve_compile(config.compile, accelerator.device)
-    if compiled:
-        compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])], accelerator.device)
-        say(COMPILING)
-    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share_prefix,
-                            config.kd_divergence, config.kd_top_k, compiled)
-    if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
-        recompute_activations(student)
-    if teacher is not None:
-        teacher.to(accelerator.device)
-    stored = None
-    if config.teacher_states and share_prefix and set(weights) <= STORED_TEACHER_OBJECTIVES:  # teacher_states.py
-        stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head, teacher_id(teacher_path),
-                                            loss_module.first)
-        if found:
-            say(found)
+    def synchronizing(self, last: bool):
+        """The context of a micro-batch's forward and backward: DDP's gradient all-reduce only on the last one."""
+        return contextlib.nullcontext() if last else self.accelerator.no_sync(self.loss_module)
 
-    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio)
-    )
-    loss_module, optimizer = accelerator.prepare(loss_module, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    ema = WeightEMA(params, config.ema) if config.ema else None  # from the weights training starts from
-    keep_ema = ema.save if ema is not None else None
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
 
-    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
-    saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
-    if saved is not None and (state_dir / DCP_DIR).is_dir():
-        raise LadderizeError(f"cannot resume {run_dir}: its state was saved sharded (FSDP2); resume it under the "
-                             "launcher it ran under, or with --shard fsdp (or --force to start over)")
-    if saved is not None:
-        accelerator.load_state(str(state_dir))
-        if ema is not None:
-            ema.load(state_dir)
-        step, tokens_done, train_s, curve = saved["step"], saved["tokens"], saved["train_s"], saved["curve"]
-        cpu_s = saved.get("cpu_s", 0.0)
-        resumed_from = step
-        say(f"resumed from step {step} ({tokens_done} tokens)")
-    elif resume:
-        say(f"nothing to resume in {run_dir}; starting a new run")
+    def clip(self, max_norm: float) -> None:
+        self.accelerator.clip_grad_norm_(self.params, max_norm)
 
-    model = accelerator.unwrap_model(loss_module).student
-    loss_module.train()
-    rank = accelerator.process_index
-    saved_step, clock = step, SaveClock(config, say)
-    log_every = log_interval(accelerator.device)
-    pending = PendingLosses((lambda t: accelerator.reduce(t, reduction="mean")) if world > 1 else None)
-    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
-                      pace=pace, say=say, report=(lambda info: progress(info, model))
-                      if accelerator.is_main_process and progress is not None else None)
-    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
-        while step < total_steps:
-            if stop_after_steps is not None and step >= stop_after_steps:
-                pending.flush(curve)
-                if save_at_stop and saved_step != step:
-                    save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
-                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, state_dir=state_dir if state_dir.exists() else None,
-                                   stopped_early=True, throughput=pace.record(tokens_done, train_s))
-            started, cpu_started = time.perf_counter(), time.process_time()
-            sums: dict[str, torch.Tensor] = {}
-            for micro in range(config.grad_accum):
-                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
-                batch = data.rows(rows).to(accelerator.device)
-                kept = stored.rows(rows, accelerator.device) if stored is not None else None
-                with accelerator.accumulate(loss_module):
-                    losses = loss_module(batch, kept)
-                    if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
-                        losses = {name: value * weight for name, value in losses.items()}
-                    accelerator.backward(losses["total"])
-                    if accelerator.sync_gradients and config.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(params, config.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                for name, value in losses.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
-            if ema is not None:
-                ema.update()
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            step += 1
-            tokens_done += tokens_per_step
-            logged = step % log_every == 0 or step == total_steps
-            if logged and accelerator.device.type == "cuda":
-                torch.cuda.synchronize(accelerator.device)  # the clock counts the device's work where the losses are read
-            train_s += time.perf_counter() - started
-            cpu_s += time.process_time() - cpu_started
-            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-            if deadline is not None and world == 1 and step < total_steps and time.perf_counter() >= deadline:
-                say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
-                    f"({counted(tokens_done, 'token')} trained) to keep the budget")
-                total_steps = log.total_steps = step
-            if step == total_steps or ((logged or clock.by_steps) and clock.due(step, accelerator.device)):
-                pending.flush(curve)
-                save_accelerate_state(accelerator, state_dir, config, step, tokens_done, train_s, cpu_s, curve, keep_ema)
-                saved_step = step
-                clock.saved()
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update()
 
-    accelerator.wait_for_everyone()
-    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
-    if ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
-        ema.write_into()
-    if accelerator.is_main_process:
-        final = accelerator.unwrap_model(loss_module).student
-        adapter = None
-        if peft_model is not None:
-            adapter = run_dir / f".{ADAPTER_DIR}.tmp"
-            shutil.rmtree(adapter, ignore_errors=True)
-            save_adapter(peft_model, adapter)
-            final = merge_lora(peft_model)
-        if config.interpolate != 1:
-            final = toward_start(final, checkpoint, config.interpolate)
-        write_output(final, tokenizer, checkpoint, teacher_path, config, weights, result, out, adapter=adapter)
-        result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
-    accelerator.wait_for_everyone()
-    return result
+    def extra_state(self) -> dict[str, Any]:
+        """What the state holds besides the trained parameters and AdamW: fp16's loss scaler."""
+        scaler = self.accelerator.scaler
+        return {"scaler": scaler.state_dict()} if scaler is not None else {}
 
+    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None:
+        if "scaler" in extra:
+            self.accelerator.scaler.load_state_dict(extra["scaler"])
+        if self.ema is not None:
+            self.ema.load(state_dir)
 
-def _silent(_message: str) -> None:
-    """What a process other than the main one says: nothing."""
+    def save_beside(self, folder: Path) -> None:
+        """The main process's files beside the checkpoint: the EMA's average."""
+        if self.ema is not None:
+            self.ema.save(folder)
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def write_out(self, result: AdaptResult, out: Path, tokenizer, state_dir: Path) -> None:
+        """OUT from the whole student, by the main process: the EMA's weights where kept, LoRA merged (its adapter
+        beside), interpolated towards the start where asked; then the training state removed unless kept."""
+        accelerator, config = self.accelerator, self.config
+        accelerator.wait_for_everyone()
+        if self.ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
+            self.ema.write_into()
+        if accelerator.is_main_process:
+            final = accelerator.unwrap_model(self.loss_module).student
+            adapter = None
+            if self.peft_model is not None:
+                adapter = state_dir.parent / f".{ADAPTER_DIR}.tmp"
+                shutil.rmtree(adapter, ignore_errors=True)
+                save_adapter(self.peft_model, adapter)
+                final = merge_lora(self.peft_model)
+            if config.interpolate != 1:
+                final = toward_start(final, self.checkpoint, config.interpolate)
+            write_output(final, tokenizer, self.checkpoint, self.teacher_path, config, self.weights, result, out,
+                         adapter=adapter)
+            result.state_dir = finish_state(state_dir.parent, state_dir, config.keep_state)
+        accelerator.wait_for_everyone()
 
 
 def _fresh_single_process_state(mixed_precision: str, cpu: bool) -> None:

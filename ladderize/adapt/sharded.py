@@ -15,15 +15,11 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 - **Host memory** is the shards and what a step gathers: glibc maps every block of a MiB or more on its own
   (``layer_source.map_large_allocations``), so that the gathered weights and gradients a step frees leave the
   process.
-- **One step** is the joint training's step (``joint.py``): each rank reads its rows of the deterministic batch
-  order, FSDP2 averages the gradients (reduce-scatter), gradient sync waits for the last micro-batch, and the clip
-  measures the global norm of the sharded gradients. Losses stay on the device and are read when logged
-  (every ``log_every`` steps on CUDA, every step on a CPU), so a step does not wait for the host.
-- **The training state** is what training changes: the trained parameters and their AdamW state, each rank writing
-  its own shard with torch's distributed checkpoint (``torch.distributed.checkpoint``), beside
-  ``trainer_state.json``; saved a minute into the run, then every ``save_minutes`` (every ``save_every`` steps
-  instead where set), and at a stop. A resume on the same process count continues bit for bit; on another count
-  DCP reshards the state and the run continues from the tokens trained.
+- **One step** is ``trainer.train_joint``'s: each rank reads its rows of the global batch, FSDP2 averages the
+  gradients (reduce-scatter) on the last micro-batch only, and the clip measures the global norm of the sharded
+  gradients (``clip_sharded``).
+- **The training state** is the joint stages' one (``training_state.save_joint_state``): every rank writes its own
+  shards with torch's distributed checkpoint; on another process count DCP reshards it.
 - **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
   file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
 
@@ -33,207 +29,126 @@ LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated 
 
 from __future__ import annotations
 
-import math
+import contextlib
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..errors import LadderizeError, holding_interrupts
+from ..errors import LadderizeError
 from ..progress import counted
 from . import process_group
-from .compilation import COMPILING, adamw, compile_layers, recompute_activations, resolve_compile
-from .config import AdaptConfig, AdaptResult, StepInfo, local_inputs_of, needs_teacher
+from .compilation import COMPILING, compile_layers, recompute_activations, resolve_compile
+from .config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
 from .cost import FlopCount
-from ..corpus.token_store import build_reporter, is_store
-from ..corpus.windows import token_windows
-from .batches import StepSplit
-from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
-from .lr_curve import warmup_cosine
-from .objectives import STORED_TEACHER_OBJECTIVES, AdaptLoss
-from .throughput import Throughput, peak_flops_per_s, plan_line
-from .training_state import DCP_DIR, STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
+from .objectives import AdaptLoss
+from .training_state import finish_state
 
 
-def adapt_sharded(
-    config: AdaptConfig,
-    weights: dict[str, float],
-    checkpoint: str,
-    out: Path,
-    *,
-    resume: bool,
-    progress: Callable[[StepInfo, torch.nn.Module], None] | None,
-    say: Callable[[str], None],
-    stop_after_steps: int | None,
-    save_at_stop: bool = False,
-) -> AdaptResult:
-    """Run the joint training on ``checkpoint`` sharded with FSDP2 over the launched processes, and write ``out``."""
-    import torch.distributed as dist
+class ShardedRun:
+    """A joint stage sharded over the launched processes with FSDP2 (``trainer.train_joint``'s loop drives it):
+    each process holds 1/processes of the trained layers, their gradients and AdamW state, and of the frozen teacher."""
 
-    from ..checkpoint.io import load_config, load_tokenizer
-    from ..checkpoint.placement import resolve_device, training_precision
-    from ..convert.teacher import check_teacher, resolve_teacher
-    from .layer_source import map_large_allocations
+    teacher_gathers = True  # the teacher's units gather across the ranks: they run it together or not at all
 
-    map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
-    device = process_group.start(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if rank != 0:
-        say = _silent
-    run_dir = config.resolved_run_dir()
-    state_dir = run_dir / STATE_DIR
-    precision = training_precision(config.dtype, device, config.mixed_precision)
-    precision.apply()
-    torch.manual_seed(config.seed)
-    compute = precision.autocast or torch.float32
+    def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
+        import torch.distributed as dist
 
-    student_config = load_config(checkpoint)
-    with_teacher = needs_teacher(config, weights)
-    teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else None
-    teacher_config = load_config(teacher_path) if teacher_path else None
-    if teacher_config is not None:
-        check_teacher(teacher_path, teacher_config, student_config)
-    converted = student_config.layout.converted_layers
-    first = min(converted)
-    same = _identical_parts(checkpoint, teacher_path, first, rank, world, device) if teacher_path else {}
-    share = same.get("prefix", False)
+        from ..checkpoint.placement import resolve_device, training_precision
+        from .layer_source import map_large_allocations
 
-    compiled = resolve_compile(config.compile, device)
-    teacher = (_sharded_model(teacher_config, teacher_path, compute, device, trained=(), compiled=compiled)
-               if teacher_path else None)
-    student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=converted,
-                             mixed=compute if compute != torch.float32 else None, compiled=compiled,
-                             shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
-    if compiled:
-        say(COMPILING)
-    loss_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature, share,
-                            config.kd_divergence, config.kd_top_k, compiled)
-    if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
-        recompute_activations(student)
-    _shard_root(loss_module, compute if compute != torch.float32 else None)
-    params = [p for p in loss_module.parameters() if p.requires_grad]  # the sharded ones, after fully_shard
-    tokenizer = load_tokenizer(checkpoint, "adaptation")
+        map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
+        self.config, self.weights, self.checkpoint = config, weights, checkpoint
+        self.device = process_group.start(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        precision = training_precision(config.dtype, self.device, config.mixed_precision)
+        precision.apply()
+        torch.manual_seed(config.seed)
+        self.compute = precision.autocast or torch.float32
 
-    pace = Throughput(world, FlopCount.for_stage(student_config, converted, weights, share_prefix=share).per_token,
-                      peak_flops_per_s(device))
-    split = StepSplit(config.batch_size, world, config.grad_accum)
-    tokens_per_step = config.batch_size * config.seq_len
-    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
-    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len)
-        + f", sharded over {counted(world, 'process', 'processes')} (FSDP2)")
-    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
-                         progress=build_reporter(say, config.data), say=say)
-    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
-    stored = "" if is_store(config.data) else f" (token store {where})"
-    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{stored}")
-    kept = None
-    if config.teacher_states and share and set(weights) <= STORED_TEACHER_OBJECTIVES:
-        from .teacher_states import read as read_teacher_states, teacher_id
+    def plan_suffix(self) -> str:
+        return f", sharded over {counted(self.world, 'process', 'processes')} (FSDP2)"
 
-        kept, found = read_teacher_states(Path(config.teacher_states), len(data), data.head, teacher_id(teacher_path), first)
-        if found:
-            say(found)
+    def build(self, data, say: Callable[[str], None]) -> None:
+        """Build student and teacher without weights, shard each decoder layer, then read this rank's rows; the
+        frozen parts both checkpoints hold identical are kept once, the teacher's."""
+        from ..checkpoint.io import load_config
+        from ..convert.teacher import check_teacher, resolve_teacher
 
-    optimizer = adamw(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fused: no temporaries
-    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
-    saved = _read_state(state_dir, config) if resume and state_dir.is_dir() else None
-    if saved is not None:
-        _load_dcp(state_dir, loss_module, optimizer)
-        step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
-                                                    saved.get("cpu_s", 0.0), saved["curve"])
-        resumed_from = step
-        if saved.get("processes", world) != world:  # resharded: the same global batch goes on from the tokens trained
-            total_steps = step + max(1, math.ceil((config.tokens - tokens_done) / tokens_per_step))
-            say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
-                f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
-        say(f"resumed from step {step} ({tokens_done:,} tokens)")
-    elif resume:
-        say(f"nothing to resume in {run_dir}; starting a new run")
-    for group in optimizer.param_groups:  # the schedule's base rate is the run's, not the one a loaded state carries
-        group["initial_lr"] = config.lr
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, config.warmup_steps,
-                                                                           config.min_lr_ratio), last_epoch=step - 1)
+        config, weights, checkpoint, device, compute = self.config, self.weights, self.checkpoint, self.device, self.compute
+        student_config = load_config(checkpoint)
+        with_teacher = needs_teacher(config, weights)
+        self.teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else None
+        teacher_config = load_config(self.teacher_path) if self.teacher_path else None
+        if teacher_config is not None:
+            check_teacher(self.teacher_path, teacher_config, student_config)
+        self.converted = student_config.layout.converted_layers
+        self.first = first = min(self.converted)
+        same = (_identical_parts(checkpoint, self.teacher_path, first, self.rank, self.world, device)
+                if self.teacher_path else {})
+        self.share_prefix = same.get("prefix", False)
+        compiled = resolve_compile(config.compile, device)
+        teacher = (_sharded_model(teacher_config, self.teacher_path, compute, device, trained=(), compiled=compiled)
+                   if self.teacher_path else None)
+        mixed = compute if compute != torch.float32 else None
+        self.student = _sharded_model(student_config, checkpoint, torch.float32, device, trained=self.converted,
+                                      mixed=mixed, compiled=compiled,
+                                      shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
+        if compiled:
+            say(COMPILING)
+        self.loss_module = AdaptLoss(self.student, teacher, weights, local_inputs_of(config), config.kd_temperature,
+                                     self.share_prefix, config.kd_divergence, config.kd_top_k, compiled)
+        if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+            recompute_activations(self.student)
+        _shard_root(self.loss_module, mixed)
+        self.state_module = self.loss_module
+        self.params = [p for p in self.loss_module.parameters() if p.requires_grad]  # the shards, after fully_shard
+        self.flops = FlopCount.for_stage(student_config, self.converted, weights, share_prefix=self.share_prefix)
 
-    log_every = log_interval(device)
-    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
-    loss_module.train()
-    saved_step, clock = step, SaveClock(config, say)
-    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
-                      pace=pace, say=say,
-                      report=(lambda info: progress(info, student)) if rank == 0 and progress is not None else None)
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
 
-    def save() -> None:
-        pending.flush(curve)
-        _save_state(state_dir, config, loss_module, optimizer, {"step": step, "tokens": tokens_done, "train_s": train_s,
-                                                               "cpu_s": cpu_s, "curve": curve, "processes": world})
+    def synchronizing(self, last: bool):
+        """The context of a micro-batch's forward and backward: FSDP2's reduce-scatter only on the last one."""
+        self.loss_module.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
 
-    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
-        while step < total_steps:
-            if stop_after_steps is not None and step >= stop_after_steps:
-                if save_at_stop and saved_step != step:
-                    save()
-                pending.flush(curve)
-                dist.barrier()
-                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
-                                   state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
-                                   throughput=pace.record(tokens_done, train_s))
-            started, cpu_started = time.perf_counter(), time.process_time()
-            sums: dict[str, torch.Tensor] = {}
-            for micro in range(config.grad_accum):
-                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
-                batch = data.rows(rows).to(device, non_blocking=True)
-                teacher_rows = None
-                if kept is not None and _all_stored(kept.num_rows, len(data), step, micro, split, config.seed):
-                    teacher_rows = kept.rows(rows, device)  # else the teacher runs, on every rank (its units gather)
-                loss_module.set_requires_gradient_sync(micro == config.grad_accum - 1)
-                losses = loss_module(batch, teacher_rows)
-                if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
-                    losses = {name: value * weight for name, value in losses.items()}
-                (losses["total"] / config.grad_accum).backward()
-                for name, value in losses.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach() / config.grad_accum
-            if config.max_grad_norm > 0:
-                clip_sharded(params, config.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            step += 1
-            tokens_done += tokens_per_step
-            logged = step % log_every == 0 or step == total_steps
-            if logged and device.type == "cuda":
-                torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
-            train_s += time.perf_counter() - started
-            cpu_s += time.process_time() - cpu_started
-            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-            if (logged or clock.by_steps) and step < total_steps and clock.due(step, device):  # time is read where losses are
-                save()
-                saved_step = step
-                clock.saved()
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
 
-    pending.flush(curve)
-    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
-    _write_out(loss_module.student, converted, checkpoint, tokenizer, teacher_path, config, weights, result, out, state_dir)
-    if rank == 0:
-        result.state_dir = finish_state(run_dir, state_dir, config.keep_state)
-    dist.barrier()
-    return result
+    def clip(self, max_norm: float) -> None:
+        clip_sharded(self.params, max_norm)
 
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
-def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
-    """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
-    import torch.distributed as dist
+    def extra_state(self) -> dict[str, Any]:
+        return {}
 
-    dist.all_reduce(tensor)
-    return tensor / dist.get_world_size()
+    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None:
+        """Nothing beside the checkpoint."""
 
+    def save_beside(self, folder: Path) -> None:
+        """Nothing beside the checkpoint."""
 
-def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
-    """Whether every rank's rows of this micro-batch have stored teacher states: the ranks run the sharded teacher
-    together or not at all (its units gather across them), and each computes the others' rows itself."""
-    return all(max(split.rows(num_sequences, step, micro, r, seed)[0]) < stored_rows for r in range(split.processes))
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def write_out(self, result: AdaptResult, out: Path, tokenizer, state_dir: Path) -> None:
+        """OUT from the trained layers gathered one at a time (``_write_out``); the training state removed unless
+        kept."""
+        import torch.distributed as dist
+
+        _write_out(self.student, self.converted, self.checkpoint, tokenizer, self.teacher_path, self.config,
+                   self.weights, result, out, state_dir)
+        if self.rank == 0:
+            result.state_dir = finish_state(state_dir.parent, state_dir, self.config.keep_state)
+        dist.barrier()
 
 
 def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -246,10 +161,6 @@ def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Ten
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
-
-
-def _silent(_message: str) -> None:
-    """What a process other than the main one says: nothing."""
 
 
 def _rows(full_rows: int, rank: int, world: int) -> slice:
@@ -413,53 +324,6 @@ def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:
     from torch.distributed.fsdp import fully_shard
 
     fully_shard(loss_module, mp_policy=_policy(mixed), reshard_after_forward=True)
-
-
-def _read_state(state_dir: Path, config: AdaptConfig) -> dict | None:
-    """The saved trainer state of a sharded run (``None``: nothing saved yet); a replicated run's is refused."""
-    saved = read_trainer_state(state_dir, config)
-    if saved is not None and not (state_dir / DCP_DIR).is_dir():
-        raise LadderizeError(f"cannot resume {state_dir.parent}: its state was saved by the replicated training; "
-                             "resume it with --shard ddp (or --force to start over)")
-    return saved
-
-
-def _trained_state(loss_module: AdaptLoss, optimizer: torch.optim.Optimizer) -> dict:
-    """The state DCP saves: the trained parameters (sharded) and their optimizer state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    model_state, optim_state = get_state_dict(loss_module, optimizer, options=StateDictOptions(ignore_frozen_params=True))
-    return {"model": model_state, "optim": optim_state}
-
-
-def _save_state(state_dir: Path, config: AdaptConfig, loss_module: AdaptLoss, optimizer, payload: dict) -> None:
-    """Replace ``state_dir`` with the trained shards (every rank writes its own) and ``trainer_state.json``."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    from ..checkpoint.atomic import replace_directory
-
-    tmp = state_dir.parent / f".{state_dir.name}.tmp"
-    if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    dcp.save(_trained_state(loss_module, optimizer), checkpoint_id=str(tmp / DCP_DIR))
-    dist.barrier()
-    if dist.get_rank() == 0:
-        write_trainer_state(tmp, config, payload)
-        replace_directory(tmp, state_dir)
-    dist.barrier()
-
-
-def _load_dcp(state_dir: Path, loss_module: AdaptLoss, optimizer) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    state = _trained_state(loss_module, optimizer)
-    dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR))
-    set_state_dict(loss_module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
 
 
 def _write_out(student, converted: list[int], checkpoint: str, tokenizer, teacher_path: str | None,

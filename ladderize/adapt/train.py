@@ -2,8 +2,8 @@
 
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
 - ``strategy.py``: how a joint stage runs on the launch (one process, replicated, sharded), as its plan priced it;
-- ``joint.py``: the joint training, one process or replicated (Accelerate: DDP, mixed precision, LoRA);
-- ``sharded.py``: the joint training sharded with FSDP2;
+- ``trainer.py``: the joint training's one loop, over the strategy's run:
+  ``joint.py`` (one process or replicated; Accelerate: DDP, mixed precision, LoRA) or ``sharded.py`` (FSDP2);
 - ``sequential_run.py``: the sequential training, one layer at a time;
 - ``training_state.py``: the training state in the run dir (save, resume, removal);
 - ``output.py``: OUT, the adapted checkpoint with its provenance.
@@ -76,16 +76,9 @@ def adapt(
                 from .sequential_run import adapt_sequential
 
                 return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase, deadline=deadline)
-            from ..checkpoint.placement import world_size
-            from .strategy import choose_strategy
+            from .trainer import train_joint
 
-            if choose_strategy(config, world_size()).sharded:
-                from .sharded import adapt_sharded
-
-                return adapt_sharded(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None)
-            from .joint import adapt_joint
-
-            return adapt_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None,
+            return train_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None,
                                deadline=deadline)
     except BaseException:  # Ctrl-C, SIGTERM or an error: the time past the saved state counts on the resume
         if trained:

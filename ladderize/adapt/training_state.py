@@ -3,9 +3,10 @@
 ``RUN_DIR/state/`` holds ``trainer_state.json`` (step, tokens, times, curve and the config's
 fingerprint) and what the training needs to continue exactly:
 
-- joint training: Accelerate's ``save_state`` (the model as safetensors; optimizer, scheduler and
-  RNG as torch files, which Accelerate reads back with ``weights_only=True``), the whole folder
-  replaced atomically every ``save_every`` optimizer steps;
+- joint training (any strategy): the trained parameters and their optimizer state in torch's distributed checkpoint
+  (``dcp/``: every process writes its own shards), the whole folder replaced atomically at each save
+  (``SaveClock``); it resumes on the same process count bit for bit and on another from the tokens trained (the
+  learning-rate schedule is a function of the step, and the batches of the seed and the step);
 - sequential training: one ``layer-NNNNN.safetensors`` per finished converted layer, each
   written (atomically) as soon as the layer is trained, then ``trainer_state.json``
   rewritten (atomically) to name the last finished layer; when ``SaveClock`` says so, the
@@ -24,58 +25,108 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.atomic import replace_directory, write_file_atomic
 from ..errors import LadderizeError
 from .config import AdaptConfig
 
+if TYPE_CHECKING:
+    import torch
+
 STATE_DIR = "state"
-DCP_DIR = "dcp"  # in a sharded run's state: the trained parameters and their AdamW state, one shard per rank
+DCP_DIR = "dcp"  # in a joint stage's state: the trained parameters and their optimizer state
 TRAINER_STATE = "trainer_state.json"
 RUN_CURVE = "curve.json"
 UNSAVED = "unsaved.json"  # in the state: training seconds of ended attempts past the state saved (``record_unsaved``)
 
 
-def save_accelerate_state(
-    accelerator, state_dir: Path, config: AdaptConfig, step: int, tokens: int, train_s: float, cpu_s: float, curve,
-    extra: Callable[[Path], None] | None = None,
-) -> None:
-    """Replace ``state_dir`` with the current training state (written beside it, then renamed); the main process
-    calls ``extra`` on the new folder first, for what the training keeps beside Accelerate's files."""
+def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Module, optimizer, payload: dict[str, Any],
+                     extra: dict[str, Any] | None = None, beside: Callable[[Path], None] | None = None) -> None:
+    """Replace ``state_dir`` with a joint stage's training state: the trained parameters of ``module`` and their
+    optimizer state (plus ``extra``, e.g. a loss scaler's) in torch's distributed checkpoint, every process writing its
+    own shards and a replicated tensor written once, beside ``trainer_state.json`` (``payload``). The main process
+    calls ``beside`` on the new folder, for what the training keeps beside the checkpoint; it renames the folder only
+    after every process has written."""
+    import torch.distributed.checkpoint as dcp
+
     tmp = state_dir.parent / f".{state_dir.name}.tmp"
-    if accelerator.is_main_process:
+    if _main():
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
-    with _quiet_tied_weights():
-        accelerator.save_state(str(tmp), safe_serialization=True)
-    # every process writes its own RNG file into ``tmp`` and Accelerate does not wait for them: the main
-    # process renames ``tmp`` only after all of them are done (else a slower one finds no folder and dies)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if extra is not None:
-            extra(tmp)
-        payload = {"step": step, "tokens": tokens, "train_s": train_s, "cpu_s": cpu_s, "curve": curve, "fingerprint": config.fingerprint()}
-        (tmp / TRAINER_STATE).write_text(json.dumps(payload) + "\n")
-        _write_curve(state_dir, curve)
+        tmp.mkdir(parents=True)
+    _barrier()
+    with _one_process_quiet():
+        dcp.save({**_trained_state(module, optimizer), **(extra or {})}, checkpoint_id=str(tmp / DCP_DIR),
+                 no_dist=not _distributed())
+    _barrier()
+    if _main():
+        if beside is not None:
+            beside(tmp)
+        write_trainer_state(tmp, config, payload)
         replace_directory(tmp, state_dir)
-    accelerator.wait_for_everyone()
+    _barrier()
+
+
+def load_joint_state(state_dir: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None) -> None:
+    """Load the state ``save_joint_state`` wrote into ``module``'s trained parameters and ``optimizer`` (and
+    ``extra``'s entries, in place), on this process count or another: each process reads what it holds."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = {**_trained_state(module, optimizer), **(extra or {})}
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR), no_dist=not _distributed())
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
+    if extra:
+        extra.update({key: state[key] for key in extra})
+
+
+def read_joint_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] | None:
+    """A joint stage's saved trainer state (``None``: nothing saved yet); a state in another format is refused."""
+    saved = read_trainer_state(state_dir, config)
+    if saved is not None and not (state_dir / DCP_DIR).is_dir():
+        raise LadderizeError(f"cannot resume {state_dir.parent}: its state is not a torch distributed checkpoint "
+                             f"(an older ladderize's format); pass --force to start over")
+    return saved
+
+
+def _trained_state(module: torch.nn.Module, optimizer) -> dict[str, Any]:
+    """What a joint state holds of the training: the trained parameters (sharded or whole) and their optimizer state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    return {"model": model_state, "optim": optim_state}
 
 
 @contextlib.contextmanager
-def _quiet_tied_weights():
-    """Accelerate warns "Removed shared tensor {'student.lm_head.weight'} while saving" at every save of a model with a
-    tied LM head: the tie is stored once by design (resumes are bit-identical, tests/adapt), so the line is noise."""
-    import logging
+def _one_process_quiet():
+    """DCP warns at every save and load of one process without a process group that it assumes one process: it is
+    what ``no_dist`` asks for, so the line is noise."""
+    import warnings
 
-    log = logging.getLogger("accelerate.utils.other")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
-    finally:
-        log.setLevel(level)
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _main() -> bool:
+    import torch.distributed as dist
+
+    return not _distributed() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if _distributed():
+        dist.barrier()
 
 
 FIRST_SAVE_S = 60.0  # a run saved by time writes its first state a minute in: an early Ctrl-C loses at most that

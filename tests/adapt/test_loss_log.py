@@ -1,4 +1,4 @@
-"""The joint trainings (replicated and sharded) read their losses on the host only when they log them: a step that
+"""The joint training (replicated and sharded) reads their losses on the host only when they log them: a step that
 is not logged leaves them on the device (``adapt/loss_log.py``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
 
 SEQ, STEPS = 16, 8
-LOOPS = frozenset({"adapt_joint", "adapt_sharded", "flush"})  # the training loops and the one read they share
+LOOPS = frozenset({"train_joint", "flush"})  # the training loop and its one read
 
 
 def _reads_in_the_loop(monkeypatch) -> list[str]:

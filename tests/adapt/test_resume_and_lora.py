@@ -31,8 +31,8 @@ def test_resume_after_interruption_is_bit_identical(scope, objectives, spd_dir, 
 
 
 def test_resume_of_a_tied_model_trained_whole_is_bit_identical(text_file, tmp_path):
-    """The resume state's weights are safetensors, which hold a tensor shared by two names once (the tied embedding
-    and LM head of SmolLM2-like models): training every parameter and resuming must still give the same model."""
+    """The resume state (a distributed checkpoint) holds a tensor shared by two names (the tied embedding and LM head
+    of SmolLM2-like models): training every parameter and resuming must still give the same model, still tied."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.adapt.conftest import convert
@@ -47,7 +47,7 @@ def test_resume_of_a_tied_model_trained_whole_is_bit_identical(text_file, tmp_pa
     whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
     interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **common)
     adapt(interrupted, stop_after_steps=3)  # the last state is step 2
-    assert (tmp_path / "resumed.adapt-run" / "state" / "model.safetensors").is_file()
+    assert (tmp_path / "resumed.adapt-run" / "state" / "dcp" / ".metadata").is_file()
     resumed = adapt(interrupted, resume=True)
     assert resumed.resumed_from_step == 2 and [r["loss_total"] for r in resumed.curve] == [r["loss_total"] for r in whole.curve]
     a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "resumed").state_dict()

@@ -257,15 +257,21 @@ def test_the_replicated_training_recomputes_activations_too(sharp_ladder, text_f
     assert [r["loss_kd"] for r in plain.curve] == pytest.approx([r["loss_kd"] for r in checked.curve], rel=1e-6)
 
 
-def test_a_state_is_resumed_by_the_training_that_saved_it(sharp_ladder, text_file, tmp_path):
-    from ladderize.errors import LadderizeError
-
-    adapt(_config(sharp_ladder, text_file, tmp_path / "rep", shard="ddp"), max_steps=2)
-    with pytest.raises(LadderizeError, match="saved by the replicated training; resume it with --shard ddp"):
-        adapt(_config(sharp_ladder, text_file, tmp_path / "rep"), resume=True)
-    adapt(_config(sharp_ladder, text_file, tmp_path / "sh"), max_steps=2)
-    with pytest.raises(LadderizeError, match="saved sharded"):
-        adapt(_config(sharp_ladder, text_file, tmp_path / "sh", shard="ddp"), resume=True)
+def test_a_state_saved_by_one_strategy_resumes_on_the_other(sharp_ladder, text_file, tmp_path):
+    """The joint stages keep one training state (a distributed checkpoint of the trained parameters and AdamW): a run
+    stopped under the replicated training resumes sharded, and one stopped sharded resumes replicated, each ending as
+    the uninterrupted run of the other strategy does (the tolerance of the sharded-equals-replicated test)."""
+    tokens = 4 * 2 * SEQ
+    whole = {shard: adapt(_config(sharp_ladder, text_file, tmp_path / f"whole-{shard}", tokens=tokens, shard=shard))
+             for shard in ("ddp", "fsdp")}
+    for saved_by, resumed_by in (("ddp", "fsdp"), ("fsdp", "ddp")):
+        out = tmp_path / f"{saved_by}-then-{resumed_by}"
+        adapt(_config(sharp_ladder, text_file, out, tokens=tokens, shard=saved_by), max_steps=2)
+        resumed = adapt(_config(sharp_ladder, text_file, out, tokens=tokens, shard=resumed_by), resume=True)
+        assert resumed.resumed_from_step == 2
+        assert [r["loss_kd"] for r in resumed.curve] == pytest.approx(
+            [r["loss_kd"] for r in whole[resumed_by].curve], rel=1e-5)
+        _updates_agree(tmp_path / f"whole-{resumed_by}", out, sharp_ladder, 1e-4)
 
 
 def _tied_ladder(root: Path) -> Path:

@@ -142,14 +142,27 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
     from ladderize.adapt.train import adapt
 
     ran: list[str] = []
-    monkeypatch.setattr(sharded, "adapt_sharded", lambda *a, **k: ran.append(SHARDED))
-    monkeypatch.setattr(joint, "adapt_joint", lambda *a, **k: ran.append("joint"))
+
+    def built(name: str):
+        def run(*_args, **_kwargs):
+            ran.append(name)
+            raise _Built
+
+        return run
+
+    monkeypatch.setattr(sharded, "ShardedRun", built(SHARDED))
+    monkeypatch.setattr(joint, "ReplicatedRun", built("joint"))
     monkeypatch.setenv("WORLD_SIZE", str(world))
     shared = {"data": str(text_file), "objectives": "kd", "seq_len": 32, "batch_size": 2, "tokens": 256, "device": "cpu",
               **settings}
     plan = build_plan(ladder_dir, single=shared, launch=Launch(world, "h100"), priced_only=True)
-    adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
+    with pytest.raises(_Built):
+        adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
     chosen = choose_strategy(plan.stages[0].settings, world)
     assert plan.cost.stages[0].strategy == chosen.describe()
     assert ran == [SHARDED if chosen.sharded else "joint"]
 
+
+
+class _Built(Exception):
+    """The run the trainer built: the test stops there."""

@@ -1,92 +1,65 @@
-"""The run dir's saved training state: every process's part is in it when the main process renames it."""
+"""The run dir's saved training state: a joint stage's distributed checkpoint, and when a save is due."""
 
 from __future__ import annotations
 
-import threading
 import time
-from pathlib import Path
+
+import pytest
+import torch
 
 from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.training_state import save_accelerate_state
+from ladderize.adapt.training_state import (DCP_DIR, load_joint_state, read_joint_state, save_joint_state,
+                                            write_trainer_state)
+from ladderize.errors import LadderizeError
 
 
-class TwoRanks:
-    """Two processes' Accelerators as threads: ``save_state`` writes each rank's own file, as Accelerate's does
-    (every process makes the folder, the main process writes the model, every process ``random_states_{rank}.pkl``,
-    with no wait at the end)."""
-
-    def __init__(self, rank: int, barrier: threading.Barrier, slow_rank: int):
-        self.process_index, self.barrier, self.slow_rank = rank, barrier, slow_rank
-        self.is_main_process = rank == 0
-
-    def wait_for_everyone(self) -> None:
-        self.barrier.wait(timeout=30)
-
-    def save_state(self, output_dir: str, safe_serialization: bool) -> None:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.is_main_process:
-            (out / "model.bin").write_bytes(b"weights")
-        if self.process_index == self.slow_rank:
-            time.sleep(0.5)  # a process that is slower to reach its write
-        (out / f"random_states_{self.process_index}.pkl").write_bytes(b"rng")
+def _trained(seed: int):
+    """A two-layer model whose first layer is frozen, and AdamW over the second, after one step."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW(model[1].parameters(), lr=1e-2)
+    model(torch.randn(3, 4)).square().sum().backward()
+    optimizer.step()
+    return model, optimizer
 
 
-def test_every_process_state_file_is_saved_before_the_rename(tmp_path):
+def test_a_joint_state_holds_the_trained_parameters_and_their_optimizer_state(tmp_path):
+    """The state is a distributed checkpoint of the trained parameters and AdamW beside ``trainer_state.json``,
+    replaced whole at each save; loading it into another model gives the trained parameters and the optimizer state
+    back, and leaves the frozen ones as they are."""
     state_dir = tmp_path / "run" / "state"
     config = AdaptConfig(checkpoint="c", out="o")
-    barrier, errors = threading.Barrier(2), []
-
-    def rank(r: int) -> None:
-        try:
-            for step in (2, 4):  # the second save replaces the first
-                save_accelerate_state(TwoRanks(r, barrier, slow_rank=1), state_dir, config, step, 64 * step, 1.0, 1.0,
-                                      [{"step": step}])
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
-            barrier.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    assert sorted(p.name for p in state_dir.iterdir()) == ["model.bin", "random_states_0.pkl", "random_states_1.pkl",
-                                                           "trainer_state.json"]
+    model, optimizer = _trained(0)
+    for step in (2, 4):  # the second save replaces the first
+        save_joint_state(state_dir, config, model, optimizer, {"step": step, "tokens": 64 * step, "train_s": 1.0,
+                                                               "curve": [{"step": step}]})
+    assert sorted(p.name for p in state_dir.iterdir()) == [DCP_DIR, "trainer_state.json"]
     assert sorted(p.name for p in state_dir.parent.iterdir()) == ["curve.json", "state"]  # no temp folders left
+    assert read_joint_state(state_dir, config)["step"] == 4
+
+    other, other_optimizer = _trained(1)
+    frozen = other[0].weight.clone()
+    load_joint_state(state_dir, other, other_optimizer)
+    assert torch.equal(other[1].weight, model[1].weight) and torch.equal(other[1].bias, model[1].bias)
+    assert torch.equal(other[0].weight, frozen) and not torch.equal(frozen, model[0].weight)
+    mine, theirs = optimizer.state[model[1].weight], other_optimizer.state[other[1].weight]
+    assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
 
 
-def test_saving_a_tied_model_does_not_warn_about_the_shared_tensor(caplog, monkeypatch) -> None:
-    """Issue 37 item 13: "[RANK 0] Removed shared tensor {'student.lm_head.weight'} while saving" at every kd save."""
-    import logging
-
-    import torch
-    from accelerate import PartialState
-    from accelerate.utils.other import clean_state_dict_for_safetensors
-
-    from ladderize.adapt.training_state import _quiet_tied_weights
-
-    PartialState()  # accelerate's logger needs its state
-    log = logging.getLogger("accelerate.utils.other")
-    monkeypatch.setattr(log, "level", logging.WARNING)
-    weight = torch.zeros(4, 4)
-    with caplog.at_level(logging.WARNING, logger="accelerate.utils.other"):
-        clean_state_dict_for_safetensors({"embed.weight": weight, "lm_head.weight": weight})  # accelerate's own line
-        assert "Removed shared tensor" in caplog.text
-        caplog.clear()
-        with _quiet_tied_weights():
-            clean_state_dict_for_safetensors({"embed.weight": weight, "lm_head.weight": weight})
-        assert "Removed shared tensor" not in caplog.text
-        assert log.level == logging.WARNING  # put back
+def test_a_state_in_another_format_is_refused_in_one_line(tmp_path):
+    state_dir = tmp_path / "run" / "state"
+    config = AdaptConfig(checkpoint="c", out="o")
+    write_trainer_state(state_dir, config, {"step": 2, "tokens": 128, "train_s": 1.0, "curve": []})
+    (state_dir / "model.safetensors").write_bytes(b"")  # what Accelerate's save_state wrote
+    with pytest.raises(LadderizeError, match="not a torch distributed checkpoint.*--force") as raised:
+        read_joint_state(state_dir, config)
+    assert "\n" not in str(raised.value)
 
 
 def _clock_run(monkeypatch, save_s: float, env: dict[str, str]) -> list[str]:
     """A SaveClock saving after every step of 2 s, each save taking ``save_s``, under ``env``: what it said."""
-    import pytest
-
     from ladderize.adapt.training_state import SaveClock
-    from ladderize.errors import Interrupted
 
     for key in ("TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
         monkeypatch.delenv(key, raising=False)

@@ -1,0 +1,220 @@
+"""The joint training: one loop (set-up, resume, step, log, save, stop, write-out) over a parallelism strategy.
+
+``strategy.choose_strategy`` picks how the stage runs on its launch, and the loop drives that strategy's run:
+
+- one process or replicated over the processes (``joint.ReplicatedRun``: Accelerate, DDP under a launcher; LoRA, EMA,
+  head grouping, interpolation, ``--train all``);
+- sharded over the processes (``sharded.ShardedRun``: FSDP2, each rank reading its rows of each tensor).
+
+A run builds the models, their loss and trained parameters, and owns what differs: the backward and gradient
+synchronisation, the clip, the optimizer step and the write-out of OUT. Everything else is here, once:
+
+- **The batch** is global: ``--batch-size`` sequences per optimizer step on any process count, split over the
+  processes and accumulated over ``--grad-accum`` micro-batches (``batches.StepSplit``); each process reads its rows
+  of a deterministic batch order (a pure function of the seed and the step), so a recipe trains the same sequences
+  on 1 or 8 processes, and a resumed run replays the batches an uninterrupted one would have seen.
+- **The training state** is torch's distributed checkpoint (``training_state.save_joint_state``): the trained
+  parameters and their optimizer state, every process writing its shards, saved by ``SaveClock`` (a minute in, then
+  every ``save_minutes``, or every ``save_every`` steps) and at an interrupt's step. A resume on the same process count
+  continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
+- **Losses** stay on the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU),
+  averaged over the processes; only the main process speaks.
+- **A wall budget's deadline** (one process) stops the stage at the first step that ends past it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..errors import holding_interrupts
+from ..progress import counted
+from .batches import StepSplit
+from .compilation import adamw
+from .config import AdaptConfig, AdaptResult, StepInfo
+from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
+from .lr_curve import warmup_cosine
+from .objectives import STORED_TEACHER_OBJECTIVES
+from .throughput import Throughput, peak_flops_per_s, plan_line
+from .training_state import STATE_DIR, SaveClock, load_joint_state, read_joint_state, save_joint_state
+
+
+def train_joint(
+    config: AdaptConfig,
+    weights: dict[str, float],
+    checkpoint: str,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Callable[[StepInfo, torch.nn.Module], None] | None,
+    say: Callable[[str], None],
+    stop_after_steps: int | None,
+    save_at_stop: bool = False,
+    deadline: float | None = None,
+) -> AdaptResult:
+    """Run a joint stage on ``checkpoint`` (checked by ``train.adapt``) with the strategy its launch gets, and write
+    ``out``.
+
+    ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state of that
+    step first, so that ``--resume`` continues from it. ``deadline`` (``time.perf_counter()``'s clock, one process):
+    the stage stops at the first step that ends past it, says so, and writes OUT from there."""
+    from ..checkpoint.io import load_tokenizer
+    from ..checkpoint.placement import world_size
+    from ..corpus.token_store import build_reporter, is_store
+    from ..corpus.windows import token_windows
+    from .strategy import choose_strategy
+
+    strategy = choose_strategy(config, world_size())
+    if strategy.sharded:
+        from .sharded import ShardedRun as Run
+    else:
+        from .joint import ReplicatedRun as Run
+    run = Run(config, weights, checkpoint)  # the process group and the device, before anything is built
+    device, rank, world = run.device, run.rank, run.world
+    if rank != 0:  # one voice: the main process says the plan, the data and the pace
+        say = _silent
+    run_dir = config.resolved_run_dir()
+    state_dir = run_dir / STATE_DIR
+    tokenizer = load_tokenizer(checkpoint, "adaptation")
+
+    split = StepSplit(config.batch_size, world, config.grad_accum)
+    tokens_per_step = config.batch_size * config.seq_len
+    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
+    if total_steps * tokens_per_step != config.tokens:
+        say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
+            f"{config.batch_size} sequence(s) x {config.seq_len} tokens (--batch-size x --seq-len)")
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len) + run.plan_suffix())
+    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
+                         progress=build_reporter(say, config.data), say=say)
+    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
+    kept_in = "" if is_store(config.data) else f" (token store {where})"
+    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{kept_in}")
+    if len(data) < config.batch_size:
+        say(f"the data holds fewer sequences than a step trains ({config.batch_size}): every step repeats them, "
+            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")
+
+    run.build(data, say)
+    stored = None
+    if config.teacher_states and run.share_prefix and set(weights) <= STORED_TEACHER_OBJECTIVES:  # teacher_states.py
+        from .teacher_states import read as read_teacher_states, teacher_id
+
+        stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head,
+                                            teacher_id(run.teacher_path), run.first)
+        if found:
+            say(found)
+    pace = Throughput(world, run.flops.per_token, peak_flops_per_s(device))
+    optimizer = adamw(run.params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fused
+    run.prepare(optimizer)
+
+    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
+    saved = read_joint_state(state_dir, config) if resume and state_dir.is_dir() else None
+    if saved is not None:
+        extra = run.extra_state()
+        load_joint_state(state_dir, run.state_module, optimizer, extra)
+        run.load_extra(state_dir, extra)
+        step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
+                                                    saved.get("cpu_s", 0.0), saved["curve"])
+        resumed_from = step
+        if saved.get("processes", world) != world:  # the same global batch goes on from the tokens trained
+            total_steps = step + max(1, math.ceil((config.tokens - tokens_done) / tokens_per_step))
+            say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
+                f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
+        say(f"resumed from step {step} ({tokens_done:,} tokens)")
+    elif resume:
+        say(f"nothing to resume in {run_dir}; starting a new run")
+    for group in optimizer.param_groups:  # the schedule's base rate is the run's, not one a loaded state carries
+        group["initial_lr"] = config.lr
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio), last_epoch=step - 1)
+
+    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
+    run.loss_module.train()
+    saved_step, clock = step, SaveClock(config, say)
+    log_every = log_interval(device)
+    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
+                      pace=pace, say=say,
+                      report=(lambda info: progress(info, run.student)) if rank == 0 and progress is not None else None)
+
+    def save() -> None:
+        pending.flush(curve)
+        save_joint_state(state_dir, config, run.state_module, optimizer,
+                         {"step": step, "tokens": tokens_done, "train_s": train_s, "cpu_s": cpu_s, "curve": curve,
+                          "processes": world}, extra=run.extra_state(), beside=run.save_beside)
+
+    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+        while step < total_steps:
+            if stop_after_steps is not None and step >= stop_after_steps:
+                if save_at_stop and saved_step != step:
+                    save()
+                pending.flush(curve)
+                run.barrier()
+                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
+                                   state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
+                                   throughput=pace.record(tokens_done, train_s))
+            started, cpu_started = time.perf_counter(), time.process_time()
+            sums: dict[str, torch.Tensor] = {}
+            for micro in range(config.grad_accum):
+                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
+                batch = data.rows(rows).to(device, non_blocking=True)
+                teacher_rows = None
+                if stored is not None and (not run.teacher_gathers
+                                           or _all_stored(stored.num_rows, len(data), step, micro, split, config.seed)):
+                    teacher_rows = stored.rows(rows, device)  # else the teacher runs
+                last = micro == config.grad_accum - 1
+                with run.synchronizing(last):
+                    losses = run.loss_module(batch, teacher_rows)
+                    if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
+                        losses = {name: value * weight for name, value in losses.items()}
+                    run.backward(losses["total"] / config.grad_accum)
+                for name, value in losses.items():
+                    sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
+            if config.max_grad_norm > 0:
+                run.clip(config.max_grad_norm)
+            run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            tokens_done += tokens_per_step
+            logged = step % log_every == 0 or step == total_steps
+            if logged and device.type == "cuda":
+                torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
+            train_s += time.perf_counter() - started
+            cpu_s += time.process_time() - cpu_started
+            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
+            if deadline is not None and world == 1 and step < total_steps and time.perf_counter() >= deadline:
+                say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
+                    f"({counted(tokens_done, 'token')} trained) to keep the budget")
+                total_steps = log.total_steps = step
+            final = step == total_steps
+            due = (logged or clock.by_steps) and clock.due(step, device)  # time is read where losses are
+            if (due and not final) or (final and (config.keep_state or (due and clock.stop is not None))):
+                save()
+                saved_step = step
+                clock.saved()
+
+    pending.flush(curve)
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
+    run.write_out(result, out, tokenizer, state_dir)
+    return result
+
+
+def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
+
+
+def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
+    """Whether every rank's rows of this micro-batch have stored teacher states: ranks whose teacher gathers across
+    them run it together or not at all, and each computes the others' rows itself."""
+    return all(max(split.rows(num_sequences, step, micro, r, seed)[0]) < stored_rows for r in range(split.processes))
+
+
+def _silent(_message: str) -> None:
+    """What a process other than the main one says: nothing."""

@@ -1,0 +1,61 @@
+"""adapt has one joint trainer: one training loop for the joint stages, one place that starts the process group, one
+place that chooses the strategy, and one format for a joint stage's training state (a distributed checkpoint)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ADAPT = Path(__file__).resolve().parents[1] / "ladderize" / "adapt"
+
+
+def _calls(name: str) -> dict[str, list[str]]:
+    """The functions of ladderize/adapt that call ``name`` (an attribute or a plain name), by file."""
+    found: dict[str, list[str]] = {}
+    for file in sorted(ADAPT.glob("*.py")):
+        tree = ast.parse(file.read_text(), str(file))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call):
+                    callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                    if callee == name:
+                        found.setdefault(file.name, []).append(function.name)
+    return {file: sorted(set(names)) for file, names in found.items()}
+
+
+def test_one_joint_training_loop():
+    """The joint stages' loop (its learning-rate schedule and its held interrupts) is ``trainer.train_joint``; the
+    sequential stage's is its own (one layer at a time)."""
+    assert _calls("LambdaLR") == {"trainer.py": ["train_joint"], "layer_training.py": ["train_layer"]}
+    assert _calls("holding_interrupts") == {"trainer.py": ["train_joint"], "sequential_run.py": ["_train_layers"]}
+
+
+def test_one_process_group_start():
+    assert _calls("init_process_group") == {"process_group.py": ["start"]}
+    assert "PartialState" not in {call for file in ADAPT.glob("*.py") for call in _names(file)}
+
+
+def test_one_strategy_choice():
+    """The run (``trainer``) and the pricing (``cost``) read ``choose_strategy``; nothing else asks whether to shard."""
+    callers = _calls("choose_strategy")
+    assert {"trainer.py", "cost.py"} <= set(callers), callers
+    for file in ADAPT.glob("*.py"):
+        assert 'shard != "ddp"' not in file.read_text(), file.name
+
+
+def test_one_joint_state_format():
+    """A joint stage's state is saved in one place, as a distributed checkpoint; Accelerate's ``save_state`` and
+    ``load_state`` are not used."""
+    saving = {file.name for file in ADAPT.glob("*.py") if "dcp.save(" in file.read_text()}
+    assert saving == {"training_state.py"}
+    assert "save_joint_state" in _calls("save")["training_state.py"]
+    assert not _calls("save_state") and not _calls("load_state")
+
+
+def _names(file: Path) -> set[str]:
+    """The plain names ``file`` uses and the names it imports."""
+    tree = ast.parse(file.read_text())
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return used | {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
