@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError
-from .config import AdaptConfig, stage_config
+from .config import AdaptConfig, check_settings, stage_config
 from .cost import Launch, RunPlan
 
 if TYPE_CHECKING:
@@ -157,7 +157,8 @@ def build_plan(
     say: Callable[[str], None] = lambda _line: None,
     began: float | None = None,
 ) -> AdaptPlan:
-    """The plan of ``ladderize adapt CKPT ...`` (module docstring).
+    """The plan of ``ladderize adapt CKPT ...`` (module docstring). Each stage's settings are checked
+    (``config.check_settings``) as soon as it is resolved, before anything is sized, priced or timed.
 
     ``launch``: ``8xH100`` or a ``Launch`` (None: the launch this process runs under). ``priced_only`` (``--dry-run``)
     reads nothing but ``config.json``: a token budget is sized with the launch's memory as the calibration cap, and a
@@ -193,6 +194,8 @@ def build_plan(
         chosen = chosen_recipe(recipe, stages)
         steps = resolve_stages(chosen, checkpoint, shared)
         plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
+        check_settings(stage.resolved)
     given = _user_set(chosen, shared, single)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
