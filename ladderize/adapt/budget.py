@@ -72,9 +72,10 @@ def parse_budget(text: str) -> Budget:
 
 def step_tokens(step: dict[str, Any]) -> int:
     """Tokens of one optimizer step of a resolved stage: its batch is the step's, on any process count."""
-    from .config import AdaptConfig
+    from .config import stage_config
 
-    return step.get("seq_len", AdaptConfig.seq_len) * step.get("batch_size", AdaptConfig.batch_size)
+    config = stage_config(step)
+    return config.seq_len * config.batch_size
 
 
 def stage_cost(step: dict[str, Any]) -> float:
@@ -184,32 +185,30 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
 
     from ..checkpoint.io import load_config
     from . import pace as pacing
-    from .config import AdaptConfig
+    from .config import stage_config
 
     check_budget_steps(steps)
     first = steps[0]
-    device = first.get("device", AdaptConfig.device)
-    sequential = [s for s in steps if s.get("local_schedule") == "sequential"]
-    window = max((int(s.get("window", 1)) for s in sequential), default=1)
+    device = stage_config(first).device
+    sequential = [stage_config(s) for s in steps if stage_config(s).local_schedule == "sequential"]
+    window = max((s.window for s in sequential), default=1)
     resolved = device if device != "auto" else _auto_device()
     # the pace first (a wall budget's smallest run is checked by it before the data is read); a token budget's plan
     # takes its expected time from it too
     if budget.seconds is not None:
         steps = _eager_if_short(steps, budget, resolved, say)
         first = steps[0]
-    key = pacing.pace_key(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
-                          batch_size=first.get("batch_size", AdaptConfig.batch_size), device=resolved,
-                          dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
-                          compile=first.get("compile"))
+    settings = stage_config(first)
+    # the kept paces' key holds the precision as the stage sets it (None: not set)
+    key = pacing.pace_key(checkpoint, seq_len=settings.seq_len, batch_size=settings.batch_size, device=resolved,
+                          dtype=settings.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.compile)
     pace = pacing.cached_pace(key)
     when = "timed here before, its fastest"
     if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
         say(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and backward and the "
             "kd head, a few calls each: seconds; kept for the next run)")
-        pace = pacing.measure(checkpoint, seq_len=first.get("seq_len", AdaptConfig.seq_len),
-                              batch_size=first.get("batch_size", AdaptConfig.batch_size), device=device,
-                              dtype=first.get("dtype"), mixed_precision=first.get("mixed_precision"),
-                              compile=first.get("compile"))
+        pace = pacing.measure(checkpoint, seq_len=settings.seq_len, batch_size=settings.batch_size, device=device,
+                              dtype=settings.dtype, mixed_precision=settings.mixed_precision, compile=settings.compile)
         pacing.store_pace(key, pace)
         when = "timed now"
     if budget.seconds is not None:
@@ -362,24 +361,25 @@ def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
 
 def rereads(sized: list[dict[str, Any]], first: dict[str, Any], held: int | None) -> list[tuple[str, float]]:
     """The joint stages that read the first stage's data, ``held`` tokens in all, more than once: (name, passes)."""
-    from .config import AdaptConfig
+    from .config import stage_config
 
     if not held:
         return []
-    data = first.get("data", AdaptConfig.data)
+    data = stage_config(first).data
     return [(step["name"], step["tokens"] / held) for step in sized
-            if step.get("local_schedule") != "sequential" and step.get("data", AdaptConfig.data) == data
+            if stage_config(step).local_schedule != "sequential" and stage_config(step).data == data
             and step["tokens"] > held]
 
 
 def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int | None:
     """The tokens of whole sequences the data holds, up to ``cap`` (tokenized into the token store that far)."""
     from ..checkpoint.io import load_tokenizer
-    from .config import AdaptConfig
+    from .config import stage_config
     from ..corpus.windows import token_windows
 
-    seq_len = step.get("seq_len", AdaptConfig.seq_len)
-    windows = token_windows(step.get("data", AdaptConfig.data), load_tokenizer(checkpoint, "adaptation"), seq_len,
+    settings = stage_config(step)
+    seq_len = settings.seq_len
+    windows = token_windows(settings.data, load_tokenizer(checkpoint, "adaptation"), seq_len,
                             max_tokens=cap)
     held = len(windows) * seq_len
     return held if cap is None or held < cap else cap

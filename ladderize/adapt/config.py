@@ -7,8 +7,8 @@ continues.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,17 @@ class AdaptConfig:
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
+_FIELDS = frozenset(f.name for f in fields(AdaptConfig))
+
+
+def stage_config(settings: AdaptConfig | Mapping[str, Any]) -> AdaptConfig:
+    """A stage's settings, typed: an ``AdaptConfig`` as it is; a plan's stage dict (``AdaptConfig`` fields, besides its
+    ``stage`` and ``name``) over ``AdaptConfig``'s defaults, with no checkpoint or output."""
+    if isinstance(settings, AdaptConfig):
+        return settings
+    return AdaptConfig(**{"checkpoint": "", "out": "", **{k: v for k, v in settings.items() if k in _FIELDS}})
+
+
 PhaseProgress = Callable[[str, int, int], None]  # (what, done, total): a long phase before the steps (caching states)
 
 
@@ -130,7 +141,14 @@ class AdaptResult:
 
 
 def validate_config(config: AdaptConfig) -> dict[str, float]:
-    """Check the settings (one line per mistake); return the objective weights."""
+    """Check the settings and that this machine trains them (one line per mistake); return the objective weights."""
+    weights = check_settings(config)
+    check_fp16_device(config)
+    return weights
+
+
+def check_settings(config: AdaptConfig) -> dict[str, float]:
+    """Check the settings alone, on any machine (one line per mistake); return the objective weights."""
     weights = parse_objectives(config.objectives)
     if config.train not in SCOPES:
         raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
@@ -238,7 +256,11 @@ def check_mixed_precision(config: AdaptConfig) -> None:
 
     if check_dtype(config.dtype) == "float16" and config.local_schedule == "sequential":  # before anything is written
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
-    if value == "fp16":
+
+
+def check_fp16_device(config: AdaptConfig) -> None:
+    """``--mixed-precision fp16`` only where this machine has a CUDA GPU."""
+    if config.mixed_precision == "fp16":
         import torch
 
         if not torch.cuda.is_available():

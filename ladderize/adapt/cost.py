@@ -229,24 +229,24 @@ class JointMemory:
     @classmethod
     def for_step(cls, config: Any, converted: list[int], step: dict[str, Any], processes: int,
                  micro_batch_tokens: int | None = None) -> "JointMemory":
-        """The estimate of a plan's joint stage ``step`` (its settings; a missing one is ``AdaptConfig``'s default) on
+        """The estimate of a plan's joint stage ``step`` (its settings, typed by ``config.stage_config``) on
         ``processes``, for the strategy it runs with there (``strategy.choose_strategy``); ``micro_batch_tokens``:
         the step's own micro-batch unless given: its global batch's rows on one process in one micro-batch
         (``batches.StepSplit.local``)."""
         from .batches import StepSplit
+        from .config import stage_config
         from .objectives import parse_objectives
-        from .strategy import choose_strategy, setting
+        from .strategy import choose_strategy
 
-        weights = parse_objectives(setting(step, "objectives"))
-        seq_len, batch = int(setting(step, "seq_len")), int(setting(step, "batch_size"))
-        local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
-        return cls.estimate(config, converted, processes, micro_batch_tokens or seq_len * local,
+        settings = stage_config(step)
+        weights = parse_objectives(settings.objectives)
+        local = StepSplit(settings.batch_size, processes, settings.grad_accum).local
+        return cls.estimate(config, converted, processes, micro_batch_tokens or settings.seq_len * local,
                             teacher=bool({"kd", "local"} & set(weights)),
-                            checkpointing=bool(setting(step, "activation_checkpointing")),
-                            compute_bytes=4 if setting(step, "dtype") == "float32" else 2,
-                            sharded=choose_strategy(step, processes).sharded, scope=setting(step, "train"),
-                            ema=bool(setting(step, "ema")), accumulating=int(setting(step, "grad_accum")) > 1,
-                            lora_rank=int(setting(step, "lora_rank")))
+                            checkpointing=bool(settings.activation_checkpointing),
+                            compute_bytes=4 if settings.dtype == "float32" else 2,
+                            sharded=choose_strategy(settings, processes).sharded, scope=settings.train,
+                            ema=bool(settings.ema), accumulating=settings.grad_accum > 1, lora_rank=settings.lora_rank)
 
     @classmethod
     def largest_batch(cls, config: Any, converted: list[int], processes: int, seq_len: int, usable: float, *,
@@ -378,41 +378,40 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
     """Price the resolved (and sized) recipe ``steps`` for ``launch``; ``refusal`` names what to change where a
     stage does not fit."""
     from .batches import StepSplit
-    from .config import AdaptConfig
+    from .config import stage_config
     from .objectives import parse_objectives
     from .strategy import choose_strategy
 
     stages, refusal = [], None
     usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
     for step in steps:
-        weights = parse_objectives(step.get("objectives", AdaptConfig.objectives))
-        seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
-        batch = int(step.get("batch_size", AdaptConfig.batch_size))
-        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
-        sequential = step.get("local_schedule") == "sequential"
-        compute_bytes = 4 if step.get("dtype") == "float32" else 2
+        settings = stage_config(step)
+        weights = parse_objectives(settings.objectives)
+        seq_len, batch, accum = settings.seq_len, settings.batch_size, settings.grad_accum
+        sequential = settings.local_schedule == "sequential"
+        compute_bytes = 4 if settings.dtype == "float32" else 2
         if sequential:
             stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes)
         else:
             tokens_per_step = seq_len * batch  # the global batch
-            steps_n = max(1, math.ceil(int(step["tokens"]) / tokens_per_step))
-            count = FlopCount.for_stage(config, converted, weights, scope=step.get("train", "converted"))
-            strategy = choose_strategy(step, launch)
+            steps_n = max(1, math.ceil(settings.tokens / tokens_per_step))
+            count = FlopCount.for_stage(config, converted, weights, scope=settings.train)
+            strategy = choose_strategy(settings, launch)
             memory = JointMemory.for_step(config, converted, step, launch.processes)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
                               save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
                               strategy=strategy.describe(), split=StepSplit(batch, launch.processes, accum).describe())
-            every = step.get("save_every")
+            every = settings.save_every
             if every:
-                stage.saves = steps_n // int(every)
+                stage.saves = steps_n // every
             if launch.peak_flops_per_s:
                 stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / count.per_token
                 # each process computes its largest part of every step (a batch that does not divide waits on it)
                 split = StepSplit(batch, launch.processes, accum)
                 stage.seconds = steps_n * split.grad_accum * split.local * seq_len / stage.tokens_per_s_per_gpu
                 if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
-                    minutes = float(step.get("save_minutes", AdaptConfig.save_minutes))
+                    minutes = settings.save_minutes
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
                 refusal = _joint_advice(config, converted, launch, step, memory, usable)
@@ -427,24 +426,23 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
                      batch: int, compute_bytes: int) -> StageCost:
     """A sequential stage: the teacher's states cached once, then each layer (or window of layers) trained on them for
     ``epochs``, in the steps the stage runs (``layer_training.window_steps``)."""
-    from .config import AdaptConfig
+    from .config import stage_config
     from .layer_training import window_epochs, window_steps
 
+    settings = stage_config(step)
     shape = _shape_of(config)
-    tokens = int(step["tokens"])
-    epochs = float(step.get("epochs", AdaptConfig.epochs))
+    tokens, epochs, window = settings.tokens, settings.epochs, settings.window
     rows = max(1, tokens // seq_len)  # the calibration set: whole sequences
     batch = min(batch, rows)
     tokens_per_step = seq_len * batch
-    window = int(step.get("window", AdaptConfig.window))
-    shares = window_epochs(converted, epochs, float(step.get("epochs_ramp", AdaptConfig.epochs_ramp)), window)
+    shares = window_epochs(converted, epochs, settings.epochs_ramp, window)
     steps_n = sum(window_steps(shares, rows, batch).values())
     trained = round(sum(shares.values()) * rows * seq_len)
     layer = layer_parameters(shape)
     flops = 6 * layer  # per token pass through one layer (the states are cached)
     from .sequential_run import state_copies
 
-    states = 0.0 if step.get("states") == "disk" else state_copies(int(step.get("window", 1))) * shape.hidden_size * 4 * tokens
+    states = 0.0 if settings.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
     stage = StageCost(step["stage"], step["name"], "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
                       memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),

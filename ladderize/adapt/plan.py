@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError
-from .config import AdaptConfig
+from .config import AdaptConfig, check_settings, stage_config
 from .cost import Launch, RunPlan
 
 if TYPE_CHECKING:
@@ -26,20 +26,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PlannedStage:
-    """One stage as it will train: its number in the recipe, its preset's name, and the ``AdaptConfig`` fields it sets
-    (the preset, the shared settings and its own, with the learning rate filled in)."""
+    """One stage as it will train: its number in the recipe, its preset's name, the ``AdaptConfig`` fields it sets
+    (the preset, the shared settings and its own, with the learning rate filled in), and those settings typed
+    (``resolved``: ``AdaptConfig``'s defaults under them), which every read of a setting goes through."""
 
     number: int
     name: str
     settings: dict[str, Any] = field(default_factory=dict)
+    resolved: AdaptConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resolved", stage_config(self.settings))
 
     @property
     def sequential(self) -> bool:
-        return self.settings.get("local_schedule") == "sequential"
+        return self.resolved.local_schedule == "sequential"
 
     @property
     def tokens(self) -> int:
-        return int(self.settings.get("tokens", AdaptConfig.tokens))
+        return self.resolved.tokens
 
     @property
     def step(self) -> dict[str, Any]:
@@ -105,16 +110,14 @@ class AdaptPlan:
         (``layer_training.window_steps``: its calibration tokens x epochs, once for every group)."""
         from .layer_training import window_epochs, window_steps
 
-        seq_len = int(stage.settings.get("seq_len", AdaptConfig.seq_len))
-        batch = int(stage.settings.get("batch_size", AdaptConfig.batch_size))
+        settings = stage.resolved
+        seq_len, batch = settings.seq_len, settings.batch_size
         if not stage.sequential:
             step = seq_len * batch  # the global batch: the same on any launch
             return -(-stage.tokens // step) * step
         rows = max(1, stage.tokens // seq_len)
         batch = min(batch, rows)
-        epochs = window_epochs(self.converted, float(stage.settings.get("epochs", AdaptConfig.epochs)),
-                               float(stage.settings.get("epochs_ramp", AdaptConfig.epochs_ramp)),
-                               int(stage.settings.get("window", AdaptConfig.window)))
+        epochs = window_epochs(self.converted, settings.epochs, settings.epochs_ramp, settings.window)
         return sum(window_steps(epochs, rows, batch).values()) * batch * seq_len
 
     def lines(self) -> list[str]:
@@ -154,7 +157,8 @@ def build_plan(
     say: Callable[[str], None] = lambda _line: None,
     began: float | None = None,
 ) -> AdaptPlan:
-    """The plan of ``ladderize adapt CKPT ...`` (module docstring).
+    """The plan of ``ladderize adapt CKPT ...`` (module docstring). Each stage's settings are checked
+    (``config.check_settings``) as soon as it is resolved, before anything is sized, priced or timed.
 
     ``launch``: ``8xH100`` or a ``Launch`` (None: the launch this process runs under). ``priced_only`` (``--dry-run``)
     reads nothing but ``config.json``: a token budget is sized with the launch's memory as the calibration cap, and a
@@ -174,14 +178,15 @@ def build_plan(
             raise LadderizeError(f"{key} is not a stage setting")
     sized_by = budget if isinstance(budget, Budget) or budget is None else parse_budget(budget)
     where = (launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else
-             Launch.current(shared.get("device", AdaptConfig.device)))
+             Launch.current(stage_config(shared).device))
     readable = (Path(checkpoint) / "config.json").is_file()
     if single:
         settings = {**shared, **single}
         if "lr" not in settings and readable:
             settings["lr"] = measured_lr(settings, converted_modes(checkpoint))
-        for key in ("objectives", "tokens", "lr"):  # the defaults it trains with, spelt out as a recipe's stages are
-            settings.setdefault(key, getattr(AdaptConfig, key))
+        defaults = stage_config({})
+        for key, value in (("objectives", defaults.objectives), ("tokens", defaults.tokens), ("lr", defaults.lr)):
+            settings.setdefault(key, value)  # the defaults it trains with, spelt out as a recipe's stages are
         name = settings["objectives"]
         plan = AdaptPlan(name, checkpoint, [PlannedStage(1, name, settings)], where, single=True)
         chosen = None
@@ -189,6 +194,8 @@ def build_plan(
         chosen = chosen_recipe(recipe, stages)
         steps = resolve_stages(chosen, checkpoint, shared)
         plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
+        check_settings(stage.resolved)
     given = _user_set(chosen, shared, single)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
@@ -205,7 +212,7 @@ def build_plan(
                                      "which a run measures on its device first")
             from ..checkpoint.io import load_config
 
-            window = max((int(s.get("window", 1)) for s in steps if s.get("local_schedule") == "sequential"), default=1)
+            window = max((stage.resolved.window for stage in plan.stages if stage.sequential), default=1)
             cap = max_calibration_tokens(load_config(checkpoint).hidden_size, "cpu", window=window,
                                          available=where.memory_bytes)
             plan = plan.with_steps(scale_stages(steps, sized_by.tokens, max_calibration=cap))
@@ -257,15 +264,14 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         return plan
     usable, processes = usable_bytes(plan.launch.memory_bytes), plan.launch.processes
     steps = plan.steps
-    for index, step in enumerate(steps):
+    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
         given = chosen[min(index, len(chosen) - 1)]
-        if step.get("local_schedule") == "sequential":
+        if stage.sequential:
             continue
-        seq_len = int(step.get("seq_len", AdaptConfig.seq_len))
-        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
-        start = int(step.get("batch_size", AdaptConfig.batch_size))  # the global batch
+        settings = stage.resolved
+        seq_len, accum, start = settings.seq_len, settings.grad_accum, settings.batch_size  # start: the global batch
         local = StepSplit(start, processes, accum).local  # its rows on one process in one micro-batch
-        checkpointing = bool(step.get("activation_checkpointing"))
+        checkpointing = settings.activation_checkpointing
 
         def largest(most: int, checked: bool, accumulated: int) -> int:
             """The largest batch up to ``most`` that fits, priced for the strategy the stage runs with
@@ -285,13 +291,12 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
             smaller = largest(local, checkpointing, split)
             if 0 < smaller < local and "grad_accum" not in given:  # the same sequences per step, accumulated
-                step["grad_accum"] = -(-start // (processes * smaller))
+                accum = step["grad_accum"] = -(-start // (processes * smaller))
                 say(f"stage {step['stage']} ({step['name']}): "
-                    f"{StepSplit(start, processes, step['grad_accum']).describe()}, in the memory of a {gpu}")
+                    f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:
             continue
-        accum = int(step.get("grad_accum", AdaptConfig.grad_accum))
-        most = int(step["tokens"]) // (MIN_FILLED_STEPS * seq_len * accum * processes)
+        most = settings.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
         batch = max(start, processes * accum * largest(most, checkpointing, accum))
         if batch > start:
             step["batch_size"] = batch

@@ -103,7 +103,7 @@ def run_recipe(
         saved = json.loads(plan_file.read_text()) if resume and budget is not None and plan_file.is_file() else None
         plan = build_plan(checkpoint, shared=shared, recipe=recipe, budget=budget, saved=saved, say=say, began=began)
     if plan.budget is not None:
-        plan = agreed(plan, plan.steps[0].get("device", AdaptConfig.device))
+        plan = agreed(plan, plan.stages[0].resolved.device)
     steps = plan.steps
     if main and plan_file.is_file():
         if resume:
@@ -153,7 +153,7 @@ def run_recipe(
         # the main process's times decide, as its pace decided the plan
         spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
         planned, timed = agreed((replan(current.steps, index, sizing, stage_s, say, spent_s=spent), sizing) if main else None,
-                                current.steps[0].get("device", AdaptConfig.device))
+                                current.stages[0].resolved.device)
         sizing.update(timed)
         current = current.with_steps(planned)
         current.budget = sizing

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import LadderizeError, one_line
 from ..progress import counted
-from .config import AdaptConfig
+from .config import AdaptConfig, stage_config
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -154,9 +154,10 @@ def converted_modes(checkpoint: str) -> set[str]:
 
 
 def stage_kind(settings: dict[str, Any]) -> str:
-    if settings.get("local_schedule") == "sequential":
+    config = stage_config(settings)
+    if config.local_schedule == "sequential":
         return "sequential"
-    return "kd" if settings.get("objectives", AdaptConfig.objectives) == "kd" else "joint"
+    return "kd" if config.objectives == "kd" else "joint"
 
 
 def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
@@ -184,13 +185,13 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 
 
 def describe(step: dict[str, Any]) -> str:
-    kind = step.get("local_schedule", "joint")
-    epochs = float(step.get("epochs", AdaptConfig.epochs))
-    tokens = counted(step["tokens"], "token") + (f" x {counted(epochs, 'epoch')}" if kind == "sequential" else "")
+    config = stage_config(step)
+    kind = config.local_schedule
+    tokens = counted(step["tokens"], "token") + (f" x {counted(config.epochs, 'epoch')}" if kind == "sequential" else "")
     keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp", "window") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
-            f"batch {step.get('batch_size', AdaptConfig.batch_size)}{extra}")
+            f"batch {config.batch_size}{extra}")
 
 
 SINGLE_STAGE_FLAGS = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}

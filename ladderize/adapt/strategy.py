@@ -81,31 +81,33 @@ class Strategy:
 
 
 def setting(settings: Any, key: str) -> Any:
-    """``key`` of a stage's ``settings``: an ``AdaptConfig``, or a plan's stage dict (a missing key: the default)."""
-    if isinstance(settings, Mapping):
-        if key in settings:
-            return settings[key]
-        from .config import AdaptConfig
+    """``key`` of a stage's ``settings``: an ``AdaptConfig``, or a plan's stage dict typed by ``config.stage_config``."""
+    from .config import stage_config
 
-        return getattr(AdaptConfig, key)
-    return getattr(settings, key)
+    return getattr(stage_config(settings), key)
 
 
 def whole_weight_settings(settings: Any) -> list[Setting]:
     """The settings on in ``settings`` that the sharded training does not take."""
-    return [entry for entry in SETTINGS if SHARDED not in entry.runs_on and entry.on(setting(settings, entry.key))]
+    from .config import stage_config
+
+    typed = stage_config(settings)
+    return [entry for entry in SETTINGS if SHARDED not in entry.runs_on and entry.on(getattr(typed, entry.key))]
 
 
 def choose_strategy(settings: Any, launch: Any) -> Strategy:
     """The strategy a joint stage with ``settings`` (``AdaptConfig`` or a plan's stage dict) runs with on ``launch``
     (a ``cost.Launch``, or a process count). ``--shard fsdp`` with a setting it does not take is refused."""
+    from .config import stage_config
+
     processes = launch if isinstance(launch, int) else launch.processes
-    shard = setting(settings, "shard")
+    typed = stage_config(settings)
+    shard = typed.shard
     if shard == "ddp":
         return Strategy(REPLICATED if processes > 1 else ONE_PROCESS, processes, "--shard ddp")
     if shard == "auto" and processes <= 1:
         return Strategy(ONE_PROCESS, processes, ONE_PROCESS)
-    blockers = whole_weight_settings(settings)
+    blockers = whole_weight_settings(typed)
     if not blockers:
         return Strategy(SHARDED, processes, f"--shard {shard}")
     if shard == "fsdp":

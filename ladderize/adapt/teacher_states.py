@@ -169,14 +169,14 @@ def rows_read(steps: list[dict[str, Any]], index: int, world: int = 1) -> int:
     rounded up to whole steps of ``batch_size x grad_accum x world`` sequences); 0 where none reads them."""
     import math
 
-    from .config import AdaptConfig
+    from .config import stage_config
 
     rows = 0
     for step in steps[index + 1:]:
         if _reads_kept_states(step, steps[index]):
-            seq_len = step.get("seq_len", AdaptConfig.seq_len)
-            per_step = step.get("batch_size", AdaptConfig.batch_size) * step.get("grad_accum", AdaptConfig.grad_accum) * world
-            rows = max(rows, math.ceil(step["tokens"] / (per_step * seq_len)) * per_step)
+            config = stage_config(step)
+            per_step = config.batch_size * config.grad_accum * world
+            rows = max(rows, math.ceil(step["tokens"] / (per_step * config.seq_len)) * per_step)
     return rows
 
 
@@ -185,9 +185,9 @@ def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: i
     (``_reads_kept_states``), for windows (its tokens, at most the ``data_tokens`` the data
     holds) within the rows that stage stores: its calibration set and the batch of held-out rows after it. The stage
     itself checks its windows token for token (a batch with a row outside runs the teacher); this is the plan's guess."""
-    from .config import AdaptConfig
+    from .config import stage_config
 
     step = steps[index]
     reads = step["tokens"] if data_tokens is None else min(step["tokens"], data_tokens)
-    return any(_reads_kept_states(step, before) and reads <= before["tokens"] + before.get("batch_size", AdaptConfig.batch_size)
-               * before.get("seq_len", AdaptConfig.seq_len) for before in steps[:index])
+    return any(_reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).batch_size
+               * stage_config(before).seq_len for before in steps[:index])

@@ -141,3 +141,25 @@ def test_the_launch_a_run_is_under_follows_its_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
     assert Launch.current("cpu") == Launch(2, None)  # no GPU memory to fill or to refuse by
     assert Launch.current("auto") == Launch(2, "h100")
+
+
+def test_each_stage_is_typed_and_its_settings_checked_before_it_is_sized_or_priced(tmp_path, monkeypatch):
+    import pytest
+
+    from ladderize.adapt import budget as budgeting
+    from ladderize.errors import LadderizeError
+
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    plan = build_plan(folder, shared={"seq_len": 2048}, launch="8xH100", priced_only=True)
+    seq, kd = (stage.resolved for stage in plan.stages)
+    assert isinstance(seq, AdaptConfig) and (seq.local_schedule, seq.seq_len, seq.window) == ("sequential", 2048, 1)
+    defaults = AdaptConfig(checkpoint="", out="")
+    assert (kd.objectives, kd.grad_accum, kd.save_minutes) == ("kd", defaults.grad_accum, defaults.save_minutes)
+    assert kd.batch_size == plan.stages[1].settings["batch_size"]  # the filled batch, read through the typed stage
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("sized before the settings were checked")
+
+    monkeypatch.setattr(budgeting, "scale_stages", never)
+    with pytest.raises(LadderizeError, match="window groups the sequential stage's layers"):  # kd gets window too
+        build_plan(folder, shared={"window": 2}, budget="3B", launch="8xH100", priced_only=True)
