@@ -102,8 +102,8 @@ class AdaptPlan:
     def tokens_trained(self, stage: PlannedStage) -> int:
         """The tokens ``stage`` trains, as its progress and the run's last line count them: a joint stage's tokens in
         whole steps, a sequential stage's steps through each group of layers it trains together times their tokens
-        (``layer_training.window_steps``: its calibration tokens x epochs, once for every group)."""
-        from .layer_training import window_epochs, window_steps
+        (``sequential_schedule.window_steps``: its calibration tokens x epochs, once for every group)."""
+        from .sequential_schedule import window_epochs, window_steps
 
         seq_len = int(stage.settings.get("seq_len", AdaptConfig.seq_len))
         batch = int(stage.settings.get("batch_size", AdaptConfig.batch_size))
