@@ -9,9 +9,11 @@ shuffled and repeated as JSONL, ``--corpus-mb`` MB) and one ten times smaller, t
 2. ``ladderize adapt`` (joint kd, a tiny random 4-layer model with SmolLM2's vocabulary) whose ``--tokens`` is the
    whole corpus, stopped by ``--max-steps``: the time from the command's start to its first optimizer step (the
    model's load, which is not the data path's, reported apart) and the peak PSS, large corpus against small;
-3. the loader's cost per step (``data.batch_at`` on the large store) against that run's step time;
-4. two processes (``accelerate launch --multi_gpu --num_processes 2`` on the CPU) reading their shares of the
-   large store through ``data.micro_batch_index``: disjoint, and together the single-process order;
+3. the loader's cost per micro-batch (``batches.StepSplit.rows`` and ``TokenWindows.rows`` on the large store, as a
+   joint step reads it) against that run's step time;
+4. two processes (``accelerate launch --multi_gpu --num_processes 2`` on the CPU) each reading its parts of every
+   step's global batch from the large store (``batches.StepSplit``, 2 micro-batches each, an even and an uneven
+   batch): disjoint, together the rows one process reads at the same global batch, the weights summing to the parts;
 5. ``adapt`` killed with SIGTERM at step k, then ``--resume``: its weights against an uninterrupted run's.
 
     python benchmarks/bench_data_at_scale.py [--corpus-mb 1024] [--workdir /tmp/ladderize-data-bench]
@@ -162,69 +164,90 @@ SHARES_WORKER = """
 import json, sys
 from accelerate import Accelerator
 from transformers import AutoTokenizer
-from ladderize.adapt.batches import batch_at, micro_batch_index
+from ladderize.adapt.batches import StepSplit
 from ladderize.corpus.windows import token_windows
-store, tokenizer, out, steps, batch, accum, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
+store, tokenizer, out, steps, accum, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
+batches = [int(b) for b in sys.argv[7].split(",")]
 accelerator = Accelerator(cpu=True)
 windows = token_windows(store, AutoTokenizer.from_pretrained(tokenizer), seq_len)
-rows = []
-for step in range(steps):
-    for micro in range(accum):
-        index = micro_batch_index(step, micro, accum, accelerator.num_processes, accelerator.process_index)
-        rows.append([int(r) for r in batch_at(windows, index, batch, 0)[:, 0]] + [index])
-json.dump({"rank": accelerator.process_index, "world": accelerator.num_processes, "rows": rows},
+parts = {}  # global batch -> [step, micro, weight, rows, first token of each row] of this process's parts
+for batch in batches:
+    split = StepSplit(batch, accelerator.num_processes, accum)
+    parts[batch] = []
+    for step in range(steps):
+        for micro in range(accum):
+            rows, weight = split.rows(len(windows), step, micro, accelerator.process_index, 0)
+            rows = rows if weight else []  # a part without rows reads the step's first row, weighted 0
+            parts[batch].append([step, micro, weight, rows, [int(t) for t in windows.rows(rows)[:, 0]]])
+json.dump({"rank": accelerator.process_index, "world": accelerator.num_processes, "parts": parts},
           open(f"{out}.{accelerator.process_index}.json", "w"))
 """
 
 
 def check_shares(store: Path, tokenizer: Path, workdir: Path, env: dict, seq_len: int) -> dict:
-    """Two launched processes' micro-batches against one process's: disjoint, and in order their union."""
-    from ladderize.adapt.batches import batch_at, micro_batch_index
+    """Two launched processes' parts of each step's global batch (``StepSplit``: 2 processes x 2 micro-batches)
+    against one process's step at the same global batch: disjoint, in part order their union, the weights of a step's
+    parts summing to the parts (each part's mean loss weighted by its rows), for an even batch and an uneven one."""
+    from ladderize.adapt.batches import StepSplit
     from ladderize.corpus.windows import token_windows
     from transformers import AutoTokenizer
 
-    steps, batch, accum = 50, 4, 2
+    steps, accum, world, batches = 50, 2, 2, (16, 14)
     script = workdir / "shares_worker.py"
     script.write_text(SHARES_WORKER)
     out = workdir / "shares"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", str(script),
-              str(store), str(tokenizer), str(out), str(steps), str(batch), str(accum), str(seq_len)]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world),
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+              str(script), str(store), str(tokenizer), str(out), str(steps), str(accum), str(seq_len),
+              ",".join(map(str, batches))]
     done = subprocess.run(launch, env={**env, "ACCELERATE_CONFIG_FILE": str(workdir / "none.yaml")}, capture_output=True,
                           text=True, timeout=600)
     if done.returncode != 0:
         return {"ok": False, "error": done.stderr[-2000:]}
-    ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(world)]
     windows = token_windows(str(store), AutoTokenizer.from_pretrained(tokenizer), seq_len)
-    # the single process at the same global batch reads positions 0, 1, 2, ... of the shuffled order
-    positions: dict[int, list[int]] = {}  # micro-step -> the first token of each of its rows
-    read = [set() for _ in range(2)]  # the positions of the shuffled order each rank read
-    for rank in ranks:
-        for entry in rank["rows"]:
-            index = entry[-1]
-            positions[index] = entry[:-1]
-            read[rank["rank"]].update(range(index * batch, (index + 1) * batch))
-    single = batch_at(windows, 0, steps * accum * 2 * batch, 0)[:, 0].tolist()  # one process, the whole global batch
-    merged = [token for index in sorted(positions) for token in positions[index]]
-    expected_indices = sorted(micro_batch_index(s, m, accum, 2, r) for s in range(steps) for m in range(accum) for r in range(2))
-    return {"ok": not (read[0] & read[1]) and merged == single and sorted(positions) == expected_indices,
-            "steps": steps, "micro_batch": batch, "grad_accum": accum, "positions_rank0": len(read[0]),
-            "positions_rank1": len(read[1]), "overlap": len(read[0] & read[1]), "union_equals_single_process": merged == single}
+    record: dict = {"steps": steps, "processes": world, "grad_accum": accum}
+    for batch in batches:
+        split = StepSplit(batch, world, accum)
+        alone = StepSplit(batch)  # one process at the same global batch, no accumulation
+        single = [alone.rows(len(windows), step, 0, 0, 0)[0] for step in range(steps)]
+        single_firsts = [[int(t) for t in windows.rows(rows)[:, 0]] for rows in single]
+        read: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (step, part index) -> (rows, first tokens)
+        weights = [0.0] * steps
+        for rank in ranks:
+            for step, micro, weight, rows, firsts in rank["parts"][str(batch)]:
+                read[step, micro * world + rank["rank"]] = rows, firsts
+                weights[step] += weight
+        # in part order, the parts of a step tile its batch: disjoint, together one process's rows (and tokens)
+        merged = [[row for part in range(split.parts) for row in read[step, part][0]] for step in range(steps)]
+        tokens = [[t for part in range(split.parts) for t in read[step, part][1]] for step in range(steps)]
+        weighted = all(abs(total - split.parts) < 1e-9 for total in weights)
+        record[f"batch_{batch}"] = {
+            "split": split.describe(),
+            "rows_per_rank": [sum(len(rows) for (_, part), (rows, _) in read.items() if part % world == r)
+                              for r in range(world)],
+            "union_equals_single_process": merged == single and tokens == single_firsts,
+            "weights_sum_to_parts": weighted,
+            "ok": len(read) == steps * split.parts and merged == single and tokens == single_firsts and weighted}
+    record["ok"] = all(record[f"batch_{b}"]["ok"] for b in batches)
+    return record
 
 
 def loader_cost(store: Path, tokenizer: Path, seq_len: int, batch: int, steps: int = 400) -> dict:
-    """Seconds per micro-batch read from the store (random positions over the whole corpus)."""
+    """Seconds per micro-batch read from the store (random steps over the whole corpus), as a joint step reads its
+    rows: ``StepSplit.rows`` then ``TokenWindows.rows``."""
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.batches import batch_at
+    from ladderize.adapt.batches import StepSplit
     from ladderize.corpus.windows import token_windows
 
     windows = token_windows(str(store), AutoTokenizer.from_pretrained(tokenizer), seq_len)
+    split = StepSplit(batch)
     rng = random.Random(0)
     indices = [rng.randrange(len(windows) // batch) for _ in range(steps)]
     started = time.perf_counter()
     for index in indices:
-        batch_at(windows, index, batch, 0)
+        windows.rows(split.rows(len(windows), index, 0, 0, 0)[0])
     return {"sequences": len(windows), "batch": batch, "seconds_per_batch": (time.perf_counter() - started) / steps}
 
 

@@ -211,3 +211,74 @@ def test_the_planning_side_imports_no_training():
         assert not found, f"{planner} imports training: {found}"
     assert ("ladderize.adapt.train", "ladderize.adapt.strategy") in edges  # the run reads the same choice
     assert ("ladderize.adapt.cost", "ladderize.adapt.strategy") in edges
+
+
+def _from_imports(file: Path) -> list[tuple[str, str, int]]:
+    """``(module, name, line)`` for every ``from MODULE import name`` of ``file`` whose name is not a module itself
+    (absolute dotted module, relative imports resolved as ``_imported`` resolves them)."""
+    package = list(file.relative_to(PACKAGE.parent).with_suffix("").parts)[:-1]
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found += [(module, alias.name, node.lineno) for alias in node.names
+                      if _module_of(f"{module}.{alias.name}") != f"{module}.{alias.name}"]
+    return found
+
+
+def test_planning_modules_import_no_training_module():
+    """The planning side of adapt (what a run will do and cost, built before any weight loads: ``plan``, ``cost``,
+    ``budget``, ``strategy``, ``stages``, and the counting they share with the run: ``sequential_schedule``,
+    ``batches``, ``throughput``) imports no module that trains, run-side, not even through another module and not
+    even in a function (issue 68). Where plan and run count the same thing (a sequential stage's windows, epochs,
+    steps and state copies), the count lives on the planning side (``sequential_schedule.py``) and the run imports it.
+
+    - ``pace`` is the measuring module: it times a converted layer's real training step and kd's head on this device
+      (``compilation.adamw``, ``layer_source``, ``objectives.blockwise_kd``), so it may import training pieces; the
+      walk does not enter it, and only ``budget`` imports it, in the functions that size a wall-time budget.
+    - ``objectives`` and ``compilation`` are two files that each hold a setting's vocabulary beside the training
+      pieces it names: the objective names and their parsing (which ``config``, so every ``AdaptConfig``, imports)
+      beside the loss (``AdaptLoss``, which pulls in ``fsdp``), and the compile policy (``resolve_compile``,
+      ``eager_for_budget``: when a run compiles) beside the compiler (``compile_layers``, ``adamw``, which pull in
+      ``causal_attention``). The walk does not enter them either; what the planning side takes from them must be
+      vocabulary: constants, the parsing and checks of settings, the compile policy.
+    """
+    adapt = f"{ROOT}.adapt"
+    planning = {"plan", "cost", "budget", "strategy", "stages", "sequential_schedule", "batches", "throughput"}
+    training = {"trainer", "joint", "sharded", "sequential_run", "layer_training", "least_squares", "state_store", "layer_source",
+                "fsdp", "causal_attention", "train", "recipe", "training_state", "loss_log", "weight_ema",
+                "interpolation", "lora", "output", "teacher_text"}
+    measuring = {"pace"}
+    vocabulary = {"objectives": {"parse_objectives", "check_top_k"},
+                  "compilation": {"resolve_compile", "eager_for_budget", "unavailable"}}
+    files = {_module_name(file): file for file in (PACKAGE / "adapt").glob("*.py")}
+    assert {f"{adapt}.{name}" for name in planning | training | measuring | set(vocabulary)} <= set(files)
+    assert not planning & training and not (planning | training) & (measuring | set(vocabulary))
+    edges = file_graph()
+
+    def imports(module: str) -> list[str]:
+        return sorted(target for source, target in edges if source == module and target.startswith(f"{adapt}."))
+
+    found = []
+    for start in sorted(planning):
+        seen, todo = {f"{adapt}.{start}"}, [[f"{adapt}.{start}"]]
+        while todo:
+            path = todo.pop()
+            for target in imports(path[-1]):
+                name = target.rsplit(".", 1)[1]
+                if name in training:
+                    found.append(" -> ".join(p.rsplit(".", 1)[1] for p in path + [target])
+                                 + f" ({', '.join(edges[path[-1], target])})")
+                elif target not in seen and name not in measuring and name not in vocabulary:
+                    seen.add(target)
+                    todo.append(path + [target])
+        for module in seen:  # what the walk reached takes only vocabulary from the two mixed files
+            for source, name, line in _from_imports(files[module]):
+                mixed = source.rsplit(".", 1)[1] if source.startswith(f"{adapt}.") else None
+                if mixed in vocabulary and not (name.isupper() or name in vocabulary[mixed]):
+                    found.append(f"{start}: {module} imports {mixed}.{name} "
+                                 f"({files[module].relative_to(PACKAGE.parent).as_posix()}:{line})")
+    assert not found, "the planning side imports training: " + "; ".join(sorted(set(found)))
+    assert ("ladderize.adapt.budget", "ladderize.adapt.pace") in edges  # the walk sees the edge it does not enter
+    assert ("ladderize.adapt.sequential_run", "ladderize.adapt.sequential_schedule") in edges  # the run reads the count

@@ -11,7 +11,7 @@ per stage), with the stages' warm-up scaled alike, and the horizon of a stage's 
 (``ema``: ``1 / (1 - decay)`` steps) too. A sequential stage's calibration set stops growing
 where the data ends (its whole sequences; further epochs over the same set overfit it) or where its
 cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
-(``sequential_run.state_copies`` state tensors, more with ``window``); the tokens past that go to the next stage that is not
+(``sequential_schedule.state_copies`` state tensors, more with ``window``); the tokens past that go to the next stage that is not
 sequential (kd in ``best``), which passes over the data as many times as they need. A wall budget is turned into tokens by the pace measured on this
 device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take, as a token
 budget's plan does from the same pace. The pace is kept (``pace.store_pace``: the fastest timed here), and a wall
@@ -129,10 +129,10 @@ def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: i
 
 def max_calibration_tokens(hidden_size: int, device: str, bytes_per_value: int = 4, window: int = 1,
                            available: float | None = None) -> int | None:
-    """The most calibration tokens whose cached states (``sequential_run.state_copies(window)`` tensors of
+    """The most calibration tokens whose cached states (``sequential_schedule.state_copies(window)`` tensors of
     ``hidden_size``) fit in ``STATE_MEMORY_SHARE`` of the memory there is on ``device`` (None where it cannot be read);
     ``available``: that memory, given (a GPU the run is priced for) rather than read."""
-    from .sequential_run import state_copies
+    from .sequential_schedule import state_copies
 
     available = available or _available_memory(device)
     if available is None:

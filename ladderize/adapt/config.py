@@ -43,8 +43,8 @@ class AdaptConfig:
     local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
     local_schedule: str = "joint"
     epochs: float = 2.0  # sequential training: passes over the calibration set per layer
-    window: int = 1  # sequential training: consecutive converted layers trained together (layer_training.layer_windows)
-    epochs_ramp: float = 0.0  # sequential training: > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs`` (layer_training.layer_epochs)
+    window: int = 1  # sequential training: consecutive converted layers trained together (sequential_schedule.layer_windows)
+    epochs_ramp: float = 0.0  # sequential training: > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs`` (sequential_schedule.layer_epochs)
     stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
     states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
     closed_form: bool = False  # sequential training: refit o_proj, down_proj by ridge least squares first (least_squares.py)

@@ -425,9 +425,9 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
 def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
                      batch: int, compute_bytes: int) -> StageCost:
     """A sequential stage: the teacher's states cached once, then each layer (or window of layers) trained on them for
-    ``epochs``, in the steps the stage runs (``layer_training.window_steps``)."""
+    ``epochs``, in the steps the stage runs (``sequential_schedule.window_steps``)."""
     from .config import stage_config
-    from .layer_training import window_epochs, window_steps
+    from .sequential_schedule import window_epochs, window_steps
 
     settings = stage_config(step)
     shape = _shape_of(config)
@@ -440,7 +440,7 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
     trained = round(sum(shares.values()) * rows * seq_len)
     layer = layer_parameters(shape)
     flops = 6 * layer  # per token pass through one layer (the states are cached)
-    from .sequential_run import state_copies
+    from .sequential_schedule import state_copies
 
     states = 0.0 if settings.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)

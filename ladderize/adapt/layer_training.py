@@ -43,6 +43,7 @@ from ..convert.residual_states import State, attention_kwargs
 from .compilation import adamw
 from .batches import batch_order
 from .objectives import layer_error, update_sums
+from .sequential_schedule import steps_per_layer
 from .state_store import StateStore
 
 if TYPE_CHECKING:
@@ -137,49 +138,6 @@ class LayerFit:
     before: float
     after: float
     held_out: bool  # the evaluation batch was held out of training (else: calibration rows)
-
-
-def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
-    """Optimizer steps each converted layer takes: ``epochs`` passes over the calibration set."""
-    return max(1, math.ceil(epochs * num_sequences / batch_size))
-
-
-def window_epochs(converted: list[int] | set[int], epochs: float, ramp: float, window: int) -> dict[int, float]:
-    """The epochs of each group of layers the sequential stage trains together (``layer_windows``, keyed by the
-    group's first layer): the mean of its layers' ``layer_epochs``."""
-    ramped = {index: layer_epochs(epochs, ramp, position, len(converted)) for position, index in enumerate(sorted(converted))}
-    return {group[0]: sum(ramped[i] for i in group) / len(group) for group in layer_windows(converted, window)}
-
-
-def window_steps(epochs: dict[int, float], num_sequences: int, batch_size: int) -> dict[int, int]:
-    """The optimizer steps of each window of ``window_epochs``: its epochs over ``num_sequences`` calibration
-    sequences, ``batch_size`` a step (the sequential stage's count, which its plan counts too)."""
-    return {start: steps_per_layer(num_sequences, share, batch_size) for start, share in epochs.items()}
-
-
-def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float:
-    """Epochs of the ``position``-th of ``count`` converted layers (0: the lowest) under ``epochs_ramp``.
-
-    ``epochs x (1 + ramp x (2 position / (count - 1) - 1))``: a straight line from ``(1 - ramp) x epochs`` at the
-    lowest layer to ``(1 + ramp) x epochs`` at the highest, so the layers' mean stays ``epochs`` (and with it the
-    stage's token passes and the budget's plan); ``ramp`` 0 trains every layer alike, a negative one trains the
-    lower layers more.
-    """
-    if count < 2 or ramp == 0:
-        return epochs
-    return epochs * (1 + ramp * (2 * position / (count - 1) - 1))
-
-
-def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int]]:
-    """The converted layers in the groups the sequential stage trains together: runs of consecutive layers cut
-    into pieces of ``window`` (a run's last piece may be shorter; a layer not converted ends a run)."""
-    groups: list[list[int]] = []
-    for index in sorted(converted):
-        if groups and groups[-1][-1] == index - 1 and len(groups[-1]) < window:
-            groups[-1].append(index)
-        else:
-            groups.append([index])
-    return groups
 
 
 def layer_summary(curve: list[dict]) -> list[dict]:

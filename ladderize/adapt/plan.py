@@ -107,8 +107,8 @@ class AdaptPlan:
     def tokens_trained(self, stage: PlannedStage) -> int:
         """The tokens ``stage`` trains, as its progress and the run's last line count them: a joint stage's tokens in
         whole steps, a sequential stage's steps through each group of layers it trains together times their tokens
-        (``layer_training.window_steps``: its calibration tokens x epochs, once for every group)."""
-        from .layer_training import window_epochs, window_steps
+        (``sequential_schedule.window_steps``: its calibration tokens x epochs, once for every group)."""
+        from .sequential_schedule import window_epochs, window_steps
 
         settings = stage.resolved
         seq_len, batch = settings.seq_len, settings.batch_size

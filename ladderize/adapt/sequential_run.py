@@ -21,7 +21,7 @@ plus the states, plus one output shard at the end; the model's depth does not en
 Device (``config.device``, ``placement.resolve_device``): the layer in use, its gradients and
 AdamW state are on the device, one layer at a time (read straight onto it when streamed, moved
 there from the host copy when resident), at the training precision (``placement.training_precision``).
-The calibration states are on the device too when ``STATE_COPIES`` of them fit in
+The calibration states are on the device too when ``sequential_schedule.state_copies`` of them fit in
 ``STATE_FRACTION`` of its free memory, else in pinned host memory (or on disk, ``states="disk"``),
 copied over a chunk or a batch at a time. On CPU every copy is the tensor itself: the numbers
 are the CPU run's bit for bit.
@@ -62,7 +62,8 @@ from .output import layer_tensors, write_output, write_streamed_output
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import LayerProgress, Ranks, StateCache, layer_windows, train_layer, window_epochs, window_steps
+from .layer_training import LayerProgress, Ranks, StateCache, train_layer
+from .sequential_schedule import layer_windows, state_copies, window_epochs, window_steps
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
@@ -70,14 +71,7 @@ from ..convert.teacher import check_teacher, load_teacher, resolve_teacher
 from .teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
-STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
 STATE_FRACTION = 0.5  # of the device's free memory the states may take (the rest: the layer, AdamW, activations)
-
-
-def state_copies(window: int = 1) -> int:
-    """``[N, S, D]`` state tensors alive at once when ``window`` layers train together: ``STATE_COPIES``, plus the
-    teacher's output pair of each layer of the window past the first."""
-    return STATE_COPIES + 2 * (window - 1)
 
 
 def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_bytes: int) -> StateStore:

@@ -187,7 +187,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
 def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatch):
     """``window=3`` holds two more teacher output pairs: 12 state tensors where one layer holds 8."""
     from ladderize.adapt import budget
-    from ladderize.adapt.sequential_run import STATE_COPIES, state_copies
+    from ladderize.adapt.sequential_schedule import STATE_COPIES, state_copies
 
     monkeypatch.setattr(budget, "_available_memory", lambda device: 96 * 2**30)
     assert (state_copies(1), state_copies(3)) == (STATE_COPIES, STATE_COPIES + 4) == (8, 12)

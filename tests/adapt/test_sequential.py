@@ -167,7 +167,7 @@ def test_a_calibration_set_smaller_than_a_batch_counts_true_tokens_and_steps(hyb
 def test_an_epochs_ramp_shares_the_stage_s_steps_by_depth(ramp, steps, hybrid_dir, text_file, tmp_path):
     """``epochs_ramp``: the lowest of n converted layers trains (1 - ramp) x epochs, the highest (1 + ramp) x epochs,
     so the stage's steps (and token passes) stay those of the flat stage; resume stays bit-identical."""
-    from ladderize.adapt.layer_training import layer_epochs
+    from ladderize.adapt.sequential_schedule import layer_epochs
 
     assert [layer_epochs(2.0, 0.5, i, 3) for i in range(3)] == [1.0, 2.0, 3.0]
     assert layer_epochs(2.0, 0.5, 0, 1) == 2.0  # one layer: nothing to share
@@ -240,7 +240,7 @@ def test_a_window_s_loss_is_the_mean_of_its_layers_errors_along_the_student_s_ow
 def test_windows_train_consecutive_layers_together_and_resume_exactly(ladder_dir, hybrid_dir, text_file, tmp_path):
     """Ladder on layers 2-3: one window of two (half the flat stage's steps, each step trains both layers); on the
     hybrid (converted layers 1 and 3, dense 2 between) windows of one, so ``window=2`` is the flat stage bit for bit."""
-    from ladderize.adapt.layer_training import layer_windows
+    from ladderize.adapt.sequential_schedule import layer_windows
 
     assert layer_windows([6, 7, 8, 9, 12, 18, 20, 21, 22], 2) == [[6, 7], [8, 9], [12], [18], [20, 21], [22]]
     messages: list[str] = []

@@ -1,0 +1,65 @@
+"""How a sequential stage's work is counted: its groups of layers, each group's epochs and steps, its states held.
+
+The sequential training (``layer_training.py``, run by ``sequential_run.py``) trains the converted layers in groups of
+consecutive layers (``layer_windows``, ``window`` at a time), each group for its epochs (``window_epochs``: ``epochs``,
+ramped over the depth by ``epochs_ramp``) in whole optimizer steps (``window_steps``), on cached calibration states of
+which ``state_copies`` ``[N, S, D]`` tensors are alive at once. The plan (``plan.py``), the pricing (``cost.py``) and the
+budget (``budget.py``) count the same things from the same functions, so what a plan counts is what runs.
+
+Plain arithmetic on settings and shapes: no torch, nothing of the training imported.
+"""
+
+from __future__ import annotations
+
+import math
+
+STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
+
+
+def state_copies(window: int = 1) -> int:
+    """``[N, S, D]`` state tensors alive at once when ``window`` layers train together: ``STATE_COPIES``, plus the
+    teacher's output pair of each layer of the window past the first."""
+    return STATE_COPIES + 2 * (window - 1)
+
+
+def steps_per_layer(num_sequences: int, epochs: float, batch_size: int) -> int:
+    """Optimizer steps each converted layer takes: ``epochs`` passes over the calibration set."""
+    return max(1, math.ceil(epochs * num_sequences / batch_size))
+
+
+def window_epochs(converted: list[int] | set[int], epochs: float, ramp: float, window: int) -> dict[int, float]:
+    """The epochs of each group of layers the sequential stage trains together (``layer_windows``, keyed by the
+    group's first layer): the mean of its layers' ``layer_epochs``."""
+    ramped = {index: layer_epochs(epochs, ramp, position, len(converted)) for position, index in enumerate(sorted(converted))}
+    return {group[0]: sum(ramped[i] for i in group) / len(group) for group in layer_windows(converted, window)}
+
+
+def window_steps(epochs: dict[int, float], num_sequences: int, batch_size: int) -> dict[int, int]:
+    """The optimizer steps of each window of ``window_epochs``: its epochs over ``num_sequences`` calibration
+    sequences, ``batch_size`` a step (the sequential stage's count, which its plan counts too)."""
+    return {start: steps_per_layer(num_sequences, share, batch_size) for start, share in epochs.items()}
+
+
+def layer_epochs(epochs: float, ramp: float, position: int, count: int) -> float:
+    """Epochs of the ``position``-th of ``count`` converted layers (0: the lowest) under ``epochs_ramp``.
+
+    ``epochs x (1 + ramp x (2 position / (count - 1) - 1))``: a straight line from ``(1 - ramp) x epochs`` at the
+    lowest layer to ``(1 + ramp) x epochs`` at the highest, so the layers' mean stays ``epochs`` (and with it the
+    stage's token passes and the budget's plan); ``ramp`` 0 trains every layer alike, a negative one trains the
+    lower layers more.
+    """
+    if count < 2 or ramp == 0:
+        return epochs
+    return epochs * (1 + ramp * (2 * position / (count - 1) - 1))
+
+
+def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int]]:
+    """The converted layers in the groups the sequential stage trains together: runs of consecutive layers cut
+    into pieces of ``window`` (a run's last piece may be shorter; a layer not converted ends a run)."""
+    groups: list[list[int]] = []
+    for index in sorted(converted):
+        if groups and groups[-1][-1] == index - 1 and len(groups[-1]) < window:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
