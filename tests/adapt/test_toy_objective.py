@@ -22,7 +22,7 @@ from ladderize.adapt.config import AdaptConfig, needs_teacher
 from ladderize.adapt.cost import FlopCount, JointMemory, head_parameters, layer_parameters
 from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.lora import LoraSpec
-from ladderize.adapt.objectives import AdaptLoss, parse_objectives
+from ladderize.adapt.objectives import TEACHER_LAYERS, AdaptLoss, Objective, parse_objectives, register
 from ladderize.adapt.stages import Recipe, Stage, parse_stage, resolve_stages
 from ladderize.adapt.teacher_states import keeps_teacher_states, reads_stored_teacher
 from ladderize.checkpoint.shapes import ModelShape
@@ -49,6 +49,16 @@ def test_it_parses_and_needs_a_teacher(toy):
     student = tiny_model(seed=0, layer_modes=["dense", "dense", "ladder", "ladder"])
     with pytest.raises(LadderizeError, match="objective cos needs a teacher model"):
         AdaptLoss(student, None, {"cos": 1.0})
+
+
+def test_an_entry_says_what_it_needs(toy):
+    with pytest.raises(LadderizeError, match="give block_loss"):
+        Objective("logits", head=True, loss=toy.loss)
+    with pytest.raises(LadderizeError, match="teacher's head reads its final stream"):
+        Objective("layers_head", teacher=TEACHER_LAYERS, teacher_head=True, loss=toy.loss)
+    with pytest.raises(LadderizeError, match="registered already"):
+        register(Objective("cos", loss=toy.loss))
+    assert register(toy) is toy  # the same entry again: nothing to do
 
 
 def test_it_is_unknown_without_its_file():
