@@ -81,9 +81,9 @@ class LossInputs:
     """What an objective's loss reads for one batch: the loss module (the models and the objectives' settings), the
     tokens, the teacher's pass, and the student's residual stream entering its final norm where an objective reads it."""
 
-    module: "AdaptLoss"
+    module: AdaptLoss
     input_ids: torch.Tensor
-    teacher: "TeacherPass | None"
+    teacher: TeacherPass | None
     final: torch.Tensor | None = None
 
 
