@@ -238,8 +238,8 @@ def test_planning_modules_import_no_training_module():
       (``compilation.adamw``, ``layer_source``, ``objectives.blockwise_kd``), so it may import training pieces; the
       walk does not enter it, and only ``budget`` imports it, in the functions that size a wall-time budget.
     - ``objectives`` and ``compilation`` are two files that each hold a setting's vocabulary beside the training
-      pieces it names: the objective names and their parsing (which ``config``, so every ``AdaptConfig``, imports)
-      beside the loss (``AdaptLoss``, which pulls in ``fsdp``), and the compile policy (``resolve_compile``,
+      pieces it names: the objective names, their entries' declared traits (``Objective``, ``entries``: what the
+      pricing reads) and their parsing (which ``config``, so every ``AdaptConfig``, imports) beside the loss (``AdaptLoss``, which pulls in ``fsdp``), and the compile policy (``resolve_compile``,
       ``eager_for_budget``: when a run compiles) beside the compiler (``compile_layers``, ``adamw``, which pull in
       ``causal_attention``). The walk does not enter them either; what the planning side takes from them must be
       vocabulary: constants, the parsing and checks of settings, the compile policy.
@@ -250,7 +250,7 @@ def test_planning_modules_import_no_training_module():
                 "fsdp", "causal_attention", "train", "recipe", "training_state", "loss_log", "weight_ema",
                 "interpolation", "lora", "output", "teacher_text"}
     measuring = {"pace"}
-    vocabulary = {"objectives": {"parse_objectives", "check_top_k"},
+    vocabulary = {"objectives": {"parse_objectives", "check_top_k", "Objective", "entries"},
                   "compilation": {"resolve_compile", "eager_for_budget", "unavailable"}}
     files = {_module_name(file): file for file in (PACKAGE / "adapt").glob("*.py")}
     assert {f"{adapt}.{name}" for name in planning | training | measuring | set(vocabulary)} <= set(files)

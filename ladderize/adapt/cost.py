@@ -37,10 +37,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError
 from ..hardware import GPU_PEAKS, gpu_named
+
+if TYPE_CHECKING:
+    from .objectives import Objective
 
 USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand out before fragmentation bites
 RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
@@ -82,14 +85,18 @@ class FlopCount:
     @classmethod
     def for_stage(cls, config: Any, converted: list[int], weights: dict[str, float] | set[str], *,
                   share_prefix: bool = True, scope: str = "converted") -> "FlopCount":
-        """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives."""
+        """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives (what
+        each reads of the two models: ``objectives.Objective``)."""
+        from .objectives import entries
+
         shape = _shape_of(config)
         layers, layer, head = shape.num_hidden_layers, layer_parameters(shape), head_parameters(shape)
-        objectives = set(weights)
-        reads_head = bool({"kd", "lm"} & objectives)
-        top = layers if reads_head else max(converted) + 1  # the student's layers that run
+        objectives = entries(weights)
+        reads_head = any(objective.head for objective in objectives)
+        # the student's layers that run
+        top = layers if any(objective.reads_final for objective in objectives) else max(converted) + 1
         if scope == "lora":  # the adapters are tiny: the converted layers' weights pass the gradient, untrained
-            plain = cls.for_stage(shape, converted, objectives, share_prefix=share_prefix)
+            plain = cls.for_stage(shape, converted, weights, share_prefix=share_prefix)
             return cls(0, plain.backward_through + plain.trained, plain.forward_only)
         if scope == "all":
             trained = layers * layer + (head if reads_head else 0)
@@ -102,12 +109,15 @@ class FlopCount:
         return cls(trained, through, prefix + teacher)
 
     @staticmethod
-    def _teacher(objectives: set[str], layers: int, layer: int, head: int, last_converted: int, start: int) -> int:
+    def _teacher(objectives: list[Objective], layers: int, layer: int, head: int, last_converted: int,
+                 start: int) -> int:
         """Forward-only parameters of the teacher from layer ``start`` (0 when its prefix is not shared)."""
-        if not {"kd", "local"} & objectives:
+        from .objectives import TEACHER_FINAL
+
+        if not any(objective.needs_teacher for objective in objectives):
             return 0
-        stop = layers if "kd" in objectives else last_converted + 1
-        return (stop - start) * layer + (head if "kd" in objectives else 0)
+        stop = layers if any(objective.teacher == TEACHER_FINAL for objective in objectives) else last_converted + 1
+        return (stop - start) * layer + (head if any(objective.teacher_head for objective in objectives) else 0)
 
 
 @dataclass(frozen=True)
@@ -235,14 +245,14 @@ class JointMemory:
         (``batches.StepSplit.local``)."""
         from .batches import StepSplit
         from .config import stage_config
-        from .objectives import parse_objectives
+        from .objectives import entries, parse_objectives
         from .strategy import choose_strategy
 
         settings = stage_config(step)
         weights = parse_objectives(settings.objectives)
         local = StepSplit(settings.batch_size, processes, settings.grad_accum).local
         return cls.estimate(config, converted, processes, micro_batch_tokens or settings.seq_len * local,
-                            teacher=bool({"kd", "local"} & set(weights)),
+                            teacher=any(objective.needs_teacher for objective in entries(weights)),
                             checkpointing=bool(settings.activation_checkpointing),
                             compute_bytes=4 if settings.dtype == "float32" else 2,
                             sharded=choose_strategy(settings, processes).sharded, scope=settings.train,

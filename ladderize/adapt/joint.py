@@ -28,7 +28,7 @@ from .cost import FlopCount
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
-from .objectives import AdaptLoss
+from .objectives import AdaptLoss, entries
 from .output import write_output
 from .training_state import finish_state
 from .layer_source import ResidentLayers, same_prefix
@@ -87,8 +87,8 @@ class ReplicatedRun:
         if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
             raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
                                  "adapt/accelerate_config.py), not this replicated one: launch it without the FSDP config")
-        # training every parameter with only the local objective leaves the unconverted layers unused
-        unused = config.train == "all" and not ({"lm", "kd"} & set(weights))
+        # training every parameter with no objective over the LM head leaves the unconverted layers unused
+        unused = config.train == "all" and not any(objective.head for objective in entries(weights))
         self.accelerator = Accelerator(
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
             mixed_precision=precision.mixed_precision,

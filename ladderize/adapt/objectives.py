@@ -36,13 +36,18 @@
 logits exist one block at a time. At SmolLM2's 49,152-token vocabulary a 2 x 512 batch has
 200 MB of logits per tensor; computed whole, the kd loss and its backward allocated about a
 dozen such tensors per step, each mapped fresh from the kernel.
+
+Each objective is an entry of ``OBJECTIVES`` (an ``Objective``): what it reads of the student and the teacher, and its
+loss. The teacher's pass and the loss (``AdaptLoss``), the FLOP count and the memory estimate (``cost.py``), and
+which stages can read the teacher's stored states (``teacher_states.py``) read an entry's traits, never its name
+(docs/architecture.md, "Adding an objective").
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass
 
 import torch
@@ -56,16 +61,118 @@ from ..convert.residual_states import State, attention_kwargs, embed, logits_fro
 from .compilation import inductor_options
 from .fsdp import head_gathered
 
-OBJECTIVES = ("lm", "kd", "local")
-TEACHER_OBJECTIVES = frozenset({"kd", "local"})  # the objectives that compare the student with a teacher
-# the objectives that need of the teacher only its states entering the first converted layer and its final norm, which a
-# sequential stage can store for them (teacher_states.py); ``local`` needs its states at every converted layer
-STORED_TEACHER_OBJECTIVES = frozenset({"kd", "lm"})
 LOCAL_INPUTS = ("teacher", "student", "stack")
 JOINT_ONLY_INPUTS = frozenset({"stack"})  # the student's states with the graph kept: a whole stack, not one layer
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
 LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
 LOGIT_BLOCK_BYTES_CUDA = 1 << 29  # on a GPU: 1,046 tokens a block at Llama 3's 128,256-token vocabulary
+
+
+# what an objective reads of the teacher (``Objective.teacher``)
+NO_TEACHER = "none"
+TEACHER_FINAL = "final"  # its final residual stream: the teacher runs every layer
+TEACHER_LAYERS = "layers"  # its states entering and leaving every converted layer: it runs up to the last converted one
+
+BlockLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # one block's summed loss from its float32 logits and rows
+
+
+@dataclass
+class LossInputs:
+    """What an objective's loss reads for one batch: the loss module (the models and the objectives' settings), the
+    tokens, the teacher's pass, and the student's residual stream entering its final norm where an objective reads it."""
+
+    module: AdaptLoss
+    input_ids: torch.Tensor
+    teacher: TeacherPass | None
+    final: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One objective, declared once: what it reads of the two models, and its loss.
+
+    ``teacher``: ``NO_TEACHER``, ``TEACHER_FINAL`` or ``TEACHER_LAYERS``. ``student_final``: it reads the student's
+    final residual stream (the student runs every layer). ``head``: its loss is over the student's logits, one block of
+    tokens at a time (``block_loss``: that block's summed loss and the count the sum divides by); the student's head
+    runs. ``teacher_head``: it runs the teacher's LM head too. Any other objective gives ``loss``. ``pass_loss``: the
+    loss computed along the student's own pass up to layer ``stop``, with the stream leaving it, or None where the
+    objective's settings compute it apart (``loss``).
+    """
+
+    name: str
+    teacher: str = NO_TEACHER
+    student_final: bool = False
+    head: bool = False
+    teacher_head: bool = False
+    loss: Callable[[LossInputs], torch.Tensor] | None = None
+    block_loss: Callable[[LossInputs], tuple[BlockLoss, int]] | None = None
+    pass_loss: Callable[[LossInputs, int], tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name != self.name.lower():
+            raise LadderizeError(f"objective name {self.name!r}: lowercase letters, digits and underscores")
+        if self.teacher not in (NO_TEACHER, TEACHER_FINAL, TEACHER_LAYERS):
+            raise LadderizeError(f"objective {self.name}: teacher must be {NO_TEACHER}, {TEACHER_FINAL} or {TEACHER_LAYERS}")
+        if self.teacher_head and self.teacher != TEACHER_FINAL:
+            raise LadderizeError(f"objective {self.name}: the teacher's head reads its final stream (teacher={TEACHER_FINAL})")
+        if (self.block_loss if self.head else self.loss) is None:
+            raise LadderizeError(f"objective {self.name}: give {'block_loss' if self.head else 'loss'}")
+
+    @property
+    def needs_teacher(self) -> bool:
+        return self.teacher != NO_TEACHER
+
+    @property
+    def reads_final(self) -> bool:
+        """Whether the student runs every layer for it."""
+        return self.student_final or self.head
+
+    @property
+    def reads_stored_teacher(self) -> bool:
+        """Whether the teacher states a sequential stage stores (``teacher_states.py``: its states entering the first
+        converted layer and its final stream) are all it needs of the teacher."""
+        return self.teacher != TEACHER_LAYERS
+
+
+OBJECTIVES: dict[str, Objective] = {}  # the objectives by name, in the order their losses sum; ``register`` adds one
+
+
+def register(objective: Objective) -> Objective:
+    """Add ``objective`` to ``OBJECTIVES`` (a name taken by another entry is refused)."""
+    if OBJECTIVES.get(objective.name, objective) is not objective:
+        raise LadderizeError(f"objective {objective.name} is registered already")
+    OBJECTIVES[objective.name] = objective
+    return objective
+
+
+def entries(weights: Iterable[str]) -> list[Objective]:
+    """The entries of the objectives named in ``weights``, in ``OBJECTIVES``' order."""
+    names = set(weights)
+    return [objective for name, objective in OBJECTIVES.items() if name in names]
+
+
+class ObjectiveNames(Set):
+    """The names of the registered objectives with a trait, read from ``OBJECTIVES`` at each use (a set: ``<=``, ``&``)."""
+
+    def __init__(self, trait: Callable[[Objective], bool]):
+        self._trait = trait
+
+    def __contains__(self, name: object) -> bool:
+        return name in OBJECTIVES and self._trait(OBJECTIVES[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, objective in OBJECTIVES.items() if self._trait(objective))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @classmethod
+    def _from_iterable(cls, names: Iterable[str]) -> frozenset[str]:
+        return frozenset(names)
+
+
+TEACHER_OBJECTIVES = ObjectiveNames(lambda objective: objective.needs_teacher)
+STORED_TEACHER_OBJECTIVES = ObjectiveNames(lambda objective: objective.reads_stored_teacher)
 
 
 def parse_objectives(spec: str) -> dict[str, float]:
@@ -87,7 +194,7 @@ def parse_objectives(spec: str) -> dict[str, float]:
             raise LadderizeError(f"objective weight of {name} must not be negative")
         weights[name] = weight
     if not weights:
-        raise LadderizeError("no objective given; use lm, kd and/or local")
+        raise LadderizeError(f"no objective given; use {', '.join(OBJECTIVES)} (comma-separated)")
     return weights
 
 
@@ -131,8 +238,11 @@ class AdaptLoss(nn.Module):
         self.compiled = compiled  # the kd loss's blocks through torch.compile (compilation.py; the layers are compiled apart)
         if local_inputs not in LOCAL_INPUTS:
             raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
-        if TEACHER_OBJECTIVES & set(weights) and teacher is None:
-            raise LadderizeError("objectives kd and local need a teacher model")
+        self.entries = entries(weights)
+        comparing = [objective.name for objective in self.entries if objective.needs_teacher]
+        if comparing and teacher is None:
+            raise LadderizeError(f"objective{'s' if len(comparing) > 1 else ''} {' and '.join(comparing)} "
+                                 f"need{'' if len(comparing) > 1 else 's'} a teacher model")
         self.student = student
         object.__setattr__(self, "teacher", teacher)  # not a submodule: never wrapped, never trained
         self.weights = dict(weights)
@@ -145,8 +255,9 @@ class AdaptLoss(nn.Module):
         self.kd_top_k = kd_top_k
         layout = student.layout
         self.converted = layout.converted_layers
-        if not self.converted and "local" in weights:
-            raise LadderizeError("the checkpoint has no converted layers: objective local has nothing to distil")
+        for objective in self.entries:
+            if not self.converted and objective.teacher == TEACHER_LAYERS:
+                raise LadderizeError(f"the checkpoint has no converted layers: objective {objective.name} has nothing to distil")
         self.modes = layout.modes
         self.first = min(self.converted) if self.converted else student.config.num_hidden_layers
         self.share_prefix = share_prefix and teacher is not None
@@ -154,40 +265,47 @@ class AdaptLoss(nn.Module):
     def forward(self, input_ids: torch.Tensor, stored: tuple[torch.Tensor, ...] | None = None) -> dict[str, torch.Tensor]:
         """``stored``: the teacher's ``(residual, stale)`` entering the first converted layer and its final residual
         stream for these sequences (``teacher_states.py``), in place of running the teacher; only with the shared
-        prefix and without ``local`` (which needs the teacher's states at every converted layer)."""
-        want_final = "kd" in self.weights
+        prefix and with objectives that need of the teacher no more than those states (``Objective.reads_stored_teacher``;
+        not ``local``, which needs its states at every converted layer)."""
+        want_final = any(objective.teacher == TEACHER_FINAL for objective in self.entries)
         if stored is not None:
-            if not self.share_prefix or not set(self.weights) <= STORED_TEACHER_OBJECTIVES:
+            if not self.share_prefix or not all(objective.reads_stored_teacher for objective in self.entries):
                 raise LadderizeError("stored teacher states need the shared prefix and no local objective")
             teacher = self._stored_states(input_ids, stored)
         else:
             teacher = self._teacher_states(input_ids, want_final) if self.teacher is not None else None
+        inputs = LossInputs(self, input_ids, teacher)
         losses: dict[str, torch.Tensor] = {}
-        head = "lm" in self.weights or "kd" in self.weights
-        final = None
-        if "local" in self.weights and self.local_inputs == "stack":  # deep supervision: one pass gives both
-            stop = self.student.config.num_hidden_layers if head else max(self.converted) + 1
-            final, losses["local"] = self._student_errors(input_ids, teacher, stop, cut_graph=False)
-        if head:
-            losses.update(head_losses(
-                self.student, self._student_final(input_ids, teacher) if final is None else final,
-                input_ids if "lm" in self.weights else None,
-                self.teacher if want_final else None, teacher.final if want_final else None,
-                self.kd_temperature, self.kd_divergence, self.kd_top_k, self.compiled,
-            ))
-        if "local" in self.weights and "local" not in losses:
-            losses["local"] = self._local_loss(input_ids, teacher)
-        losses["total"] = sum(self.weights[name] * losses[name] for name in OBJECTIVES if name in losses)
+        reads_final = any(objective.reads_final for objective in self.entries)
+        layers = self.student.config.num_hidden_layers
+        stop = layers if reads_final or not self.converted else max(self.converted) + 1
+        for objective in self.entries:  # a loss along the student's own pass (deep supervision): one pass gives both
+            if objective.pass_loss is not None and (along := objective.pass_loss(inputs, stop)) is not None:
+                stream, losses[objective.name] = along
+                if reads_final and inputs.final is None:
+                    inputs.final = stream
+        if reads_final and inputs.final is None:
+            inputs.final = self._student_final(input_ids, teacher)
+        heads = {objective.name: functools.partial(objective.block_loss, inputs)
+                 for objective in self.entries if objective.head}
+        if heads:
+            gathered = (self.teacher,) if any(objective.teacher_head for objective in self.entries) else ()
+            losses.update(blockwise_head_losses(self.student, inputs.final, heads, gathered))
+        for objective in self.entries:
+            if objective.name not in losses:
+                losses[objective.name] = objective.loss(inputs)
+        losses["total"] = sum(self.weights[objective.name] * losses[objective.name] for objective in self.entries)
         return losses
 
     @torch.no_grad()
     def _teacher_states(self, input_ids: torch.Tensor, want_final: bool) -> TeacherPass:
-        """The teacher's pass: its states at each converted layer where ``local`` compares them, else only the state
-        entering the first converted layer (the student's start with a shared prefix); its final stream for kd."""
+        """The teacher's pass: its states at each converted layer where an objective compares them (``TEACHER_LAYERS``),
+        else only the state entering the first converted layer (the student's start with a shared prefix); its final
+        stream where ``want_final``."""
         teacher = self.teacher
         state, attn_kwargs = embed(teacher, input_ids)
         inputs, outputs = {}, {}
-        every_layer = "local" in self.weights
+        every_layer = any(objective.teacher == TEACHER_LAYERS for objective in self.entries)
         last = teacher.config.num_hidden_layers if want_final else max(self.converted) + 1
         for index in range(last):
             if index in self.converted and (every_layer or index == self.first):
@@ -375,37 +493,65 @@ def head_losses(
     top_k: int = 0,
     compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams.
+    """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams
+    (``blockwise_head_losses``).
 
-    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order. Each loss runs
-    ``logit_block_rows`` tokens at a time, and the teacher's logits exist one block at a time only. A plain
-    ``nn.Linear`` student head runs inside the blocks too (``BlockwiseHeadLoss``), so the student's ``[B*S, V]``
-    logits never exist whole; any other head computes them once and the blocks read them (``BlockwiseLoss``).
+    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order.
+    """
+    batch, seq, _ = final.shape
+    heads: dict[str, Callable[[], tuple[BlockLoss, int]]] = {}
+    if input_ids is not None:
+        heads["lm"] = lambda: (lm_block_loss(input_ids), batch * (seq - 1))
+    if teacher is not None:
+        heads["kd"] = lambda: (teacher_kd_block_loss(teacher, teacher_final, temperature, divergence, top_k, compiled,
+                                                     final.device.type), batch * seq)
+    return blockwise_head_losses(student, final, heads, (teacher,) if teacher is not None else ())
+
+
+def lm_block_loss(input_ids: torch.Tensor) -> BlockLoss:
+    """One block's summed next-token cross-entropy; the last position of every sequence predicts nothing."""
+    targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(-1)
+    return lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum")
+
+
+def teacher_kd_block_loss(teacher: LadderLlamaForCausalLM, teacher_final: torch.Tensor, temperature: float,
+                          divergence: str, top_k: int, compiled: bool, device_type: str) -> BlockLoss:
+    """One block's summed kd loss against the teacher's logits of the same rows, computed from its final stream then
+    (with its head gathered where it is sharded: called inside ``blockwise_head_losses``)."""
+    teacher_normed = teacher.model.norm(teacher_final.reshape(-1, teacher_final.shape[-1]))
+    teacher_head = frozen_head(teacher.lm_head)
+    return _kd_block_loss(lambda part: teacher_head(teacher_normed[part]), temperature, divergence, top_k, compiled,
+                          device_type)
+
+
+def blockwise_head_losses(student: LadderLlamaForCausalLM, final: torch.Tensor,
+                          heads: dict[str, Callable[[], tuple[BlockLoss, int]]],
+                          gathered: tuple[LadderLlamaForCausalLM, ...] = ()) -> dict[str, torch.Tensor]:
+    """Each of ``heads``' losses over the student's logits from its last residual stream ``final``: ``heads[name]()``
+    gives one block's summed loss and the count the sum divides by; ``gathered``: other models whose (sharded) heads
+    the losses run.
+
+    Each loss runs ``logit_block_rows`` tokens at a time. A plain ``nn.Linear`` student head runs inside the blocks too
+    (``BlockwiseHeadLoss``), so the student's ``[B*S, V]`` logits never exist whole; any other head computes them once
+    and the blocks read them (``BlockwiseLoss``).
     """
     batch, seq, _ = final.shape
     rows = batch * seq
-    block_losses: dict[str, Callable[[torch.Tensor, slice], torch.Tensor]] = {}
-    if input_ids is not None:  # the next token; the last position of every sequence predicts nothing
-        targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(rows)
-        block_losses["lm"] = lambda block, part: F.cross_entropy(block, targets[part], ignore_index=-100, reduction="sum")
     with contextlib.ExitStack() as stack:
         # a sharded head (the teacher's, or the student's where it is the teacher's): gathered once, not once per block
-        stack.enter_context(head_gathered(*(model for model in (teacher, student) if model is not None)))
-        if teacher is not None:
-            teacher_normed, teacher_head = teacher.model.norm(teacher_final.reshape(rows, -1)), frozen_head(teacher.lm_head)
-            block_losses["kd"] = _kd_block_loss(lambda part: teacher_head(teacher_normed[part]), temperature, divergence,
-                                                top_k, compiled, final.device.type)
+        stack.enter_context(head_gathered(*gathered, student))
+        built = {name: build() for name, build in heads.items()}
+        block_losses = tuple(block_loss for block_loss, _ in built.values())
         head = student.lm_head
         if type(head) is nn.Linear and head.bias is None:
             normed = student.model.norm(final).reshape(rows, -1)
-            totals = BlockwiseHeadLoss.apply(normed, head.weight, tuple(block_losses.values()),
+            totals = BlockwiseHeadLoss.apply(normed, head.weight, block_losses,
                                              logit_block_rows(head.weight.shape[0], final.device.type))
         else:
             logits = logits_from(student, final).reshape(rows, -1)  # [B*S, V]
             block_rows = logit_block_rows(logits.shape[-1], final.device.type)
-            totals = [BlockwiseLoss.apply(logits, block_loss, block_rows) for block_loss in block_losses.values()]
-    scale = {"lm": batch * (seq - 1), "kd": rows}
-    return {name: totals[index] / scale[name] for index, name in enumerate(block_losses)}
+            totals = [BlockwiseLoss.apply(logits, block_loss, block_rows) for block_loss in block_losses]
+    return {name: totals[index] / count for index, (name, (_, count)) in enumerate(built.items())}
 
 
 class BlockwiseHeadLoss(torch.autograd.Function):
@@ -502,3 +648,30 @@ class BlockwiseLoss(torch.autograd.Function):
     def backward(ctx, grad_output: torch.Tensor):
         (grad,) = ctx.saved_tensors
         return grad * grad_output.to(grad.dtype), None, None
+
+
+def _lm_block(inputs: LossInputs) -> tuple[BlockLoss, int]:
+    batch, seq = inputs.input_ids.shape
+    return lm_block_loss(inputs.input_ids), batch * (seq - 1)
+
+
+def _kd_block(inputs: LossInputs) -> tuple[BlockLoss, int]:
+    module, final = inputs.module, inputs.final
+    return (teacher_kd_block_loss(module.teacher, inputs.teacher.final, module.kd_temperature, module.kd_divergence,
+                                  module.kd_top_k, module.compiled, final.device.type), final.shape[0] * final.shape[1])
+
+
+def _local_loss(inputs: LossInputs) -> torch.Tensor:
+    return inputs.module._local_loss(inputs.input_ids, inputs.teacher)
+
+
+def _local_along_the_stack(inputs: LossInputs, stop: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``local_inputs="stack"``: the error of every converted layer along the student's own pass, the graph kept."""
+    if inputs.module.local_inputs != "stack":
+        return None
+    return inputs.module._student_errors(inputs.input_ids, inputs.teacher, stop, cut_graph=False)
+
+
+register(Objective("lm", head=True, block_loss=_lm_block))
+register(Objective("kd", teacher=TEACHER_FINAL, head=True, teacher_head=True, block_loss=_kd_block))
+register(Objective("local", teacher=TEACHER_LAYERS, loss=_local_loss, pass_loss=_local_along_the_stack))

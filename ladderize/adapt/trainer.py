@@ -38,7 +38,7 @@ from .compilation import adamw
 from .config import AdaptConfig, AdaptResult, StepInfo
 from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
-from .objectives import STORED_TEACHER_OBJECTIVES
+from .objectives import entries
 from .throughput import Throughput, peak_flops_per_s, plan_line
 from .training_state import STATE_DIR, SaveClock, load_joint_state, read_joint_state, save_joint_state
 
@@ -99,7 +99,7 @@ def train_joint(
 
     run.build(data, say)
     stored = None
-    if config.teacher_states and run.share_prefix and set(weights) <= STORED_TEACHER_OBJECTIVES:  # teacher_states.py
+    if config.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):  # teacher_states.py
         from .teacher_states import read as read_teacher_states, teacher_id
 
         stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head,
