@@ -47,7 +47,7 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     pace, steps, planned = timed_plan()
     said = [plan_line(Budget("15m", seconds=20.0 + sum(planned)), steps)]
     record = {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": planned, "calibration_cap": None}
-    replanned = replan(steps, 0, record, [1.2 * planned[0]], said.append)
+    replanned, _ = replan(steps, 0, record, [1.2 * planned[0]], said.append)
     assert curve.token_passes({"adapt": {"plan": said[:1], "stdout_tail": []}}) == 204_800 + 51_200
     assert curve.token_passes({"adapt": {"plan": said, "stdout_tail": []}}) == 204_800 + replanned[1]["tokens"] < 256_000
     # the line before it said its total (one recorded run): the kd stage's change counted

@@ -277,9 +277,10 @@ def _check_floor(budget: Budget, pace, steps: list[dict[str, Any]], when: str, h
 
 
 def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stage_s: list[float],
-           say=lambda _line: None, spent_s: float | None = None) -> list[dict[str, Any]]:
-    """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished, and the entry kept
-    in ``record["replanned"]``.
+           say=lambda _line: None, spent_s: float | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished: the new stages and
+    a new budget record, ``record`` left as it was. The new record holds the plan's times as it now stands
+    (``planned_s``) and, in ``replanned``, an entry per re-plan with the times it replaced (``before_s``).
 
     The time spent is the run's clock (``spent_s``: the wall seconds since the command began, loading, writing and the
     pace included), and never less than the pace's timing here and the finished stages' own training seconds
@@ -287,8 +288,11 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     stopped). The stages left are timed by the pace, slowed by as much as the finished ones ran over their plan (never
     sped up: a budget is a ceiling), and sized by ``scale_stages``. Where even their smallest sizing does not fit, the
     line says so at once, and by how much the run will end past its budget."""
+    import copy
+
     from . import pace as pacing
 
+    record = copy.deepcopy(record)
     pace = pacing.Pace(**record["pace"])
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
     slower = max(1.0, ran / planned) if planned > 0 else 1.0
@@ -307,10 +311,12 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     plan = [*done, *sized]
     timed = pacing.stages_seconds(pace, sized, held, done)
     expected = [slower * seconds for seconds in timed]
-    record["planned_s"] = [*record["planned_s"][: index + 1], *timed]  # the pace's times of the plan as it now stands
+    before = record["planned_s"]
+    record["planned_s"] = [*before[: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({
         "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "spent_s": round(spent, 3),
-        "left_s": round(left, 3), "slower": round(slower, 4), "tokens": recipe_cost(sized), "expected_s": expected})
+        "left_s": round(left, 3), "slower": round(slower, 4), "tokens": recipe_cost(sized), "expected_s": expected,
+        "before_s": before})
     finished = steps[index]["name"]
     pace_note = f", at the {slower:.2f}x slower pace the stages so far ran" if slower > 1 else ""
     sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
@@ -322,7 +328,7 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
         f"{duration(spent)} spent in all, {duration(max(0.0, left))} left" + short +
         f"; re-planned {sizes}: {recipe_cost(plan):,} token passes "
         f"(expected {', '.join(duration(s) for s in expected)}{pace_note})")
-    return plan
+    return plan, record
 
 
 def agreed(value: Any, device: str) -> Any:

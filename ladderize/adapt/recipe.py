@@ -16,12 +16,12 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
-from ..checkpoint.placement import process_rank, world_size
+from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .output import CURVE_FILE, stage_points
@@ -131,11 +131,10 @@ def run_recipe(
     def deadline(index: int, current: AdaptPlan, reused_s: float) -> float | None:
         """When stage ``index`` of a wall budget should end (``time.perf_counter()``'s clock): its planned time from
         now (as re-planned), and the last stage the budget's end (the time this attempt reused from earlier ones
-        counted as spent). One process alone keeps a deadline (a launcher's processes would not stop together)."""
-        from ..checkpoint.placement import world_size
-
+        counted as spent). Under a launcher the main process's clock decides for every process (``trainer``); the
+        sequential stage keeps its deadline on one process only."""
         sizing = current.budget
-        if sizing is None or sizing.get("seconds") is None or world_size() > 1:
+        if sizing is None or sizing.get("seconds") is None:
             return None
         if index + 1 >= len(current.stages):
             return began + sizing["seconds"] - reused_s
@@ -145,21 +144,20 @@ def run_recipe(
         return time.perf_counter() + planned
 
     def after_stage(index: int, current: AdaptPlan, stage_s: list[float], reused_s: float = 0.0) -> AdaptPlan:
-        """A wall budget re-plans the stages left once for each finished stage (``budget.replan``), kept in the plan."""
+        """A wall budget re-plans the stages left once for each finished stage (``budget.replan``): a new plan, whose
+        budget record keeps the times of the one it replaces; ``current`` is left as it was."""
         sizing = current.budget
         if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current.stages) \
                 or any(entry["after_stage"] == current.stages[index].number for entry in sizing.get("replanned", [])):
             return current
         # the main process's times decide, as its pace decided the plan
         spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
-        planned, timed = agreed((replan(current.steps, index, sizing, stage_s, say, spent_s=spent), sizing) if main else None,
-                                current.stages[0].resolved.device)
-        sizing.update(timed)
-        current = current.with_steps(planned)
-        current.budget = sizing
+        planned, sizing = agreed(replan(current.steps, index, sizing, stage_s, say, spent_s=spent) if main else None,
+                                 current.stages[0].resolved.device)
+        replanned = replace(current.with_steps(planned), budget=sizing)
         if main:
-            plan_file.write_text(json.dumps(current.record(), indent=1) + "\n")
-        return current
+            plan_file.write_text(json.dumps(replanned.record(), indent=1) + "\n")
+        return replanned
 
     try:
         return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
@@ -207,7 +205,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
-                              teacher_state_rows=None if budgeted else rows_read(steps, index, world_size()))
+                              teacher_state_rows=None if budgeted else rows_read(steps, index))
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
             earlier.append(_finished_stage(stage_out, curve))

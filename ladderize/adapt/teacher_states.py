@@ -163,10 +163,10 @@ def keeps_teacher_states(steps: list[dict[str, Any]], index: int) -> bool:
     return any(_reads_kept_states(step, steps[index]) for step in steps[index + 1:])
 
 
-def rows_read(steps: list[dict[str, Any]], index: int, world: int = 1) -> int:
+def rows_read(steps: list[dict[str, Any]], index: int) -> int:
     """How many of its first sequences' teacher states sequential stage ``index`` stores: as many as the later stages
-    that read them (``_reads_kept_states``) take windows, at ``world`` processes (the joint stage's count: its tokens
-    rounded up to whole steps of ``batch_size x grad_accum x world`` sequences); 0 where none reads them."""
+    that read them (``_reads_kept_states``) take windows (a joint stage's tokens rounded up to whole steps of its global
+    batch, ``batch_size`` sequences on any process count: ``batches.StepSplit``); 0 where none reads them."""
     import math
 
     from .config import stage_config
@@ -175,8 +175,7 @@ def rows_read(steps: list[dict[str, Any]], index: int, world: int = 1) -> int:
     for step in steps[index + 1:]:
         if _reads_kept_states(step, steps[index]):
             config = stage_config(step)
-            per_step = config.batch_size * config.grad_accum * world
-            rows = max(rows, math.ceil(step["tokens"] / (per_step * config.seq_len)) * per_step)
+            rows = max(rows, math.ceil(step["tokens"] / (config.batch_size * config.seq_len)) * config.batch_size)
     return rows
 
 

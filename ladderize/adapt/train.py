@@ -50,8 +50,9 @@ def adapt(
     state of that step saved (the joint training; the sequential one keeps its finished layers), so that
     ``resume`` continues the whole budget from it: a smoke test or a dry run of a long run. ``on_phase(what, done,
     total)`` follows a long phase before the steps, from its start (the sequential stage's caching of states).
-    ``deadline`` (``time.perf_counter()``'s clock; a wall budget's stage, one process): the training ends by then, the
-    sequential stage's layers shortened to fit it and any stage stopped at it (``budget.py``, "keeping the time").
+    ``deadline`` (``time.perf_counter()``'s clock; a wall budget's stage): the training ends by then, the sequential
+    stage's layers shortened to fit it on one process and a joint stage stopped at it, under a launcher by the main
+    process's clock (``budget.py``, "keeping the time").
     """
     say = on_message or (lambda _m: None)
     weights = preflight(config)

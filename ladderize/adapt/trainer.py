@@ -19,7 +19,8 @@ synchronisation, the clip, the optimizer step and the write-out of OUT. Everythi
   continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
 - **Losses** stay on the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU),
   averaged over the processes; only the main process speaks.
-- **A wall budget's deadline** (one process) stops the stage at the first step that ends past it.
+- **A wall budget's deadline** stops the stage at the first step that ends past it (under a launcher, the first logged
+  one, by the main process's clock).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def train_joint(
     ``out``.
 
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state of that
-    step first, so that ``--resume`` continues from it. ``deadline`` (``time.perf_counter()``'s clock, one process):
-    the stage stops at the first step that ends past it, says so, and writes OUT from there."""
+    step first, so that ``--resume`` continues from it. ``deadline`` (``time.perf_counter()``'s clock; the main
+    process's decides): the stage stops at the first step that ends past it (under a launcher, the first logged one),
+    says so, and writes OUT from there."""
     from ..checkpoint.io import load_tokenizer
     from ..checkpoint.placement import world_size
     from ..corpus.token_store import build_reporter, is_store
@@ -185,7 +187,7 @@ def train_joint(
             train_s += time.perf_counter() - started
             cpu_s += time.process_time() - cpu_started
             log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-            if deadline is not None and world == 1 and step < total_steps and time.perf_counter() >= deadline:
+            if deadline is not None and step < total_steps and (world == 1 or logged) and _past(deadline, device):
                 say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
                     f"({counted(tokens_done, 'token')} trained) to keep the budget")
                 total_steps = log.total_steps = step
@@ -208,6 +210,18 @@ def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
     dist.all_reduce(tensor)
     return tensor / dist.get_world_size()
+
+
+def _past(deadline: float, device: torch.device) -> bool:
+    """Whether the main process's clock is past ``deadline``, on every process (one broadcast under a launcher)."""
+    import torch.distributed as dist
+
+    past = time.perf_counter() >= deadline
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return past
+    flag = torch.tensor([1 if past else 0], device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:

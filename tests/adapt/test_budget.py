@@ -132,23 +132,24 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
 
     said: list[str] = []
     on_plan = record()
-    on_time = replan(steps, 0, on_plan, [planned[0]], said.append)[1]["tokens"]  # the same plan, to a step
+    on_time = replan(steps, 0, on_plan, [planned[0]], said.append)[0][1]["tokens"]  # the same plan, to a step
     assert 51_200 - 1024 <= on_time <= 51_200
     faster = record()  # stage 1 in half its time: kd gets the rest, timed at the pace (not at the faster one)
-    grown = replan(steps, 0, faster, [planned[0] / 2], said.append)
+    grown, faster_after = replan(steps, 0, faster, [planned[0] / 2], said.append)
     assert grown[0] == steps[0] and grown[1]["tokens"] > 51_200 and grown[1]["warmup_steps"] > 5
-    assert kd_seconds(grown) <= planned[1] + planned[0] / 2 < kd_seconds(replan(steps, 0, record(), [0.0])) + 1
-    assert faster["replanned"][0]["slower"] == 1.0 and faster["planned_s"][1] == kd_seconds(grown)
+    assert kd_seconds(grown) <= planned[1] + planned[0] / 2 < kd_seconds(replan(steps, 0, record(), [0.0])[0]) + 1
+    assert faster_after["replanned"][0]["slower"] == 1.0 and faster_after["planned_s"][1] == kd_seconds(grown)
+    assert faster == record() and faster_after["replanned"][0]["before_s"] == planned  # a new record; the old one kept
     slower = record()  # stage 1 at 1.2x its plan: kd gets what is left, timed 1.2x slower too
-    shrunk = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
+    shrunk, slower_after = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
     left = planned[1] - 0.2 * planned[0]
     step_s = 1.2 * (stage_seconds(pace, {**steps[1], "tokens": 2048}) - stage_seconds(pace, {**steps[1], "tokens": 1024}))
     assert 0 < left - step_s < 1.2 * kd_seconds(shrunk) <= left  # within a step of the time left
-    entry, = slower["replanned"]
+    entry, = slower_after["replanned"]
     assert entry["slower"] == 1.2 and entry["left_s"] == round(left, 3) and entry["expected_s"] == [1.2 * kd_seconds(shrunk)]
     assert said[-1].startswith("budget ") and "re-planned kd 51,200 -> " in said[-1] and "1.20x slower pace" in said[-1]
     spent = record()  # nothing left: kd runs its one step, and says so
-    assert replan(steps, 0, spent, [3 * planned[0]], said.append)[1]["tokens"] == 1024
+    assert replan(steps, 0, spent, [3 * planned[0]], said.append)[0][1]["tokens"] == 1024
     assert "0 s left, less than the smallest stage left: it runs one step" in said[-1]
 
 

@@ -257,6 +257,20 @@ def test_the_replicated_training_recomputes_activations_too(sharp_ladder, text_f
     assert [r["loss_kd"] for r in plain.curve] == pytest.approx([r["loss_kd"] for r in checked.curve], rel=1e-6)
 
 
+@pytest.mark.parametrize("shard", ["fsdp", "ddp"])
+def test_under_a_launcher_the_main_processs_clock_keeps_a_stages_deadline(shard, sharp_ladder, text_file, tmp_path):
+    """A wall budget's joint stage stops at its deadline on every process together, by the main process's clock: with
+    the deadline past there and an hour away on the other process, both stop after the first step and write OUT."""
+    worker = Path(__file__).with_name("deadline_worker.py")
+    env = {**_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([*_torchrun(2), str(worker), str(sharp_ladder), str(text_file), str(tmp_path / "out"), shard],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["steps"]) for r in reports) == [(0, 1), (1, 1)]
+    assert "stops here" in done.stdout + done.stderr and (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_a_state_saved_by_one_strategy_resumes_on_the_other(sharp_ladder, text_file, tmp_path):
     """The joint stages keep one training state (a distributed checkpoint of the trained parameters and AdamW): a run
     stopped under the replicated training resumes sharded, and one stopped sharded resumes replicated, each ending as
