@@ -28,7 +28,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +44,39 @@ from .lr_curve import warmup_cosine
 from .objectives import entries
 from .throughput import Throughput, peak_flops_per_s, plan_line
 from .training_state import STATE_DIR, SaveClock, load_joint_state, read_joint_state, save_joint_state
+
+
+class JointRun(Protocol):
+    """What a strategy's run gives the loop (``joint.ReplicatedRun``, ``sharded.ShardedRun``). Built on the process's
+    device; after ``build``: the loss module the steps call, the module whose trained parameters the state holds, those
+    parameters, the student (for progress reports), the teacher's path, whether the prefix is shared and the first
+    converted layer (for stored teacher states), and the step's FLOPs."""
+
+    device: torch.device
+    rank: int
+    world: int
+    teacher_gathers: bool  # stored teacher states are used only where every rank's rows have them
+    loss_module: torch.nn.Module
+    state_module: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    student: torch.nn.Module
+    teacher_path: str | None
+    share_prefix: bool
+    first: int
+    flops: Any
+
+    def plan_suffix(self) -> str: ...
+    def build(self, data: Any, say: Callable[[str], None]) -> None: ...
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def synchronizing(self, last: bool) -> AbstractContextManager: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def clip(self, max_norm: float) -> None: ...
+    def optimizer_step(self) -> None: ...
+    def extra_state(self) -> dict[str, Any]: ...
+    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None: ...
+    def save_beside(self, folder: Path) -> None: ...
+    def barrier(self) -> None: ...
+    def write_out(self, result: AdaptResult, out: Path, tokenizer: Any, state_dir: Path) -> None: ...
 
 
 def train_joint(
@@ -75,7 +110,7 @@ def train_joint(
         from .sharded import ShardedRun as Run
     else:
         from .joint import ReplicatedRun as Run
-    run = Run(config, weights, checkpoint)  # the process group and the device, before anything is built
+    run: JointRun = Run(config, weights, checkpoint)  # the process group and the device, before anything is built
     device, rank, world = run.device, run.rank, run.world
     if rank != 0:  # one voice: the main process says the plan, the data and the pace
         say = _silent
