@@ -110,7 +110,8 @@ def plan_adapt(
 def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOptions()) -> RecipeResult:
     """Run the stages of ``plan`` (``plan_adapt``) on its checkpoint, one after another; the last one writes ``out``.
 
-    Every stage is checked (``train.preflight``) against the plan's checkpoint before the run dir exists. A wall budget re-plans the stages
+    Every stage is checked (``train.preflight``) against the plan's checkpoint before the run dir exists; each stage's
+    own input, written by the stage before it, is checked when the stage starts. A wall budget re-plans the stages
     left after each finished one (a new plan, recorded in ``RUN/recipe.json``); a resumed run keeps the sizes it
     planned.
     """
@@ -240,7 +241,7 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=options.resume and (stage_run / "state").is_dir(), progress=options.progress,
-                       on_message=options.on_message, on_phase=options.on_phase,
+                       on_message=options.on_message, on_phase=options.on_phase, checked=True,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
                        max_steps=None if max_steps is None else max_steps - done_steps,
                        deadline=None if stop_after_steps is not None or max_steps is not None else deadline(index, plan, reused_s))
@@ -340,12 +341,12 @@ def adapt_checkpoint(
                       run_dir=run_dir, resume=resume, say=on_message or (lambda _m: None), began=began)
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
+        preflight(config)  # refused before the plan is shown, as a recipe's stages are
         if on_plan is not None:
-            preflight(config)  # refused before the plan is shown, as a recipe's stages are
             on_plan(plan)
         try:
             result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps,
-                           on_phase=on_phase)
+                           on_phase=on_phase, checked=True)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise

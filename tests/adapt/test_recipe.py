@@ -94,6 +94,28 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
     assert run.result.train_s == pytest.approx(history[-2]["train_s"] + run.stages[1].train_s)
 
 
+def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(ladder_dir, text_file, tmp_path, monkeypatch):
+    """A recipe checks every stage's data before the run dir exists; a stage then checks only its input checkpoint (the
+    stage before wrote it). A single stage, whose plan is shown after its check, is checked once too."""
+    import ladderize.adapt.train as train
+    import ladderize.corpus.token_store as token_store
+    from ladderize.adapt.recipe import adapt_checkpoint
+
+    data, inputs = [], []
+    check_data, check_input = token_store.check_data, train.check_input
+    monkeypatch.setattr(token_store, "check_data", lambda spec, tokenizer=None: (data.append(spec), check_data(spec, tokenizer))[1])
+    monkeypatch.setattr(train, "check_input", lambda checkpoint: (inputs.append(str(checkpoint)), check_input(checkpoint))[1])
+    two = Recipe("two", [parse_stage("seq-local:tokens=64,epochs=1"), parse_stage("kd:tokens=64")])
+    out = tmp_path / "two"
+    run = plan_and_run(two, str(ladder_dir), str(out), shared={**TINY_SHARED, "data": str(text_file)}, keep_stages=True)
+    assert run.finished and data == [str(text_file)] * 2  # once per stage
+    assert inputs[-1] == str(tmp_path / "two.adapt-run" / "stage1-seq-local")  # stage 2's input, checked as it starts
+    data.clear()
+    single = adapt_checkpoint(ladder_dir, tmp_path / "one", shared={**TINY_SHARED, "data": str(text_file)},
+                              single={"objectives": "kd", "tokens": 64}, device="cpu", on_plan=lambda _plan: None)
+    assert single.finished and data == [str(text_file)]
+
+
 def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
     plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)
