@@ -1,7 +1,7 @@
 """Adaptation recipes run: the plan's stages one after another, each resumable, the plan recorded in the output.
 
 What a recipe is (presets, named recipes, a recipe file, ``--stage``) is ``stages.py``; the run's plan, built from it
-once, is ``plan.py``.
+once (``plan_adapt``, before ``run_recipe`` runs it), is ``plan.py``.
 
 Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` and its training
 state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT. ``RUN/recipe.json`` holds the
