@@ -114,7 +114,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     recipe (``"best"``: the stages and learning rates ``ladderize adapt`` runs by default).
     """
     from ladderize.adapt.stages import Recipe, load_recipe
-    from ladderize.adapt.recipe import run_recipe as run_stages
+    from ladderize.adapt.recipe import RunOptions, plan_adapt, run_recipe as run_stages
     from ladderize.checkpoint.io import load_model
 
     if isinstance(phases, str):  # a built-in recipe keeps its own stage settings; the benchmark gives the data
@@ -149,9 +149,9 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
             model.train()
             print(json.dumps(points[-1]), flush=True)
 
-    def on_plan(steps):
-        plan.extend(steps)
-        for step in steps:
+    def on_plan(planned):
+        plan.extend(planned.steps)
+        for step in planned.steps:
             print("plan", json.dumps(step), flush=True)
 
     stages_done: list[dict] = []
@@ -168,8 +168,10 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
 
     # one folder per benchmark tag: recipes of other tags keep theirs; the stage checkpoints stay in OUT.adapt-run
     out = work / f"{name}-final"
-    outcome = run_stages(recipe, str(checkpoint), str(out), shared=base, force=True, keep_stages=True, on_step=on_step,
-                         on_message=print, on_plan=on_plan, on_stage_start=on_stage_start, on_stage_end=on_stage_end)
+    planned = plan_adapt(checkpoint, out, shared=base, recipe=recipe, say=print)
+    outcome = run_stages(planned, out, RunOptions(force=True, keep_stages=True, progress=on_step, on_message=print,
+                                                  on_plan=on_plan, on_stage_start=on_stage_start,
+                                                  on_stage_end=on_stage_end))
     return {"recipe": name, "product_recipe": recipe.name, "phases": stages_done, "points": points, "final_checkpoint": str(outcome.out)}
 
 

@@ -1,7 +1,7 @@
 """Adaptation recipes run: the plan's stages one after another, each resumable, the plan recorded in the output.
 
 What a recipe is (presets, named recipes, a recipe file, ``--stage``) is ``stages.py``; the run's plan, built from it
-once, is ``plan.py``.
+once (``plan_adapt``, before ``run_recipe`` runs it), is ``plan.py``.
 
 Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` and its training
 state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT. ``RUN/recipe.json`` holds the
@@ -26,7 +26,7 @@ from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
-from .stages import Recipe, chosen_recipe, describe
+from .stages import Recipe, describe
 from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
 
@@ -52,44 +52,73 @@ class RecipeResult:
     earlier: list[AdaptResult] = field(default_factory=list)  # the stages an earlier attempt finished, as recorded
 
 
-def run_recipe(
-    recipe: Recipe,
-    checkpoint: str,
-    out: str,
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``run_recipe`` runs a plan and what it reports (what each stage trains is the plan's).
+
+    ``run_dir``: RUN (default ``OUT.adapt-run``). ``keep_stages`` keeps the stage checkpoints in RUN (``keep_state``
+    keeps them and the training state). ``stop_after_steps`` counts optimizer steps over all stages and ends the run
+    there as a kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``train.adapt``).
+    ``began``: when the run began (``time.perf_counter()``; default when ``run_recipe`` starts), the clock of a wall
+    budget, which its re-plans and the stages' deadlines read (``budget.py``, "keeping the time"); pass the time the
+    plan was built with (``plan_adapt``'s ``began``).
+    ``on_plan(plan)`` shows the plan once every stage passed its preflight; ``on_stage_start(line)`` announces a stage
+    (default ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output
+    checkpoint; ``progress`` and ``on_phase`` follow a stage's steps and its long phases before them (``train.adapt``).
+    """
+
+    run_dir: str | None = None
+    force: bool = False
+    keep_state: bool = False
+    keep_stages: bool = False
+    resume: bool = False
+    stop_after_steps: int | None = None
+    max_steps: int | None = None
+    began: float | None = None
+    progress: Callable[..., None] | None = None
+    on_message: Callable[[str], None] | None = None
+    on_plan: Callable[[AdaptPlan], None] | None = None
+    on_stage_start: Callable[[str], None] | None = None
+    on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None
+    on_phase: PhaseProgress | None = None
+
+
+def plan_adapt(
+    checkpoint: str | Path,
+    out: str | Path,
     *,
     shared: dict[str, Any] | None = None,
-    run_dir: str | None = None,
-    force: bool = False,
-    keep_state: bool = False,
-    keep_stages: bool = False,
+    single: dict[str, Any] | None = None,
+    recipe: "str | Recipe | None" = None,
+    stages: list[str] | None = None,
+    budget: "str | Budget | None" = None,
+    run_dir: str | Path | None = None,
     resume: bool = False,
-    progress=None,
-    on_message: Callable[[str], None] | None = None,
-    on_plan: Callable[[list[dict[str, Any]]], None] | None = None,
-    on_stage_start: Callable[[str], None] | None = None,
-    on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None,
-    stop_after_steps: int | None = None,
-    max_steps: int | None = None,
-    budget: Budget | None = None,
-    plan: AdaptPlan | None = None,
-    on_phase: PhaseProgress | None = None,
+    say: Callable[[str], None] = lambda _m: None,
     began: float | None = None,
-) -> RecipeResult:
-    """Run the stages of ``recipe`` on ``checkpoint``; the last one writes ``out``.
+) -> AdaptPlan:
+    """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
+    attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
+    top = AdaptConfig(checkpoint=str(checkpoint), out=str(out), run_dir=str(run_dir) if run_dir else None).resolved_run_dir()
+    saved = None
+    if resume and budget is not None and process_rank() == 0 and (top / PLAN_FILE).is_file():
+        saved = json.loads((top / PLAN_FILE).read_text())
+    return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
+                      say=say, began=began)
 
-    ``plan``: the run's plan (``plan.build_plan``), built here from ``recipe``, ``shared`` and ``budget`` where not
-    given; ``budget`` sizes the stages to tokens or wall time (``budget.py``); a resumed run keeps the sizes it planned.
 
-    ``stop_after_steps`` counts optimizer steps over all stages and ends the run there as a
-    kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``run.adapt``). ``keep_stages`` keeps the stage checkpoints in the run dir (``keep_state``
-    keeps them and the training state). ``on_stage_start(line)`` announces a stage (default
-    ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output checkpoint.
-    ``on_phase`` follows a stage's long phases before its steps (``train.adapt``). ``began``: when the run began
-    (``time.perf_counter()``; default now, before the plan): a wall budget's clock, which its re-plans and the stages'
-    deadlines read (``budget.py``, "keeping the time").
+def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOptions()) -> RecipeResult:
+    """Run the stages of ``plan`` (``plan_adapt``) on its checkpoint, one after another; the last one writes ``out``.
+
+    Every stage is checked (``train.preflight``) against the plan's checkpoint before the run dir exists; each stage's
+    own input, written by the stage before it, is checked when the stage starts. A wall budget re-plans the stages
+    left after each finished one (a new plan, recorded in ``RUN/recipe.json``); a resumed run keeps the sizes it
+    planned.
     """
-    say = on_message or (lambda _m: None)
-    began = time.perf_counter() if began is None else began
+    run_dir = str(options.run_dir) if options.run_dir else None
+    force, resume, checkpoint, out = options.force, options.resume, plan.checkpoint, str(out)
+    say = options.on_message or (lambda _m: None)
+    began = time.perf_counter() if options.began is None else options.began
     final = Path(out).expanduser().absolute()
     if final.exists() and not force:
         raise LadderizeError(f"output {final} already exists; pass --force to replace it")
@@ -99,9 +128,6 @@ def run_recipe(
     plan_file = top / PLAN_FILE
     # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
     main = process_rank() == 0
-    if plan is None:
-        saved = json.loads(plan_file.read_text()) if resume and budget is not None and plan_file.is_file() else None
-        plan = build_plan(checkpoint, shared=shared, recipe=recipe, budget=budget, saved=saved, say=say, began=began)
     if plan.budget is not None:
         plan = agreed(plan, plan.stages[0].resolved.device)
     steps = plan.steps
@@ -121,8 +147,8 @@ def run_recipe(
         say(f"nothing to resume in {top}; starting a new run")
     for stage in plan.stages:  # every stage's settings, data and teacher, before the run dir exists
         preflight(stage.config(checkpoint, out, run_dir=run_dir, force=True), checkpoint=checkpoint)
-    if on_plan is not None:
-        on_plan(steps)
+    if options.on_plan is not None:
+        options.on_plan(plan)
     fresh = not top.exists()
     top.mkdir(parents=True, exist_ok=True)
     if main:
@@ -160,10 +186,7 @@ def run_recipe(
         return replanned
 
     try:
-        return _run_stages(plan, out, final, top, run_dir=run_dir, force=force, keep_state=keep_state,
-                           keep_stages=keep_stages, resume=resume, progress=progress, on_message=on_message,
-                           on_stage_start=on_stage_start, on_stage_end=on_stage_end, stop_after_steps=stop_after_steps,
-                           max_steps=max_steps, after_stage=after_stage, on_phase=on_phase, deadline=deadline)
+        return _run_stages(plan, final, top, options, after_stage=after_stage, deadline=deadline)
     except BaseException:  # refused or interrupted before anything was saved: leave no run dir to block the rerun
         if fresh and main and not _saved_anything(top):
             shutil.rmtree(top, ignore_errors=True)
@@ -177,20 +200,16 @@ def _saved_anything(top: Path) -> bool:
     return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
 
 
-def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
-                run_dir: str | None, force: bool, keep_state: bool, keep_stages: bool, resume: bool, progress,
-                on_message: Callable[[str], None] | None, on_stage_start: Callable[[str], None] | None,
-                on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None,
-                stop_after_steps: int | None, max_steps: int | None,
+def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
                 after_stage: Callable[..., AdaptPlan] = lambda _i, plan, _s, _r=0.0: plan,
-                on_phase: PhaseProgress | None = None,
                 deadline: Callable[[int, AdaptPlan, float], float | None] = lambda _i, _plan, _r: None) -> RecipeResult:
     """The plan's stages one after another, each from the one before; ``after_stage(index, plan, stage_s, reused_s)``
     may re-size the stages after a finished one (``stage_s``: the finished stages' training seconds, from their curves;
     ``reused_s``: those of the stages an earlier attempt finished); ``deadline(index, plan, reused_s)`` is when stage
     ``index`` should end (None: no deadline; none where ``stop_after_steps`` or ``max_steps`` stops the run: its stages
     keep the plan's sizes, so that a resume continues them exactly)."""
-    say = on_message or (lambda _m: None)
+    say = options.on_message or (lambda _m: None)
+    stop_after_steps, max_steps, keep_state = options.stop_after_steps, options.max_steps, options.keep_state
     results: list[AdaptResult] = []
     earlier: list[AdaptResult] = []
     current, done_steps, stage_s, reused_s = str(plan.checkpoint), 0, [], 0.0
@@ -202,7 +221,7 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
-        config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=force or not last,
+        config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=options.force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
                               teacher_state_rows=None if budgeted else rows_read(steps, index))
@@ -218,25 +237,26 @@ def _run_stages(plan: AdaptPlan, out: str, final: Path, top: Path, *,
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top, earlier)
-        (on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
+        (options.on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
-        result = adapt(config, resume=resume and (stage_run / "state").is_dir(), progress=progress, on_message=on_message,
+        result = adapt(config, resume=options.resume and (stage_run / "state").is_dir(), progress=options.progress,
+                       on_message=options.on_message, on_phase=options.on_phase, checked=True,
                        stop_after_steps=None if stop_after_steps is None else stop_after_steps - done_steps,
-                       max_steps=None if max_steps is None else max_steps - done_steps, on_phase=on_phase,
+                       max_steps=None if max_steps is None else max_steps - done_steps,
                        deadline=None if stop_after_steps is not None or max_steps is not None else deadline(index, plan, reused_s))
         results.append(result)
         written = json.loads((stage_out / CURVE_FILE).read_text()) if (stage_out / CURVE_FILE).is_file() else None
         if not written or written[-1]["step"] != result.steps:  # (an OUT left by an earlier run has its own curve)
             return RecipeResult(final, results, steps, False, top, earlier)  # stopped early, as a kill would
         done_steps += result.steps
-        if on_stage_end is not None:
-            on_stage_end(stage.step, result, stage_out)
+        if options.on_stage_end is not None:
+            options.on_stage_end(stage.step, result, stage_out)
         current = str(stage_out)
         stage_s.append(written[-1]["train_s"])
         plan = after_stage(index, plan, stage_s, reused_s)  # (after the last stage: nothing left to re-plan)
     steps = plan.steps
-    if keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
+    if options.keep_stages and not keep_state:  # the stage checkpoints stay, their training state goes
         for path in top.iterdir():
             if path.is_dir() and not (path / CURVE_FILE).is_file():
                 shutil.rmtree(path)
@@ -297,7 +317,7 @@ def adapt_checkpoint(
 ) -> AdaptRun:
     """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
 
-    The run's plan (``plan.build_plan``) is built first, once: a single stage without ``lr`` takes the measured rate
+    The run's plan (``plan_adapt``) is built first, once: a single stage without ``lr`` takes the measured rate
     of its kind and the converted modes, and ``budget`` (``--budget``: ``30m`` wall time or ``20M`` tokens) sizes a
     recipe's stages (``budget.py``); ``on_plan(plan)`` shows it. An interrupt gets a hint on how to continue.
     ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
@@ -317,33 +337,27 @@ def adapt_checkpoint(
         shared["dtype"] = dtype_name
     checkpoint, out = str(checkpoint), str(out)
     run_dir = str(run_dir) if run_dir else None
-    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
-    saved = None
-    if resume and budget is not None and process_rank() == 0 and (top / PLAN_FILE).is_file():
-        saved = json.loads((top / PLAN_FILE).read_text())
-    plan = build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
-                      say=on_message or (lambda _m: None), began=began)
+    plan = plan_adapt(checkpoint, out, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
+                      run_dir=run_dir, resume=resume, say=on_message or (lambda _m: None), began=began)
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
+        preflight(config)  # refused before the plan is shown, as a recipe's stages are
         if on_plan is not None:
-            preflight(config)  # refused before the plan is shown, as a recipe's stages are
             on_plan(plan)
         try:
-            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps, on_phase=on_phase)
+            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps,
+                           on_phase=on_phase, checked=True)
         except Interrupted as exc:
             _resume_hint(exc, config.resolved_run_dir() / "state")
             raise
         result.wall_s = time.perf_counter() - began
         return AdaptRun(result, [result], not result.stopped_early)
-    def show(_steps: list[dict[str, Any]]) -> None:  # after every stage's preflight, as run_recipe calls it
-        if on_plan is not None:
-            on_plan(plan)
-
+    options = RunOptions(run_dir=run_dir, force=force, keep_state=keep_state, resume=resume, max_steps=max_steps,
+                         began=began, progress=progress, on_message=on_message, on_plan=on_plan,
+                         on_stage_start=on_stage_start, on_phase=on_phase)
+    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
     try:
-        outcome = run_recipe(chosen_recipe(recipe, stages), checkpoint, out, run_dir=run_dir, force=force,
-                             keep_state=keep_state, resume=resume, progress=progress, on_message=on_message,
-                             on_plan=show, on_stage_start=on_stage_start, max_steps=max_steps, plan=plan, on_phase=on_phase,
-                             began=began)
+        outcome = run_recipe(plan, out, options)
     except Interrupted as exc:
         _resume_hint(exc, top)
         raise

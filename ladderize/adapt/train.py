@@ -40,6 +40,7 @@ def adapt(
     max_steps: int | None = None,
     on_phase: PhaseProgress | None = None,
     deadline: float | None = None,
+    checked: bool = False,
 ) -> AdaptResult:
     """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
 
@@ -52,10 +53,18 @@ def adapt(
     total)`` follows a long phase before the steps, from its start (the sequential stage's caching of states).
     ``deadline`` (``time.perf_counter()``'s clock; a wall budget's stage): the training ends by then, the sequential
     stage's layers shortened to fit it on one process and a joint stage stopped at it, under a launcher by the main
-    process's clock (``budget.py``, "keeping the time").
+    process's clock (``budget.py``, "keeping the time"). ``checked``: the caller ran ``preflight`` on this stage
+    already (a recipe checks every stage before the first trains), so only its input checkpoint is checked here
+    (``check_input``: a later stage's input is written by the stage before it).
     """
     say = on_message or (lambda _m: None)
-    weights = preflight(config)
+    if checked:
+        from .objectives import parse_objectives
+
+        check_input(config.checkpoint)
+        weights = parse_objectives(config.objectives)
+    else:
+        weights = preflight(config)
     out = Path(config.out).expanduser().absolute()
     checkpoint = str(Path(config.checkpoint).expanduser())
     run_dir = config.resolved_run_dir()
@@ -92,12 +101,10 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
 
     The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and the input checkpoint
     (``checkpoint``, default ``config.checkpoint``; a recipe passes its first input for every stage, since
-    later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer,
-    and that the teacher the training needs resolves from it. Returns the objective weights.
+    later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer
+    (``check_input``), and that the teacher the training needs resolves from it. Returns the objective weights.
     """
-    from ..checkpoint.io import load_tokenizer
     from ..corpus.token_store import check_data
-    from .inputs import check_input_checkpoint
     from ..convert.teacher import resolve_teacher
 
     weights = validate_config(config)
@@ -110,8 +117,18 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     if out.exists() and not config.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     source = str(Path(checkpoint or config.checkpoint).expanduser())
-    check_input_checkpoint(source)
+    tokenizer = check_input(source)
     if needs_teacher(config, weights):
         resolve_teacher(source, config.teacher)
-    check_data(config.data, load_tokenizer(source, "adaptation"))
+    check_data(config.data, tokenizer)
     return weights
+
+
+def check_input(checkpoint: str | Path):
+    """The input checkpoint of a run: it exists, has converted layers and a tokenizer (one line otherwise); returns
+    the tokenizer."""
+    from ..checkpoint.io import load_tokenizer
+    from .inputs import check_input_checkpoint
+
+    check_input_checkpoint(checkpoint)
+    return load_tokenizer(str(Path(checkpoint).expanduser()), "adaptation")

@@ -54,3 +54,18 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "train.txt"
     path.write_text(TEXT * 40)
     return path
+
+
+def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options):
+    """``run_recipe`` on the plan ``plan_adapt`` makes of ``recipe`` and ``shared`` on ``checkpoint`` (``budget``
+    sizes it; a resumed run keeps the sizes it recorded), with ``options`` as ``RunOptions``' fields; the plan's
+    messages go to ``on_message`` and its clock is the run's."""
+    import time
+
+    from ladderize.adapt.recipe import RunOptions, plan_adapt, run_recipe
+
+    began = time.perf_counter()
+    plan = plan_adapt(checkpoint, out, shared=shared, recipe=recipe, budget=budget, run_dir=options.get("run_dir"),
+                      resume=options.get("resume", False), say=options.get("on_message") or (lambda _m: None),
+                      began=began)
+    return run_recipe(plan, out, RunOptions(began=began, **options))

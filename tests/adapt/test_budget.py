@@ -8,10 +8,10 @@ import re
 import pytest
 
 from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
-from ladderize.adapt.recipe import run_recipe
 from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
+from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 from tests.cli_helpers import error_lines, run_cli
 
@@ -76,7 +76,7 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     common = dict(shared={**TINY_SHARED, "data": str(text_file), "save_every": 10**6}, budget=Budget("2s", seconds=2.0))
     messages: list[str] = []
     out = str(tmp_path / "o")
-    partial = run_recipe(tiny_best(), str(ladder_dir), out, stop_after_steps=2, on_message=messages.append, **common)
+    partial = plan_and_run(tiny_best(), str(ladder_dir), out, stop_after_steps=2, on_message=messages.append, **common)
     assert not partial.finished
     record = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
     pace, planned = record["budget"]["pace"], record["budget"]["planned_s"]
@@ -88,7 +88,7 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     # a resume keeps the sizes planned when the run began (a new timing could change them); once stage 1 has finished,
     # kd is re-planned to the time left (stopped there, before kd's first step), and a resume after that keeps the re-plan
     first_steps = record["plan"][0]["tokens"] // 64 * 2  # 2 x 32 tokens a step, 2 converted layers, one epoch
-    to_kd = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=first_steps,
+    to_kd = plan_and_run(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=first_steps,
                        on_message=messages.append, **common)
     replanned = json.loads((tmp_path / "o.adapt-run" / "recipe.json").read_text())
     entry, = replanned["budget"]["replanned"]
@@ -98,7 +98,7 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
     assert [m for m in messages if "re-planned kd" in m] == [
         m for m in messages if m.startswith(f"budget 2 s: seq-local ran {entry['ran_s']:.0f} s")]
     del messages[:]
-    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, on_message=messages.append, **common)
+    resumed = plan_and_run(tiny_best(), str(ladder_dir), out, resume=True, on_message=messages.append, **common)
     assert resumed.finished and resumed.plan == replanned["plan"]
     assert not [m for m in messages if "re-planned" in m]
 

@@ -7,10 +7,10 @@ import torch
 
 from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.interpolation import interpolate_weights
-from ladderize.adapt.recipe import run_recipe
 from ladderize.adapt.stages import Recipe, parse_stage
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
+from tests.adapt.conftest import plan_and_run
 
 TINY = dict(seq_len=32, batch_size=2, save_every=1)
 
@@ -29,8 +29,8 @@ def test_interpolate_weights_is_the_line_between_the_two():
 def test_a_kd_stage_with_interpolate_writes_start_plus_alpha_of_its_update(ladder_dir, text_file, tmp_path):
     shared = {**TINY, "data": str(text_file)}
     trained, quarter = tmp_path / "trained", tmp_path / "quarter"
-    run_recipe(Recipe("kd", [parse_stage("kd:tokens=128")]), str(ladder_dir), str(trained), shared=shared)
-    run_recipe(Recipe("kd", [parse_stage("kd:tokens=128,interpolate=0.25")]), str(ladder_dir), str(quarter), shared=shared)
+    plan_and_run(Recipe("kd", [parse_stage("kd:tokens=128")]), str(ladder_dir), str(trained), shared=shared)
+    plan_and_run(Recipe("kd", [parse_stage("kd:tokens=128,interpolate=0.25")]), str(ladder_dir), str(quarter), shared=shared)
     start, end, got = (load_model(p, dtype=torch.float32).state_dict() for p in (ladder_dir, trained, quarter))
     moved = [k for k in start if not torch.equal(start[k], end[k])]
     assert moved  # the stage trained something, so the test can tell the ends apart

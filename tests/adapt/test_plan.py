@@ -8,7 +8,7 @@ import json
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.cost import JointMemory, Launch, usable_bytes
 from ladderize.adapt.plan import MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
-from ladderize.adapt.recipe import run_recipe
+from ladderize.adapt.recipe import RunOptions, run_recipe
 from ladderize.checkpoint.io import load_config, read_provenance
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
@@ -66,7 +66,7 @@ def test_a_run_records_the_plan_it_was_built_from(ladder_dir, text_file, tmp_pat
     plan = build_plan(ladder_dir, shared=shared, recipe=tiny_best())
     assert plan.launch == Launch(1, None) and plan.expected_s is None  # a CPU: no GPU to price the time with
     out = tmp_path / "o"
-    done = run_recipe(tiny_best(), str(ladder_dir), str(out), shared=shared, keep_state=True)
+    done = run_recipe(plan, str(out), RunOptions(keep_state=True))
     assert done.finished
     # one unit: the plan's tokens trained are what each stage's progress and result count
     assert [plan.tokens_trained(stage) for stage in plan.stages] == [result.tokens for result in done.stages]

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.recipe import run_recipe
 from ladderize.adapt.stages import Recipe, load_recipe, parse_stage, resolve_stages
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.model.layout import MODE_TRAITS
 from ladderize.errors import LadderizeError
-from tests.adapt.conftest import convert
+from tests.adapt.conftest import convert, plan_and_run
 from tests.cli_helpers import error_lines, run_cli
 
 # the default recipe ("best": seq-local then kd) at tiny budgets: 4 sequences x 1 epoch, batch 2 -> 2 steps per
@@ -45,7 +44,7 @@ def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_di
 
 def test_default_recipe_runs_and_resumes_between_and_within_stages(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
-    whole = run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "whole"), **common)
+    whole = plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "whole"), **common)
     assert whole.finished and [r.steps for r in whole.stages] == [4, 3]
     history = read_provenance(tmp_path / "whole")["history"]
     assert [h["step"] for h in history[-2:]] == ["adapt", "adapt"]
@@ -55,16 +54,16 @@ def test_default_recipe_runs_and_resumes_between_and_within_stages(ladder_dir, t
 
     out = str(tmp_path / "resumed")
     run = tmp_path / "resumed.adapt-run"
-    partial = run_recipe(tiny_best(), str(ladder_dir), out, stop_after_steps=3, **common)  # killed within stage 1
+    partial = plan_and_run(tiny_best(), str(ladder_dir), out, stop_after_steps=3, **common)  # killed within stage 1
     assert not partial.finished and (run / "stage1-seq-local.run" / "state").is_dir()
     with pytest.raises(LadderizeError, match="--resume"):
-        run_recipe(tiny_best(), str(ladder_dir), out, **common)
-    partial = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=4, **common)  # between stages
+        plan_and_run(tiny_best(), str(ladder_dir), out, **common)
+    partial = plan_and_run(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=4, **common)  # between stages
     assert not partial.finished and (run / "stage1-seq-local" / "adapt_curve.json").is_file()
     assert not (run / "stage2-kd.run").exists() and not (tmp_path / "resumed").exists()
-    partial = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=6, **common)  # within stage 2
+    partial = plan_and_run(tiny_best(), str(ladder_dir), out, resume=True, stop_after_steps=6, **common)  # within stage 2
     assert not partial.finished and partial.stages[-1].steps == 2 and partial.stages[0].resumed_from_step == 0
-    resumed = run_recipe(tiny_best(), str(ladder_dir), out, resume=True, **common)
+    resumed = plan_and_run(tiny_best(), str(ladder_dir), out, resume=True, **common)
     assert resumed.finished and len(resumed.stages) == 1 and resumed.stages[0].resumed_from_step == 2
     assert [r["loss_total"] for r in resumed.stages[0].curve] == [r["loss_total"] for r in whole.stages[1].curve]
     a, b = load_model(tmp_path / "whole").state_dict(), load_model(out).state_dict()
@@ -95,13 +94,35 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
     assert run.result.train_s == pytest.approx(history[-2]["train_s"] + run.stages[1].train_s)
 
 
+def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(ladder_dir, text_file, tmp_path, monkeypatch):
+    """A recipe checks every stage's data before the run dir exists; a stage then checks only its input checkpoint (the
+    stage before wrote it). A single stage, whose plan is shown after its check, is checked once too."""
+    import ladderize.adapt.train as train
+    import ladderize.corpus.token_store as token_store
+    from ladderize.adapt.recipe import adapt_checkpoint
+
+    data, inputs = [], []
+    check_data, check_input = token_store.check_data, train.check_input
+    monkeypatch.setattr(token_store, "check_data", lambda spec, tokenizer=None: (data.append(spec), check_data(spec, tokenizer))[1])
+    monkeypatch.setattr(train, "check_input", lambda checkpoint: (inputs.append(str(checkpoint)), check_input(checkpoint))[1])
+    two = Recipe("two", [parse_stage("seq-local:tokens=64,epochs=1"), parse_stage("kd:tokens=64")])
+    out = tmp_path / "two"
+    run = plan_and_run(two, str(ladder_dir), str(out), shared={**TINY_SHARED, "data": str(text_file)}, keep_stages=True)
+    assert run.finished and data == [str(text_file)] * 2  # once per stage
+    assert inputs[-1] == str(tmp_path / "two.adapt-run" / "stage1-seq-local")  # stage 2's input, checked as it starts
+    data.clear()
+    single = adapt_checkpoint(ladder_dir, tmp_path / "one", shared={**TINY_SHARED, "data": str(text_file)},
+                              single={"objectives": "kd", "tokens": 64}, device="cpu", on_plan=lambda _plan: None)
+    assert single.finished and data == [str(text_file)]
+
+
 def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
-    run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)
+    plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)
     changed = tiny_best()
     changed.stages[1].settings["lr"] = 1e-2
     with pytest.raises(LadderizeError, match="stage 2"):
-        run_recipe(changed, str(ladder_dir), str(tmp_path / "o"), resume=True, **common)
+        plan_and_run(changed, str(ladder_dir), str(tmp_path / "o"), resume=True, **common)
 
 
 def test_cli_stages_and_recipe_file(ladder_dir, text_file, tmp_path, capsys, monkeypatch):

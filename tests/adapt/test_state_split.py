@@ -10,10 +10,11 @@ from safetensors import safe_open
 
 from ladderize.adapt.layer_source import ResidentLayers
 from ladderize.adapt.layer_training import Ranks, StateCache
-from ladderize.adapt.recipe import TEACHER_STATES_DIR, run_recipe
+from ladderize.adapt.recipe import TEACHER_STATES_DIR
 from ladderize.adapt.stages import load_recipe
 from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, part_name, rows_read
 from ladderize.checkpoint.io import load_model
+from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_recipe import TINY_SHARED
 from tests.adapt.test_sharded import _launch, _common
 
@@ -61,11 +62,11 @@ def _rows(directory, name: str, parts: int = 1) -> list[int]:
 def test_the_sequential_stage_writes_the_teacher_states_of_the_sequences_kd_reads(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)}, keep_state=True)
     said: list[str] = []
-    run_recipe(_recipe({"tokens": 64}), str(ladder_dir), str(tmp_path / "reads"), on_message=said.append, **common)
+    plan_and_run(_recipe({"tokens": 64}), str(ladder_dir), str(tmp_path / "reads"), on_message=said.append, **common)
     states = tmp_path / "reads.adapt-run" / TEACHER_STATES_DIR
     assert _rows(states, ENTRY_FILE) == _rows(states, FINAL_FILE) == [2]  # kd's 64 tokens: 2 of the 6 rows
     assert any("teacher's states of 2 sequences come from the sequential stage" in line for line in said), said
-    run_recipe(_recipe({"tokens": 64, "objectives": "kd,local"}), str(ladder_dir), str(tmp_path / "none"), **common)
+    plan_and_run(_recipe({"tokens": 64, "objectives": "kd,local"}), str(ladder_dir), str(tmp_path / "none"), **common)
     assert not (tmp_path / "none.adapt-run" / TEACHER_STATES_DIR).exists()  # kd runs the teacher at every layer
     steps = [{"local_schedule": "sequential", "tokens": 128, "seq_len": 32}, {"objectives": "kd", "tokens": 200, "seq_len": 32,
                                                                                "batch_size": 1}]

@@ -10,11 +10,11 @@ import ladderize.adapt.recipe as recipe_module
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.objectives import AdaptLoss
 from ladderize.adapt.pace import stage_seconds
-from ladderize.adapt.recipe import run_recipe
 from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, keeps_teacher_states, read, reads_stored_teacher, teacher_id, write
 from ladderize.checkpoint.io import load_model
+from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_pace import PACE
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 
@@ -82,12 +82,12 @@ def test_plan_times_kd_without_the_teacher_when_it_reads_stored_states(ladder_di
 def test_recipe_kd_reads_the_sequential_stage_states_and_trains_the_same_model(ladder_dir, text_file, tmp_path, monkeypatch):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
     said: list[str] = []
-    stored = run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "stored"), on_message=said.append, **common)
+    stored = plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "stored"), on_message=said.append, **common)
     assert any("come from the sequential stage" in line for line in said)
     assert not (tmp_path / "stored.adapt-run").exists()  # the states go with the run dir
     monkeypatch.setattr(recipe_module, "keeps_teacher_states", lambda _steps, _index: False)
     said.clear()
-    ran = run_recipe(tiny_best(), str(ladder_dir), str(tmp_path / "ran"), on_message=said.append, **common)
+    ran = plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "ran"), on_message=said.append, **common)
     assert not any("come from the sequential stage" in line for line in said)
     assert [r["loss_local"] for r in stored.stages[0].curve] == [r["loss_local"] for r in ran.stages[0].curve]
     kd_stored = [r["loss_kd"] for r in stored.stages[1].curve]
