@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import LadderizeError
-from .objectives import DIVERGENCES, JOINT_ONLY_INPUTS, LOCAL_INPUTS, TEACHER_OBJECTIVES, check_top_k, parse_objectives
+from .objectives import JOINT_ONLY_INPUTS, TEACHER_OBJECTIVES
+from .settings_sections import (SECTIONS, ObjectiveSettings, OptimizerSettings, ParallelismSettings, SavingSettings,
+                                ScopeSettings, SequentialSettings, TrainingSettings)
 
-SCOPES = ("converted", "all", "lora")
-TRAINING_ORDERS = ("joint", "sequential")
-STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
-SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (strategy.choose_strategy)
+Section = TypeVar("Section")
 
 
 @dataclass
@@ -94,6 +93,41 @@ class AdaptConfig:
                 "recipe", "stream_layers", "states", "device", "compile", "teacher_states", "teacher_state_rows"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
+    def _section(self, kind: type[Section]) -> Section:
+        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
+
+    @property
+    def objective(self) -> ObjectiveSettings:
+        return self._section(ObjectiveSettings)
+
+    @property
+    def scope(self) -> ScopeSettings:
+        return self._section(ScopeSettings)
+
+    @property
+    def sequential(self) -> SequentialSettings:
+        return self._section(SequentialSettings)
+
+    @property
+    def training(self) -> TrainingSettings:
+        return self._section(TrainingSettings)
+
+    @property
+    def saving(self) -> SavingSettings:
+        return self._section(SavingSettings)
+
+    @property
+    def parallelism(self) -> ParallelismSettings:
+        return self._section(ParallelismSettings)
+
+    @property
+    def optimizer(self) -> OptimizerSettings:
+        return self._section(OptimizerSettings)
+
+    def sections(self) -> tuple[Any, ...]:
+        """Every section, in the order ``check_settings`` checks them."""
+        return tuple(self._section(kind) for kind in SECTIONS)
+
 
 _FIELDS = frozenset(f.name for f in fields(AdaptConfig))
 
@@ -148,113 +182,43 @@ def validate_config(config: AdaptConfig) -> dict[str, float]:
 
 
 def check_settings(config: AdaptConfig) -> dict[str, float]:
-    """Check the settings alone, on any machine (one line per mistake); return the objective weights."""
-    weights = parse_objectives(config.objectives)
-    if config.train not in SCOPES:
-        raise LadderizeError(f"unknown --train scope {config.train!r}; choose from {', '.join(SCOPES)}")
-    if config.local_inputs is not None and config.local_inputs not in LOCAL_INPUTS:
-        raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
-    if config.local_schedule not in TRAINING_ORDERS:
-        raise LadderizeError(f"unknown --local-schedule {config.local_schedule!r}; choose from {', '.join(TRAINING_ORDERS)}")
-    if config.kd_divergence not in DIVERGENCES:
-        raise LadderizeError(f"unknown kd divergence {config.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
-    check_top_k(config.kd_top_k, config.kd_divergence)
-    check_interpolate(config)
-    check_ema(config)
-    if config.states not in STATES:
-        raise LadderizeError(f"unknown states setting {config.states!r}; choose from {', '.join(STATES)}")
-    if config.local_schedule == "sequential":
-        if set(weights) != {"local"}:
-            raise LadderizeError("--local-schedule sequential trains with the local objective alone; run lm/kd as a second adapt pass")
-        if config.train != "converted":
-            raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
-        if config.local_inputs in JOINT_ONLY_INPUTS:
-            raise LadderizeError(f"local inputs {config.local_inputs} keep the graph through the whole stack; the sequential stage trains "
-                                 "a layer at a time: use them on a joint stage (--stage local:objective=kd+local*0.1,inputs=stack)")
-        if config.epochs <= 0:
-            raise LadderizeError(f"epochs must be positive, got {config.epochs}")
-        if not -1 < config.epochs_ramp < 1:
-            raise LadderizeError(f"epochs_ramp must be in (-1, 1) (0: every layer trains the same epochs; > 0: deeper "
-                                 f"layers more), got {config.epochs_ramp:g}")
-        if config.window < 1:
-            raise LadderizeError(f"window must be at least 1 (layers trained together), got {config.window}")
-        if config.window > 1 and config.closed_form:
-            raise LadderizeError("closed_form refits one layer at a time before its training; it does not combine with window > 1")
-    elif config.window != 1:
-        raise LadderizeError("window groups the sequential stage's layers; use it in a seq-local stage (--stage seq-local:window=2)")
-    elif config.epochs_ramp:
-        raise LadderizeError("epochs_ramp shares the sequential stage's epochs among its layers; use it in a seq-local stage "
-                             "(--stage seq-local:epochs_ramp=0.5)")
-    elif config.closed_form:
-        raise LadderizeError("closed_form refits each layer before the sequential training; use it in a seq-local stage "
-                             "(--stage seq-local:closed_form=true)")
-    for name in ("tokens", "seq_len", "batch_size", "grad_accum", "save_every"):
-        if getattr(config, name) is not None and getattr(config, name) < 1:
-            raise LadderizeError(f"{name.replace('_', '-')} must be at least 1, got {getattr(config, name)}")
-    from ..checkpoint.placement import check_device, check_dtype
+    """Check the settings alone, on any machine (one line per mistake); return the objective weights.
 
-    if config.save_minutes <= 0:
-        raise LadderizeError(f"save-minutes must be positive, got {config.save_minutes:g}")
-    if config.shard not in SHARDING:
-        raise LadderizeError(f"unknown --shard {config.shard!r}; choose from {', '.join(SHARDING)}")
-    check_device(config.device)
-    check_dtype(config.dtype)
-    if config.lr <= 0:
-        raise LadderizeError(f"learning rate must be positive, got {config.lr}")
-    check_mixed_precision(config)
-    return weights
+    Each section checks its own fields (``settings_sections.py``); then the rules between sections: the sequential
+    stage trains the converted layers with the local objective alone, in float32 or bfloat16, and writes its layers
+    as it trains them (no ``interpolate`` nor ``ema``)."""
+    for section in config.sections():
+        section.check()
+    objective, scope = config.objective, config.scope
+    if not config.sequential.runs:
+        return objective.weights
+    for setting, used in (("interpolate", scope.interpolate != 1), ("ema", scope.ema != 0)):  # what a stage writes at its end
+        if used:
+            raise LadderizeError(f"{setting} applies to a joint stage (kd, local, lm); the sequential stage writes its "
+                                 "layers as it trains them")
+    if set(objective.weights) != {"local"}:
+        raise LadderizeError("--local-schedule sequential trains with the local objective alone; run lm/kd as a second adapt pass")
+    if scope.train != "converted":
+        raise LadderizeError("--local-schedule sequential trains the converted layers (--train converted)")
+    if objective.local_inputs in JOINT_ONLY_INPUTS:
+        raise LadderizeError(f"local inputs {objective.local_inputs} keep the graph through the whole stack; the sequential stage trains "
+                             "a layer at a time: use them on a joint stage (--stage local:objective=kd+local*0.1,inputs=stack)")
+    _sequential_precision(config.parallelism)
+    return objective.weights
 
 
-def check_interpolate(config: AdaptConfig) -> None:
-    """``interpolate``: a weight in (0, 1], on a joint stage whose checkpoint is the weights training starts from."""
-    if not 0 < config.interpolate <= 1:
-        raise LadderizeError(f"interpolate must be in (0, 1] (the trained weights' share), got {config.interpolate:g}")
-    if config.interpolate == 1:
-        return
-    _joint_stage_only(config, "interpolate")
-    if config.head_grouping:
-        raise LadderizeError("interpolate with head grouping is not supported: grouping permutes the heads before "
-                             "training, so the checkpoint is not the weights training started from")
+def _sequential_precision(parallelism: ParallelismSettings) -> None:
+    """The sequential training autocasts each layer's training step to bf16 and has no loss scaling: no fp16 there.
 
-
-def _joint_stage_only(config: AdaptConfig, setting: str) -> None:
-    """Refuse ``setting`` (one that changes what a stage writes at its end) on the sequential stage."""
-    if config.local_schedule == "sequential":
-        raise LadderizeError(f"{setting} applies to a joint stage (kd, local, lm); the sequential stage writes its "
-                             "layers as it trains them")
-
-
-def check_ema(config: AdaptConfig) -> None:
-    """``ema``: a decay in [0, 1) (0: off), on a joint stage that trains whole weights."""
-    if not 0 <= config.ema < 1:
-        raise LadderizeError(f"ema must be in [0, 1) (the average's decay per step; 0: off), got {config.ema:g}")
-    if config.ema == 0:
-        return
-    _joint_stage_only(config, "ema")
-    if config.train == "lora":
-        raise LadderizeError("ema with --train lora is not supported: the average of the adapter factors is not the "
-                             "average of the update they make; use --train converted")
-
-
-MIXED_PRECISION = ("no", "bf16", "fp16")
-
-
-def check_mixed_precision(config: AdaptConfig) -> None:
-    """``--mixed-precision``: no, bf16 or fp16, and only where the stage really trains that way.
-
-    The joint training hands it to Accelerate (autocast; fp16 with loss scaling, which Accelerate
-    gives on CUDA only and silently drops on the CPU); the sequential training autocasts each layer's
-    training step to bf16 and has no loss scaling, so it refuses fp16.
+    The joint training hands ``--mixed-precision`` to Accelerate (autocast; fp16 with loss scaling, which Accelerate
+    gives on CUDA only and silently drops on the CPU).
     """
-    value = config.mixed_precision
-    if value not in MIXED_PRECISION:
-        raise LadderizeError(f"unknown --mixed-precision {value!r}; choose from {', '.join(MIXED_PRECISION)}")
-    if value == "fp16" and config.local_schedule == "sequential":
+    if parallelism.mixed_precision == "fp16":
         raise LadderizeError("the sequential training (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
                              "or no there (a recipe can set it per stage: --stage seq-local:mixed_precision=bf16)")
     from ..checkpoint.placement import check_dtype
 
-    if check_dtype(config.dtype) == "float16" and config.local_schedule == "sequential":  # before anything is written
+    if check_dtype(parallelism.dtype) == "float16":  # before anything is written
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
 
 

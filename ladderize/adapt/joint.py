@@ -74,27 +74,28 @@ class ReplicatedRun:
         from ..checkpoint.placement import resolve_device, training_precision
 
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
-        device = resolve_device(config.device)  # under accelerate launch the Accelerator's device wins (below)
+        parallelism = config.parallelism
+        device = resolve_device(parallelism.device)  # under accelerate launch the Accelerator's device wins (below)
         if _launched():  # the one process group, on this process's device, before Accelerate looks for one
             from . import process_group
 
             device = process_group.start(device)
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Accelerate's single-process device is the current CUDA device
-        precision = training_precision(config.dtype, device, config.mixed_precision)
+        precision = training_precision(parallelism.dtype, device, parallelism.mixed_precision)
         precision.apply()
         _fresh_single_process_state(precision.mixed_precision, cpu=device.type == "cpu")
         if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
             raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
                                  "adapt/accelerate_config.py), not this replicated one: launch it without the FSDP config")
         # training every parameter with no objective over the LM head leaves the unconverted layers unused
-        unused = config.train == "all" and not any(objective.head for objective in entries(weights))
+        unused = config.scope.train == "all" and not any(objective.head for objective in entries(weights))
         self.accelerator = Accelerator(
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)],
             mixed_precision=precision.mixed_precision,
             cpu=device.type == "cpu",  # --device cpu, or a CPU-only machine: torchrun / accelerate launch give gloo DDP
         )
-        set_seed(config.seed)
+        set_seed(config.training.seed)
         self.device = self.accelerator.device
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.ema: WeightEMA | None = None
@@ -110,34 +111,35 @@ class ReplicatedRun:
         from ..checkpoint.io import load_model
 
         config, weights, checkpoint = self.config, self.weights, self.checkpoint
+        scope, objective = config.scope, config.objective
         student = load_model(checkpoint, dtype=torch.float32)
         with_teacher = needs_teacher(config, weights)
-        self.teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else config.teacher
+        self.teacher_path = resolve_teacher(checkpoint, objective.teacher) if with_teacher else objective.teacher
         teacher = load_teacher(self.teacher_path, student) if with_teacher else None
-        if config.head_grouping:  # before ``prepare``, on the Accelerator's device
+        if scope.head_grouping:  # before ``prepare``, on the Accelerator's device
             from ..convert.head_grouping import group_heads_for_spd
 
             student.to(self.device)
             teacher.to(self.device)
             student, orders = group_heads_for_spd(student, teacher, data.head(8))
             say(f"head grouping: {orders}")
-        spec = LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha)
-        if config.train == "lora":  # peft wraps the target linears of ``student`` in place
+        spec = LoraSpec(rank=scope.lora_rank, alpha=scope.lora_alpha)
+        if scope.train == "lora":  # peft wraps the target linears of ``student`` in place
             self.peft_model, self.params = add_lora(student, student.layout.converted_layers, spec, base=checkpoint)
         else:
-            self.params = select_trainable(student, config.train, spec)
-        self.share_prefix = _prefix_shared(student, teacher, config.train)
+            self.params = select_trainable(student, scope.train, spec)
+        self.share_prefix = _prefix_shared(student, teacher, scope.train)
         self.flops = FlopCount.for_stage(student.config, student.layout.converted_layers
                                          or list(range(student.config.num_hidden_layers)),
-                                         weights, share_prefix=self.share_prefix, scope=config.train)
-        compiled = resolve_compile(config.compile, self.device)
+                                         weights, share_prefix=self.share_prefix, scope=scope.train)
+        compiled = resolve_compile(config.parallelism.compile, self.device)
         if compiled:
             compile_layers([*student.model.layers, *(teacher.model.layers if teacher is not None else [])], self.device)
             say(COMPILING)
-        self.state_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), config.kd_temperature,
-                                      self.share_prefix, config.kd_divergence, config.kd_top_k, compiled)
+        self.state_module = AdaptLoss(student, teacher, weights, local_inputs_of(config), objective.kd_temperature,
+                                      self.share_prefix, objective.kd_divergence, objective.kd_top_k, compiled)
         self.first = self.state_module.first
-        if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+        if config.parallelism.activation_checkpointing:  # the trained layers' activations recomputed in the backward
             recompute_activations(student)
         if teacher is not None:
             teacher.to(self.device)
@@ -148,7 +150,7 @@ class ReplicatedRun:
         """Hand the loss and the optimizer to Accelerate (DDP, autocast, the loss scaler); start the EMA from the
         weights training starts from."""
         self.loss_module, self.optimizer = self.accelerator.prepare(self.state_module, optimizer)
-        self.ema = WeightEMA(self.params, self.config.ema) if self.config.ema else None
+        self.ema = WeightEMA(self.params, self.config.scope.ema) if self.config.scope.ema else None
 
     def synchronizing(self, last: bool):
         """The context of a micro-batch's forward and backward: DDP's gradient all-reduce only on the last one."""
@@ -200,11 +202,11 @@ class ReplicatedRun:
                 shutil.rmtree(adapter, ignore_errors=True)
                 save_adapter(self.peft_model, adapter)
                 final = merge_lora(self.peft_model)
-            if config.interpolate != 1:
-                final = toward_start(final, self.checkpoint, config.interpolate)
+            if config.scope.interpolate != 1:
+                final = toward_start(final, self.checkpoint, config.scope.interpolate)
             write_output(final, tokenizer, self.checkpoint, self.teacher_path, config, self.weights, result, out,
                          adapter=adapter)
-            result.state_dir = finish_state(state_dir.parent, state_dir, config.keep_state)
+            result.state_dir = finish_state(state_dir.parent, state_dir, config.saving.keep_state)
         accelerator.wait_for_everyone()
 
 

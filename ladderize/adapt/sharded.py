@@ -61,11 +61,12 @@ class ShardedRun:
 
         map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
-        self.device = process_group.start(resolve_device(config.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
+        parallelism = config.parallelism
+        self.device = process_group.start(resolve_device(parallelism.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        precision = training_precision(config.dtype, self.device, config.mixed_precision)
+        precision = training_precision(parallelism.dtype, self.device, parallelism.mixed_precision)
         precision.apply()
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.training.seed)
         self.compute = precision.autocast or torch.float32
 
     def plan_suffix(self) -> str:
@@ -78,9 +79,10 @@ class ShardedRun:
         from ..convert.teacher import check_teacher, resolve_teacher
 
         config, weights, checkpoint, device, compute = self.config, self.weights, self.checkpoint, self.device, self.compute
+        objective = config.objective
         student_config = load_config(checkpoint)
         with_teacher = needs_teacher(config, weights)
-        self.teacher_path = resolve_teacher(checkpoint, config.teacher) if with_teacher else None
+        self.teacher_path = resolve_teacher(checkpoint, objective.teacher) if with_teacher else None
         teacher_config = load_config(self.teacher_path) if self.teacher_path else None
         if teacher_config is not None:
             check_teacher(self.teacher_path, teacher_config, student_config)
@@ -89,7 +91,7 @@ class ShardedRun:
         same = (_identical_parts(checkpoint, self.teacher_path, first, self.rank, self.world, device)
                 if self.teacher_path else {})
         self.share_prefix = same.get("prefix", False)
-        compiled = resolve_compile(config.compile, device)
+        compiled = resolve_compile(config.parallelism.compile, device)
         teacher = (_sharded_model(teacher_config, self.teacher_path, compute, device, trained=(), compiled=compiled)
                    if self.teacher_path else None)
         mixed = compute if compute != torch.float32 else None
@@ -98,9 +100,9 @@ class ShardedRun:
                                       shared=_teacher_pieces(teacher, student_config, first, same) if teacher else None)
         if compiled:
             say(COMPILING)
-        self.loss_module = AdaptLoss(self.student, teacher, weights, local_inputs_of(config), config.kd_temperature,
-                                     self.share_prefix, config.kd_divergence, config.kd_top_k, compiled)
-        if config.activation_checkpointing:  # the trained layers' activations recomputed in the backward
+        self.loss_module = AdaptLoss(self.student, teacher, weights, local_inputs_of(config), objective.kd_temperature,
+                                     self.share_prefix, objective.kd_divergence, objective.kd_top_k, compiled)
+        if config.parallelism.activation_checkpointing:  # the trained layers' activations recomputed in the backward
             recompute_activations(self.student)
         _shard_root(self.loss_module, mixed)
         self.state_module = self.loss_module
@@ -147,7 +149,7 @@ class ShardedRun:
         _write_out(self.student, self.converted, self.checkpoint, tokenizer, self.teacher_path, self.config,
                    self.weights, result, out, state_dir)
         if self.rank == 0:
-            result.state_dir = finish_state(state_dir.parent, state_dir, self.config.keep_state)
+            result.state_dir = finish_state(state_dir.parent, state_dir, self.config.saving.keep_state)
         dist.barrier()
 
 

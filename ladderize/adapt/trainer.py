@@ -118,33 +118,35 @@ def train_joint(
     state_dir = run_dir / STATE_DIR
     tokenizer = load_tokenizer(checkpoint, "adaptation")
 
-    split = StepSplit(config.batch_size, world, config.grad_accum)
-    tokens_per_step = config.batch_size * config.seq_len
-    total_steps = max(1, math.ceil(config.tokens / tokens_per_step))
-    if total_steps * tokens_per_step != config.tokens:
-        say(f"--tokens {config.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
-            f"{config.batch_size} sequence(s) x {config.seq_len} tokens (--batch-size x --seq-len)")
-    say(plan_line(total_steps * tokens_per_step, total_steps, split, config.seq_len) + run.plan_suffix())
-    data = token_windows(config.data, tokenizer, config.seq_len, max_tokens=total_steps * tokens_per_step,
-                         progress=build_reporter(say, config.data), say=say)
+    training = config.training  # the text, a step's batch and the tokens in all
+    split = StepSplit(training.batch_size, world, training.grad_accum)
+    tokens_per_step = training.batch_size * training.seq_len
+    total_steps = max(1, math.ceil(training.tokens / tokens_per_step))
+    if total_steps * tokens_per_step != training.tokens:
+        say(f"--tokens {training.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
+            f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, training.seq_len) + run.plan_suffix())
+    data = token_windows(training.data, tokenizer, training.seq_len, max_tokens=total_steps * tokens_per_step,
+                         progress=build_reporter(say, training.data), say=say)
     where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
-    kept_in = "" if is_store(config.data) else f" (token store {where})"
-    say(f"data: {counted(len(data), 'sequence')} of {config.seq_len} tokens from {config.data}{kept_in}")
-    if len(data) < config.batch_size:
-        say(f"the data holds fewer sequences than a step trains ({config.batch_size}): every step repeats them, "
-            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * config.seq_len, 'distinct token')}")
+    kept_in = "" if is_store(training.data) else f" (token store {where})"
+    say(f"data: {counted(len(data), 'sequence')} of {training.seq_len} tokens from {training.data}{kept_in}")
+    if len(data) < training.batch_size:
+        say(f"the data holds fewer sequences than a step trains ({training.batch_size}): every step repeats them, "
+            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * training.seq_len, 'distinct token')}")
 
     run.build(data, say)
     stored = None
-    if config.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):  # teacher_states.py
+    if config.objective.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):  # teacher_states.py
         from .teacher_states import read as read_teacher_states, teacher_id
 
-        stored, found = read_teacher_states(Path(config.teacher_states), len(data), data.head,
+        stored, found = read_teacher_states(Path(config.objective.teacher_states), len(data), data.head,
                                             teacher_id(run.teacher_path), run.first)
         if found:
             say(found)
     pace = Throughput(world, run.flops.per_token, peak_flops_per_s(device))
-    optimizer = adamw(run.params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))  # fused
+    optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
+                      betas=(0.9, 0.95))  # fused
     run.prepare(optimizer)
 
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
@@ -157,16 +159,17 @@ def train_joint(
                                                     saved.get("cpu_s", 0.0), saved["curve"])
         resumed_from = step
         if saved.get("processes", world) != world:  # the same global batch goes on from the tokens trained
-            total_steps = step + max(1, math.ceil((config.tokens - tokens_done) / tokens_per_step))
+            total_steps = step + max(1, math.ceil((training.tokens - tokens_done) / tokens_per_step))
             say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
                 f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
         say(f"resumed from step {step} ({tokens_done:,} tokens)")
     elif resume:
         say(f"nothing to resume in {run_dir}; starting a new run")
     for group in optimizer.param_groups:  # the schedule's base rate is the run's, not one a loaded state carries
-        group["initial_lr"] = config.lr
+        group["initial_lr"] = config.optimizer.lr
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(total_steps, config.warmup_steps, config.min_lr_ratio), last_epoch=step - 1)
+        optimizer, warmup_cosine(total_steps, config.optimizer.warmup_steps, config.optimizer.min_lr_ratio),
+        last_epoch=step - 1)
 
     pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     run.loss_module.train()
@@ -194,23 +197,23 @@ def train_joint(
                                    throughput=pace.record(tokens_done, train_s))
             started, cpu_started = time.perf_counter(), time.process_time()
             sums: dict[str, torch.Tensor] = {}
-            for micro in range(config.grad_accum):
-                rows, weight = split.rows(len(data), step, micro, rank, config.seed)
+            for micro in range(training.grad_accum):
+                rows, weight = split.rows(len(data), step, micro, rank, training.seed)
                 batch = data.rows(rows).to(device, non_blocking=True)
                 teacher_rows = None
                 if stored is not None and (not run.teacher_gathers
-                                           or _all_stored(stored.num_rows, len(data), step, micro, split, config.seed)):
+                                           or _all_stored(stored.num_rows, len(data), step, micro, split, training.seed)):
                     teacher_rows = stored.rows(rows, device)  # else the teacher runs
-                last = micro == config.grad_accum - 1
+                last = micro == training.grad_accum - 1
                 with run.synchronizing(last):
                     losses = run.loss_module(batch, teacher_rows)
                     if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
                         losses = {name: value * weight for name, value in losses.items()}
-                    run.backward(losses["total"] / config.grad_accum)
+                    run.backward(losses["total"] / training.grad_accum)
                 for name, value in losses.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach().float() / config.grad_accum
-            if config.max_grad_norm > 0:
-                run.clip(config.max_grad_norm)
+                    sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
+            if config.optimizer.max_grad_norm > 0:
+                run.clip(config.optimizer.max_grad_norm)
             run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -228,7 +231,7 @@ def train_joint(
                 total_steps = log.total_steps = step
             final = step == total_steps
             due = (logged or clock.by_steps) and clock.due(step, device)  # time is read where losses are
-            if (due and not final) or (final and (config.keep_state or (due and clock.stop is not None))):
+            if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
                 save()
                 saved_step = step
                 clock.saved()
