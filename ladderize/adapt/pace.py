@@ -15,7 +15,7 @@ reading one layer's weights (``layer_read``). The stages' times follow from what
   student's from the first converted one up (the frozen layers below it are the teacher's, computed once:
   ``objectives.AdaptLoss``'s shared prefix), the backward through the same layers, and the heads (with
   ``train: all``, the student's forward and backward through every layer); a stage that reads the teacher's
-  states a sequential stage stored (``reads_stored_teacher``, ``teacher_states.py``) runs no teacher layer;
+  states a sequential stage stored (``sequential_schedule.reads_stored_teacher``) runs no teacher layer;
 - every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
 - with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
   waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``),
@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .teacher_states import reads_stored_teacher
+from .sequential_schedule import reads_stored_teacher
 
 REPEATS = 3  # timed calls per piece (after one untimed), the median kept
 FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
