@@ -229,9 +229,9 @@ def _from_imports(file: Path) -> list[tuple[str, str, int]]:
 
 def test_planning_modules_import_no_training_module():
     """The planning side of adapt (what a run will do and cost, built before any weight loads: ``plan``, ``cost``,
-    ``budget``, ``strategy``, ``stages``, and the counting they share with the run: ``sequential_schedule``,
-    ``batches``, ``throughput``) imports no module that trains, run-side, not even through another module and not
-    even in a function (issue 68). Where plan and run count the same thing (a sequential stage's windows, epochs,
+    ``budget``, ``strategy``, ``stages``, the time model ``stage_clock``, and the counting they share with the run:
+    ``sequential_schedule``, ``batches``, ``throughput``) imports no module that trains, run-side, not even through
+    another module and not even in a function (issue 68). Where plan and run count the same thing (a sequential stage's windows, epochs,
     steps and state copies), the count lives on the planning side (``sequential_schedule.py``) and the run imports it.
 
     - ``pace`` is the measuring module: it times a converted layer's real training step and kd's head on this device
@@ -245,7 +245,8 @@ def test_planning_modules_import_no_training_module():
       vocabulary: constants, the parsing and checks of settings, the compile policy.
     """
     adapt = f"{ROOT}.adapt"
-    planning = {"plan", "cost", "budget", "strategy", "stages", "sequential_schedule", "batches", "throughput"}
+    planning = {"plan", "cost", "budget", "strategy", "stages", "stage_clock", "sequential_schedule", "batches",
+                "throughput"}
     training = {"trainer", "joint", "sharded", "sequential_run", "layer_training", "least_squares", "state_store", "layer_source",
                 "fsdp", "causal_attention", "train", "recipe", "training_state", "loss_log", "weight_ema",
                 "interpolation", "lora", "output", "teacher_text"}

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import LadderizeError
 from ..progress import counted
+from .stage_clock import Pace, recipe_seconds, stages_seconds, tokens_for_seconds
 
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _TOKEN_UNITS = {"": 1, "k": 1_000, "K": 1_000, "M": 1_000_000, "G": 1_000_000_000, "B": 1_000_000_000}
@@ -227,7 +228,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     if budget.seconds is not None:
         spent = 0.0 if began is None else time.perf_counter() - began  # imports, the data, the pace: spent already
         record["spent_s"] = round(spent, 3)
-        tokens = pacing.tokens_for_seconds(pace, steps, budget.seconds - spent, size, held)
+        tokens = tokens_for_seconds(pace, steps, budget.seconds - spent, size, held)
         if tokens < 1:
             _check_floor(budget, pace, size(steps, 1), when, held)  # refused where the smallest run is over the budget
             tokens = 1
@@ -244,7 +245,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         + "".join(f"; {name} reads the data {passes:.1f} times over: past one pass, the runs measured on SmolLM2 "
                   "gained WikiText and lost LAMBADA (docs/adapt.md); more data buys more than more passes"
                   for name, passes in rereads(sized, first, held)))
-    planned = pacing.stages_seconds(pace, sized, held)
+    planned = stages_seconds(pace, sized, held)
     record["planned_s"] = planned
     if budget.tokens is not None:
         record["pace"] = pace.record()
@@ -264,12 +265,10 @@ def floor_budget(seconds: float) -> str:
     return f"{math.ceil(least / 60 - 1e-9)}m" if least >= 60 else f"{max(1, math.ceil(least - 1e-9))}s"
 
 
-def _check_floor(budget: Budget, pace, steps: list[dict[str, Any]], when: str, held: int | None = None) -> None:
+def _check_floor(budget: Budget, pace: Pace, steps: list[dict[str, Any]], when: str, held: int | None = None) -> None:
     """Refuse ``budget`` in one line, naming the smallest wall budget that runs (``floor_budget``), where the recipe's
     smallest sizing (one step per stage) takes longer by ``pace`` than the budget."""
-    from . import pace as pacing
-
-    floor = pacing.recipe_seconds(pace, scale_stages(steps, 1), held)
+    floor = recipe_seconds(pace, scale_stages(steps, 1), held)
     if floor > budget.seconds:
         raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; its smallest run "
                              f"takes about {duration(floor)} (by the pace {when}): give at least "
@@ -290,10 +289,8 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     line says so at once, and by how much the run will end past its budget."""
     import copy
 
-    from . import pace as pacing
-
     record = copy.deepcopy(record)
-    pace = pacing.Pace(**record["pace"])
+    pace = Pace(**record["pace"])
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
     slower = max(1.0, ran / planned) if planned > 0 else 1.0
     spent = record.get("timed_s", pace.measured_s) + ran
@@ -306,10 +303,10 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
         return scale_stages(plan, tokens, max_calibration=record.get("calibration_cap"))
 
     held, done = record.get("data_tokens"), steps[: index + 1]
-    tokens = pacing.tokens_for_seconds(pace, rest, max(0.0, left) / slower, size, held, done)
+    tokens = tokens_for_seconds(pace, rest, max(0.0, left) / slower, size, held, done)
     sized = size(rest, max(1, tokens))
     plan = [*done, *sized]
-    timed = pacing.stages_seconds(pace, sized, held, done)
+    timed = stages_seconds(pace, sized, held, done)
     expected = [slower * seconds for seconds in timed]
     before = record["planned_s"]
     record["planned_s"] = [*before[: index + 1], *timed]  # the pace's times of the plan as it now stands

@@ -30,6 +30,9 @@ in the compute dtype for every layer from the first trained one up (``activation
 two input states, plus one layer's activations while it recomputes).
 A run fits where the total is at most ``USABLE_SHARE`` of the GPU's memory less ``RESERVED_BYTES`` (CUDA context,
 NCCL buffers, the allocator's slack).
+
+**Time** on a known GPU: each stage's FLOPs at the GPU's peak x ``ASSUMED_MFU`` (``SEQUENTIAL_ASSUMED_MFU``), the
+launch as a ``stage_clock.StageClock`` (``PricedDevice``), timed by the same function as a pace timed here.
 """
 
 from __future__ import annotations
@@ -84,9 +87,10 @@ class FlopCount:
 
     @classmethod
     def for_stage(cls, config: Any, converted: list[int], weights: dict[str, float] | set[str], *,
-                  share_prefix: bool = True, scope: str = "converted") -> "FlopCount":
+                  share_prefix: bool = True, scope: str = "converted", stored_teacher: bool = False) -> "FlopCount":
         """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives (what
-        each reads of the two models: ``objectives.Objective``)."""
+        each reads of the two models: ``objectives.Objective``); ``stored_teacher``: it reads the teacher's states a
+        sequential stage stored, so the shared prefix and the teacher's layers do not run (its head does)."""
         from .objectives import entries
 
         shape = _shape_of(config)
@@ -96,7 +100,7 @@ class FlopCount:
         # the student's layers that run
         top = layers if any(objective.reads_final for objective in objectives) else max(converted) + 1
         if scope == "lora":  # the adapters are tiny: the converted layers' weights pass the gradient, untrained
-            plain = cls.for_stage(shape, converted, weights, share_prefix=share_prefix)
+            plain = cls.for_stage(shape, converted, weights, share_prefix=share_prefix, stored_teacher=stored_teacher)
             return cls(0, plain.backward_through + plain.trained, plain.forward_only)
         if scope == "all":
             trained = layers * layer + (head if reads_head else 0)
@@ -104,6 +108,8 @@ class FlopCount:
         first = min(converted)
         trained = len(converted) * layer
         through = (top - first - len(converted)) * layer + (head if reads_head else 0)
+        if stored_teacher:
+            return cls(trained, through, head if any(objective.teacher_head for objective in objectives) else 0)
         prefix = first * layer
         teacher = cls._teacher(objectives, layers, layer, head, max(converted), first if share_prefix else 0)
         return cls(trained, through, prefix + teacher)
@@ -160,6 +166,71 @@ class Launch:
 
     def describe(self) -> str:
         return f"{self.processes} x {self.gpu.upper() if self.gpu else 'device'}"
+
+
+@dataclass(frozen=True)
+class PricedDevice:
+    """A launch priced from afar, a ``stage_clock.StageClock``: a stage's FLOPs (``FlopCount``; a sequential stage's
+    layer passes and the teacher's pass) over a GPU's peak FLOP/s x the assumed MFU, on the processes its steps are
+    split over; reads are not priced."""
+
+    config: Any
+    converted: tuple[int, ...]
+    launch: Launch
+
+    @classmethod
+    def of(cls, config: Any, converted: list[int], launch: Launch) -> "PricedDevice | None":
+        """The device of ``launch`` (None where its GPU, and so its peak, is not known)."""
+        return cls(config, tuple(converted), launch) if launch.peak_flops_per_s else None
+
+    def flops_per_s(self, sequential: bool) -> float:
+        """One GPU's assumed rate: its peak at ``SEQUENTIAL_ASSUMED_MFU`` or ``ASSUMED_MFU``."""
+        return (SEQUENTIAL_ASSUMED_MFU if sequential else ASSUMED_MFU) * self.launch.peak_flops_per_s
+
+    def count(self, step: dict[str, Any], stored_teacher: bool = False) -> FlopCount:
+        """The FLOPs per trained token of joint stage ``step``."""
+        from .config import stage_config
+        from .objectives import parse_objectives
+
+        settings = stage_config(step)
+        return FlopCount.for_stage(self.config, list(self.converted), parse_objectives(settings.objectives),
+                                   scope=settings.train, stored_teacher=stored_teacher)
+
+    def tokens_per_s_per_gpu(self, step: dict[str, Any], stored_teacher: bool = False) -> float:
+        return self.flops_per_s(False) / self.count(step, stored_teacher).per_token
+
+    def fixed_seconds(self, step: dict[str, Any]) -> float:
+        return 0.0
+
+    def sequential_seconds(self, step: dict[str, Any]) -> float:
+        """Each converted layer's ``epochs`` training passes over the calibration tokens and the teacher's forward
+        over them, on the processes its step's batch is split over."""
+        from .config import stage_config
+
+        settings = stage_config(step)
+        shape = _shape_of(self.config)
+        tokens = settings.tokens
+        work = (6 * layer_parameters(shape) * tokens * settings.epochs * len(self.converted)
+                + 2 * shape.num_parameters * tokens)
+        return work / (self.flops_per_s(True) * self.gpus(step))
+
+    def gpus(self, step: dict[str, Any]) -> int:
+        """The processes a sequential stage's step is split over: at most its batch's sequences."""
+        from .config import stage_config
+
+        settings = stage_config(step)
+        return min(self.launch.processes, settings.batch_size, max(1, settings.tokens // settings.seq_len))
+
+    def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
+        """Whole steps of the global batch, each process computing its largest part of every step (a batch that does
+        not divide waits on it)."""
+        from .batches import StepSplit
+        from .config import stage_config
+
+        settings = stage_config(step)
+        steps = max(1, math.ceil(settings.tokens / (settings.seq_len * settings.batch_size)))
+        split = StepSplit(settings.batch_size, self.launch.processes, settings.grad_accum)
+        return steps * split.grad_accum * split.local * settings.seq_len / self.tokens_per_s_per_gpu(step, stored_teacher)
 
 
 ACTIVATION_VALUES = "14 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer (the docstring's estimate)
@@ -343,6 +414,7 @@ class RunPlan:
     launch: Launch
     stages: list[StageCost]
     refusal: str | None = None
+    clock: PricedDevice | None = None  # what timed the stages (None: the launch's GPU is not known)
 
     @property
     def seconds(self) -> float | None:
@@ -384,42 +456,50 @@ class RunPlan:
 
 
 def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[dict[str, Any]], launch: Launch,
-             model_name: str = "model") -> RunPlan:
-    """Price the resolved (and sized) recipe ``steps`` for ``launch``; ``refusal`` names what to change where a
-    stage does not fit."""
+             model_name: str = "model", data_tokens: int | None = None) -> RunPlan:
+    """Price the resolved (and sized) recipe ``steps`` for ``launch``, each stage timed by the one time model
+    (``stage_clock.stages_seconds``) on the launch priced from afar (``PricedDevice``); ``data_tokens``: the tokens the
+    data holds, where known (a stage reading stored teacher states runs no teacher layer). ``refusal`` names what to
+    change where a stage does not fit."""
     from .batches import StepSplit
     from .config import stage_config
     from .objectives import parse_objectives
+    from .sequential_schedule import reads_stored_teacher
+    from .stage_clock import stages_seconds
     from .strategy import choose_strategy
 
     stages, refusal = [], None
     usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
-    for step in steps:
+    clock = PricedDevice.of(config, converted, launch)
+    times = stages_seconds(clock, steps, data_tokens) if clock is not None else [None] * len(steps)
+    for index, (step, seconds) in enumerate(zip(steps, times)):
         settings = stage_config(step)
         weights = parse_objectives(settings.objectives)
         seq_len, batch, accum = settings.seq_len, settings.batch_size, settings.grad_accum
         sequential = settings.local_schedule == "sequential"
         compute_bytes = 4 if settings.dtype == "float32" else 2
         if sequential:
-            stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes)
+            stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes, seconds)
         else:
             tokens_per_step = seq_len * batch  # the global batch
             steps_n = max(1, math.ceil(settings.tokens / tokens_per_step))
-            count = FlopCount.for_stage(config, converted, weights, scope=settings.train)
+            stored = reads_stored_teacher(steps, index, data_tokens)
+            count = FlopCount.for_stage(config, converted, weights, scope=settings.train, stored_teacher=stored)
             strategy = choose_strategy(settings, launch)
             memory = JointMemory.for_step(config, converted, step, launch.processes)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
                               save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
                               strategy=strategy.describe(), split=StepSplit(batch, launch.processes, accum).describe())
+            if stored:
+                stage.notes.append("reads the teacher's states a sequential stage before it stores: the teacher's "
+                                   "layers do not run")
             every = settings.save_every
             if every:
                 stage.saves = steps_n // every
-            if launch.peak_flops_per_s:
-                stage.tokens_per_s_per_gpu = ASSUMED_MFU * launch.peak_flops_per_s / count.per_token
-                # each process computes its largest part of every step (a batch that does not divide waits on it)
-                split = StepSplit(batch, launch.processes, accum)
-                stage.seconds = steps_n * split.grad_accum * split.local * seq_len / stage.tokens_per_s_per_gpu
+            if clock is not None:
+                stage.tokens_per_s_per_gpu = clock.tokens_per_s_per_gpu(step, stored)
+                stage.seconds = seconds
                 if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
                     minutes = settings.save_minutes
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
@@ -429,15 +509,16 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
         if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
             refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "
                        f"{gib(usable)} usable: store its states on disk (--states-on-disk) or give it fewer tokens")
-    return RunPlan(model_name, layout_text, launch, stages, refusal)
+    return RunPlan(model_name, layout_text, launch, stages, refusal, clock)
 
 
 def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
-                     batch: int, compute_bytes: int) -> StageCost:
+                     batch: int, compute_bytes: int, seconds: float | None) -> StageCost:
     """A sequential stage: the teacher's states cached once, then each layer (or window of layers) trained on them for
-    ``epochs``, in the steps the stage runs (``sequential_schedule.window_steps``)."""
+    ``epochs``, in the steps the stage runs (``sequential_schedule.window_steps``), taking ``seconds`` (None: not
+    priced)."""
     from .config import stage_config
-    from .sequential_schedule import window_epochs, window_steps
+    from .sequential_schedule import state_copies, window_epochs, window_steps
 
     settings = stage_config(step)
     shape = _shape_of(config)
@@ -450,17 +531,14 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
     trained = round(sum(shares.values()) * rows * seq_len)
     layer = layer_parameters(shape)
     flops = 6 * layer  # per token pass through one layer (the states are cached)
-    from .sequential_schedule import state_copies
-
     states = 0.0 if settings.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
     stage = StageCost(step["stage"], step["name"], "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
                       memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),
                       window=window, uneven=len(shares) * window != len(converted), tokens_trained=trained)
-    if launch.peak_flops_per_s:
-        work = 6 * layer * tokens * epochs * len(converted) + 2 * shape.num_parameters * tokens  # + the teacher's pass
+    if seconds is not None:
         gpus = min(launch.processes, batch)  # a step's batch is split over the processes
-        stage.seconds = work / (SEQUENTIAL_ASSUMED_MFU * launch.peak_flops_per_s * gpus)
+        stage.seconds = seconds
         stage.tokens_per_s_per_gpu = tokens * epochs * len(converted) / stage.seconds / gpus
     if batch < launch.processes:
         stage.notes.append(f"its step's batch ({batch}) is split over the processes: {launch.processes - batch} of "

@@ -4,25 +4,11 @@
 made of, on random states of one step's shape: a converted layer's forward alone (``layer_forward``)
 and forward + backward + AdamW step (``layer_train``), the LM head with the kd loss forward + backward beside the
 teacher's head forward, block by block as kd computes it (``head_step``: ``objectives.blockwise_kd``), and
-reading one layer's weights (``layer_read``). The stages' times follow from what each one runs per token
-(``stage_seconds``):
-
-- sequential (``seq-local``): the teacher's layers below the first converted one once, then for every
-  layer from the first converted to the last its teacher forward and the student's forward (the
-  states moved past it), and for each converted layer ``epochs`` training passes (and its closed-form
-  start, ``CLOSED_FORM_TRAINS`` more, with ``closed_form``);
-- any other stage (``kd``, ``local``, ``lm``): per token the teacher's forward through every layer and the
-  student's from the first converted one up (the frozen layers below it are the teacher's, computed once:
-  ``objectives.AdaptLoss``'s shared prefix), the backward through the same layers, and the heads (with
-  ``train: all``, the student's forward and backward through every layer); a stage that reads the teacher's
-  states a sequential stage stored (``reads_stored_teacher``, ``teacher_states.py``) runs no teacher layer;
-- every stage reads the weights of both models about twice (``layer_read`` per layer) and writes one;
-- with compiled layers (``compilation.py``, the run's own setting), the pieces are timed compiled, and each stage
-  waits ``COMPILES_PER_STAGE`` times for the compiler as long as the measurement's first calls did (``compile_s``),
-  and again for every other kind of layer graph it runs (``compile_waits``): the layers of a kind share one graph
-  (``compilation.graph_kinds``; ladder 15-29 of a 30-layer model: the first layer, the dense ones after it and the
-  ladder ones). The pace times that wait on a layer of another kind than the first converted one
-  (``retrace_forward_s`` for a forward without gradient, ``retrace_train_s`` for a training step).
+reading one layer's weights (``layer_read``). With compiled layers (``compilation.py``, the run's own setting), the
+pieces are timed compiled, with what the first calls waited for the compiler (``compile_s``), and what a layer of
+another kind than the first converted one waits more (``retrace_forward_s`` for a forward without gradient,
+``retrace_train_s`` for a training step). A stage's seconds follow from the pieces by the one time model
+(``stage_clock.py``: ``Pace`` is a ``StageClock``).
 
 The measurement takes seconds to a minute (a CPU is slower per call than a GPU, not in how many calls).
 It also counts the CPU time every other process used meanwhile on the CPUs it may run on (``other_cpus``,
@@ -36,54 +22,15 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
-from .teacher_states import reads_stored_teacher
+from .stage_clock import Pace
 
 REPEATS = 3  # timed calls per piece (after one untimed), the median kept
-FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
-# a converted layer's closed-form start (``least_squares.py``): two passes over the calibration set, forward and the
-# backward to the module's output, about 1.5 training passes (38 s measured against 48 s for 2 on SmolLM2, 8,192 tokens)
-CLOSED_FORM_TRAINS = 1.5
-# compiled layers: each stage compiles its layers' graphs for its own shapes (training, evaluation and state batches)
-COMPILES_PER_STAGE = 2
 BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
 HEAD_PART, HEAD_TIMED_ROWS = 4, 256  # the kd head is timed on a quarter of a step's rows (at least 256) and scaled up
 PACE_CACHE = "pace"  # paths.cache_path's folder of the paces timed on this machine (``cached_pace``)
-
-
-@dataclass(frozen=True)
-class Pace:
-    """Seconds of each piece for one step of ``tokens_per_call`` tokens, and the model's layer counts."""
-
-    device: str
-    precision: str
-    tokens_per_call: int
-    layer_forward: float
-    layer_train: float
-    head_step: float
-    layer_read: float
-    layers: int
-    first_converted: int
-    last_converted: int
-    converted: int
-    measured_s: float
-    other_cpus: float | None = None  # other processes' CPU seconds per second while timed (None: not known here)
-    compiled: bool = False  # decoder layers compiled (compilation.py), as the run will
-    compile_s: float = 0.0  # compiled layers: the first forward's and training step's wait for the compiler
-    retrace_forward_s: float = 0.0  # compiled layers: another kind's first forward without gradient, beyond its pace
-    retrace_train_s: float = 0.0  # and its first training step (forward and backward traced), beyond its pace
-    # the graph kind of each teacher and student layer and of each converted layer (compilation.graph_kinds), from
-    # which a stage's graphs follow (compile_waits)
-    teacher_kinds: tuple[int, ...] = ()
-    student_kinds: tuple[int, ...] = ()
-    converted_kinds: tuple[int, ...] = ()
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def busy_cpu_seconds() -> float | None:
@@ -223,77 +170,6 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0,
                 retrace_forward_s=retrace_forward, retrace_train_s=retrace_train, teacher_kinds=teacher_kinds,
                 student_kinds=student_kinds, converted_kinds=tuple(student_kinds[index] for index in converted))
-
-
-def stage_seconds(pace: Pace, step: dict[str, Any], stored_teacher: bool = False) -> float:
-    """The expected wall seconds of one resolved stage (module docstring); ``stored_teacher``: it reads the teacher's
-    states a sequential stage stored (``reads_stored_teacher``), so neither model's frozen layers run."""
-    per_token = 1.0 / pace.tokens_per_call
-    reads = FIXED_READS * pace.layers * pace.layer_read
-    if step.get("local_schedule") == "sequential":
-        span = pace.last_converted - pace.first_converted + 1
-        epochs = float(step.get("epochs", 1.0))
-        fits = CLOSED_FORM_TRAINS if step.get("closed_form") else 0.0
-        forwards = pace.first_converted + 2 * span
-        per = forwards * pace.layer_forward + pace.converted * (epochs + fits) * pace.layer_train
-        # without gradient: the teacher's layers (below the first converted one and past it), the student's past it
-        # (its states, and each converted layer's held-out loss); with it: the converted layers
-        waits = compile_waits(pace, {*pace.teacher_kinds, *pace.student_kinds[pace.first_converted:]},
-                              set(pace.converted_kinds))
-        return reads + waits + step["tokens"] * per * per_token
-    trains_all = step.get("train") == "all"
-    student_layers = pace.layers if trains_all else pace.layers - pace.first_converted
-    backward = student_layers * (pace.layer_train - pace.layer_forward)
-    teacher_layers = 0 if stored_teacher else pace.layers
-    per = (teacher_layers + student_layers) * pace.layer_forward + backward + pace.head_step
-    waits = compile_waits(pace, set() if stored_teacher else set(pace.teacher_kinds),
-                          set(pace.student_kinds[0 if trains_all else pace.first_converted:]))
-    return reads + waits + step["tokens"] * per * per_token
-
-
-def compile_waits(pace: Pace, forward_kinds: set[int], trained_kinds: set[int]) -> float:
-    """The seconds a stage of compiled layers waits for the compiler (module docstring): the first converted layer's
-    kind compiled ``COMPILES_PER_STAGE`` times, then each other kind of graph it runs without gradient
-    (``forward_kinds``) and with it (``trained_kinds``) traced once (0 with eager layers)."""
-    if not pace.compiled:
-        return 0.0
-    first = set(pace.student_kinds[pace.first_converted : pace.first_converted + 1])
-    return (COMPILES_PER_STAGE * pace.compile_s + len(forward_kinds - first) * pace.retrace_forward_s
-            + len(trained_kinds - first) * pace.retrace_train_s)
-
-
-def stages_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
-                   before: list[dict[str, Any]] = ()) -> list[float]:
-    """The expected wall seconds of each of ``steps``, run after the finished stages ``before`` (a stage that will
-    read the teacher's states a sequential stage stores is timed so: ``reads_stored_teacher``)."""
-    done = list(before)
-    return [stage_seconds(pace, step, reads_stored_teacher([*done, *steps], len(done) + index, data_tokens))
-            for index, step in enumerate(steps)]
-
-
-def recipe_seconds(pace: Pace, steps: list[dict[str, Any]], data_tokens: int | None = None,
-                   before: list[dict[str, Any]] = ()) -> float:
-    """The expected wall seconds of ``steps``, run after the finished stages ``before``."""
-    return sum(stages_seconds(pace, steps, data_tokens, before))
-
-
-def tokens_for_seconds(pace: Pace, steps: list[dict[str, Any]], seconds: float, size, data_tokens: int | None = None,
-                       before: list[dict[str, Any]] = ()) -> int:
-    """The most token passes whose stages, sized by ``size(steps, tokens)``, are expected to fit in ``seconds``
-    (0 when not even the smallest sizing fits)."""
-    def fits(tokens: int) -> bool:
-        return recipe_seconds(pace, size(steps, tokens), data_tokens, before) <= seconds
-
-    low, high = 0, 1
-    while fits(high) and high < 10**13:
-        low, high = high, high * 2
-    while high - low > max(1, low // 10_000):
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def describe(pace: Pace) -> str:

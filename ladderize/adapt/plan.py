@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LadderizeError
 from .config import AdaptConfig, check_settings, stage_config
 from .cost import Launch, RunPlan
+from .stage_clock import Pace, StageClock, stages_seconds
 
 if TYPE_CHECKING:
     from .budget import Budget
@@ -85,11 +86,20 @@ class AdaptPlan:
         return plan
 
     @property
+    def clock(self) -> StageClock | None:
+        """What times the stages (``stage_clock.py``): the pace the budget timed on this device, else the launch
+        priced at the assumed MFU (None: neither, as on a CPU without a budget)."""
+        if self.budget and self.budget.get("pace"):
+            return Pace(**self.budget["pace"])
+        return self.cost.clock if self.cost is not None else None
+
+    @property
     def expected_s(self) -> float | None:
-        """The wall seconds the run is expected to take: a wall budget's timed plan, else the launch's pricing."""
-        if self.budget and self.budget.get("planned_s"):
-            return float(sum(self.budget["planned_s"]))
-        return self.cost.seconds if self.cost is not None else None
+        """The wall seconds the run is expected to take: its stages timed by its clock (``stages_seconds``)."""
+        clock = self.clock
+        if clock is None:
+            return None
+        return float(sum(stages_seconds(clock, self.steps, (self.budget or {}).get("data_tokens"))))
 
     def record(self) -> dict[str, Any]:
         """``RUN/recipe.json`` and the provenance's ``recipe.plan``: the stages, the budget's sizing, the launch and
@@ -137,7 +147,7 @@ class AdaptPlan:
                        "turn, where a budget counts them once (token passes)")
         expected = self.expected_s
         if expected is not None:
-            how = "timed on this device" if self.budget and self.budget.get("planned_s") else \
+            how = "timed on this device" if isinstance(self.clock, Pace) else \
                 f"at the assumed MFU on {self.launch.describe()}"
             out.append(f"  expected: {format_duration(expected)} ({how})")
         return out
@@ -318,7 +328,7 @@ def _price(plan: AdaptPlan) -> RunPlan | None:
     if not layout.converted_layers:
         return None
     return plan_run(config, layout.describe(), layout.converted_layers, plan.steps, plan.launch,
-                    model_name=Path(plan.checkpoint).name)
+                    model_name=Path(plan.checkpoint).name, data_tokens=(plan.budget or {}).get("data_tokens"))
 
 
 def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None,

@@ -3,8 +3,10 @@
 The sequential training (``layer_training.py``, run by ``sequential_run.py``) trains the converted layers in groups of
 consecutive layers (``layer_windows``, ``window`` at a time), each group for its epochs (``window_epochs``: ``epochs``,
 ramped over the depth by ``epochs_ramp``) in whole optimizer steps (``window_steps``), on cached calibration states of
-which ``state_copies`` ``[N, S, D]`` tensors are alive at once. The plan (``plan.py``), the pricing (``cost.py``) and the
-budget (``budget.py``) count the same things from the same functions, so what a plan counts is what runs.
+which ``state_copies`` ``[N, S, D]`` tensors are alive at once; a later joint stage reads the teacher's states it
+stores where its windows are those rows (``reads_stored_teacher``: the plan's guess; ``teacher_states.py``: the files).
+The plan (``plan.py``), the pricing (``cost.py``) and the budget (``budget.py``) count the same things from the same
+functions, so what a plan counts is what runs.
 
 Plain arithmetic on settings and shapes: no torch, nothing of the training imported.
 """
@@ -12,6 +14,7 @@ Plain arithmetic on settings and shapes: no torch, nothing of the training impor
 from __future__ import annotations
 
 import math
+from typing import Any
 
 STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
 
@@ -63,3 +66,27 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
         else:
             groups.append([index])
     return groups
+
+
+def reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether joint stage ``step`` can read the teacher's states sequential stage ``before`` keeps: it trains the
+    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length."""
+    from .objectives import STORED_TEACHER_OBJECTIVES, parse_objectives
+
+    objectives = set(parse_objectives(str(step.get("objectives", "local"))))
+    return (before.get("local_schedule") == "sequential" and step.get("local_schedule") != "sequential"
+            and step.get("train") != "all" and objectives <= STORED_TEACHER_OBJECTIVES
+            and before.get("data") == step.get("data") and before.get("seq_len") == step.get("seq_len"))
+
+
+def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: int | None = None) -> bool:
+    """Whether stage ``index`` will read the teacher's states a sequential stage before it stores
+    (``reads_kept_states``), for windows (its tokens, at most the ``data_tokens`` the data
+    holds) within the rows that stage stores: its calibration set and the batch of held-out rows after it. The stage
+    itself checks its windows token for token (a batch with a row outside runs the teacher); this is the plan's guess."""
+    from .config import stage_config
+
+    step = steps[index]
+    reads = step["tokens"] if data_tokens is None else min(step["tokens"], data_tokens)
+    return any(reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).batch_size
+               * stage_config(before).seq_len for before in steps[:index])

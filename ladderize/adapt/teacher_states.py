@@ -32,6 +32,7 @@ import torch
 
 from ..checkpoint.atomic import atomic_file
 from ..checkpoint.tensor_files import open_safetensors, save_safetensors
+from .sequential_schedule import reads_kept_states
 
 ENTRY_FILE = "entry.safetensors"  # input_ids, residual, stale: the states entering the first converted layer
 FINAL_FILE = "final.safetensors"  # input_ids, final: the teacher's residual stream entering its final norm
@@ -147,25 +148,14 @@ def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tens
                     f"the teacher's layers do not run for them{outside}")
 
 
-def _reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
-    """Whether joint stage ``step`` can read the teacher's states sequential stage ``before`` keeps: it trains the
-    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length."""
-    from .objectives import STORED_TEACHER_OBJECTIVES, parse_objectives
-
-    objectives = set(parse_objectives(str(step.get("objectives", "local"))))
-    return (before.get("local_schedule") == "sequential" and step.get("local_schedule") != "sequential"
-            and step.get("train") != "all" and objectives <= STORED_TEACHER_OBJECTIVES
-            and before.get("data") == step.get("data") and before.get("seq_len") == step.get("seq_len"))
-
-
 def keeps_teacher_states(steps: list[dict[str, Any]], index: int) -> bool:
     """Whether stage ``index`` is a sequential stage whose teacher states a later stage can read."""
-    return any(_reads_kept_states(step, steps[index]) for step in steps[index + 1:])
+    return any(reads_kept_states(step, steps[index]) for step in steps[index + 1:])
 
 
 def rows_read(steps: list[dict[str, Any]], index: int) -> int:
     """How many of its first sequences' teacher states sequential stage ``index`` stores: as many as the later stages
-    that read them (``_reads_kept_states``) take windows (a joint stage's tokens rounded up to whole steps of its global
+    that read them (``reads_kept_states``) take windows (a joint stage's tokens rounded up to whole steps of its global
     batch, ``batch_size`` sequences on any process count: ``batches.StepSplit``); 0 where none reads them."""
     import math
 
@@ -173,20 +163,7 @@ def rows_read(steps: list[dict[str, Any]], index: int) -> int:
 
     rows = 0
     for step in steps[index + 1:]:
-        if _reads_kept_states(step, steps[index]):
+        if reads_kept_states(step, steps[index]):
             config = stage_config(step)
             rows = max(rows, math.ceil(step["tokens"] / (config.batch_size * config.seq_len)) * config.batch_size)
     return rows
-
-
-def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: int | None = None) -> bool:
-    """Whether stage ``index`` will read the teacher's states a sequential stage before it stores
-    (``_reads_kept_states``), for windows (its tokens, at most the ``data_tokens`` the data
-    holds) within the rows that stage stores: its calibration set and the batch of held-out rows after it. The stage
-    itself checks its windows token for token (a batch with a row outside runs the teacher); this is the plan's guess."""
-    from .config import stage_config
-
-    step = steps[index]
-    reads = step["tokens"] if data_tokens is None else min(step["tokens"], data_tokens)
-    return any(_reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).batch_size
-               * stage_config(before).seq_len for before in steps[:index])

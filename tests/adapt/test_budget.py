@@ -106,7 +106,7 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
 def timed_plan():
     """A pace of SmolLM2's shape (ladder 15-29) and the default recipe's two stages at 1024-token steps, with the
     seconds the pace gives each stage."""
-    from ladderize.adapt.pace import Pace, stage_seconds
+    from ladderize.adapt.stage_clock import Pace, stage_seconds
 
     pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
                 head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
@@ -120,7 +120,7 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
     to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
     from ladderize.adapt.budget import replan
-    from ladderize.adapt.pace import stage_seconds
+    from ladderize.adapt.stage_clock import stage_seconds
 
     pace, steps, planned = timed_plan()
 
@@ -225,7 +225,8 @@ def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch
     """A pace timed on a busy machine must not refuse a budget a quiet one fits: the kept one is the fastest seen."""
     from dataclasses import replace
 
-    from ladderize.adapt.pace import Pace, cached_pace, store_pace
+    from ladderize.adapt.pace import cached_pace, store_pace
+    from ladderize.adapt.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     quiet = Pace("cpu", "float32", 64, layer_forward=0.01, layer_train=0.03, head_step=0.02, layer_read=0.001, layers=4,

@@ -251,7 +251,7 @@ def assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage: dict
 
 
 def test_the_pace_of_compiled_layers_counts_their_compile_time():
-    from ladderize.adapt.pace import COMPILES_PER_STAGE, Pace, stage_seconds
+    from ladderize.adapt.stage_clock import COMPILES_PER_STAGE, Pace, stage_seconds
 
     plain = Pace(device="cpu", precision="float32", tokens_per_call=1024, layer_forward=0.01, layer_train=0.03,
                  head_step=0.05, layer_read=0.001, layers=4, first_converted=2, last_converted=3, converted=2, measured_s=1.0)

@@ -1,11 +1,13 @@
-"""``pace.py``: the timed pieces of an adapt run and the stage times and token counts that follow from them."""
+"""``pace.py``: the timed pieces of an adapt run, and the stage times and token counts that follow from them
+(``stage_clock.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ladderize.adapt.budget import scale_stages
-from ladderize.adapt.pace import CLOSED_FORM_TRAINS, FIXED_READS, Pace, measure, recipe_seconds, stage_seconds, tokens_for_seconds
+from ladderize.adapt.pace import measure
+from ladderize.adapt.stage_clock import CLOSED_FORM_TRAINS, FIXED_READS, Pace, recipe_seconds, stage_seconds, tokens_for_seconds
 from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 

@@ -9,10 +9,11 @@ import torch
 import ladderize.adapt.recipe as recipe_module
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.objectives import AdaptLoss
-from ladderize.adapt.pace import stage_seconds
+from ladderize.adapt.sequential_schedule import reads_stored_teacher
+from ladderize.adapt.stage_clock import stage_seconds
 from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.convert.residual_states import embed, run_layers
-from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, keeps_teacher_states, read, reads_stored_teacher, teacher_id, write
+from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, keeps_teacher_states, read, teacher_id, write
 from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_pace import PACE

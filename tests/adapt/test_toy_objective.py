@@ -24,7 +24,8 @@ from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.lora import LoraSpec
 from ladderize.adapt.objectives import TEACHER_LAYERS, AdaptLoss, Objective, parse_objectives, register
 from ladderize.adapt.stages import Recipe, Stage, parse_stage, resolve_stages
-from ladderize.adapt.teacher_states import keeps_teacher_states, reads_stored_teacher
+from ladderize.adapt.sequential_schedule import reads_stored_teacher
+from ladderize.adapt.teacher_states import keeps_teacher_states
 from ladderize.checkpoint.shapes import ModelShape
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
