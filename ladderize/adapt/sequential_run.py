@@ -437,7 +437,22 @@ def _train_layers(
             index = group[-1] + 1
     except _Stop:
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
-    return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), True
+    train_s = time.perf_counter() - started
+    pace = _pace(student.model.config, windows, per_window, ranks.world, device)
+    return AdaptResult(out, step, step * tokens_per_step, train_s, curve, resumed_from,
+                       throughput=pace.record(step * tokens_per_step, train_s)), True
+
+
+def _pace(model_config, windows: dict[int, list[int]], per_window: dict[int, int], processes: int, device):
+    """The stage's pace by its model FLOPs: a step of a window trains its layers forward and backward on the step's
+    tokens, 6 x the window's parameters per token, averaged over the steps each window ran. The teacher's pass that
+    caches the states and each layer's advance of them are not counted, so the MFU is that of the training alone."""
+    from .cost import layer_parameters
+    from .throughput import Throughput, peak_flops_per_s
+
+    steps = sum(per_window.values())
+    layers_per_step = sum(count * len(windows[start]) for start, count in per_window.items()) / max(1, steps)
+    return Throughput(processes, round(6 * layer_parameters(model_config) * layers_per_step), peak_flops_per_s(device))
 
 
 def _fitted_steps(planned: dict[int, int], left_s: float, spent_s: float, steps_done: int) -> dict[int, int]:

@@ -247,6 +247,12 @@ def test_windows_train_consecutive_layers_together_and_resume_exactly(ladder_dir
     result = adapt(_config(ladder_dir, tmp_path / "window", text_file, window=2), on_message=messages.append)
     assert result.steps == 12 and {r["layer"] for r in result.curve} == {2}  # 8 sequences x 3 epochs / batch 2
     assert "12 steps per window of 2 layers (one window at a time from safetensors" in "\n".join(messages)
+    from ladderize.adapt.cost import layer_parameters
+    from ladderize.checkpoint.io import load_config
+
+    pace = result.throughput  # a step trains both layers of the window: 6 x their parameters per token
+    assert pace["model_flops_per_token"] == 6 * 2 * layer_parameters(load_config(ladder_dir))
+    assert pace["tokens_per_s"] == round(result.tokens / result.train_s, 1) and pace["processes"] == 1
     start = load_model(ladder_dir).state_dict()
     changed = {n.split(".")[2] for n, p in load_model(tmp_path / "window").state_dict().items() if not torch.equal(p, start[n])}
     assert changed == {"2", "3"}
