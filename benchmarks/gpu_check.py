@@ -284,23 +284,23 @@ def _tp2_node(argv: list[str]) -> None:
         Path(out + ".json").write_text(json.dumps({"tokens": responses[1].tokens}))
 
 
-def _two_nodes(ctx: Context, checkpoint: Path, ids_file: Path, out: Path, mode: str, timeout_s: float) -> float:
-    """Both "nodes" as torchrun processes with distinct ``NCCL_HOSTID``; their wall time."""
+def _two_nodes(ctx: Context, target: list[str], logs: Path, timeout_s: float, env: dict[str, str] | None = None) -> float:
+    """``target`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as two torchrun "nodes" on this one machine, with distinct
+    ``NCCL_HOSTID`` (so that NCCL lets both ranks share the one GPU: with ``--nnodes 2`` each ``LOCAL_RANK`` is 0);
+    each node's output in ``LOGS.node{R}.log``; their wall time."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    comm = "nccl" if ctx.cuda else "gloo"
-    procs, logs, started = [], [], time.perf_counter()
+    procs, paths, started = [], [], time.perf_counter()
     for rank in range(2):
-        env = {**os.environ, "NCCL_HOSTID": f"fakehost{rank}", "OMP_NUM_THREADS": "1"}
+        node_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), "NCCL_HOSTID": f"fakehost{rank}"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), str(Path(__file__).resolve()), "--tp2-node",
-               str(checkpoint), str(ids_file), str(out), ctx.device, comm, mode]
-        logs.append(out.parent / f"{out.name}.node{rank}.log")
-        with logs[-1].open("w") as log:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
+               "--master_addr", "127.0.0.1", "--master_port", str(port), *target]
+        paths.append(logs.parent / f"{logs.name}.node{rank}.log")
+        with paths[-1].open("w") as log:
+            procs.append(subprocess.Popen(cmd, env=node_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
@@ -313,8 +313,8 @@ def _two_nodes(ctx: Context, checkpoint: Path, ids_file: Path, out: Path, mode: 
                 os.killpg(p.pid, 9)
                 p.wait()
     if not all(p.returncode == 0 for p in procs):
-        tail = [line for log in logs for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"TP 2 over {comm} failed: {' | '.join(tail)}")
+        tail = [line for log in paths for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+        raise RuntimeError(f"two nodes over {'nccl' if ctx.cuda else 'gloo'} failed: {' | '.join(tail)}")
     return time.perf_counter() - started
 
 
@@ -352,7 +352,9 @@ def step_runtime_tp2(ctx: Context) -> dict[str, Any]:
                 cases[f"{case}/{mode}"] = {"status": "skipped: no CUDA"}
                 continue
             out = root / f"{case}-{mode}"
-            wall = _two_nodes(ctx, path, ids_file, out, mode, timeout_s=180)
+            node = [str(Path(__file__).resolve()), "--tp2-node", str(path), str(ids_file), str(out), ctx.device,
+                    "nccl" if ctx.cuda else "gloo", mode]
+            wall = _two_nodes(ctx, node, out, timeout_s=180)
             two = np.load(str(out) + ".npy")
             tokens = json.loads(Path(str(out) + ".json").read_text())["tokens"]
             entry = {"comm": "nccl" if ctx.cuda else "gloo", "max_abs_logit_diff_vs_hf": float(abs(two - reference).max()),
