@@ -21,6 +21,10 @@ Steps (each calls the product or its benchmark; nothing here re-implements them)
 - ``decode_1b`` / ``decode_8b``: ``benchmarks/bench_gpu.py``'s decode part (bf16, batch 1/16/64, beside transformers'
   static-cache compiled generate and the measured read bandwidth);
 - ``adapt_streaming``: streamed sequential adapt's peak device memory at converted depth L and 2L (8B shape);
+- ``adapt_throughput``: adapt's kd stage sharded with FSDP2 at the llama-1b to 8b shapes: tokens/s per GPU, MFU, peak memory;
+- ``adapt_two_ranks``: the default recipe on a token budget as one process and as two torchrun "nodes" on the one GPU
+  (NCCL, distinct ``NCCL_HOSTID``): each trained tensor's update agrees within 1e-3 of its norm; kd alone at the batch
+  the plan fills the GPU with, its estimate (``cost.JointMemory``) beside the measured peak; the sequential stage's MFU;
 - ``model``: the default model reassembled from the bundle and converted by ``ladderize pull``;
 - ``adapt_smollm2``: the default adapt recipe on SmolLM2 ladder 15:30: wall, process CPU time, peak memory, and the
   WikiText-2 valid-window perplexity before and after;
@@ -73,6 +77,7 @@ STEPS = (
     Step("decode_8b", 540, 90),
     Step("adapt_streaming", 480, 120),
     Step("adapt_throughput", 420, 60),
+    Step("adapt_two_ranks", 300, 120),
     Step("model", 240, 120),
     Step("adapt_smollm2", 540, 150, needs_model=True),
     Step("eval_lambada", 480, 150, needs_model=True),
@@ -284,23 +289,23 @@ def _tp2_node(argv: list[str]) -> None:
         Path(out + ".json").write_text(json.dumps({"tokens": responses[1].tokens}))
 
 
-def _two_nodes(ctx: Context, checkpoint: Path, ids_file: Path, out: Path, mode: str, timeout_s: float) -> float:
-    """Both "nodes" as torchrun processes with distinct ``NCCL_HOSTID``; their wall time."""
+def _two_nodes(ctx: Context, target: list[str], logs: Path, timeout_s: float, env: dict[str, str] | None = None) -> float:
+    """``target`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as two torchrun "nodes" on this one machine, with distinct
+    ``NCCL_HOSTID`` (so that NCCL lets both ranks share the one GPU: with ``--nnodes 2`` each ``LOCAL_RANK`` is 0);
+    each node's output in ``LOGS.node{R}.log``; their wall time."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    comm = "nccl" if ctx.cuda else "gloo"
-    procs, logs, started = [], [], time.perf_counter()
+    procs, paths, started = [], [], time.perf_counter()
     for rank in range(2):
-        env = {**os.environ, "NCCL_HOSTID": f"fakehost{rank}", "OMP_NUM_THREADS": "1"}
+        node_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), "NCCL_HOSTID": f"fakehost{rank}"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), str(Path(__file__).resolve()), "--tp2-node",
-               str(checkpoint), str(ids_file), str(out), ctx.device, comm, mode]
-        logs.append(out.parent / f"{out.name}.node{rank}.log")
-        with logs[-1].open("w") as log:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
+               "--master_addr", "127.0.0.1", "--master_port", str(port), *target]
+        paths.append(logs.parent / f"{logs.name}.node{rank}.log")
+        with paths[-1].open("w") as log:
+            procs.append(subprocess.Popen(cmd, env=node_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT))
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
@@ -313,8 +318,8 @@ def _two_nodes(ctx: Context, checkpoint: Path, ids_file: Path, out: Path, mode: 
                 os.killpg(p.pid, 9)
                 p.wait()
     if not all(p.returncode == 0 for p in procs):
-        tail = [line for log in logs for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"TP 2 over {comm} failed: {' | '.join(tail)}")
+        tail = [line for log in paths for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+        raise RuntimeError(f"two nodes over {'nccl' if ctx.cuda else 'gloo'} failed: {' | '.join(tail)}")
     return time.perf_counter() - started
 
 
@@ -352,7 +357,9 @@ def step_runtime_tp2(ctx: Context) -> dict[str, Any]:
                 cases[f"{case}/{mode}"] = {"status": "skipped: no CUDA"}
                 continue
             out = root / f"{case}-{mode}"
-            wall = _two_nodes(ctx, path, ids_file, out, mode, timeout_s=180)
+            node = [str(Path(__file__).resolve()), "--tp2-node", str(path), str(ids_file), str(out), ctx.device,
+                    "nccl" if ctx.cuda else "gloo", mode]
+            wall = _two_nodes(ctx, node, out, timeout_s=180)
             two = np.load(str(out) + ".npy")
             tokens = json.loads(Path(str(out) + ".json").read_text())["tokens"]
             entry = {"comm": "nccl" if ctx.cuda else "gloo", "max_abs_logit_diff_vs_hf": float(abs(two - reference).max()),
@@ -460,6 +467,140 @@ def step_adapt_throughput(ctx: Context) -> dict[str, Any]:
     record = json.loads(stem.with_suffix(".json").read_text())
     shutil.rmtree(root / "work", ignore_errors=True)
     return {"rows": record["rows"], "torchtitan_llama_3_1_8b": record["torchtitan_llama_3_1_8b"]}
+
+
+TWO_RANKS_TOLERANCE = 1e-3  # tests/adapt/test_sharded.py's _updates_agree: each trained tensor's difference / its update
+TWO_RANKS_ENV = {"TOKENIZERS_PARALLELISM": "false", "LADDERIZE_PROGRESS_INTERVAL": "0"}
+KD_PEAK_STEPS = 3  # the kd stage's optimizer steps at its automatic batch: AdamW's moments exist from the first one
+KD_PEAK_TOKENS = 2_000_000_000  # its stage size: >= 1,000 steps (plan.MIN_FILLED_STEPS) at a batch that fills the GPU
+
+
+def _kd_peak(argv: list[str]) -> None:
+    """A kd stage alone (``--stage kd``, one process) at the batch the plan fills the device with, stopped after
+    ``KD_PEAK_STEPS`` steps (``--kd-peak CKPT OUT DATA DEVICE SEQ_LEN``): the plan's estimate and the peak as JSON."""
+    import torch
+
+    from ladderize.adapt.recipe import adapt_checkpoint
+
+    checkpoint, out, data, device, seq_len = argv
+    cuda = device == "cuda"
+    plans: list[Any] = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    figures: dict[str, Any] = {}
+    try:
+        adapt_checkpoint(checkpoint, out, stages=[f"kd:tokens={KD_PEAK_TOKENS}"],
+                         shared={"data": data, "seq_len": int(seq_len), "compile": False}, device=device, dtype="float32",
+                         force=True, max_steps=KD_PEAK_STEPS, on_plan=plans.append, on_message=print)
+    except torch.OutOfMemoryError as exc:  # the estimate let the batch grow past the device: the finding itself
+        figures["out_of_memory"] = str(exc).splitlines()[0][:300]
+    except Exception as exc:  # noqa: BLE001  (recorded beside whatever the plan said)
+        figures["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    if plans:
+        plan = plans[0]
+        stage = plan.cost.stages[0]
+        figures.update({"batch_size": plan.steps[0]["batch_size"], "seq_len": int(seq_len), "split": stage.split,
+                        "strategy": stage.strategy, "launch": plan.launch.describe(), "estimate_bytes": stage.memory_bytes,
+                        "estimate_parts": stage.memory})
+    figures["peak_bytes"] = torch.cuda.max_memory_allocated() if cuda else None
+    figures["device_bytes"] = torch.cuda.get_device_properties(0).total_memory if cuda else None
+    print(json.dumps({"kd_peak": figures}))
+
+
+def _update_difference(one: Path, other: Path, start: Path) -> float:
+    """tests/adapt/test_sharded.py's ``_updates_agree`` as a figure: the largest difference of a trained tensor between
+    two runs relative to the norm of its update (a tensor neither run changed must be equal: else infinity)."""
+    import torch
+    from safetensors.torch import load_file
+
+    a, b, base = (load_file(path / "model.safetensors") for path in (one, other, start))
+    worst = 0.0
+    for name in a:
+        update = (a[name] - base[name]).norm().item()
+        if update == 0:
+            worst = worst if torch.equal(a[name], b[name]) else float("inf")
+            continue
+        worst = max(worst, (a[name] - b[name]).norm().item() / update)
+    return worst
+
+
+def _adapt_records(out: Path) -> list[dict[str, Any]]:
+    """The ``adapt`` records of OUT's provenance, one per stage (each stage appends its own)."""
+    from ladderize.checkpoint.io import read_provenance
+
+    return [record for record in read_provenance(out).get("history", []) if record.get("step") == "adapt"]
+
+
+def step_adapt_two_ranks(ctx: Context) -> dict[str, Any]:
+    """The default recipe (seq-local then kd) on a token budget as one process and as two torchrun "nodes" on the one
+    device (NCCL, distinct ``NCCL_HOSTID``; gloo on the CPU): each trained tensor's update agrees; kd alone at the
+    batch the plan fills the GPU with, its memory estimate beside the measured peak; the sequential stage's MFU as
+    the run records it."""
+    import torch
+
+    from ladderize.checkpoint.shapes import preset
+    from ladderize.convert.conversion import convert_checkpoint
+    from ladderize.eval.perplexity import wikitext2_valid_path
+    from ladderize.synthetic import write_synthetic_checkpoint
+
+    root = ctx.scratch("adapt_two_ranks")
+    shape, layout, budget = (preset("tiny"), "2:4", "24576") if ctx.rehearse else (preset("cpu-512"), "4:8", "65536")
+    write_synthetic_checkpoint(root / "dense", shape, force=True)
+    ladder = convert_checkpoint(str(root / "dense"), root / "ladder", ladder=layout, force=True)  # dense: the teacher
+    data = str(wikitext2_valid_path())
+    flags = ["--data", data, "--budget", budget, "--seq-len", "32", "--dtype", "float32", "--no-compile", "--device", ctx.device,
+             "--force"]
+    limit = BY_NAME["adapt_two_ranks"].limit_s
+    started = time.perf_counter()
+    _run(_cli("adapt", str(ladder), str(root / "one"), *flags), limit, root / "one.log", env={"OMP_NUM_THREADS": "1", **TWO_RANKS_ENV})
+    one_s = time.perf_counter() - started
+    two_s = _two_nodes(ctx, ["-m", "ladderize.cli", "adapt", str(ladder), str(root / "two"), *flags], root / "two", limit,
+                       env=TWO_RANKS_ENV)
+    lines = (root / "two.node0.log").read_text(errors="replace").splitlines()
+    sharded = [line.strip() for line in lines if "sharded over 2 processes (FSDP2)" in line]
+    trained = {name: next((line.split(" trained")[0] for line in path.read_text(errors="replace").splitlines()
+                           if line.startswith("adapted ")), None) for name, path in (("one", root / "one.log"), ("two", root / "two.node0.log"))}
+    worst = _update_difference(root / "one", root / "two", ladder)
+    records = _adapt_records(root / "one")
+    sequential = next((r for r in records if r.get("local_schedule") == "sequential"), {})
+    joint = next((r for r in records if r.get("local_schedule") != "sequential"), {})
+    mfu = {"device_name": torch.cuda.get_device_name(0) if ctx.cuda else f"cpu ({platform.machine()})",
+           "sequential": {"throughput": sequential.get("throughput"), "mfu": (sequential.get("throughput") or {}).get("mfu"),
+                          "tokens": sequential.get("tokens"), "train_s": sequential.get("train_s")},
+           "kd": {"throughput": joint.get("throughput"), "mfu": (joint.get("throughput") or {}).get("mfu")}}
+    if "throughput" not in sequential:
+        mfu["sequential"]["note"] = "the run's sequential-stage record carries no throughput (OUT/ladderize.json's adapt record)"
+    figures: dict[str, Any] = {
+        "model": f"{shape.name} ladder {layout}", "budget_tokens": int(budget),
+        "two_ranks": {"comm": "nccl" if ctx.cuda else "gloo", "one_process_wall_s": round(one_s, 1),
+                      "two_process_wall_s": round(two_s, 1), "sharded_line": sharded[0] if sharded else None,
+                      "trained": trained, "worst_relative_update_diff": worst, "tolerance": TWO_RANKS_TOLERANCE,
+                      "agree": worst <= TWO_RANKS_TOLERANCE and trained["one"] == trained["two"] and bool(sharded)},
+        "sequential_mfu": mfu}
+    if ctx.cuda:
+        seq_len = "512"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--kd-peak", str(ladder), str(root / "kd"), data, ctx.device, seq_len]
+        try:  # part 1's figures are kept whatever this part does
+            _run(cmd, limit, root / "kd.log", env=TWO_RANKS_ENV)
+            line = [l for l in (root / "kd.log").read_text().splitlines() if l.startswith("{\"kd_peak\"")][-1]
+            kd = json.loads(line)["kd_peak"]
+        except (RuntimeError, IndexError, subprocess.TimeoutExpired) as exc:
+            kd = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        if kd.get("estimate_bytes") and kd.get("peak_bytes"):
+            kd["peak_over_estimate"] = round(kd["peak_bytes"] / kd["estimate_bytes"], 4)
+        kd["within_5pct_and_fits"] = (abs(kd.get("peak_over_estimate", 0) - 1) <= 0.05 and "out_of_memory" not in kd
+                                      and "error" not in kd and kd["peak_bytes"] < kd["device_bytes"])
+        figures["kd_memory"] = kd
+    else:
+        figures["kd_memory"] = {"status": "skipped: no CUDA"}
+    for folder in ("dense", "ladder", "one", "two", "kd", "one.adapt-run", "two.adapt-run", "kd.adapt-run"):
+        shutil.rmtree(root / folder, ignore_errors=True)
+    bad = [what for what, good in (("1 vs 2 ranks", figures["two_ranks"]["agree"]),
+                                   ("kd peak vs estimate", figures["kd_memory"].get("within_5pct_and_fits", True)))
+           if not good]
+    if bad:
+        raise StepFailed(f"not within its criterion: {', '.join(bad)}", figures)
+    return figures
 
 
 def step_model(ctx: Context) -> dict[str, Any]:
@@ -697,6 +838,15 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
     if name == "adapt_throughput" and figures.get("rows"):
         return "; ".join(f"{r['shape']}: " + (f"{r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU {100 * r['mfu']:.1f}%"
                                               if r.get("mfu") else r["status"]) for r in figures["rows"])[:400]
+    if name == "adapt_two_ranks" and figures.get("two_ranks"):
+        two, kd, seq = figures["two_ranks"], figures.get("kd_memory", {}), figures.get("sequential_mfu", {})
+        mfu = (seq.get("sequential") or {}).get("mfu")
+        return (f"1 vs 2 ranks ({two['comm']}): update diff {two['worst_relative_update_diff']:.1e}, wall "
+                f"{two['one_process_wall_s']} / {two['two_process_wall_s']} s; kd memory"
+                + (f" at batch {kd['batch_size']}" if kd.get("batch_size") else "") + ": "
+                + (f"peak / estimate {kd['peak_over_estimate']}" if kd.get("peak_over_estimate") else
+                   kd.get("status") or ("out of memory" if kd.get("out_of_memory") else kd.get("error", "-"))[:80])
+                + f"; sequential MFU {f'{100 * mfu:.1f}%' if mfu is not None else 'not recorded'}")
     if name == "adapt_smollm2" and figures:
         return f"wall {figures.get('wall_s')} s, cpu {figures.get('cpu_s')} s, ppl {figures.get('valid_ppl_before')} -> {figures.get('valid_ppl_after')}"
     if name == "eval_lambada" and figures:
@@ -817,6 +967,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["--adapt-peak"]:
         _adapt_peak(argv[1:])
+        return 0
+    if argv[:1] == ["--kd-peak"]:
+        _kd_peak(argv[1:])
         return 0
     args = parse_args(argv)
     if args.device == "cuda":

@@ -11,7 +11,7 @@
 # 2. installs the wheels with `pip --no-index --no-deps` into $STATE/site (once per machine), no network (a dead proxy
 #    is set, so any download would fail), and puts the working tree then that folder on PYTHONPATH;
 # 3. runs benchmarks/gpu_check.py: every step in its own process under its time limit, within the call's budget
-#    (--budget-s, default 540 s less the install; 1860 s in the rehearsal, over its steps' limits summed (1,830 s): on a loaded CI
+#    (--budget-s, default 540 s less the install; 1980 s in the rehearsal, over its steps' limits summed (1,950 s): on a loaded CI
 #    machine 900 s left the curve step 137 s and two steps pending), writing OUT/gpu_check.json and OUT/gpu_check.md after each step;
 #    a step runs on what is left of the budget when that is less than its limit, and its logs come back in OUT/logs.tar.gz.
 #    Steps already recorded in $STATE are not run again: call again (within the machine's warm time) to go on.
@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$BUNDLE" ] && [ -n "$OUT" ] || { echo "usage: scripts/gpu_check.sh [--rehearse] --bundle DIR --out OUT" >&2; exit 2; }
 start=$(date +%s)
-[ -n "$BUDGET" ] || BUDGET=$([ "$REHEARSE" = 1 ] && echo 1860 || echo 540)
+[ -n "$BUDGET" ] || BUDGET=$([ "$REHEARSE" = 1 ] && echo 1980 || echo 540)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

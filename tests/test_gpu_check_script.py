@@ -25,7 +25,7 @@ LIMIT_MIB = 60
 STATUSES = ("ok", "failed", "timeout", "skipped", "pending")
 NEED_CUDA = {"pytest_gpu", "vllm"}  # all their work needs CUDA (or vLLM's CUDA build): skipped on the CPU
 
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = pytest.mark.timeout(2520)
 
 
 def _gpu_check():
@@ -43,7 +43,7 @@ def _rehearse(out: Path) -> dict:
     env["LADDERIZE_DATA_DIR"] = str(ROOT / "tests" / "data")  # the bundled slices: a clone needs no ../shared
     started = time.perf_counter()
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--rehearse", "--bundle", str(BUNDLE), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=2300)
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=2420)
     return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-3000:],
             "wall_s": time.perf_counter() - started}
 
@@ -117,6 +117,9 @@ def test_every_step_reports_a_status_and_the_cpu_ones_are_ok(rehearsal):
     assert cases["hybrid/eager"]["status"] == "ok" and cases["hybrid/graphs"]["status"] == "skipped: no CUDA"
     assert record["steps"]["runtime_tp2"]["figures"]["cases"]["hybrid/eager"]["comm"] == "gloo"
     assert record["steps"]["eval_lambada"]["figures"]["acc_equal"]
+    two_ranks = record["steps"]["adapt_two_ranks"]["figures"]
+    assert two_ranks["two_ranks"]["agree"] and two_ranks["two_ranks"]["comm"] == "gloo", two_ranks
+    assert two_ranks["kd_memory"] == {"status": "skipped: no CUDA"}
     summary = (out / "gpu_check.md").read_text()
     assert all(f"| {s.name} |" in summary for s in steps)
     assert json.loads(stdout.strip().splitlines()[-1]) == {k: v["status"] for k, v in record["steps"].items()}
