@@ -58,8 +58,10 @@ def test_streamed_output_equals_the_in_memory_output_bit_for_bit(layout, hybrid_
     files = {p.name for p in (tmp_path / "streamed").iterdir()}
     assert files == {p.name for p in (tmp_path / "resident").iterdir()}, files
     record_a, record_b = (read_provenance(tmp_path / name)["history"][-1] for name in ("streamed", "resident"))
-    differ = {"at", "train_s", "final_loss"}  # times
+    differ = {"at", "train_s", "final_loss", "throughput"}  # times (and the pace measured from them)
     assert {k: v for k, v in record_a.items() if k not in differ} == {k: v for k, v in record_b.items() if k not in differ}
+    pace_a, pace_b = record_a["throughput"], record_b["throughput"]
+    assert pace_a["model_flops_per_token"] == pace_b["model_flops_per_token"] and pace_a["processes"] == pace_b["processes"]
     # the layers that were trained changed, the others are the checkpoint's
     before, after = _tensors(checkpoint), _tensors(tmp_path / "streamed")
     changed = {n for n in after if not torch.equal(after[n], before[n].float())}
