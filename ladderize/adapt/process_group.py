@@ -64,3 +64,44 @@ def start(device: torch.device) -> torch.device:
             for key in ("RANK", "WORLD_SIZE"):
                 os.environ.pop(key, None)
     return device
+
+
+def running() -> bool:
+    """Whether this process is in a started process group (a group of one included)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def launched() -> bool:
+    """Whether this process is one of several in a started process group."""
+    import torch.distributed as dist
+
+    return running() and dist.get_world_size() > 1
+
+
+def is_main() -> bool:
+    """Whether this process is the main one (rank 0, or the only process)."""
+    import torch.distributed as dist
+
+    return not running() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every process of the group (nothing without one)."""
+    import torch.distributed as dist
+
+    if running():
+        dist.barrier()
+
+
+def main_says(values: tuple[int, ...], device: torch.device | str) -> tuple[int, ...]:
+    """The main process's ``values`` on every process of a launched job (one broadcast; its own outside one), so that
+    a decision read from one process's clock or signals is every process's."""
+    import torch.distributed as dist
+
+    if not launched():
+        return values
+    tensor = torch.tensor(list(values), device=device)
+    dist.broadcast(tensor, src=0)
+    return tuple(int(value) for value in tensor.tolist())

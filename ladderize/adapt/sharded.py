@@ -137,9 +137,7 @@ class ShardedRun:
         """Nothing beside the checkpoint."""
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
+        process_group.barrier()
 
     def write_out(self, result: AdaptResult, out: Path, tokenizer, state_dir: Path) -> None:
         """OUT from the trained layers gathered one at a time (``_write_out``); the training state removed unless

@@ -252,14 +252,9 @@ def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 def _past(deadline: float, device: torch.device) -> bool:
     """Whether the main process's clock is past ``deadline``, on every process (one broadcast under a launcher)."""
-    import torch.distributed as dist
+    from .process_group import main_says
 
-    past = time.perf_counter() >= deadline
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return past
-    flag = torch.tensor([1 if past else 0], device=device)
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
+    return bool(main_says((1 if time.perf_counter() >= deadline else 0,), device)[0])
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.atomic import replace_directory, write_file_atomic
 from ..errors import LadderizeError
+from . import process_group
 from .config import AdaptConfig
 
 if TYPE_CHECKING:
@@ -51,20 +52,20 @@ def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Modu
     import torch.distributed.checkpoint as dcp
 
     tmp = state_dir.parent / f".{state_dir.name}.tmp"
-    if _main():
+    if process_group.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    process_group.barrier()
     with _one_process_quiet():
         dcp.save({**_trained_state(module, optimizer), **(extra or {})}, checkpoint_id=str(tmp / DCP_DIR),
-                 no_dist=not _distributed())
-    _barrier()
-    if _main():
+                 no_dist=not process_group.running())
+    process_group.barrier()
+    if process_group.is_main():
         if beside is not None:
             beside(tmp)
         write_trainer_state(tmp, config, payload)
         replace_directory(tmp, state_dir)
-    _barrier()
+    process_group.barrier()
 
 
 def load_joint_state(state_dir: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None) -> None:
@@ -75,7 +76,7 @@ def load_joint_state(state_dir: Path, module: torch.nn.Module, optimizer, extra:
 
     state = {**_trained_state(module, optimizer), **(extra or {})}
     with _one_process_quiet():
-        dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR), no_dist=not _distributed())
+        dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR), no_dist=not process_group.running())
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(ignore_frozen_params=True, strict=False))
     if extra:
@@ -108,25 +109,6 @@ def _one_process_quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def _main() -> bool:
-    import torch.distributed as dist
-
-    return not _distributed() or dist.get_rank() == 0
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if _distributed():
-        dist.barrier()
 
 
 FIRST_SAVE_S = 60.0  # a run saved by time writes its first state a minute in: an early Ctrl-C loses at most that
@@ -168,7 +150,7 @@ class SaveClock:
         self._step_s, self._checked, self._due_at = now - self._checked, now, now
         if self.by_steps:
             due = step % self.every == 0
-            if _launched() and not due:  # the ranks agree on the signal where they agree to save
+            if process_group.launched() and not due:  # the ranks agree on the signal where they agree to save
                 return False
         else:
             wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
@@ -220,22 +202,10 @@ def _generous(seconds: float) -> int:
     return 60 * -(-int(2 * seconds) // 60)
 
 
-def _launched() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def _main_says(flag: bool, signum: int, device) -> tuple[bool, int]:
     """The main process's ``flag`` and held ``signum`` on every process of a launched job (its own outside one)."""
-    import torch
-    import torch.distributed as dist
-
-    if not _launched():
-        return flag, signum
-    tensor = torch.tensor([1 if flag else 0, signum], device=device)
-    dist.broadcast(tensor, src=0)
-    return bool(tensor[0].item()), int(tensor[1].item())
+    said, held = process_group.main_says((1 if flag else 0, signum), device)
+    return bool(said), held
 
 
 def write_trainer_state(state_dir: Path, config: AdaptConfig, payload: dict[str, Any]) -> None:
