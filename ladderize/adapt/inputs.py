@@ -26,3 +26,24 @@ def check_input_checkpoint(source: str | Path):
             f"adapt; convert some first, e.g. ladderize convert SRC OUT --ladder {len(modes) // 2}:{len(modes)}"
         )
     return header
+
+
+def adapt_inputs(checkpoint: str | Path, data: str | None = None, teacher: str | None = None) -> list[Path]:
+    """The local paths an adaptation reads: the checkpoint, the data where it is a file or folder (each part of a
+    mixture), and the teacher (``--teacher`` or the source in the checkpoint's provenance). ``--force`` and a
+    finished run must never remove one of them (``checkpoint.atomic.check_apart``)."""
+    from ..checkpoint.architectures import read_provenance
+    from ..corpus.documents import mixture_parts
+
+    paths = [Path(checkpoint).expanduser()]
+    if data is not None:
+        parts = mixture_parts(data) or [data]
+        paths += [Path(part[0] if isinstance(part, tuple) else part).expanduser() for part in parts]
+    if teacher is None and paths[0].is_dir():
+        try:
+            teacher = (read_provenance(paths[0]).get("source") or {}).get("path")
+        except (OSError, ValueError, LadderizeError):
+            teacher = None
+    if teacher is not None:
+        paths.append(Path(teacher).expanduser())
+    return [path for path in paths if path.exists()]

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
+from ..checkpoint.atomic import check_apart
 from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
+from .inputs import adapt_inputs
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, describe
@@ -125,6 +127,9 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
     if not Path(checkpoint).expanduser().exists():
         raise LadderizeError(f"checkpoint {checkpoint} not found")
     top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    inputs = adapt_inputs(checkpoint, plan.stages[0].resolved.data, plan.stages[0].resolved.teacher)
+    check_apart(final, inputs)
+    check_apart(top, inputs, "the run folder")  # --force and a finished run remove it
     plan_file = top / PLAN_FILE
     # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
     main = process_rank() == 0

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,32 @@ from ..errors import LadderizeError
 TEMP_KINDS = ("tmp", "old")
 
 
-def check_output_free(out: Path, force: bool) -> None:
-    """Raise unless ``out`` may be written: absent, or present and ``force`` given."""
+def check_apart(out: Path | str | None, inputs: Iterable[Path | str | None], what: str = "OUT") -> None:
+    """Raise one line if writing or replacing ``out`` could remove or overwrite one of ``inputs``.
+
+    Compared by path identity (absolute, symlinks followed): ``out`` may not be an input, hold one (an ancestor,
+    which ``--force`` would delete) or lie inside one's folder. Inputs that are not local paths (a hub id, a
+    corpus name) are skipped.
+    """
+    if out is None:
+        return
+    target = Path(out).expanduser().resolve()
+    for given in inputs:
+        if given is None or not Path(given).expanduser().exists():
+            continue
+        source = Path(given).expanduser().resolve()
+        if target == source:
+            raise LadderizeError(f"{what} {out} is the input {given}: give {what} a folder of its own")
+        if target in source.parents:
+            raise LadderizeError(f"{what} {out} holds the input {given} (replacing it would delete the input): "
+                                 f"give {what} a folder outside it")
+        if source in target.parents:
+            raise LadderizeError(f"{what} {out} is inside the input {given}: give {what} a folder outside it")
+
+
+def check_output_free(out: Path, force: bool, inputs: Iterable[Path | str | None] = ()) -> None:
+    """Raise unless ``out`` may be written: apart from every input (``check_apart``), and absent or ``force`` given."""
+    check_apart(out, inputs)
     if out.exists() and not force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
     if out.exists() and not out.is_dir():

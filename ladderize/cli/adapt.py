@@ -86,7 +86,8 @@ def adapt_cmd(
     began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here
     from ..adapt.budget import parse_budget
     from ..adapt.inputs import check_input_checkpoint
-    from ..checkpoint.atomic import check_output_free
+    from ..adapt.inputs import adapt_inputs
+    from ..checkpoint.atomic import check_apart, check_output_free
     from ..corpus.token_store import check_data
 
     if dry_run is not None and dry_run != "here":  # a launch spec that does not parse: one line, before the heavy imports
@@ -117,7 +118,9 @@ def adapt_cmd(
         parse_budget(budget)
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
-    check_output_free(Path(out).expanduser().absolute(), force)  # a resumed run too: OUT is written last
+    inputs = adapt_inputs(ckpt, data, teacher)
+    check_output_free(Path(out).expanduser().absolute(), force, inputs)  # a resumed run too: OUT is written last
+    check_apart(run_dir, inputs, "--run-dir")  # --force and a finished run remove it
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
     check_input_checkpoint(ckpt)  # converted layers to adapt
@@ -206,6 +209,7 @@ def tokenize_cmd(
     force: bool = opts.force_option("Build the store again from scratch (removes the existing one)."),
 ) -> None:
     """Tokenize a corpus once into a memory-mapped token store that adapt, sensitivity and head grouping reuse (resumable)."""
+    from ..checkpoint.atomic import check_apart
     from ..corpus.documents import mixture_parts
     from ..errors import LadderizeError
 
@@ -213,6 +217,7 @@ def tokenize_cmd(
         raise LadderizeError(f"--tokenizer {tokenizer} is not a folder (a checkpoint with its tokenizer files)")
     if out is not None and mixture_parts(data) is not None:
         raise LadderizeError("a mixture is a store per part: tokenize each part (its own --out), or leave out --out to use the cache")
+    check_apart(out, [tokenizer, data], "--out")  # --force removes the store
     opts.check_output(out, "--out")
     opts.check_output(json_out, "--json file")
     from ..corpus.token_store import tokenize_data
@@ -253,11 +258,13 @@ def sample_cmd(
 ) -> None:
     """Sample calibration text from a dense teacher (data-free calibration), resumable; writes OUT, OUT.json."""
     from ..adapt.teacher_text import partial_path, sample_text
+    from ..checkpoint.atomic import check_apart
     from ..errors import Interrupted
     from ..progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
     opts.check_checkpoint(source)
+    check_apart(out, [source, prompts])
     opts.check_output(out, "output file")
     with Progress("sample", err_console, total=sequences) as progress:
         try:

@@ -40,12 +40,12 @@ def convert(
     from ..convert.pipeline import check_auto_options
     from ..checkpoint.atomic import check_output_free
 
+    check_output_free(Path(out).expanduser().absolute(), force, inputs=[src, sensitivity])  # first: never a --force hint for OUT = SRC
     check_auto_options(ranges, budgets, sensitivity)
     opts.check_layout_option(layout, ranges)
     device, _ = opts.check_placement(device, dtype)
     if opts.check_source(src) == "local":  # before the heavy imports: a typo is one line at once
         opts.check_weights(src)  # truncated or corrupt weights too (their headers, as inspect reads them)
-    check_output_free(Path(out).expanduser().absolute(), force)
     opts.check_output(out, "output")
     opts.check_layout_of_source(src, ranges, spd_tp, dense=layout is not None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -31,12 +31,14 @@ def demo(
 
     from rich.markup import escape
 
+    from ..checkpoint.atomic import check_apart
     from ..demo.pipeline import run_demo
     from ..progress import Progress
 
     device, dtype_name = opts.check_placement(device, dtype)
     if getattr(ctx.get_parameter_source("out"), "name", None) == "DEFAULT":
         out.parent.mkdir(parents=True, exist_ok=True)  # the default runs/ is in .gitignore: no clone has it
+    check_apart(out, [data_dir], "--out")  # --force replaces the demo folder
     opts.check_output(out, "--out folder")
     if out.exists():
         opts.check_output(out / "report.md", "--out file")

@@ -61,11 +61,9 @@ def convert_checkpoint(
     dense source as a plain Llama checkpoint (see ``build_config``).
     """
     out = Path(out).expanduser().absolute()
-    check_output_free(out, force)
+    check_output_free(out, force, inputs=[src])
     target_dtype = parse_dtype(dtype)
     source = resolve_source(src)
-    if Path(src).expanduser().absolute() == out:
-        raise LadderizeError("OUT must differ from SRC")
     architecture_for(source.config)
     layout = layout or source_layout(source.config, ranges, spd_tp_size)
     config = build_config(source.config, layout, plain=plain)

@@ -130,3 +130,59 @@ def test_a_layout_option_that_does_not_fit_is_refused(source, flags, words, chec
     line, heavy = _refusal(["convert", checkpoints[source], out, *flags], tmp_path)
     assert words in line, line
     assert heavy == [] and not out.exists()
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _nested_source(checkpoints: dict[str, Path], root: Path) -> tuple[Path, Path]:
+    """``root/par/sub``: a copy of the converted checkpoint, with a bystander file beside it in ``par``."""
+    import shutil
+
+    par = root / "par"
+    shutil.copytree(checkpoints["converted"], par / "sub")
+    (par / "notes.txt").write_text("the user's own file\n")
+    return par, par / "sub"
+
+
+@pytest.mark.parametrize("form", ["parent", "parent-by-symlink", "same", "inside"])
+def test_convert_force_never_removes_its_source(form, checkpoints, tmp_path):
+    """OUT that is SRC, holds SRC (``convert par/sub par --force`` deleted ``par``) or lies inside it: one line, before
+    any import of torch, and every byte under ``par`` unchanged. Compared by path identity, symlinks followed."""
+    par, src = _nested_source(checkpoints, tmp_path)
+    (tmp_path / "link").symlink_to(par)
+    out = {"parent": par, "parent-by-symlink": tmp_path / "link", "same": src, "inside": src / "out"}[form]
+    before = _tree_bytes(par)
+    line, heavy = _refusal(["convert", src, out, "--ladder", "2:4", "--force"], tmp_path)
+    words = {"parent": "holds the input", "parent-by-symlink": "holds the input", "same": "is the input",
+             "inside": "is inside the input"}[form]
+    assert words in line and "--force" not in line, line
+    assert heavy == [] and _tree_bytes(par) == before and {p.name for p in tmp_path.iterdir()} <= {"home", "hf", "link", "par"}
+
+
+@pytest.mark.parametrize("flag", ["out", "run-dir"])
+def test_adapt_force_never_removes_its_checkpoint(flag, checkpoints, tmp_path):
+    """``adapt par/sub par --force`` and ``--run-dir par --force`` (a run folder is removed when a run ends, or by
+    ``--force``) are refused in one line, and ``par`` is unchanged."""
+    par, src = _nested_source(checkpoints, tmp_path)
+    before = _tree_bytes(par)
+    argv = ["adapt", src, par if flag == "out" else tmp_path / "o", "--force", "--budget", "10s"]
+    if flag == "run-dir":
+        argv += ["--run-dir", par]
+    line, _ = _refusal(argv, tmp_path)
+    assert ("OUT" if flag == "out" else "--run-dir") in line and "holds the input" in line, line
+    assert _tree_bytes(par) == before and not (tmp_path / "o").exists()
+
+
+def test_check_apart_compares_resolved_paths(tmp_path):
+    from ladderize.checkpoint.atomic import check_apart
+    from ladderize.errors import LadderizeError
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    check_apart(tmp_path / "a-b", [tmp_path / "a"])  # a sibling whose name starts alike is apart
+    check_apart(tmp_path / "a" / "c", [tmp_path / "a" / "b"])  # a sibling folder is apart
+    check_apart(tmp_path / "x", ["not-a-path", None])  # names that are no local path are skipped
+    for out in (tmp_path / "a", tmp_path / "a" / "b" / ".." / "b", tmp_path / "a" / "b" / "c", tmp_path):
+        with pytest.raises(LadderizeError):
+            check_apart(out, [tmp_path / "a" / "b"])
