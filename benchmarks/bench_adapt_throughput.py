@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--memory-share", type=float, default=1.0,
                         help="the share of the GPU's memory a process may plan for (0.5: two processes on one GPU)")
     parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--vocab-size", type=int, default=None, help="replace each shape's vocabulary (the rehearsal's 128,256)")
+    parser.add_argument("--first-fit", action="store_true",
+                        help="stop at the first shape that fits (give --shapes largest first: the largest that fits)")
     parser.add_argument("--rehearse", action="store_true", help="tiny shape on the CPU, a few steps (CI)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir, removed)")
     parser.add_argument("--out", type=Path, default=RESULTS / "adapt_throughput")
@@ -61,6 +64,8 @@ def main() -> None:
             rows.append(bench_shape(name.strip(), args, work))
             print(json.dumps(rows[-1]), flush=True)
             write(args.out, rows, args)
+            if args.first_fit and rows[-1]["status"] == "ok":
+                break
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -91,11 +96,14 @@ def bench_shape(name: str, args, work: Path) -> dict:
     from ladderize.checkpoint.shapes import preset
 
     shape = preset(name)
+    if args.vocab_size:
+        shape = shape.with_(vocab_size=args.vocab_size)
     layers = shape.num_hidden_layers
     converted = list(range(layers // 2, layers))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available() and not args.rehearse
-    row = {"shape": shape.name, "layout": f"ladder {layers // 2}:{layers}", "processes": world,
+    row = {"shape": shape.name, "hidden": shape.hidden_size, "vocab": shape.vocab_size,
+           "layout": f"ladder {layers // 2}:{layers}", "processes": world, "memory_share": args.memory_share,
            "model_flops_per_token": FlopCount.for_stage(shape, converted, {"kd"}).per_token}
     usable = usable_bytes(args.memory_share * torch.cuda.get_device_properties(0).total_memory) if cuda else None
 
@@ -115,7 +123,8 @@ def bench_shape(name: str, args, work: Path) -> dict:
                    usable_gib=round(usable / 2**30, 1))
         return row
     row.update(batch_size=batch, tokens_per_step_per_gpu=batch * args.seq_len,
-               estimate_gib=round(estimate(batch).total / 2**30, 1))
+               estimate_gib=round(estimate(batch).total / 2**30, 1), estimate_bytes=estimate(batch).total,
+               estimate_parts=estimate(batch).describe(), usable_bytes=usable)
     teacher, student = checkpoints(shape, converted, work / shape.name)
     text = work / "text.txt"
     if not text.exists():
@@ -146,6 +155,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
         row["mfu"] = round(rate * row["model_flops_per_token"] / launch.peak_flops_per_s, 4)
         row["gpu"] = launch.gpu
     if cuda:
+        row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         row["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
     shutil.rmtree(work / f"{shape.name}-run", ignore_errors=True)

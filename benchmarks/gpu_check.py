@@ -22,9 +22,13 @@ Steps (each calls the product or its benchmark; nothing here re-implements them)
   static-cache compiled generate and the measured read bandwidth);
 - ``adapt_streaming``: streamed sequential adapt's peak device memory at converted depth L and 2L (8B shape);
 - ``adapt_throughput``: adapt's kd stage sharded with FSDP2 at the llama-1b to 8b shapes: tokens/s per GPU, MFU, peak memory;
+- ``adapt_launch``: kd as the 8-GPU launch runs it, on two NCCL ranks (two torchrun "nodes" on the one GPU, each
+  planning for half its memory): bf16, FSDP2, the real 128,256 vocabulary, the automatic batch, at the largest Llama
+  shape that fits (``benchmarks/bench_adapt_throughput.py --first-fit``); the peak against the plan's estimate (within
+  5%) and MFU by the true count against 35%, each pass or fail; then the sequential stage at seq-len 2,048 and that
+  shape's width (4 layers), its MFU. The rehearsal: the tiny width with the 128,256 vocabulary, gloo, fp32;
 - ``adapt_two_ranks``: the default recipe on a token budget as one process and as two torchrun "nodes" on the one GPU
-  (NCCL, distinct ``NCCL_HOSTID``): each trained tensor's update agrees within 1e-3 of its norm; kd alone at the batch
-  the plan fills the GPU with, its estimate (``cost.JointMemory``) beside the measured peak; the sequential stage's MFU;
+  (NCCL, distinct ``NCCL_HOSTID``): each trained tensor's update agrees within 1e-3 of its norm;
 - ``model``: the default model reassembled from the bundle and converted by ``ladderize pull``;
 - ``adapt_smollm2``: the default adapt recipe on SmolLM2 ladder 15:30: wall, process CPU time, peak memory, and the
   WikiText-2 valid-window perplexity before and after;
@@ -70,6 +74,7 @@ class Step:
 
 STEPS = (
     Step("install", 120, 60),
+    Step("adapt_launch", 480, 150),
     Step("pytest_gpu", 480, 150),
     Step("runtime_tp1", 360, 90),
     Step("runtime_tp2", 300, 120),
@@ -471,40 +476,89 @@ def step_adapt_throughput(ctx: Context) -> dict[str, Any]:
 
 TWO_RANKS_TOLERANCE = 1e-3  # tests/adapt/test_sharded.py's _updates_agree: each trained tensor's difference / its update
 TWO_RANKS_ENV = {"TOKENIZERS_PARALLELISM": "false", "LADDERIZE_PROGRESS_INTERVAL": "0"}
-KD_PEAK_STEPS = 3  # the kd stage's optimizer steps at its automatic batch: AdamW's moments exist from the first one
-KD_PEAK_TOKENS = 2_000_000_000  # its stage size: >= 1,000 steps (plan.MIN_FILLED_STEPS) at a batch that fills the GPU
+LAUNCH_SHAPES = "llama-8b,llama-3b,llama-1b"  # largest first: adapt_launch runs the first that fits half the GPU
+LAUNCH_VOCAB = 128_256  # Llama 3's vocabulary: the kd head's size at the launch
+LAUNCH_SEQ_LEN = 2048
+LAUNCH_STEPS = 20  # kd's optimizer steps: the bench times those after its first logged window
+PEAK_TOLERANCE = 0.05  # peak / estimate within 5%
+MFU_TARGET = 0.35  # kd's MFU by the true count (torchtitan reports 33-39% for Llama-3.1-8B on H100)
+SEQUENTIAL_TOKENS = 16 * LAUNCH_SEQ_LEN  # the sequential stage's calibration set at the launch's width
 
 
-def _kd_peak(argv: list[str]) -> None:
-    """A kd stage alone (``--stage kd``, one process) at the batch the plan fills the device with, stopped after
-    ``KD_PEAK_STEPS`` steps (``--kd-peak CKPT OUT DATA DEVICE SEQ_LEN``): the plan's estimate and the peak as JSON."""
+def _sequential_mfu(argv: list[str]) -> None:
+    """The sequential stage alone (``--sequential-mfu CKPT TEACHER OUT DATA DEVICE SEQ_LEN TOKENS``) in one process:
+    its throughput record (tokens/s, MFU on a known GPU) as JSON."""
+    from ladderize.adapt.config import AdaptConfig
+    from ladderize.adapt.train import adapt
+
+    checkpoint, teacher, out, data, device, seq_len, tokens = argv
+    result = adapt(AdaptConfig(checkpoint=checkpoint, teacher=teacher, out=out, data=data, objectives="local",
+                               local_schedule="sequential", tokens=int(tokens), seq_len=int(seq_len), epochs=1,
+                               device=device, dtype=None if device == "cuda" else "float32", compile=False, force=True),
+                   on_message=print)
+    print(json.dumps({"sequential": {"throughput": result.throughput, "tokens": result.tokens,
+                                     "train_s": round(result.train_s, 1)}}))
+
+
+def _launch_verdict(row: dict[str, Any]) -> dict[str, Any]:
+    """The kd row's criteria: peak against the estimate (within ``PEAK_TOLERANCE``, under the usable memory) and MFU
+    against ``MFU_TARGET``, each with its pass or fail (None where the figure is missing: on a CPU)."""
+    peak, estimate, mfu = row.get("peak_allocated_bytes"), row.get("estimate_bytes"), row.get("mfu")
+    verdict: dict[str, Any] = {"peak_over_estimate": round(peak / estimate, 4) if peak and estimate else None,
+                               "peak_tolerance": PEAK_TOLERANCE, "mfu": mfu, "mfu_target": MFU_TARGET}
+    verdict["peak_within_estimate"] = (None if verdict["peak_over_estimate"] is None else
+                                       abs(verdict["peak_over_estimate"] - 1) <= PEAK_TOLERANCE)
+    verdict["mfu_pass"] = None if mfu is None else mfu >= MFU_TARGET
+    return verdict
+
+
+def step_adapt_launch(ctx: Context) -> dict[str, Any]:
+    """kd at the launch's shape on two ranks of the one device, then the sequential stage at its width (see the
+    module's docstring); fails where a criterion that could be measured here is missed."""
+    from ladderize.checkpoint.shapes import preset
+    from ladderize.convert.conversion import convert_checkpoint
+    from ladderize.synthetic import write_synthetic_checkpoint
+
+    root = ctx.scratch("adapt_launch")
+    limit = (BY_NAME["adapt_launch"].rehearse_limit_s if ctx.rehearse else BY_NAME["adapt_launch"].limit_s)
+    stem, work = root / "kd", root / "work"
+    shapes = ["--rehearse", "--shapes", "tiny"] if ctx.rehearse else ["--shapes", LAUNCH_SHAPES, "--steps", str(LAUNCH_STEPS),
+                                                                     "--seq-len", str(LAUNCH_SEQ_LEN)]
+    bench = [str(ROOT / "benchmarks" / "bench_adapt_throughput.py"), *shapes, "--first-fit", "--vocab-size",
+             str(LAUNCH_VOCAB), "--memory-share", "0.5", "--work", str(work), "--out", str(stem)]
+    wall = _two_nodes(ctx, bench, root / "kd", 0.7 * limit, env=TWO_RANKS_ENV)
+    record = json.loads(stem.with_suffix(".json").read_text())
+    row = next((r for r in record["rows"] if r["status"] == "ok"), record["rows"][-1])
+    kd = {"comm": "nccl" if ctx.cuda else "gloo", "device_name": record["device"], "processes": record["processes"],
+          "wall_s": round(wall, 1), "row": row, **_launch_verdict(row)}
+    shutil.rmtree(work, ignore_errors=True)
+    figures: dict[str, Any] = {"kd": kd}
+    # the sequential stage at the chosen shape's width: 4 layers (2 converted), seq-len 2,048 (the rehearsal's: 64)
+    shape = preset(row["shape"]).with_(num_hidden_layers=4, vocab_size=LAUNCH_VOCAB)
+    seq_len, tokens = (64, 8 * 64) if ctx.rehearse else (LAUNCH_SEQ_LEN, SEQUENTIAL_TOKENS)
     import torch
 
-    from ladderize.adapt.recipe import adapt_checkpoint
-
-    checkpoint, out, data, device, seq_len = argv
-    cuda = device == "cuda"
-    plans: list[Any] = []
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    figures: dict[str, Any] = {}
+    write_synthetic_checkpoint(root / "dense", shape, dtype=torch.bfloat16 if ctx.cuda else None, force=True)
+    convert_checkpoint(str(root / "dense"), root / "ladder", ladder="2:4", force=True)
+    text = root / "text.txt"
+    text.write_text(" ".join(f"w{i % 997}" for i in range(tokens)))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--sequential-mfu", str(root / "ladder"), str(root / "dense"),
+           str(root / "seq"), str(text), ctx.device, str(seq_len), str(tokens)]
     try:
-        adapt_checkpoint(checkpoint, out, stages=[f"kd:tokens={KD_PEAK_TOKENS}"],
-                         shared={"data": data, "seq_len": int(seq_len), "compile": False}, device=device, dtype="float32",
-                         force=True, max_steps=KD_PEAK_STEPS, on_plan=plans.append, on_message=print)
-    except torch.OutOfMemoryError as exc:  # the estimate let the batch grow past the device: the finding itself
-        figures["out_of_memory"] = str(exc).splitlines()[0][:300]
-    except Exception as exc:  # noqa: BLE001  (recorded beside whatever the plan said)
-        figures["error"] = f"{type(exc).__name__}: {exc}"[:500]
-    if plans:
-        plan = plans[0]
-        stage = plan.cost.stages[0]
-        figures.update({"batch_size": plan.steps[0]["batch_size"], "seq_len": int(seq_len), "split": stage.split,
-                        "strategy": stage.strategy, "launch": plan.launch.describe(), "estimate_bytes": stage.memory_bytes,
-                        "estimate_parts": stage.memory})
-    figures["peak_bytes"] = torch.cuda.max_memory_allocated() if cuda else None
-    figures["device_bytes"] = torch.cuda.get_device_properties(0).total_memory if cuda else None
-    print(json.dumps({"kd_peak": figures}))
+        _run(cmd, max(60.0, limit - wall), root / "sequential.log", env=TWO_RANKS_ENV)
+        line = [l for l in (root / "sequential.log").read_text().splitlines() if l.startswith("{\"sequential\"")][-1]
+        figures["sequential"] = {"shape": f"{shape.name} width {shape.hidden_size}, 4 layers, ladder 2:4", "seq_len": seq_len,
+                                 **json.loads(line)["sequential"]}
+    except (RuntimeError, IndexError, subprocess.TimeoutExpired) as exc:
+        figures["sequential"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    for folder in ("dense", "ladder", "seq", "seq.adapt-run"):
+        shutil.rmtree(root / folder, ignore_errors=True)
+    bad = [what for what, good in (("kd ran", row["status"] == "ok"), ("kd peak vs estimate", kd["peak_within_estimate"]),
+                                   ("kd MFU", kd["mfu_pass"]), ("sequential stage", "error" not in figures["sequential"]))
+           if good is False]
+    if bad:
+        raise StepFailed(f"not within its criterion: {', '.join(bad)}", figures)
+    return figures
 
 
 def _update_difference(one: Path, other: Path, start: Path) -> float:
@@ -524,20 +578,9 @@ def _update_difference(one: Path, other: Path, start: Path) -> float:
     return worst
 
 
-def _adapt_records(out: Path) -> list[dict[str, Any]]:
-    """The ``adapt`` records of OUT's provenance, one per stage (each stage appends its own)."""
-    from ladderize.checkpoint.io import read_provenance
-
-    return [record for record in read_provenance(out).get("history", []) if record.get("step") == "adapt"]
-
-
 def step_adapt_two_ranks(ctx: Context) -> dict[str, Any]:
     """The default recipe (seq-local then kd) on a token budget as one process and as two torchrun "nodes" on the one
-    device (NCCL, distinct ``NCCL_HOSTID``; gloo on the CPU): each trained tensor's update agrees; kd alone at the
-    batch the plan fills the GPU with, its memory estimate beside the measured peak; the sequential stage's MFU as
-    the run records it."""
-    import torch
-
+    device (NCCL, distinct ``NCCL_HOSTID``; gloo on the CPU): each trained tensor's update agrees."""
     from ladderize.checkpoint.shapes import preset
     from ladderize.convert.conversion import convert_checkpoint
     from ladderize.eval.perplexity import wikitext2_valid_path
@@ -561,45 +604,16 @@ def step_adapt_two_ranks(ctx: Context) -> dict[str, Any]:
     trained = {name: next((line.split(" trained")[0] for line in path.read_text(errors="replace").splitlines()
                            if line.startswith("adapted ")), None) for name, path in (("one", root / "one.log"), ("two", root / "two.node0.log"))}
     worst = _update_difference(root / "one", root / "two", ladder)
-    records = _adapt_records(root / "one")
-    sequential = next((r for r in records if r.get("local_schedule") == "sequential"), {})
-    joint = next((r for r in records if r.get("local_schedule") != "sequential"), {})
-    mfu = {"device_name": torch.cuda.get_device_name(0) if ctx.cuda else f"cpu ({platform.machine()})",
-           "sequential": {"throughput": sequential.get("throughput"), "mfu": (sequential.get("throughput") or {}).get("mfu"),
-                          "tokens": sequential.get("tokens"), "train_s": sequential.get("train_s")},
-           "kd": {"throughput": joint.get("throughput"), "mfu": (joint.get("throughput") or {}).get("mfu")}}
-    if "throughput" not in sequential:
-        mfu["sequential"]["note"] = "the run's sequential-stage record carries no throughput (OUT/ladderize.json's adapt record)"
     figures: dict[str, Any] = {
         "model": f"{shape.name} ladder {layout}", "budget_tokens": int(budget),
         "two_ranks": {"comm": "nccl" if ctx.cuda else "gloo", "one_process_wall_s": round(one_s, 1),
                       "two_process_wall_s": round(two_s, 1), "sharded_line": sharded[0] if sharded else None,
                       "trained": trained, "worst_relative_update_diff": worst, "tolerance": TWO_RANKS_TOLERANCE,
-                      "agree": worst <= TWO_RANKS_TOLERANCE and trained["one"] == trained["two"] and bool(sharded)},
-        "sequential_mfu": mfu}
-    if ctx.cuda:
-        seq_len = "512"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--kd-peak", str(ladder), str(root / "kd"), data, ctx.device, seq_len]
-        try:  # part 1's figures are kept whatever this part does
-            _run(cmd, limit, root / "kd.log", env=TWO_RANKS_ENV)
-            line = [l for l in (root / "kd.log").read_text().splitlines() if l.startswith("{\"kd_peak\"")][-1]
-            kd = json.loads(line)["kd_peak"]
-        except (RuntimeError, IndexError, subprocess.TimeoutExpired) as exc:
-            kd = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        if kd.get("estimate_bytes") and kd.get("peak_bytes"):
-            kd["peak_over_estimate"] = round(kd["peak_bytes"] / kd["estimate_bytes"], 4)
-        kd["within_5pct_and_fits"] = (abs(kd.get("peak_over_estimate", 0) - 1) <= 0.05 and "out_of_memory" not in kd
-                                      and "error" not in kd and kd["peak_bytes"] < kd["device_bytes"])
-        figures["kd_memory"] = kd
-    else:
-        figures["kd_memory"] = {"status": "skipped: no CUDA"}
-    for folder in ("dense", "ladder", "one", "two", "kd", "one.adapt-run", "two.adapt-run", "kd.adapt-run"):
+                      "agree": worst <= TWO_RANKS_TOLERANCE and trained["one"] == trained["two"] and bool(sharded)}}
+    for folder in ("dense", "ladder", "one", "two", "one.adapt-run", "two.adapt-run"):
         shutil.rmtree(root / folder, ignore_errors=True)
-    bad = [what for what, good in (("1 vs 2 ranks", figures["two_ranks"]["agree"]),
-                                   ("kd peak vs estimate", figures["kd_memory"].get("within_5pct_and_fits", True)))
-           if not good]
-    if bad:
-        raise StepFailed(f"not within its criterion: {', '.join(bad)}", figures)
+    if not figures["two_ranks"]["agree"]:
+        raise StepFailed("not within its criterion: 1 vs 2 ranks", figures)
     return figures
 
 
@@ -839,14 +853,16 @@ def _headline(name: str, figures: dict[str, Any]) -> str:
         return "; ".join(f"{r['shape']}: " + (f"{r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU {100 * r['mfu']:.1f}%"
                                               if r.get("mfu") else r["status"]) for r in figures["rows"])[:400]
     if name == "adapt_two_ranks" and figures.get("two_ranks"):
-        two, kd, seq = figures["two_ranks"], figures.get("kd_memory", {}), figures.get("sequential_mfu", {})
-        mfu = (seq.get("sequential") or {}).get("mfu")
+        two = figures["two_ranks"]
         return (f"1 vs 2 ranks ({two['comm']}): update diff {two['worst_relative_update_diff']:.1e}, wall "
-                f"{two['one_process_wall_s']} / {two['two_process_wall_s']} s; kd memory"
-                + (f" at batch {kd['batch_size']}" if kd.get("batch_size") else "") + ": "
-                + (f"peak / estimate {kd['peak_over_estimate']}" if kd.get("peak_over_estimate") else
-                   kd.get("status") or ("out of memory" if kd.get("out_of_memory") else kd.get("error", "-"))[:80])
-                + f"; sequential MFU {f'{100 * mfu:.1f}%' if mfu is not None else 'not recorded'}")
+                f"{two['one_process_wall_s']} / {two['two_process_wall_s']} s")
+    if name == "adapt_launch" and figures.get("kd"):
+        kd, row, seq = figures["kd"], figures["kd"]["row"], figures.get("sequential", {})
+        ratio, mfu, seq_mfu = kd.get("peak_over_estimate"), kd.get("mfu"), (seq.get("throughput") or {}).get("mfu")
+        return (f"kd {row['shape']} x2 ranks ({kd['comm']}) batch {row.get('batch_size')}: "
+                + (f"peak / estimate {ratio} ({'pass' if kd['peak_within_estimate'] else 'FAIL'})" if ratio else "peak not measured")
+                + (f", MFU {100 * mfu:.1f}% ({'pass' if kd['mfu_pass'] else 'FAIL'} at 35%)" if mfu is not None else ", MFU not measured")
+                + f"; sequential MFU {f'{100 * seq_mfu:.1f}%' if seq_mfu is not None else 'not measured'}")
     if name == "adapt_smollm2" and figures:
         return f"wall {figures.get('wall_s')} s, cpu {figures.get('cpu_s')} s, ppl {figures.get('valid_ppl_before')} -> {figures.get('valid_ppl_after')}"
     if name == "eval_lambada" and figures:
@@ -968,8 +984,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--adapt-peak"]:
         _adapt_peak(argv[1:])
         return 0
-    if argv[:1] == ["--kd-peak"]:
-        _kd_peak(argv[1:])
+    if argv[:1] == ["--sequential-mfu"]:
+        _sequential_mfu(argv[1:])
         return 0
     args = parse_args(argv)
     if args.device == "cuda":

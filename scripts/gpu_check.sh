@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$BUNDLE" ] && [ -n "$OUT" ] || { echo "usage: scripts/gpu_check.sh [--rehearse] --bundle DIR --out OUT" >&2; exit 2; }
 start=$(date +%s)
-[ -n "$BUDGET" ] || BUDGET=$([ "$REHEARSE" = 1 ] && echo 1980 || echo 540)
+[ -n "$BUDGET" ] || BUDGET=$([ "$REHEARSE" = 1 ] && echo 2100 || echo 540)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
