@@ -66,12 +66,6 @@ def add_lora(model: LadderLlamaForCausalLM, layers: list[int], spec: LoraSpec = 
     return peft_model, params
 
 
-def has_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(module, LoraLayer) for module in model.modules())
-
-
 def save_adapter(peft_model, path: Path) -> Path:
     """Write the standard adapter files (``adapter_config.json``, ``adapter_model.safetensors``) to ``path``."""
     peft_model.save_pretrained(str(path), safe_serialization=True)

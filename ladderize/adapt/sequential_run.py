@@ -124,7 +124,7 @@ def adapt_sequential(
     on_phase: PhaseProgress | None = None,
     deadline: float | None = None,
 ) -> AdaptResult:
-    """Run the sequential training on ``checkpoint`` (checked by ``run.adapt``) and write ``out``; ``on_phase(what,
+    """Run the sequential training on ``checkpoint`` (checked by ``train.preflight``) and write ``out``; ``on_phase(what,
     done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``);
     ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock): the layers' steps fit in the time up to it
     (``_fitted_steps``)."""

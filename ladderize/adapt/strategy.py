@@ -65,11 +65,6 @@ class Strategy:
     def sharded(self) -> bool:
         return self.kind == SHARDED
 
-    @property
-    def replicated(self) -> bool:
-        """Whether every process holds the whole student (one process or DDP: ``joint.py``)."""
-        return self.kind != SHARDED
-
     def describe(self) -> str:
         """``sharded over 8 processes with FSDP2``, ``replicated over 8 processes with DDP: --train lora needs ...``,
         ``on one process``."""

@@ -7,8 +7,8 @@ starts at the weights the stage starts from (the first step's ``average`` is
 start keeps a share of ``decay ** n``: it averages the end of the trajectory and, on a short
 stage, pulls part of the way back to the start, as ``interpolate`` does in one step.
 
-The average is part of the training state: ``ema.safetensors`` beside Accelerate's files in
-``RUN_DIR/state/``, written and renamed with them, so a resumed stage writes the same bytes as
+The average is part of the training state: ``ema.safetensors`` beside the distributed checkpoint of the
+parameters and AdamW in ``RUN_DIR/state/`` (``training_state.save_joint_state``), written and renamed with it, so a resumed stage writes the same bytes as
 an uninterrupted one. It is kept in float32 on the parameters' device.
 
 Measured (docs/adapt-measurements.md, "Every kd variant on one stage 1"): on SmolLM2-135M's ladder 15-29 and

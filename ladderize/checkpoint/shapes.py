@@ -163,11 +163,6 @@ class ModelShape:
             values["source"] = f"config: {name}"
         return cls(**values)
 
-    @classmethod
-    def from_config_dict(cls, config: Mapping[str, Any], name: str) -> "ModelShape":
-        """Read the shape fields of a Hugging Face Llama-style ``config.json`` dict."""
-        return cls.from_config(config, name)
-
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 _LLAMA3 = dict(rope_theta=500000.0)

@@ -495,6 +495,3 @@ def rank_query_heads(
     share = len(heads) // replicas
     return heads[(rank % replicas) * share : (rank % replicas + 1) * share]
 
-
-def mode_counts(layout: Layout) -> Mapping[str, int]:
-    return {m.value: len(layout.layers(m)) for m in LayerMode}

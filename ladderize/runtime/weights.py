@@ -56,10 +56,6 @@ class RankWeights:
     def kv_heads_local(self) -> int:
         return kv_heads_per_rank(self.tp, self.dims.num_kv_heads)
 
-    @property
-    def inner_local(self) -> int:
-        return self.dims.intermediate_size // self.tp
-
     def nbytes(self) -> int:
         tensors = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for lw in self.layers:
