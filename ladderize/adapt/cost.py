@@ -569,15 +569,16 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
         fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
     if not setting(step, "activation_checkpointing") and fits({"activation_checkpointing": True}):
         fixes.append("--activation-checkpointing")
-    from .batches import StepSplit
+    from .batches import StepSplit, dividing_accumulation
 
     batch, seq_len, processes = int(setting(step, "batch_size")), int(setting(step, "seq_len")), launch.processes
     local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
     accumulated = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                             step={**step, "grad_accum": max(2, int(setting(step, "grad_accum")))})
-    if accumulated:  # the same global batch in smaller micro-batches
-        fixes.append(f"--grad-accum {-(-batch // (processes * accumulated))} (the same batch of {batch}, "
-                     f"{accumulated} per process a micro-batch)")
+    divides = dividing_accumulation(batch, processes, -(-batch // (processes * accumulated))) if accumulated else None
+    if divides:  # the same global batch in smaller micro-batches
+        fixes.append(f"--grad-accum {divides} (the same batch of {batch}, {batch // (processes * divides)} per "
+                     "process a micro-batch)")
     else:
         alone = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                           step={**step, "grad_accum": 1})

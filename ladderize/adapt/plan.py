@@ -207,6 +207,7 @@ def build_plan(
     for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
         check_settings(stage.resolved)
     given = _user_set(chosen, shared, single)
+    plan = _divide_batches(plan, given, say)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
     if readable and where.memory_bytes and not priced_only:  # a known GPU's memory: refused before a budget is timed
@@ -255,6 +256,33 @@ def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str,
     return [given | set(recipe.shared) | set(stage.settings) for stage in recipe.stages]
 
 
+def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None]) -> AdaptPlan:
+    """``plan`` with each joint stage's global batch divisible into the launch's processes x its accumulation
+    (``batches.StepSplit.check``): a batch the user gave that does not divide is refused in one line naming the sizes
+    that do; a preset's is rounded up to the nearest that does, with a line that says so."""
+    from .batches import StepSplit, divisible_batch
+
+    steps = plan.steps
+    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+        if stage.sequential:
+            continue
+        settings = stage.resolved
+        split = StepSplit(settings.batch_size, plan.launch.processes, settings.grad_accum)
+        if split.even:
+            continue
+        given = chosen[min(index, len(chosen) - 1)]
+        if "batch_size" in given:
+            try:
+                split.check()
+            except LadderizeError as refused:
+                raise LadderizeError(f"stage {step['stage']} ({step['name']}): {refused}") from None
+        step["batch_size"] = divisible_batch(split.batch_size, split.parts)
+        say(f"stage {step['stage']} ({step['name']}): batch {split.batch_size} rounded up to {step['batch_size']}, "
+            f"to divide into {plan.launch.processes} process(es) x {split.grad_accum} micro-batch(es) of "
+            f"{step['batch_size'] // split.parts} sequence(s); --batch-size sets it")
+    return plan.with_steps(steps) if steps != plan.steps else plan
+
+
 def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:
     """``plan`` with each joint stage's global batch grown to fill the launch's GPU memory (``grow``): processes x
     accumulation x the largest micro-batch per process whose memory estimate (``cost.JointMemory``) fits, where the
@@ -265,7 +293,7 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
     batch size the user gave is not grown (it is still accumulated where it must be); an accumulation or
     checkpointing the user gave, and a stage too short to fill the device, stay as they are."""
     from ..checkpoint.io import load_config
-    from .batches import StepSplit
+    from .batches import StepSplit, dividing_accumulation
     from .cost import JointMemory, usable_bytes
 
     config = load_config(plan.checkpoint)
@@ -300,8 +328,9 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                 say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
             smaller = largest(local, checkpointing, split)
-            if 0 < smaller < local and "grad_accum" not in given:  # the same sequences per step, accumulated
-                accum = step["grad_accum"] = -(-start // (processes * smaller))
+            divides = dividing_accumulation(start, processes, -(-start // (processes * smaller))) if smaller else None
+            if 0 < smaller < local and "grad_accum" not in given and divides:  # the same sequences, accumulated
+                accum = step["grad_accum"] = divides
                 say(f"stage {step['stage']} ({step['name']}): "
                     f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:

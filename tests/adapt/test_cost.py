@@ -123,7 +123,7 @@ def test_each_dry_run_lines_arithmetic_holds_as_written(extra, tmp_path, capsys,
     product a stage line writes is true (a step that is not whole says ``up to``)."""
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     code, stdout, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "8xH100", "--budget", "3B",
-                                    "--seq-len", "2048", "--batch-size", "4", *extra], capsys, monkeypatch)
+                                    "--seq-len", "2048", "--batch-size", "8", *extra], capsys, monkeypatch)
     assert code == 0, stderr
     stages = [line for line in stdout.splitlines() if line.startswith(("  1. ", "  2. "))]
     assert len(stages) == 2, stdout

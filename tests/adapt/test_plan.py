@@ -51,10 +51,11 @@ def test_a_known_gpu_fills_each_joint_stage_s_batch_unless_the_user_set_it(tmp_p
     assert any("the largest that fits the GPU's memory" in line for line in said)
     assert filled.stages[0].settings["batch_size"] == 2  # the sequential stage's batch is its own
     assert filled.cost.refusal is None
-    given = build_plan(folder, shared={"seq_len": 2048, "batch_size": 2}, budget="3B", launch="8xH100", priced_only=True)
-    assert given.stages[1].settings["batch_size"] == 2  # --batch-size is kept
+    given = build_plan(folder, shared={"seq_len": 2048, "batch_size": 16}, budget="3B", launch="8xH100", priced_only=True)
+    assert given.stages[1].settings["batch_size"] == 16  # --batch-size is kept
     short = build_plan(folder, shared={"seq_len": 2048}, budget="10M", launch="8xH100", priced_only=True)
-    assert short.stages[1].settings["batch_size"] == 2  # too few tokens to fill the device and keep 1,000 steps
+    assert short.stages[1].settings["batch_size"] == 8  # the preset's 2, rounded up to divide over the 8 processes,
+    # and no further: too few tokens to fill the device and keep 1,000 steps
     one_each = build_plan(folder, shared={"seq_len": 2048}, budget="20M", launch="8xH100", priced_only=True)
     assert one_each.stages[1].settings["batch_size"] == 8  # one sequence per process keeps 1,000 steps; two would not
     here = build_plan(folder, shared={"seq_len": 2048}, budget="3B", launch="1xH100", priced_only=True)

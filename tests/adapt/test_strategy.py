@@ -123,7 +123,7 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
                           priced_only=True)
         return plan.stages[-1], plan.cost.stages[-1]
 
-    (_, one), (_, two) = kd(1, batch_size=4), kd(2, batch_size=4)
+    (_, one), (_, two) = kd(1, batch_size=8), kd(2, batch_size=16)  # one sequence per micro-batch
     assert two.strategy == one.strategy == "sharded over 8 processes with FSDP2"
     assert two.memory["accumulated"] == 4 * 16 * layer and one.memory["accumulated"] == 0
     assert two.memory_bytes == one.memory_bytes + 4 * 16 * layer
