@@ -246,6 +246,7 @@ def build_plan(
 
 
 MIN_FILLED_STEPS = 1_000  # a batch grown to fill the device leaves a stage at least this many optimizer steps
+FILL_MARGIN = 0.05  # a batch grown to fill the device leaves this share of the usable memory free (the estimate's error)
 
 
 def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str, Any]) -> list[set[str]]:
@@ -311,10 +312,10 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         local = StepSplit(start, processes, accum).local  # its rows on one process in one micro-batch
         checkpointing = settings.activation_checkpointing
 
-        def largest(most: int, checked: bool, accumulated: int) -> int:
-            """The largest batch up to ``most`` that fits, priced for the strategy the stage runs with
+        def largest(most: int, checked: bool, accumulated: int, room: float = usable) -> int:
+            """The largest batch up to ``most`` that fits ``room``, priced for the strategy the stage runs with
             (``JointMemory.for_step``), with ``checked`` checkpointing and ``accumulated`` micro-batches a step."""
-            return JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=most,
+            return JointMemory.largest_batch(config, converted, processes, seq_len, room, most=most,
                                              step={**step, "activation_checkpointing": checked,
                                                    "grad_accum": accumulated})
 
@@ -336,13 +337,13 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         if not grow or "batch_size" in given:
             continue
         most = settings.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
-        batch = max(start, processes * accum * largest(most, checkpointing, accum))
+        batch = max(start, processes * accum * largest(most, checkpointing, accum, usable * (1 - FILL_MARGIN)))
         if batch > start:
             step["batch_size"] = batch
             split = StepSplit(batch, processes, accum)
             say(f"stage {step['stage']} ({step['name']}): {split.describe()} "
-                f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory; "
-                "--batch-size sets it")
+                f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory "
+                f"with {FILL_MARGIN:.0%} of it left free; --batch-size sets it")
     return plan.with_steps(steps) if steps != plan.steps else plan
 
 

@@ -58,9 +58,11 @@ def test_a_setting_that_keeps_the_whole_weights_is_priced_replicated_and_advised
     local = -(-step["batch_size"] // 8)  # the global batch's rows on one of the 8 processes
     assert memory.total == JointMemory.estimate(config, converted, 8, 2048 * local, sharded=False,
                                                 scope=step.get("train", "converted"), ema=bool(step.get("ema")),
-                                                checkpointing=bool(step.get("activation_checkpointing"))).total
+                                                checkpointing=bool(step.get("activation_checkpointing")),
+                                                head_loss=True, teacher_head=True).total
     sharded = JointMemory.estimate(config, converted, 8, 2048 * local,
-                                   checkpointing=bool(step.get("activation_checkpointing")))
+                                   checkpointing=bool(step.get("activation_checkpointing")), head_loss=True,
+                                   teacher_head=True)
     assert memory.total > sharded.total + 50 * 2**30  # what the sharded pricing missed
     if settings.get("train") == "all":
         assert memory.gradients == 4 * every and memory.optimizer == 8 * every  # every parameter trains, not 16 layers
