@@ -233,16 +233,46 @@ class PricedDevice:
         return steps * split.grad_accum * split.local * settings.seq_len / self.tokens_per_s_per_gpu(step, stored_teacher)
 
 
-ACTIVATION_VALUES = "14 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer (the docstring's estimate)
+ACTIVATION_VALUES = "6 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer in the compute dtype
+LOGIT_BLOCKS_ALIVE = 6  # float32 [block rows, vocab] tensors alive at once in one block of the kd loss (head_bytes)
 
 
 def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
-    """Bytes one layer keeps for the backward per token (``ACTIVATION_VALUES``, in the compute dtype): each RMSNorm's
-    float32 input and normalised rows and its output (10 x hidden bytes in bf16), the projections' inputs, q, k, v
-    and the attention's output, the MLP's gate, up, activation and product."""
+    """Bytes one layer keeps for the backward per token, as autograd saves them (``model/block.py``): in the compute
+    dtype (``ACTIVATION_VALUES``) each RMSNorm's normalised rows and output, q (after the rotary) and the attention's
+    output, k and v, the MLP's gate, up, activation and product; in float32 each RMSNorm's input (``x.float()``) and
+    its per-token inverse norm, and the attention's log-sum-exp per head."""
     shape = _shape_of(config)
     kv = shape.num_key_value_heads * shape.head_dim
-    return compute_bytes * (14 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
+    return (compute_bytes * (6 * shape.hidden_size + 2 * kv + 4 * shape.intermediate_size)
+            + 2 * 4 * shape.hidden_size + 4 * shape.num_attention_heads + 2 * 4)
+
+
+def head_bytes(config: Any, micro_batch_tokens: int, compute_bytes: int, sharded: bool, processes: int,
+               teacher_head: bool) -> tuple[float, float, float]:
+    """``(head, logits, rows)``: the bytes the LM-head losses hold at their peak (``objectives.blockwise_head_losses``)
+    for a micro-batch of ``micro_batch_tokens`` on a GPU (``objectives.logit_block_rows`` rows a block).
+
+    - *sharded*: the head is an FSDP2 unit (the teacher's, shared), gathered whole in the compute dtype on more than
+      one process; the student's logits exist whole with their gradient (``BlockwiseLoss``, 2 x tokens x vocab in the
+      compute dtype), beside ``LOGIT_BLOCKS_ALIVE`` float32 blocks of the loss;
+    - one process or replicated: a plain head runs inside the blocks (``BlockwiseHeadLoss``): its weight cast once to
+      the compute dtype where that is not float32 (and the teacher's, ``frozen_head``), one block's logits in the
+      compute dtype and ``LOGIT_BLOCKS_ALIVE`` float32 ones, and the rows' float32 gradient;
+    - rows, both: the final norm's float32 input, its output (the head's input), the teacher's final stream and its
+      normed rows, in the compute dtype."""
+    from .objectives import logit_block_rows
+
+    shape = _shape_of(config)
+    vocab, hidden, tokens = shape.vocab_size, shape.hidden_size, micro_batch_tokens
+    block = min(tokens, logit_block_rows(vocab, "cuda"))
+    blocks = LOGIT_BLOCKS_ALIVE * block * vocab * 4
+    rows = tokens * hidden * (4 + 3 * compute_bytes)
+    if sharded:
+        head = vocab * hidden * compute_bytes if processes > 1 else 0
+        return float(head), float(2 * tokens * vocab * compute_bytes + blocks), float(rows)
+    casts = (1 + teacher_head) * vocab * hidden * compute_bytes if compute_bytes < 4 else 0
+    return float(casts), float(block * vocab * compute_bytes + blocks), float(rows + 4 * tokens * hidden)
 
 
 def lora_parameters(config: Any, rank: int) -> int:
@@ -269,17 +299,20 @@ class JointMemory:
     accumulated: float = 0.0  # sharded, with grad_accum > 1: the unsharded fp32 gradients between micro-batches
     buckets: float = 0.0  # replicated (DDP): the gradients' copy in its buckets
     ema: float = 0.0  # ema: the fp32 average of the trained parameters
+    head: float = 0.0  # an objective on the LM head: the head gathered (sharded) or cast (``head_bytes``)
+    logits: float = 0.0  # its logits, their gradient and the loss's float32 blocks
+    rows: float = 0.0  # the final stream's rows around the head
 
     @property
     def total(self) -> float:
         return (self.student + self.teacher + self.gradients + self.optimizer + self.gathered + self.activations
-                + self.accumulated + self.buckets + self.ema)
+                + self.accumulated + self.buckets + self.ema + self.head + self.logits + self.rows)
 
     @classmethod
     def estimate(cls, config: Any, converted: list[int], processes: int, micro_batch_tokens: int, *,
                  teacher: bool = True, checkpointing: bool = False, compute_bytes: int = 2,
                  sharded: bool = True, scope: str = "converted", ema: bool = False, accumulating: bool = False,
-                 lora_rank: int = 16) -> "JointMemory":
+                 lora_rank: int = 16, head_loss: bool = False, teacher_head: bool = False) -> "JointMemory":
         """The bytes per GPU (module docstring) of a stage training ``scope`` (``--train``) of ``converted``, on
         ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy.Strategy.sharded``)."""
         shape = _shape_of(config)
@@ -294,18 +327,21 @@ class JointMemory:
             activations = micro_batch_tokens * (kept_layers * 2 * shape.hidden_size * compute_bytes + per_layer)
         else:
             activations = micro_batch_tokens * kept_layers * per_layer
+        head, logits, rows = (head_bytes(shape, micro_batch_tokens, compute_bytes, sharded, processes, teacher_head)
+                              if head_loss else (0.0, 0.0, 0.0))
         if not sharded:  # joint.py: both models whole, in fp32, on every process
             return cls(student=4 * every + (4 * trained if scope == "lora" else 0),
                        teacher=4 * every if teacher else 0.0, gradients=4 * trained, optimizer=8 * trained,
                        gathered=0.0, activations=float(activations), buckets=4 * trained if processes > 1 else 0.0,
-                       ema=4 * trained if ema else 0.0)
+                       ema=4 * trained if ema else 0.0, head=head, logits=logits, rows=rows)
         # sharded beside a teacher, the student holds its own layers from the first converted one up: the layers
         # below it, the embedding, the final norm and the head are the teacher's (``sharded._identical_parts``)
         own = kept_layers * layer if teacher else every
         return cls(student=4 * own / processes, teacher=(compute_bytes * every / processes) if teacher else 0.0,
                    gradients=4 * trained / processes, optimizer=8 * trained / processes,
                    gathered=2 * layer * compute_bytes if processes > 1 else 0.0,
-                   activations=float(activations), accumulated=4 * trained if accumulating else 0.0)
+                   activations=float(activations), accumulated=4 * trained if accumulating else 0.0,
+                   head=head, logits=logits, rows=rows)
 
     @classmethod
     def for_step(cls, config: Any, converted: list[int], step: dict[str, Any], processes: int,
@@ -327,7 +363,9 @@ class JointMemory:
                             checkpointing=bool(settings.activation_checkpointing),
                             compute_bytes=4 if settings.dtype == "float32" else 2,
                             sharded=choose_strategy(settings, processes).sharded, scope=settings.train,
-                            ema=bool(settings.ema), accumulating=settings.grad_accum > 1, lora_rank=settings.lora_rank)
+                            ema=bool(settings.ema), accumulating=settings.grad_accum > 1, lora_rank=settings.lora_rank,
+                            head_loss=any(objective.head for objective in entries(weights)),
+                            teacher_head=any(objective.teacher_head for objective in entries(weights)))
 
     @classmethod
     def largest_batch(cls, config: Any, converted: list[int], processes: int, seq_len: int, usable: float, *,
@@ -349,7 +387,8 @@ class JointMemory:
         parts = [("student", self.student), ("teacher", self.teacher), ("gradients", self.gradients),
                  ("DDP buckets", self.buckets), ("unsharded accumulated gradients", self.accumulated),
                  ("AdamW", self.optimizer), ("EMA", self.ema), ("gathered layers", self.gathered),
-                 ("activations", self.activations)]
+                 ("activations", self.activations), ("LM head", self.head),
+                 ("logits and blocks", self.logits), ("head rows", self.rows)]
         return f"{gib(self.total)} = " + " + ".join(f"{name} {gib(value)}" for name, value in parts if value)
 
 
@@ -569,15 +608,16 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
         fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
     if not setting(step, "activation_checkpointing") and fits({"activation_checkpointing": True}):
         fixes.append("--activation-checkpointing")
-    from .batches import StepSplit
+    from .batches import StepSplit, dividing_accumulation
 
     batch, seq_len, processes = int(setting(step, "batch_size")), int(setting(step, "seq_len")), launch.processes
     local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
     accumulated = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                             step={**step, "grad_accum": max(2, int(setting(step, "grad_accum")))})
-    if accumulated:  # the same global batch in smaller micro-batches
-        fixes.append(f"--grad-accum {-(-batch // (processes * accumulated))} (the same batch of {batch}, "
-                     f"{accumulated} per process a micro-batch)")
+    divides = dividing_accumulation(batch, processes, -(-batch // (processes * accumulated))) if accumulated else None
+    if divides:  # the same global batch in smaller micro-batches
+        fixes.append(f"--grad-accum {divides} (the same batch of {batch}, {batch // (processes * divides)} per "
+                     "process a micro-batch)")
     else:
         alone = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
                                           step={**step, "grad_accum": 1})

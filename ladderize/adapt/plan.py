@@ -207,6 +207,7 @@ def build_plan(
     for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
         check_settings(stage.resolved)
     given = _user_set(chosen, shared, single)
+    plan = _divide_batches(plan, given, say)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
     if readable and where.memory_bytes and not priced_only:  # a known GPU's memory: refused before a budget is timed
@@ -245,6 +246,7 @@ def build_plan(
 
 
 MIN_FILLED_STEPS = 1_000  # a batch grown to fill the device leaves a stage at least this many optimizer steps
+FILL_MARGIN = 0.05  # a batch grown to fill the device leaves this share of the usable memory free (the estimate's error)
 
 
 def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str, Any]) -> list[set[str]]:
@@ -253,6 +255,33 @@ def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str,
     if recipe is None:
         return [given]
     return [given | set(recipe.shared) | set(stage.settings) for stage in recipe.stages]
+
+
+def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None]) -> AdaptPlan:
+    """``plan`` with each joint stage's global batch divisible into the launch's processes x its accumulation
+    (``batches.StepSplit.check``): a batch the user gave that does not divide is refused in one line naming the sizes
+    that do; a preset's is rounded up to the nearest that does, with a line that says so."""
+    from .batches import StepSplit, divisible_batch
+
+    steps = plan.steps
+    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+        if stage.sequential:
+            continue
+        settings = stage.resolved
+        split = StepSplit(settings.batch_size, plan.launch.processes, settings.grad_accum)
+        if split.even:
+            continue
+        given = chosen[min(index, len(chosen) - 1)]
+        if "batch_size" in given:
+            try:
+                split.check()
+            except LadderizeError as refused:
+                raise LadderizeError(f"stage {step['stage']} ({step['name']}): {refused}") from None
+        step["batch_size"] = divisible_batch(split.batch_size, split.parts)
+        say(f"stage {step['stage']} ({step['name']}): batch {split.batch_size} rounded up to {step['batch_size']}, "
+            f"to divide into {plan.launch.processes} process(es) x {split.grad_accum} micro-batch(es) of "
+            f"{step['batch_size'] // split.parts} sequence(s); --batch-size sets it")
+    return plan.with_steps(steps) if steps != plan.steps else plan
 
 
 def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:
@@ -265,7 +294,7 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
     batch size the user gave is not grown (it is still accumulated where it must be); an accumulation or
     checkpointing the user gave, and a stage too short to fill the device, stay as they are."""
     from ..checkpoint.io import load_config
-    from .batches import StepSplit
+    from .batches import StepSplit, dividing_accumulation
     from .cost import JointMemory, usable_bytes
 
     config = load_config(plan.checkpoint)
@@ -283,10 +312,10 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         local = StepSplit(start, processes, accum).local  # its rows on one process in one micro-batch
         checkpointing = settings.activation_checkpointing
 
-        def largest(most: int, checked: bool, accumulated: int) -> int:
-            """The largest batch up to ``most`` that fits, priced for the strategy the stage runs with
+        def largest(most: int, checked: bool, accumulated: int, room: float = usable) -> int:
+            """The largest batch up to ``most`` that fits ``room``, priced for the strategy the stage runs with
             (``JointMemory.for_step``), with ``checked`` checkpointing and ``accumulated`` micro-batches a step."""
-            return JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=most,
+            return JointMemory.largest_batch(config, converted, processes, seq_len, room, most=most,
                                              step={**step, "activation_checkpointing": checked,
                                                    "grad_accum": accumulated})
 
@@ -300,20 +329,21 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                 say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
             smaller = largest(local, checkpointing, split)
-            if 0 < smaller < local and "grad_accum" not in given:  # the same sequences per step, accumulated
-                accum = step["grad_accum"] = -(-start // (processes * smaller))
+            divides = dividing_accumulation(start, processes, -(-start // (processes * smaller))) if smaller else None
+            if 0 < smaller < local and "grad_accum" not in given and divides:  # the same sequences, accumulated
+                accum = step["grad_accum"] = divides
                 say(f"stage {step['stage']} ({step['name']}): "
                     f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:
             continue
         most = settings.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
-        batch = max(start, processes * accum * largest(most, checkpointing, accum))
+        batch = max(start, processes * accum * largest(most, checkpointing, accum, usable * (1 - FILL_MARGIN)))
         if batch > start:
             step["batch_size"] = batch
             split = StepSplit(batch, processes, accum)
             say(f"stage {step['stage']} ({step['name']}): {split.describe()} "
-                f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory; "
-                "--batch-size sets it")
+                f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory "
+                f"with {FILL_MARGIN:.0%} of it left free; --batch-size sets it")
     return plan.with_steps(steps) if steps != plan.steps else plan
 
 

@@ -120,6 +120,7 @@ def train_joint(
 
     training = config.training  # the text, a step's batch and the tokens in all
     split = StepSplit(training.batch_size, world, training.grad_accum)
+    split.check()  # the Python API's backstop: the plan refuses it before any weight loads
     tokens_per_step = training.batch_size * training.seq_len
     total_steps = max(1, math.ceil(training.tokens / tokens_per_step))
     if total_steps * tokens_per_step != training.tokens:
@@ -198,7 +199,7 @@ def train_joint(
             started, cpu_started = time.perf_counter(), time.process_time()
             sums: dict[str, torch.Tensor] = {}
             for micro in range(training.grad_accum):
-                rows, weight = split.rows(len(data), step, micro, rank, training.seed)
+                rows = split.rows(len(data), step, micro, rank, training.seed)
                 batch = data.rows(rows).to(device, non_blocking=True)
                 teacher_rows = None
                 if stored is not None and (not run.teacher_gathers
@@ -207,8 +208,6 @@ def train_joint(
                 last = micro == training.grad_accum - 1
                 with run.synchronizing(last):
                     losses = run.loss_module(batch, teacher_rows)
-                    if weight != 1:  # an uneven part: its share of the global batch's mean (batches.StepSplit)
-                        losses = {name: value * weight for name, value in losses.items()}
                     run.backward(losses["total"] / training.grad_accum)
                 for name, value in losses.items():
                     sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
@@ -260,7 +259,7 @@ def _past(deadline: float, device: torch.device) -> bool:
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
     """Whether every rank's rows of this micro-batch have stored teacher states: ranks whose teacher gathers across
     them run it together or not at all, and each computes the others' rows itself."""
-    return all(max(split.rows(num_sequences, step, micro, r, seed)[0]) < stored_rows for r in range(split.processes))
+    return all(max(split.rows(num_sequences, step, micro, r, seed)) < stored_rows for r in range(split.processes))
 
 
 def _silent(_message: str) -> None:

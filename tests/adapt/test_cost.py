@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ladderize.adapt.cost import FlopCount, JointMemory, Launch, head_parameters, layer_parameters
+from ladderize.adapt.cost import FlopCount, JointMemory, Launch, head_parameters, layer_parameters, usable_bytes
 from ladderize.checkpoint.shapes import preset
 from tests.cli_helpers import run_cli
 from tests.conftest import tiny_config, tiny_model
@@ -123,7 +123,7 @@ def test_each_dry_run_lines_arithmetic_holds_as_written(extra, tmp_path, capsys,
     product a stage line writes is true (a step that is not whole says ``up to``)."""
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     code, stdout, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "8xH100", "--budget", "3B",
-                                    "--seq-len", "2048", "--batch-size", "4", *extra], capsys, monkeypatch)
+                                    "--seq-len", "2048", "--batch-size", "8", *extra], capsys, monkeypatch)
     assert code == 0, stderr
     stages = [line for line in stdout.splitlines() if line.startswith(("  1. ", "  2. "))]
     assert len(stages) == 2, stdout
@@ -145,3 +145,30 @@ def test_each_dry_run_lines_arithmetic_holds_as_written(extra, tmp_path, capsys,
         else:
             tokens, (steps, per_step) = _numbers(sides[0])[0], _numbers(sides[1])
             assert len(sides) == 2 and tokens == steps * per_step, line
+
+
+def test_the_memory_plan_counts_the_kd_head_and_the_activations_as_autograd_saves_them(tmp_path):
+    """At Llama-3.1-8B's shape: 200,840 bytes per token and layer (bf16: 6 x 4,096 + 2 x 1,024 + 4 x 14,336 values, the
+    two norms' float32 inputs and inverse norms, 32 heads' float32 log-sum-exp); sharded kd on 8 processes holds the
+    gathered bf16 head, the student's bf16 logits and their gradient, 6 float32 blocks of 1,046 rows and the rows
+    around the head; the 8B dry run fits at its automatic batch with the margin named."""
+    from ladderize.adapt.cost import activation_bytes_per_token
+    from ladderize.adapt.plan import FILL_MARGIN, build_plan
+
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    assert activation_bytes_per_token(EIGHT_B) == 200_840
+    tokens, vocab, hidden = 6 * 2048, 128_256, 4096
+    memory = JointMemory.estimate(EIGHT_B, list(range(16, 32)), 8, tokens, head_loss=True, teacher_head=True)
+    assert memory.head == vocab * hidden * 2  # 0.98 GiB
+    assert memory.logits == 2 * tokens * vocab * 2 + 6 * 1046 * vocab * 4
+    assert memory.rows == tokens * hidden * (4 + 3 * 2)
+    assert memory.activations == tokens * 16 * 200_840
+    without = JointMemory.estimate(EIGHT_B, list(range(16, 32)), 8, tokens)
+    assert memory.total == without.total + memory.head + memory.logits + memory.rows
+    said: list[str] = []
+    plan = build_plan(folder, shared={"seq_len": 2048}, budget="3B", launch="8xH100", priced_only=True, say=said.append)
+    kd = plan.cost.stages[-1]
+    assert plan.cost.refusal is None and kd.memory_bytes <= (1 - FILL_MARGIN) * usable_bytes(Launch(8, "h100").memory_bytes)
+    line = next(line for line in plan.cost.lines() if "memory per GPU" in line and "LM head" in line)
+    assert "LM head 1.0 GiB" in line and "logits and blocks" in line and "head rows" in line
+    assert any("with 5% of it left free" in line for line in said)

@@ -119,12 +119,13 @@ def test_three_processes_run_the_default_recipe_like_one_process(sharp_ladder, t
 
 
 def test_the_default_recipe_on_a_token_budget_ends_equal_on_one_and_three_processes(ladder_dir, text_file, tmp_path):
-    """``ladderize adapt L OUT --data TEXT --budget 24576`` on the 4-layer ladder 2:4, no batch flags, alone and under
-    ``torchrun --nproc_per_node 3``: kd's batch of 2 is the step's on both (1, 1 and 0 rows over 3 processes, each
-    part's loss weighted by its rows), so both train the same tokens, and each weight's update agrees within 1e-3."""
-    args = ["--data", str(text_file), "--budget", "24576", "--dtype", "float32", "--device", "cpu", "--no-compile"]
+    """``ladderize adapt L OUT --data TEXT --budget 24576 --batch-size 3`` on the 4-layer ladder 2:4, alone and under
+    ``torchrun --nproc_per_node 3``: a batch of 3 is the step's on both (one sequence per process on 3), so both train
+    the same tokens, and each weight's update agrees within 1e-3."""
+    args = ["--data", str(text_file), "--budget", "24576", "--batch-size", "3", "--dtype", "float32", "--device", "cpu",
+            "--no-compile"]
     three = _launch(3, ["adapt", str(ladder_dir), str(tmp_path / "three"), *args], tmp_path, timeout=600)
-    assert "batch 2 = 1 or 0 per process x 3 processes" in three.stderr, three.stderr[-3000:]
+    assert "batch 3 = 1 per process x 3 processes" in three.stderr, three.stderr[-3000:]
     one = _single(["adapt", str(ladder_dir), str(tmp_path / "one"), *args], tmp_path)
 
     def trained(done: subprocess.CompletedProcess) -> str:
@@ -139,18 +140,18 @@ def test_the_default_recipe_on_a_token_budget_ends_equal_on_one_and_three_proces
     print(f"worst relative update difference, 1 against 3 processes: {worst:.2e}")
 
 
-def test_an_uneven_batch_replicated_over_three_processes_equals_one_process(sharp_ladder, text_file, tmp_path):
-    """The replicated path (``--shard ddp``: DDP through Accelerate) with kd's batch of 2 over 3 processes and 2
-    micro-batches each (parts of 1 and 0 rows, the empty ones weighted 0) against one process with the same flags."""
-    stage = ["--stage", "kd:tokens=256,lr=1e-2,batch_size=2,grad_accum=2"]
-    three = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--shard", "ddp",
-                        *stage], tmp_path)
-    assert "(FSDP2)" not in three.stderr  # replicated: joint.py
-    assert "batch 2 = 1 or 0 per process x 3 processes x 2 accumulated" in three.stderr
-    _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), *stage], tmp_path)
-    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three"), strict=True):
-        assert a == pytest.approx(b, rel=1e-5)
-    _updates_agree(tmp_path / "one", tmp_path / "three", sharp_ladder, 1e-3)
+def test_a_batch_that_does_not_divide_over_three_processes_is_refused_before_any_work(sharp_ladder, text_file, tmp_path):
+    """``--batch-size 8 --grad-accum 4`` under ``torchrun --nproc_per_node 3``: 12 micro-batches for 8 sequences, so
+    some would train nothing; every rank refuses it in one line naming the sizes that divide, nothing written."""
+    stage = ["--objective", "kd", "--tokens", "256", "--batch-size", "8", "--grad-accum", "4"]
+    command = [*_torchrun(3), "-m", "ladderize.cli", "adapt", str(sharp_ladder), str(tmp_path / "three"),
+               *_common(text_file), *stage]
+    refused = subprocess.run(command, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and errors, refused.stderr[-3000:]
+    assert all("--batch-size 8 does not divide into 3 processes x 4 micro-batches" in line and
+               "give --batch-size 12" in line for line in errors)
+    assert not (tmp_path / "three").exists()
 
 
 def _config(ladder: Path, text_file: Path, out: Path, **overrides) -> AdaptConfig:

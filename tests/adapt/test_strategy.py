@@ -58,9 +58,11 @@ def test_a_setting_that_keeps_the_whole_weights_is_priced_replicated_and_advised
     local = -(-step["batch_size"] // 8)  # the global batch's rows on one of the 8 processes
     assert memory.total == JointMemory.estimate(config, converted, 8, 2048 * local, sharded=False,
                                                 scope=step.get("train", "converted"), ema=bool(step.get("ema")),
-                                                checkpointing=bool(step.get("activation_checkpointing"))).total
+                                                checkpointing=bool(step.get("activation_checkpointing")),
+                                                head_loss=True, teacher_head=True).total
     sharded = JointMemory.estimate(config, converted, 8, 2048 * local,
-                                   checkpointing=bool(step.get("activation_checkpointing")))
+                                   checkpointing=bool(step.get("activation_checkpointing")), head_loss=True,
+                                   teacher_head=True)
     assert memory.total > sharded.total + 50 * 2**30  # what the sharded pricing missed
     if settings.get("train") == "all":
         assert memory.gradients == 4 * every and memory.optimizer == 8 * every  # every parameter trains, not 16 layers
@@ -123,7 +125,7 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
                           priced_only=True)
         return plan.stages[-1], plan.cost.stages[-1]
 
-    (_, one), (_, two) = kd(1, batch_size=4), kd(2, batch_size=4)
+    (_, one), (_, two) = kd(1, batch_size=8), kd(2, batch_size=16)  # one sequence per micro-batch
     assert two.strategy == one.strategy == "sharded over 8 processes with FSDP2"
     assert two.memory["accumulated"] == 4 * 16 * layer and one.memory["accumulated"] == 0
     assert two.memory_bytes == one.memory_bytes + 4 * 16 * layer

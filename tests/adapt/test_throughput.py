@@ -24,8 +24,6 @@ def test_plan_line_names_the_budget_and_its_parts():
     line = plan_line(3_000_000_000, 715, StepSplit(1024, 8, 32), 4096)
     assert line == ("plan: 3,000,000,000 tokens = 715 steps x 1,024 sequences "
                     "(batch 1024 = 4 per process x 8 processes x 32 accumulated) x 4096 tokens")
-    assert "(batch 2 = 1 or 0 per process x 3 processes (each part's loss weighted by its rows))" in plan_line(
-        64, 1, StepSplit(2, 3), 32)
 
 
 def test_max_steps_stops_with_the_state_saved_and_resume_finishes_bit_identically(ladder_dir, text_file, tmp_path, capsys,
