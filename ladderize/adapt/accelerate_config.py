@@ -14,6 +14,9 @@ mapped onto adapt's own setting, or refused in one line naming what ladderize do
   ``dynamo_backend: INDUCTOR`` is ``--compile``.
 - DeepSpeed and Megatron-LM configs are refused: adapt shards with FSDP2.
 
+``accelerate launch --gradient_accumulation_steps N`` exports N only for DeepSpeed; adapt reads it from the launching
+process's command line (``launch_accumulation``) and takes it as ``--grad-accum N``, as the config's would be.
+
 A setting given on the command line and one the config maps onto it must agree, or the run is refused in one line.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
@@ -40,11 +44,48 @@ def _refuse(what: str, instead: str) -> LadderizeError:
     return LadderizeError(f"the Accelerate config asks for {what}; {instead}")
 
 
+def launch_arguments(cmdline: list[str]) -> list[str] | None:
+    """The arguments a command line gives ``accelerate launch`` (``accelerate launch ARGS``, ``accelerate-launch ARGS``
+    or ``python -m accelerate.commands.launch ARGS``), or None for any other command."""
+    for index, arg in enumerate(cmdline):
+        name = Path(arg).name
+        if arg == "accelerate.commands.launch" or name == "accelerate-launch":
+            return cmdline[index + 1:]
+        if name == "accelerate" and cmdline[index + 1:index + 2] == ["launch"]:
+            return cmdline[index + 2:]
+    return None
+
+
+def launch_accumulation(pid: int | None = None) -> int | None:
+    """``--gradient_accumulation_steps`` as given to the ``accelerate launch`` that started process ``pid``'s child
+    (default: this process's parent, which is the launch itself for one process and for several), else None."""
+    try:
+        raw = Path(f"/proc/{os.getppid() if pid is None else pid}/cmdline").read_bytes()
+    except OSError:  # no /proc, or the parent is gone
+        return None
+    args = launch_arguments([arg for arg in raw.decode(errors="replace").split("\0") if arg])
+    if not args:
+        return None
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        parsed, _ = launch_command_parser().parse_known_args(args)
+    except SystemExit:  # not a command line Accelerate would have run
+        return None
+    return parsed.gradient_accumulation_steps
+
+
 def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str | None]:
     """The settings the launching Accelerate config maps onto (``given``: those set on the command line, which must
     agree), and one note saying what was taken (``None`` outside ``accelerate launch``). Refusals raise
-    ``LadderizeError`` before any work."""
-    env = os.environ if env is None else env
+    ``LadderizeError`` before any work. Read from this process (``env`` None), the launch's own
+    ``--gradient_accumulation_steps`` counts as the config's."""
+    if env is None:
+        env = os.environ
+        if "ACCELERATE_MIXED_PRECISION" in env and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in env:
+            steps = launch_accumulation()
+            if steps is not None:
+                env = {**env, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(steps)}
     if _on(env, "ACCELERATE_USE_DEEPSPEED"):
         raise _refuse("DeepSpeed", "ladderize adapt shards with FSDP2: use an FSDP or multi-GPU config, or torchrun")
     if _on(env, "ACCELERATE_USE_MEGATRON_LM"):

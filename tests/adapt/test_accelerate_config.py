@@ -116,3 +116,45 @@ def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladde
     with pytest.raises(LadderizeError, match="an Accelerate FSDP config runs the sharded training"):
         adapt(config)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_launch_arguments_are_found_in_each_form_of_accelerate_launch():
+    from ladderize.adapt.accelerate_config import launch_arguments
+
+    tail = ["--gradient_accumulation_steps", "2", "-m", "ladderize.cli", "adapt"]
+    assert launch_arguments(["/usr/bin/python3", "/venv/bin/accelerate", "launch", *tail]) == tail
+    assert launch_arguments(["python", "-m", "accelerate.commands.launch", *tail]) == tail
+    assert launch_arguments(["/venv/bin/accelerate-launch", *tail]) == tail
+    assert launch_arguments(["torchrun", "--nproc_per_node", "2", "-m", "ladderize.cli", "adapt"]) is None
+    assert launch_arguments(["/venv/bin/accelerate", "config"]) is None
+
+
+def test_accelerate_launch_gradient_accumulation_steps_trains_as_grad_accum(ladder_dir, text_file, tmp_path):
+    """``accelerate launch --gradient_accumulation_steps 2`` (which Accelerate exports only for DeepSpeed) reaches adapt
+    from the launch's command line: the same weights, bit for bit, as ``--grad-accum 2`` without a launcher; and a
+    ``--grad-accum`` that disagrees with it is refused in one line."""
+    from tests.adapt.test_sharded import _free_port
+
+    args = ["adapt", str(ladder_dir), None, "--data", str(text_file), "--objective", "kd", "--tokens", "256",
+            "--seq-len", "32", "--batch-size", "2", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
+
+    def with_out(out: Path) -> list[str]:
+        return [str(out) if item is None else item for item in args]
+
+    env = _env(tmp_path)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu", "--main_process_port",
+              _free_port(), "--gradient_accumulation_steps", "2", "-m", "ladderize.cli"]
+    launched = subprocess.run([*launch, *with_out(tmp_path / "accelerate")], env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert launched.returncode == 0, launch_failure(launched.stderr)
+    assert "gradient accumulation steps 2" in launched.stderr and "x 2 accumulated" in launched.stderr, launched.stderr[-3000:]
+    plain = subprocess.run([sys.executable, "-m", "ladderize.cli", *with_out(tmp_path / "plain"), "--grad-accum", "2"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    a, b = load_file(tmp_path / "accelerate" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    refused = subprocess.run([*launch, *with_out(tmp_path / "refused"), "--grad-accum", "1"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and errors and "grad_accum" in errors[0], refused.stderr[-3000:]
+    assert not (tmp_path / "refused").exists()

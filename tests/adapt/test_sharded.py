@@ -140,6 +140,20 @@ def test_the_default_recipe_on_a_token_budget_ends_equal_on_one_and_three_proces
     print(f"worst relative update difference, 1 against 3 processes: {worst:.2e}")
 
 
+def test_a_batch_replicated_over_three_processes_equals_one_process(sharp_ladder, text_file, tmp_path):
+    """The replicated path (``--shard ddp``: DDP through Accelerate) with kd's batch of 6 over 3 processes and 2
+    micro-batches each (one sequence per micro-batch) against one process with the same flags."""
+    stage = ["--stage", "kd:tokens=256,lr=1e-2,batch_size=6,grad_accum=2"]
+    three = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--shard", "ddp",
+                        *stage], tmp_path)
+    assert "(FSDP2)" not in three.stderr  # replicated: joint.py
+    assert "batch 6 = 1 per process x 3 processes x 2 accumulated" in three.stderr, three.stderr[-3000:]
+    _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), *stage], tmp_path)
+    for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three"), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    _updates_agree(tmp_path / "one", tmp_path / "three", sharp_ladder, 1e-3)
+
+
 def test_a_batch_that_does_not_divide_over_three_processes_is_refused_before_any_work(sharp_ladder, text_file, tmp_path):
     """``--batch-size 8 --grad-accum 4`` under ``torchrun --nproc_per_node 3``: 12 micro-batches for 8 sequences, so
     some would train nothing; every rank refuses it in one line naming the sizes that divide, nothing written."""
