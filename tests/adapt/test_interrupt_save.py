@@ -159,3 +159,41 @@ def test_under_a_launcher_a_signal_one_process_holds_stops_every_process_at_one_
     reports = sorted((r["rank"], r["signum"], r["step"]) for r in map(json.loads, done.stdout.splitlines()[-2:]))
     assert reports == [(0, signal.SIGINT, 4), (1, signal.SIGINT, 4)]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_signal_while_the_sequential_stage_moves_its_states_stops_at_once_and_the_resume_goes_on(
+        ladder_dir, text_file, tmp_path, monkeypatch):
+    """The states' advance past a trained layer (a pass over the calibration set, long at a long sequence length) is
+    not held for a save point: the layer is saved before it, so a signal there stops the run at once, and the resume
+    recomputes the states and ends as an uninterrupted run does, bit for bit."""
+    from ladderize.adapt.layer_training import StateCache
+
+    common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="local", local_schedule="sequential",
+                  tokens=32 * 2 * 4, seq_len=32, batch_size=2, lr=1e-3, epochs=1.0, dtype="float32", device="cpu",
+                  compile=False)
+    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
+    advance, moved, sent = StateCache.advance, [], []
+
+    def signalled(self, layer, teacher_out):
+        if not sent:
+            sent.append(self.layer)
+            os.kill(os.getpid(), signal.SIGINT)
+        advance(self, layer, teacher_out)
+        moved.append(self.layer)
+
+    cut = AdaptConfig(out=str(tmp_path / "cut"), **common)
+    monkeypatch.setattr(StateCache, "advance", signalled)
+    previous = install_interrupt_handlers()
+    try:
+        with pytest.raises(Interrupted):
+            adapt(cut)
+    finally:
+        restore_handlers(previous)
+        monkeypatch.undo()
+    assert moved == []  # stopped in the advance, not after it
+    saved = json.loads((tmp_path / "cut.adapt-run" / "state" / "trainer_state.json").read_text())
+    assert saved["layer_done"] == sent[0] and "partial" not in saved
+    resumed = adapt(cut, resume=True)
+    assert resumed.steps == whole.steps
+    a, b = load_model(tmp_path / "whole").state_dict(), load_model(tmp_path / "cut").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
