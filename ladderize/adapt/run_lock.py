@@ -131,6 +131,7 @@ def holding_run(run_dir: Path, out: Path, device: str = "auto", say: Callable[[s
     path = lock_path(run_dir)
     launched, main = world_size() > 1, process_rank() == 0
     fd, refusal, stale = None, None, {}
+    made = [folder for folder in [path.parent, *path.parent.parents] if not folder.exists()]  # removed if left empty
     if main:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, left = _take(path)
@@ -144,12 +145,15 @@ def holding_run(run_dir: Path, out: Path, device: str = "auto", say: Callable[[s
         from .budget import agreed
 
         refusal = agreed(refusal, device)  # every rank of this launch: the main process's verdict
-    if refusal is not None:
-        raise LadderizeError(refusal)
-    if stale.get("pid") is not None:
-        say(f"taking over {path} from {describe_holder(stale)}, which ended without releasing it")
     try:
+        if refusal is not None:
+            raise LadderizeError(refusal)
+        if stale.get("pid") is not None:
+            say(f"taking over {path} from {describe_holder(stale)}, which ended without releasing it")
         yield
     finally:
         if fd is not None:
             _release(fd, path)
+            for folder in made:  # the folders the lock needed, where the run left nothing in them
+                with contextlib.suppress(OSError):
+                    folder.rmdir()

@@ -97,3 +97,12 @@ def test_a_live_holder_refuses_and_an_error_releases(tmp_path):
         with holding_run(run_dir, tmp_path / "out"):
             raise RuntimeError("boom")
     assert not lock_path(run_dir).exists()
+
+
+def test_a_refused_run_leaves_no_folder_the_lock_made(tmp_path):
+    """The lock's folders (OUT's parent, where it did not exist) go again where the run left nothing in them."""
+    run_dir = tmp_path / "new" / "deeper" / "out.adapt-run"
+    with pytest.raises(LadderizeError, match="refused"):
+        with holding_run(run_dir, tmp_path / "new" / "deeper" / "out"):
+            raise LadderizeError("refused")
+    assert list(tmp_path.iterdir()) == []
