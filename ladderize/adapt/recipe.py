@@ -28,6 +28,7 @@ from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .inputs import adapt_inputs
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
+from .run_lock import holding_run
 from .stages import Recipe, describe
 from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
@@ -297,7 +298,17 @@ def _resume_hint(exc: BaseException, where: Path) -> None:
                 if where.exists() else "no training state was saved yet; run the same command again to start over")
 
 
-def adapt_checkpoint(
+def adapt_checkpoint(checkpoint: str | Path, out: str | Path, *, run_dir: str | Path | None = None, device: str = "auto",
+                     on_message: Callable[[str], None] | None = None, **settings: Any) -> AdaptRun:
+    """The pipeline behind ``ladderize adapt`` (``_adapt_checkpoint``, which takes ``settings``), holding the run
+    folder's lock (``run_lock.py``) from before its plan to its end: a run into an OUT that another live run holds is
+    refused in one line naming it, before it reads or writes anything."""
+    top = AdaptConfig(checkpoint=str(checkpoint), out=str(out), run_dir=str(run_dir) if run_dir else None).resolved_run_dir()
+    with holding_run(top, Path(out).expanduser().absolute(), device, on_message or (lambda _m: None)):
+        return _adapt_checkpoint(checkpoint, out, run_dir=run_dir, device=device, on_message=on_message, **settings)
+
+
+def _adapt_checkpoint(
     checkpoint: str | Path,
     out: str | Path,
     *,

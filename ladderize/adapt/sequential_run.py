@@ -393,6 +393,7 @@ def _train_layers(
                 keep(FINAL_FILE, {"final": cache.through_teacher(teacher_outs[-1], range(last + 1, layers_total))[0]})
             with contextlib.ExitStack() as stack:
                 layers = [stack.enter_context(student.layer(i)) for i in group]
+                stepping = stack.enter_context(contextlib.ExitStack())  # the window's steps, which hold a signal
                 if group[0] in converted and group[0] > done:
                     cache.phase(None)
                     start = None  # the window's training saved partway (its layers hold the saved weights)
@@ -403,7 +404,7 @@ def _train_layers(
                     if config.closed_form and start is None:  # one layer per group (validate_config); refit before training
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      ranks=ranks).describe())
-                    stack.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
+                    stepping.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
                     if start is None:
                         fit_windows(group[0])
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
@@ -430,6 +431,7 @@ def _train_layers(
                         student.use_trained(i, layer_file(state_dir, i))
                     if stopping():
                         raise _Stop
+                stepping.close()  # a signal the steps held stops the run here, the window saved; the states' advance hears one at once
                 for i, layer, teacher_out in zip(group, layers, teacher_outs):
                     if i < last:
                         cache.advance(layer, teacher_out)

@@ -15,8 +15,9 @@ synchronisation, the clip, the optimizer step and the write-out of OUT. Everythi
   on 1 or 8 processes, and a resumed run replays the batches an uninterrupted one would have seen.
 - **The training state** is torch's distributed checkpoint (``training_state.save_joint_state``): the trained
   parameters and their optimizer state, every process writing its shards, saved by ``SaveClock`` (a minute in, then
-  every ``save_minutes``, or every ``save_every`` steps) and at an interrupt's step. A resume on the same process count
-  continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
+  every ``save_minutes``, or every ``save_every`` steps) and at an interrupt's step: a Ctrl-C or SIGTERM is heard at
+  every step's end (under a launcher one step later, agreed by every process: ``training_state.InterruptVote``). A
+  resume on the same process count continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
 - **Losses** stay on the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU),
   averaged over the processes; only the main process speaks.
 - **A wall budget's deadline** stops the stage at the first step that ends past it (under a launcher, the first logged
@@ -43,7 +44,7 @@ from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
 from .objectives import entries
 from .throughput import Throughput, peak_flops_per_s, plan_line
-from .training_state import STATE_DIR, SaveClock, load_joint_state, read_joint_state, save_joint_state
+from .training_state import STATE_DIR, InterruptVote, SaveClock, load_joint_state, read_joint_state, save_joint_state
 
 
 class JointRun(Protocol):
@@ -174,7 +175,7 @@ def train_joint(
 
     pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     run.loss_module.train()
-    saved_step, clock = step, SaveClock(config, say)
+    saved_step, clock, vote = step, SaveClock(config, say), InterruptVote()
     log_every = log_interval(device)
     log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
                       pace=pace, say=say,
@@ -192,6 +193,7 @@ def train_joint(
                 if save_at_stop and saved_step != step:
                     save()
                 pending.flush(curve)
+                vote.close()
                 run.barrier()
                 return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
                                    state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
@@ -229,12 +231,20 @@ def train_joint(
                     f"({counted(tokens_done, 'token')} trained) to keep the budget")
                 total_steps = log.total_steps = step
             final = step == total_steps
-            due = (logged or clock.by_steps) and clock.due(step, device)  # time is read where losses are
+            if logged or clock.by_steps:
+                due = clock.due(step, device)  # time is read where losses are
+            else:
+                due = False
+                clock.stepped()
+            heard = vote.heard(last=final)  # a held signal, at every step (the vote of the processes)
+            if heard is not None:
+                clock.stop, due = heard, True
             if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
                 save()
                 saved_step = step
-                clock.saved()
+                clock.saved(vote.lag)
 
+    vote.close()
     pending.flush(curve)
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     run.write_out(result, out, tokenizer, state_dir)

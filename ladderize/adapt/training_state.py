@@ -119,7 +119,12 @@ class SaveClock:
     minute in, then every ``save_minutes``), and at once where a Ctrl-C or SIGTERM is held for it
     (``errors.holding_interrupts``): the run then stops after that save (``saved`` raises the interrupt), losing
     nothing. A save is collective, so under a launcher the main process's clock and signal decide for every rank (a
-    step count needs no word: every rank counts the same, and the signal is then heard at those steps)."""
+    step count needs no word: every rank counts the same). The joint training hears a held signal at every step
+    (``InterruptVote``, which sets ``stop``); ``due`` hears the main process's where it is asked.
+
+    Under torchrun, each save measures how long an interrupt's save takes there (the steps a signal waits to be heard,
+    then the save) and warns where that outlasts torchrun's shutdown window, again whenever a save is slower than the
+    last one it warned about."""
 
     def __init__(self, config: AdaptConfig, say: Callable[[str], None] | None = None):
         import time
@@ -129,25 +134,32 @@ class SaveClock:
         self.last = time.perf_counter()
         self.saved_once = False
         self.stop: int | None = None  # the held interrupt the run stops with after this save
-        self.say = say  # where the first save says that an interrupt's save would outlast torchrun's shutdown window
-        self._checked = self.last  # when the current step began: ``due`` asked (a step's end), or a save ended
+        self.say = say  # where a save says that an interrupt's save would outlast torchrun's shutdown window
+        self._checked = self.last  # when the current step began: a step's end (``stepped``), or a save's end
         self._step_s = 0.0  # the last step's length: how long a signal waits to be heard
         self._due_at: float | None = None
-        self._warned = False
+        self._warned_s = 0.0  # the longest interrupt's save warned about
 
     @property
     def by_steps(self) -> bool:
         return self.every is not None
 
+    def stepped(self) -> None:
+        """An optimizer step ended: its length is how long a signal that lands in the next one waits."""
+        import time
+
+        now = time.perf_counter()
+        self._step_s, self._checked, self._due_at = now - self._checked, now, now
+
     def due(self, step: int, device) -> bool:
-        """Whether to save after optimizer step ``step``; by time, one broadcast from the main process."""
+        """Whether to save after optimizer step ``step`` (which it marks ended, ``stepped``); by time, one broadcast
+        from the main process, which also carries its held signal."""
         import time
 
         from ..errors import held_interrupt
 
         held = held_interrupt() or 0
-        now = time.perf_counter()
-        self._step_s, self._checked, self._due_at = now - self._checked, now, now
+        self.stepped()
         if self.by_steps:
             due = step % self.every == 0
             if process_group.launched() and not due:  # the ranks agree on the signal where they agree to save
@@ -159,8 +171,9 @@ class SaveClock:
         self.stop = held or None
         return due or self.stop is not None
 
-    def saved(self) -> None:
-        """The state was saved: the clock starts again, and a held interrupt stops the run here."""
+    def saved(self, steps_heard: int = 1) -> None:
+        """The state was saved: the clock starts again, and a held interrupt stops the run here. ``steps_heard``: the
+        steps a signal can wait before the run hears it (``InterruptVote.lag``), for the shutdown window's check."""
         import time
 
         from ..errors import Interrupted
@@ -168,16 +181,64 @@ class SaveClock:
         self.last, self.saved_once = time.perf_counter(), True
         self._checked = self.last  # the next step begins after the save
         window = shutdown_window()
-        if self.say is not None and not self._warned and window is not None and self._due_at is not None:
-            needs = self._step_s + self.last - self._due_at  # a signal is heard at a step's end, then the state is saved
-            if needs > window:
-                self._warned = True
+        if self.say is not None and window is not None and self._due_at is not None:
+            needs = steps_heard * self._step_s + self.last - self._due_at  # heard at a step's end, then saved
+            if needs > window and needs > self._warned_s:
+                self._warned_s = needs
                 self.say(f"warning: an interrupt's save here takes about {needs:.0f} s (a step, then this save), and "
                          f"torchrun ends the processes {window:.0f} s after a signal: launch with torchrun "
                          f"--shutdown_timeout {_generous(needs)} (or {SHUTDOWN_ENV}={_generous(needs)}), or an interrupt "
                          "keeps only the last periodic save")
         if self.stop is not None:
             raise Interrupted(self.stop)
+
+
+class InterruptVote:
+    """Whether a held interrupt (``errors.holding_interrupts``) stops the joint training at this step's end, the same
+    answer on every process, asked at every step.
+
+    One process reads its own held signal. Under a launcher each process puts its held signal into an all-reduce (max)
+    over a CPU (gloo) group at each step's end, started without waiting and read at the next step's end, when it is
+    long done: a signal any process holds stops every process one step later (``lag``), at one step's end for all, and
+    nothing waits on the device. The last step votes at once, so that no signal is left for after the training."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self._group = None
+        self._pending: tuple | None = None  # the all-reduce of the last step's vote, and its tensor
+        self.lag = 2 if process_group.launched() else 1  # steps a signal can wait (the one it lands in, the vote's)
+        if process_group.launched() and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")  # every rank joins; the vote stays off the device
+
+    def heard(self, last: bool = False) -> int | None:
+        """The signal the run stops with at this step's end (``None``: it goes on)."""
+        import torch
+        import torch.distributed as dist
+
+        from ..errors import held_interrupt
+
+        held = held_interrupt() or 0
+        if not process_group.launched():
+            return held or None
+        voted = 0
+        if self._pending is not None:
+            work, tensor = self._pending
+            work.wait()
+            voted = int(tensor.item())
+        mine = torch.tensor([held], dtype=torch.int64)
+        if last:
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._group)
+            self._pending = None
+            return max(voted, int(mine.item())) or None
+        self._pending = (dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._group, async_op=True), mine)
+        return voted or None
+
+    def close(self) -> None:
+        """Wait for the last vote started (every process started it), so that none is left in flight."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
 
 
 SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"

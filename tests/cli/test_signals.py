@@ -98,3 +98,46 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_sigint_during_the_state_caching_at_8192_positions_stops_within_seconds(tmp_path, smollm2_dir):
+    """SmolLM2 at its full 8,192 positions: a SIGINT while the sequential stage caches the teacher's states ends the
+    run within 10 s, with nothing left behind (nothing was saved: the same command starts over) and the lock gone."""
+    import threading
+
+    ladder = tmp_path / "ladder"
+    subprocess.run([sys.executable, "-m", "ladderize.cli", "convert", str(smollm2_dir), str(ladder), "--ladder", "15:30"],
+                   env=_env(), capture_output=True, text=True, timeout=300, check=True)
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "ladderize.cli", "adapt", str(ladder), str(out), "--seq-len", "8192",
+                                "--device", "cpu", "--no-compile"], env={**_env(), "LADDERIZE_PROGRESS_INTERVAL": "0"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    caching, lines = threading.Event(), []
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if "caching the states entering layer" in line:
+                caching.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert caching.wait(240), "".join(lines)
+        time.sleep(2.0)  # inside the teacher's layers, chunk by chunk
+        assert process.poll() is None, "".join(lines)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(timeout=10)
+    text = "".join(lines)
+    assert process.returncode == 130 and "interrupted (SIGINT)" in text, text
+    assert took < 10, f"stopped {took:.1f} s after the SIGINT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ladder"], list(tmp_path.iterdir())  # no run dir, OUT or lock

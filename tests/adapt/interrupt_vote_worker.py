@@ -1,0 +1,45 @@
+"""Run by tests/adapt/test_interrupt_save.py under torchrun (2 CPU processes, gloo): a kd stage of 8 steps, losses
+logged every 10 steps, where rank 1 alone gets a SIGINT inside step 3; prints one JSON line per rank: the signal it
+stopped with and the step of the state saved."""
+
+import json
+import os
+import signal
+import sys
+
+import torch.distributed as dist
+
+from ladderize.adapt import trainer
+from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.train import adapt
+from ladderize.checkpoint.placement import process_rank
+from ladderize.errors import Interrupted, install_interrupt_handlers
+
+ladder, text, out = sys.argv[1:4]
+rank = process_rank()
+schedule = trainer.warmup_cosine
+
+
+def wrapped(*args, **kwargs):
+    inner = schedule(*args, **kwargs)
+
+    def factor(index: int) -> float:
+        if index == 3 and rank == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return inner(index)
+    return factor
+
+
+trainer.warmup_cosine = wrapped
+trainer.log_interval = lambda _device: 10
+install_interrupt_handlers()
+config = AdaptConfig(checkpoint=ladder, out=out, data=text, objectives="kd", tokens=8 * 2 * 32, seq_len=32, batch_size=2,
+                     lr=1e-3, dtype="float32", device="cpu", compile=False, shard="ddp")
+try:
+    adapt(config)
+    stopped = None
+except Interrupted as exc:
+    stopped = exc.signum
+state = json.loads((config.resolved_run_dir() / "state" / "trainer_state.json").read_text())
+print(json.dumps({"rank": rank, "signum": stopped, "step": state["step"]}), flush=True)
+dist.destroy_process_group()
