@@ -14,11 +14,13 @@ cached states would take more than ``STATE_MEMORY_SHARE`` of the memory there is
 (``sequential_schedule.state_copies`` state tensors, more with ``window``); the tokens past that go to the next stage that is not
 sequential (kd in ``best``), which passes over the data as many times as they need. A wall budget is turned into tokens by the pace measured on this
 device (``pace.py``) before the run: the plan says what it timed and what it expects each stage to take, as a token
-budget's plan does from the same pace. The pace is kept (``pace.store_pace``: the fastest timed here), and a wall
-budget shorter than the recipe's smallest run by it is refused before anything is timed or read. After each
-stage but the last, the stages left are re-planned to the time left (``replan``): a pace timed on a quieter or busier
-machine than the run then met still ends near the budget. Under a launcher every process runs the main process's plan
-(``agreed``).
+budget's plan does from the same pace. The pace is kept per machine load (``pace.store_pace``: the fastest timed here at
+about the load of now), and a wall budget shorter than the recipe's smallest run by it is refused before anything is
+timed or read, unless it was timed at a higher load than now: then a timing now decides. After each stage but the
+last, the stages left are re-planned to the time left (``replan``): a pace timed on a quieter or busier machine than
+the run then met still ends near the budget. Under a launcher the pace is timed on every process at once and agreed
+(``pace.measure_launch``), its steps split over the processes (``stage_clock.py``), and every process runs the main
+process's plan (``agreed``).
 """
 
 from __future__ import annotations
@@ -179,12 +181,15 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
                 say=lambda _line: None, began: float | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
 
-    A wall budget's smallest run (one step a stage) must fit the budget by the pace (``_check_floor``); the stages are
-    then sized to the time left on the clock (``began``: when the command began, ``time.perf_counter()``), and where
-    that is less than the smallest run, they run it."""
+    The pace is the one kept for this machine's load now, else timed under the launch (``pace.measure_launch``). A wall
+    budget's smallest run (one step a stage) must fit the budget by the pace (``_check_floor``; a kept pace timed at a
+    higher load than now that refuses it is timed again first); the stages are then sized to the time left on the clock
+    (``began``: when the command began, ``time.perf_counter()``), and where that is less than the smallest run, they
+    run it. Under a launcher every process takes the main process's decisions (``agreed``)."""
     import time
 
     from ..checkpoint.io import load_config
+    from ..checkpoint.placement import process_rank, world_size
     from . import pace as pacing
     from .config import stage_config
 
@@ -200,19 +205,38 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         steps = _eager_if_short(steps, budget, resolved, say)
         first = steps[0]
     settings = stage_config(first)
+    processes = world_size()
+    timing = dict(seq_len=settings.seq_len, batch_size=settings.batch_size, device=device, dtype=settings.dtype,
+                  mixed_precision=settings.mixed_precision, compile=settings.compile)
     # the kept paces' key holds the precision as the stage sets it (None: not set)
     key = pacing.pace_key(checkpoint, seq_len=settings.seq_len, batch_size=settings.batch_size, device=resolved,
-                          dtype=settings.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.compile)
-    pace = pacing.cached_pace(key)
-    when = "timed here before, its fastest"
+                          dtype=settings.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.compile,
+                          processes=processes, grad_accum=settings.grad_accum)
+    # the main process's load and kept pace decide for every process, which then times (or not) with the others
+    now = pacing.machine_load()
+    now, kept = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if process_rank() == 0 else None), device)
+    pace, when = kept, KEPT
+
+    def timed_now(line: str) -> Pace:
+        say(line)
+        fresh = pacing.measure_launch(checkpoint, grad_accum=settings.grad_accum, **timing)
+        if process_rank() == 0:
+            pacing.store_pace(key, fresh)
+        return fresh
+
+    def retime(refused: bool) -> bool:
+        """Whether to time again: the kept pace refuses, and it was timed at a higher load than the machine's now
+        (or either is not known); one answer for every process."""
+        return agreed(refused and when == KEPT and (kept.load is None or now is None or kept.load > now), device)
+
     if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
-        say(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and backward and the "
-            "kd head, a few calls each: seconds; kept for the next run)")
-        pace = pacing.measure(checkpoint, seq_len=settings.seq_len, batch_size=settings.batch_size, device=device,
-                              dtype=settings.dtype, mixed_precision=settings.mixed_precision, compile=settings.compile)
-        pacing.store_pace(key, pace)
-        when = "timed now"
+        pace, when = timed_now(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and "
+                               "backward and the kd head, a few calls each: seconds; kept for the next run)"), TIMED
+    refit = (f"budget {budget.describe()}: the pace kept here refuses it, timed at {pacing.describe_load(kept and kept.load)}; "
+             f"timing it again at the {pacing.describe_load(now)} now")
     if budget.seconds is not None:
+        if retime(_floor_seconds(pace, steps) > budget.seconds):
+            pace, when = timed_now(refit), TIMED
         _check_floor(budget, pace, steps, when)
     memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, resolved,
                                         window=window)
@@ -224,20 +248,28 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
 
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap, "data_tokens": held}
     tokens = budget.tokens
-    record["timed_s"] = pace.measured_s if when == "timed now" else 0.0  # what timing the pace cost this run
     if budget.seconds is not None:
-        spent = 0.0 if began is None else time.perf_counter() - began  # imports, the data, the pace: spent already
+        def fit() -> tuple[float, int]:
+            spent = 0.0 if began is None else time.perf_counter() - began  # imports, the data, the pace: spent already
+            return spent, agreed(tokens_for_seconds(pace, steps, budget.seconds - spent, size, held), device)
+
+        spent, tokens = fit()
+        if tokens < 1 and retime(_floor_seconds(pace, size(steps, 1), held) > budget.seconds):
+            pace, when = timed_now(refit), TIMED
+            spent, tokens = fit()
         record["spent_s"] = round(spent, 3)
-        tokens = tokens_for_seconds(pace, steps, budget.seconds - spent, size, held)
         if tokens < 1:
             _check_floor(budget, pace, size(steps, 1), when, held)  # refused where the smallest run is over the budget
             tokens = 1
         record["pace"] = pace.record()
-        kept = "" if when == "timed now" else f" (kept in {pacing.pace_file(key)}: each piece the fastest timed here)"
-        say(f"budget {budget.describe()} {pacing.describe(pace)}{kept}: {tokens:,} token passes fit"
+        kept_note = "" if when == TIMED else (
+            f" (kept in {pacing.pace_file(key, pacing.load_band(now))}: each piece the fastest timed here at about this "
+            f"load, {pacing.describe_load(pace.load)} then, {pacing.describe_load(now)} now)")
+        say(f"budget {budget.describe()} {pacing.describe(pace)}{kept_note}: {tokens:,} token passes fit"
             + (f" in the {duration(max(0.0, budget.seconds - spent))} left after {duration(spent)} of starting" if spent else ""))
     sized = size(steps, tokens)
     record["tokens"] = tokens
+    record["timed_s"] = pace.measured_s if when == TIMED else 0.0  # what timing the pace cost this run
     full = cap is not None and any(step.get("local_schedule") == "sequential" and step["tokens"] + step_tokens(step) > cap
                                    for step in sized)
     say(plan_line(budget, sized) + (f"; the sequential calibration set is capped at {cap:,} tokens (the data, or "
@@ -254,6 +286,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     return sized, record
 
 
+KEPT, TIMED = "timed here before, its fastest", "timed now"  # where the pace came from, as a refusal names it
 FLOOR_MARGIN = 1.25  # the smallest budget a refusal names: the smallest run's time by the pace, times this, rounded up
 
 
@@ -265,10 +298,15 @@ def floor_budget(seconds: float) -> str:
     return f"{math.ceil(least / 60 - 1e-9)}m" if least >= 60 else f"{max(1, math.ceil(least - 1e-9))}s"
 
 
+def _floor_seconds(pace: Pace, steps: list[dict[str, Any]], held: int | None = None) -> float:
+    """The seconds of the recipe's smallest sizing (one step per stage) by ``pace``."""
+    return recipe_seconds(pace, scale_stages(steps, 1), held)
+
+
 def _check_floor(budget: Budget, pace: Pace, steps: list[dict[str, Any]], when: str, held: int | None = None) -> None:
     """Refuse ``budget`` in one line, naming the smallest wall budget that runs (``floor_budget``), where the recipe's
     smallest sizing (one step per stage) takes longer by ``pace`` than the budget."""
-    floor = recipe_seconds(pace, scale_stages(steps, 1), held)
+    floor = _floor_seconds(pace, steps, held)
     if floor > budget.seconds:
         raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; its smallest run "
                              f"takes about {duration(floor)} (by the pace {when}): give at least "

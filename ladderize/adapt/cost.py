@@ -215,11 +215,10 @@ class PricedDevice:
         return work / (self.flops_per_s(True) * self.gpus(step))
 
     def gpus(self, step: dict[str, Any]) -> int:
-        """The processes a sequential stage's step is split over: at most its batch's sequences."""
-        from .config import stage_config
+        """The processes a sequential stage's step is split over (``stage_clock.sequential_processes``)."""
+        from .stage_clock import sequential_processes
 
-        settings = stage_config(step)
-        return min(self.launch.processes, settings.batch_size, max(1, settings.tokens // settings.seq_len))
+        return sequential_processes(step, self.launch.processes)
 
     def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
         """Whole steps of the global batch, each process computing its largest part of every step (a batch that does

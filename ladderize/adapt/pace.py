@@ -15,6 +15,17 @@ It also counts the CPU time every other process used meanwhile on the CPUs it ma
 from ``/proc/stat`` on Linux): a pace timed beside other work is the pace of a busy machine, and the plan line says so
 (``BUSY_CPUS`` or more), since a run on a quieter machine would have fit more tokens, and one on a busier
 machine fewer.
+
+Under a launcher every process times its own share of a step (``StepSplit``'s rows a process computes) at the same
+moment (``measure_launch``: after a barrier), so the launch's contention for the CPUs, memory bandwidth or the
+interconnect is in the timing, and the processes agree on each piece as the slowest process timed it (a data-parallel
+step waits for its slowest process); the pace records the processes (``Pace.processes``), and the time model splits each
+step over them (``stage_clock.py``).
+
+A pace is kept per machine load (``load_band``: the 1-minute load average per CPU this process may use, in bands that
+double, ``LOAD_BANDS``), with the load and the time it was timed at: a run at another load times its own, and a kept
+pace that would refuse a budget is timed again where it was timed at a higher load than the machine's now
+(``budget.size_recipe``), so a pace from a busier time never refuses what a timing now fits.
 """
 
 from __future__ import annotations
@@ -31,6 +42,29 @@ REPEATS = 3  # timed calls per piece (after one untimed), the median kept
 BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
 HEAD_PART, HEAD_TIMED_ROWS = 4, 256  # the kd head is timed on a quarter of a step's rows (at least 256) and scaled up
 PACE_CACHE = "pace"  # paths.cache_path's folder of the paces timed on this machine (``cached_pace``)
+TIMED_PIECES = ("layer_forward", "layer_train", "head_step", "layer_read")  # what a kept pace keeps the fastest of
+LOAD_BANDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # load per CPU: band 0 below 0.5, band 1 from 0.5 to 1, ..., band 6 from 16
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average per CPU this process may run on (``os.getloadavg``; None where there is none)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return load / max(1, cpus)
+
+
+def load_band(load: float | None) -> int:
+    """The band of ``load`` (``LOAD_BANDS``; 0 where it is not known): the paces kept for one band are timed at loads
+    at most twice apart."""
+    return 0 if load is None else sum(load >= edge for edge in LOAD_BANDS)
+
+
+def describe_load(load: float | None) -> str:
+    """``load 3.2 per CPU`` (``load not known``)."""
+    return "load not known" if load is None else f"load {load:.1f} per CPU"
 
 
 def busy_cpu_seconds() -> float | None:
@@ -80,6 +114,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ..convert.residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
+    load, timed_at = machine_load(), time.time()
     target = resolve_device(device)
     precision = training_precision(dtype, target, mixed_precision)
     layout = load_config(checkpoint).layout
@@ -169,7 +204,39 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 converted=len(converted), measured_s=wall, other_cpus=others,
                 compiled=compiled, compile_s=forward_compile + train_compile + head_compile if compiled else 0.0,
                 retrace_forward_s=retrace_forward, retrace_train_s=retrace_train, teacher_kinds=teacher_kinds,
-                student_kinds=student_kinds, converted_kinds=tuple(student_kinds[index] for index in converted))
+                student_kinds=student_kinds, converted_kinds=tuple(student_kinds[index] for index in converted),
+                load=load, timed_at=timed_at)
+
+
+SLOWEST = (*TIMED_PIECES, "compile_s", "retrace_forward_s",
+           "retrace_train_s", "measured_s")  # the pieces the processes of a launch agree on as its slowest timed them
+
+
+def measure_launch(checkpoint: str, *, seq_len: int, batch_size: int, grad_accum: int = 1, **settings) -> Pace:
+    """``measure`` on every process of the launch this process runs under, all at once (module docstring), each timing
+    its share of a step of ``batch_size`` sequences (``batches.StepSplit``'s rows of a micro-batch); every process gets
+    the same pace: each piece the slowest process's, the main process's record otherwise, ``processes`` the launch's.
+    One process: ``measure`` at ``batch_size``."""
+    from dataclasses import replace
+
+    from ..checkpoint.placement import resolve_device, world_size
+    from .batches import StepSplit
+
+    processes = world_size()
+    if processes <= 1:
+        return measure(checkpoint, seq_len=seq_len, batch_size=batch_size, **settings)
+    import torch.distributed as dist
+
+    from . import process_group
+
+    process_group.start(resolve_device(settings.get("device", "auto")))
+    rows = StepSplit(batch_size, processes, grad_accum).local
+    process_group.barrier()  # every process starts timing together: the launch's contention is in the pace
+    own = measure(checkpoint, seq_len=seq_len, batch_size=rows, **settings)
+    paces: list[Pace | None] = [None] * processes
+    dist.all_gather_object(paces, own)
+    return replace(paces[0], processes=processes,
+                   **{piece: max(getattr(pace, piece) for pace in paces) for piece in SLOWEST})
 
 
 def describe(pace: Pace) -> str:
@@ -184,10 +251,11 @@ def describe(pace: Pace) -> str:
 
 
 def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dtype: str | None,
-             mixed_precision: str | None, compile: bool | None) -> str:
-    """The name of the pace ``measure`` would time for these arguments on this machine: what the pace depends on, the
-    model's shape and layout (its ``config.json``'s settings, not its path: another conversion of the same shape shares
-    it), the step's shape, the device and precision, compilation, the CPUs this process may use and the torch build."""
+             mixed_precision: str | None, compile: bool | None, processes: int = 1, grad_accum: int = 1) -> str:
+    """The name of the pace ``measure_launch`` would time for these arguments on this machine: what the pace depends
+    on, the model's shape and layout (its ``config.json``'s settings, not its path: another conversion of the same shape
+    shares it), the step's shape and its split over the launch's ``processes``, the device and precision, compilation,
+    the CPUs this process may use and the torch build."""
     import hashlib
     import json
     from pathlib import Path
@@ -201,6 +269,8 @@ def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dty
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     facts = {"model": shape, "seq_len": seq_len, "batch_size": batch_size, "device": device, "dtype": dtype,
              "mixed_precision": mixed_precision, "compile": compile, "cpus": cpus, "torch": torch.__version__}
+    if processes > 1:  # (one process: the name its pace has always had)
+        facts.update(processes=processes, grad_accum=grad_accum)
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -208,18 +278,19 @@ def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dty
 CONFIG_NOT_PACE = {"_name_or_path", "transformers_version", "auto_map", "architectures", "name_or_path"}
 
 
-def pace_file(key: str):
-    """Where the pace of ``key`` is kept (``store_pace``)."""
+def pace_file(key: str, band: int = 0):
+    """Where the pace of ``key`` timed at a load of band ``band`` (``load_band``) is kept (``store_pace``)."""
     from ..paths import cache_path
 
-    return cache_path(PACE_CACHE) / f"{key}.json"
+    return cache_path(PACE_CACHE) / f"{key}-load{band}.json"
 
 
-def cached_pace(key: str) -> Pace | None:
-    """The pace stored under ``key`` (``store_pace``) by an earlier run on this machine, None where there is none."""
+def cached_pace(key: str, band: int = 0) -> Pace | None:
+    """The pace stored under ``key`` for load band ``band`` (``store_pace``) by an earlier run on this machine, None
+    where there is none."""
     import json
 
-    file = pace_file(key)
+    file = pace_file(key, band)
     try:
         values = json.loads(file.read_text())
         return Pace(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
@@ -227,25 +298,26 @@ def cached_pace(key: str) -> Pace | None:
         return None
 
 
-TIMED_PIECES = ("layer_forward", "layer_train", "head_step", "layer_read")
-
-
 def store_pace(key: str, pace: Pace) -> None:
-    """Keep under ``key``, for the next run's budget check, the fastest of ``pace`` and the pace kept there, piece by
-    piece: a budget refused by it is too short even on this machine at its quietest (written whole, then renamed)."""
+    """Keep under ``key``, for the next run at the load band ``pace`` was timed at, the fastest of ``pace`` and the pace
+    kept for that band, piece by piece, with the lower of their loads and the later time (written whole, then
+    renamed)."""
     import json
     from dataclasses import replace
 
     from ..checkpoint.atomic import atomic_file
     from ..paths import cache_path
 
-    kept = cached_pace(key)
+    band = load_band(pace.load)
+    kept = cached_pace(key, band)
     if kept is not None:
-        pace = replace(pace, **{piece: min(getattr(pace, piece), getattr(kept, piece)) for piece in TIMED_PIECES})
+        loads = [load for load in (pace.load, kept.load) if load is not None]
+        pace = replace(pace, **{piece: min(getattr(pace, piece), getattr(kept, piece)) for piece in TIMED_PIECES},
+                       load=min(loads) if loads else None)
     folder = cache_path(PACE_CACHE)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with atomic_file(folder / f"{key}.json") as tmp:
+        with atomic_file(pace_file(key, band)) as tmp:
             tmp.write_text(json.dumps(pace.record()))
     except OSError:  # a read-only cache costs the next run a timing, not this run its result
         pass

@@ -87,8 +87,9 @@ class AdaptPlan:
 
     @property
     def clock(self) -> StageClock | None:
-        """What times the stages (``stage_clock.py``): the pace the budget timed on this device, else the launch
-        priced at the assumed MFU (None: neither, as on a CPU without a budget)."""
+        """What times the stages (``stage_clock.py``): the pace the budget timed on this device (under a launcher, on
+        every process of it), else the launch priced at the assumed MFU (None: neither, as on a CPU without a
+        budget)."""
         if self.budget and self.budget.get("pace"):
             return Pace(**self.budget["pace"])
         return self.cost.clock if self.cost is not None else None
@@ -147,8 +148,10 @@ class AdaptPlan:
                        "turn, where a budget counts them once (token passes)")
         expected = self.expected_s
         if expected is not None:
-            how = "timed on this device" if isinstance(self.clock, Pace) else \
-                f"at the assumed MFU on {self.launch.describe()}"
+            clock = self.clock
+            how = (f"at the assumed MFU on {self.launch.describe()}" if not isinstance(clock, Pace) else
+                   "timed on this device" if clock.processes == 1 else
+                   f"timed on each of this launch's {clock.processes} processes, a step split over them")
             out.append(f"  expected: {format_duration(expected)} ({how})")
         return out
 

@@ -11,10 +11,16 @@
 
 Two sources give the rates:
 
-- ``Pace``: a device timed here (``pace.measure``): seconds per piece of one step of ``tokens_per_call`` tokens (a
-  layer's forward, its training step, the kd head, a layer's read), and the compiler's waits with compiled layers;
+- ``Pace``: a device timed here (``pace.measure``): seconds per piece of one process's step of ``tokens_per_call``
+  tokens (a layer's forward, its training step, the kd head, a layer's read), and the compiler's waits with compiled
+  layers; under a launcher every process timed together (``processes``), so the contention of the launch is in it;
 - ``cost.PricedDevice``: a launch priced from afar (``adapt --dry-run 8xH100``): FLOPs per token
   (``cost.FlopCount``) over the GPU's peak FLOP/s x an assumed MFU, on the processes a step is split over.
+
+Both count the processes' data parallelism alike: a joint stage's steps take what the busiest process computes of
+each (``process_share``: its rows of every micro-batch, ``batches.StepSplit``), a sequential stage's passes are split
+over the processes its step's batch reaches (``sequential_processes``); a wall budget under N processes is sized to
+what N processes do in it.
 
 Each source counts the work in its own unit: the pace in layer passes (the layers a stage runs, from the first
 converted one up), the launch in FLOPs (the objectives' reads, ``cost.FlopCount``); only the pace knows the reads and
@@ -74,6 +80,26 @@ class StageClock(Protocol):
         ...
 
 
+def process_share(step: dict[str, Any], processes: int) -> float:
+    """The part of a joint stage's tokens the busiest of ``processes`` computes: its rows of each micro-batch times the
+    micro-batches, over the global batch (``batches.StepSplit``: 1 on one process where the accumulation divides the batch,
+    more where micro-batches without rows run, as they do)."""
+    from .batches import StepSplit
+    from .config import stage_config
+
+    settings = stage_config(step)
+    split = StepSplit(settings.batch_size, processes, settings.grad_accum)
+    return split.grad_accum * split.local / settings.batch_size
+
+
+def sequential_processes(step: dict[str, Any], processes: int) -> int:
+    """The processes a sequential stage's step is split over: at most its batch's sequences (and the calibration set's)."""
+    from .config import stage_config
+
+    settings = stage_config(step)
+    return min(processes, settings.batch_size, max(1, settings.tokens // settings.seq_len))
+
+
 def stage_seconds(clock: StageClock, step: dict[str, Any], stored_teacher: bool = False) -> float:
     """The expected wall seconds of one resolved stage on ``clock`` (module docstring); ``stored_teacher``: it reads
     the teacher's states a sequential stage stored (``reads_stored_teacher``), so neither model's frozen layers run."""
@@ -119,8 +145,9 @@ def tokens_for_seconds(clock: StageClock, steps: list[dict[str, Any]], seconds: 
 
 @dataclass(frozen=True)
 class Pace:
-    """A device timed here (``pace.measure``): seconds of each piece for one step of ``tokens_per_call`` tokens, and
-    the model's layer counts; a ``StageClock``."""
+    """A device timed here (``pace.measure``): seconds of each piece for one process's step of ``tokens_per_call``
+    tokens, timed on each of ``processes`` processes together (each piece the slowest process's), and the model's layer
+    counts; a ``StageClock``."""
 
     device: str
     precision: str
@@ -144,6 +171,9 @@ class Pace:
     teacher_kinds: tuple[int, ...] = ()
     student_kinds: tuple[int, ...] = ()
     converted_kinds: tuple[int, ...] = ()
+    processes: int = 1  # the launch's processes, every one timed at once; a stage's steps are split over them
+    load: float | None = None  # the 1-minute load average per CPU of this process's when the timing began (None: not known)
+    timed_at: float | None = None  # when the timing began (seconds since the epoch)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,11 +193,12 @@ class Pace:
         per = forwards * self.layer_forward + self.converted * (epochs + fits) * self.layer_train
         waits = compile_waits(self, {*self.teacher_kinds, *self.student_kinds[self.first_converted:]},
                               set(self.converted_kinds))
-        return waits + step["tokens"] * per * (1.0 / self.tokens_per_call)
+        return waits + step["tokens"] * per * (1.0 / self.tokens_per_call) / sequential_processes(step, self.processes)
 
     def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
         """Per token the teacher's layers (none where ``stored_teacher``) and the student's forward, its backward and
-        the heads, and the compiler's waits for the kinds of layer the stage runs."""
+        the heads, and the compiler's waits for the kinds of layer the stage runs; of each step, the part the busiest
+        process computes (``process_share``)."""
         trains_all = step.get("train") == "all"
         student_layers = self.layers if trains_all else self.layers - self.first_converted
         backward = student_layers * (self.layer_train - self.layer_forward)
@@ -175,7 +206,8 @@ class Pace:
         per = (teacher_layers + student_layers) * self.layer_forward + backward + self.head_step
         waits = compile_waits(self, set() if stored_teacher else set(self.teacher_kinds),
                               set(self.student_kinds[0 if trains_all else self.first_converted:]))
-        return waits + step["tokens"] * per * (1.0 / self.tokens_per_call)
+        share = process_share(step, self.processes)
+        return waits + step["tokens"] * share * per * (1.0 / self.tokens_per_call)
 
 
 def compile_waits(pace: Pace, forward_kinds: set[int], trained_kinds: set[int]) -> float:

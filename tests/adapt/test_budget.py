@@ -201,6 +201,7 @@ def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_time
     from ladderize.adapt import budget as budgets, pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(pacing, "machine_load", lambda: 1.0)  # the same load both times: the kept pace's refusal stands
     args = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--budget", "0.001s", "--seq-len", "32"]
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)  # the first time: timed, said so, refused, kept
     assert code == 2 and "timing this device's pace" in stdout + stderr
@@ -239,6 +240,71 @@ def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch
     assert cached_pace("other") is None
 
 
+def test_paces_are_kept_per_load_band_with_the_load_and_time_they_were_timed_at(tmp_path, monkeypatch):
+    """A pace timed at one load (per CPU) is kept for that band of loads only: a run at another finds none and times
+    its own, so a quiet time's pace never sizes a busy run, nor a busy time's a quiet one."""
+    from dataclasses import replace
+
+    from ladderize.adapt.pace import cached_pace, load_band, store_pace
+    from ladderize.adapt.stage_clock import Pace
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    assert [load_band(load) for load in (None, 0.2, 0.5, 0.9, 1.0, 3.0, 7.9, 8.0, 40.0)] == [0, 0, 1, 1, 2, 3, 4, 5, 6]
+    quiet = Pace("cpu", "float32", 64, layer_forward=0.01, layer_train=0.03, head_step=0.02, layer_read=0.001, layers=4,
+                 first_converted=2, last_converted=3, converted=2, measured_s=1.0, load=0.3, timed_at=1.0e9)
+    busy = replace(quiet, layer_forward=0.1, layer_train=0.3, head_step=0.2, load=5.0, timed_at=2.0e9)
+    store_pace("k", quiet)
+    store_pace("k", busy)
+    assert cached_pace("k", load_band(0.4)) == quiet and cached_pace("k", load_band(6.0)) == busy
+    assert cached_pace("k", load_band(1.5)) is None  # nothing timed at that load
+    later = replace(busy, layer_train=0.2, load=6.5, timed_at=3.0e9)  # the same band: the fastest, the lower load
+    store_pace("k", later)
+    kept = cached_pace("k", load_band(6.0))
+    assert (kept.layer_forward, kept.layer_train, kept.load, kept.timed_at) == (0.1, 0.2, 5.0, 3.0e9)
+
+
+def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits(ladder_dir, text_file, tmp_path,
+                                                                                 monkeypatch):
+    """A slow pace kept from a busier time (a load of 1.9 per CPU, the band's top) would refuse ``--budget 2m``; at a
+    load of 1.1 now the budget check times the pace again, and the fresh timing fits it. Kept at the load of now or
+    below, the kept pace's refusal stands, answered without a timing."""
+    import json
+    from dataclasses import replace
+
+    from ladderize.adapt import pace as pacing
+    from ladderize.adapt.budget import size_recipe
+    from ladderize.adapt.stage_clock import Pace
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(pacing, "machine_load", lambda: 1.1)
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    size_recipe(steps, parse_budget("10m"), str(ladder_dir))  # times this machine's pace once and keeps it
+    file, = (tmp_path / "home" / pacing.PACE_CACHE).glob("*.json")
+    timed = Pace(**json.loads(file.read_text()))
+    slow = replace(timed, layer_forward=600.0, layer_train=1800.0, head_step=600.0, load=1.9)  # minutes a layer
+    file.write_text(json.dumps(slow.record()))
+
+    real, calls = pacing.measure, []
+
+    def measure(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pacing, "measure", measure)
+    said: list[str] = []
+    sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append)
+    assert len(calls) == 1 and record["tokens"] > 0 and record["pace"]["layer_train"] < 1800.0, said
+    assert any("the pace kept here refuses it, timed at load 1.9 per CPU; timing it again at the load 1.1 per CPU now"
+               in line for line in said), said
+    assert Pace(**json.loads(file.read_text())).layer_train == record["pace"]["layer_train"]  # the fastest, kept
+
+    file.write_text(json.dumps(replace(slow, load=1.1).record()))  # kept at the load of now: its refusal stands
+    del calls[:]
+    with pytest.raises(LadderizeError, match=r"too short for this recipe on cpu; .*\(by the pace timed here before"):
+        size_recipe(steps, parse_budget("2m"), str(ladder_dir))
+    assert not calls
+
+
 def _last_line_wall_s(stdout: str) -> float:
     """The wall time the last line of ``adapt`` gives (``45 s`` or ``12.5 min``)."""
     match = re.search(r"tokens trained, ([\d.]+) (s|min) wall time \(", stdout)
@@ -256,6 +322,7 @@ def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budge
     from ladderize.adapt import pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(pacing, "machine_load", lambda: 1.0)  # one load band: the second run reads the kept pace
     base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--seq-len", 32, "--force"]
     code, stdout, stderr = run_cli([*base, "--budget", "0.001s"], capsys, monkeypatch)
     assert code == 2 and "(by the pace timed now)" in stderr, stderr

@@ -156,3 +156,58 @@ def test_accelerate_launch_of_one_process_trains_as_plain_adapt(ladder_dir, text
     assert code == 0, stderr
     launched, here = (load_file(tmp_path / name / "model.safetensors") for name in ("launched", "here"))
     assert all(torch.equal(launched[name], here[name]) for name in here)
+
+
+def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry_run_does(ladder_dir, text_file,
+                                                                                           tmp_path, monkeypatch):
+    """``torchrun --nproc_per_node 3`` (gloo) plans a kd stage with ``pace.measure`` stated (``launch_pace.py``):
+
+    - a wall budget: every process times its share of a step (1 of the batch's 3 rows) at once, the pace is each piece
+      as the slowest process timed it, and kd is sized to what 3 processes do in the budget: 3 x the tokens one process
+      gets from the same pace;
+    - a token budget, the pieces at an H100's assumed rate: the expected time the launch prints is the one
+      ``--dry-run 3xH100`` prints for the same plan."""
+    import json
+    import re
+    import subprocess
+
+    from ladderize.adapt import pace as pacing
+    from ladderize.adapt.budget import parse_budget
+    from ladderize.adapt.plan import build_plan
+    from tests.adapt.launch_pace import KD, SHARED, TOKEN_BUDGET, stated_pace
+    from tests.adapt.test_multiprocess import launch_failure
+    from tests.adapt.test_sharded import _env, _torchrun
+
+    command = [*_torchrun(3), "-m", "tests.adapt.launch_pace", str(ladder_dir), str(text_file), str(tmp_path / "home")]
+    done = subprocess.run(command, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    timings = result["timings"]
+    assert sorted(t["rank"] for t in timings) == [0, 0, 1, 1, 2, 2]  # each phase timed on every process
+    for phase in range(2):
+        together = sorted(timings, key=lambda t: t["start"])[3 * phase: 3 * phase + 3]
+        assert max(t["start"] for t in together) < min(t["end"] for t in together), timings  # all at once
+    assert {t["rows"] for t in timings} == {1}  # each process's share of a step's 3 rows
+
+    wall = result["wall"]["budget"]
+    pace = wall["pace"]
+    slowest = stated_pace(str(ladder_dir), 32, 1, slower=1.2)  # rank 2's
+    assert pace["processes"] == 3 and pace["layer_train"] == slowest.layer_train and pace["head_step"] == slowest.head_step
+    # one process, the same pace per token (its 3 rows a step): the sizing a launch of 3 triples
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "one"))
+    monkeypatch.setattr(pacing, "measure", lambda checkpoint, *, seq_len, batch_size, **_: stated_pace(
+        checkpoint, seq_len, batch_size, slower=1.2))
+    one = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget("600s"))
+    assert one.budget["pace"]["processes"] == 1
+    assert wall["tokens"] == pytest.approx(3 * one.budget["tokens"], rel=2e-3), (wall["tokens"], one.budget["tokens"])
+
+    launched = result["tokens"]
+    dry = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=TOKEN_BUDGET,
+                     launch="3xH100", priced_only=True)
+    assert launched["expected_s"] == pytest.approx(dry.expected_s, rel=1e-9) and dry.expected_s > 60
+
+    def printed(lines: list[str]) -> str:
+        return next(re.match(r"  expected: (.+?) \(", line).group(1) for line in lines if line.startswith("  expected: "))
+
+    assert printed(launched["lines"]) == printed(dry.lines()), (launched["lines"], dry.lines())
+    assert "timed on each of this launch's 3 processes" in launched["lines"][-1]

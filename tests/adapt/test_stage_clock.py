@@ -59,3 +59,29 @@ def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp
     assert timed_plan.lines()[-1].endswith("(timed on this device)")
     _steps, replanned = replan(plan.steps, 0, record, [100.0])
     assert replanned["planned_s"] == [1.0, 100.0] and ("Pace", "kd") in calls  # stage 1's own, then kd by the pace
+
+
+@pytest.mark.parametrize("processes,batch_size,grad_accum", [(3, 6, 1), (8, 32, 2), (3, 4, 1), (3, 2, 1)])
+def test_a_pace_timed_under_a_launch_splits_each_step_over_its_processes_as_the_launch_prices_it(
+        processes, batch_size, grad_accum):
+    """A pace timed on each of N processes (its pieces at one H100's assumed rate) times a kd stage as ``NxH100`` is
+    priced: each step the busiest process's rows (a batch that does not divide waits on them), so a wall budget under N
+    processes buys what N do; a sequential stage's passes are split over the processes its batch reaches."""
+    from dataclasses import replace
+
+    priced = PricedDevice.of(EIGHT_B, list(range(16, 32)), Launch(processes, "h100"))
+    rate, per_call = priced.flops_per_s(sequential=False), 4096
+    layer, head = layer_parameters(EIGHT_B), head_parameters(EIGHT_B)
+    one = Pace(device="cuda", precision="bf16", tokens_per_call=per_call, layer_forward=2 * layer * per_call / rate,
+               layer_train=6 * layer * per_call / rate, head_step=6 * head * per_call / rate, layer_read=0.0,
+               layers=32, first_converted=16, last_converted=31, converted=16, measured_s=1.0)
+    launch = replace(one, processes=processes)
+    kd = {**KD, "tokens": 2048 * batch_size * 64, "batch_size": batch_size, "grad_accum": grad_accum}
+    for stored in (False, True):
+        assert stage_seconds(launch, kd, stored) == pytest.approx(stage_seconds(priced, kd, stored), rel=1e-9)
+    busiest = -(-batch_size // (processes * grad_accum)) * grad_accum  # rows a step of the busiest process
+    assert stage_seconds(launch, kd) == pytest.approx(stage_seconds(one, kd) * busiest / batch_size, rel=1e-9)
+    sequential = {"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 2048 * 64, "epochs": 2.0,
+                  "seq_len": 2048, "batch_size": batch_size}
+    assert stage_seconds(launch, sequential) == pytest.approx(
+        stage_seconds(one, sequential) / min(processes, batch_size), rel=1e-9)
