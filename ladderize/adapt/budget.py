@@ -232,8 +232,8 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
         pace, when = timed_now(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and "
                                "backward and the kd head, a few calls each: seconds; kept for the next run)"), TIMED
-    refit = (f"budget {budget.describe()}: the pace kept here refuses it, timed at {pacing.describe_load(kept and kept.load)}; "
-             f"timing it again at the {pacing.describe_load(now)} now")
+    refit = (f"budget {budget.describe()}: timing this device's pace again: the one kept here, timed at "
+             f"{pacing.describe_load(kept and kept.load)}, refuses it; the {pacing.describe_load(now)} now")
     if budget.seconds is not None:
         if retime(_floor_seconds(pace, steps) > budget.seconds):
             pace, when = timed_now(refit), TIMED

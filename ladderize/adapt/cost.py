@@ -80,18 +80,35 @@ class FlopCount:
     trained: int
     backward_through: int
     forward_only: int
+    recomputed: int = 0  # activation checkpointing: the decoder layers' forward run again in the backward
 
     @property
     def per_token(self) -> int:
+        """The model's FLOPs per token (what MFU counts): the recompute left out."""
         return 6 * self.trained + 4 * self.backward_through + 2 * self.forward_only
+
+    @property
+    def executed_per_token(self) -> int:
+        """The FLOPs a device runs per token: the model's and the recomputed forward (what a priced time counts)."""
+        return self.per_token + 2 * self.recomputed
 
     @classmethod
     def for_stage(cls, config: Any, converted: list[int], weights: dict[str, float] | set[str], *,
-                  share_prefix: bool = True, scope: str = "converted", stored_teacher: bool = False) -> "FlopCount":
+                  share_prefix: bool = True, scope: str = "converted", stored_teacher: bool = False,
+                  checkpointing: bool = False) -> "FlopCount":
         """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives (what
         each reads of the two models: ``objectives.Objective``); ``stored_teacher``: it reads the teacher's states a
-        sequential stage stored, so the shared prefix and the teacher's layers do not run (its head does)."""
+        sequential stage stored, so the shared prefix and the teacher's layers do not run (its head does);
+        ``checkpointing``: every decoder layer the backward passes through runs its forward again (the head does not)."""
         from .objectives import entries
+
+        if checkpointing:
+            plain = cls.for_stage(config, converted, weights, share_prefix=share_prefix, scope=scope,
+                                  stored_teacher=stored_teacher)
+            shape = _shape_of(config)
+            head = head_parameters(shape) if any(objective.head for objective in entries(weights)) else 0
+            layers = plain.trained + plain.backward_through - head  # trained or passed through, in every scope
+            return cls(plain.trained, plain.backward_through, plain.forward_only, layers)
 
         shape = _shape_of(config)
         layers, layer, head = shape.num_hidden_layers, layer_parameters(shape), head_parameters(shape)
@@ -194,10 +211,11 @@ class PricedDevice:
 
         settings = stage_config(step)
         return FlopCount.for_stage(self.config, list(self.converted), parse_objectives(settings.objectives),
-                                   scope=settings.train, stored_teacher=stored_teacher)
+                                   scope=settings.train, stored_teacher=stored_teacher,
+                                   checkpointing=bool(settings.activation_checkpointing))
 
     def tokens_per_s_per_gpu(self, step: dict[str, Any], stored_teacher: bool = False) -> float:
-        return self.flops_per_s(False) / self.count(step, stored_teacher).per_token
+        return self.flops_per_s(False) / self.count(step, stored_teacher).executed_per_token
 
     def fixed_seconds(self, step: dict[str, Any]) -> float:
         return 0.0
@@ -412,6 +430,7 @@ class StageCost:
     steps: int
     flops_per_token: int
     memory: dict[str, float] | None = None
+    recomputed_flops_per_token: int = 0  # activation checkpointing's second forward, priced beside ``flops_per_token``
     memory_bytes: float | None = None
     strategy: str | None = None  # a joint stage's: how it runs on the launch (``strategy.Strategy.describe``)
     split: str | None = None  # a joint stage's: its global batch over the processes (``batches.StepSplit.describe``)
@@ -470,7 +489,9 @@ class RunPlan:
         out = [f"dry run: {self.model} ({self.layout}) on {self.launch.describe()}; no weights read"]
         for stage in self.stages:
             head = (f"  {stage.stage}. {stage.name} ({stage.kind}): {stage.arithmetic()}, "
-                    f"{stage.flops_per_token / 1e9:,.1f} GFLOP per token")
+                    f"{stage.flops_per_token / 1e9:,.1f} GFLOP per token"
+                    + (f" (+{stage.recomputed_flops_per_token / 1e9:,.1f} recomputed: activation checkpointing)"
+                       if stage.recomputed_flops_per_token else ""))
             out.append(head)
             if stage.strategy is not None:
                 out.append(f"     runs {stage.strategy}")
@@ -522,11 +543,13 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
             tokens_per_step = seq_len * batch  # the global batch
             steps_n = max(1, math.ceil(settings.tokens / tokens_per_step))
             stored = reads_stored_teacher(steps, index, data_tokens)
-            count = FlopCount.for_stage(config, converted, weights, scope=settings.train, stored_teacher=stored)
+            count = FlopCount.for_stage(config, converted, weights, scope=settings.train, stored_teacher=stored,
+                                        checkpointing=bool(settings.activation_checkpointing))
             strategy = choose_strategy(settings, launch)
             memory = JointMemory.for_step(config, converted, step, launch.processes)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
+                              recomputed_flops_per_token=count.executed_per_token - count.per_token,
                               save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
                               strategy=strategy.describe(), split=StepSplit(batch, launch.processes, accum).describe())
             if stored:

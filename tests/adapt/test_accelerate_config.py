@@ -76,7 +76,7 @@ def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, te
     from tests.adapt.test_sharded import _free_port
 
     args = ["adapt", str(ladder_dir), None, "--data", str(text_file), "--objective", "kd", "--tokens", "256",
-            "--seq-len", "32", "--batch-size", "1", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
+            "--seq-len", "32", "--batch-size", "2", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
 
     def with_out(out: Path) -> list[str]:
         return [str(out) if item is None else item for item in args]

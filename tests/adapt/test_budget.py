@@ -294,7 +294,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     said: list[str] = []
     sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append)
     assert len(calls) == 1 and record["tokens"] > 0 and record["pace"]["layer_train"] < 1800.0, said
-    assert any("the pace kept here refuses it, timed at load 1.9 per CPU; timing it again at the load 1.1 per CPU now"
+    assert any("timing this device's pace again: the one kept here, timed at load 1.9 per CPU, refuses it; the load 1.1 per CPU now"
                in line for line in said), said
     assert Pace(**json.loads(file.read_text())).layer_train == record["pace"]["layer_train"]  # the fastest, kept
 

@@ -35,6 +35,38 @@ def test_kd_of_the_upper_half_of_llama_8b_costs_38_gflop_a_token():
     assert every.trained == 32 * layer + head and every.backward_through == 0
 
 
+def test_activation_checkpointing_prices_a_second_forward_of_every_layer_the_backward_passes():
+    """Checkpointed, the 16 trained layers of 8B's kd run their forward again in the backward (the head is not
+    checkpointed): 2 x 16 layers more executed per token, while the model's count (MFU's) is unchanged."""
+    layer = layer_parameters(EIGHT_B)
+    plain = FlopCount.for_stage(EIGHT_B, list(range(16, 32)), {"kd"})
+    checked = FlopCount.for_stage(EIGHT_B, list(range(16, 32)), {"kd"}, checkpointing=True)
+    assert checked.per_token == plain.per_token and plain.executed_per_token == plain.per_token
+    assert checked.recomputed == 16 * layer and checked.executed_per_token == plain.per_token + 2 * 16 * layer
+    lora = FlopCount.for_stage(EIGHT_B, list(range(16, 32)), {"kd"}, scope="lora", checkpointing=True)
+    assert lora.recomputed == 16 * layer  # the frozen layers the adapters' gradient passes
+    every = FlopCount.for_stage(EIGHT_B, list(range(16, 32)), {"kd"}, scope="all", checkpointing=True)
+    assert every.recomputed == 32 * layer
+    local = FlopCount.for_stage(tiny_config(), [1, 2], {"local"}, checkpointing=True)
+    assert local.recomputed == 2 * layer_parameters(tiny_config())
+
+
+def test_a_dry_run_with_checkpointing_says_so_and_prices_the_recompute(tmp_path):
+    from ladderize.adapt.recipe import dry_run
+
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    priced = {checked: dry_run(folder, "8xH100", shared={"batch_size": 64, "activation_checkpointing": checked},
+                               budget="3B").cost for checked in (False, True)}
+    plain, checked = priced[False].stages[-1], priced[True].stages[-1]
+    layer = layer_parameters(EIGHT_B)
+    assert plain.recomputed_flops_per_token == 0 and checked.recomputed_flops_per_token == 2 * 16 * layer
+    assert checked.flops_per_token == plain.flops_per_token
+    executed = checked.flops_per_token + checked.recomputed_flops_per_token
+    assert checked.seconds == pytest.approx(plain.seconds * executed / plain.flops_per_token, rel=1e-9)
+    assert any("recomputed: activation checkpointing" in line for line in priced[True].lines())
+    assert not any("recomputed" in line for line in priced[False].lines())
+
+
 def test_local_alone_stops_at_the_last_converted_layer_and_reads_no_head():
     config = tiny_config()
     layer = layer_parameters(config)
