@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import LadderizeError
 from ..checkpoint.atomic import check_apart
-from ..checkpoint.placement import process_rank
+from ..checkpoint.placement import process_rank, world_size
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .inputs import adapt_inputs
@@ -227,10 +227,11 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
+        kept_rows = rows_read(steps, index, world_size())  # a re-plan may grow what is read: all rows, where any
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=options.force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
-                              teacher_state_rows=None if budgeted else rows_read(steps, index))
+                              teacher_state_rows=None if budgeted and kept_rows else kept_rows)
         # a stage before the last writes fp32 (the next one starts from the trained weights as they are), OUT the
         # dtype asked for, by default the recipe's input checkpoint's
         config = replace(config, output_dtype=(config.output_dtype or checkpoint_dtype(plan.checkpoint)) if last

@@ -202,6 +202,8 @@ def adapt_sequential(
         first, kept = min(student.model.layout.converted_layers), teacher_id(teacher_path)
         mine = data[ranks.owned(int(data.shape[0]))][:len(ranks.owned(rows_kept))]  # this process's of the rows kept
 
+        say(f"the teacher's states of {counted(rows_kept, 'sequence')} are kept for a later stage ({config.teacher_states})")
+
         def keep(name: str, tensors: dict[str, torch.Tensor]) -> None:
             write_teacher_states(Path(config.teacher_states), name, mine, tensors, kept, first, ranks.rank, ranks.world)
     try:
