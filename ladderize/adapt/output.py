@@ -48,6 +48,12 @@ def output_dtype(config: AdaptConfig) -> torch.dtype:
     return parse_dtype(config.output_dtype) or getattr(torch, checkpoint_dtype(config.checkpoint))
 
 
+def written_marker(out: Path) -> Path:
+    """The file beside OUT that says the main process has written it (``process_group.written_by_main``)."""
+    out = Path(out).expanduser().absolute()
+    return out.parent / f".{out.name}.written"
+
+
 def run_curve(config: AdaptConfig, result: AdaptResult) -> list[dict[str, Any]]:
     """The loss curve OUT records: a single run's points as they are; a recipe stage's tagged with its ``stage``
     (number) and ``stage_name``, after the points of the stages before it, which its input checkpoint's curve holds
