@@ -67,6 +67,7 @@ class AdaptConfig:
     run_dir: str | None = None
     force: bool = False
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
+    output_dtype: str | None = None  # OUT's tensors: float32, bfloat16, float16; None (auto): the checkpoint's (output.py)
     recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
     teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's states
     # and a later kd or lm stage reads them (teacher_states.py)
@@ -87,10 +88,12 @@ class AdaptConfig:
         layers round differently, not compute something else (``compilation.py``); and ``teacher_states``: the
         stored states are the teacher's own, rounded in another batch shape (``teacher_states.py``). ``save_minutes``,
         ``shard`` and ``activation_checkpointing`` change when the state is written, where the weights live and what
-        the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``).
+        the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``); ``output_dtype``
+        is the dtype OUT's tensors are cast to once trained (the training is fp32 whatever it is).
         """
         skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state",
-                "recipe", "stream_layers", "states", "device", "compile", "teacher_states", "teacher_state_rows"}
+                "recipe", "stream_layers", "states", "device", "compile", "teacher_states", "teacher_state_rows",
+                "output_dtype"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
     def _section(self, kind: type[Section]) -> Section:

@@ -52,6 +52,8 @@ USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand 
 RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
 ASSUMED_MFU = 0.34  # a joint stage's time on a known GPU: kd measured at llama-3b on one H100 (bench_adapt_throughput.py)
 SEQUENTIAL_ASSUMED_MFU = 0.30
+DISK_BYTES_PER_S = 1e9  # the rate a stage's output is priced at: 1 GB/s, a network file system's or a slow local disk's
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 def _shape_of(config: Any):
@@ -438,6 +440,9 @@ class StageCost:
     seconds: float | None = None
     saves: int = 0
     save_bytes: float = 0.0
+    output: str | None = None  # what the stage writes at its end: "OUT (bfloat16)", "its checkpoint (float32)"
+    output_bytes: float = 0.0
+    teacher_state_bytes: float = 0.0  # a sequential stage's: the teacher's states it keeps for a later stage
     notes: list[str] = field(default_factory=list)
     # a sequential stage: its calibration tokens x epochs through each group of layers it trains together, in turn
     epochs: float | None = None
@@ -506,6 +511,12 @@ class RunPlan:
                            f"{format_duration(stage.seconds)}")
             if stage.saves:
                 out.append(f"     saves: {stage.saves:,} training states of {gib(stage.save_bytes)} (trained layers and AdamW)")
+            if stage.output is not None:
+                kept = f" + the teacher's states for a later stage, {gib(stage.teacher_state_bytes)}" \
+                    if stage.teacher_state_bytes else ""
+                written = stage.output_bytes + stage.teacher_state_bytes
+                out.append(f"     writes: {stage.output} {gib(stage.output_bytes)}{kept}: about "
+                           f"{format_duration(written / DISK_BYTES_PER_S)} at {DISK_BYTES_PER_S / 1e9:g} GB/s")
             out.extend(f"     {note}" for note in stage.notes)
         if self.seconds is not None:
             out.append(f"  total: {format_duration(self.seconds)} on {self.launch.describe()} "
@@ -566,11 +577,29 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
                 refusal = _joint_advice(config, converted, launch, step, memory, usable)
+        _price_writes(stage, config, steps, index, launch.processes)
         stages.append(stage)
         if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
             refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "
                        f"{gib(usable)} usable: store its states on disk (--states-on-disk) or give it fewer tokens")
     return RunPlan(model_name, layout_text, launch, stages, refusal, clock)
+
+
+def _price_writes(stage: StageCost, config: Any, steps: list[dict[str, Any]], index: int, processes: int) -> None:
+    """What stage ``index`` writes at its end: OUT in its output dtype (by default the checkpoint's), or a checkpoint
+    in float32 before the last stage (``recipe.py``), and a sequential stage's kept teacher states
+    (``teacher_states.rows_read``: three ``[rows, S, D]`` float32 tensors)."""
+    from .config import stage_config
+    from .teacher_states import rows_read
+
+    settings, shape = stage_config(steps[index]), _shape_of(config)
+    last = index == len(steps) - 1
+    dtype = (settings.output_dtype or str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")) \
+        if last else "float32"
+    stage.output = f"{'OUT' if last else 'its checkpoint'} ({dtype})"
+    stage.output_bytes = float(shape.num_parameters * DTYPE_BYTES.get(dtype, 4))
+    if settings.local_schedule == "sequential":
+        stage.teacher_state_bytes = 3.0 * rows_read(steps, index, processes) * settings.seq_len * shape.hidden_size * 4
 
 
 def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,

@@ -168,11 +168,13 @@ class StreamedLayers:
     def use_trained(self, index: int, file: Path) -> None:
         self.trained[index] = Path(file)
 
-    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of the checkpoint in its file order, trained layers from their files, cast to ``dtype``.
+    def iter_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the checkpoint in its file order, trained layers from their files, floating ones cast to
+        ``dtype`` (default: the dtype the layers are read in).
 
         Read one layer (or one tensor outside the layers) at a time, so memory is one layer.
         """
+        dtype = dtype or self.dtype
         groups: list[list[str]] = []
         for name in self.files:
             if groups and layer_of(name) >= 0 and layer_of(name) == layer_of(groups[-1][0]):
@@ -183,7 +185,7 @@ class StreamedLayers:
             tensors = read_tensors({name: self._file(name) for name in names})
             for name in names:
                 tensor = tensors.pop(name)
-                yield name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
             return_free_memory()  # what the caller's writer has flushed meanwhile
 
 

@@ -7,8 +7,10 @@ Two writers, one result:
   with the trained layers taken from their files in the run dir (``layer_source.StreamedLayers``),
   so it never holds more than one layer plus one output shard.
 
-Both write fp32 tensors (adaptation trains in fp32), the same config, tokenizer, generation
-config, modeling files and provenance, into a temp dir renamed to OUT at the end
+Both write OUT's tensors in ``output_dtype`` (``--output-dtype``; by default the input checkpoint's: bf16 in, bf16
+out), the fp32 weights the training keeps cast once as they are written; the config records that dtype (``dtype``,
+what transformers' ``dtype="auto"`` reads) and so does the provenance. Both write the same config, tokenizer,
+generation config, modeling files and provenance, into a temp dir renamed to OUT at the end
 (``checkpoint.atomic.atomic_directory``).
 """
 
@@ -28,6 +30,28 @@ from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
 CURVE_FILE = "adapt_curve.json"
+
+
+def checkpoint_dtype(path: str | Path) -> str:
+    """The dtype a checkpoint's weights are stored in (the one holding most of its floating values); ``float32`` where
+    none is floating."""
+    from ..checkpoint.tensor_files import HEADER, CheckpointTensors
+
+    with CheckpointTensors(path, framework=HEADER) as tensors:
+        return tensors.floating_dtype() or "float32"
+
+
+def output_dtype(config: AdaptConfig) -> torch.dtype:
+    """The dtype OUT's floating tensors are written in: ``config.output_dtype``, or (auto) the input checkpoint's."""
+    from ..checkpoint.placement import parse_dtype
+
+    return parse_dtype(config.output_dtype) or getattr(torch, checkpoint_dtype(config.checkpoint))
+
+
+def written_marker(out: Path) -> Path:
+    """The file beside OUT that says the main process has written it (``process_group.written_by_main``)."""
+    out = Path(out).expanduser().absolute()
+    return out.parent / f".{out.name}.written"
 
 
 def run_curve(config: AdaptConfig, result: AdaptResult) -> list[dict[str, Any]]:
@@ -53,9 +77,10 @@ def stage_points(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def adapt_provenance(
     checkpoint: str, teacher_path: str | None, config: AdaptConfig, weights: dict[str, float], result: AdaptResult,
-    model_config: LadderLlamaConfig, lora: bool = False,
+    model_config: LadderLlamaConfig, lora: bool = False, dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
-    """The checkpoint's provenance with this run's ``adapt`` record appended and its layout updated."""
+    """The checkpoint's provenance with this run's ``adapt`` record appended, its layout and ``dtype`` (OUT's tensors')
+    updated."""
     from ..checkpoint.io import read_provenance
     from ..checkpoint.placement import resolve_device, training_precision
 
@@ -87,6 +112,7 @@ def adapt_provenance(
             "device": device.type,
             "precision": training_precision(config.dtype, device, config.mixed_precision).name,
             "layout": layout.describe(),
+            "dtype": _dtype_name(dtype),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
             **({"recipe": recipe} if recipe else {}),
             # the weights written are (1 - x) * from + x * trained (interpolation.py); final_loss is the trained end's
@@ -96,7 +122,12 @@ def adapt_provenance(
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
+    provenance["dtype"] = _dtype_name(dtype)
     return provenance
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _absolute(value: Any) -> Any:
@@ -110,14 +141,18 @@ def write_output(
     final: LadderLlamaForCausalLM, tokenizer, checkpoint: str, teacher_path: str | None,
     config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path, adapter: Path | None = None,
 ) -> None:
-    """Save the adapted model (held whole) as a converted checkpoint, its provenance extended by an ``adapt`` record.
+    """Save the adapted model (held whole) as a converted checkpoint, its provenance extended by an ``adapt`` record;
+    ``final`` is cast to ``output_dtype(config)`` in place first.
 
     ``adapter``: a saved peft adapter, moved to ``OUT/adapter/`` once the merged checkpoint is written.
     """
     from ..checkpoint.io import save_model_checkpoint
 
     final.requires_grad_(False)
-    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config, lora=adapter is not None)
+    dtype = output_dtype(config)
+    final.to(dtype)
+    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config,
+                                  lora=adapter is not None, dtype=dtype)
     save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
     (out / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n")
     if adapter is not None:
@@ -130,25 +165,26 @@ def write_streamed_output(
 ) -> None:
     """Assemble OUT from ``student`` (a ``layer_source.StreamedLayers`` whose trained layers point at their files).
 
-    Tensors stream into fp32 shards of at most ``DEFAULT_MAX_SHARD_BYTES``, the converter's rule (the same
-    model is sharded the same way by convert and adapt); the config is the
-    checkpoint's, as ``load_model(checkpoint, float32)`` would save it.
+    Tensors stream, cast to ``output_dtype(config)``, into shards of at most ``DEFAULT_MAX_SHARD_BYTES``, the
+    converter's rule (the same model is sharded the same way by convert and adapt); the config is the
+    checkpoint's, as ``load_model(checkpoint, dtype)`` would save it.
     """
     from transformers import GenerationConfig
 
     from ..checkpoint.io import DEFAULT_MAX_SHARD_BYTES, write_checkpoint
 
     model_config = student.model.config
-    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config)
+    dtype = output_dtype(config)
+    provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config, dtype=dtype)
     saved = LadderLlamaConfig.from_dict(model_config.to_dict())
-    saved.dtype = str(student.dtype).removeprefix("torch.")
+    saved.dtype = _dtype_name(dtype)
     generation = Path(checkpoint) / "generation_config.json"
     if generation.is_file():
         generation_config = GenerationConfig.from_pretrained(checkpoint)
     else:
         generation_config = GenerationConfig.from_model_config(saved)
     write_checkpoint(
-        out, saved, student.iter_tensors(), force=config.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
+        out, saved, student.iter_tensors(dtype), force=config.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
         tokenizer=tokenizer, generation_config=generation_config, provenance=provenance,
         extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n"),
     )

@@ -8,13 +8,18 @@ calls ``start``, so that:
   on another's GPU;
 - the group's collective timeout is ladderize's (``$LADDERIZE_COLLECTIVE_TIMEOUT`` minutes, default 120), not NCCL's
   10 minutes, so that ranks waiting at a barrier while the main process writes a large output are not killed;
-- NCCL runs on CUDA, gloo on a CPU.
+- NCCL runs on CUDA, gloo on a CPU;
+- a long write by the main process (a stage's output, OUT) is waited for on the file system (``written_by_main``),
+  not in a collective.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
@@ -105,3 +110,39 @@ def main_says(values: tuple[int, ...], device: torch.device | str) -> tuple[int,
     tensor = torch.tensor(list(values), device=device)
     dist.broadcast(tensor, src=0)
     return tuple(int(value) for value in tensor.tolist())
+
+
+WRITE_WAIT_S = 12 * 3600.0  # how long the other processes wait on the file system for the main one's write
+POLL_S = 0.2
+
+
+def written_by_main(marker: Path, write: Callable[[], None], timeout_s: float = WRITE_WAIT_S) -> None:
+    """``write()`` on the main process while the others wait on the file system, not in a collective: the main process
+    writes ``marker`` once ``write`` has returned (or failed), and the others poll for it (every ``POLL_S``, up to
+    ``timeout_s``), so that no collective timeout bounds a long write. Without a launch, ``write()`` alone."""
+    from ..errors import LadderizeError
+
+    if not launched():
+        write()
+        return
+    if is_main():
+        marker.unlink(missing_ok=True)  # a marker an earlier run left
+    barrier()  # every process is here, before the main one writes
+    if is_main():
+        try:
+            write()
+        except BaseException as exc:
+            marker.write_text(f"failed: {type(exc).__name__}")
+            raise
+        marker.write_text("done")
+    else:
+        waited = time.monotonic()
+        while not marker.is_file():
+            if time.monotonic() - waited > timeout_s:
+                raise LadderizeError(f"the main process has not finished writing after {timeout_s:,.0f} s ({marker})")
+            time.sleep(POLL_S)
+        if marker.read_text().startswith("failed"):
+            raise LadderizeError(f"the main process's write failed ({marker.read_text().strip()})")
+    barrier()  # every process has seen the marker (each arrives within a poll of the main one)
+    if is_main():
+        marker.unlink(missing_ok=True)

@@ -3,8 +3,9 @@
 What a recipe is (presets, named recipes, a recipe file, ``--stage``) is ``stages.py``; the run's plan, built from it
 once (``plan_adapt``, before ``run_recipe`` runs it), is ``plan.py``.
 
-Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` and its training
-state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT. ``RUN/recipe.json`` holds the
+Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` (in float32: the next stage starts
+from the trained weights exactly) and its training state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT
+(in ``output_dtype``, by default the recipe's input checkpoint's dtype). ``RUN/recipe.json`` holds the
 plan. ``RUN`` is ``OUT.adapt-run`` (or ``--run-dir``). ``--resume`` skips the finished stages
 and resumes the interrupted one exactly; a finished recipe removes RUN unless ``keep_state``.
 """
@@ -22,11 +23,11 @@ from typing import Any
 
 from ..errors import LadderizeError
 from ..checkpoint.atomic import check_apart
-from ..checkpoint.placement import process_rank
+from ..checkpoint.placement import process_rank, world_size
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
 from .inputs import adapt_inputs
-from .output import CURVE_FILE, stage_points
+from .output import CURVE_FILE, checkpoint_dtype, stage_points
 from .plan import AdaptPlan, build_plan
 from .run_lock import holding_run
 from .stages import Recipe, describe
@@ -227,10 +228,15 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
+        kept_rows = rows_read(steps, index, world_size())  # a re-plan may grow what is read: all rows, where any
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=options.force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
-                              teacher_state_rows=None if budgeted else rows_read(steps, index))
+                              teacher_state_rows=None if budgeted and kept_rows else kept_rows)
+        # a stage before the last writes fp32 (the next one starts from the trained weights as they are), OUT the
+        # dtype asked for, by default the recipe's input checkpoint's
+        config = replace(config, output_dtype=(config.output_dtype or checkpoint_dtype(plan.checkpoint)) if last
+                         else "float32")
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
             earlier.append(_finished_stage(stage_out, curve))

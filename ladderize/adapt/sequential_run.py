@@ -30,7 +30,8 @@ Data parallel (``accelerate launch`` / torchrun, ``WORLD_SIZE`` > 1): each proce
 whose index modulo the process count is its rank, computes and holds only their states (1/N of the
 memory), and trains the same layer on the rows of each batch it owns (``--batch-size`` is the step's
 batch); the losses are shares of the batch's and the gradients are summed (``layer_training.Ranks``), so
-the steps are one process's within fp32 rounding. The main process writes the layer files and OUT; each
+the steps are one process's within fp32 rounding. The main process writes the layer files and OUT (the others
+wait for OUT on the file system, not in a collective: ``process_group.written_by_main``); each
 process writes the teacher's states of its own sequences (``teacher_states.write``), those of the rows a
 later stage reads (``config.teacher_state_rows``).
 
@@ -58,7 +59,8 @@ from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_nam
 from ..errors import LadderizeError, holding_interrupts
 from .compilation import COMPILING, compile_layers, resolve_compile
 from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
-from .output import layer_tensors, write_output, write_streamed_output
+from .output import layer_tensors, write_output, write_streamed_output, written_marker
+from .process_group import written_by_main
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
@@ -202,6 +204,8 @@ def adapt_sequential(
         first, kept = min(student.model.layout.converted_layers), teacher_id(teacher_path)
         mine = data[ranks.owned(int(data.shape[0]))][:len(ranks.owned(rows_kept))]  # this process's of the rows kept
 
+        say(f"the teacher's states of {counted(rows_kept, 'sequence')} are kept for a later stage ({config.teacher_states})")
+
         def keep(name: str, tensors: dict[str, torch.Tensor]) -> None:
             write_teacher_states(Path(config.teacher_states), name, mine, tensors, kept, first, ranks.rank, ranks.world)
     try:
@@ -212,19 +216,19 @@ def adapt_sequential(
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
     run.calibration_tokens = calibration_rows * config.seq_len
     run.stopped_early = not finished
-    if not ranks.main:  # the main process writes OUT and settles the run dir
-        ranks.barrier()
-        return run
     if run.calibration_tokens != config.tokens:
         say(f"--tokens {config.tokens:,} is the calibration set: {counted(calibration_rows, 'whole sequence')} of {config.seq_len} "
             f"tokens = {run.calibration_tokens:,} tokens")
-    if finished:  # else stopped early, as a kill would
-        if stream:
-            write_streamed_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
-        else:
-            write_output(student.model, tokenizer, checkpoint, teacher_path, config, weights, run, out)
-    run.state_dir = finish_state(run_dir, state_dir, config.keep_state or not finished)
-    ranks.barrier()
+
+    def write() -> None:  # the main process writes OUT and settles the run dir; the others wait on the file system
+        if finished:  # else stopped early, as a kill would
+            if stream:
+                write_streamed_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
+            else:
+                write_output(student.model, tokenizer, checkpoint, teacher_path, config, weights, run, out)
+        run.state_dir = finish_state(run_dir, state_dir, config.keep_state or not finished)
+
+    written_by_main(written_marker(out), write)
     return run
 
 

@@ -149,7 +149,8 @@ class TrainingSettings:
 
 @dataclass(frozen=True)
 class SavingSettings:
-    """What a stage writes and where: OUT (``force``: over an existing one), the run dir and its training state (how
+    """What a stage writes and where: OUT (``force``: over an existing one; ``output_dtype``: its tensors' dtype,
+    ``None`` the input checkpoint's, ``output.output_dtype``), the run dir and its training state (how
     often it is saved, whether it is kept), and the recipe's provenance."""
 
     out: str
@@ -159,11 +160,15 @@ class SavingSettings:
     save_minutes: float
     keep_state: bool
     recipe: dict[str, Any] | None
+    output_dtype: str | None
 
     def check(self) -> None:
+        from ..checkpoint.placement import check_dtype
+
         _at_least_one(self, ("save_every",))
         if self.save_minutes <= 0:
             raise LadderizeError(f"save-minutes must be positive, got {self.save_minutes:g}")
+        check_dtype(self.output_dtype)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   gradients (``clip_sharded``).
 - **The training state** is the joint stages' one (``training_state.save_joint_state``): every rank writes its own
   shards with torch's distributed checkpoint; on another process count DCP reshards it.
-- **OUT**: each trained layer is gathered whole (one layer at a time) and written by the main process to a layer
-  file, and OUT is assembled from the checkpoint with those layers (``output.write_streamed_output``).
+- **OUT**: each trained layer is gathered whole (one layer at a time) and kept by the process it is given (round
+  robin), which writes it to a layer file once the gathers end; the main process assembles OUT from the checkpoint with
+  those layers (``output.write_streamed_output``) while the others wait on the file system, not in a collective
+  (``process_group.written_by_main``).
 
 LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``joint.py``, DDP):
 ``strategy.choose_strategy`` decides, for the plan and the run alike. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,13 +145,8 @@ class ShardedRun:
     def write_out(self, result: AdaptResult, out: Path, tokenizer, state_dir: Path) -> None:
         """OUT from the trained layers gathered one at a time (``_write_out``); the training state removed unless
         kept."""
-        import torch.distributed as dist
-
         _write_out(self.student, self.converted, self.checkpoint, tokenizer, self.teacher_path, self.config,
                    self.weights, result, out, state_dir)
-        if self.rank == 0:
-            result.state_dir = finish_state(state_dir.parent, state_dir, self.config.saving.keep_state)
-        dist.barrier()
 
 
 def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -328,40 +326,63 @@ def _shard_root(loss_module: AdaptLoss, mixed: torch.dtype | None) -> None:
 
 def _write_out(student, converted: list[int], checkpoint: str, tokenizer, teacher_path: str | None,
                config: AdaptConfig, weights: dict[str, float], result: AdaptResult, out: Path, state_dir: Path) -> None:
-    """OUT: every trained layer gathered whole (one at a time) into a layer file, then assembled with the rest of
-    ``checkpoint`` by the main process."""
+    """OUT: every trained layer gathered whole (one at a time) and kept by the process it is given (``_writer``), each
+    process then writing its own layers' files; the main process assembles OUT from them and the rest of
+    ``checkpoint`` while the others wait on the file system (``process_group.written_by_main``), so no process waits in
+    a collective while another writes."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     from ..checkpoint.atomic import atomic_file
     from ..checkpoint.architectures import layer_prefix
     from .layer_source import StreamedLayers
-    from .output import write_streamed_output
+    from .output import write_streamed_output, written_marker
     from .sequential_run import layer_file
 
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     layers_dir = state_dir.parent / ".sharded-layers"
     if rank == 0:
         shutil.rmtree(layers_dir, ignore_errors=True)
         layers_dir.mkdir(parents=True)
     dist.barrier()
-    files = {}
-    for index in converted:
+    files = {index: layer_file(layers_dir, index) for index in converted}
+
+    def save(index: int, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        with atomic_file(files[index]) as tmp:
+            save_file(tensors, str(tmp))
+
+    mine: dict[int, dict[str, torch.Tensor]] = {}  # the gathered layers this process writes, held until the gathers end
+    for position, index in enumerate(converted):
         tensors = {}
         for key, value in student.model.layers[index].state_dict().items():
             full = value.full_tensor() if isinstance(value, DTensor) else value
-            tensors[f"{layer_prefix(index)}{key}"] = full.detach().to("cpu", torch.float32).contiguous()
-        files[index] = layer_file(layers_dir, index)
-        if rank == 0:
-            from safetensors.torch import save_file
+            if _writer(position, world) == rank:
+                tensors[f"{layer_prefix(index)}{key}"] = full.detach().to("cpu", torch.float32).contiguous()
+        if world == 1:
+            save(index, tensors)  # no other process to keep waiting: one layer held at a time
+        elif tensors:
+            mine[index] = tensors
+    for index in list(mine):
+        save(index, mine.pop(index))
 
-            with atomic_file(files[index]) as tmp:
-                save_file(tensors, str(tmp))
-    dist.barrier()
-    if rank == 0:
+    def assemble() -> None:
+        waited = time.monotonic()
+        while not all(file.is_file() for file in files.values()):  # the other processes' layer files
+            if time.monotonic() - waited > process_group.WRITE_WAIT_S:
+                raise LadderizeError(f"the layer files in {layers_dir} are not all written")
+            time.sleep(process_group.POLL_S)
         whole = StreamedLayers(checkpoint, dtype=torch.float32)
         for index, file in files.items():
             whole.use_trained(index, file)
         write_streamed_output(whole, tokenizer, checkpoint, teacher_path, config, weights, result, out)
         shutil.rmtree(layers_dir, ignore_errors=True)
-    dist.barrier()
+        result.state_dir = finish_state(state_dir.parent, state_dir, config.saving.keep_state)
+
+    process_group.written_by_main(written_marker(out), assemble)
+
+
+def _writer(position: int, world: int) -> int:
+    """The process that writes the ``position``-th trained layer's file: round robin over the processes."""
+    return position % world

@@ -18,7 +18,9 @@ the teacher. The stage reads a batch's rows from the files at each step, so the 
 run dir and go with it.
 
 The sequential stage writes the first ``rows_read`` rows only, as many as the later stages' plans read (all its rows
-under a wall budget, whose re-plan may grow them). Under N processes each writes the rows it holds, those whose index
+under a wall budget, whose re-plan may grow them), and none for a stage sharded over several processes that would not
+find all its windows stored (its ranks run the teacher together: ``gathers_teacher``), so that every state written is
+read. Under N processes each writes the rows it holds, those whose index
 modulo N is its rank (``layer_training.Ranks``), to files of its own (``part_name``); ``read`` puts them together.
 """
 
@@ -88,14 +90,26 @@ class TeacherStates:
     ``(residual, stale, final)``, read from the files then (each file open for that read only: pages read through an
     open map count in the process's RSS, as ``layer_source.py`` found), so nothing of them stays in memory."""
 
-    def __init__(self, directory: Path, num_rows: int, parts: int = 1):
+    def __init__(self, directory: Path, num_rows: int, parts: int = 1, written: int | None = None):
         self.directory, self.num_rows, self.parts = Path(directory), num_rows, parts
+        self.written = num_rows if written is None else written  # the rows the files hold
+        self.seen = torch.zeros(num_rows, dtype=torch.int32)  # 1 where this process has read the row's states
+
+    def rows_read(self, device: torch.device | str) -> int:
+        """How many distinct stored rows were read, by any process (one all-reduce under a launcher)."""
+        import torch.distributed as dist
+
+        seen = self.seen.to(device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        return int(seen.sum())
 
     def rows(self, index: list[int], device: torch.device | str) -> tuple[torch.Tensor, ...] | None:
         """The states of rows ``index`` on ``device``; ``None`` when one of them is not stored (the teacher runs).
         Row ``r`` is row ``r // parts`` of part ``r % parts``'s files."""
         if max(index) >= self.num_rows:
             return None
+        self.seen[index] = 1
         found: list[list[torch.Tensor | None]] = [[None] * len(index) for _ in range(3)]
         for part in sorted({row % self.parts for row in index}):
             positions = [at for at, row in enumerate(index) if row % self.parts == part]
@@ -121,7 +135,7 @@ def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tens
     if parts[0] is None or parts[0] != parts[1]:
         return None, None
     parts = parts[0]
-    shared = count
+    shared, written = count, 0
     for name in (ENTRY_FILE, FINAL_FILE):
         pieces = []
         for part in range(parts):
@@ -136,12 +150,12 @@ def read(directory: Path | None, count: int, windows: Callable[[int], torch.Tens
         ids = torch.empty((stored, *pieces[0].shape[1:]), dtype=pieces[0].dtype)
         for part, piece in enumerate(pieces):
             ids[part::parts] = piece
-        shared = min(shared, stored)
+        shared, written = min(shared, stored), stored
         if not torch.equal(ids[:shared], windows(shared).to(ids.dtype)):
             return None, "this stage's sequences are not those whose teacher states are stored: the teacher runs"
     if shared == 0:
         return None, None
-    states = TeacherStates(directory, shared, parts)
+    states = TeacherStates(directory, shared, parts, written)
     outside = "" if count <= shared else \
         f"; {count - shared:,} of its {count:,} sequences are not stored: the batches with one of them run the teacher"
     return states, (f"the teacher's states of {shared:,} sequences come from the sequential stage ({directory}): "
@@ -153,17 +167,35 @@ def keeps_teacher_states(steps: list[dict[str, Any]], index: int) -> bool:
     return any(reads_kept_states(step, steps[index]) for step in steps[index + 1:])
 
 
-def rows_read(steps: list[dict[str, Any]], index: int) -> int:
+def gathers_teacher(step: dict[str, Any], processes: int) -> bool:
+    """Whether joint stage ``step`` on ``processes`` runs a teacher whose layers gather across the ranks (sharded over
+    more than one process): its ranks run it together or not at all, so it reads stored states only for a micro-batch
+    whose rows are stored on every rank (``trainer._all_stored``)."""
+    from .strategy import choose_strategy
+
+    return processes > 1 and choose_strategy(step, processes).sharded
+
+
+def rows_read(steps: list[dict[str, Any]], index: int, processes: int = 1) -> int:
     """How many of its first sequences' teacher states sequential stage ``index`` stores: as many as the later stages
     that read them (``reads_kept_states``) take windows (a joint stage's tokens rounded up to whole steps of its global
-    batch, ``batch_size`` sequences on any process count: ``batches.StepSplit``); 0 where none reads them."""
+    batch, ``batch_size`` sequences on any process count: ``batches.StepSplit``); 0 where none reads them.
+
+    A later stage whose teacher gathers across ``processes`` (``gathers_teacher``) reads stored states only where all
+    of a micro-batch's rows are stored: it counts where the sequential stage's calibration set holds every window it
+    takes (then each is read), and not at all otherwise (a few micro-batches would read a few of them)."""
     import math
 
     from .config import stage_config
 
     rows = 0
+    before = stage_config(steps[index])
+    calibration = before.tokens // before.seq_len  # whole sequences
     for step in steps[index + 1:]:
         if reads_kept_states(step, steps[index]):
             config = stage_config(step)
-            rows = max(rows, math.ceil(step["tokens"] / (config.batch_size * config.seq_len)) * config.batch_size)
+            windows = math.ceil(step["tokens"] / (config.batch_size * config.seq_len)) * config.batch_size
+            if gathers_teacher(step, processes) and windows > calibration:
+                continue
+            rows = max(rows, windows)
     return rows

@@ -246,6 +246,8 @@ def train_joint(
 
     vote.close()
     pending.flush(curve)
+    if stored is not None:
+        say(f"stored teacher states: {stored.rows_read(device):,} of the {stored.written:,} sequences written were read")
     result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
     run.write_out(result, out, tokenizer, state_dir)
     return result

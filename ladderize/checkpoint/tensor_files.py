@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # checks stay light; reads of tensor data use torch, imported then.
 HEADER = "numpy"
 
+FLOATING = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors' names
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -225,6 +226,19 @@ class CheckpointTensors:
                 numel *= dim
             total += numel
         return total
+
+    def floating_dtype(self) -> str | None:
+        """The dtype name (``float32``, ``bfloat16``, ``float16``) holding most of the floating values, from the headers
+        (nothing is loaded); ``None`` where no tensor is floating."""
+        counts: dict[str, int] = {}
+        for name in self.files:
+            kind = FLOATING.get(self._handle(self._file(name)).get_slice(name).get_dtype())
+            if kind is not None:
+                numel = 1
+                for dim in self.shape(name):
+                    numel *= dim
+                counts[kind] = counts.get(kind, 0) + numel
+        return max(counts, key=counts.__getitem__) if counts else None
 
     def close(self) -> None:
         self._stack.close()

@@ -78,6 +78,8 @@ def adapt_cmd(
                                             help="Stop after N optimizer steps, state saved (--resume goes on)."),
     keep_state: bool = typer.Option(False, "--keep-state", rich_help_panel=opts.RUN_STATE,
                                     help="Keep the training state after a finished run."),
+    output_dtype: str = typer.Option("auto", "--output-dtype", rich_help_panel=opts.RUN_STATE,
+                                     help="OUT's dtype: auto (the checkpoint's), float32, bfloat16, float16."),
     force: bool = opts.force_option("Replace OUT and any earlier run state.", panel=opts.RUN_STATE),
 ) -> None:
     """Adapt converted layers against the dense teacher, resumable: one process, or under torchrun / accelerate launch
@@ -97,12 +99,15 @@ def adapt_cmd(
 
         Launch.parse(dry_run)
     device, dtype_name = opts.check_placement(device, dtype)
+    from ..checkpoint.placement import check_dtype
+
+    output_dtype_name = check_dtype(output_dtype)
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
         save_minutes=save_minutes, shard=shard, activation_checkpointing=activation_checkpointing or None,
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
-        states="disk" if states_on_disk else None, compile=compile,
+        states="disk" if states_on_disk else None, compile=compile, output_dtype=output_dtype_name,
     ).items() if v is not None}
     single = {k: v for k, v in dict(
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,

@@ -204,3 +204,23 @@ def test_the_memory_plan_counts_the_kd_head_and_the_activations_as_autograd_save
     line = next(line for line in plan.cost.lines() if "memory per GPU" in line and "LM head" in line)
     assert "LM head 1.0 GiB" in line and "logits and blocks" in line and "head rows" in line
     assert any("with 5% of it left free" in line for line in said)
+
+
+def test_the_8b_dry_run_prices_each_stages_writes_in_their_dtypes(tmp_path, capsys, monkeypatch):
+    """The stage-1 checkpoint in float32 (8.03e9 x 4 bytes = 29.9 GiB), OUT in the checkpoint's bf16 (15.0 GiB), each
+    with its write time at the stated disk rate; the teacher's states only where the sharded kd reads them all."""
+    import json
+
+    from ladderize.adapt.cost import DISK_BYTES_PER_S
+
+    folder = _config_only(tmp_path, "llama-3.1-8b", 16)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))  # as Meta's checkpoint says
+    code, stdout, stderr = run_cli(["adapt", folder, tmp_path / "out", "--dry-run", "8xH100", "--budget", "3B"],
+                                   capsys, monkeypatch)
+    assert code == 0, stderr
+    writes = [line.strip() for line in stdout.splitlines() if line.strip().startswith("writes:")]
+    assert len(writes) == 2, stdout
+    assert writes[0].startswith("writes: its checkpoint (float32) 29.9 GiB") and "teacher's states" not in writes[0]
+    assert writes[1].startswith("writes: OUT (bfloat16) 15.0 GiB: about ") and f"at {DISK_BYTES_PER_S / 1e9:g} GB/s" in writes[1]
+    assert "about 16s at" in writes[1]  # 16.06e9 bytes at 1 GB/s

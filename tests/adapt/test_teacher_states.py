@@ -124,3 +124,26 @@ def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_di
     torch.testing.assert_close(stored[0], residual)
     torch.testing.assert_close(stored[1], stale)
     torch.testing.assert_close(stored[2], final_state)
+
+
+@pytest.mark.parametrize("kd_rows,written", [(4, 4), (16, 0)])
+def test_a_two_process_sharded_kd_reads_every_stored_state_or_none_is_written(ladder_dir, text_file, tmp_path, kd_rows,
+                                                                              written):
+    """A sequential stage of 8 calibration rows, then kd sharded over 2 processes (its teacher gathers across the
+    ranks): on 4 rows every state written is read; on 16 (not all stored) none is written."""
+    import re
+
+    from tests.adapt.test_sharded import _common, _launch
+
+    out = tmp_path / "out"
+    done = _launch(2, ["adapt", str(ladder_dir), str(out), *_common(text_file), "--batch-size", "2", "--keep-state",
+                       "--stage", "seq-local:tokens=256,epochs=1", "--stage", f"kd:tokens={32 * kd_rows}"], tmp_path)
+    files = list((tmp_path / "out.adapt-run" / "teacher-states").glob("*.safetensors"))
+    if written:
+        assert f"the teacher's states of {written} sequences are kept" in done.stderr
+        assert len(files) == 4  # entry and final, one of each per process
+        found = re.search(r"stored teacher states: (\d+) of the (\d+) sequences written were read", done.stderr)
+        assert found and found.groups() == (str(written), str(written)), done.stderr[-3000:]
+    else:
+        assert files == [] and "are kept for a later stage" not in done.stderr
+        assert "stored teacher states:" not in done.stderr
