@@ -129,23 +129,29 @@ def bench_cmd(
         opts.check_synthetic(synthetic, ranges, spd_tp_size, tps, allow_spd_mismatch or "native" not in schedules)
     check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
-    from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
-    from ..runtime.generate import RuntimeOptions
+    from ..checkpoint.placement import process_rank
+    from ..progress import Progress
 
-    source = model_source(checkpoint, synthetic, ranges, spd_tp_size)
-    spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
-                     prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
-    options = RuntimeOptions(
-        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
-        compile=compile_modules, linear=linear,
-    )
-    rounds = render.rounds_text(untimed_rounds(warmup, options), repeats)
-    if not err_console.is_terminal:  # the spinner below shows nothing in a log: say what runs, and how much
-        err_console.print(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
-                          f"size(s) x {rounds} of a {prompt}-token prefill and {gen} decode steps; the table "
-                          "comes at the end", highlight=False, soft_wrap=True)
-    with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
-        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
+    # the spinner below shows nothing in a log: a heartbeat line every interval there, from the libraries' loading on
+    log = Progress("bench", err_console, terminal=False) if not err_console.is_terminal and process_rank() == 0 else None
+    with log or contextlib.nullcontext():
+        from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
+        from ..runtime.generate import RuntimeOptions
+
+        source = model_source(checkpoint, synthetic, ranges, spd_tp_size)
+        spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
+                         prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
+        options = RuntimeOptions(
+            dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
+            compile=compile_modules, linear=linear,
+        )
+        rounds = render.rounds_text(untimed_rounds(warmup, options), repeats)
+        if log is not None:  # say what runs, and how much
+            log.message(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
+                        f"size(s) x {rounds} of a {prompt}-token prefill and {gen} decode steps; the table comes at the end")
+        with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
+            result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank,
+                                                                  pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
     console.print(render.bench_table(result, source.name))
