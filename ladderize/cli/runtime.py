@@ -88,7 +88,9 @@ def bench_cmd(
     synthetic: Optional[str] = typer.Option(
         None, "--synthetic", help="Random weights of a shape: a preset (tiny, smollm2-135m, llama-8b, ...) or a config.json."
     ),
-    tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
+    tp: Optional[str] = typer.Option(None, "--tp", show_default=False, help=(
+        "Tensor-parallel degree(s), comma-separated. Default: 2, or the smallest degree that runs the model (its "
+        "heads, its SPD layers), with --oversubscribe where the CPU has fewer cores; said in one line.")),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (the prefill yields one more token)."),
@@ -119,9 +121,14 @@ def bench_cmd(
 
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
-    tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    batches = parse_int_list(batch, "--batch")
     opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)
+    chosen = None
+    if tp is None:
+        default, oversubscribe, chosen = opts.bench_default_tp(checkpoint, synthetic, ranges, spd_tp, device, oversubscribe)
+        tp = str(default)
+    tps = list(parse_int_list(tp, "--tp"))
     spd_tp_size = tp_degree_for(ranges, spd_tp, default=tps[0], default_from="the first --tp")
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
@@ -131,6 +138,9 @@ def bench_cmd(
     opts.check_ranks(tps, device, oversubscribe)
     from ..checkpoint.placement import process_rank
     from ..progress import Progress
+
+    if chosen is not None and process_rank() == 0:
+        err_console.print(chosen, highlight=False, soft_wrap=True)
 
     # the spinner below shows nothing in a log: a heartbeat line every interval there, from the libraries' loading on
     log = Progress("bench", err_console, terminal=False) if not err_console.is_terminal and process_rank() == 0 else None
