@@ -89,8 +89,7 @@ def bench_cmd(
         None, "--synthetic", help="Random weights of a shape: a preset (tiny, smollm2-135m, llama-8b, ...) or a config.json."
     ),
     tp: Optional[str] = typer.Option(None, "--tp", show_default=False, help=(
-        "Tensor-parallel degree(s), comma-separated. Default: 2, or the smallest degree that runs the model (its "
-        "heads, its SPD layers), with --oversubscribe where the CPU has fewer cores; said in one line.")),
+        "Tensor-parallel degree(s), comma-separated (default: 2, or the least that runs the model; one line says).")),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (the prefill yields one more token)."),
