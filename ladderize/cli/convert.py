@@ -50,9 +50,9 @@ def convert(
     opts.check_layout_of_source(src, ranges, spd_tp, dense=layout is not None)
     from ..progress import Progress
 
-    # a bar on a terminal; in a log, a line per interval and a heartbeat while the libraries and the source load
+    # a bar on a terminal; in a log, a line per interval, and a heartbeat while the libraries and the source load (no
+    # line before it: a refusal at load stays one line)
     with Progress("convert", err_console) as progress:
-        progress.update(0, extra="reading source")
         from ..convert.pipeline import convert_layout
 
         converted = convert_layout(

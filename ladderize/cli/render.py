@@ -259,8 +259,8 @@ def print_report(console: Any, report: Any) -> None:
 class RequestProgress:
     """The eval progress callback ``(kind, done, total, tokens)``: a bar per lm-eval request kind (one runs at a time).
 
-    ``waiting``: from entry until the first request, an ``eval`` bar (its heartbeat in a log) shows the model and the
-    tasks loading; ``False`` where another process reports (a rank other than 0)."""
+    ``waiting``: from entry until the first request, an ``eval`` bar (in a log, its heartbeat after an interval without a
+    line) shows the model and the tasks loading; ``False`` where another process reports (a rank other than 0)."""
 
     def __init__(self, console: Any, waiting: bool = True):
         self.console = console
@@ -273,7 +273,6 @@ class RequestProgress:
 
         if self.waiting:
             self.bar = Progress("eval", self.console).__enter__()
-            self.bar.update(0, extra="loading the model and the tasks")
         return self
 
     def __call__(self, kind: str, done: int, total: int, tokens: int) -> None:
