@@ -30,9 +30,14 @@ def main() -> None:
 
     SIGINT and SIGTERM raise ``Interrupted`` in every command, so ``finally`` blocks remove
     temp folders; the exit code is 130 (SIGINT) or 143 (SIGTERM), with one line saying so.
+
+    Under a launcher (torchrun, accelerate launch) every process refuses alike, and the main process (rank 0) alone
+    prints the refusal (an ``error:`` line, a usage error or the interrupted line); the others exit with the same
+    code in silence.
     """
     import os
 
+    from ..checkpoint.placement import process_rank
     from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
     entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
@@ -51,8 +56,12 @@ def main() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+    speaks = process_rank() == 0  # the main process, or the only one
     try:
-        app()
+        if speaks:
+            app()
+        else:
+            _run_silent_on_usage_error()
     except SystemExit:
         if entry:
             ignore_late_signals()  # finished: a late signal must not turn this exit code into 130
@@ -61,12 +70,14 @@ def main() -> None:
         layout = sys.modules.get("ladderize.model.layout")  # not imported: no LayoutError can have come
         if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        if speaks:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (Interrupted, KeyboardInterrupt) as exc:
         code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
         hint = f"; {exc.hint}" if getattr(exc, "hint", "") else ""
-        err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
+        if speaks:
+            err_console.print(f"[bold red]interrupted[/] ({name}){hint}", highlight=False, soft_wrap=True)
         if entry:
             exit_now(code)  # cleanup has run (finally blocks, ranks stopped): skip the slow interpreter teardown
         sys.exit(code)
@@ -75,3 +86,17 @@ def main() -> None:
             ignore_late_signals()
         else:
             restore_handlers(previous_handlers)
+
+
+def _run_silent_on_usage_error() -> None:
+    """Run the app as a process other than the launcher's main one: a usage error (a bad option value, an unknown
+    option) exits with its code and prints nothing, since the main process prints the same one."""
+    import typer
+
+    try:
+        code = app(standalone_mode=False)  # the parser raises usage errors instead of printing them
+    except typer.TyperException as exc:  # typer's usage errors (``BadParameter``, ``NoSuchOption``, ...)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # an explicit exit's code, or 0 when the command returned

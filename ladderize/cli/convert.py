@@ -48,18 +48,17 @@ def convert(
         opts.check_weights(src)  # truncated or corrupt weights too (their headers, as inspect reads them)
     opts.check_output(out, "output")
     opts.check_layout_of_source(src, ranges, spd_tp, dense=layout is not None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from ..progress import Progress
 
-    from ..convert.pipeline import convert_layout
+    # a bar on a terminal; in a log, a line per interval, and a heartbeat while the libraries and the source load (no
+    # line before it: a refusal at load stays one line)
+    with Progress("convert", err_console) as progress:
+        from ..convert.pipeline import convert_layout
 
-    with Progress(TextColumn("[bold]convert"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=err_console, transient=True,
-                  disable=not err_console.is_terminal) as bar:  # off a terminal a bar prints only an empty line
-        task = bar.add_task("reading source", total=None)
         converted = convert_layout(
             src, out, ranges=ranges, spd_tp=spd_tp, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
             budgets=budgets, sensitivity=sensitivity, head_grouping=head_grouping,
-            device=device, progress=lambda done, total, name: bar.update(task, completed=done, total=total, description=name),
+            device=device, progress=lambda done, total, name: progress.update(done, total, extra=name),
         )
     if converted.head_orders is not None:
         console.print(f"head grouping (KV-head order per SPD layer): {converted.head_orders}")

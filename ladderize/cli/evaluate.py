@@ -49,11 +49,13 @@ def eval_command(
     check_file_target(json_path, "--json file")
     check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     from ..checkpoint.atomic import write_json
-    from ..eval.harness import evaluate_checkpoint
+    from ..checkpoint.placement import process_rank
 
     opts.quiet_libraries(verbose)
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
-    with render.RequestProgress(err_console) as on_progress:
+    with render.RequestProgress(err_console, waiting=process_rank() == 0) as on_progress:
+        from ..eval.harness import evaluate_checkpoint
+
         record = evaluate_checkpoint(
             ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
             max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,

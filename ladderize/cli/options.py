@@ -281,6 +281,36 @@ def check_ranks(tps: list[int], device: str, oversubscribe: bool) -> None:
             check_cores(tp, tp, oversubscribe)
 
 
+def bench_default_tp(checkpoint: Path | str | None, synthetic: str | None, ranges: dict[str, str | None],
+                     spd_tp: int | None, device: str, oversubscribe: bool) -> tuple[int, bool, str | None]:
+    """``bench``'s TP degree when ``--tp`` is not given (``runtime.tp_check.default_tp``: 2, or the smallest degree that
+    runs the model), with ``--oversubscribe`` turned on where that degree's ranks surely run on fewer CPU cores (as
+    ``check_ranks`` decides it); returns (degree, oversubscribe, the line that says what was chosen, or ``None``).
+    No torch."""
+    from ..checkpoint.architectures import synthetic_config
+    from ..checkpoint.shapes import ModelShape
+    from ..hardware import cpu_cores
+    from ..model.layout import Layout
+    from ..runtime.host import in_torchrun, no_cuda_here
+    from ..runtime.tp_check import DEFAULT_TP, default_tp
+
+    if checkpoint is not None:
+        header = check_checkpoint(checkpoint)
+        dims, layout_for = header.shape, lambda _tp: header.layout
+    else:
+        values, name = synthetic_config(synthetic)
+        dims = ModelShape.from_config(values, name)
+        chosen = {key: value for key, value in ranges.items() if value}
+        layout_for = lambda tp: Layout.from_mode_ranges(dims.num_hidden_layers, chosen, spd_tp_size=spd_tp or tp)  # noqa: E731
+    tp, reason = default_tp(dims, layout_for)
+    notes = [] if reason is None else [f"the default --tp {DEFAULT_TP} cannot run this model ({reason})"]
+    on_cpu = device.startswith("cpu") or (device == "auto" and no_cuda_here())
+    if on_cpu and not in_torchrun() and tp > cpu_cores() and not oversubscribe:
+        oversubscribe = True
+        notes.append(f"{tp} ranks on {cpu_cores()} CPU cores, oversubscribed (timings will not mean much)")
+    return tp, oversubscribe, f"--tp {tp}: {'; '.join(notes)}" if notes else None
+
+
 def check_schedules(names: list[str]) -> None:
     """Each ``--schedule``/``--schedules`` name known (``runtime.plan.Schedule``; no torch)."""
     from ..runtime.plan import Schedule

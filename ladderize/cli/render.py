@@ -257,14 +257,22 @@ def print_report(console: Any, report: Any) -> None:
 
 
 class RequestProgress:
-    """The eval progress callback ``(kind, done, total, tokens)``: a bar per lm-eval request kind (one runs at a time)."""
+    """The eval progress callback ``(kind, done, total, tokens)``: a bar per lm-eval request kind (one runs at a time).
 
-    def __init__(self, console: Any):
+    ``waiting``: from entry until the first request, an ``eval`` bar (in a log, its heartbeat after an interval without a
+    line) shows the model and the tasks loading; ``False`` where another process reports (a rank other than 0)."""
+
+    def __init__(self, console: Any, waiting: bool = True):
         self.console = console
+        self.waiting = waiting
         self.kind: str | None = None
         self.bar: Any = None
 
     def __enter__(self) -> "RequestProgress":
+        from ..progress import Progress
+
+        if self.waiting:
+            self.bar = Progress("eval", self.console).__enter__()
         return self
 
     def __call__(self, kind: str, done: int, total: int, tokens: int) -> None:

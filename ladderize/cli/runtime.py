@@ -88,7 +88,8 @@ def bench_cmd(
     synthetic: Optional[str] = typer.Option(
         None, "--synthetic", help="Random weights of a shape: a preset (tiny, smollm2-135m, llama-8b, ...) or a config.json."
     ),
-    tp: str = typer.Option("2", "--tp", help="Tensor-parallel degree(s), comma-separated."),
+    tp: Optional[str] = typer.Option(None, "--tp", show_default=False, help=(
+        "Tensor-parallel degree(s), comma-separated (default: 2, or the least that runs the model; one line says).")),
     batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(128, "--prompt", help="Prompt tokens per row."),
     gen: int = typer.Option(32, "--gen", help="Decode steps per row (the prefill yields one more token)."),
@@ -119,9 +120,14 @@ def bench_cmd(
 
     if (checkpoint is None) == (synthetic is None):
         raise LadderizeError("give a checkpoint directory or --synthetic SHAPE" + (", not both" if checkpoint else ""))
-    tps, batches = list(parse_int_list(tp, "--tp")), parse_int_list(batch, "--batch")
+    batches = parse_int_list(batch, "--batch")
     opts.check_schedules([s.strip() for s in schedules.split(",") if s.strip()])
     opts.check_placement(device, dtype)
+    chosen = None
+    if tp is None:
+        default, oversubscribe, chosen = opts.bench_default_tp(checkpoint, synthetic, ranges, spd_tp, device, oversubscribe)
+        tp = str(default)
+    tps = list(parse_int_list(tp, "--tp"))
     spd_tp_size = tp_degree_for(ranges, spd_tp, default=tps[0], default_from="the first --tp")
     if checkpoint is not None:
         opts.check_runtime_checkpoint(checkpoint, tps, allow_spd_mismatch or "native" not in schedules)
@@ -129,23 +135,32 @@ def bench_cmd(
         opts.check_synthetic(synthetic, ranges, spd_tp_size, tps, allow_spd_mismatch or "native" not in schedules)
     check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
-    from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
-    from ..runtime.generate import RuntimeOptions
+    from ..checkpoint.placement import process_rank
+    from ..progress import Progress
 
-    source = model_source(checkpoint, synthetic, ranges, spd_tp_size)
-    spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
-                     prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
-    options = RuntimeOptions(
-        dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
-        compile=compile_modules, linear=linear,
-    )
-    rounds = render.rounds_text(untimed_rounds(warmup, options), repeats)
-    if not err_console.is_terminal:  # the spinner below shows nothing in a log: say what runs, and how much
-        err_console.print(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
-                          f"size(s) x {rounds} of a {prompt}-token prefill and {gen} decode steps; the table "
-                          "comes at the end", highlight=False, soft_wrap=True)
-    with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
-        result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank, pin_cores, comm), options)
+    if chosen is not None and process_rank() == 0:
+        err_console.print(chosen, highlight=False, soft_wrap=True)
+
+    # the spinner below shows nothing in a log: a heartbeat line every interval there, from the libraries' loading on
+    log = Progress("bench", err_console, terminal=False) if not err_console.is_terminal and process_rank() == 0 else None
+    with log or contextlib.nullcontext():
+        from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
+        from ..runtime.generate import RuntimeOptions
+
+        source = model_source(checkpoint, synthetic, ranges, spd_tp_size)
+        spec = BenchSpec(schedules=tuple(s.strip() for s in schedules.split(",") if s.strip()), batches=batches,
+                         prompt_len=prompt, gen_len=gen, warmup=warmup, repeats=repeats, seed=seed)
+        options = RuntimeOptions(
+            dtype=dtype, allow_spd_mismatch=allow_spd_mismatch, domino_chunks=domino_chunks, cuda_graphs=cuda_graphs,
+            compile=compile_modules, linear=linear,
+        )
+        rounds = render.rounds_text(untimed_rounds(warmup, options), repeats)
+        if log is not None:  # say what runs, and how much
+            log.message(f"benchmarking {source.name} at TP {tp}: {len(spec.schedules)} schedule(s) x {len(batches)} batch "
+                        f"size(s) x {rounds} of a {prompt}-token prefill and {gen} decode steps; the table comes at the end")
+        with err_console.status(f"benchmarking {source.name} at TP {tp}..."):
+            result = run_bench(source, tps, spec, _runtime_launch(max(tps), device, backend, oversubscribe, threads_per_rank,
+                                                                  pin_cores, comm), options)
     if result is None:  # a torchrun rank other than 0: rank 0 prints
         return
     console.print(render.bench_table(result, source.name))

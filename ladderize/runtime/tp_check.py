@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 
+from collections.abc import Callable
+
 from ..errors import LadderizeError
-from ..model.layout import Layout, check_tp_divides, format_layer_ranges
+from ..model.layout import Layout, LayoutError, check_tp_divides, format_layer_ranges
 from ..checkpoint.shapes import ModelShape
+
+DEFAULT_TP = 2  # bench's TP degree when none is given and the model's heads split in two
 
 
 def validate_tp(dims: ModelShape, layout: Layout, tp: int, allow_spd_mismatch: bool = False) -> None:
@@ -26,4 +30,24 @@ def validate_tp(dims: ModelShape, layout: Layout, tp: int, allow_spd_mismatch: b
         )
 
 
-__all__ = ["validate_tp"]
+def default_tp(dims: ModelShape, layout_for: Callable[[int], Layout], preferred: int = DEFAULT_TP) -> tuple[int, str | None]:
+    """The TP degree to run when none is given, and why it is not ``preferred`` (``None`` when it is).
+
+    ``preferred`` where ``validate_tp`` accepts it, else the smallest degree above it that the model's heads, MLP width
+    and SPD layers allow (a model converted for SPD at TP=N: N), else 1. ``layout_for(tp)``: the layout run at ``tp``
+    (a synthetic model's SPD layers follow the degree)."""
+    try:
+        validate_tp(dims, layout_for(preferred), preferred)
+        return preferred, None
+    except (LadderizeError, LayoutError) as exc:
+        reason = str(exc)
+    for tp in range(preferred + 1, dims.num_heads + 1):
+        try:
+            validate_tp(dims, layout_for(tp), tp)
+        except (LadderizeError, LayoutError):
+            continue
+        return tp, reason
+    return 1, reason
+
+
+__all__ = ["DEFAULT_TP", "default_tp", "validate_tp"]
