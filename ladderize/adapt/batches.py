@@ -27,22 +27,9 @@ def batch_order(num_sequences: int, epoch: int, seed: int) -> torch.Tensor:
     return torch.randperm(num_sequences, generator=generator)
 
 
-def micro_batch_index(step: int, micro: int, grad_accum: int, processes: int, rank: int) -> int:
-    """The global micro-step whose rows process ``rank`` trains at micro-batch ``micro`` of optimizer step ``step``:
-    the processes take consecutive micro-steps, so their shares are disjoint and together read, in order, what one
-    process with ``processes`` times the batch would."""
-    return (step * grad_accum + micro) * processes + rank
-
-
 def batch_rows(num_sequences: int, step: int, batch_size: int, seed: int) -> list[int]:
     """The indices of the ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
     return rows_at(num_sequences, step * batch_size, batch_size, seed)
-
-
-def batch_at(data: TokenWindows | torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
-    """The ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
-    rows = batch_rows(len(data), step, batch_size, seed)
-    return data.rows(rows) if isinstance(data, TokenWindows) else data[torch.tensor(rows)]
 
 
 @dataclass(frozen=True)

@@ -201,24 +201,6 @@ def _solve_device(device: torch.device) -> torch.device:
 
 
 @torch.no_grad()
-def calibration_loss(cache: StateCache, layer: nn.Module, teacher_out: State, *, local_inputs: str, batch_size: int,
-                     ranks: Ranks | None = None) -> float:
-    """The layer's local loss on the calibration set: ``layer_error`` of each batch of ``batch_size`` rows (in
-    order), weighted by its share of the rows."""
-    from .layer_training import Ranks
-
-    ranks = ranks or Ranks()
-    inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
-    total = torch.zeros((), dtype=torch.float64, device=cache.device)
-    for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
-        with cache.autocast():
-            s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
-        total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs, shared=shared).double() * (count / cache.num_train)
-    ranks.sum([total])
-    return total.item()
-
-
-@torch.no_grad()
 def _collect(cache: StateCache, layer: nn.Module, name: str, teacher_out: State, local_inputs: str, batch_size: int,
              ranks: Ranks) -> tuple[NormalEquations, float]:
     """Module ``name``'s normal equations over the calibration set, and the layer's loss there (as it stands)."""

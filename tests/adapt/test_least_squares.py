@@ -9,7 +9,8 @@ import torch
 from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.layer_source import ResidentLayers
 from ladderize.adapt.layer_training import StateCache
-from ladderize.adapt.least_squares import NormalEquations, calibration_loss, refit_output_projections
+from ladderize.adapt.least_squares import NormalEquations, _batches, refit_output_projections
+from ladderize.adapt.objectives import layer_error
 from ladderize.adapt.stages import describe, parse_stage
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
@@ -40,6 +41,24 @@ def test_the_solve_is_the_ridge_closed_form_towards_the_current_weights():
             return 0.5 * ((z1 @ w.T - r1) ** 2).sum() + 2.0 * ((z2 @ w.T - r2) ** 2).sum()
 
         assert change == pytest.approx(objective(reference) - objective(w0), rel=1e-9) and change < 0
+
+
+@torch.no_grad()
+def calibration_loss(cache: StateCache, layer: nn.Module, teacher_out: State, *, local_inputs: str, batch_size: int,
+                     ranks: Ranks | None = None) -> float:
+    """The reference: the layer's local loss on the calibration set, ``layer_error`` of each batch of ``batch_size``
+    rows (in order), weighted by its share of the rows, which the refit's predicted losses are held to."""
+    from ladderize.adapt.layer_training import Ranks
+
+    ranks = ranks or Ranks()
+    inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
+    total = torch.zeros((), dtype=torch.float64, device=cache.device)
+    for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
+        with cache.autocast():
+            s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
+        total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs, shared=shared).double() * (count / cache.num_train)
+    ranks.sum([total])
+    return total.item()
 
 
 def _refit_each_layer(checkpoint, dense_dir, text_file, local_inputs="student", **refit) -> list[tuple]:

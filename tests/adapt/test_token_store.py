@@ -17,7 +17,7 @@ import torch
 
 from ladderize.corpus import token_store
 from ladderize.corpus.windows import TokenWindows, pack_tokens, token_windows
-from ladderize.adapt.batches import batch_at, batch_order, micro_batch_index
+from ladderize.adapt.batches import StepSplit, batch_order, batch_rows
 from ladderize.corpus.token_store import (
     ensure_store, is_store, open_store, split_document, splittable, store_key, tokenizer_identity,
 )
@@ -126,19 +126,17 @@ def test_windows_cut_the_stream_and_batch_at_reads_the_epoch_order(tmp_path):
     assert torch.equal(windows.all(), dense)
     for step in range(3 * len(windows) // 4):  # several epochs: each row is the epoch's permutation at its offset
         rows = [batch_order(len(windows), p // len(windows), 5)[p % len(windows)] for p in range(step * 4, step * 4 + 4)]
-        assert torch.equal(batch_at(windows, step, 4, 5), dense[torch.stack(rows)])
-        assert torch.equal(batch_at(dense, step, 4, 5), dense[torch.stack(rows)])
+        assert torch.equal(windows.rows(batch_rows(len(windows), step, 4, 5)), dense[torch.stack(rows)])
 
 
 def test_process_shares_are_disjoint_and_together_the_single_process_order():
-    batch, accum, world, steps = 3, 2, 4, 5
-    shares = {rank: [p for s in range(steps) for m in range(accum)
-                     for p in range(micro_batch_index(s, m, accum, world, rank) * batch,
-                                    (micro_batch_index(s, m, accum, world, rank) + 1) * batch)]
-              for rank in range(world)}
-    flat = [p for rank in range(world) for p in shares[rank]]
-    assert len(flat) == len(set(flat))  # disjoint
-    assert sorted(flat) == list(range(steps * accum * world * batch))  # one process's positions, in order
+    """The rows ``StepSplit`` gives each process and micro-batch: together, each step's rows of one process taking the
+    whole batch, none twice and none left out (epochs wrap: 5 steps of 24 rows over 50 sequences)."""
+    batch, accum, world, steps, sequences = 24, 2, 4, 5, 50
+    split = StepSplit(batch, world, accum)
+    for step in range(steps):
+        shares = [row for rank in range(world) for micro in range(accum) for row in split.rows(sequences, step, micro, rank, 9)]
+        assert sorted(shares) == sorted(batch_rows(sequences, step, batch, 9))  # as a multiset: no row twice, none left
 
 
 def test_windows_memory_does_not_grow_with_the_corpus(tmp_path):
