@@ -135,7 +135,8 @@ def _check_reachable(repo_id: str) -> None:
     download is tried, so nothing else could answer)."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    if not constants.HF_HUB_OFFLINE:
+    setting = os.environ.get("HF_HUB_OFFLINE")  # as the process has it now (huggingface_hub read it at its import)
+    if not (constants.HF_HUB_OFFLINE if setting is None else setting.strip().upper() in ("1", "ON", "YES", "TRUE")):
         return
     try:
         cached = try_to_load_from_cache(repo_id, "config.json")
