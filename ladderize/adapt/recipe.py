@@ -25,12 +25,13 @@ from ..checkpoint.atomic import check_apart
 from ..checkpoint.placement import process_rank
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
-from .inputs import PLAN_FILE, adapt_inputs, check_resumable
+from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable
 from .output import CURVE_FILE, stage_points
 from .plan import AdaptPlan, build_plan
 from .stages import Recipe, describe
 from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
+from .training_state import read_trainer_state
 
 TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequential stage keeps for kd (teacher_states.py)
 
@@ -362,6 +363,8 @@ def adapt_checkpoint(
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
         preflight(config)  # refused before the plan is shown, as a recipe's stages are
+        if resume:  # the settings the run was started with, before the plan is shown and the models load
+            read_trainer_state(config.resolved_run_dir() / STATE_DIR, config)
         if on_plan is not None:
             on_plan(plan)
         try:

@@ -175,3 +175,15 @@ def test_a_resume_is_refused_before_the_plan_with_nothing_to_resume_or_another_b
                                                                        "budget": {"text": "2m"}}))
     with pytest.raises(LadderizeError, match="the run was planned with --budget 2m"):
         plan_adapt(ladder_dir, tmp_path / "o", budget="3m", resume=True, **common)
+
+
+def test_a_single_stage_resumed_with_other_settings_is_refused_before_its_plan(ladder_dir, text_file, tmp_path, capsys,
+                                                                               monkeypatch):
+    common = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--objective", "kd", "--tokens", 256]
+    code, _, stderr = run_cli([*common, "--max-steps", 1], capsys, monkeypatch)
+    assert code == 0, stderr
+    state = tmp_path / "o.adapt-run" / "state" / "trainer_state.json"
+    saved = state.read_bytes()
+    code, stdout, stderr = run_cli([*common, "--lr", "1e-2", "--resume"], capsys, monkeypatch)
+    assert code == 2 and "the run was started with different lr" in _one_error(stderr) and "plan (" not in stdout
+    assert state.read_bytes() == saved and not (tmp_path / "o").exists()
