@@ -214,8 +214,6 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
 
 def _saved_anything(top: Path) -> bool:
     """Whether a run dir holds training state or a finished stage (what ``--resume`` continues from)."""
-    from .training_state import STATE_DIR
-
     return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
 
 
