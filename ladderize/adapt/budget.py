@@ -51,6 +51,11 @@ class Budget:
     def describe(self) -> str:
         return duration(self.seconds) if self.seconds is not None else counted(self.tokens, "token")
 
+    @property
+    def bare(self) -> bool:
+        """Whether ``text`` is a number without a unit (read as token passes)."""
+        return re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", self.text) is not None
+
 
 def duration(seconds: float) -> str:
     """``45 s`` under two minutes, else ``12.5 min``."""
@@ -167,7 +172,11 @@ def plan_line(budget: Budget, steps: list[dict[str, Any]]) -> str:
         if step.get("local_schedule") == "sequential":
             size += f" x {float(step.get('epochs', 1.0)):g}"
         parts.append(f"{step['name']} {size}")
-    return f"budget {budget.describe()}: {recipe_cost(steps):,} token passes ({', '.join(parts)})"
+    total = recipe_cost(steps)
+    how = f" (--budget {budget.text.strip()}: a bare number counts token passes; 30m is wall time)" if budget.bare else ""
+    over = (f", more than {budget.tokens:,}: each stage trains whole steps, at least one"
+            if budget.tokens is not None and total > budget.tokens else "")
+    return f"budget {budget.describe()}{how}: {total:,} token passes ({', '.join(parts)}){over}"
 
 
 def check_budget_steps(steps: list[dict[str, Any]]) -> None:

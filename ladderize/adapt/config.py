@@ -75,8 +75,10 @@ class AdaptConfig:
     # sequential stage stores (teacher_states.rows_read); None: all it computes
 
     def resolved_run_dir(self) -> Path:
-        out = Path(self.out).expanduser().absolute()
-        return Path(self.run_dir).expanduser().absolute() if self.run_dir else out.parent / f"{out.name}.adapt-run"
+        """The run folder (``inputs.run_folder``): ``run_dir``, or ``OUT.adapt-run``."""
+        from .inputs import run_folder
+
+        return run_folder(self.out, self.run_dir)
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LadderizeError
 from .config import AdaptConfig, check_settings, stage_config
 from .cost import Launch, RunPlan
+from .inputs import check_seq_len, model_positions
 from .stage_clock import Pace, StageClock, stages_seconds
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class AdaptPlan:
     budget: dict[str, Any] | None = None  # how --budget sized the stages (budget.size_recipe's record)
     cost: RunPlan | None = None  # the stages priced for ``launch`` (None without a config.json or converted layers)
     converted: tuple[int, ...] = ()  # the checkpoint's converted layers (from its config.json)
+    notes: tuple[str, ...] = ()  # how a default was fitted to the model (``_fit_positions``), printed with the plan
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -139,7 +141,7 @@ class AdaptPlan:
 
         head = (f"plan (stage {self.stages[0].name}):" if self.single else
                 f"plan (recipe {self.recipe}, {len(self.stages)} stage(s)):")
-        out = [head, *(f"  {describe(stage.step)}" for stage in self.stages)]
+        out = [head, *(f"  {describe(stage.step)}" for stage in self.stages), *(f"  {note}" for note in self.notes)]
         if self.converted and any(stage.sequential for stage in self.stages):
             trained = [self.tokens_trained(stage) for stage in self.stages]
             parts = ", ".join(f"{stage.name} {count:,}" for stage, count in zip(self.stages, trained))
@@ -180,7 +182,9 @@ def build_plan(
     ``saved``: the record of an interrupted run's plan,
     whose sizes a resume with the same budget keeps (they were timed when the run began). ``began``: when the command
     began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made."""
-    from .budget import Budget, check_budget_steps, max_calibration_tokens, parse_budget, scale_stages, size_recipe
+    from ..checkpoint.architectures import read_config_header
+    from .budget import (Budget, check_budget_steps, max_calibration_tokens, parse_budget, plan_line, scale_stages,
+                         size_recipe)
     from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
     shared, single = dict(shared or {}), dict(single or {})
@@ -207,9 +211,12 @@ def build_plan(
         chosen = chosen_recipe(recipe, stages)
         steps = resolve_stages(chosen, checkpoint, shared)
         plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    given = _user_set(chosen, shared, single)
+    positions = model_positions(read_config_header(checkpoint)) if readable else None
+    plan = _fit_positions(plan, positions, given)
     for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
         check_settings(stage.resolved)
-    given = _user_set(chosen, shared, single)
+        check_seq_len(stage.resolved.seq_len, positions, checkpoint)  # one the user set: no longer than the positions
     plan = _divide_batches(plan, given, say)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
@@ -231,6 +238,7 @@ def build_plan(
                                          available=where.memory_bytes)
             plan = plan.with_steps(scale_stages(steps, sized_by.tokens, max_calibration=cap))
             plan.budget = {"text": sized_by.text, "tokens": sized_by.tokens, "calibration_cap": cap}
+            say(plan_line(sized_by, plan.steps))
         elif saved is not None and saved.get("budget", {}).get("text") == sized_by.text:
             plan = plan.with_steps(saved["plan"])
             plan.budget = saved["budget"]
@@ -285,6 +293,20 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
             f"to divide into {plan.launch.processes} process(es) x {split.grad_accum} micro-batch(es) of "
             f"{step['batch_size'] // split.parts} sequence(s); --batch-size sets it")
     return plan.with_steps(steps) if steps != plan.steps else plan
+
+
+def _fit_positions(plan: AdaptPlan, positions: int | None, chosen: list[set[str]]) -> AdaptPlan:
+    """``plan`` with each stage's sequence length, where the user did not set it and the default is longer than the
+    ``positions`` the model encodes, cut to them (a note the plan prints); one the user set is checked, not cut."""
+    if positions is None:
+        return plan
+    steps, notes = plan.steps, []
+    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+        if stage.resolved.seq_len > positions and "seq_len" not in chosen[min(index, len(chosen) - 1)]:
+            notes.append(f"stage {stage.number} ({stage.name}): sequences of {positions:,} tokens, the positions the model "
+                         f"encodes (max_position_embeddings), not the default {stage.resolved.seq_len:,}")
+            step["seq_len"] = positions
+    return replace(plan.with_steps(steps), notes=plan.notes + tuple(notes)) if notes else plan
 
 
 def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:

@@ -26,15 +26,15 @@ from ..checkpoint.atomic import check_apart
 from ..checkpoint.placement import process_rank, world_size
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
-from .inputs import adapt_inputs
+from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable
 from .output import CURVE_FILE, checkpoint_dtype, stage_points
 from .plan import AdaptPlan, build_plan
 from .run_lock import holding_run
 from .stages import Recipe, describe
 from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
+from .training_state import read_trainer_state
 
-PLAN_FILE = "recipe.json"
 TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequential stage keeps for kd (teacher_states.py)
 
 
@@ -105,10 +105,24 @@ def plan_adapt(
     attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
     top = AdaptConfig(checkpoint=str(checkpoint), out=str(out), run_dir=str(run_dir) if run_dir else None).resolved_run_dir()
     saved = None
-    if resume and budget is not None and process_rank() == 0 and (top / PLAN_FILE).is_file():
+    if resume and process_rank() == 0 and (top / PLAN_FILE).is_file():
         saved = json.loads((top / PLAN_FILE).read_text())
+        _check_resumed_budget(saved, budget, top)
     return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
                       say=say, began=began)
+
+
+def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
+    """A resumed run sizes its stages as the interrupted one did: the same ``--budget`` (or none), or one line naming
+    it, before a budget of another size is timed and sized."""
+    from .budget import parse_budget
+
+    started = (saved.get("budget") or {}).get("text")
+    given = None if budget is None else budget.text if isinstance(budget, Budget) else parse_budget(budget).text
+    if started != given:
+        was = "without --budget" if started is None else f"with --budget {started}"
+        raise LadderizeError(f"cannot resume {top}: the run was planned {was}; run the same command again with --resume, "
+                             "or --force to start over")
 
 
 def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOptions()) -> RecipeResult:
@@ -151,7 +165,7 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
         else:
             shutil.rmtree(top)
     elif main and resume:
-        say(f"nothing to resume in {top}; starting a new run")
+        raise LadderizeError(f"nothing to resume: {top} holds no interrupted run; run without --resume to start one")
     for stage in plan.stages:  # every stage's settings, data and teacher, before the run dir exists
         preflight(stage.config(checkpoint, out, run_dir=run_dir, force=True), checkpoint=checkpoint)
     if options.on_plan is not None:
@@ -202,8 +216,6 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
 
 def _saved_anything(top: Path) -> bool:
     """Whether a run dir holds training state or a finished stage (what ``--resume`` continues from)."""
-    from .training_state import STATE_DIR
-
     return any(top.glob(f"*/{STATE_DIR}")) or any(top.glob(f"*/{CURVE_FILE}"))
 
 
@@ -292,7 +304,7 @@ def _finished_stage(stage_out: Path, curve: list[dict[str, Any]]) -> AdaptResult
 @dataclass
 class AdaptRun:
     """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages
-    (those an earlier attempt finished included)."""
+    (those an earlier attempt finished included), and ``resumed_from_step`` the run's step this attempt went on from."""
 
     result: AdaptResult
     stages: list[AdaptResult]  # every stage's, in order: those an earlier attempt finished, then this attempt's
@@ -359,11 +371,15 @@ def _adapt_checkpoint(
         shared["dtype"] = dtype_name
     checkpoint, out = str(checkpoint), str(out)
     run_dir = str(run_dir) if run_dir else None
+    if resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
+        check_resumable(checkpoint, out, run_dir, single=bool(single))
     plan = plan_adapt(checkpoint, out, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
                       run_dir=run_dir, resume=resume, say=on_message or (lambda _m: None), began=began)
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
         preflight(config)  # refused before the plan is shown, as a recipe's stages are
+        if resume:  # the settings the run was started with, before the plan is shown and the models load
+            read_trainer_state(config.resolved_run_dir() / STATE_DIR, config)
         if on_plan is not None:
             on_plan(plan)
         try:
@@ -388,6 +404,8 @@ def _adapt_checkpoint(
     every = outcome.earlier + outcome.stages
     result = copy.copy(outcome.stages[-1])
     result.steps, result.tokens = sum(r.steps for r in every), sum(r.tokens for r in every)
+    # the step of the whole run this attempt went on from: the stages earlier attempts finished, and the resumed one's
+    result.resumed_from_step = sum(r.steps for r in outcome.earlier) + sum(r.resumed_from_step for r in outcome.stages)
     result.train_s = sum(r.train_s for r in every)
     result.throughput = whole_run_pace(every)
     if outcome.run_dir is not None:
@@ -422,14 +440,16 @@ def dry_run(
     recipe: str | None = None,
     stages: list[str] | None = None,
     budget: str | None = None,
+    say: Callable[[str], None] = lambda _line: None,
 ) -> AdaptPlan:
     """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
-    this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read."""
+    this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read.
+    ``say`` hears how the plan was made (a budget's sizes)."""
     from .inputs import check_input_checkpoint
 
     check_input_checkpoint(checkpoint)  # converted layers to price
     return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
-                      launch=launch, priced_only=True)
+                      launch=launch, priced_only=True, say=say)
 
 
 def _provenance_record(plan: AdaptPlan) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LadderizeError
+from .inputs import check_seq_len
 from .objectives import DIVERGENCES, LOCAL_INPUTS, check_top_k, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
@@ -144,7 +145,8 @@ class TrainingSettings:
     seed: int
 
     def check(self) -> None:
-        _at_least_one(self, ("tokens", "seq_len", "batch_size", "grad_accum"))
+        _at_least_one(self, ("tokens", "batch_size", "grad_accum"))
+        check_seq_len(self.seq_len)
 
 
 @dataclass(frozen=True)

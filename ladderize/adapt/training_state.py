@@ -31,13 +31,12 @@ from ..checkpoint.atomic import replace_directory, write_file_atomic
 from ..errors import LadderizeError
 from . import process_group
 from .config import AdaptConfig
+from .inputs import STATE_DIR, TRAINER_STATE
 
 if TYPE_CHECKING:
     import torch
 
-STATE_DIR = "state"
 DCP_DIR = "dcp"  # in a joint stage's state: the trained parameters and their optimizer state
-TRAINER_STATE = "trainer_state.json"
 RUN_CURVE = "curve.json"
 UNSAVED = "unsaved.json"  # in the state: training seconds of ended attempts past the state saved (``record_unsaved``)
 

@@ -27,17 +27,17 @@ def adapt_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue OUT's interrupted run exactly."),
     # one stage instead of a recipe
     stage: Optional[list[str]] = typer.Option(None, "--stage", rich_help_panel=opts.STAGES,
-                                              help="A stage NAME[:key=value,...] (seq-local, kd, local, lm); repeatable."),
+                                              help="A stage NAME[:key=value,...] (seq-local, kd, local, lm); repeatable; default: the recipe's."),
     objective: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
                                             help="lm, kd, local, or weighted: 'kd=1,local=0.5'; default local."),
-    train: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES, help="Trainable: converted, all or lora."),
+    train: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES, help="Trainable: converted (the default), all or lora."),
     tokens: Optional[int] = typer.Option(None, rich_help_panel=opts.STAGES, help="Token budget; default 131072."),
     lr: Optional[float] = typer.Option(None, rich_help_panel=opts.STAGES,
                                        help="Peak learning rate; default: the measured one."),
     local_inputs: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
-                                               help="The local objective's inputs: teacher, student or stack."),
+                                               help="The local objective's inputs: teacher, student or stack; default teacher (sequential: student)."),
     local_schedule: Optional[str] = typer.Option(None, rich_help_panel=opts.STAGES,
-                                                 help="joint (all layers each step) or sequential (layer by layer)."),
+                                                 help="joint (all layers each step; the default) or sequential (layer by layer)."),
     epochs: Optional[float] = typer.Option(None, rich_help_panel=opts.STAGES,
                                            help="Sequential: passes per layer; default 2."),
     lora_rank: Optional[int] = typer.Option(None, rich_help_panel=opts.STAGES,
@@ -50,9 +50,9 @@ def adapt_cmd(
     batch_size: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
                                              help="Sequences per optimizer step, over all processes (the global batch); default the stage's."),
     grad_accum: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
-                                             help="Micro-batches per optimizer step on each process (the global batch split further)."),
+                                             help="Micro-batches per optimizer step on each process; default 1, more where the batch does not fit the GPU."),
     mixed_precision: Optional[str] = typer.Option(None, rich_help_panel=opts.TRAINING,
-                                                  help="no, bf16 or fp16 (Accelerate; fp16 needs CUDA)."),
+                                                  help="no (the default), bf16 or fp16 (Accelerate; fp16 needs CUDA)."),
     seed: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
                                        help="Seed of the batch order and initialisation; default 0."),
     device: str = opts.DEVICE_OPTION,
@@ -65,17 +65,17 @@ def adapt_cmd(
                                         help="Joint stages under a launcher: fsdp, ddp or auto (the default)."),
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", rich_help_panel=opts.SCALE,
-        help="Joint: recompute activations in the backward."),
+        help="Joint: recompute activations in the backward; on by itself where one sequence does not fit the GPU."),
     dry_run: Optional[str] = typer.Option(None, "--dry-run", rich_help_panel=opts.SCALE, metavar="NxGPU|here",
-                                          help="Print the plan priced for a launch (8xH100, or here: this one); exit."),
+                                          help="Print the plan priced for a launch (8xH100, or here: this one) and exit; default: train."),
     save_minutes: Optional[float] = typer.Option(None, "--save-minutes", rich_help_panel=opts.SCALE,
                                                  help="Save the state every N minutes of training; default 30."),
     save_every: Optional[int] = typer.Option(None, rich_help_panel=opts.SCALE,
-                                             help="Save the state every N optimizer steps instead."),
+                                             help="Save the state every N optimizer steps instead; default: by minutes."),
     run_dir: Optional[Path] = typer.Option(None, rich_help_panel=opts.RUN_STATE,
                                            help="Training state folder; default OUT.adapt-run."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", rich_help_panel=opts.RUN_STATE,
-                                            help="Stop after N optimizer steps, state saved (--resume goes on)."),
+                                            help="Stop after N optimizer steps, state saved (--resume goes on); default: no stop."),
     keep_state: bool = typer.Option(False, "--keep-state", rich_help_panel=opts.RUN_STATE,
                                     help="Keep the training state after a finished run."),
     output_dtype: str = typer.Option("auto", "--output-dtype", rich_help_panel=opts.RUN_STATE,
@@ -89,8 +89,7 @@ def adapt_cmd(
 
     began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here
     from ..adapt.budget import parse_budget
-    from ..adapt.inputs import check_input_checkpoint
-    from ..adapt.inputs import adapt_inputs
+    from ..adapt.inputs import adapt_inputs, check_input_checkpoint, check_resumable, check_seq_len, model_positions
     from ..checkpoint.atomic import check_apart, check_output_free
     from ..corpus.token_store import check_data
 
@@ -102,6 +101,8 @@ def adapt_cmd(
     from ..checkpoint.placement import check_dtype
 
     output_dtype_name = check_dtype(output_dtype)
+    if seq_len is not None and (Path(ckpt) / "config.json").is_file():  # the positions the model encodes, dry run too
+        check_seq_len(seq_len, model_positions(opts.check_checkpoint(ckpt)), str(ckpt))
     shared = {k: v for k, v in dict(
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
@@ -131,6 +132,8 @@ def adapt_cmd(
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
     check_input_checkpoint(ckpt)  # converted layers to adapt
+    if resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
+        check_resumable(ckpt, out, run_dir, single=bool(single))
     check_data(data)
     from ..adapt.recipe import adapt_checkpoint
     from ..progress import Progress
@@ -198,8 +201,12 @@ def _print_dry_run(ckpt: Path, launch: str | None, shared: dict, single: dict, r
         raise LadderizeError(f"{ckpt} has no config.json: --dry-run reads the converted checkpoint's config")
     if dtype_name is not None:
         shared = {**shared, "dtype": dtype_name}
-    cost = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget).cost
-    for line in cost.lines():
+    said: list[str] = []  # how the plan was made (a budget's sizes), printed under the plan's first line
+    plan = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
+                   say=said.append)
+    cost = plan.cost
+    lines = cost.lines()
+    for line in lines[:1] + [f"  {line}" for line in [*plan.notes, *said]] + lines[1:]:
         console.print(line, highlight=False, soft_wrap=True)
     if cost.refusal is not None:
         raise LadderizeError(f"the plan does not fit: {cost.refusal}")

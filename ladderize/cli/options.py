@@ -444,6 +444,7 @@ NUMBER_RANGES: dict[str, Range] = {
     "--max-steps": COUNT, "--max-tokens": COUNT, "--workers": COUNT, "--save-minutes": POSITIVE,
     "sample --temperature": POSITIVE,  # sampling text needs a temperature; generate's 0 is greedy
     "sensitivity --seq-len": Range(2),  # a perplexity needs one predicted token per sequence
+    "adapt --seq-len": Range(2),  # each token trains on the next
 }
 
 

@@ -164,10 +164,13 @@ def adapt_summary(result: Any) -> list[str]:
     else:
         loss = f"final loss {last.get('loss_total', float('nan')):.4f}"
     wall = getattr(result, "wall_s", None)
+    resumed = getattr(result, "resumed_from_step", 0) > 0  # then the training time counts the earlier attempts too
+    minutes, every = f"{result.train_s / 60:.1f} min", " over every attempt" if resumed else ""
     if wall is None:
-        spent = f"{result.train_s / 60:.1f} min{rate}"
-    else:  # the command's wall time as measured, then the training seconds the rate counts
-        spent = f"{duration(wall)} wall time ({result.train_s / 60:.1f} min training" + (f", {rate[2:]}" if rate else ")")
+        spent = f"{minutes}{' training' + every if resumed else ''}{rate}"
+    else:  # this command's wall time as measured, then the training seconds the rate counts
+        spent = (f"{duration(wall)} wall time{' this attempt' if resumed else ''} ({minutes} training{every}"
+                 + (f", {rate[2:]}" if rate else ")"))
     lines = [f"adapted {counted(result.steps, 'step')}, {counted(result.tokens, 'token')} trained{calibration}, {spent}; "
              f"{loss} -> {result.out}"]
     if result.state_dir is not None:

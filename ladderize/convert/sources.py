@@ -126,7 +126,26 @@ def check_source(spec: str) -> str:
         return "local"
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(".gguf"):
         raise LadderizeError(f"source {spec} does not exist")
+    _check_reachable(spec)
     return "hub"
+
+
+def _check_reachable(repo_id: str) -> None:
+    """A hub id with the hub offline (``HF_HUB_OFFLINE``): its snapshot must be in the hub's cache, or one line (no
+    download is tried, so nothing else could answer)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    setting = os.environ.get("HF_HUB_OFFLINE")  # as the process has it now (huggingface_hub read it at its import)
+    if not (constants.HF_HUB_OFFLINE if setting is None else setting.strip().upper() in ("1", "ON", "YES", "TRUE")):
+        return
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # not a hub id at all (huggingface_hub's validation): nothing of it can be cached
+        cached = None
+    if not isinstance(cached, str):
+        raise LadderizeError(f"source {repo_id} is not a local path, and with the hub offline (HF_HUB_OFFLINE) its cache "
+                             f"{constants.HF_HUB_CACHE} holds no copy of {repo_id!r}; pass a local checkpoint directory "
+                             "or a .gguf file, or set HF_HUB_OFFLINE=0 to download it")
 
 
 def resolve_source(spec: str) -> Source:

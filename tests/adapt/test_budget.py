@@ -63,7 +63,8 @@ def test_token_budget_runs_records_its_plan_and_says_it(ladder_dir, text_file, t
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
     # 640 token passes over 192 -> x3.33: seq-local 426.7 -> 7 steps of 64 (448), kd 213.3 -> 3 steps (192)
-    assert "budget 640 tokens: 640 token passes (seq-local 448 tokens x 1, kd 192 tokens)" in stdout + stderr
+    assert ("budget 640 tokens (--budget 640: a bare number counts token passes; 30m is wall time): 640 token passes "
+            "(seq-local 448 tokens x 1, kd 192 tokens)\n") in stdout + stderr  # all of them: not more than the budget
     assert "1. seq-local: local (sequential), 448 tokens x 1 epoch" in stdout
     assert "  expected: " in stdout and "(timed on this device)" in stdout  # a token budget's plan gives its time too
     assert "adapted 17 steps" in stdout  # 7 steps of 2 x 32 tokens for each of the 2 ladder layers, 3 kd steps

@@ -118,3 +118,72 @@ def test_a_refusal_inside_a_stage_removes_the_fresh_run_dir(ladder_dir, text_fil
                                "--stage", "seq-local:tokens=128"], capsys, monkeypatch)
     assert code == 2 and "refused inside the stage" in _one_error(stderr)
     _nothing_beside(tmp_path, "o")
+
+
+def test_a_sequence_past_the_models_positions_is_cut_where_defaulted_and_refused_where_set(tmp_path):
+    """The plan (a run's and the dry run's): a default 512 on a model of 64 positions becomes 64, said in a line; a
+    length the user set (shared, or a stage's own) is one line naming the limit."""
+    from ladderize.adapt.plan import build_plan
+    from ladderize.errors import LadderizeError
+    from tests.runtime.runtime_helpers import TINY_TP23, save_tiny
+
+    short = tmp_path / "short"
+    save_tiny(short, **dict(TINY_TP23, layer_modes=["dense", "dense", "ladder", "ladder"], max_position_embeddings=64))
+    plan = build_plan(short, launch="8xH100", priced_only=True)
+    assert [stage.resolved.seq_len for stage in plan.stages] == [64, 64]
+    assert [f"  stage {n} ({name}): sequences of 64 tokens, the positions the model encodes (max_position_embeddings), "
+            "not the default 512" for n, name in ((1, "seq-local"), (2, "kd"))] == plan.lines()[3:5], plan.lines()
+    for given in (dict(shared={"seq_len": 65}), dict(stages=["seq-local", "kd:seq_len=100"]),
+                  dict(single={"objectives": "kd"}, shared={"seq_len": 65})):
+        with pytest.raises(LadderizeError, match=r"is more than the 64 positions .*give --seq-len 64 or less"):
+            build_plan(short, launch="8xH100", priced_only=True, **given)
+    assert build_plan(short, launch="8xH100", priced_only=True, shared={"seq_len": 64}).stages[0].resolved.seq_len == 64
+
+
+def test_a_dry_run_says_how_a_bare_budget_number_is_read(ladder_dir, tmp_path, capsys, monkeypatch):
+    """``--budget 100`` is 100 token passes, which whole steps make 3 x 1,024 or so: the plan's line says both."""
+    code, stdout, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--dry-run", "8xH100", "--budget", 100], capsys,
+                                   monkeypatch)
+    assert code == 0, stderr
+    line = next(line for line in stdout.splitlines() if "token passes" in line)
+    assert "budget 100 tokens (--budget 100: a bare number counts token passes; 30m is wall time)" in line, line
+    assert "more than 100: each stage trains whole steps, at least one" in line, line
+    code, stdout, _ = run_cli(["adapt", ladder_dir, tmp_path / "o", "--dry-run", "8xH100", "--budget", "100M"], capsys,
+                              monkeypatch)
+    line = next(line for line in stdout.splitlines() if "token passes" in line)
+    assert code == 0 and line.strip().startswith("budget 100,000,000 tokens: ") and "bare" not in line, line
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.adapt-run").exists()
+
+
+def test_a_resume_is_refused_before_the_plan_with_nothing_to_resume_or_another_budget(ladder_dir, text_file, tmp_path):
+    """From Python too: ``resume`` with no run in the folder is one line; a recipe's run planned without a budget is
+    not resumed with one (refused before the budget times anything)."""
+    import json
+
+    from ladderize.adapt.recipe import adapt_checkpoint, plan_adapt
+    from ladderize.errors import LadderizeError
+
+    common = dict(shared={"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    with pytest.raises(LadderizeError, match="nothing to resume: .*o.adapt-run holds no interrupted run"):
+        adapt_checkpoint(ladder_dir, tmp_path / "o", resume=True, **common)
+    assert not (tmp_path / "o.adapt-run").exists()
+    (tmp_path / "o.adapt-run").mkdir()
+    (tmp_path / "o.adapt-run" / "recipe.json").write_text(json.dumps({"checkpoint": str(ladder_dir), "plan": []}))
+    with pytest.raises(LadderizeError, match="the run was planned without --budget"):
+        plan_adapt(ladder_dir, tmp_path / "o", budget="100K", resume=True, **common)
+    (tmp_path / "o.adapt-run" / "recipe.json").write_text(json.dumps({"checkpoint": str(ladder_dir), "plan": [],
+                                                                       "budget": {"text": "2m"}}))
+    with pytest.raises(LadderizeError, match="the run was planned with --budget 2m"):
+        plan_adapt(ladder_dir, tmp_path / "o", budget="3m", resume=True, **common)
+
+
+def test_a_single_stage_resumed_with_other_settings_is_refused_before_its_plan(ladder_dir, text_file, tmp_path, capsys,
+                                                                               monkeypatch):
+    common = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--objective", "kd", "--tokens", 256]
+    code, _, stderr = run_cli([*common, "--max-steps", 1], capsys, monkeypatch)
+    assert code == 0, stderr
+    state = tmp_path / "o.adapt-run" / "state" / "trainer_state.json"
+    saved = state.read_bytes()
+    code, stdout, stderr = run_cli([*common, "--lr", "1e-2", "--resume"], capsys, monkeypatch)
+    assert code == 2 and "the run was started with different lr" in _one_error(stderr) and "plan (" not in stdout
+    assert state.read_bytes() == saved and not (tmp_path / "o").exists()

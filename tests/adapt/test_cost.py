@@ -93,13 +93,14 @@ def test_a_launch_names_processes_and_a_known_gpu():
             Launch.parse(bad)
 
 
-def _config_only(tmp_path, name: str, first: int):
-    """A folder holding only a converted config.json of a public shape, ladder on layers ``first`` and up."""
+def _config_only(tmp_path, name: str, first: int, **overrides):
+    """A folder holding only a converted config.json of a public shape, ladder on layers ``first`` and up
+    (``overrides``: config values set over the shape's)."""
     shape = preset(name)
     values = shape.config_dict()
     layers = values["num_hidden_layers"]
     values.update(model_type="ladder_llama", architectures=["LadderLlamaForCausalLM"],
-                  layer_modes=["dense"] * first + ["ladder"] * (layers - first))
+                  layer_modes=["dense"] * first + ["ladder"] * (layers - first), **overrides)
     folder = tmp_path / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(values))

@@ -117,7 +117,7 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
 
 
 def test_a_stage_s_batch_that_does_not_fit_is_accumulated_and_checkpointed_where_it_must(tmp_path):
-    folder = _config_only(tmp_path, "llama-3b", 14)
+    folder = _config_only(tmp_path, "llama-3b", 14, max_position_embeddings=131_072)  # Llama 3.2 3B's positions
     said: list[str] = []
     split = build_plan(folder, shared={"seq_len": 8192}, budget="3B", launch="1xH100", priced_only=True, say=said.append)
     kd = split.stages[1].settings  # the preset's 2 sequences do not fit one H100; 1 does, twice per step

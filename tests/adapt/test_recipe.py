@@ -84,6 +84,11 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
     assert not stopped.finished
     run = adapt_checkpoint(ladder_dir, out, resume=True, **common)
     assert run.finished and [r.steps for r in run.stages] == [4, 3]  # stage 1 finished by the first attempt
+    assert run.result.resumed_from_step == 5  # the run's step it went on from: stage 1's 4, stage 2's saved 1
+    from ladderize.cli.render import adapt_summary
+
+    last = adapt_summary(run.result)[0]
+    assert "wall time this attempt (" in last and "min training over every attempt" in last, last
     curve = json.loads((out / "adapt_curve.json").read_text())
     assert [(p["stage"], p["stage_name"], p["step"]) for p in curve] == [
         (1, "seq-local", 1), (1, "seq-local", 2), (1, "seq-local", 3), (1, "seq-local", 4), (2, "kd", 1), (2, "kd", 2), (2, "kd", 3)]

@@ -79,3 +79,27 @@ def test_top_level_help_says_where_to_start(capsys, monkeypatch):
     listed = re.findall(r"^│ (\w+) ", stdout, flags=re.M)
     assert listed[:6] == ["demo", "pull", "convert", "adapt", "eval", "bench"], listed
     assert sorted(listed) == sorted(COMMANDS), listed
+
+
+def test_every_adapt_option_says_its_default(capsys, monkeypatch):
+    """Each ``adapt`` option that takes a value shows its default (Typer's tag or its help's words); an on/off flag is
+    off unless given, and the one that turns itself on says where."""
+    import typer.main
+
+    from ladderize.cli import app
+
+    text = _help("adapt", 200, capsys, monkeypatch)
+    rows: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        row = re.match(r"│ \*?\s{0,4}(--[\w-]+)", line)
+        current = row.group(1) if row else current if line.startswith("│") else None
+        if current:
+            rows[current] = rows.get(current, "") + " " + line.strip("│ ")
+    command = typer.main.get_command(app).commands["adapt"]
+    valued = [param.opts[0] for param in command.params
+              if getattr(param, "opts", [""])[0].startswith("--") and not param.is_flag]
+    assert {"--mixed-precision", "--grad-accum", "--local-inputs", "--train", "--seq-len"} <= set(valued)
+    silent = [flag for flag in valued if "default" not in rows[flag].lower()]
+    assert silent == [], f"adapt options whose help gives no default: {silent}"
+    assert "on by itself where one sequence does not fit the GPU" in " ".join(rows["--activation-checkpointing"].split())

@@ -47,13 +47,15 @@ def _refusal(argv: list, tmp_path: Path, unset: tuple[str, ...] = ()) -> tuple[s
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """A dense and a converted tiny checkpoint, and two dense ones whose weights are truncated or have a garbage header."""
+    """A dense and a converted tiny checkpoint, two dense ones whose weights are truncated or have a garbage header, and
+    a converted one that encodes 64 positions."""
     from tests.runtime.runtime_helpers import TINY_TP23, save_char_tokenizer, save_tiny
 
     root = tmp_path_factory.mktemp("quick-refusals")
     made = {}
-    for name, shape in (("dense", TINY_TP23), ("truncated", TINY_TP23), ("garbage", TINY_TP23),
-                        ("converted", dict(TINY_TP23, layer_modes=["dense", "dense", "ladder", "ladder"]))):
+    converted = dict(TINY_TP23, layer_modes=["dense", "dense", "ladder", "ladder"])
+    for name, shape in (("dense", TINY_TP23), ("truncated", TINY_TP23), ("garbage", TINY_TP23), ("converted", converted),
+                        ("short", dict(converted, max_position_embeddings=64))):
         made[name] = root / name
         save_tiny(made[name], **shape)
         save_char_tokenizer(made[name])
@@ -186,3 +188,71 @@ def test_check_apart_compares_resolved_paths(tmp_path):
     for out in (tmp_path / "a", tmp_path / "a" / "b" / ".." / "b", tmp_path / "a" / "b" / "c", tmp_path):
         with pytest.raises(LadderizeError):
             check_apart(out, [tmp_path / "a" / "b"])
+
+
+def _nothing_written(where: Path, before: dict[str, bytes]) -> None:
+    """``where`` holds exactly the files it held, byte for byte (``before``: ``_files(where)`` then)."""
+    assert _files(where) == before
+
+
+def _files(where: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(where)): p.read_bytes() for p in sorted(where.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run", "8xH100"], ["--objective", "kd"]])
+def test_adapt_refuses_a_sequence_longer_than_the_models_positions_before_torch(extra, checkpoints, tmp_path):
+    """``--seq-len`` past ``max_position_embeddings`` (64 here): one line naming the limit, the dry run alike."""
+    out = tmp_path / "out"
+    line, heavy = _refusal(["adapt", checkpoints["short"], out, "--seq-len", 1_000_000, *extra], tmp_path)
+    assert f"sequence length 1,000,000 (--seq-len) is more than the 64 positions {checkpoints['short']} encodes" in line
+    assert "max_position_embeddings" in line and "--seq-len 64 or less" in line, line
+    assert heavy == [] and _files(tmp_path) == {}
+
+
+@pytest.mark.parametrize("value", [1, 0])
+def test_adapt_refuses_a_sequence_under_two_tokens_before_torch(value, checkpoints, tmp_path):
+    line, heavy = _refusal(["adapt", checkpoints["converted"], tmp_path / "out", "--seq-len", value], tmp_path)
+    assert line == f"error: --seq-len must be at least 2, got {value}", line
+    assert heavy == [] and _files(tmp_path) == {}
+
+
+@pytest.mark.parametrize("single", [[], ["--objective", "kd"]])
+def test_resume_with_no_run_to_resume_is_refused_before_torch(single, checkpoints, tmp_path):
+    """``--resume`` means continue: with no interrupted run in OUT.adapt-run it is one line, not a new run."""
+    out = tmp_path / "out"
+    line, heavy = _refusal(["adapt", checkpoints["converted"], out, "--resume", *single], tmp_path)
+    assert f"nothing to resume: {tmp_path / 'out.adapt-run'} holds no interrupted run" in line, line
+    assert "without --resume" in line and heavy == [] and _files(tmp_path) == {}
+
+
+@pytest.mark.parametrize("kind", ["recipe", "single"])
+def test_resume_of_another_checkpoints_run_names_the_checkpoint_before_torch(kind, checkpoints, tmp_path):
+    """A run folder of another model (a recipe's plan, or a single stage's state): the checkpoints are named, the
+    recipe not blamed; the folder stays as it was."""
+    run = tmp_path / "out.adapt-run"
+    if kind == "recipe":
+        (run / "stage1-seq-local.run").mkdir(parents=True)
+        (run / "recipe.json").write_text(json.dumps({"recipe": "best", "checkpoint": str(checkpoints["dense"]), "plan": []}))
+    else:
+        (run / "state").mkdir(parents=True)
+        (run / "state" / "trainer_state.json").write_text(json.dumps({"step": 1, "fingerprint": {"checkpoint": str(checkpoints["dense"])}}))
+    before = _files(tmp_path)
+    single = ["--objective", "kd"] if kind == "single" else []
+    line, heavy = _refusal(["adapt", checkpoints["converted"], tmp_path / "out", "--resume", *single], tmp_path)
+    assert f"cannot resume {run}: it is a run of checkpoint {checkpoints['dense']}, not {checkpoints['converted']}" in line
+    assert "recipe" not in line and heavy == []
+    _nothing_written(tmp_path, before)
+    other = ["--objective", "kd"] if kind == "recipe" else []  # the other kind of run than the folder holds
+    line, heavy = _refusal(["adapt", checkpoints["converted"], tmp_path / "out", "--resume", *other], tmp_path)
+    assert f"cannot resume {run}: it holds a {'recipe' if kind == 'recipe' else 'single stage'}'s run" in line, line
+    assert heavy == []
+    _nothing_written(tmp_path, before)
+
+
+def test_convert_of_a_name_the_offline_hub_has_not_is_one_line_before_torch(tmp_path, monkeypatch):
+    """A SRC that is no local path, with the hub offline and nothing of it in the hub's cache: one line at once."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("nothere", "someone/nothere"):
+        line, heavy = _refusal(["convert", name, tmp_path / "out", "--ladder", "2:4"], tmp_path)
+        assert f"source {name} is not a local path, and with the hub offline (HF_HUB_OFFLINE)" in line, line
+        assert "holds no copy" in line and "HF_HUB_OFFLINE=0" in line and heavy == [] and _files(tmp_path) == {}

@@ -54,3 +54,15 @@ def test_table_titles_keep_a_long_checkpoint_path_on_one_line(tmp_path: Path) ->
     table, _ = inspection(path)
     console.print(table)
     assert str(path.absolute()) in console.export_text().splitlines()[0]
+
+
+def test_a_resumed_runs_last_line_says_which_time_is_whose() -> None:
+    """The wall time is this command's; the training time, after a resume, the run's over every attempt."""
+    from ladderize.cli.render import adapt_summary
+
+    common = dict(curve=[{"step": 9, "loss_total": 1.5}], calibration_tokens=None, steps=9, tokens=900, train_s=1086.0,
+                  out="OUT", state_dir=None, wall_s=372.0)
+    fresh = adapt_summary(SimpleNamespace(**common, resumed_from_step=0))[0]
+    assert "6.2 min wall time (18.1 min training);" in fresh, fresh
+    resumed = adapt_summary(SimpleNamespace(**common, resumed_from_step=4))[0]
+    assert "6.2 min wall time this attempt (18.1 min training over every attempt);" in resumed, resumed

@@ -61,7 +61,7 @@ def test_hub_id_offline(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out"
     code, _, err = run_cli(["convert", "no-such-org/no-such-model", out, "--ladder", "2:4"], capsys, monkeypatch)
-    _assert_clean_failure(code, err, out, "cannot fetch 'no-such-org/no-such-model' from the Hugging Face hub")
+    _assert_clean_failure(code, err, out, "source no-such-org/no-such-model is not a local path, and with the hub offline")
 
 
 @pytest.mark.parametrize("damage", ["weights", "config", "no-config", "pickle-only", "gguf"])
