@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..corpus.windows import TokenWindows
 from ..errors import LadderizeError
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ..checkpoint.architectures import LINEAR_MODULES
 from ..errors import LadderizeError

@@ -44,8 +44,8 @@ def test_the_solve_is_the_ridge_closed_form_towards_the_current_weights():
 
 
 @torch.no_grad()
-def calibration_loss(cache: StateCache, layer: nn.Module, teacher_out: State, *, local_inputs: str, batch_size: int,
-                     ranks: Ranks | None = None) -> float:
+def calibration_loss(cache: StateCache, layer: torch.nn.Module, teacher_out, *, local_inputs: str, batch_size: int,
+                     ranks=None) -> float:
     """The reference: the layer's local loss on the calibration set, ``layer_error`` of each batch of ``batch_size``
     rows (in order), weighted by its share of the rows, which the refit's predicted losses are held to."""
     from ladderize.adapt.layer_training import Ranks
