@@ -35,13 +35,8 @@ def test_an_interrupt_saves_at_its_step_and_the_resume_goes_on_bit_for_bit(sched
                   shard=shard, compile=False)
     whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
     cut = AdaptConfig(out=str(tmp_path / "cut"), **common)  # saves by time: a minute in, far past this run's steps
-    previous = install_interrupt_handlers()
-    try:
-        with pytest.raises(Interrupted) as stopped:
-            adapt(cut, progress=_interrupt_at(3, signum))
-    finally:
-        restore_handlers(previous)
-    assert stopped.value.signum == signum and not (tmp_path / "cut").exists()
+    stopped = _interrupted(lambda: adapt(cut, progress=_interrupt_at(3, signum)))
+    assert stopped.signum == signum and not (tmp_path / "cut").exists()
     saved = json.loads((tmp_path / "cut.adapt-run" / "state" / "trainer_state.json").read_text())
     assert saved["step"] == 3  # the interrupted step itself, saved: nothing lost
     resumed = adapt(cut, resume=True)
@@ -74,6 +69,17 @@ def test_a_second_interrupt_unwinds_at_once_and_one_outside_the_steps_is_not_hel
         restore_handlers(previous)
 
 
+def _interrupted(run) -> Interrupted:
+    """``run()`` with ladderize's signal handlers installed: the ``Interrupted`` it must raise (handlers restored)."""
+    previous = install_interrupt_handlers()
+    try:
+        with pytest.raises(Interrupted) as stopped:
+            run()
+    finally:
+        restore_handlers(previous)
+    return stopped.value
+
+
 def _signal_in_step(step: int, signum: int, trainer_module, monkeypatch):
     """Send ``signum`` from inside optimizer step ``step`` (at its schedule's update, after the weights moved), with the
     losses logged every 10 steps: between two logged steps."""
@@ -104,12 +110,7 @@ def test_a_signal_between_logged_steps_stops_at_that_step_and_the_resume_goes_on
     cut = AdaptConfig(out=str(tmp_path / "cut"), **common)
     with monkeypatch.context() as patched:
         _signal_in_step(3, signal.SIGINT, trainer, patched)
-        previous = install_interrupt_handlers()
-        try:
-            with pytest.raises(Interrupted):
-                adapt(cut)
-        finally:
-            restore_handlers(previous)
+        _interrupted(lambda: adapt(cut))
     saved = json.loads((tmp_path / "cut.adapt-run" / "state" / "trainer_state.json").read_text())
     assert saved["step"] == 3  # that step, not the next logged one (10) or the end (6)
     resumed = adapt(cut, resume=True)
@@ -183,12 +184,9 @@ def test_a_signal_while_the_sequential_stage_moves_its_states_stops_at_once_and_
 
     cut = AdaptConfig(out=str(tmp_path / "cut"), **common)
     monkeypatch.setattr(StateCache, "advance", signalled)
-    previous = install_interrupt_handlers()
     try:
-        with pytest.raises(Interrupted):
-            adapt(cut)
+        _interrupted(lambda: adapt(cut))
     finally:
-        restore_handlers(previous)
         monkeypatch.undo()
     assert moved == []  # stopped in the advance, not after it
     saved = json.loads((tmp_path / "cut.adapt-run" / "state" / "trainer_state.json").read_text())

@@ -9,21 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.adapt.test_accelerate_config import FSDP_YAML
 from tests.adapt.test_sharded import _env, _free_port, _torchrun
 from tests.runtime.runtime_helpers import save_tiny
 
-FSDP_OFFLOAD_YAML = """compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-num_processes: 2
-num_machines: 1
-machine_rank: 0
-mixed_precision: 'no'
-use_cpu: true
-fsdp_config:
-  fsdp_sharding_strategy: FULL_SHARD
-  fsdp_offload_params: true
-  fsdp_version: 2
-"""
 
 
 @pytest.fixture
@@ -51,7 +40,7 @@ def test_torchrun_prints_a_refusal_once(checkpoint, tmp_path, bad, says):
 
 def test_accelerate_fsdp_offload_refused_once(checkpoint, tmp_path):
     config = tmp_path / "fsdp-offload.yaml"
-    config.write_text(FSDP_OFFLOAD_YAML)
+    config.write_text(FSDP_YAML.format(offload="true"))
     done = _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
                  _free_port(), "-m", "ladderize.cli", "adapt", str(checkpoint), str(tmp_path / "out"), "--tokens", "256",
                  "--seq-len", "32", "--device", "cpu"], tmp_path)
