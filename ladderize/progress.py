@@ -77,8 +77,9 @@ def make_console(stderr: bool = False):
 class ProgressLine:
     """When a plain progress line is due, and its text. No I/O.
 
-    ``update`` returns the line for the first update, for the last (``done == total``), when
-    ``interval`` seconds have passed since the previous line, or when forced; else ``None``.
+    ``update`` returns the line for the first update (``quiet_start``: once ``interval`` seconds have passed since the
+    start), for the last (``done == total``), when ``interval`` seconds have passed since the previous line, or when
+    forced; else ``None``.
     Tokens per second are measured between two lines when ``tokens`` is given (else the
     caller's ``tokens_per_s``). A count that went down started over (the next stage of a
     recipe, shown on the same line): its first line takes the caller's rate, or the count
@@ -89,8 +90,9 @@ class ProgressLine:
     """
 
     def __init__(self, label: str, total: int | None = None, *, interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, quiet_start: bool = False):
         self.label = label
+        self.quiet_start = quiet_start
         self.total = total
         self.interval = progress_interval() if interval is None else interval
         self.clock = clock
@@ -117,7 +119,10 @@ class ProgressLine:
             self.total = total
         now = self.clock()
         final = self.total is not None and done >= self.total
-        due = self._last_time is None or now - self._last_time >= self.interval
+        if self._last_time is None:
+            due = not self.quiet_start or now - self.started >= self.interval
+        else:
+            due = now - self._last_time >= self.interval
         if not (due or final or force):
             return None
         # a count that went down started over (the next stage of a recipe)
@@ -173,17 +178,18 @@ class Progress:
 
     Use as a context manager; ``update`` takes ``ProgressLine.update``'s arguments and
     ``message`` prints a line above the bar (or in the log). Off a terminal, a line (the
-    heartbeat) follows every ``interval`` seconds without one (module docstring).
+    heartbeat) follows every ``interval`` seconds without one (module docstring); ``quiet_start``: no progress
+    line before the first interval (a job shorter than it, or one refused early, prints none).
     """
 
     def __init__(self, label: str, console, *, total: int | None = None, interval: float | None = None,
-                 terminal: bool | None = None):
+                 terminal: bool | None = None, quiet_start: bool = False):
         import threading
 
         self.console = console
         self.label = label
         self.terminal = console.is_terminal if terminal is None else terminal
-        self.line = ProgressLine(label, total, interval=interval)
+        self.line = ProgressLine(label, total, interval=interval, quiet_start=quiet_start)
         self._bar: Any = None
         self._task: Any = None
         self._lock = threading.RLock()  # the heartbeat's thread and the caller's share the line and its record

@@ -31,13 +31,13 @@ def main() -> None:
     SIGINT and SIGTERM raise ``Interrupted`` in every command, so ``finally`` blocks remove
     temp folders; the exit code is 130 (SIGINT) or 143 (SIGTERM), with one line saying so.
 
-    Under a launcher (torchrun, accelerate launch) every process refuses alike, and the main process (rank 0) alone
-    prints the refusal (an ``error:`` line, a usage error or the interrupted line); the others exit with the same
-    code in silence.
+    Under a launcher (torchrun, accelerate launch) every process refuses alike, and the first process of each node
+    (local rank 0: rank 0 on one node) alone prints the refusal (an ``error:`` line, a usage error or the interrupted
+    line), so each node's log holds it once; the others exit with the same code in silence.
     """
     import os
 
-    from ..checkpoint.placement import process_rank
+    from ..checkpoint.placement import local_rank
     from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
     entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
@@ -56,7 +56,7 @@ def main() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    speaks = process_rank() == 0  # the main process, or the only one
+    speaks = local_rank() == 0  # the node's first process, or the only one
     try:
         if speaks:
             app()

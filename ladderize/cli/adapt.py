@@ -82,9 +82,8 @@ def adapt_cmd(
                                      help="OUT's dtype: auto (the checkpoint's), float32, bfloat16, float16."),
     force: bool = opts.force_option("Replace OUT and any earlier run state.", panel=opts.RUN_STATE),
 ) -> None:
-    """Adapt converted layers against the dense teacher, resumable: one process, or under torchrun / accelerate launch
-    sharded with FSDP2 (DDP where a setting needs whole weights). Without single-stage flags it runs the measured best
-    recipe (staged)."""
+    """Adapt converted layers against the dense teacher, resumable; under torchrun or accelerate launch sharded (FSDP2).
+    Without single-stage flags it runs the measured best recipe (staged)."""
     import time
 
     began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here

@@ -51,8 +51,8 @@ def convert(
     from ..progress import Progress
 
     # a bar on a terminal; in a log, a line per interval, and a heartbeat while the libraries and the source load (no
-    # line before it: a refusal at load stays one line)
-    with Progress("convert", err_console) as progress:
+    # line before the first interval: a refusal, at load or at a tensor it reads, stays one line)
+    with Progress("convert", err_console, quiet_start=True) as progress:
         from ..convert.pipeline import convert_layout
 
         converted = convert_layout(

@@ -17,5 +17,6 @@ deadline = time.perf_counter() + (0.0 if rank == 0 else 3600.0)
 config = AdaptConfig(checkpoint=ladder, out=out, data=text, objectives="kd", tokens=6 * 2 * 32, seq_len=32, batch_size=2,
                      lr=1e-2, dtype="float32", device="cpu", compile=False, shard=shard)
 result = adapt(config, deadline=deadline, on_message=print)
-print(json.dumps({"rank": rank, "steps": result.steps}), flush=True)
+sys.stdout.write(json.dumps({"rank": rank, "steps": result.steps}) + "\n")  # one write: the ranks share the pipe
+sys.stdout.flush()
 dist.destroy_process_group()

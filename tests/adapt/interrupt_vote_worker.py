@@ -41,5 +41,6 @@ try:
 except Interrupted as exc:
     stopped = exc.signum
 state = json.loads((config.resolved_run_dir() / "state" / "trainer_state.json").read_text())
-print(json.dumps({"rank": rank, "signum": stopped, "step": state["step"]}), flush=True)
+sys.stdout.write(json.dumps({"rank": rank, "signum": stopped, "step": state["step"]}) + "\n")  # one write: the ranks share the pipe
+sys.stdout.flush()
 dist.destroy_process_group()

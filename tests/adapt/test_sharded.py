@@ -202,7 +202,7 @@ def test_the_saved_state_is_the_trained_layers_and_their_adamw(text_file, tmp_pa
 
 
 def test_a_run_saved_on_two_processes_continues_on_one(sharp_ladder, text_file, tmp_path):
-    stage = "kd:tokens=256,lr=1e-2,batch_size=1"
+    stage = "kd:tokens=256,lr=1e-2,batch_size=2"
     _launch(2, ["adapt", str(sharp_ladder), str(tmp_path / "out"), *_common(text_file), "--stage", stage,
                 "--max-steps", "2"], tmp_path)
     done = _single(["adapt", str(sharp_ladder), str(tmp_path / "out"), *_common(text_file), "--stage", stage,
@@ -240,7 +240,7 @@ def test_host_memory_per_rank_at_two_processes_is_under_one_processs(text_file, 
     dense = write_synthetic_checkpoint(tmp_path / "dense", shape)
     ladder = convert(dense, tmp_path / "ladder", ladder="8:16")
     args = ["-m", "ladderize.cli", "adapt", str(ladder), None, "--data", str(text_file), "--seq-len", "16",
-            "--dtype", "float32", "--device", "cpu", "--no-compile", "--stage", "kd:tokens=64,batch_size=1,lr=1e-4",
+            "--dtype", "float32", "--device", "cpu", "--no-compile", "--stage", "kd:tokens=64,batch_size=2,lr=1e-4",
             "--max-steps", "1", "--shard", "fsdp", "--teacher", str(dense)]
     one = _peak_rss_mb([sys.executable, *[str(tmp_path / "one") if a is None else a for a in args]], _env(tmp_path))
     two = _peak_rss_mb([*_torchrun(2), *[str(tmp_path / "two") if a is None else a for a in args]], _env(tmp_path))

@@ -74,9 +74,9 @@ def test_the_sequential_stage_writes_the_teacher_states_of_the_sequences_kd_read
 
 
 def test_each_process_writes_the_teacher_states_of_its_own_sequences(ladder_dir, text_file, tmp_path):
-    """2 processes, kd reading 4 sequences at a batch of 1 per process: each writes its 2, which kd reads."""
+    """2 processes, kd reading 4 sequences at a batch of 2 (1 per process): each writes its 2, which kd reads."""
     done = _launch(2, ["adapt", str(ladder_dir), str(tmp_path / "two"), *_common(text_file), "--keep-state", "--stage",
-                       "seq-local:tokens=128,epochs=1,batch_size=2", "--stage", "kd:tokens=128,batch_size=1"], tmp_path)
+                       "seq-local:tokens=128,epochs=1,batch_size=2", "--stage", "kd:tokens=128,batch_size=2"], tmp_path)
     states = tmp_path / "two.adapt-run" / TEACHER_STATES_DIR
     assert sorted(file.name for file in states.iterdir()) == sorted(part_name(name, part, 2) for name in (ENTRY_FILE, FINAL_FILE)
                                                                    for part in range(2))
