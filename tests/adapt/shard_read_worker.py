@@ -38,7 +38,9 @@ for name, tensor in model.state_dict().items():
         rows = sharded._rows(tensor.shape[0], rank, world)
         equal &= torch.equal(tensor.to_local(), full[name][rows])
 layer_bytes = {name: count for name, count in read_bytes.items() if name.startswith("model.layers.")}
-print(json.dumps({"rank": rank, "world": world, "layer_bytes": sum(layer_bytes.values()),
-                  "full_layer_bytes": sum(t.numel() * t.element_size() for n, t in full.items() if n.startswith("model.layers.")),
-                  "whole_layer_reads": [n for n in whole if n.startswith("model.layers.")], "equal": bool(equal)}), flush=True)
+report = {"rank": rank, "world": world, "layer_bytes": sum(layer_bytes.values()),
+          "full_layer_bytes": sum(t.numel() * t.element_size() for n, t in full.items() if n.startswith("model.layers.")),
+          "whole_layer_reads": [n for n in whole if n.startswith("model.layers.")], "equal": bool(equal)}
+sys.stdout.write(json.dumps(report) + "\n")  # one write: the ranks share the pipe
+sys.stdout.flush()
 dist.destroy_process_group()
