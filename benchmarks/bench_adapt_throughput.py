@@ -8,8 +8,9 @@ For each shape: a random-weight dense checkpoint (the teacher, bf16 on disk), th
 on the upper half of the layers (the student: the teacher's tensors, linked, and a converted config), and the kd stage
 on random text through ``adapt.train.adapt``, sharded with FSDP2 (``adapt/sharded.py``) over the processes it runs
 under (one here; ``torchrun`` launches more), stopped after ``--steps`` steps. The batch per process is, by default,
-the largest that ``adapt.cost.JointMemory`` says fits the device (at most ``--max-batch``); a shape that does not fit
-at batch 1 is recorded as refused, with the plan's line.
+the largest that the plan's estimate of the kd stage (``adapt.cost.JointMemory.for_step``, the head's terms included)
+fits in the device's usable memory (times ``--memory-share``) with the plan's margin left free, at most ``--max-batch``,
+as the plan grows a batch; a shape that does not fit at batch 1 is recorded as refused.
 
 Figures: tokens/s per GPU over the steps after the first logged window (its one-time costs left out), MFU by the true
 count (``cost.FlopCount``: 6 x trained + 4 x pass-through + 2 x forward-only parameters, over the GPU's dense BF16
@@ -92,6 +93,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
 
     from ladderize.adapt.config import AdaptConfig
     from ladderize.adapt.cost import FlopCount, JointMemory, Launch, usable_bytes
+    from ladderize.adapt.plan import FILL_MARGIN
     from ladderize.adapt.train import adapt
     from ladderize.checkpoint.shapes import preset
 
@@ -106,18 +108,20 @@ def bench_shape(name: str, args, work: Path) -> dict:
            "layout": f"ladder {layers // 2}:{layers}", "processes": world, "memory_share": args.memory_share,
            "model_flops_per_token": FlopCount.for_stage(shape, converted, {"kd"}).per_token}
     usable = usable_bytes(args.memory_share * torch.cuda.get_device_properties(0).total_memory) if cuda else None
+    # the plan's own stage: kd sharded, in the run's compute dtype, priced as the plan prices it (head terms included)
+    step = {"objectives": "kd", "seq_len": args.seq_len, "shard": "fsdp", "batch_size": world,
+            "activation_checkpointing": args.activation_checkpointing, "dtype": None if cuda else "float32"}
 
     def estimate(batch: int) -> JointMemory:
-        return JointMemory.estimate(shape, converted, world, batch * args.seq_len,
-                                    checkpointing=args.activation_checkpointing, sharded=True)
+        return JointMemory.for_step(shape, converted, {**step, "batch_size": batch * world}, world, batch * args.seq_len)
 
     if args.batch_size != "auto":
         batch = int(args.batch_size)
     elif usable is None:  # no GPU to fill: the stage's own batch
         batch = 2
-    else:  # the largest that the estimate fits (0: none)
-        batch = JointMemory.largest_batch(shape, converted, world, args.seq_len, usable, most=args.max_batch,
-                                          checkpointing=args.activation_checkpointing)
+    else:  # the largest that the estimate fits with the plan's margin left free (0: none), as the plan grows it
+        batch = JointMemory.largest_batch(shape, converted, world, args.seq_len, usable * (1 - FILL_MARGIN),
+                                          most=args.max_batch, step=step)
     if batch == 0:
         row.update(status="does not fit", estimate_gib=round(estimate(1).total / 2**30, 1),
                    usable_gib=round(usable / 2**30, 1))
