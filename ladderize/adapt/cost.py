@@ -241,15 +241,15 @@ class PricedDevice:
         return sequential_processes(step, self.launch.processes)
 
     def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
-        """Whole steps of the global batch, each process computing its largest part of every step (a batch that does
-        not divide waits on it)."""
-        from .batches import StepSplit
+        """Whole steps of the global batch, each process computing its part of every step
+        (``stage_clock.process_share``, as a pace timed under the launch counts it)."""
         from .config import stage_config
+        from .stage_clock import process_share
 
         settings = stage_config(step)
         steps = max(1, math.ceil(settings.tokens / (settings.seq_len * settings.batch_size)))
-        split = StepSplit(settings.batch_size, self.launch.processes, settings.grad_accum)
-        return steps * split.grad_accum * split.local * settings.seq_len / self.tokens_per_s_per_gpu(step, stored_teacher)
+        tokens = steps * settings.batch_size * settings.seq_len * process_share(step, self.launch.processes)
+        return tokens / self.tokens_per_s_per_gpu(step, stored_teacher)
 
 
 ACTIVATION_VALUES = "6 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer in the compute dtype

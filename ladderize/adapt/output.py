@@ -26,6 +26,7 @@ import torch
 
 from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
 from ..checkpoint.architectures import layer_prefix
+from ..checkpoint.placement import dtype_name
 from .config import AdaptConfig, AdaptResult
 from .lora import ADAPTER_DIR
 
@@ -112,7 +113,7 @@ def adapt_provenance(
             "device": device.type,
             "precision": training_precision(config.dtype, device, config.mixed_precision).name,
             "layout": layout.describe(),
-            "dtype": _dtype_name(dtype),
+            "dtype": dtype_name(dtype),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
             **({"recipe": recipe} if recipe else {}),
             # the weights written are (1 - x) * from + x * trained (interpolation.py); final_loss is the trained end's
@@ -122,12 +123,8 @@ def adapt_provenance(
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
-    provenance["dtype"] = _dtype_name(dtype)
+    provenance["dtype"] = dtype_name(dtype)
     return provenance
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _absolute(value: Any) -> Any:
@@ -177,7 +174,7 @@ def write_streamed_output(
     dtype = output_dtype(config)
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, model_config, dtype=dtype)
     saved = LadderLlamaConfig.from_dict(model_config.to_dict())
-    saved.dtype = _dtype_name(dtype)
+    saved.dtype = dtype_name(dtype)
     generation = Path(checkpoint) / "generation_config.json"
     if generation.is_file():
         generation_config = GenerationConfig.from_pretrained(checkpoint)

@@ -26,7 +26,7 @@ from ..checkpoint.atomic import check_apart
 from ..checkpoint.placement import process_rank, world_size
 from .budget import Budget, agreed, replan
 from .config import AdaptConfig, AdaptResult, PhaseProgress
-from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable
+from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable, run_folder
 from .output import CURVE_FILE, checkpoint_dtype, stage_points
 from .plan import AdaptPlan, build_plan
 from .run_lock import holding_run
@@ -103,7 +103,7 @@ def plan_adapt(
 ) -> AdaptPlan:
     """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
     attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
-    top = AdaptConfig(checkpoint=str(checkpoint), out=str(out), run_dir=str(run_dir) if run_dir else None).resolved_run_dir()
+    top = run_folder(out, run_dir)
     saved = None
     if resume and process_rank() == 0 and (top / PLAN_FILE).is_file():
         saved = json.loads((top / PLAN_FILE).read_text())
@@ -142,7 +142,7 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
         raise LadderizeError(f"output {final} already exists; pass --force to replace it")
     if not Path(checkpoint).expanduser().exists():
         raise LadderizeError(f"checkpoint {checkpoint} not found")
-    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    top = run_folder(out, run_dir)
     inputs = adapt_inputs(checkpoint, plan.stages[0].resolved.data, plan.stages[0].resolved.teacher)
     check_apart(final, inputs)
     check_apart(top, inputs, "the run folder")  # --force and a finished run remove it
@@ -321,7 +321,7 @@ def adapt_checkpoint(checkpoint: str | Path, out: str | Path, *, run_dir: str | 
     """The pipeline behind ``ladderize adapt`` (``_adapt_checkpoint``, which takes ``settings``), holding the run
     folder's lock (``run_lock.py``) from before its plan to its end: a run into an OUT that another live run holds is
     refused in one line naming it, before it reads or writes anything."""
-    top = AdaptConfig(checkpoint=str(checkpoint), out=str(out), run_dir=str(run_dir) if run_dir else None).resolved_run_dir()
+    top = run_folder(out, run_dir)
     with holding_run(top, Path(out).expanduser().absolute(), device, on_message or (lambda _m: None)):
         return _adapt_checkpoint(checkpoint, out, run_dir=run_dir, device=device, on_message=on_message, **settings)
 
@@ -393,7 +393,7 @@ def _adapt_checkpoint(
     options = RunOptions(run_dir=run_dir, force=force, keep_state=keep_state, resume=resume, max_steps=max_steps,
                          began=began, progress=progress, on_message=on_message, on_plan=on_plan,
                          on_stage_start=on_stage_start, on_phase=on_phase)
-    top = AdaptConfig(checkpoint=checkpoint, out=out, run_dir=run_dir).resolved_run_dir()
+    top = run_folder(out, run_dir)
     try:
         outcome = run_recipe(plan, out, options)
     except Interrupted as exc:

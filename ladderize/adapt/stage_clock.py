@@ -81,9 +81,9 @@ class StageClock(Protocol):
 
 
 def process_share(step: dict[str, Any], processes: int) -> float:
-    """The part of a joint stage's tokens the busiest of ``processes`` computes: its rows of each micro-batch times the
-    micro-batches, over the global batch (``batches.StepSplit``: 1 on one process where the accumulation divides the batch,
-    more where micro-batches without rows run, as they do)."""
+    """The part of a joint stage's tokens one of ``processes`` computes: its rows of each micro-batch times the
+    micro-batches, over the global batch (``batches.StepSplit``: ``1 / processes`` for a batch that divides, as the plan
+    makes every joint stage's)."""
     from .batches import StepSplit
     from .config import stage_config
 

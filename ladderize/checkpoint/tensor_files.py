@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -217,15 +218,13 @@ class CheckpointTensors:
         """The tensor, or the concatenation of its row slices (dim 0) or column slices (dim 1)."""
         return self._handle(self._file(name)).read(name, rows, cols)
 
+    def numel(self, name: str) -> int:
+        """The number of values of tensor ``name``, from its header (nothing is loaded)."""
+        return math.prod(self.shape(name))
+
     def num_parameters(self) -> int:
         """The number of stored values, from the headers (nothing is loaded)."""
-        total = 0
-        for name in self.files:
-            numel = 1
-            for dim in self.shape(name):
-                numel *= dim
-            total += numel
-        return total
+        return sum(self.numel(name) for name in self.files)
 
     def floating_dtype(self) -> str | None:
         """The dtype name (``float32``, ``bfloat16``, ``float16``) holding most of the floating values, from the headers
@@ -234,10 +233,7 @@ class CheckpointTensors:
         for name in self.files:
             kind = FLOATING.get(self._handle(self._file(name)).get_slice(name).get_dtype())
             if kind is not None:
-                numel = 1
-                for dim in self.shape(name):
-                    numel *= dim
-                counts[kind] = counts.get(kind, 0) + numel
+                counts[kind] = counts.get(kind, 0) + self.numel(name)
         return max(counts, key=counts.__getitem__) if counts else None
 
     def close(self) -> None:
