@@ -72,6 +72,8 @@ def main() -> None:
             raise
         if speaks:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        else:
+            _let_the_first_process_speak()
         sys.exit(2)
     except (Interrupted, KeyboardInterrupt) as exc:
         code, name = (exc.exit_code, exc.signame) if isinstance(exc, Interrupted) else (130, "SIGINT")
@@ -96,7 +98,20 @@ def _run_silent_on_usage_error() -> None:
     try:
         code = app(standalone_mode=False)  # the parser raises usage errors instead of printing them
     except typer.TyperException as exc:  # typer's usage errors (``BadParameter``, ``NoSuchOption``, ...)
+        _let_the_first_process_speak()
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # an explicit exit's code, or 0 when the command returned
+
+
+SILENT_EXIT_DELAY_S = 3.0
+
+
+def _let_the_first_process_speak() -> None:
+    """A silent process's refusal waits ``SILENT_EXIT_DELAY_S`` before it exits: the launcher ends every process at the
+    first one's failure, and the node's first process, refusing the same at the same check, must have printed its line
+    by then (else torchrun's SIGTERM cuts it off)."""
+    import time
+
+    time.sleep(SILENT_EXIT_DELAY_S)
