@@ -138,7 +138,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     out = work / f"{shape.name}-out"
-    config = AdaptConfig(checkpoint=str(student), out=str(out), teacher=str(teacher), data=str(text), objectives="kd",
+    config = AdaptConfig.from_flat(checkpoint=str(student), out=str(out), teacher=str(teacher), data=str(text), objectives="kd",
                          tokens=args.steps * batch * world * args.seq_len, seq_len=args.seq_len, batch_size=batch,
                          lr=1e-4, shard="fsdp", activation_checkpointing=args.activation_checkpointing,
                          save_every=10**9, force=True, run_dir=str(work / f"{shape.name}-run"),

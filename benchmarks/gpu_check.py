@@ -425,7 +425,7 @@ def _adapt_peak(argv: list[str]) -> None:
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
     started = time.perf_counter()
-    adapt(AdaptConfig(checkpoint=checkpoint, out=out, data=data, objectives="local", local_schedule="sequential",
+    adapt(AdaptConfig.from_flat(checkpoint=checkpoint, out=out, data=data, objectives="local", local_schedule="sequential",
                       tokens=256, seq_len=64, batch_size=2, epochs=1, stream_layers=True, device=device))
     peak = torch.cuda.max_memory_allocated() - base if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"peak_bytes": peak, "measure": "torch.cuda.max_memory_allocated" if cuda else "peak RSS (ru_maxrss)",
@@ -492,7 +492,7 @@ def _sequential_mfu(argv: list[str]) -> None:
     from ladderize.adapt.train import adapt
 
     checkpoint, teacher, out, data, device, seq_len, tokens = argv
-    result = adapt(AdaptConfig(checkpoint=checkpoint, teacher=teacher, out=out, data=data, objectives="local",
+    result = adapt(AdaptConfig.from_flat(checkpoint=checkpoint, teacher=teacher, out=out, data=data, objectives="local",
                                local_schedule="sequential", tokens=int(tokens), seq_len=int(seq_len), epochs=1,
                                device=device, dtype=None if device == "cuda" else "float32", compile=False, force=True),
                    on_message=print)

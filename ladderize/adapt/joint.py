@@ -22,13 +22,15 @@ import torch
 from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..convert.teacher import load_teacher, resolve_teacher
-from .compilation import COMPILING, compile_layers, recompute_activations, resolve_compile
+from .compilation import compile_layers, recompute_activations
+from .compile_policy import COMPILING, resolve_compile
 from .config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from .interpolation import toward_start
 from .weight_ema import WeightEMA
 from .lora import ADAPTER_DIR, LoraSpec, add_lora, merge_lora, save_adapter
-from .objectives import AdaptLoss, entries
+from .objectives import AdaptLoss
+from .objective_registry import entries
 from .output import write_output
 from .training_state import finish_state
 from .layer_source import ResidentLayers, same_prefix
@@ -71,12 +73,12 @@ class ReplicatedRun:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
-        from ..checkpoint.placement import resolve_device, training_precision
+        from ..checkpoint.placement import resolve_device, this_launch, training_precision
 
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
         parallelism = config.parallelism
         device = resolve_device(parallelism.device)  # under accelerate launch the Accelerator's device wins (below)
-        if _launched():  # the one process group, on this process's device, before Accelerate looks for one
+        if this_launch().by_launcher:  # the one process group, on this process's device, before Accelerate looks for one
             from . import process_group
 
             device = process_group.start(device)
@@ -169,20 +171,14 @@ class ReplicatedRun:
             self.ema.update()
 
     def extra_state(self) -> dict[str, Any]:
-        """What the state holds besides the trained parameters and AdamW: fp16's loss scaler."""
-        scaler = self.accelerator.scaler
-        return {"scaler": scaler.state_dict()} if scaler is not None else {}
-
-    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None:
-        if "scaler" in extra:
-            self.accelerator.scaler.load_state_dict(extra["scaler"])
+        """What the state holds besides the trained parameters and AdamW, as stateful objects: fp16's loss scaler and
+        the EMA's average."""
+        extra: dict[str, Any] = {}
+        if self.accelerator.scaler is not None:
+            extra["scaler"] = self.accelerator.scaler
         if self.ema is not None:
-            self.ema.load(state_dir)
-
-    def save_beside(self, folder: Path) -> None:
-        """The main process's files beside the checkpoint: the EMA's average."""
-        if self.ema is not None:
-            self.ema.save(folder)
+            extra["ema"] = self.ema
+        return extra
 
     def barrier(self) -> None:
         self.accelerator.wait_for_everyone()
@@ -215,17 +211,12 @@ def _fresh_single_process_state(mixed_precision: str, cpu: bool) -> None:
     (a second stage, a test, the demo) that asks for other ones starts from a fresh state. Launched runs keep theirs."""
     from accelerate.state import AcceleratorState, DistributedType
 
-    if _launched() or not AcceleratorState._shared_state:
+    from ..checkpoint.placement import this_launch
+
+    if this_launch().by_launcher or not AcceleratorState._shared_state:
         return
     state = AcceleratorState()
     if state.distributed_type != DistributedType.NO:
         return
     if state.mixed_precision != mixed_precision or (state.device.type == "cpu") != cpu:
         AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def _launched() -> bool:
-    """Whether a launcher (torchrun, accelerate launch) started this process: then the Accelerator places it."""
-    import os
-
-    return "LOCAL_RANK" in os.environ

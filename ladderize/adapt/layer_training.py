@@ -18,7 +18,7 @@ teacher's states and matches the teacher's module updates (block-local).
 
 Memory: the modules in use (one layer, or the embedding while the first states are
 computed; ``layer_source.py``) and four ``[N, S, D]`` state pairs (teacher and student, in and
-out) of the calibration set (under data parallelism: of this process's sequences, ``Ranks``), in the
+out) of the calibration set (under data parallelism: of this process's sequences, ``LaunchRank``), in the
 model's dtype, in memory or on disk (``state_store.py``).
 
 Device: the layer in use computes on the cache's ``device`` (``placement.resolve_device``) at
@@ -39,10 +39,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..checkpoint.placement import LaunchRank
 from ..convert.residual_states import State, attention_kwargs
 from .compilation import adamw
 from .batches import batch_order
 from .objectives import layer_error, update_sums
+from .process_group import sum_over_processes
 from .sequential_schedule import steps_per_layer
 from .state_store import StateStore
 
@@ -55,42 +57,18 @@ if TYPE_CHECKING:
 CHUNK = 4  # sequences per no-grad forward when (re)computing the cached states
 
 
-@dataclass(frozen=True)
-class Ranks:
-    """The processes of a data-parallel sequential stage (``accelerate launch`` / torchrun; one process: rank 0 of 1).
+def owned_rows(launch: LaunchRank, count: int) -> torch.Tensor:
+    """The indices, among ``count`` sequences, of those this process owns in a data-parallel sequential stage.
 
-    Each process owns the sequences whose index modulo ``world`` is its ``rank`` (``owned``; the held-out rows after
-    the calibration set too), and computes and holds their states only, through every layer. A step's batch is
-    trained by each process on the rows of it that it owns; the sums of squares of the teacher's updates that the
-    relative errors divide by are summed over the processes first, so each process's loss is its rows' share of the
-    batch's (``objectives.layer_error``'s ``shared``), and the gradients and losses summed over the processes are one
-    process's on the whole batch: every process takes the step one process would.
+    Each process owns the sequences whose index modulo ``world`` is its ``rank`` (the held-out rows after the
+    calibration set too), and computes and holds their states only, through every layer. A step's batch is trained
+    by each process on the rows of it that it owns; the sums of squares of the teacher's updates that the relative
+    errors divide by are summed over the processes first, so each process's loss is its rows' share of the batch's
+    (``objectives.layer_error``'s ``shared``), and the gradients and losses summed over the processes
+    (``process_group.sum_over_processes``) are one process's on the whole batch: every process takes the step one
+    process would.
     """
-
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def owned(self, count: int) -> torch.Tensor:
-        """The indices, among ``count`` sequences, of those this process owns."""
-        return torch.arange(self.rank, max(count, self.rank), self.world)
-
-    def sum(self, tensors: list[torch.Tensor]) -> None:
-        """Sum each tensor over the processes, in place (nothing in one process)."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            for tensor in tensors:
-                dist.all_reduce(tensor)
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+    return torch.arange(launch.rank, max(count, launch.rank), launch.world)
 
 
 @dataclass
@@ -181,13 +159,13 @@ class StateCache:
 
     ``progress(label, chunks done, chunks in all)`` follows a phase's chunks (``phase``), from the first states on.
 
-    Under data parallelism (``ranks``) the cache holds the states of this process's sequences only
-    (``Ranks.owned``); ``self.data`` is their tokens, and ``local(rows)`` finds rows of the whole set among them.
+    Under data parallelism (``launch``) the cache holds the states of this process's sequences only
+    (``owned_rows``); ``self.data`` is their tokens, and ``local(rows)`` finds rows of the whole set among them.
     """
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
                  device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0,
-                 progress: Callable[[str, int, int], None] | None = None, ranks: Ranks = Ranks()):
+                 progress: Callable[[str, int, int], None] | None = None, launch: LaunchRank = LaunchRank()):
         self.progress = progress
         self._phase: tuple[str, int] | None = None  # (label, chunks in all) of the phase reported
         self._chunks = 0
@@ -195,11 +173,11 @@ class StateCache:
         self.num_train = data.shape[0] - held_out
         self.num_rows = data.shape[0]
         self.held_out = held_out > 0
-        self.ranks = ranks
-        self.rows = ranks.owned(data.shape[0]) if ranks.world > 1 else torch.arange(data.shape[0])
+        self.launch = launch
+        self.rows = owned_rows(launch, data.shape[0]) if launch.several else torch.arange(data.shape[0])
         self._local = torch.full((data.shape[0],), -1, dtype=torch.long)
         self._local[self.rows] = torch.arange(len(self.rows))
-        self.teacher, self.data = teacher, (data[self.rows] if ranks.world > 1 else data)
+        self.teacher, self.data = teacher, (data[self.rows] if launch.several else data)
         self.store = store or StateStore()
         self.device = torch.device(device)
         self.precision = precision
@@ -324,7 +302,7 @@ def train_layer(
     max_grad_norm: float,
     seed: int,
     progress: Callable[[LayerStep], None] | None = None,
-    ranks: Ranks = Ranks(),
+    launch: LaunchRank = LaunchRank(),
     start: LayerProgress | None = None,
     save: Callable[[LayerProgress], None] | None = None,
     save_due: Callable[[], bool] = lambda: False,
@@ -337,13 +315,14 @@ def train_layer(
     ``layers``: consecutive ``LadderDecoderLayer``s from the current one (usually one); ``targets``: the teacher's
     states leaving each (``StateCache.teacher_outputs``). The layers train together, each fed the one below's
     output of the same step, and the loss is the mean of their layer errors.
-    Under data parallelism (``ranks``) each process runs the rows of every batch it holds (``Ranks``) and the
+    Under data parallelism (``launch``) each process runs the rows of every batch it holds (``LaunchRank``) and the
     gradients are summed.
 
     ``start``: continue a training saved partway (the layers hold its weights). ``save(progress)`` runs after a step
     before the window's last when ``save_due()`` says so (on every process: ``save_due`` decides for all of them).
     ``steps``: the window's steps, where a wall budget shortened them (default: ``epochs`` over the calibration set);
-    ``time_up()``: checked after each step (one process), true when the stage's time is up: the window stops there.
+    ``time_up()``: checked after each step (on every process: collective under a launcher), true when the stage's time
+    is up: the window stops there.
     """
     from .lr_curve import warmup_cosine
 
@@ -381,7 +360,7 @@ def train_layer(
                    for t_in, t_out in zip(teacher_inputs, targets)]
         sums = [update_sums(module.mode, t_in, t_out) for module, (t_in, t_out) in zip(layers, teacher)]
         summed = torch.cat(sums)
-        ranks.sum([summed])  # every process joins, with or without rows
+        sum_over_processes([summed])  # every process joins, with or without rows
         if len(own) == 0:
             return None
         total = len(rows) * math.prod(teacher[0][1][0].shape[1:])
@@ -399,11 +378,11 @@ def train_layer(
 
     def measured(rows: torch.Tensor) -> float:
         """The window's error on the evaluation batch ``rows`` (summed over the processes' shares)."""
-        if ranks.world == 1:
+        if not launch.several:
             return loss_on(rows).item()
         share = share_on(rows)
         total = torch.zeros((), device=params[0].device) if share is None else share.detach().float().reshape(())
-        ranks.sum([total])
+        sum_over_processes([total])
         return total.item()
 
     evaluation = cache.eval_rows(batch_size)
@@ -421,18 +400,18 @@ def train_layer(
     for step in range(len(losses), total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_on(rows) if ranks.world == 1 else share_on(rows)
+        loss = loss_on(rows) if not launch.several else share_on(rows)
         if loss is None:  # this process holds none of the batch's rows: it adds nothing
             loss = torch.zeros((), device=params[0].device)
         else:
             loss.backward()
-        if ranks.world > 1:  # the batch's gradient and loss: the sum of the parts' (every rank sums every tensor)
+        if launch.several:  # the batch's gradient and loss: the sum of the parts' (every rank sums every tensor)
             for param in params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-            ranks.sum([param.grad for param in params])
+            sum_over_processes([param.grad for param in params])
             loss = loss.detach().clone()
-            ranks.sum([loss])
+            sum_over_processes([loss])
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         current_lr = scheduler.get_last_lr()[0]
@@ -441,7 +420,7 @@ def train_layer(
         losses.append(loss.item())
         if progress is not None:
             progress(LayerStep(index, step + 1, total, losses[-1], current_lr))
-        if ranks.world == 1 and step + 1 < total and time_up():
+        if step + 1 < total and time_up():
             break
         if save is not None and step + 1 < total and save_due():
             save(LayerProgress(step + 1, list(losses), before, optimizer_tensors(optimizer)))

@@ -62,11 +62,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import LadderizeError
+from .process_group import sum_over_processes
 from ..convert.residual_states import State
 from .objectives import layer_error, update_sums
 
 if TYPE_CHECKING:
-    from .layer_training import Ranks, StateCache
+    from ..checkpoint.placement import LaunchRank
+    from .layer_training import StateCache
 
 PRIOR_TOKENS = 8_192  # the current weights weigh as much as this many calibration tokens (``default_ridge``)
 FLOAT64_DEVICES = ("cpu", "cuda")  # device types that solve in float64; others solve on the CPU
@@ -174,7 +176,7 @@ def _direct(layer: nn.Module, name: str) -> tuple[float, float]:
     return 1.0, float(name == "o_proj" and layer.attn_op.allreduce)
 
 
-def _batches(cache: StateCache, mode, teacher_out: State, inputs: State, batch_size: int, ranks: Ranks
+def _batches(cache: StateCache, mode, teacher_out: State, inputs: State, batch_size: int, launch: LaunchRank
              ) -> Iterator[tuple[int, State, State, State, tuple[torch.Tensor, int] | None]]:
     """The calibration set in batches of ``batch_size`` rows, in order: the batch's rows, then the teacher's states
     entering and leaving the layer and the layer's inputs of those rows this process holds, on the device, and
@@ -183,13 +185,13 @@ def _batches(cache: StateCache, mode, teacher_out: State, inputs: State, batch_s
     on = cache.rows_on_device
     for start in range(0, cache.num_train, batch_size):
         rows = torch.arange(start, min(start + batch_size, cache.num_train))
-        own = rows if ranks.world == 1 else cache.local(rows)
+        own = rows if not launch.several else cache.local(rows)
         t_in = (on(cache.teacher_state[0], own), on(cache.teacher_state[1], own))
         t_out = (on(teacher_out[0], own), on(teacher_out[1], own))
         shared = None
-        if ranks.world > 1:
+        if launch.several:
             sums = update_sums(mode, t_in, t_out)
-            ranks.sum([sums])
+            sum_over_processes([sums])
             shared = (sums, len(rows) * math.prod(t_out[0].shape[1:]))
             if len(own) == 0:
                 continue
@@ -202,7 +204,7 @@ def _solve_device(device: torch.device) -> torch.device:
 
 @torch.no_grad()
 def _collect(cache: StateCache, layer: nn.Module, name: str, teacher_out: State, local_inputs: str, batch_size: int,
-             ranks: Ranks) -> tuple[NormalEquations, float]:
+             launch: LaunchRank) -> tuple[NormalEquations, float]:
     """Module ``name``'s normal equations over the calibration set, and the layer's loss there (as it stands)."""
     linear = getattr(_owner(layer, name), name)
     weight = linear.weight.detach().float()
@@ -211,7 +213,7 @@ def _collect(cache: StateCache, layer: nn.Module, name: str, teacher_out: State,
     equations = NormalEquations.zeros(linear.in_features, linear.out_features, _solve_device(weight.device))
     total = torch.zeros((), dtype=torch.float64, device=weight.device)
     with _recording(layer, name) as recorder:
-        for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
+        for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, launch):
             recorder.inputs = None
             with cache.autocast():
                 s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
@@ -229,22 +231,22 @@ def _collect(cache: StateCache, layer: nn.Module, name: str, teacher_out: State,
             alpha = curvature.double().mean() / 2
             if alpha > 0:
                 equations.add(z, y0 - grad.detach() / (2 * alpha).float(), share * alpha)
-    ranks.sum([equations.gram, equations.cross, total])
+    sum_over_processes([equations.gram, equations.cross, total])
     return equations, total.item()
 
 
 def refit_output_projections(cache: StateCache, layer: nn.Module, teacher_out: State, *, local_inputs: str,
-                             batch_size: int, ridge: float | None = None, ranks: Ranks | None = None) -> ClosedForm:
+                             batch_size: int, ridge: float | None = None, launch: LaunchRank | None = None) -> ClosedForm:
     """Refit ``layer``'s ``o_proj``, then its ``down_proj``, in place, by ridge least squares of its local loss on the
     calibration set (the module docstring); the loss before and after. ``ridge``: default ``default_ridge``."""
-    from .layer_training import Ranks
+    from ..checkpoint.placement import LaunchRank
 
-    ranks = ranks or Ranks()
+    launch = launch or LaunchRank()
     ridge = default_ridge(cache.num_train * cache.data.shape[1]) if ridge is None else ridge
     o_proj, down_proj = layer.self_attn.o_proj, layer.mlp.down_proj
 
     def collect(name: str) -> tuple[NormalEquations, float]:
-        return _collect(cache, layer, name, teacher_out, local_inputs, batch_size, ranks)
+        return _collect(cache, layer, name, teacher_out, local_inputs, batch_size, launch)
 
     equations, before = collect("o_proj")
     old = o_proj.weight.detach().clone()

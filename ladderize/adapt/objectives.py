@@ -37,8 +37,8 @@ logits exist one block at a time. At SmolLM2's 49,152-token vocabulary a 2 x 512
 200 MB of logits per tensor; computed whole, the kd loss and its backward allocated about a
 dozen such tensors per step, each mapped fresh from the kernel.
 
-Each objective is an entry of ``OBJECTIVES`` (an ``Objective``): what it reads of the student and the teacher, and its
-loss. The teacher's pass and the loss (``AdaptLoss``), the FLOP count and the memory estimate (``cost.py``), and
+Each objective is an entry of ``objective_registry.OBJECTIVES`` (an ``Objective``): what it reads of the student and
+the teacher (declared in the registry, which imports no torch), and its loss (implemented here, ``implement``). The teacher's pass and the loss (``AdaptLoss``), the FLOP count and the memory estimate (``cost.py``), and
 which stages can read the teacher's stored states (``teacher_states.py``) read an entry's traits, never its name
 (docs/architecture.md, "Adding an objective").
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Iterator, Set
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,20 +58,10 @@ from ..errors import LadderizeError
 from ..model import LadderLlamaForCausalLM
 from ..model.layout import LayerMode
 from ..convert.residual_states import State, attention_kwargs, embed, logits_from, run_layers
-from .compilation import inductor_options
+from .compile_policy import inductor_options
+from .objective_registry import (DIVERGENCES, LOCAL_INPUTS, TEACHER_FINAL, TEACHER_LAYERS, check_top_k, entries, implement,
+                                 logit_block_rows)
 from .fsdp import head_gathered
-
-LOCAL_INPUTS = ("teacher", "student", "stack")
-JOINT_ONLY_INPUTS = frozenset({"stack"})  # the student's states with the graph kept: a whole stack, not one layer
-DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
-LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
-LOGIT_BLOCK_BYTES_CUDA = 1 << 29  # on a GPU: 1,046 tokens a block at Llama 3's 128,256-token vocabulary
-
-
-# what an objective reads of the teacher (``Objective.teacher``)
-NO_TEACHER = "none"
-TEACHER_FINAL = "final"  # its final residual stream: the teacher runs every layer
-TEACHER_LAYERS = "layers"  # its states entering and leaving every converted layer: it runs up to the last converted one
 
 BlockLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # one block's summed loss from its float32 logits and rows
 
@@ -85,117 +75,6 @@ class LossInputs:
     input_ids: torch.Tensor
     teacher: TeacherPass | None
     final: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class Objective:
-    """One objective, declared once: what it reads of the two models, and its loss.
-
-    ``teacher``: ``NO_TEACHER``, ``TEACHER_FINAL`` or ``TEACHER_LAYERS``. ``student_final``: it reads the student's
-    final residual stream (the student runs every layer). ``head``: its loss is over the student's logits, one block of
-    tokens at a time (``block_loss``: that block's summed loss and the count the sum divides by); the student's head
-    runs. ``teacher_head``: it runs the teacher's LM head too. Any other objective gives ``loss``. ``pass_loss``: the
-    loss computed along the student's own pass up to layer ``stop``, with the stream leaving it, or None where the
-    objective's settings compute it apart (``loss``).
-    """
-
-    name: str
-    teacher: str = NO_TEACHER
-    student_final: bool = False
-    head: bool = False
-    teacher_head: bool = False
-    loss: Callable[[LossInputs], torch.Tensor] | None = None
-    block_loss: Callable[[LossInputs], tuple[BlockLoss, int]] | None = None
-    pass_loss: Callable[[LossInputs, int], tuple[torch.Tensor, torch.Tensor] | None] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name.isidentifier() or self.name != self.name.lower():
-            raise LadderizeError(f"objective name {self.name!r}: lowercase letters, digits and underscores")
-        if self.teacher not in (NO_TEACHER, TEACHER_FINAL, TEACHER_LAYERS):
-            raise LadderizeError(f"objective {self.name}: teacher must be {NO_TEACHER}, {TEACHER_FINAL} or {TEACHER_LAYERS}")
-        if self.teacher_head and self.teacher != TEACHER_FINAL:
-            raise LadderizeError(f"objective {self.name}: the teacher's head reads its final stream (teacher={TEACHER_FINAL})")
-        if (self.block_loss if self.head else self.loss) is None:
-            raise LadderizeError(f"objective {self.name}: give {'block_loss' if self.head else 'loss'}")
-
-    @property
-    def needs_teacher(self) -> bool:
-        return self.teacher != NO_TEACHER
-
-    @property
-    def reads_final(self) -> bool:
-        """Whether the student runs every layer for it."""
-        return self.student_final or self.head
-
-    @property
-    def reads_stored_teacher(self) -> bool:
-        """Whether the teacher states a sequential stage stores (``teacher_states.py``: its states entering the first
-        converted layer and its final stream) are all it needs of the teacher."""
-        return self.teacher != TEACHER_LAYERS
-
-
-OBJECTIVES: dict[str, Objective] = {}  # the objectives by name, in the order their losses sum; ``register`` adds one
-
-
-def register(objective: Objective) -> Objective:
-    """Add ``objective`` to ``OBJECTIVES`` (a name taken by another entry is refused)."""
-    if OBJECTIVES.get(objective.name, objective) is not objective:
-        raise LadderizeError(f"objective {objective.name} is registered already")
-    OBJECTIVES[objective.name] = objective
-    return objective
-
-
-def entries(weights: Iterable[str]) -> list[Objective]:
-    """The entries of the objectives named in ``weights``, in ``OBJECTIVES``' order."""
-    names = set(weights)
-    return [objective for name, objective in OBJECTIVES.items() if name in names]
-
-
-class ObjectiveNames(Set):
-    """The names of the registered objectives with a trait, read from ``OBJECTIVES`` at each use (a set: ``<=``, ``&``)."""
-
-    def __init__(self, trait: Callable[[Objective], bool]):
-        self._trait = trait
-
-    def __contains__(self, name: object) -> bool:
-        return name in OBJECTIVES and self._trait(OBJECTIVES[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, objective in OBJECTIVES.items() if self._trait(objective))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    @classmethod
-    def _from_iterable(cls, names: Iterable[str]) -> frozenset[str]:
-        return frozenset(names)
-
-
-TEACHER_OBJECTIVES = ObjectiveNames(lambda objective: objective.needs_teacher)
-STORED_TEACHER_OBJECTIVES = ObjectiveNames(lambda objective: objective.reads_stored_teacher)
-
-
-def parse_objectives(spec: str) -> dict[str, float]:
-    """``"local"``, ``"lm,kd"`` or ``"kd=1,local=0.5"`` -> ``{name: weight}``."""
-    weights: dict[str, float] = {}
-    for part in (spec or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, _, weight_text = part.partition("=")
-        name = name.strip().lower()
-        if name not in OBJECTIVES:
-            raise LadderizeError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)} (comma-separated)")
-        try:
-            weight = float(weight_text) if weight_text else 1.0
-        except ValueError:
-            raise LadderizeError(f"objective weight {weight_text!r} of {name} is not a number") from None
-        if weight < 0:
-            raise LadderizeError(f"objective weight of {name} must not be negative")
-        weights[name] = weight
-    if not weights:
-        raise LadderizeError(f"no objective given; use {', '.join(OBJECTIVES)} (comma-separated)")
-    return weights
 
 
 def relative_sq_error(prediction: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -239,6 +118,8 @@ class AdaptLoss(nn.Module):
         if local_inputs not in LOCAL_INPUTS:
             raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
         self.entries = entries(weights)
+        if missing := [objective.name for objective in self.entries if not objective.implemented]:
+            raise LadderizeError(f"objective {', '.join(missing)} is declared without a loss (objective_registry.implement)")
         comparing = [objective.name for objective in self.entries if objective.needs_teacher]
         if comparing and teacher is None:
             raise LadderizeError(f"objective{'s' if len(comparing) > 1 else ''} {' and '.join(comparing)} "
@@ -417,15 +298,6 @@ def layer_error(mode: LayerMode, t_in: State, s_out: State, t_out: State, local_
     return relative_sq_error(s_out[0], t_out[0], update)
 
 
-def check_top_k(top_k: int, divergence: str) -> None:
-    """``kd_top_k``: 0 (the whole vocabulary) or a positive count, with the forward divergence only."""
-    if top_k < 0:
-        raise LadderizeError(f"kd_top_k must be 0 (the whole vocabulary) or a positive number of tokens, got {top_k}")
-    if top_k and divergence != "forward":
-        raise LadderizeError("kd_top_k keeps the teacher's likeliest tokens as the target of KL(teacher || student); "
-                             "it does not apply to the reverse divergence")
-
-
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
             divergence: str = "forward", top_k: int = 0) -> torch.Tensor:
     """Mean per-token KL(teacher || student) at ``temperature`` (scaled by T^2 as usual).
@@ -473,13 +345,6 @@ def _kd_block_loss(teacher_logits: Callable[[slice], torch.Tensor], temperature:
         return loss_of(block, teacher_block, temperature, divergence, top_k) * block.shape[0]
 
     return kd_block
-
-
-def logit_block_rows(vocab: int, device: str = "cpu") -> int:
-    """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits (``LOGIT_BLOCK_BYTES_CUDA`` on a
-    GPU, where a block is one matmul of the head and a thin one leaves the tensor cores idle), at least 16."""
-    budget = LOGIT_BLOCK_BYTES_CUDA if device == "cuda" else LOGIT_BLOCK_BYTES
-    return max(16, budget // (4 * vocab))
 
 
 def head_losses(
@@ -672,6 +537,6 @@ def _local_along_the_stack(inputs: LossInputs, stop: int) -> tuple[torch.Tensor,
     return inputs.module._student_errors(inputs.input_ids, inputs.teacher, stop, cut_graph=False)
 
 
-register(Objective("lm", head=True, block_loss=_lm_block))
-register(Objective("kd", teacher=TEACHER_FINAL, head=True, teacher_head=True, block_loss=_kd_block))
-register(Objective("local", teacher=TEACHER_LAYERS, loss=_local_loss, pass_loss=_local_along_the_stack))
+implement("lm", block_loss=_lm_block)
+implement("kd", block_loss=_kd_block)
+implement("local", loss=_local_loss, pass_loss=_local_along_the_stack)

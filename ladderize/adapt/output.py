@@ -43,10 +43,10 @@ def checkpoint_dtype(path: str | Path) -> str:
 
 
 def output_dtype(config: AdaptConfig) -> torch.dtype:
-    """The dtype OUT's floating tensors are written in: ``config.output_dtype``, or (auto) the input checkpoint's."""
+    """The dtype OUT's floating tensors are written in: ``config.saving.output_dtype``, or (auto) the input checkpoint's."""
     from ..checkpoint.placement import parse_dtype
 
-    return parse_dtype(config.output_dtype) or getattr(torch, checkpoint_dtype(config.checkpoint))
+    return parse_dtype(config.saving.output_dtype) or getattr(torch, checkpoint_dtype(config.scope.checkpoint))
 
 
 def written_marker(out: Path) -> Path:
@@ -59,12 +59,12 @@ def run_curve(config: AdaptConfig, result: AdaptResult) -> list[dict[str, Any]]:
     """The loss curve OUT records: a single run's points as they are; a recipe stage's tagged with its ``stage``
     (number) and ``stage_name``, after the points of the stages before it, which its input checkpoint's curve holds
     (each stage writes the curve of the run so far). Each stage counts its own ``step``, ``tokens`` and ``train_s``."""
-    if not config.recipe:
+    if not config.saving.recipe:
         return result.curve
-    number = config.recipe["stage"]
-    name = next((step["name"] for step in config.recipe.get("plan", []) if step.get("stage") == number), None)
+    number = config.saving.recipe["stage"]
+    name = next((step["name"] for step in config.saving.recipe.get("plan", []) if step.get("stage") == number), None)
     earlier: list[dict[str, Any]] = []
-    before = Path(config.checkpoint) / CURVE_FILE
+    before = Path(config.scope.checkpoint) / CURVE_FILE
     if number > 1 and before.is_file():
         earlier = [point for point in json.loads(before.read_text()) if point.get("stage", number) < number]
     return earlier + [{"stage": number, "stage_name": name, **point} for point in result.curve]
@@ -86,13 +86,13 @@ def adapt_provenance(
     from ..checkpoint.placement import resolve_device, training_precision
 
     layout = model_config.layout
-    device = resolve_device(config.device)
+    device = resolve_device(config.parallelism.device)
     provenance = read_provenance(checkpoint)
     if not provenance.get("source") and teacher_path:
         provenance["source"] = {"path": _absolute(teacher_path)}
-    recipe = config.recipe and {**config.recipe, "name": _absolute(config.recipe["name"]),
+    recipe = config.saving.recipe and {**config.saving.recipe, "name": _absolute(config.saving.recipe["name"]),
                                 "plan": [{**step, **({"data": _absolute(step["data"])} if "data" in step else {})}
-                                         for step in config.recipe.get("plan", [])]}  # fmt: skip
+                                         for step in config.saving.recipe.get("plan", [])]}  # fmt: skip
     provenance.setdefault("history", []).append(
         {
             "step": "adapt",
@@ -100,26 +100,26 @@ def adapt_provenance(
             "from": _absolute(checkpoint),
             "teacher": _absolute(teacher_path),
             "objectives": weights,
-            "local_schedule": config.local_schedule,
-            "train": config.train,
-            "data": _absolute(config.data),
+            "local_schedule": config.sequential.local_schedule,
+            "train": config.scope.train,
+            "data": _absolute(config.training.data),
             "tokens": result.tokens,
-            "seq_len": config.seq_len,
+            "seq_len": config.training.seq_len,
             "steps": result.steps,
             "train_s": round(result.train_s, 1),
             **({"throughput": result.throughput} if result.throughput else {}),
             "final_loss": result.curve[-1] if result.curve else None,
-            "head_grouping": config.head_grouping,
+            "head_grouping": config.scope.head_grouping,
             "device": device.type,
-            "precision": training_precision(config.dtype, device, config.mixed_precision).name,
+            "precision": training_precision(config.parallelism.dtype, device, config.parallelism.mixed_precision).name,
             "layout": layout.describe(),
             "dtype": dtype_name(dtype),
-            **({"adapter": ADAPTER_DIR, "lora_rank": config.lora_rank, "lora_alpha": config.lora_alpha} if lora else {}),
+            **({"adapter": ADAPTER_DIR, "lora_rank": config.scope.lora_rank, "lora_alpha": config.scope.lora_alpha} if lora else {}),
             **({"recipe": recipe} if recipe else {}),
             # the weights written are (1 - x) * from + x * trained (interpolation.py); final_loss is the trained end's
-            **({"interpolate": config.interpolate} if config.interpolate != 1 else {}),
+            **({"interpolate": config.scope.interpolate} if config.scope.interpolate != 1 else {}),
             # the weights written are the moving average of the trained ones (weight_ema.py)
-            **({"ema": config.ema} if config.ema else {}),
+            **({"ema": config.scope.ema} if config.scope.ema else {}),
         }
     )
     provenance["layout"] = {**layout.ranges(), "spd_tp_size": layout.spd_tp_size, "describe": layout.describe()}
@@ -150,7 +150,7 @@ def write_output(
     final.to(dtype)
     provenance = adapt_provenance(checkpoint, teacher_path, config, weights, result, final.config,
                                   lora=adapter is not None, dtype=dtype)
-    save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.force)
+    save_model_checkpoint(final, tokenizer, out, provenance=provenance, force=config.saving.force)
     (out / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n")
     if adapter is not None:
         os.replace(adapter, out / ADAPTER_DIR)
@@ -181,7 +181,7 @@ def write_streamed_output(
     else:
         generation_config = GenerationConfig.from_model_config(saved)
     write_checkpoint(
-        out, saved, student.iter_tensors(dtype), force=config.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
+        out, saved, student.iter_tensors(dtype), force=config.saving.force, max_shard_bytes=DEFAULT_MAX_SHARD_BYTES,
         tokenizer=tokenizer, generation_config=generation_config, provenance=provenance,
         extra=lambda tmp: (tmp / CURVE_FILE).write_text(json.dumps(run_curve(config, result), indent=1) + "\n"),
     )

@@ -22,10 +22,7 @@ interconnect is in the timing, and the processes agree on each piece as the slow
 step waits for its slowest process); the pace records the processes (``Pace.processes``), and the time model splits each
 step over them (``stage_clock.py``).
 
-A pace is kept per machine load (``load_band``: the 1-minute load average per CPU this process may use, in bands that
-double, ``LOAD_BANDS``), with the load and the time it was timed at: a run at another load times its own, and a kept
-pace that would refuse a budget is timed again where it was timed at a higher load than the machine's now
-(``budget.size_recipe``), so a pace from a busier time never refuses what a timing now fits.
+What a pace is kept as, and its key, is ``kept_paces.py``'s.
 """
 
 from __future__ import annotations
@@ -36,35 +33,12 @@ import time
 
 import torch
 
+from . import kept_paces
+from .kept_paces import TIMED_PIECES
 from .stage_clock import Pace
 
 REPEATS = 3  # timed calls per piece (after one untimed), the median kept
-BUSY_CPUS = 0.5  # other processes' CPUs' worth of work while the pace was timed, from which the plan line says so
 HEAD_PART, HEAD_TIMED_ROWS = 4, 256  # the kd head is timed on a quarter of a step's rows (at least 256) and scaled up
-PACE_CACHE = "pace"  # paths.cache_path's folder of the paces timed on this machine (``cached_pace``)
-TIMED_PIECES = ("layer_forward", "layer_train", "head_step", "layer_read")  # what a kept pace keeps the fastest of
-LOAD_BANDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)  # load per CPU: band 0 below 0.5, band 1 from 0.5 to 1, ..., band 6 from 16
-
-
-def machine_load() -> float | None:
-    """The 1-minute load average per CPU this process may run on (``os.getloadavg``; None where there is none)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return load / max(1, cpus)
-
-
-def load_band(load: float | None) -> int:
-    """The band of ``load`` (``LOAD_BANDS``; 0 where it is not known): the paces kept for one band are timed at loads
-    at most twice apart."""
-    return 0 if load is None else sum(load >= edge for edge in LOAD_BANDS)
-
-
-def describe_load(load: float | None) -> str:
-    """``load 3.2 per CPU`` (``load not known``)."""
-    return "load not known" if load is None else f"load {load:.1f} per CPU"
 
 
 def busy_cpu_seconds() -> float | None:
@@ -105,7 +79,8 @@ def _timed(fn) -> tuple[float, float]:
 def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "auto", dtype: str | None = None,
             mixed_precision: str | None = None, compile: bool | None = None) -> Pace:
     """Time the pieces of an adapt run of ``checkpoint`` on ``device`` (module docstring)."""
-    from .compilation import adamw, compile_layers, graph_kinds, resolve_compile
+    from .compilation import adamw, compile_layers, graph_kinds
+    from .compile_policy import resolve_compile
     from ..checkpoint.io import load_config
     from ..checkpoint.placement import resolve_device, training_precision
     from ..model.layout import LayerMode
@@ -114,7 +89,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ..convert.residual_states import attention_kwargs
 
     began, own_began, machine_began = time.perf_counter(), time.process_time(), busy_cpu_seconds()
-    load, timed_at = machine_load(), time.time()
+    load, timed_at = kept_paces.machine_load(), time.time()
     target = resolve_device(device)
     precision = training_precision(dtype, target, mixed_precision)
     layout = load_config(checkpoint).layout
@@ -216,20 +191,20 @@ def measure_launch(checkpoint: str, *, seq_len: int, batch_size: int, grad_accum
     """``measure`` on every process of the launch this process runs under, all at once (module docstring), each timing
     its share of a step of ``batch_size`` sequences (``batches.StepSplit``'s rows of a micro-batch); every process gets
     the same pace: each piece the slowest process's, the main process's record otherwise, ``processes`` the launch's.
-    One process: ``measure`` at ``batch_size``."""
+    One process: ``measure`` at ``batch_size``. Under a launch, the launch's process group is running
+    (``process_group.start``)."""
     from dataclasses import replace
 
-    from ..checkpoint.placement import resolve_device, world_size
+    from ..checkpoint.placement import this_launch
     from .batches import StepSplit
 
-    processes = world_size()
+    processes = this_launch().world
     if processes <= 1:
         return measure(checkpoint, seq_len=seq_len, batch_size=batch_size, **settings)
     import torch.distributed as dist
 
     from . import process_group
 
-    process_group.start(resolve_device(settings.get("device", "auto")))
     rows = StepSplit(batch_size, processes, grad_accum).local
     process_group.barrier()  # every process starts timing together: the launch's contention is in the pace
     own = measure(checkpoint, seq_len=seq_len, batch_size=rows, **settings)
@@ -237,87 +212,3 @@ def measure_launch(checkpoint: str, *, seq_len: int, batch_size: int, grad_accum
     dist.all_gather_object(paces, own)
     return replace(paces[0], processes=processes,
                    **{piece: max(getattr(pace, piece) for pace in paces) for piece in SLOWEST})
-
-
-def describe(pace: Pace) -> str:
-    busy = "" if pace.other_cpus is None or pace.other_cpus < BUSY_CPUS else \
-        (f"; other processes kept {pace.other_cpus:.1f} CPUs busy meanwhile, so the plan is sized for a machine that "
-         f"busy (a quieter one fits more, a budget in tokens fits the same)")
-    compiled = (f", compiled layers, {pace.compile_s:.0f} s to compile, {pace.retrace_train_s:.1f} s more for each "
-                f"other kind of layer trained" if pace.compiled else "")
-    return (f"on {pace.device} ({pace.precision}{compiled}): timed in {pace.measured_s:.0f} s (a converted layer "
-            f"{pace.layer_train * 1e3:.0f} ms forward + backward, {pace.layer_forward * 1e3:.0f} ms forward per "
-            f"{pace.tokens_per_call:,} tokens{busy})")
-
-
-def pace_key(checkpoint: str, *, seq_len: int, batch_size: int, device: str, dtype: str | None,
-             mixed_precision: str | None, compile: bool | None, processes: int = 1, grad_accum: int = 1) -> str:
-    """The name of the pace ``measure_launch`` would time for these arguments on this machine: what the pace depends
-    on, the model's shape and layout (its ``config.json``'s settings, not its path: another conversion of the same shape
-    shares it), the step's shape and its split over the launch's ``processes``, the device and precision, compilation,
-    the CPUs this process may use and the torch build."""
-    import hashlib
-    import json
-    from pathlib import Path
-
-    config = Path(checkpoint).expanduser().absolute() / "config.json"
-    try:
-        shape = json.loads(config.read_text())
-        shape = {name: value for name, value in shape.items() if name not in CONFIG_NOT_PACE}
-    except (OSError, ValueError):
-        shape = {"checkpoint": str(config.parent)}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    facts = {"model": shape, "seq_len": seq_len, "batch_size": batch_size, "device": device, "dtype": dtype,
-             "mixed_precision": mixed_precision, "compile": compile, "cpus": cpus, "torch": torch.__version__}
-    if processes > 1:  # (one process: the name its pace has always had)
-        facts.update(processes=processes, grad_accum=grad_accum)
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-# config.json entries that name the checkpoint or its tools, not its shape: they leave the pace alone
-CONFIG_NOT_PACE = {"_name_or_path", "transformers_version", "auto_map", "architectures", "name_or_path"}
-
-
-def pace_file(key: str, band: int = 0):
-    """Where the pace of ``key`` timed at a load of band ``band`` (``load_band``) is kept (``store_pace``)."""
-    from ..paths import cache_path
-
-    return cache_path(PACE_CACHE) / f"{key}-load{band}.json"
-
-
-def cached_pace(key: str, band: int = 0) -> Pace | None:
-    """The pace stored under ``key`` for load band ``band`` (``store_pace``) by an earlier run on this machine, None
-    where there is none."""
-    import json
-
-    file = pace_file(key, band)
-    try:
-        values = json.loads(file.read_text())
-        return Pace(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def store_pace(key: str, pace: Pace) -> None:
-    """Keep under ``key``, for the next run at the load band ``pace`` was timed at, the fastest of ``pace`` and the pace
-    kept for that band, piece by piece, with the lower of their loads and the later time (written whole, then
-    renamed)."""
-    import json
-    from dataclasses import replace
-
-    from ..checkpoint.atomic import atomic_file
-    from ..paths import cache_path
-
-    band = load_band(pace.load)
-    kept = cached_pace(key, band)
-    if kept is not None:
-        loads = [load for load in (pace.load, kept.load) if load is not None]
-        pace = replace(pace, **{piece: min(getattr(pace, piece), getattr(kept, piece)) for piece in TIMED_PIECES},
-                       load=min(loads) if loads else None)
-    folder = cache_path(PACE_CACHE)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_file(pace_file(key, band)) as tmp:
-            tmp.write_text(json.dumps(pace.record()))
-    except OSError:  # a read-only cache costs the next run a timing, not this run its result
-        pass

@@ -10,13 +10,13 @@ time), from the checkpoint's ``config.json``. A run then builds each stage's ``A
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LadderizeError
-from .config import AdaptConfig, check_settings, stage_config
+from .config import AdaptConfig, check_settings
 from .cost import Launch, RunPlan
 from .inputs import check_seq_len, model_positions
 from .stage_clock import Pace, StageClock, stages_seconds
@@ -28,25 +28,34 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PlannedStage:
-    """One stage as it will train: its number in the recipe, its preset's name, the ``AdaptConfig`` fields it sets
-    (the preset, the shared settings and its own, with the learning rate filled in), and those settings typed
-    (``resolved``: ``AdaptConfig``'s defaults under them), which every read of a setting goes through."""
+    """One stage as it will train: its number in the recipe, its preset's name, its settings typed (``resolved``: the
+    preset, the shared settings and its own, with the learning rate filled in, over the sections' defaults), which
+    every read of a setting goes through, and the flat names it sets (``given``: what ``recipe.json`` and the
+    provenance record of it)."""
 
     number: int
     name: str
-    settings: dict[str, Any] = field(default_factory=dict)
-    resolved: AdaptConfig = field(init=False, repr=False, compare=False)
+    resolved: AdaptConfig
+    given: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "resolved", stage_config(self.settings))
+    @classmethod
+    def of(cls, number: int, name: str, settings: Mapping[str, Any]) -> "PlannedStage":
+        """The stage that sets ``settings`` (flat names)."""
+        return cls(number, name, AdaptConfig.from_flat(settings), tuple(settings))
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings the stage sets, by flat name."""
+        flat = self.resolved.flat()
+        return {name: flat[name] for name in self.given}
 
     @property
     def sequential(self) -> bool:
-        return self.resolved.local_schedule == "sequential"
+        return self.resolved.sequential.runs
 
     @property
     def tokens(self) -> int:
-        return self.resolved.tokens
+        return self.resolved.training.tokens
 
     @property
     def step(self) -> dict[str, Any]:
@@ -54,13 +63,13 @@ class PlannedStage:
         return {"stage": self.number, "name": self.name, **self.settings}
 
     @classmethod
-    def from_step(cls, step: dict[str, Any]) -> "PlannedStage":
-        return cls(int(step["stage"]), str(step["name"]), {k: v for k, v in step.items() if k not in ("stage", "name")})
+    def from_step(cls, step: Mapping[str, Any]) -> "PlannedStage":
+        return cls.of(int(step["stage"]), str(step["name"]), {k: v for k, v in step.items() if k not in ("stage", "name")})
 
     def config(self, checkpoint: str, out: str, **run: Any) -> AdaptConfig:
-        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out`` (``run``: the run's own fields:
-        ``run_dir``, ``force``, ``keep_state``, ``recipe``, ``teacher_states``)."""
-        return AdaptConfig(checkpoint=checkpoint, out=out, **run, **self.settings)
+        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out`` (``run``: the run's own settings by
+        flat name: ``run_dir``, ``force``, ``keep_state``, ``recipe``, ``teacher_states``)."""
+        return self.resolved.with_flat(checkpoint=checkpoint, out=out, **run)
 
 
 @dataclass
@@ -124,13 +133,13 @@ class AdaptPlan:
         from .sequential_schedule import window_epochs, window_steps
 
         settings = stage.resolved
-        seq_len, batch = settings.seq_len, settings.batch_size
+        seq_len, batch = settings.training.seq_len, settings.training.batch_size
         if not stage.sequential:
             step = seq_len * batch  # the global batch: the same on any launch
             return -(-stage.tokens // step) * step
         rows = max(1, stage.tokens // seq_len)
         batch = min(batch, rows)
-        epochs = window_epochs(self.converted, settings.epochs, settings.epochs_ramp, settings.window)
+        epochs = window_epochs(self.converted, settings.sequential.epochs, settings.sequential.epochs_ramp, settings.sequential.window)
         return sum(window_steps(epochs, rows, batch).values()) * batch * seq_len
 
     def lines(self) -> list[str]:
@@ -171,6 +180,7 @@ def build_plan(
     saved: dict[str, Any] | None = None,
     say: Callable[[str], None] = lambda _line: None,
     began: float | None = None,
+    time_pace: Callable[..., Any] | None = None,
 ) -> AdaptPlan:
     """The plan of ``ladderize adapt CKPT ...`` (module docstring). Each stage's settings are checked
     (``config.check_settings``) as soon as it is resolved, before anything is sized, priced or timed.
@@ -181,7 +191,9 @@ def build_plan(
     memory is refused in one line before the budget reads or times anything (its batch only grows after that).
     ``saved``: the record of an interrupted run's plan,
     whose sizes a resume with the same budget keeps (they were timed when the run began). ``began``: when the command
-    began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made."""
+    began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made. ``time_pace``:
+    what times this device's pace for a budget (``pace.measure_launch``, which the run hands in: planning imports no
+    training)."""
     from ..checkpoint.architectures import read_config_header
     from .budget import (Budget, check_budget_steps, max_calibration_tokens, parse_budget, plan_line, scale_stages,
                          size_recipe)
@@ -195,17 +207,18 @@ def build_plan(
             raise LadderizeError(f"{key} is not a stage setting")
     sized_by = budget if isinstance(budget, Budget) or budget is None else parse_budget(budget)
     where = (launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else
-             Launch.current(stage_config(shared).device))
+             Launch.current(AdaptConfig.from_flat(shared).parallelism.device))
     readable = (Path(checkpoint) / "config.json").is_file()
     if single:
         settings = {**shared, **single}
         if "lr" not in settings and readable:
             settings["lr"] = measured_lr(settings, converted_modes(checkpoint))
-        defaults = stage_config({})
-        for key, value in (("objectives", defaults.objectives), ("tokens", defaults.tokens), ("lr", defaults.lr)):
+        defaults = AdaptConfig()
+        for key, value in (("objectives", defaults.objective.objectives), ("tokens", defaults.training.tokens),
+                           ("lr", defaults.optimizer.lr)):
             settings.setdefault(key, value)  # the defaults it trains with, spelt out as a recipe's stages are
         name = settings["objectives"]
-        plan = AdaptPlan(name, checkpoint, [PlannedStage(1, name, settings)], where, single=True)
+        plan = AdaptPlan(name, checkpoint, [PlannedStage.of(1, name, settings)], where, single=True)
         chosen = None
     else:
         chosen = chosen_recipe(recipe, stages)
@@ -216,7 +229,7 @@ def build_plan(
     plan = _fit_positions(plan, positions, given)
     for stage in plan.stages:  # every stage's settings, before anything is sized, priced or timed
         check_settings(stage.resolved)
-        check_seq_len(stage.resolved.seq_len, positions, checkpoint)  # one the user set: no longer than the positions
+        check_seq_len(stage.resolved.training.seq_len, positions, checkpoint)  # one the user set: no longer than the positions
     plan = _divide_batches(plan, given, say)
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say, grow=False)  # checkpointing where not one sequence fits without it
@@ -233,7 +246,7 @@ def build_plan(
                                      "which a run measures on its device first")
             from ..checkpoint.io import load_config
 
-            window = max((stage.resolved.window for stage in plan.stages if stage.sequential), default=1)
+            window = max((stage.resolved.sequential.window for stage in plan.stages if stage.sequential), default=1)
             cap = max_calibration_tokens(load_config(checkpoint).hidden_size, "cpu", window=window,
                                          available=where.memory_bytes)
             plan = plan.with_steps(scale_stages(steps, sized_by.tokens, max_calibration=cap))
@@ -243,7 +256,7 @@ def build_plan(
             plan = plan.with_steps(saved["plan"])
             plan.budget = saved["budget"]
         else:
-            sized, record = size_recipe(steps, sized_by, checkpoint, say, began=began)
+            sized, record = size_recipe(steps, sized_by, checkpoint, say, began=began, time_pace=time_pace)
             plan = plan.with_steps(sized)
             plan.budget = record
     if readable and where.memory_bytes:
@@ -279,7 +292,7 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
         if stage.sequential:
             continue
         settings = stage.resolved
-        split = StepSplit(settings.batch_size, plan.launch.processes, settings.grad_accum)
+        split = StepSplit(settings.training.batch_size, plan.launch.processes, settings.training.grad_accum)
         if split.even:
             continue
         given = chosen[min(index, len(chosen) - 1)]
@@ -302,9 +315,9 @@ def _fit_positions(plan: AdaptPlan, positions: int | None, chosen: list[set[str]
         return plan
     steps, notes = plan.steps, []
     for index, (stage, step) in enumerate(zip(plan.stages, steps)):
-        if stage.resolved.seq_len > positions and "seq_len" not in chosen[min(index, len(chosen) - 1)]:
+        if stage.resolved.training.seq_len > positions and "seq_len" not in chosen[min(index, len(chosen) - 1)]:
             notes.append(f"stage {stage.number} ({stage.name}): sequences of {positions:,} tokens, the positions the model "
-                         f"encodes (max_position_embeddings), not the default {stage.resolved.seq_len:,}")
+                         f"encodes (max_position_embeddings), not the default {stage.resolved.training.seq_len:,}")
             step["seq_len"] = positions
     return replace(plan.with_steps(steps), notes=plan.notes + tuple(notes)) if notes else plan
 
@@ -333,9 +346,9 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         if stage.sequential:
             continue
         settings = stage.resolved
-        seq_len, accum, start = settings.seq_len, settings.grad_accum, settings.batch_size  # start: the global batch
+        seq_len, accum, start = settings.training.seq_len, settings.training.grad_accum, settings.training.batch_size  # start: the global batch
         local = StepSplit(start, processes, accum).local  # its rows on one process in one micro-batch
-        checkpointing = settings.activation_checkpointing
+        checkpointing = settings.parallelism.activation_checkpointing
 
         def largest(most: int, checked: bool, accumulated: int, room: float = usable) -> int:
             """The largest batch up to ``most`` that fits ``room``, priced for the strategy the stage runs with
@@ -361,7 +374,7 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
                     f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:
             continue
-        most = settings.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
+        most = settings.training.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
         batch = max(start, processes * accum * largest(most, checkpointing, accum, usable * (1 - FILL_MARGIN)))
         if batch > start:
             step["batch_size"] = batch

@@ -1,8 +1,9 @@
 """The one process group of an adapt run: started once, on the process's own device, with ladderize's timeout.
 
-Every part of adapt that needs the launcher's process group (the budget's agreement on one plan, the sequential
-stage's data parallelism, the sharded joint training, and Accelerate, which takes a group that is already there)
-calls ``start``, so that:
+Under a launcher, adapt's entrance (``recipe.adapt_checkpoint``) starts the group before anything else, and every part
+that needs it (the run lock's and the budget's agreement on one verdict and one plan, the sequential stage's data
+parallelism, the sharded joint training, and Accelerate, which takes a group that is already there) calls ``start``,
+which returns the running group's device, so that:
 
 - the process's CUDA device is set before anything touches CUDA (``cuda:$LOCAL_RANK``): no process creates a context
   on another's GPU;
@@ -20,8 +21,11 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from ..checkpoint.placement import this_launch
 
 ENV_TIMEOUT = "LADDERIZE_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_MINUTES = 120.0
@@ -54,7 +58,8 @@ def start(device: torch.device) -> torch.device:
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return device
-    owned = "RANK" not in os.environ
+    owned = not this_launch().by_launcher
+    kept = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE")}
     if owned:  # one process, not launched: a group of one over a free local port
         import socket
 
@@ -65,9 +70,12 @@ def start(device: torch.device) -> torch.device:
     try:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout(), device_id=device if cuda else None)
     finally:
-        if owned:
-            for key in ("RANK", "WORLD_SIZE"):
-                os.environ.pop(key, None)
+        if owned:  # the environment as it was: the group of one's variables go, a caller's stay
+            for key in kept:
+                if kept[key] is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = kept[key]
     return device
 
 
@@ -76,13 +84,6 @@ def running() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-def launched() -> bool:
-    """Whether this process is one of several in a started process group."""
-    import torch.distributed as dist
-
-    return running() and dist.get_world_size() > 1
 
 
 def is_main() -> bool:
@@ -105,11 +106,32 @@ def main_says(values: tuple[int, ...], device: torch.device | str) -> tuple[int,
     a decision read from one process's clock or signals is every process's."""
     import torch.distributed as dist
 
-    if not launched():
+    if not this_launch().several:
         return values
     tensor = torch.tensor(list(values), device=device)
     dist.broadcast(tensor, src=0)
     return tuple(int(value) for value in tensor.tolist())
+
+
+def agreed(value: Any) -> Any:
+    """``value`` as the main process has it, on every process of a launch (``value`` itself in one process): a verdict
+    or a plan read from one process's files, clock or pace is every process's."""
+    import torch.distributed as dist
+
+    if not this_launch().several:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def sum_over_processes(tensors: list[torch.Tensor]) -> None:
+    """Sum each tensor over the launched processes, in place (nothing in one process)."""
+    import torch.distributed as dist
+
+    if this_launch().several:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
 
 
 WRITE_WAIT_S = 12 * 3600.0  # how long the other processes wait on the file system for the main one's write
@@ -122,7 +144,7 @@ def written_by_main(marker: Path, write: Callable[[], None], timeout_s: float = 
     ``timeout_s``), so that no collective timeout bounds a long write. Without a launch, ``write()`` alone."""
     from ..errors import LadderizeError
 
-    if not launched():
+    if not this_launch().several:
         write()
         return
     if is_main():

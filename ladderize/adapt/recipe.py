@@ -17,17 +17,19 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError
 from ..checkpoint.atomic import check_apart
-from ..checkpoint.placement import process_rank, world_size
-from .budget import Budget, agreed, replan
-from .config import AdaptConfig, AdaptResult, PhaseProgress
+from ..checkpoint.placement import resolve_device, this_launch
+from .budget import Budget, replan
+from .process_group import agreed
+from .config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
 from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable, run_folder
 from .output import CURVE_FILE, checkpoint_dtype, stage_points
+from .pace import measure_launch
 from .plan import AdaptPlan, build_plan
 from .run_lock import holding_run
 from .stages import Recipe, describe
@@ -41,7 +43,7 @@ TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequent
 def _comparable(record: dict[str, Any]) -> dict[str, Any]:
     """A plan record without the settings that place data but leave the result alone (a resume may change them), and
     without the launch and its pricing (a sharded run may resume on another process count)."""
-    placement = set(AdaptConfig(checkpoint="", out="").fingerprint()) ^ {f.name for f in fields(AdaptConfig)}
+    placement = set(AdaptConfig.from_flat(checkpoint="", out="").fingerprint()) ^ set(FLAT_FIELDS)
     kept = {key: value for key, value in record.items() if key not in ("launch", "cost", "expected_s")}
     return {**kept, "plan": [{k: v for k, v in step.items() if k not in placement} for step in record.get("plan", [])]}
 
@@ -105,11 +107,11 @@ def plan_adapt(
     attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
     top = run_folder(out, run_dir)
     saved = None
-    if resume and process_rank() == 0 and (top / PLAN_FILE).is_file():
+    if resume and this_launch().main and (top / PLAN_FILE).is_file():
         saved = json.loads((top / PLAN_FILE).read_text())
         _check_resumed_budget(saved, budget, top)
     return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
-                      say=say, began=began)
+                      say=say, began=began, time_pace=measure_launch)
 
 
 def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
@@ -143,14 +145,14 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
     if not Path(checkpoint).expanduser().exists():
         raise LadderizeError(f"checkpoint {checkpoint} not found")
     top = run_folder(out, run_dir)
-    inputs = adapt_inputs(checkpoint, plan.stages[0].resolved.data, plan.stages[0].resolved.teacher)
+    inputs = adapt_inputs(checkpoint, plan.stages[0].resolved.training.data, plan.stages[0].resolved.objective.teacher)
     check_apart(final, inputs)
     check_apart(top, inputs, "the run folder")  # --force and a finished run remove it
     plan_file = top / PLAN_FILE
     # under a launcher rank 0 alone reads and writes the plan: another rank would find the one rank 0 just wrote
-    main = process_rank() == 0
+    main = this_launch().main
     if plan.budget is not None:
-        plan = agreed(plan, plan.stages[0].resolved.device)
+        plan = agreed(plan)
     steps = plan.steps
     if main and plan_file.is_file():
         if resume:
@@ -178,8 +180,8 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
     def deadline(index: int, current: AdaptPlan, reused_s: float) -> float | None:
         """When stage ``index`` of a wall budget should end (``time.perf_counter()``'s clock): its planned time from
         now (as re-planned), and the last stage the budget's end (the time this attempt reused from earlier ones
-        counted as spent). Under a launcher the main process's clock decides for every process (``trainer``); the
-        sequential stage keeps its deadline on one process only."""
+        counted as spent). Under a launcher the main process's clock decides for every process (``deadline.Deadline``),
+        in the joint and the sequential stage alike."""
         sizing = current.budget
         if sizing is None or sizing.get("seconds") is None:
             return None
@@ -199,8 +201,7 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
             return current
         # the main process's times decide, as its pace decided the plan
         spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
-        planned, sizing = agreed(replan(current.steps, index, sizing, stage_s, say, spent_s=spent) if main else None,
-                                 current.stages[0].resolved.device)
+        planned, sizing = agreed(replan(current.steps, index, sizing, stage_s, say, spent_s=spent) if main else None)
         replanned = replace(current.with_steps(planned), budget=sizing)
         if main:
             plan_file.write_text(json.dumps(replanned.record(), indent=1) + "\n")
@@ -240,14 +241,14 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
         shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
-        kept_rows = rows_read(steps, index, world_size())  # a re-plan may grow what is read: all rows, where any
+        kept_rows = rows_read(steps, index, this_launch().world)  # a re-plan may grow what is read: all rows, where any
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=options.force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
                               teacher_state_rows=None if budgeted and kept_rows else kept_rows)
         # a stage before the last writes fp32 (the next one starts from the trained weights as they are), OUT the
         # dtype asked for, by default the recipe's input checkpoint's
-        config = replace(config, output_dtype=(config.output_dtype or checkpoint_dtype(plan.checkpoint)) if last
+        config = config.with_flat(output_dtype=(config.saving.output_dtype or checkpoint_dtype(plan.checkpoint)) if last
                          else "float32")
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
@@ -318,11 +319,16 @@ def _resume_hint(exc: BaseException, where: Path) -> None:
 
 def adapt_checkpoint(checkpoint: str | Path, out: str | Path, *, run_dir: str | Path | None = None, device: str = "auto",
                      on_message: Callable[[str], None] | None = None, **settings: Any) -> AdaptRun:
-    """The pipeline behind ``ladderize adapt`` (``_adapt_checkpoint``, which takes ``settings``), holding the run
+    """The pipeline behind ``ladderize adapt`` (``_adapt_checkpoint``, which takes ``settings``): under a launcher it
+    starts the launch's process group first (``process_group.start``, on ``device``), then holds the run
     folder's lock (``run_lock.py``) from before its plan to its end: a run into an OUT that another live run holds is
     refused in one line naming it, before it reads or writes anything."""
+    if this_launch().several:  # the launch's process group, before anything agrees on a verdict or a plan
+        from .process_group import start
+
+        start(resolve_device(device))
     top = run_folder(out, run_dir)
-    with holding_run(top, Path(out).expanduser().absolute(), device, on_message or (lambda _m: None)):
+    with holding_run(top, Path(out).expanduser().absolute(), on_message or (lambda _m: None)):
         return _adapt_checkpoint(checkpoint, out, run_dir=run_dir, device=device, on_message=on_message, **settings)
 
 

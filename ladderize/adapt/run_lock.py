@@ -121,15 +121,15 @@ def _release(fd: int, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def holding_run(run_dir: Path, out: Path, device: str = "auto", say: Callable[[str], None] = lambda _m: None
-                ) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the block (``out``: the OUT named in a refusal; ``device``: the run's, where a
-    launcher's ranks agree on the verdict). A live holder's lock refuses the run in one line naming it; a stale one
+def holding_run(run_dir: Path, out: Path, say: Callable[[str], None] = lambda _m: None) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the block (``out``: the OUT named in a refusal); under a launcher, the ranks agree
+    on the main process's verdict (in the launch's running process group). A live holder's lock refuses the run in one line naming it; a stale one
     is taken over, with a line. Released on leaving the block, however it is left."""
-    from ..checkpoint.placement import process_rank, world_size
+    from ..checkpoint.placement import this_launch
 
     path = lock_path(run_dir)
-    launched, main = world_size() > 1, process_rank() == 0
+    launch = this_launch()
+    launched, main = launch.several, launch.main
     fd, refusal, stale = None, None, {}
     made = [folder for folder in [path.parent, *path.parent.parents] if not folder.exists()]  # removed if left empty
     if main:
@@ -142,9 +142,9 @@ def holding_run(run_dir: Path, out: Path, device: str = "auto", say: Callable[[s
             stale = left
             _write(fd, _record())
     if launched:
-        from .budget import agreed
+        from .process_group import agreed
 
-        refusal = agreed(refusal, device)  # every rank of this launch: the main process's verdict
+        refusal = agreed(refusal)  # every rank of this launch: the main process's verdict
     try:
         if refusal is not None:
             raise LadderizeError(refusal)

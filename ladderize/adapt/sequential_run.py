@@ -18,7 +18,7 @@
 Peak memory, streamed: one layer's weights, gradients and AdamW state (4 copies of a layer),
 plus the states, plus one output shard at the end; the model's depth does not enter.
 
-Device (``config.device``, ``placement.resolve_device``): the layer in use, its gradients and
+Device (``config.parallelism.device``, ``placement.resolve_device``): the layer in use, its gradients and
 AdamW state are on the device, one layer at a time (read straight onto it when streamed, moved
 there from the host copy when resident), at the training precision (``placement.training_precision``).
 The calibration states are on the device too when ``sequential_schedule.state_copies`` of them fit in
@@ -29,11 +29,11 @@ are the CPU run's bit for bit.
 Data parallel (``accelerate launch`` / torchrun, ``WORLD_SIZE`` > 1): each process owns the sequences
 whose index modulo the process count is its rank, computes and holds only their states (1/N of the
 memory), and trains the same layer on the rows of each batch it owns (``--batch-size`` is the step's
-batch); the losses are shares of the batch's and the gradients are summed (``layer_training.Ranks``), so
+batch); the losses are shares of the batch's and the gradients are summed (``layer_training.owned_rows``), so
 the steps are one process's within fp32 rounding. The main process writes the layer files and OUT (the others
 wait for OUT on the file system, not in a collective: ``process_group.written_by_main``); each
 process writes the teacher's states of its own sequences (``teacher_states.write``), those of the rows a
-later stage reads (``config.teacher_state_rows``).
+later stage reads (``config.objective.teacher_state_rows``).
 
 Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
 (``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). A resumed run
@@ -54,17 +54,19 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.atomic import atomic_file
-from ..checkpoint.placement import TrainingPrecision
+from ..checkpoint.placement import LaunchRank, TrainingPrecision
 from ..checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
 from ..errors import LadderizeError, holding_interrupts
-from .compilation import COMPILING, compile_layers, resolve_compile
+from .compilation import compile_layers
+from .compile_policy import COMPILING, resolve_compile
 from .config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from .output import layer_tensors, write_output, write_streamed_output, written_marker
-from .process_group import written_by_main
+from .process_group import barrier, written_by_main
 from .training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ..model.layout import format_layer_ranges
 from ..progress import counted
-from .layer_training import LayerProgress, Ranks, StateCache, train_layer
+from .deadline import Deadline
+from .layer_training import LayerProgress, StateCache, owned_rows, train_layer
 from .sequential_schedule import layer_windows, state_copies, window_epochs, window_steps
 from .least_squares import refit_output_projections
 from .state_store import StateStore
@@ -81,12 +83,12 @@ def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_
 
     ``state_bytes`` is one ``[N, S, D]`` state tensor's size.
     """
-    if config.states == "disk":
+    if config.sequential.states == "disk":
         return StateStore(run_dir / STATES_DIR)
     if device.type != "cuda":
         return StateStore(device=device)
     free, _total = torch.cuda.mem_get_info(device)
-    if state_copies(config.window) * state_bytes <= STATE_FRACTION * free:
+    if state_copies(config.sequential.window) * state_bytes <= STATE_FRACTION * free:
         return StateStore(device=device)
     return StateStore(pin=True)
 
@@ -128,46 +130,43 @@ def adapt_sequential(
 ) -> AdaptResult:
     """Run the sequential training on ``checkpoint`` (checked by ``train.preflight``) and write ``out``; ``on_phase(what,
     done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``);
-    ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock): the layers' steps fit in the time up to it
-    (``_fitted_steps``)."""
+    ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock, the main process's deciding): the layers' steps
+    fit in the time up to it (``deadline.Deadline``)."""
     from accelerate.utils import set_seed
 
     from ..checkpoint.io import load_model, load_tokenizer
-    from ..checkpoint.placement import resolve_device, training_precision, world_size
+    from ..checkpoint.placement import resolve_device, this_launch, training_precision
     from ..corpus.windows import pack_tokens
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
-    device = resolve_device(config.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
-    ranks = Ranks()
-    if world_size() > 1:  # data parallel over the launcher's processes, each on its own device
-        import torch.distributed as dist
-
+    device = resolve_device(config.parallelism.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
+    launch = this_launch()
+    if launch.several:  # data parallel over the launcher's processes, each on its own device
         from . import process_group
 
         device = process_group.start(device)
-        ranks = Ranks(dist.get_rank(), dist.get_world_size())
-        if not ranks.main:  # one voice: the main process says the plan, the data and the pace
+        if not launch.main:  # one voice: the main process says the plan, the data and the pace
             say = _silent
-        if config.batch_size < ranks.world:
-            say(f"the sequential step's batch ({config.batch_size}) is split over {ranks.world} processes (each its own "
-                f"sequences): at least {ranks.world - config.batch_size} wait each step (a larger batch_size uses them)")
-    precision = training_precision(config.dtype, device, config.mixed_precision)
+        if config.training.batch_size < launch.world:
+            say(f"the sequential step's batch ({config.training.batch_size}) is split over {launch.world} processes (each its own "
+                f"sequences): at least {launch.world - config.training.batch_size} wait each step (a larger batch_size uses them)")
+    precision = training_precision(config.parallelism.dtype, device, config.parallelism.mixed_precision)
     if precision.autocast is torch.float16:
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
     precision.apply()
-    set_seed(config.seed)
-    stream = config.stream_layers and not config.head_grouping
+    set_seed(config.training.seed)
+    stream = config.sequential.stream_layers and not config.scope.head_grouping
     tokenizer = load_tokenizer(checkpoint, "adaptation")
-    teacher_path = resolve_teacher(checkpoint, config.teacher)
+    teacher_path = resolve_teacher(checkpoint, config.objective.teacher)
     if stream:
         student, teacher = StreamedLayers(checkpoint, device=device), StreamedLayers(teacher_path, device=device)
         check_teacher(teacher_path, teacher.model.config, student.model.config)
     else:
         student_model = load_model(checkpoint, dtype=torch.float32)
         teacher_model = load_teacher(teacher_path, student_model)
-    data = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=config.tokens)
-    say(f"data: {counted(int(data.shape[0]), 'sequence')} of {config.seq_len} tokens from {config.data}")
+    data = pack_tokens(config.training.data, tokenizer, config.training.seq_len, max_tokens=config.training.tokens)
+    say(f"data: {counted(int(data.shape[0]), 'sequence')} of {config.training.seq_len} tokens from {config.training.data}")
     calibration_rows = int(data.shape[0])
     held_out = _held_out_rows(config, tokenizer, data)
     if held_out is None:
@@ -175,10 +174,10 @@ def adapt_sequential(
     else:
         data = torch.cat([data, held_out])
     if not stream:
-        if config.head_grouping:
+        if config.scope.head_grouping:
             from ..convert.head_grouping import group_heads_for_spd
 
-            if config.stream_layers:
+            if config.sequential.stream_layers:
                 say("head grouping needs the student and the teacher whole: the sequential training holds them in memory")
             student_model.to(device)  # the maps and block errors on the device, then back to host memory
             teacher_model.to(device)
@@ -189,36 +188,37 @@ def adapt_sequential(
         student, teacher = ResidentLayers(student_model, device), ResidentLayers(teacher_model, device)
     if not same_prefix(student, teacher, min(student.model.layout.converted_layers)):
         raise LadderizeError("--local-schedule sequential needs the layers below the first converted one identical to the teacher's")
-    if resolve_compile(config.compile, device):
+    if resolve_compile(config.parallelism.compile, device):
         compile_layers([*student.model.model.layers, *teacher.model.model.layers], device)
         say(COMPILING)
 
     hidden = student.model.config.hidden_size
-    held = len(ranks.owned(int(data.shape[0])))  # the sequences whose states this process holds (Ranks)
+    held = len(owned_rows(launch, int(data.shape[0])))  # the sequences whose states this process holds
     store = state_store(config, device, run_dir, held * data.shape[1] * hidden * torch.empty((), dtype=torch.float32).element_size())
     if device.type != "cpu":
         say(f"sequential on {device} ({precision.name}); states in {store.where}")
     keep = None
-    rows_kept = int(data.shape[0]) if config.teacher_state_rows is None else min(config.teacher_state_rows, int(data.shape[0]))
-    if config.teacher_states and rows_kept > 0:  # for a later kd or lm stage of the recipe (teacher_states.py)
+    kept = config.objective.teacher_state_rows
+    rows_kept = int(data.shape[0]) if kept is None else min(kept, int(data.shape[0]))
+    if config.objective.teacher_states and rows_kept > 0:  # for a later kd or lm stage of the recipe (teacher_states.py)
         first, kept = min(student.model.layout.converted_layers), teacher_id(teacher_path)
-        mine = data[ranks.owned(int(data.shape[0]))][:len(ranks.owned(rows_kept))]  # this process's of the rows kept
+        mine = data[owned_rows(launch, int(data.shape[0]))][:len(owned_rows(launch, rows_kept))]  # this process's of the rows kept
 
-        say(f"the teacher's states of {counted(rows_kept, 'sequence')} are kept for a later stage ({config.teacher_states})")
+        say(f"the teacher's states of {counted(rows_kept, 'sequence')} are kept for a later stage ({config.objective.teacher_states})")
 
         def keep(name: str, tensors: dict[str, torch.Tensor]) -> None:
-            write_teacher_states(Path(config.teacher_states), name, mine, tensors, kept, first, ranks.rank, ranks.world)
+            write_teacher_states(Path(config.objective.teacher_states), name, mine, tensors, kept, first, launch.rank, launch.world)
     try:
         run, finished = _train_layers(config, out, student, teacher, data, int(data.shape[0]) - calibration_rows, store,
-                                      state_dir, resume, progress, say, stop_after_steps, device, precision, ranks, keep, on_phase,
-                                      deadline if ranks.world == 1 else None)
+                                      state_dir, resume, progress, say, stop_after_steps, device, precision, launch, keep, on_phase,
+                                      deadline)
     finally:
         shutil.rmtree(run_dir / STATES_DIR, ignore_errors=True)
-    run.calibration_tokens = calibration_rows * config.seq_len
+    run.calibration_tokens = calibration_rows * config.training.seq_len
     run.stopped_early = not finished
-    if run.calibration_tokens != config.tokens:
-        say(f"--tokens {config.tokens:,} is the calibration set: {counted(calibration_rows, 'whole sequence')} of {config.seq_len} "
-            f"tokens = {run.calibration_tokens:,} tokens")
+    if run.calibration_tokens != config.training.tokens:
+        say(f"--tokens {config.training.tokens:,} is the calibration set: {counted(calibration_rows, 'whole sequence')} "
+            f"of {config.training.seq_len} tokens = {run.calibration_tokens:,} tokens")
 
     def write() -> None:  # the main process writes OUT and settles the run dir; the others wait on the file system
         if finished:  # else stopped early, as a kill would
@@ -226,7 +226,7 @@ def adapt_sequential(
                 write_streamed_output(student, tokenizer, checkpoint, teacher_path, config, weights, run, out)
             else:
                 write_output(student.model, tokenizer, checkpoint, teacher_path, config, weights, run, out)
-        run.state_dir = finish_state(run_dir, state_dir, config.keep_state or not finished)
+        run.state_dir = finish_state(run_dir, state_dir, config.saving.keep_state or not finished)
 
     written_by_main(written_marker(out), write)
     return run
@@ -238,7 +238,8 @@ def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) ->
     from ..corpus.windows import pack_tokens
 
     rows = calibration.shape[0]
-    more = pack_tokens(config.data, tokenizer, config.seq_len, max_tokens=(rows + config.batch_size) * config.seq_len)
+    training = config.training
+    more = pack_tokens(training.data, tokenizer, training.seq_len, max_tokens=(rows + training.batch_size) * training.seq_len)
     if more.shape[0] <= rows or not torch.equal(more[:rows], calibration):
         return None
     return more[rows:]
@@ -247,7 +248,7 @@ def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) ->
 def _train_layers(
     config: AdaptConfig, out: Path, student: ResidentLayers | StreamedLayers, teacher: ResidentLayers | StreamedLayers,
     data: torch.Tensor, held_out: int, store: StateStore, state_dir: Path, resume: bool, progress, say: Callable[[str], None],
-    stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, ranks: Ranks,
+    stop_after_steps: int | None, device: torch.device, precision: TrainingPrecision, launch: LaunchRank,
     keep: Callable[[str, dict[str, torch.Tensor]], None] | None = None, on_phase: PhaseProgress | None = None,
     deadline: float | None = None,
 ) -> tuple[AdaptResult, bool]:
@@ -263,15 +264,15 @@ def _train_layers(
     converted = student.model.layout.converted_layers
     first, last = min(converted), max(converted)
     num_train = data.shape[0] - held_out
-    batch_size = min(config.batch_size, num_train)
-    if batch_size < config.batch_size:
-        say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.batch_size}: "
+    batch_size = min(config.training.batch_size, num_train)
+    if batch_size < config.training.batch_size:
+        say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.training.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")
-    windows = {window[0]: window for window in layer_windows(converted, config.window)}
-    epochs = window_epochs(converted, config.epochs, config.epochs_ramp, config.window)
+    windows = {window[0]: window for window in layer_windows(converted, config.sequential.window)}
+    epochs = window_epochs(converted, config.sequential.epochs, config.sequential.epochs_ramp, config.sequential.window)
     per_window = window_steps(epochs, num_train, batch_size)
     total_steps = sum(per_window.values())
-    tokens_per_step = batch_size * config.seq_len
+    tokens_per_step = batch_size * config.training.seq_len
     step, train_s, cpu_s, curve, done = 0, 0.0, 0.0, [], -1
     saved = read_trainer_state(state_dir, config) if resume and state_dir.is_dir() else None
     partial = None  # a window's training saved partway: {"layer", "steps", "losses", "before"} (train_layer's start)
@@ -297,10 +298,10 @@ def _train_layers(
     else:
         if resume:
             say(f"nothing to resume in {state_dir.parent}; starting a new run")
-        ranks.barrier()  # every process has read the state dir before the main one clears it
-        if ranks.main:
+        barrier()  # every process has read the state dir before the main one clears it
+        if launch.main:
             shutil.rmtree(state_dir, ignore_errors=True)  # layer files of a run that never finished a layer, or of a forced restart
-        ranks.barrier()
+        barrier()
     resumed_from = step
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
@@ -308,7 +309,7 @@ def _train_layers(
 
     def save_partial(group: list[int], layers: list[torch.nn.Module], progress: LayerProgress) -> None:
         """Save the window's training partway: its layers, AdamW's state, then the trainer state that names them."""
-        if ranks.main:
+        if launch.main:
             for i, layer in zip(group, layers):
                 _save_tensors(partial_file(state_dir, step, i), layer_tensors(layer, i))
             _save_tensors(partial_file(state_dir, step), progress.optimizer)
@@ -318,16 +319,17 @@ def _train_layers(
                 "window_steps": {str(k): v for k, v in per_window.items()},
                 "partial": {"layer": group[0], "steps": progress.steps, "losses": progress.losses, "before": progress.before}})
             _remove_partial(state_dir, keep_step=step)
-        ranks.barrier()
+        barrier()
         clock.saved()
 
     def stopping() -> bool:
         return stop_after_steps is not None and stop_after_steps <= step < total_steps
 
     attempt = {"first": None, "steps": step, "said": False}  # this attempt's clock, for the deadline
+    ends = Deadline(deadline, device)  # the main process's clock decides for every process
 
     def time_up() -> bool:
-        if deadline is None or time.perf_counter() < deadline:
+        if not ends.past():
             return False
         if not attempt["said"]:
             attempt["said"] = True
@@ -340,7 +342,7 @@ def _train_layers(
         this attempt's steps so far ran (every second since its first window's training began, the next windows'
         states and the layer files included)."""
         nonlocal total_steps
-        if deadline is None:
+        if ends.at is None:
             return
         left = [w for w in windows if w >= start and w > done]
         if attempt["first"] is None:  # the pace is counted from the first window's training on (the states cached)
@@ -349,11 +351,12 @@ def _train_layers(
         if attempt["said"]:
             fitted = dict.fromkeys(left, 1)
         else:
-            fitted = _fitted_steps({w: per_window[w] for w in left}, deadline - time.perf_counter(),
-                                   time.perf_counter() - attempt["first"], step - attempt["steps"])
+            fitted = ends.fitted({w: per_window[w] for w in left}, time.perf_counter() - attempt["first"],
+                                 step - attempt["steps"])
         if fitted != {w: per_window[w] for w in left}:
             if not attempt["said"] and sum(fitted.values()) < sum(per_window[w] for w in left):
-                say(f"budget: the sequential stage runs behind its plan: the {counted(len(left), 'window' if config.window > 1 else 'layer')} "
+                unit = 'window' if config.sequential.window > 1 else 'layer'
+                say(f"budget: the sequential stage runs behind its plan: the {counted(len(left), unit)} "
                     f"left train {sum(fitted.values()):,} steps instead of {sum(per_window[w] for w in left):,}, to end by its planned time")
             per_window.update(fitted)
             total_steps = sum(per_window.values())
@@ -365,22 +368,22 @@ def _train_layers(
         curve.append({"step": step, "tokens": step * tokens_per_step, "train_s": round(elapsed, 3),
                       "cpu_s": round(time.process_time() - cpu_started, 3), "lr": info.lr, "layer": info.layer,
                       "loss_local": info.loss, "loss_total": info.loss})
-        if progress is not None and ranks.main:
+        if progress is not None and launch.main:
             losses = {"local": info.loss, "total": info.loss}
             progress(StepInfo(step, total_steps, step * tokens_per_step, total_steps * tokens_per_step, losses, info.lr,
                              elapsed, step * tokens_per_step / max(elapsed, 1e-9), info.layer), student.model)
         if stopping() and info.step_in_layer < info.steps_per_layer:
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
-    how = (f"one {'layer' if config.window == 1 else 'window'} at a time from safetensors" if isinstance(student, StreamedLayers)
+    how = (f"one {'layer' if config.sequential.window == 1 else 'window'} at a time from safetensors" if isinstance(student, StreamedLayers)
            else "student and teacher whole in memory")
     low, high = per_window[first], per_window[max(windows)]
-    unit = "layer" if config.window == 1 else f"window of {counted(config.window, 'layer')}"
+    unit = "layer" if config.sequential.window == 1 else f"window of {counted(config.sequential.window, 'layer')}"
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
         f"{store.where}); caching the states entering layer {first}")
-    phase = on_phase if on_phase is not None and ranks.main else None  # the states' chunks, from the first one
-    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase, ranks=ranks)
+    phase = on_phase if on_phase is not None and launch.main else None  # the states' chunks, from the first one
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase, launch=launch)
     if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
         cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",
                     2 * (done + 1 - first))
@@ -405,15 +408,16 @@ def _train_layers(
                         tensors = read_tensors(dict.fromkeys(tensor_names(partial_file(state_dir, step)), partial_file(state_dir, step)))
                         start = LayerProgress(partial["steps"], partial["losses"], partial["before"], tensors)
                         partial = None
-                    if config.closed_form and start is None:  # one layer per group (validate_config); refit before training
+                    if config.sequential.closed_form and start is None:  # one layer per group (validate_config); refit before training
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
-                                                     ranks=ranks).describe())
+                                                     launch=launch).describe())
                     stepping.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
                     if start is None:
                         fit_windows(group[0])
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
-                                      lr=config.lr, min_lr_ratio=config.min_lr_ratio, warmup_steps=config.warmup_steps,
-                                      max_grad_norm=config.max_grad_norm, seed=config.seed, progress=record, ranks=ranks,
+                                      lr=config.optimizer.lr, min_lr_ratio=config.optimizer.min_lr_ratio,
+                                      warmup_steps=config.optimizer.warmup_steps,
+                                      max_grad_norm=config.optimizer.max_grad_norm, seed=config.training.seed, progress=record, launch=launch,
                                       start=start, save=lambda progress, group=group, layers=layers: save_partial(group, layers, progress),
                                       save_due=lambda: clock.due(step, device), steps=per_window[group[0]],
                                       time_up=time_up)
@@ -421,7 +425,7 @@ def _train_layers(
                         per_window[group[0]] = len(fit.losses)
                         total_steps = sum(per_window.values())
                     curve[-1].update(eval_before=fit.before, eval_after=fit.after, eval_held_out=fit.held_out)
-                    if ranks.main:
+                    if launch.main:
                         for i, layer in zip(group, layers):
                             _save_layer(state_dir, i, layer)
                         write_trainer_state(state_dir, config, {
@@ -429,7 +433,7 @@ def _train_layers(
                             "cpu_s": time.process_time() - cpu_started, "curve": curve, "layer_done": group[-1],
                             "window_steps": {str(k): v for k, v in per_window.items()}})
                         _remove_partial(state_dir)
-                    ranks.barrier()  # the layers' files are written before any process reads them
+                    barrier()  # the layers' files are written before any process reads them
                     clock.saved()
                     for i in group:
                         student.use_trained(i, layer_file(state_dir, i))
@@ -444,7 +448,7 @@ def _train_layers(
     except _Stop:
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
     train_s = time.perf_counter() - started
-    pace = _pace(student.model.config, windows, per_window, ranks.world, device)
+    pace = _pace(student.model.config, windows, per_window, launch.world, device)
     return AdaptResult(out, step, step * tokens_per_step, train_s, curve, resumed_from,
                        throughput=pace.record(step * tokens_per_step, train_s)), True
 
@@ -459,19 +463,6 @@ def _pace(model_config, windows: dict[int, list[int]], per_window: dict[int, int
     steps = sum(per_window.values())
     layers_per_step = sum(count * len(windows[start]) for start, count in per_window.items()) / max(1, steps)
     return Throughput(processes, round(6 * layer_parameters(model_config) * layers_per_step), peak_flops_per_s(device))
-
-
-def _fitted_steps(planned: dict[int, int], left_s: float, spent_s: float, steps_done: int) -> dict[int, int]:
-    """The windows' ``planned`` steps, shortened in proportion (at least one each) to fit ``left_s`` seconds at the
-    pace ``steps_done`` steps took ``spent_s`` (the windows as planned where no step has run yet, or they fit)."""
-    if steps_done <= 0:
-        return dict(planned)
-    affordable = max(0.0, left_s) * steps_done / max(spent_s, 1e-9)
-    wanted = sum(planned.values())
-    if affordable >= wanted:
-        return dict(planned)
-    share = affordable / wanted
-    return {start: max(1, int(count * share)) for start, count in planned.items()}
 
 
 def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:

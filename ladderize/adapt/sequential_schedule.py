@@ -71,7 +71,7 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
 def reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
     """Whether joint stage ``step`` can read the teacher's states sequential stage ``before`` keeps: it trains the
     converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length."""
-    from .objectives import STORED_TEACHER_OBJECTIVES, parse_objectives
+    from .objective_registry import STORED_TEACHER_OBJECTIVES, parse_objectives
 
     objectives = set(parse_objectives(str(step.get("objectives", "local"))))
     return (before.get("local_schedule") == "sequential" and step.get("local_schedule") != "sequential"
@@ -88,5 +88,5 @@ def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: i
 
     step = steps[index]
     reads = step["tokens"] if data_tokens is None else min(step["tokens"], data_tokens)
-    return any(reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).batch_size
-               * stage_config(before).seq_len for before in steps[:index])
+    return any(reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).training.batch_size
+               * stage_config(before).training.seq_len for before in steps[:index])

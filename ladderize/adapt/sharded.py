@@ -43,7 +43,8 @@ import torch
 from ..errors import LadderizeError
 from ..progress import counted
 from . import process_group
-from .compilation import COMPILING, compile_layers, recompute_activations, resolve_compile
+from .compilation import compile_layers, recompute_activations
+from .compile_policy import COMPILING, resolve_compile
 from .config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
 from .cost import FlopCount
 from .objectives import AdaptLoss
@@ -131,13 +132,8 @@ class ShardedRun:
         self.optimizer.zero_grad(set_to_none=True)
 
     def extra_state(self) -> dict[str, Any]:
+        """Nothing besides the trained parameters and AdamW."""
         return {}
-
-    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None:
-        """Nothing beside the checkpoint."""
-
-    def save_beside(self, folder: Path) -> None:
-        """Nothing beside the checkpoint."""
 
     def barrier(self) -> None:
         process_group.barrier()

@@ -88,8 +88,8 @@ def process_share(step: dict[str, Any], processes: int) -> float:
     from .config import stage_config
 
     settings = stage_config(step)
-    split = StepSplit(settings.batch_size, processes, settings.grad_accum)
-    return split.grad_accum * split.local / settings.batch_size
+    split = StepSplit(settings.training.batch_size, processes, settings.training.grad_accum)
+    return split.grad_accum * split.local / settings.training.batch_size
 
 
 def sequential_processes(step: dict[str, Any], processes: int) -> int:
@@ -97,7 +97,7 @@ def sequential_processes(step: dict[str, Any], processes: int) -> int:
     from .config import stage_config
 
     settings = stage_config(step)
-    return min(processes, settings.batch_size, max(1, settings.tokens // settings.seq_len))
+    return min(processes, settings.training.batch_size, max(1, settings.training.tokens // settings.training.seq_len))
 
 
 def stage_seconds(clock: StageClock, step: dict[str, Any], stored_teacher: bool = False) -> float:
@@ -208,6 +208,20 @@ class Pace:
                               set(self.student_kinds[0 if trains_all else self.first_converted:]))
         share = process_share(step, self.processes)
         return waits + step["tokens"] * share * per * (1.0 / self.tokens_per_call)
+
+
+def fit_steps(planned: dict[int, int], left_s: float, spent_s: float, steps_done: int) -> dict[int, int]:
+    """``planned`` steps (by window, or by stage), shortened in proportion (at least one each) to fit ``left_s`` seconds
+    at the pace ``steps_done`` steps took ``spent_s`` (as planned where no step has run yet, or they fit): how a stage
+    that runs behind its plan keeps its time (``deadline.Deadline.fitted``)."""
+    if steps_done <= 0:
+        return dict(planned)
+    affordable = max(0.0, left_s) * steps_done / max(spent_s, 1e-9)
+    wanted = sum(planned.values())
+    if affordable >= wanted:
+        return dict(planned)
+    share = affordable / wanted
+    return {start: max(1, int(count * share)) for start, count in planned.items()}
 
 
 def compile_waits(pace: Pace, forward_kinds: set[int], trained_kinds: set[int]) -> float:

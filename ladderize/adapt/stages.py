@@ -28,13 +28,13 @@ Recipe file (YAML, torchtune / axolotl style)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
 from ..progress import counted
-from .config import AdaptConfig, stage_config
+from .config import FLAT_FIELDS, stage_config
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -53,7 +53,6 @@ RECIPES: dict[str, list[str]] = {
 }
 DEFAULT_RECIPE = "best"
 ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "local_inputs", "top_k": "kd_top_k"}
-_FIELDS = {f.name: f for f in fields(AdaptConfig)}
 # settings a recipe may not set (they name the run, not a stage)
 _RESERVED = {"checkpoint", "out", "run_dir", "force", "keep_state", "recipe"}
 
@@ -73,10 +72,10 @@ class Recipe:
 
 def _coerce(key: str, value: Any, where: str) -> tuple[str, Any]:
     key = ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
-    if key not in _FIELDS or key in _RESERVED:
-        known = sorted(k for k in _FIELDS if k not in _RESERVED)
+    if key not in FLAT_FIELDS or key in _RESERVED:
+        known = sorted(k for k in FLAT_FIELDS if k not in _RESERVED)
         raise LadderizeError(f"{where}: unknown setting {key!r}; settings are {', '.join(known)}")
-    kind = str(_FIELDS[key].type)
+    kind = str(FLAT_FIELDS[key].type)
     try:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return key, None
@@ -155,9 +154,9 @@ def converted_modes(checkpoint: str) -> set[str]:
 
 def stage_kind(settings: dict[str, Any]) -> str:
     config = stage_config(settings)
-    if config.local_schedule == "sequential":
+    if config.sequential.local_schedule == "sequential":
         return "sequential"
-    return "kd" if config.objectives == "kd" else "joint"
+    return "kd" if config.objective.objectives == "kd" else "joint"
 
 
 def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
@@ -186,12 +185,12 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
 
 def describe(step: dict[str, Any]) -> str:
     config = stage_config(step)
-    kind = config.local_schedule
-    tokens = counted(step["tokens"], "token") + (f" x {counted(config.epochs, 'epoch')}" if kind == "sequential" else "")
+    kind = config.sequential.local_schedule
+    tokens = counted(step["tokens"], "token") + (f" x {counted(config.sequential.epochs, 'epoch')}" if kind == "sequential" else "")
     keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp", "window") if kind == "sequential" else ())
     extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
     return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
-            f"batch {config.batch_size}{extra}")
+            f"batch {config.training.batch_size}{extra}")
 
 
 SINGLE_STAGE_FLAGS = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}

@@ -76,18 +76,19 @@ class Strategy:
 
 
 def setting(settings: Any, key: str) -> Any:
-    """``key`` of a stage's ``settings``: an ``AdaptConfig``, or a plan's stage dict typed by ``config.stage_config``."""
+    """The setting named ``key`` (its flat name) of a stage's ``settings``: an ``AdaptConfig``, or a plan's stage dict
+    typed by ``config.stage_config``."""
     from .config import stage_config
 
-    return getattr(stage_config(settings), key)
+    return stage_config(settings).flat()[key]
 
 
 def whole_weight_settings(settings: Any) -> list[Setting]:
     """The settings on in ``settings`` that the sharded training does not take."""
     from .config import stage_config
 
-    typed = stage_config(settings)
-    return [entry for entry in SETTINGS if SHARDED not in entry.runs_on and entry.on(getattr(typed, entry.key))]
+    flat = stage_config(settings).flat()
+    return [entry for entry in SETTINGS if SHARDED not in entry.runs_on and entry.on(flat[entry.key])]
 
 
 def choose_strategy(settings: Any, launch: Any) -> Strategy:
@@ -97,7 +98,7 @@ def choose_strategy(settings: Any, launch: Any) -> Strategy:
 
     processes = launch if isinstance(launch, int) else launch.processes
     typed = stage_config(settings)
-    shard = typed.shard
+    shard = typed.parallelism.shard
     if shard == "ddp":
         return Strategy(REPLICATED if processes > 1 else ONE_PROCESS, processes, "--shard ddp")
     if shard == "auto" and processes <= 1:

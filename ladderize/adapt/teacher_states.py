@@ -21,7 +21,7 @@ The sequential stage writes the first ``rows_read`` rows only, as many as the la
 under a wall budget, whose re-plan may grow them), and none for a stage sharded over several processes that would not
 find all its windows stored (its ranks run the teacher together: ``gathers_teacher``), so that every state written is
 read. Under N processes each writes the rows it holds, those whose index
-modulo N is its rank (``layer_training.Ranks``), to files of its own (``part_name``); ``read`` puts them together.
+modulo N is its rank (``layer_training.owned_rows``), to files of its own (``part_name``); ``read`` puts them together.
 """
 
 from __future__ import annotations
@@ -99,8 +99,10 @@ class TeacherStates:
         """How many distinct stored rows were read, by any process (one all-reduce under a launcher)."""
         import torch.distributed as dist
 
+        from ..checkpoint.placement import this_launch
+
         seen = self.seen.to(device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if this_launch().several:
             dist.all_reduce(seen, op=dist.ReduceOp.MAX)
         return int(seen.sum())
 
@@ -190,11 +192,11 @@ def rows_read(steps: list[dict[str, Any]], index: int, processes: int = 1) -> in
 
     rows = 0
     before = stage_config(steps[index])
-    calibration = before.tokens // before.seq_len  # whole sequences
+    calibration = before.training.tokens // before.training.seq_len  # whole sequences
     for step in steps[index + 1:]:
         if reads_kept_states(step, steps[index]):
             config = stage_config(step)
-            windows = math.ceil(step["tokens"] / (config.batch_size * config.seq_len)) * config.batch_size
+            windows = math.ceil(step["tokens"] / (config.training.batch_size * config.training.seq_len)) * config.training.batch_size
             if gathers_teacher(step, processes) and windows > calibration:
                 continue
             rows = max(rows, windows)

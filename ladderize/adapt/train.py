@@ -42,7 +42,7 @@ def adapt(
     deadline: float | None = None,
     checked: bool = False,
 ) -> AdaptResult:
-    """Adapt the converted layers of ``config.checkpoint`` and write the result to ``config.out``.
+    """Adapt the converted layers of ``config.scope.checkpoint`` and write the result to ``config.saving.out``.
 
     ``progress(info, model)`` runs after every optimizer step on the main process (its time is
     not counted as training time; under the streamed sequential training ``model`` holds the
@@ -59,16 +59,16 @@ def adapt(
     """
     say = on_message or (lambda _m: None)
     if checked:
-        from .objectives import parse_objectives
+        from .objective_registry import parse_objectives
 
-        check_input(config.checkpoint)
-        weights = parse_objectives(config.objectives)
+        check_input(config.scope.checkpoint)
+        weights = parse_objectives(config.objective.objectives)
     else:
         weights = preflight(config)
-    out = Path(config.out).expanduser().absolute()
-    checkpoint = str(Path(config.checkpoint).expanduser())
+    out = Path(config.saving.out).expanduser().absolute()
+    checkpoint = str(Path(config.scope.checkpoint).expanduser())
     run_dir = config.resolved_run_dir()
-    if (run_dir / STATE_DIR).exists() and not resume and not config.force:
+    if (run_dir / STATE_DIR).exists() and not resume and not config.saving.force:
         raise LadderizeError(f"{run_dir} holds an earlier run; pass --resume to continue it or --force to start over")
     if max_steps is not None:
         stop_after_steps = max_steps if stop_after_steps is None else min(stop_after_steps, max_steps)
@@ -82,7 +82,7 @@ def adapt(
     run = dict(resume=resume, progress=report, say=say, stop_after_steps=stop_after_steps)
     try:
         with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
-            if config.local_schedule == "sequential":
+            if config.sequential.local_schedule == "sequential":
                 from .sequential_run import adapt_sequential
 
                 return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase, deadline=deadline)
@@ -100,7 +100,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     """Everything a run can be refused for, checked before it writes anything (its run dir included).
 
     The settings (``validate_config``, ``--mixed-precision``), OUT, the data, and the input checkpoint
-    (``checkpoint``, default ``config.checkpoint``; a recipe passes its first input for every stage, since
+    (``checkpoint``, default ``config.scope.checkpoint``; a recipe passes its first input for every stage, since
     later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer
     (``check_input``), and that the teacher the training needs resolves from it. Returns the objective weights.
     """
@@ -108,19 +108,19 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     from ..convert.teacher import resolve_teacher
 
     weights = validate_config(config)
-    if config.local_schedule != "sequential":
-        from ..checkpoint.placement import world_size
+    if config.sequential.local_schedule != "sequential":
+        from ..checkpoint.placement import this_launch
         from .strategy import choose_strategy
 
-        choose_strategy(config, world_size())  # a setting --shard fsdp cannot take, refused here
-    out = Path(config.out).expanduser().absolute()
-    if out.exists() and not config.force:
+        choose_strategy(config, this_launch().world)  # a setting --shard fsdp cannot take, refused here
+    out = Path(config.saving.out).expanduser().absolute()
+    if out.exists() and not config.saving.force:
         raise LadderizeError(f"output {out} already exists; pass --force to replace it")
-    source = str(Path(checkpoint or config.checkpoint).expanduser())
+    source = str(Path(checkpoint or config.scope.checkpoint).expanduser())
     tokenizer = check_input(source)
     if needs_teacher(config, weights):
-        resolve_teacher(source, config.teacher)
-    check_data(config.data, tokenizer)
+        resolve_teacher(source, config.objective.teacher)
+    check_data(config.training.data, tokenizer)
     return weights
 
 

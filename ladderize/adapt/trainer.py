@@ -39,10 +39,11 @@ from ..errors import holding_interrupts
 from ..progress import counted
 from .batches import StepSplit
 from .compilation import adamw
+from .deadline import Deadline
 from .config import AdaptConfig, AdaptResult, StepInfo
 from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from .lr_curve import warmup_cosine
-from .objectives import entries
+from .objective_registry import entries
 from .throughput import Throughput, peak_flops_per_s, plan_line
 from .training_state import STATE_DIR, InterruptVote, SaveClock, load_joint_state, read_joint_state, save_joint_state
 
@@ -74,8 +75,6 @@ class JointRun(Protocol):
     def clip(self, max_norm: float) -> None: ...
     def optimizer_step(self) -> None: ...
     def extra_state(self) -> dict[str, Any]: ...
-    def load_extra(self, state_dir: Path, extra: dict[str, Any]) -> None: ...
-    def save_beside(self, folder: Path) -> None: ...
     def barrier(self) -> None: ...
     def write_out(self, result: AdaptResult, out: Path, tokenizer: Any, state_dir: Path) -> None: ...
 
@@ -101,12 +100,12 @@ def train_joint(
     process's decides): the stage stops at the first step that ends past it (under a launcher, the first logged one),
     says so, and writes OUT from there."""
     from ..checkpoint.io import load_tokenizer
-    from ..checkpoint.placement import world_size
+    from ..checkpoint.placement import this_launch
     from ..corpus.token_store import build_reporter, is_store
     from ..corpus.windows import token_windows
     from .strategy import choose_strategy
 
-    strategy = choose_strategy(config, world_size())
+    strategy = choose_strategy(config, this_launch().world)
     if strategy.sharded:
         from .sharded import ShardedRun as Run
     else:
@@ -154,9 +153,7 @@ def train_joint(
     step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
     saved = read_joint_state(state_dir, config) if resume and state_dir.is_dir() else None
     if saved is not None:
-        extra = run.extra_state()
-        load_joint_state(state_dir, run.state_module, optimizer, extra)
-        run.load_extra(state_dir, extra)
+        load_joint_state(state_dir, run.state_module, optimizer, run.extra_state())
         step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
                                                     saved.get("cpu_s", 0.0), saved["curve"])
         resumed_from = step
@@ -176,6 +173,7 @@ def train_joint(
     pending = PendingLosses(_mean_over_ranks if world > 1 else None)
     run.loss_module.train()
     saved_step, clock, vote = step, SaveClock(config, say), InterruptVote()
+    ends = Deadline(deadline, device)  # the main process's clock decides for every process
     log_every = log_interval(device)
     log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
                       pace=pace, say=say,
@@ -185,7 +183,7 @@ def train_joint(
         pending.flush(curve)
         save_joint_state(state_dir, config, run.state_module, optimizer,
                          {"step": step, "tokens": tokens_done, "train_s": train_s, "cpu_s": cpu_s, "curve": curve,
-                          "processes": world}, extra=run.extra_state(), beside=run.save_beside)
+                          "processes": world}, extra=run.extra_state())
 
     with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
         while step < total_steps:
@@ -226,7 +224,7 @@ def train_joint(
             train_s += time.perf_counter() - started
             cpu_s += time.process_time() - cpu_started
             log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-            if deadline is not None and step < total_steps and (world == 1 or logged) and _past(deadline, device):
+            if step < total_steps and (world == 1 or logged) and ends.past():
                 say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
                     f"({counted(tokens_done, 'token')} trained) to keep the budget")
                 total_steps = log.total_steps = step
@@ -259,13 +257,6 @@ def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
     dist.all_reduce(tensor)
     return tensor / dist.get_world_size()
-
-
-def _past(deadline: float, device: torch.device) -> bool:
-    """Whether the main process's clock is past ``deadline``, on every process (one broadcast under a launcher)."""
-    from .process_group import main_says
-
-    return bool(main_says((1 if time.perf_counter() >= deadline else 0,), device)[0])
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:

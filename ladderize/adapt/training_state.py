@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.atomic import replace_directory, write_file_atomic
+from ..checkpoint.placement import this_launch
 from ..errors import LadderizeError
 from . import process_group
 from .config import AdaptConfig
@@ -42,12 +43,11 @@ UNSAVED = "unsaved.json"  # in the state: training seconds of ended attempts pas
 
 
 def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Module, optimizer, payload: dict[str, Any],
-                     extra: dict[str, Any] | None = None, beside: Callable[[Path], None] | None = None) -> None:
-    """Replace ``state_dir`` with a joint stage's training state: the trained parameters of ``module`` and their
-    optimizer state (plus ``extra``, e.g. a loss scaler's) in torch's distributed checkpoint, every process writing its
-    own shards and a replicated tensor written once, beside ``trainer_state.json`` (``payload``). The main process
-    calls ``beside`` on the new folder, for what the training keeps beside the checkpoint; it renames the folder only
-    after every process has written."""
+                     extra: dict[str, Any] | None = None) -> None:
+    """Replace ``state_dir`` with a joint stage's training state: the trained parameters of ``module``, their optimizer
+    state and ``extra``'s stateful objects (a loss scaler, the EMA's average: each one's ``state_dict``) in one torch
+    distributed checkpoint, every process writing its own shards and a replicated tensor written once, beside
+    ``trainer_state.json`` (``payload``). The main process renames the folder only after every process has written."""
     import torch.distributed.checkpoint as dcp
 
     tmp = state_dir.parent / f".{state_dir.name}.tmp"
@@ -60,16 +60,15 @@ def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Modu
                  no_dist=not process_group.running())
     process_group.barrier()
     if process_group.is_main():
-        if beside is not None:
-            beside(tmp)
         write_trainer_state(tmp, config, payload)
         replace_directory(tmp, state_dir)
     process_group.barrier()
 
 
 def load_joint_state(state_dir: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None) -> None:
-    """Load the state ``save_joint_state`` wrote into ``module``'s trained parameters and ``optimizer`` (and
-    ``extra``'s entries, in place), on this process count or another: each process reads what it holds."""
+    """Load the state ``save_joint_state`` wrote into ``module``'s trained parameters, ``optimizer`` and ``extra``'s
+    stateful objects (each one's ``load_state_dict``), on this process count or another: each process reads what it
+    holds."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -78,8 +77,6 @@ def load_joint_state(state_dir: Path, module: torch.nn.Module, optimizer, extra:
         dcp.load(state, checkpoint_id=str(state_dir / DCP_DIR), no_dist=not process_group.running())
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=StateDictOptions(ignore_frozen_params=True, strict=False))
-    if extra:
-        extra.update({key: state[key] for key in extra})
 
 
 def read_joint_state(state_dir: Path, config: AdaptConfig) -> dict[str, Any] | None:
@@ -128,8 +125,8 @@ class SaveClock:
     def __init__(self, config: AdaptConfig, say: Callable[[str], None] | None = None):
         import time
 
-        self.every = config.save_every
-        self.interval = 60.0 * config.save_minutes
+        self.every = config.saving.save_every
+        self.interval = 60.0 * config.saving.save_minutes
         self.last = time.perf_counter()
         self.saved_once = False
         self.stop: int | None = None  # the held interrupt the run stops with after this save
@@ -161,7 +158,7 @@ class SaveClock:
         self.stepped()
         if self.by_steps:
             due = step % self.every == 0
-            if process_group.launched() and not due:  # the ranks agree on the signal where they agree to save
+            if this_launch().several and not due:  # the ranks agree on the signal where they agree to save
                 return False
         else:
             wait = min(FIRST_SAVE_S, self.interval) if not self.saved_once else self.interval
@@ -206,8 +203,8 @@ class InterruptVote:
 
         self._group = None
         self._pending: tuple | None = None  # the all-reduce of the last step's vote, and its tensor
-        self.lag = 2 if process_group.launched() else 1  # steps a signal can wait (the one it lands in, the vote's)
-        if process_group.launched() and dist.get_backend() != "gloo":
+        self.lag = 2 if this_launch().several else 1  # steps a signal can wait (the one it lands in, the vote's)
+        if this_launch().several and dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")  # every rank joins; the vote stays off the device
 
     def heard(self, last: bool = False) -> int | None:
@@ -218,7 +215,7 @@ class InterruptVote:
         from ..errors import held_interrupt
 
         held = held_interrupt() or 0
-        if not process_group.launched():
+        if not this_launch().several:
             return held or None
         voted = 0
         if self._pending is not None:
@@ -322,7 +319,7 @@ def check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path)
     the run had that setting's default.
     """
     current = json.loads(json.dumps(config.fingerprint()))
-    defaults = json.loads(json.dumps(AdaptConfig(checkpoint="", out="").fingerprint()))
+    defaults = json.loads(json.dumps(AdaptConfig.from_flat(checkpoint="", out="").fingerprint()))
     started = {**{k: defaults[k] for k in current if k not in saved["fingerprint"]}, **saved["fingerprint"]}
     if started != current:
         changed = sorted(k for k in current.keys() | started.keys() if started.get(k) != current.get(k))

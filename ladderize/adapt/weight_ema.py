@@ -7,9 +7,9 @@ starts at the weights the stage starts from (the first step's ``average`` is
 start keeps a share of ``decay ** n``: it averages the end of the trajectory and, on a short
 stage, pulls part of the way back to the start, as ``interpolate`` does in one step.
 
-The average is part of the training state: ``ema.safetensors`` beside the distributed checkpoint of the
-parameters and AdamW in ``RUN_DIR/state/`` (``training_state.save_joint_state``), written and renamed with it, so a resumed stage writes the same bytes as
-an uninterrupted one. It is kept in float32 on the parameters' device.
+The average is part of the training state: a stateful object (``state_dict``, ``load_state_dict``) in the distributed
+checkpoint of the parameters and AdamW in ``RUN_DIR/state/`` (``training_state.save_joint_state``), so a resumed
+stage writes the same bytes as an uninterrupted one. It is kept in float32 on the parameters' device.
 
 Measured (docs/adapt-measurements.md, "Every kd variant on one stage 1"): on SmolLM2-135M's ladder 15-29 and
 10-29 kd stages its gains are within the spread of a second batch order, so it is a setting and the
@@ -18,14 +18,9 @@ default recipe does not set it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ..errors import LadderizeError
-
-EMA_FILE = "ema.safetensors"
-
 
 class WeightEMA:
     """The moving average of ``params`` (named ``0``, ``1``, ... in their order)."""
@@ -47,20 +42,13 @@ class WeightEMA:
         for param, average in zip(self.params, self.average):
             param.copy_(average.to(param.dtype))
 
-    def save(self, folder: Path) -> None:
-        from safetensors.torch import save_file
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The average, one tensor per parameter (``"0"``, ``"1"``, ...): what the training state holds of it."""
+        return {str(i): average for i, average in enumerate(self.average)}
 
-        save_file({str(i): a.contiguous().cpu() for i, a in enumerate(self.average)}, str(folder / EMA_FILE))
-
-    def load(self, folder: Path) -> None:
-        """Read the average saved in ``folder`` (a resumed stage); it must hold these parameters' shapes."""
-        from safetensors.torch import load_file
-
-        path = folder / EMA_FILE
-        if not path.is_file():
-            raise LadderizeError(f"{folder} holds no {EMA_FILE}: the interrupted run did not average its weights; "
-                                 "resume it with its own settings or start again with --force")
-        saved = load_file(str(path))
-        if len(saved) != len(self.average) or any(saved[str(i)].shape != a.shape for i, a in enumerate(self.average)):
-            raise LadderizeError(f"{path} does not match the trained parameters; start again with --force")
-        self.average = [saved[str(i)].to(a.device, torch.float32) for i, a in enumerate(self.average)]
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the average ``state`` holds (a resumed stage); it must hold these parameters' shapes."""
+        if len(state) != len(self.average) or any(state[str(i)].shape != a.shape for i, a in enumerate(self.average)):
+            raise LadderizeError("the saved average of the weights does not match the trained parameters; start again "
+                                 "with --force")
+        self.average = [state[str(i)].to(a.device, torch.float32) for i, a in enumerate(self.average)]

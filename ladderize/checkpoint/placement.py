@@ -72,19 +72,33 @@ def check_device(spec: str | None) -> str:
     return text
 
 
-def local_rank() -> int:
-    """This process's rank on its node under torchrun / accelerate launch (0 outside them)."""
-    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+@dataclass(frozen=True)
+class LaunchRank:
+    """This process's place among those a launcher (torchrun, accelerate launch) started: ``rank`` of ``world``,
+    ``local_rank`` on its node; outside a launcher, rank 0 of 1 (``this_launch``). The one answer to "am I launched?"
+    (``several``) and "do I speak for the run?" (``main``)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    by_launcher: bool = False  # a launcher started this process (``LOCAL_RANK`` set): its group starts from the environment
+
+    @property
+    def several(self) -> bool:
+        """Whether the run is split over several processes."""
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this process is the main one (rank 0): it prints a command's plan and result, and writes."""
+        return self.rank == 0
 
 
-def world_size() -> int:
-    """Processes in the launched job under torchrun / accelerate launch (1 outside them)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-def process_rank() -> int:
-    """This process's rank in the launched job (``RANK``; 0 outside one): rank 0 prints a command's plan and result."""
-    return int(os.environ.get("RANK", "0") or 0)
+def this_launch() -> LaunchRank:
+    """This process's ``LaunchRank``, from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+    env = os.environ
+    return LaunchRank(int(env.get("RANK", "0") or 0), int(env.get("WORLD_SIZE", "1") or 1),
+                  int(env.get("LOCAL_RANK", "0") or 0), "LOCAL_RANK" in env)
 
 
 def launch_mismatch(world: int | None = None) -> str | None:
@@ -94,7 +108,7 @@ def launch_mismatch(world: int | None = None) -> str | None:
     simple launcher: one process, which gets ``MASTER_ADDR`` (set only when several were asked for) and no
     ``WORLD_SIZE``. A torchrun-style launch names its size in ``WORLD_SIZE``.
     """
-    world = world_size() if world is None else world
+    world = this_launch().world if world is None else world
     launched = os.environ.get("WORLD_SIZE")
     if launched and int(launched) != world:
         return f"warning: the launcher started {launched} processes (WORLD_SIZE) but Accelerate runs {world}"
@@ -170,7 +184,8 @@ def resolve_device(spec: "str | torch.device | None" = "auto") -> "torch.device"
     if text.startswith("cuda") and not cuda:
         raise LadderizeError(no_cuda_line(text))
     if text == "cuda":
-        index = local_rank() if local_rank() < torch.cuda.device_count() else 0
+        index = this_launch().local_rank
+        index = index if index < torch.cuda.device_count() else 0
         return torch.device("cuda", index)
     device = torch.device(text)
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
@@ -297,9 +312,9 @@ __all__ = [
     "dtype_name",
     "inference_dtype",
     "eval_dtype",
-    "local_rank",
     "no_cuda_line",
-    "world_size",
+    "LaunchRank",
+    "this_launch",
     "as_plain_process",
     "parse_dtype",
     "resolve_device",

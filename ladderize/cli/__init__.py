@@ -37,7 +37,7 @@ def main() -> None:
     """
     import os
 
-    from ..checkpoint.placement import local_rank
+    from ..checkpoint.placement import this_launch
     from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
     entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
@@ -56,7 +56,7 @@ def main() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    speaks = local_rank() == 0  # the node's first process, or the only one
+    speaks = this_launch().local_rank == 0  # the node's first process, or the only one
     try:
         if speaks:
             app()
@@ -71,7 +71,9 @@ def main() -> None:
         if not isinstance(exc, LadderizeError) and not (layout is not None and isinstance(exc, layout.LayoutError)):
             raise
         if speaks:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            from rich.markup import escape
+
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # 'ladderize[vllm]' as written
         else:
             _let_the_first_process_speak()
         sys.exit(2)

@@ -137,9 +137,9 @@ def adapt_cmd(
     from ..adapt.recipe import adapt_checkpoint
     from ..progress import Progress
 
-    from ..checkpoint.placement import launch_mismatch, process_rank
+    from ..checkpoint.placement import launch_mismatch, this_launch
 
-    main = process_rank() == 0  # under a launcher, rank 0 alone prints the plan and the result
+    main = this_launch().main  # under a launcher, rank 0 alone prints the plan and the result
     if main and (mismatch := launch_mismatch()):
         err_console.print(mismatch, highlight=False, soft_wrap=True)
     if main and accelerate_note:
@@ -158,7 +158,7 @@ def adapt_cmd(
             if main:
                 progress.message(text, markup=markup)
             elif text.lstrip().lower().startswith(("warning", "error")):
-                progress.message(f"rank {process_rank()}: {text}", markup=markup)
+                progress.message(f"rank {this_launch().rank}: {text}", markup=markup)
 
         def on_progress(info, _model) -> None:
             if not main:

@@ -27,12 +27,21 @@ def eval_command(
     verbose: bool = typer.Option(False, "--verbose", help="Show lm-eval's log messages.", rich_help_panel=opts.OUTPUT),
     device: str = opts.DEVICE_OPTION,
     dtype: str = opts.DTYPE_OPTION,
+    backend: str = typer.Option("hf", "--backend", help="hf: lm-eval's HFLM around the model; vllm: lm-eval's vLLM backend with ladderize's plugin (the ladderize[vllm] extra).", rich_help_panel=opts.DEVICE),
+    tp: int = typer.Option(1, "--tp", help="vLLM: tensor-parallel ranks per model (an SPD checkpoint: the degree it was converted for).", rich_help_panel=opts.SCALE),
+    data_parallel: int = typer.Option(1, "--data-parallel", help="vLLM: model replicas that split the requests (lm-eval's; Ray, CUDA).", rich_help_panel=opts.SCALE),
+    parallelize: bool = typer.Option(False, "--parallelize", help="hf: one model over this node's GPUs (HFLM's device map), for a model larger than one GPU.", rich_help_panel=opts.SCALE),
+    eager: bool = typer.Option(False, "--eager", help="vLLM: no torch.compile or CUDA graphs (starts faster).", rich_help_panel=opts.DEVICE),
 ) -> None:
     """Evaluate a checkpoint with lm-eval (lm-eval's own HFLM around the model) and record the layout with the results.
 
     Runs on --device (auto: the GPU when there is one) in the checkpoint's dtype (as lm-eval's dtype=auto) unless
     --dtype says otherwise. Under accelerate launch / torchrun with several processes the requests are split
-    as in lm-eval's data-parallel mode and rank 0 prints and writes the results.
+    as in lm-eval's data-parallel mode and rank 0 prints and writes the results. --parallelize spreads one model
+    over this node's GPUs instead (HFLM's device map).
+
+    --backend vllm runs lm-eval's vLLM backend on the checkpoint with ladderize's vLLM plugin: --tp N ranks per
+    model, --data-parallel N replicas; the same tasks, metrics and record as HFLM's.
 
     The Hugging Face hub is off (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1) unless either variable is set: a task
     whose data is not on this machine is refused in one line."""
@@ -42,23 +51,29 @@ def eval_command(
     from ..eval.harness import parse_batch_size
     from ..eval.local_tasks import check_tasks, parse_task_list
 
-    device, dtype_name = opts.check_placement(device, dtype)
-    opts.check_checkpoint(ckpt)
+    from ..checkpoint.placement import this_launch
+    from ..eval.backends import EngineChoice, check_backend
+
+    device, dtype_name = opts.check_placement(device, dtype, resolve=backend == "hf" and not parallelize)
+    header = opts.check_checkpoint(ckpt)
+    engine = EngineChoice(backend=backend.strip().lower(), tensor_parallel_size=tp, data_parallel_size=data_parallel,
+                          parallelize=parallelize, eager=eager)
+    check_backend(engine, header, device, this_launch().world)
     opts.check_weights(ckpt)
     parse_batch_size(batch_size)
     check_file_target(json_path, "--json file")
     check_tasks(parse_task_list(tasks), data_dir)  # names, data files and offline data, before lm-eval loads
     from ..checkpoint.atomic import write_json
-    from ..checkpoint.placement import process_rank
 
-    opts.quiet_libraries(verbose)
+    opts.quiet_libraries(verbose, vllm=engine.backend == "vllm")
     limit_value = int(limit) if limit is not None and limit >= 1 and float(limit).is_integer() else limit
-    with render.RequestProgress(err_console, waiting=process_rank() == 0) as on_progress:
+    with render.RequestProgress(err_console, waiting=this_launch().main) as on_progress:
         from ..eval.harness import evaluate_checkpoint
 
         record = evaluate_checkpoint(
             ckpt, tasks, limit=limit_value, batch_size=batch_size, data_dir=data_dir,
             max_length=max_length, bootstrap_iters=bootstrap_iters, progress=on_progress, device=device, dtype=dtype_name,
+            engine=engine,
         )  # fmt: skip
     if record is None:  # a rank other than 0 under data parallelism: rank 0 reports
         return

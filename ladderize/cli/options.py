@@ -363,11 +363,16 @@ def check_output(path: Path | str | None, what: str = "output") -> None:
         check_file_target(path, what)
 
 
-def quiet_libraries(verbose: bool) -> None:
-    """``--verbose`` off: lm-eval and datasets log every task override and warning; keep them to errors."""
+def quiet_libraries(verbose: bool, vllm: bool = False) -> None:
+    """``--verbose`` off: lm-eval, datasets and vLLM log every task override, engine step and warning; keep them to
+    errors (``vllm``: a command that starts vLLM, which reads ``VLLM_LOGGING_LEVEL`` as it is imported, in every
+    process it starts; a value set is kept)."""
     import logging
+    import os
 
     if not verbose:
+        if vllm:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         for name in ("lm_eval", "lm-eval", "datasets", "transformers", "huggingface_hub"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -434,7 +439,7 @@ BUDGET = POSITIVE  # every --<mode>-budget (``mode_options``), whichever modes t
 # Every int/float option of every command, by flag; ``command --flag`` where one command's differs.
 # tests/cli/test_option_ranges.py checks that no numeric option is missing here.
 NUMBER_RANGES: dict[str, Range] = {
-    "--tp": COUNT, "--spd-tp": COUNT, "--max-shard-bytes": COUNT,
+    "--tp": COUNT, "--data-parallel": COUNT, "--spd-tp": COUNT, "--max-shard-bytes": COUNT,
     "--max-new-tokens": COUNT, "--temperature": Range(0, words="0 (greedy) or positive"),
     "--top-k": Range(0, words="0 (all tokens) or positive"), "--top-p": FRACTION, "--seed": NATURAL,
     "--prompt": COUNT, "--gen": COUNT, "--warmup": NATURAL, "--repeats": COUNT, "--domino-chunks": COUNT,

@@ -224,8 +224,10 @@ def eval_table(record: dict) -> Table:
     from ..eval.harness import headline_metrics
 
     where = f" on {record['device']}, {record['dtype']}" if record.get("device") else ""
+    if record.get("backend") == "vllm":
+        where += f", vLLM at TP {record.get('tensor_parallel_size') or 1}"
     if (record.get("processes") or 1) > 1:
-        where += f" x {record['processes']} processes"
+        where += f" x {record['processes']} {'replicas' if record.get('backend') == 'vllm' else 'processes'}"
     table = titled(f"{record['layout']}  ({record['checkpoint']}){where}", title_justify="left", show_edge=False)
     table.add_column("task")
     table.add_column("metric")

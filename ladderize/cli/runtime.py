@@ -135,14 +135,14 @@ def bench_cmd(
         opts.check_synthetic(synthetic, ranges, spd_tp_size, tps, allow_spd_mismatch or "native" not in schedules)
     check_file_target(json_path, "--json file")
     opts.check_ranks(tps, device, oversubscribe)
-    from ..checkpoint.placement import process_rank
+    from ..checkpoint.placement import this_launch
     from ..progress import Progress
 
-    if chosen is not None and process_rank() == 0:
+    if chosen is not None and this_launch().main:
         err_console.print(chosen, highlight=False, soft_wrap=True)
 
     # the spinner below shows nothing in a log: a heartbeat line every interval there, from the libraries' loading on
-    log = Progress("bench", err_console, terminal=False) if not err_console.is_terminal and process_rank() == 0 else None
+    log = Progress("bench", err_console, terminal=False) if not err_console.is_terminal and this_launch().main else None
     with log or contextlib.nullcontext():
         from ..runtime.bench import BenchSpec, model_source, run_bench, untimed_rounds
         from ..runtime.generate import RuntimeOptions

@@ -282,7 +282,7 @@ def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings
                   lr: float) -> "AdaptConfig":
     from ..adapt.config import AdaptConfig
 
-    return AdaptConfig(
+    return AdaptConfig.from_flat(
         checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
         batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs, lr=lr,
         device=device, dtype=dtype,

@@ -13,6 +13,10 @@ each process loads the model on its own device and HFLM takes lm-eval's data-par
 (``join_data_parallel``): rank r scores documents r, r + W, ... and lm-eval gathers the
 metrics on rank 0, which alone returns the results.
 
+``evaluate_checkpoint`` runs the engine ``backends.EngineChoice`` names: HFLM as above, HFLM with a device map over
+the node's GPUs (``parallelize``), or lm-eval's own ``VLLM`` with ladderize's vLLM plugin (``tensor_parallel_size``
+ranks); ``evaluate_lm`` runs the same task plan on any of them, so their results compare directly.
+
 The eval record (``evaluate_checkpoint``, a ``ladderize.records.EvalRecord`` as JSON) keeps lm-eval's
 results dict unchanged under ``"results"`` and adds the model's layout, for ``ladderize report``.
 """
@@ -31,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LadderizeError, one_line
-from ..checkpoint.placement import world_size
+from ..checkpoint.placement import this_launch
+from .backends import EngineChoice
 from .local_tasks import (DEFAULT_CHUNK_CHARS, LOCAL_TASKS, build_tasks, check_task_names, check_tasks, parse_task_list,
                           resolve_data_dir, where_data_goes)
 
@@ -61,7 +66,7 @@ def join_data_parallel(lm) -> None:
     """Put an ``HFLM`` built around a model instance into lm-eval's data-parallel mode when several
     processes were launched (``WORLD_SIZE`` > 1): the rank, world size and Accelerator that HFLM
     sets itself when it loads a model under ``accelerate launch`` (it does not for an instance)."""
-    if world_size() <= 1:
+    if not this_launch().several:
         return
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -108,26 +113,44 @@ def evaluate_model(
     The model stays where it is (its device and dtype are handed to HFLM). With several processes
     (module docstring) every rank calls this; rank 0 gets lm-eval's output, the others ``None``.
     """
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
     from .lean_lm import LeanHFLM
 
-    specs = parse_task_list(tasks)
+    parse_task_list(tasks)
     if limit is not None and limit <= 0:
         raise LadderizeError(f"--limit must be positive, got {limit}")
     batch_size = parse_batch_size(batch_size)
+    lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
+                  device=str(model.device), dtype=model.dtype, progress=progress)
+    join_data_parallel(lm)
+    return evaluate_lm(lm, tasks, limit=limit, data_dir=data_dir, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars,
+                       seed=seed, log_samples=log_samples)
+
+
+def evaluate_lm(
+    lm,
+    tasks: str | list[str],
+    *,
+    limit: int | float | None = None,
+    data_dir: Path | str | None = None,
+    bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+    chunk_chars: int = DEFAULT_CHUNK_CHARS,
+    seed: int = 1234,
+    log_samples: bool = False,
+) -> dict[str, Any] | None:
+    """Run lm-eval's ``simple_evaluate`` on an lm-eval model object (``HFLM``, ``VLLM``, ...) over the task specs;
+    return lm-eval's output dict (``None`` on a data-parallel rank other than 0)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    specs = parse_task_list(tasks)
     plan = build_tasks(specs, resolve_data_dir(data_dir), chunk_chars=chunk_chars)
+    if lm.rank != 0 and hasattr(lm, "progress"):
+        lm.progress = None
     with tempfile.TemporaryDirectory(prefix="ladderize-tasks-") as folder:
         include = plan.write(Path(folder))
         manager = TaskManager(include_path=str(include) if include else None)
         check_task_names(plan, manager.all_tasks)
         loaded = _load_tasks(manager, plan.names)
-        lm = LeanHFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length,
-                      device=str(model.device), dtype=model.dtype, progress=progress)
-        join_data_parallel(lm)
-        if lm.rank != 0:
-            lm.progress = None
         with bootstrap_in_process(), quiet_git_probe():
             output = simple_evaluate(
                 model=lm,
@@ -222,15 +245,20 @@ def evaluate_checkpoint(
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
     progress: Callable[[str, int, int, int], None] | None = None,
     device: str = "auto",
+    engine: EngineChoice = EngineChoice(),
+    seed: int = 1234,
 ) -> dict[str, Any] | None:
-    """Load a checkpoint on ``device`` in ``dtype`` (``placement``: ``auto`` is the accelerator, and the
-    checkpoint's own dtype), evaluate it with lm-eval, and return the eval record's JSON (module docstring).
+    """Evaluate a checkpoint with lm-eval on the engine ``engine`` says (``backends``) and return the eval record's
+    JSON (module docstring).
 
-    Under several processes every rank evaluates its share; rank 0 returns the record, the others ``None``.
+    ``hf``: the checkpoint is loaded on ``device`` in ``dtype`` (``placement``: ``auto`` is the accelerator, and the
+    checkpoint's own dtype) and handed to HFLM, or HFLM loads it over this node's GPUs (``parallelize``). ``vllm``:
+    lm-eval's ``VLLM`` loads the folder with ``tensor_parallel_size`` ranks. Under several processes (``hf``) every
+    rank evaluates its share; rank 0 returns the record, the others ``None``.
     """
-    from ..checkpoint.io import load_model, read_provenance
+    from ..checkpoint.io import read_provenance
     from ..model import Layout
-    from ..checkpoint.placement import dtype_name, eval_dtype, resolve_device
+    from ..checkpoint.placement import dtype_name
     from ..records import EvalRecord
 
     ckpt = Path(ckpt).expanduser().absolute()
@@ -238,19 +266,17 @@ def evaluate_checkpoint(
         raise LadderizeError(f"{ckpt} is not a model checkpoint directory")
     specs = parse_task_list(tasks)
     batch_size = parse_batch_size(batch_size)
+    if limit is not None and limit <= 0:
+        raise LadderizeError(f"--limit must be positive, got {limit}")
     check_tasks(specs, data_dir, chunk_chars=chunk_chars)  # bad task input fails before loading
-    target = resolve_device(device)
-    model = load_model(ckpt, dtype=eval_dtype(dtype), device=target)
-    tokenizer = load_tokenizer(ckpt)
+    lm, config, where = _build_lm(ckpt, engine, batch_size=batch_size, max_length=max_length, dtype=dtype,
+                                  device=device, progress=progress, seed=seed)
     started = time.perf_counter()
-    output = evaluate_model(
-        model, tokenizer, specs, limit=limit, batch_size=batch_size, data_dir=data_dir,
-        max_length=max_length, bootstrap_iters=bootstrap_iters, chunk_chars=chunk_chars, progress=progress,
-    )  # fmt: skip
+    output = evaluate_lm(lm, specs, limit=limit, data_dir=data_dir, bootstrap_iters=bootstrap_iters,
+                         chunk_chars=chunk_chars, seed=seed)
     if output is None:  # a rank other than 0 under data parallelism
         return None
-    world = world_size()
-    layout = Layout.from_config(model.config)
+    layout = Layout.from_config(config)
     provenance = read_provenance(ckpt)
     allreduces = layout.allreduces_per_token()
     return EvalRecord(
@@ -266,9 +292,12 @@ def evaluate_checkpoint(
         limit=limit,
         batch_size=batch_size,
         max_length=max_length,
-        device=str(target),
-        dtype=dtype_name(model.dtype),
-        processes=world,
+        device=where["device"],
+        dtype=dtype_name(where["dtype"]),
+        processes=where["processes"],
+        backend=engine.backend,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        parallelize=engine.parallelize,
         data=output.get("ladderize_sources", {}),
         eval_s=round(time.perf_counter() - started, 3),
         ladderize_version=_version("ladderize"),
@@ -279,9 +308,39 @@ def evaluate_checkpoint(
             "n-samples": output.get("n-samples", {}),
             "higher_is_better": output.get("higher_is_better", {}),
             "bootstrap_iters": bootstrap_iters,
+            **({"vllm": _version("vllm")} if engine.backend == "vllm" else {}),
         },
         results=output["results"],
     ).to_json()
+
+
+def _build_lm(ckpt: Path, engine: EngineChoice, *, batch_size: int | str, max_length: int | None, dtype: str | None,
+              device: str, progress: Callable[[str, int, int, int], None] | None,
+              seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The lm-eval model object for ``engine``, the checkpoint's config, and where it runs (device, dtype, processes)."""
+    if engine.backend == "vllm":
+        from .backends import build_vllm_lm, vllm_device, vllm_dtype
+
+        lm = build_vllm_lm(ckpt, engine, dtype=dtype, batch_size=batch_size, max_length=max_length, seed=seed)
+        where = {"device": vllm_device(), "dtype": vllm_dtype(lm, lm._config), "processes": engine.data_parallel_size}
+        return lm, lm._config, where
+    from .lean_lm import LeanHFLM
+
+    if engine.parallelize:
+        lm = LeanHFLM(pretrained=str(ckpt), backend="causal", batch_size=batch_size, max_length=max_length,
+                      device="cuda", dtype=dtype or "auto", parallelize=True, progress=progress)
+        devices = sorted({str(d) for d in getattr(lm.model, "hf_device_map", {}).values()})
+        where = {"device": f"device map over {', '.join(devices)}", "dtype": lm.model.dtype, "processes": 1}
+        return lm, lm.model.config, where
+    from ..checkpoint.io import load_model
+    from ..checkpoint.placement import eval_dtype, resolve_device
+
+    target = resolve_device(device)
+    model = load_model(ckpt, dtype=eval_dtype(dtype), device=target)
+    lm = LeanHFLM(pretrained=model, tokenizer=load_tokenizer(ckpt), backend="causal", batch_size=batch_size,
+                  max_length=max_length, device=str(model.device), dtype=model.dtype, progress=progress)
+    join_data_parallel(lm)
+    return lm, model.config, {"device": str(target), "dtype": model.dtype, "processes": this_launch().world}
 
 
 def headline_metrics(results: dict[str, Any]) -> list[tuple[str, str, float]]:

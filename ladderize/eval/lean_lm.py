@@ -24,7 +24,7 @@ its largest-batch search, which runs the full forward and so sizes for lm-eval's
 safe bound for the lean scoring) and then scores them lean.
 
 Models whose logits are not ``lm_head(model(...).last_hidden_state)`` (e.g. with logit
-soft-capping) and seq2seq models use ``HFLM`` unchanged.
+soft-capping), seq2seq models and a model spread over several devices (``parallelize``) use ``HFLM`` unchanged.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class LeanHFLM(HFLM):
             and isinstance(getattr(model, "model", None), torch.nn.Module)
             and getattr(model.config, "final_logit_softcapping", None) is None
             and getattr(model.config, "logit_scale", None) is None
+            and len(set((getattr(model, "hf_device_map", None) or {}).values())) <= 1  # a device map: HFLM's own scoring
         )
 
     @torch.inference_mode()

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 
-from ladderize.adapt import objectives
+from ladderize.adapt import objective_registry
 from ladderize.adapt.sharded import _sharded_model
 from ladderize.adapt.objectives import head_losses
 from ladderize.convert.residual_states import embed, logits_from, run_layers
@@ -37,7 +37,7 @@ kinds = sorted({type(p).__name__ for p in sharded.parameters()})
 gathers = []
 all_gather = param_group.foreach_all_gather
 param_group.foreach_all_gather = lambda *args, **kwargs: gathers.append(1) or all_gather(*args, **kwargs)
-objectives.LOGIT_BLOCK_BYTES = 4 * whole.config.vocab_size * 16
+objective_registry.LOGIT_BLOCK_BYTES = 4 * whole.config.vocab_size * 16
 final = torch.randn(2, 24, whole.config.hidden_size, generator=torch.Generator().manual_seed(7))
 student_final = final + 0.1
 kd_sharded = head_losses(whole, student_final, None, sharded, final)["kd"].item()

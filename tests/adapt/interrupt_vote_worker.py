@@ -12,11 +12,11 @@ import torch.distributed as dist
 from ladderize.adapt import trainer
 from ladderize.adapt.config import AdaptConfig
 from ladderize.adapt.train import adapt
-from ladderize.checkpoint.placement import process_rank
+from ladderize.checkpoint.placement import this_launch
 from ladderize.errors import Interrupted, install_interrupt_handlers
 
 ladder, text, out = sys.argv[1:4]
-rank = process_rank()
+rank = this_launch().rank
 schedule = trainer.warmup_cosine
 
 
@@ -33,7 +33,7 @@ def wrapped(*args, **kwargs):
 trainer.warmup_cosine = wrapped
 trainer.log_interval = lambda _device: 10
 install_interrupt_handlers()
-config = AdaptConfig(checkpoint=ladder, out=out, data=text, objectives="kd", tokens=8 * 2 * 32, seq_len=32, batch_size=2,
+config = AdaptConfig.from_flat(checkpoint=ladder, out=out, data=text, objectives="kd", tokens=8 * 2 * 32, seq_len=32, batch_size=2,
                      lr=1e-3, dtype="float32", device="cpu", compile=False, shard="ddp")
 try:
     adapt(config)

@@ -51,10 +51,10 @@ def main() -> None:
 
     from ladderize.adapt import pace as pacing
     from ladderize.adapt.plan import build_plan
-    from ladderize.checkpoint.placement import process_rank
+    from ladderize.checkpoint.placement import this_launch
 
     ladder, text, home = sys.argv[1:4]
-    rank, timings = process_rank(), []
+    rank, timings = this_launch().rank, []
     stated = {"phase": "wall"}
 
     def measure(checkpoint, *, seq_len, batch_size, **_settings):
@@ -66,17 +66,17 @@ def main() -> None:
         return h100_pace(checkpoint, seq_len, batch_size)
 
     pacing.measure = measure
-    out = {}
-    for phase, budget in (("wall", "600s"), ("tokens", TOKEN_BUDGET)):
-        stated["phase"] = phase
-        os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
-        plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=budget)
-        out[phase] = {"budget": plan.budget, "expected_s": plan.expected_s, "lines": plan.lines()}
     import torch
 
     from ladderize.adapt import process_group
 
-    process_group.start(torch.device("cpu"))  # (the plan has started it: a launch times its pace in it)
+    process_group.start(torch.device("cpu"))  # as adapt's entrance does: the launch's group, before the plan
+    out = {}
+    for phase, budget in (("wall", "600s"), ("tokens", TOKEN_BUDGET)):
+        stated["phase"] = phase
+        os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
+        plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=budget, time_pace=pacing.measure_launch)
+        out[phase] = {"budget": plan.budget, "expected_s": plan.expected_s, "lines": plan.lines()}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, timings)
     if rank == 0:

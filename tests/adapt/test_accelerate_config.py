@@ -111,7 +111,7 @@ def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladde
     from ladderize.adapt.train import adapt
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
                          tokens=64, seq_len=32, batch_size=1, dtype="float32", device="cpu", compile=False, shard="ddp")
     with pytest.raises(LadderizeError, match="an Accelerate FSDP config runs the sharded training"):
         adapt(config)

@@ -56,7 +56,7 @@ def test_jsonl_and_packing(tmp_path):
 
 
 def test_missing_teacher(ladder_dir, text_file, tmp_path):
-    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
                          teacher=str(tmp_path / "gone"), tokens=64, seq_len=32)
     with pytest.raises(LadderizeError) as excinfo:
         adapt(config)
@@ -64,7 +64,7 @@ def test_missing_teacher(ladder_dir, text_file, tmp_path):
 
 
 def test_teacher_must_be_dense(ladder_dir, text_file, tmp_path):
-    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file),
                          teacher=str(ladder_dir), tokens=64, seq_len=32)
     with pytest.raises(LadderizeError, match="not dense"):
         adapt(config)

@@ -78,7 +78,7 @@ def test_the_plan_refuses_a_given_batch_that_does_not_divide_and_rounds_a_preset
     said: list[str] = []
     plan = build_plan(folder, launch=Launch(3), say=said.append)  # the default recipe: kd's preset batch of 2
     kd = plan.stages[-1]
-    assert kd.resolved.batch_size == 3 and StepSplit(3, 3).even
+    assert kd.resolved.training.batch_size == 3 and StepSplit(3, 3).even
     assert any("batch 2 rounded up to 3, to divide into 3 process(es)" in line for line in said)
 
 
@@ -96,11 +96,11 @@ def test_no_run_trains_an_empty_micro_batch(ladder_dir, text_file, tmp_path, mon
         return read
 
     monkeypatch.setattr(StepSplit, "rows", counting)
-    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
                          tokens=4 * 32 * 3, seq_len=32, batch_size=4, grad_accum=2, dtype="float32", device="cpu",
                          compile=False)
     adapt(config)
     assert len(counted) >= 3 * 2 and min(counted) == 2  # 3 steps x 2 micro-batches of 2 rows
     with pytest.raises(LadderizeError, match="--batch-size 4 does not divide into 1 process x 3 micro-batches"):
-        adapt(AdaptConfig(**{**config.__dict__, "out": str(tmp_path / "other"), "grad_accum": 3}))
+        adapt(AdaptConfig.from_flat(**{**config.flat(), "out": str(tmp_path / "other"), "grad_accum": 3}))
     assert not (tmp_path / "other").exists()

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
+from ladderize.adapt.pace import measure_launch
 from ladderize.adapt.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
@@ -172,7 +173,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     shared = {"data": str(text_file), "seq_len": 32, "batch_size": 2}
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
     said: list[str] = []
-    sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append)
+    sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     held = sized[0]["tokens"]  # capped by the data: every whole 32-token window of the text
     assert held < 100_000 // 2 and sized[1]["tokens"] > held
     passes = sized[1]["tokens"] / held
@@ -181,7 +182,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     assert f"kd reads the data {passes:.1f} times over" in plan_line and "capped at" in plan_line, plan_line
     assert said[-1].startswith("planned wall time: seq-local ")  # a token budget's plan says its time too
     # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
-    small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append)
+    small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert "reads the data" not in said[-2] and rereads(small, small[0], held) == []
     assert rereads([sized[0], {**sized[1], "data": "other.txt"}], sized[0], held) == []
 
@@ -199,15 +200,15 @@ def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatc
 
 def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_timed_or_read(
         ladder_dir, text_file, tmp_path, capsys, monkeypatch):
-    from ladderize.adapt import budget as budgets, pace as pacing
+    from ladderize.adapt import budget as budgets, kept_paces, pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(pacing, "machine_load", lambda: 1.0)  # the same load both times: the kept pace's refusal stands
+    monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # the same load both times: the kept pace's refusal stands
     args = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--budget", "0.001s", "--seq-len", "32"]
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)  # the first time: timed, said so, refused, kept
     assert code == 2 and "timing this device's pace" in stdout + stderr
     assert "too short for this recipe on cpu" in stderr and "(by the pace timed now)" in stderr
-    assert len(list((tmp_path / "home" / pacing.PACE_CACHE).glob("*.json"))) == 1
+    assert len(list((tmp_path / "home" / kept_paces.PACE_CACHE).glob("*.json"))) == 1
 
     def untouched(*_args, **_kwargs):
         raise AssertionError("timed or read again")
@@ -227,7 +228,7 @@ def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch
     """A pace timed on a busy machine must not refuse a budget a quiet one fits: the kept one is the fastest seen."""
     from dataclasses import replace
 
-    from ladderize.adapt.pace import cached_pace, store_pace
+    from ladderize.adapt.kept_paces import cached_pace, store_pace
     from ladderize.adapt.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
@@ -246,7 +247,7 @@ def test_paces_are_kept_per_load_band_with_the_load_and_time_they_were_timed_at(
     its own, so a quiet time's pace never sizes a busy run, nor a busy time's a quiet one."""
     from dataclasses import replace
 
-    from ladderize.adapt.pace import cached_pace, load_band, store_pace
+    from ladderize.adapt.kept_paces import cached_pace, load_band, store_pace
     from ladderize.adapt.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
@@ -272,15 +273,15 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     import json
     from dataclasses import replace
 
-    from ladderize.adapt import pace as pacing
+    from ladderize.adapt import kept_paces, pace as pacing
     from ladderize.adapt.budget import size_recipe
     from ladderize.adapt.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(pacing, "machine_load", lambda: 1.1)
+    monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
-    size_recipe(steps, parse_budget("10m"), str(ladder_dir))  # times this machine's pace once and keeps it
-    file, = (tmp_path / "home" / pacing.PACE_CACHE).glob("*.json")
+    size_recipe(steps, parse_budget("10m"), str(ladder_dir), time_pace=measure_launch)  # times this machine's pace once and keeps it
+    file, = (tmp_path / "home" / kept_paces.PACE_CACHE).glob("*.json")
     timed = Pace(**json.loads(file.read_text()))
     slow = replace(timed, layer_forward=600.0, layer_train=1800.0, head_step=600.0, load=1.9)  # minutes a layer
     file.write_text(json.dumps(slow.record()))
@@ -293,7 +294,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
 
     monkeypatch.setattr(pacing, "measure", measure)
     said: list[str] = []
-    sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append)
+    sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert len(calls) == 1 and record["tokens"] > 0 and record["pace"]["layer_train"] < 1800.0, said
     assert any("timing this device's pace again: the one kept here, timed at load 1.9 per CPU, refuses it; the load 1.1 per CPU now"
                in line for line in said), said
@@ -302,7 +303,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     file.write_text(json.dumps(replace(slow, load=1.1).record()))  # kept at the load of now: its refusal stands
     del calls[:]
     with pytest.raises(LadderizeError, match=r"too short for this recipe on cpu; .*\(by the pace timed here before"):
-        size_recipe(steps, parse_budget("2m"), str(ladder_dir))
+        size_recipe(steps, parse_budget("2m"), str(ladder_dir), time_pace=measure_launch)
     assert not calls
 
 
@@ -320,10 +321,10 @@ def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budge
     here as the floor run's wall time less its training), its last line giving the wall time it measured."""
     import time
 
-    from ladderize.adapt import pace as pacing
+    from ladderize.adapt import kept_paces, pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(pacing, "machine_load", lambda: 1.0)  # one load band: the second run reads the kept pace
+    monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # one load band: the second run reads the kept pace
     base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--seq-len", 32, "--force"]
     code, stdout, stderr = run_cli([*base, "--budget", "0.001s"], capsys, monkeypatch)
     assert code == 2 and "(by the pace timed now)" in stderr, stderr

@@ -10,7 +10,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ladderize.adapt.causal_attention import BLOCK, CausalAttention, applies, attention_backward, training_attention
-from ladderize.adapt.compilation import unavailable
+from ladderize.adapt.compile_policy import unavailable
 
 
 def _inputs(batch: int, heads: int, kv_heads: int, length: int, dim: int, dtype: torch.dtype, seed: int = 0):

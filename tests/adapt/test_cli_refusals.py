@@ -130,14 +130,14 @@ def test_a_sequence_past_the_models_positions_is_cut_where_defaulted_and_refused
     short = tmp_path / "short"
     save_tiny(short, **dict(TINY_TP23, layer_modes=["dense", "dense", "ladder", "ladder"], max_position_embeddings=64))
     plan = build_plan(short, launch="8xH100", priced_only=True)
-    assert [stage.resolved.seq_len for stage in plan.stages] == [64, 64]
+    assert [stage.resolved.training.seq_len for stage in plan.stages] == [64, 64]
     assert [f"  stage {n} ({name}): sequences of 64 tokens, the positions the model encodes (max_position_embeddings), "
             "not the default 512" for n, name in ((1, "seq-local"), (2, "kd"))] == plan.lines()[3:5], plan.lines()
     for given in (dict(shared={"seq_len": 65}), dict(stages=["seq-local", "kd:seq_len=100"]),
                   dict(single={"objectives": "kd"}, shared={"seq_len": 65})):
         with pytest.raises(LadderizeError, match=r"is more than the 64 positions .*give --seq-len 64 or less"):
             build_plan(short, launch="8xH100", priced_only=True, **given)
-    assert build_plan(short, launch="8xH100", priced_only=True, shared={"seq_len": 64}).stages[0].resolved.seq_len == 64
+    assert build_plan(short, launch="8xH100", priced_only=True, shared={"seq_len": 64}).stages[0].resolved.training.seq_len == 64
 
 
 def test_a_dry_run_says_how_a_bare_budget_number_is_read(ladder_dir, tmp_path, capsys, monkeypatch):

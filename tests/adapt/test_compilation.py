@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from ladderize.adapt.compilation import (AUTO_MIN_BUDGET_S, ENV, adamw, compile_layers, eager_for_budget, inductor_options,
-                                         resolve_compile, unavailable)
+from ladderize.adapt.compilation import adamw, compile_layers
+from ladderize.adapt.compile_policy import AUTO_MIN_BUDGET_S, ENV, eager_for_budget, inductor_options, resolve_compile, unavailable
 from ladderize.adapt.config import AdaptConfig
 from ladderize.convert.residual_states import attention_kwargs
 from ladderize.adapt.budget import parse_budget
+from ladderize.adapt.pace import measure_launch
 from ladderize.adapt.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
@@ -77,7 +78,7 @@ def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_fil
     monkeypatch.delenv(ENV, raising=False)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
     said: list[str] = []
-    sized, record = size_recipe(steps, parse_budget("60s"), str(ladder_dir), say=said.append)
+    sized, record = size_recipe(steps, parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert [step["compile"] for step in sized] == [False, False] and record["pace"]["compiled"] is False
     assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
     # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)
@@ -209,7 +210,7 @@ def test_every_layer_of_a_mixed_model_runs_compiled():
 def _run(checkpoint, out, text_file, **kw) -> tuple:
     settings = dict(checkpoint=str(checkpoint), out=str(out), data=str(text_file), tokens=32 * 8, seq_len=32,
                     batch_size=2, lr=3e-4, warmup_steps=1, dtype="float32")
-    result = adapt(AdaptConfig(**{**settings, **kw}))
+    result = adapt(AdaptConfig.from_flat(**{**settings, **kw}))
     return result, load_model(out).state_dict()
 
 
@@ -288,7 +289,7 @@ def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
     from ladderize.adapt.stages import parse_stage
 
     assert parse_stage("kd:compile=false").settings == {"compile": False}
-    assert "compile" not in AdaptConfig(checkpoint="c", out="o").fingerprint()
+    assert "compile" not in AdaptConfig.from_flat(checkpoint="c", out="o").fingerprint()
 
 
 def test_the_frozen_head_cast_once_gives_autocasts_bits():

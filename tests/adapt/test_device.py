@@ -58,7 +58,7 @@ def test_sequential_refuses_float16_in_one_line(ladder_dir, text_file, tmp_path,
 def test_states_go_to_the_device_when_they_fit_else_pinned_host_memory(monkeypatch, tmp_path):
     from ladderize.adapt import sequential_run
 
-    config = AdaptConfig(checkpoint="c", out=str(tmp_path / "o"))
+    config = AdaptConfig.from_flat(checkpoint="c", out=str(tmp_path / "o"))
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (16 * 2**20, 80 * 2**30))  # 16 MiB free
     fits = sequential_run.state_store(config, cuda, tmp_path, 2**20)  # 8 x 1 MiB <= half of 16 MiB
@@ -66,16 +66,16 @@ def test_states_go_to_the_device_when_they_fit_else_pinned_host_memory(monkeypat
     spills = sequential_run.state_store(config, cuda, tmp_path, 2**21)  # 8 x 2 MiB > 8 MiB
     assert spills.device.type == "cpu" and not spills.on_disk
     assert spills.pin == torch.cuda.is_available()  # pinned where a CUDA runtime can pin
-    config.states = "disk"
+    config = config.with_flat(states="disk")
     assert sequential_run.state_store(config, cuda, tmp_path, 1).on_disk  # asked for: disk, whatever fits
-    assert sequential_run.state_store(AdaptConfig(checkpoint="c", out="o"), torch.device("cpu"), tmp_path, 2**40).where == "memory"
+    assert sequential_run.state_store(AdaptConfig.from_flat(checkpoint="c", out="o"), torch.device("cpu"), tmp_path, 2**40).where == "memory"
 
 
 def test_kd_with_bf16_autocast_on_cpu_runs_near_fp32(ladder_dir, text_file, tmp_path):
     settings = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="kd", tokens=3 * 2 * 32, seq_len=32,
                     batch_size=2, lr=1e-3, device="cpu")
-    fp32 = adapt(AdaptConfig(out=str(tmp_path / "fp32"), dtype="float32", **settings))
-    bf16 = adapt(AdaptConfig(out=str(tmp_path / "bf16"), dtype="bfloat16", **settings))
+    fp32 = adapt(AdaptConfig.from_flat(out=str(tmp_path / "fp32"), dtype="float32", **settings))
+    bf16 = adapt(AdaptConfig.from_flat(out=str(tmp_path / "bf16"), dtype="bfloat16", **settings))
     a, b = [r["loss_kd"] for r in fp32.curve], [r["loss_kd"] for r in bf16.curve]
     assert len(a) == len(b) == 3 and a != b
     assert all(abs(x - y) <= 0.1 * abs(x) + 1e-3 for x, y in zip(a, b)), (a, b)

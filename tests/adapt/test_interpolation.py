@@ -49,4 +49,4 @@ def test_a_kd_stage_with_interpolate_writes_start_plus_alpha_of_its_update(ladde
 ])
 def test_interpolate_refuses_what_it_cannot_honour(settings, message):
     with pytest.raises(LadderizeError, match=message):
-        validate_config(AdaptConfig(checkpoint="c", out="o", **settings))
+        validate_config(AdaptConfig.from_flat(checkpoint="c", out="o", **settings))

@@ -33,8 +33,8 @@ def test_an_interrupt_saves_at_its_step_and_the_resume_goes_on_bit_for_bit(sched
     common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives=objectives, local_schedule=schedule,
                   tokens=32 * 2 * 4, seq_len=32, batch_size=2, lr=1e-3, epochs=2.0, dtype="float32", device="cpu",
                   shard=shard, compile=False)
-    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
-    cut = AdaptConfig(out=str(tmp_path / "cut"), **common)  # saves by time: a minute in, far past this run's steps
+    whole = adapt(AdaptConfig.from_flat(out=str(tmp_path / "whole"), **common))
+    cut = AdaptConfig.from_flat(out=str(tmp_path / "cut"), **common)  # saves by time: a minute in, far past this run's steps
     stopped = _interrupted(lambda: adapt(cut, progress=_interrupt_at(3, signum)))
     assert stopped.signum == signum and not (tmp_path / "cut").exists()
     saved = json.loads((tmp_path / "cut.adapt-run" / "state" / "trainer_state.json").read_text())
@@ -106,8 +106,8 @@ def test_a_signal_between_logged_steps_stops_at_that_step_and_the_resume_goes_on
     common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="kd", tokens=32 * 2 * 6, seq_len=32,
                   batch_size=2, lr=1e-3, dtype="float32", device="cpu", compile=False)
     monkeypatch.setattr(trainer, "log_interval", lambda _device: 10)
-    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
-    cut = AdaptConfig(out=str(tmp_path / "cut"), **common)
+    whole = adapt(AdaptConfig.from_flat(out=str(tmp_path / "whole"), **common))
+    cut = AdaptConfig.from_flat(out=str(tmp_path / "cut"), **common)
     with monkeypatch.context() as patched:
         _signal_in_step(3, signal.SIGINT, trainer, patched)
         _interrupted(lambda: adapt(cut))
@@ -131,7 +131,7 @@ def test_the_shutdown_window_warning_repeats_for_every_slower_save(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
     said: list[str] = []
-    clock = SaveClock(AdaptConfig(checkpoint="", out=""), said.append)
+    clock = SaveClock(AdaptConfig.from_flat(checkpoint="", out=""), said.append)
     warned = []
     for step, (step_s, save_s) in enumerate(((5, 40), (5, 20), (5, 60), (5, 50), (10, 80)), 1):
         now[0] += step_s
@@ -172,7 +172,7 @@ def test_a_signal_while_the_sequential_stage_moves_its_states_stops_at_once_and_
     common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="local", local_schedule="sequential",
                   tokens=32 * 2 * 4, seq_len=32, batch_size=2, lr=1e-3, epochs=1.0, dtype="float32", device="cpu",
                   compile=False)
-    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
+    whole = adapt(AdaptConfig.from_flat(out=str(tmp_path / "whole"), **common))
     advance, moved, sent = StateCache.advance, [], []
 
     def signalled(self, layer, teacher_out):
@@ -182,7 +182,7 @@ def test_a_signal_while_the_sequential_stage_moves_its_states_stops_at_once_and_
         advance(self, layer, teacher_out)
         moved.append(self.layer)
 
-    cut = AdaptConfig(out=str(tmp_path / "cut"), **common)
+    cut = AdaptConfig.from_flat(out=str(tmp_path / "cut"), **common)
     monkeypatch.setattr(StateCache, "advance", signalled)
     try:
         _interrupted(lambda: adapt(cut))

@@ -45,19 +45,20 @@ def test_the_solve_is_the_ridge_closed_form_towards_the_current_weights():
 
 @torch.no_grad()
 def calibration_loss(cache: StateCache, layer: torch.nn.Module, teacher_out, *, local_inputs: str, batch_size: int,
-                     ranks=None) -> float:
+                     launch=None) -> float:
     """The reference: the layer's local loss on the calibration set, ``layer_error`` of each batch of ``batch_size``
     rows (in order), weighted by its share of the rows, which the refit's predicted losses are held to."""
-    from ladderize.adapt.layer_training import Ranks
+    from ladderize.adapt.process_group import sum_over_processes
+    from ladderize.checkpoint.placement import LaunchRank
 
-    ranks = ranks or Ranks()
+    launch = launch or LaunchRank()
     inputs = cache.student_state if local_inputs == "student" else cache.teacher_state
     total = torch.zeros((), dtype=torch.float64, device=cache.device)
-    for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, ranks):
+    for count, t_in, s_in, t_out, shared in _batches(cache, layer.mode, teacher_out, inputs, batch_size, launch):
         with cache.autocast():
             s_out = layer(s_in[0], s_in[1], **cache.kwargs(len(s_in[0])))
         total += layer_error(layer.mode, t_in, s_out, t_out, local_inputs, shared=shared).double() * (count / cache.num_train)
-    ranks.sum([total])
+    sum_over_processes([total])
     return total.item()
 
 
@@ -155,4 +156,4 @@ def test_a_stage_sets_it_and_only_the_sequential_stage_takes_it(hybrid_dir, tmp_
     assert "closed_form True" in describe({"stage": 1, "name": "seq-local", "objectives": "local", "local_schedule": "sequential",
                                           "tokens": 8192, "epochs": 1.0, "lr": 1e-3, "closed_form": True})
     with pytest.raises(LadderizeError, match="seq-local stage"):
-        validate_config(AdaptConfig(checkpoint=str(hybrid_dir), out=str(tmp_path / "x"), objectives="local", closed_form=True))
+        validate_config(AdaptConfig.from_flat(checkpoint=str(hybrid_dir), out=str(tmp_path / "x"), objectives="local", closed_form=True))

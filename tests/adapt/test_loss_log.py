@@ -33,7 +33,7 @@ def _reads_in_the_loop(monkeypatch) -> list[str]:
 
 
 def _config(ladder_dir, text_file, out, shard: str) -> AdaptConfig:
-    return AdaptConfig(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="kd",
+    return AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="kd",
                        tokens=STEPS * 2 * SEQ, seq_len=SEQ, batch_size=2, lr=1e-2, dtype="float32", device="cpu",
                        compile=False, shard=shard)
 

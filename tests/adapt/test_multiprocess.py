@@ -54,7 +54,7 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
     assert done.returncode == 0, launch_failure(done.stderr)
     assert f"adapted {steps} steps, {steps * 2 * seq_len} tokens" in done.stdout
 
-    one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="kd",
+    one = adapt(AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="kd",
                             tokens=steps * 2 * seq_len, seq_len=seq_len, batch_size=2, lr=1e-3, dtype="float32"))
     two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one.curve]
@@ -81,7 +81,7 @@ def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(l
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, launch_failure(done.stderr)
 
-    one = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="local",
+    one = adapt(AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file), objectives="local",
                             local_schedule="sequential", tokens=sequences * seq_len, seq_len=seq_len, batch_size=batch,
                             epochs=epochs, lr=3e-3, device="cpu", dtype="float32"))
     two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt import objectives
-from ladderize.adapt.objectives import AdaptLoss, kd_loss, logit_block_rows, parse_objectives
+from ladderize.adapt import objective_registry
+from ladderize.adapt.objectives import AdaptLoss, kd_loss
+from ladderize.adapt.objective_registry import logit_block_rows, parse_objectives
 from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.train import adapt
@@ -141,7 +142,7 @@ def test_head_losses_in_blocks_equal_the_full_logits(temperature, divergence, to
             param.add_(torch.randn_like(param) * 0.02)  # a student that differs from its teacher
     ids = torch.randint(3, 128, (3, 15), generator=torch.Generator().manual_seed(2))
     select_trainable(student, "all", LoraSpec())
-    monkeypatch.setattr(objectives, "LOGIT_BLOCK_BYTES", 4 * student.config.vocab_size * 16)
+    monkeypatch.setattr(objective_registry, "LOGIT_BLOCK_BYTES", 4 * student.config.vocab_size * 16)
     assert logit_block_rows(student.config.vocab_size) == 16  # 45 tokens: blocks of 16, 16 and 13
     module = AdaptLoss(student, teacher, {"lm": 1.0, "kd": 0.5}, kd_temperature=temperature, kd_divergence=divergence,
                        kd_top_k=top_k)
@@ -242,7 +243,7 @@ def test_deep_supervision_trains_lower_layers_by_the_errors_above_them():
 
 def test_deep_supervision_is_refused_by_the_sequential_stage():
     with pytest.raises(LadderizeError, match="joint stage"):
-        validate_config(AdaptConfig(checkpoint="c", out="o", objectives="local", local_schedule="sequential",
+        validate_config(AdaptConfig.from_flat(checkpoint="c", out="o", objectives="local", local_schedule="sequential",
                                     local_inputs="stack"))
 
 
@@ -273,7 +274,7 @@ def test_objective_spec_errors():
 def test_adapt_end_to_end_writes_a_converted_checkpoint(scope, ladder_dir, dense_dir, text_file, tmp_path):
     out = tmp_path / "adapted"
     result = adapt(
-        AdaptConfig(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="local,kd",
+        AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="local,kd",
                     train=scope, tokens=32 * 2 * 6, seq_len=32, batch_size=2, lr=1e-3, save_every=4)
     )
     assert result.steps == 6 and (out / "adapt_curve.json").is_file()

@@ -11,7 +11,7 @@ from ladderize.checkpoint.architectures import PROVENANCE_FILE, read_provenance
 
 def test_adapt_writes_its_run_into_the_card_and_relative_paths(ladder_dir, dense_dir, text_file, tmp_path):
     out = tmp_path / "adapted"
-    adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="local,kd",
+    adapt(AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(out), data=str(text_file), objectives="local,kd",
                       tokens=32 * 2 * 2, seq_len=32, batch_size=2, lr=1e-3))  # fmt: skip
     raw = (out / PROVENANCE_FILE).read_text()
     assert '"/' not in raw, [line for line in raw.splitlines() if '"/' in line]  # no absolute path anywhere

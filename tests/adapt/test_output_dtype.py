@@ -65,7 +65,7 @@ def test_a_bf16_checkpoint_adapts_into_a_bf16_out_of_the_cast_masters(bf16_ladde
                                                                       objectives):
     def run(name: str, **extra) -> Path:
         out = tmp_path / name
-        adapt(AdaptConfig(checkpoint=str(bf16_ladder), out=str(out), data=str(text_file), objectives=objectives,
+        adapt(AdaptConfig.from_flat(checkpoint=str(bf16_ladder), out=str(out), data=str(text_file), objectives=objectives,
                           local_schedule=schedule, tokens=32 * 2 * 2, seq_len=32, batch_size=2, epochs=1, lr=1e-3,
                           dtype="float32", **extra))
         return out

@@ -48,17 +48,18 @@ def test_measure_times_the_converted_layer(ladder_dir):
 
 
 def test_the_pace_counts_what_other_processes_ran_meanwhile(ladder_dir, monkeypatch):
-    import ladderize.adapt.pace as pacing
+    import ladderize.adapt.kept_paces as pacing
+    import ladderize.adapt.pace as timing
 
     readings = iter([100.0, 100.0 + 1e6])  # the CPUs' busy seconds before and after: far more than this process used
-    monkeypatch.setattr(pacing, "busy_cpu_seconds", lambda: next(readings))
+    monkeypatch.setattr(timing, "busy_cpu_seconds", lambda: next(readings))
     busy = measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu")
     assert busy.other_cpus > 1_000
     assert "other processes kept" in pacing.describe(busy)
     assert "other processes kept" not in pacing.describe(PACE)  # not known
     quiet = Pace(**{**PACE.record(), "other_cpus": pacing.BUSY_CPUS / 2})
     assert "other processes kept" not in pacing.describe(quiet)
-    monkeypatch.setattr(pacing, "busy_cpu_seconds", lambda: None)  # no /proc/stat
+    monkeypatch.setattr(timing, "busy_cpu_seconds", lambda: None)  # no /proc/stat
     assert measure(str(ladder_dir), seq_len=32, batch_size=2, device="cpu").other_cpus is None
 
 

@@ -21,7 +21,7 @@ def test_saved_adapter_loads_with_peft_and_equals_merged(layout, dense_dir, text
 
     base_dir = convert(dense_dir, tmp_path / "base", **layout)
     out = tmp_path / "adapted"
-    adapt(AdaptConfig(checkpoint=str(base_dir), out=str(out), data=str(text_file), objectives="kd", train="lora",
+    adapt(AdaptConfig.from_flat(checkpoint=str(base_dir), out=str(out), data=str(text_file), objectives="kd", train="lora",
                       tokens=32 * 2 * 3, seq_len=32, batch_size=2, lr=2e-2, lora_rank=4, lora_alpha=8))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (out / "adapter").iterdir()}
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
@@ -46,5 +46,5 @@ def test_saved_adapter_loads_with_peft_and_equals_merged(layout, dense_dir, text
 
 def test_lora_refuses_a_layout_without_converted_layers(dense_dir, text_file, tmp_path):
     with pytest.raises(LadderizeError, match="no converted layers"):
-        adapt(AdaptConfig(checkpoint=str(dense_dir), out=str(tmp_path / "o"), data=str(text_file), train="lora",
+        adapt(AdaptConfig.from_flat(checkpoint=str(dense_dir), out=str(tmp_path / "o"), data=str(text_file), train="lora",
                           objectives="kd", teacher=str(dense_dir), tokens=64, seq_len=32, batch_size=2))

@@ -25,7 +25,7 @@ def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
     assert abs(sum(stage.tokens for stage in plan.stages) - 3e9) < 1e6  # the budget, in whole steps
     assert plan.expected_s == plan.cost.seconds and 10 * 3600 < plan.expected_s < 13 * 3600
     config = plan.stages[1].config(str(folder), str(tmp_path / "out"), run_dir=str(tmp_path / "run"))
-    assert isinstance(config, AdaptConfig) and (config.objectives, config.seq_len, config.batch_size) == ("kd", 2048, 32)
+    assert isinstance(config, AdaptConfig) and (config.objective.objectives, config.training.seq_len, config.training.batch_size) == ("kd", 2048, 32)
     record = json.loads(json.dumps(plan.record()))
     assert record["plan"] == plan.steps and record["launch"] == {"processes": 8, "gpu": "h100"}
     assert record["budget"]["tokens"] == 3_000_000_000 and record["expected_s"] == plan.expected_s
@@ -154,10 +154,10 @@ def test_each_stage_is_typed_and_its_settings_checked_before_it_is_sized_or_pric
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     plan = build_plan(folder, shared={"seq_len": 2048}, launch="8xH100", priced_only=True)
     seq, kd = (stage.resolved for stage in plan.stages)
-    assert isinstance(seq, AdaptConfig) and (seq.local_schedule, seq.seq_len, seq.window) == ("sequential", 2048, 1)
-    defaults = AdaptConfig(checkpoint="", out="")
-    assert (kd.objectives, kd.grad_accum, kd.save_minutes) == ("kd", defaults.grad_accum, defaults.save_minutes)
-    assert kd.batch_size == plan.stages[1].settings["batch_size"]  # the filled batch, read through the typed stage
+    assert isinstance(seq, AdaptConfig) and (seq.sequential.local_schedule, seq.training.seq_len, seq.sequential.window) == ("sequential", 2048, 1)
+    defaults = AdaptConfig.from_flat(checkpoint="", out="")
+    assert (kd.objective.objectives, kd.training.grad_accum, kd.saving.save_minutes) == ("kd", defaults.training.grad_accum, defaults.saving.save_minutes)
+    assert kd.training.batch_size == plan.stages[1].settings["batch_size"]  # the filled batch, read through the typed stage
 
     def never(*_args, **_kwargs):
         raise AssertionError("sized before the settings were checked")

@@ -30,6 +30,73 @@ def test_a_started_group_is_joined_not_started_again(monkeypatch):
     monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: started.append(kwargs["timeout"]))
     monkeypatch.setenv(process_group.ENV_TIMEOUT, "30")
     monkeypatch.setenv("RANK", "0")  # as under a launcher: no group of one made with its port
+    monkeypatch.setenv("LOCAL_RANK", "0")
     device = torch.device("cpu")
     assert process_group.start(device) == device and process_group.start(device) == device
     assert started == [timedelta(minutes=30)]
+
+
+def test_the_launch_is_read_from_the_launchers_environment(monkeypatch):
+    from ladderize.checkpoint.placement import LaunchRank, this_launch
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    alone = this_launch()
+    assert alone == LaunchRank() and alone.main and not alone.several and not alone.by_launcher
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    launched = this_launch()
+    assert launched == LaunchRank(5, 8, 1, True) and launched.several and not launched.main
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1: launched, one process
+    assert this_launch().by_launcher and not this_launch().several and this_launch().main
+
+
+def test_one_process_agrees_with_itself_and_sums_nothing(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    plan = {"stages": 2}
+    assert process_group.agreed(plan) is plan
+    tensor = torch.ones(3)
+    process_group.sum_over_processes([tensor])
+    assert torch.equal(tensor, torch.ones(3))
+
+
+def _calls(file, names: set[str]) -> list[str]:
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in names:
+                found.append(f"{file.name}:{node.lineno} {name}")
+    return found
+
+
+def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
+    """Where a process stands in a launch is read in one place (``placement.this_launch``): no other module of adapt,
+    cli or eval reads the launcher's variables or asks torch.distributed for the world's size to decide it; the group
+    is started by the entrance and the training (``recipe``, ``sequential_run``, ``joint``, ``sharded``), never by a
+    module that plans or prices a run."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "ladderize"
+    readers = [f"{file.relative_to(package)}:{number}"
+               for folder in ("adapt", "cli", "eval") for file in sorted((package / folder).rglob("*.py"))
+               for number, line in enumerate(file.read_text().splitlines(), 1)
+               if any(f'"{key}"' in line for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) and "environ" in line
+               and file.name != "process_group.py"]  # the group of one sets the variables it starts from
+    assert not readers, readers
+    asks = [f"{file.relative_to(package)}:{number}" for file in sorted((package / "adapt").rglob("*.py"))
+            for number, line in enumerate(file.read_text().splitlines(), 1)
+            if "get_world_size() > 1" in line or "get_world_size() <= 1" in line]
+    assert not asks, asks
+    planning = ("plan", "cost", "budget", "strategy", "stages", "stage_clock", "sequential_schedule", "batches",
+                "throughput", "pace", "run_lock")
+    starts = [call for name in planning for call in _calls(package / "adapt" / f"{name}.py", {"start", "init_process_group"})]
+    assert not starts, starts
+    starters = {file.stem for file in (package / "adapt").glob("*.py")
+                if _calls(file, {"start"}) and "process_group" in file.read_text()}
+    assert starters == {"recipe", "sequential_run", "joint", "sharded"}, starters

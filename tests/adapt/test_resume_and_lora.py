@@ -17,8 +17,8 @@ from tests.conftest import tiny_model
 def test_resume_after_interruption_is_bit_identical(scope, objectives, spd_dir, text_file, tmp_path):
     common = dict(checkpoint=str(spd_dir), data=str(text_file), objectives=objectives, train=scope,
                   tokens=32 * 2 * 7, seq_len=32, batch_size=2, lr=1e-3, save_every=2)
-    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
-    interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **common)
+    whole = adapt(AdaptConfig.from_flat(out=str(tmp_path / "whole"), **common))
+    interrupted = AdaptConfig.from_flat(out=str(tmp_path / "resumed"), **common)
     partial = adapt(interrupted, stop_after_steps=5)  # "killed" during step 6; the last state is step 4
     assert partial.steps == 5 and not (tmp_path / "resumed").exists()
     with pytest.raises(LadderizeError, match="--resume"):
@@ -44,8 +44,8 @@ def test_resume_of_a_tied_model_trained_whole_is_bit_identical(text_file, tmp_pa
     ladder = convert(tmp_path / "dense", tmp_path / "ladder", ladder="2:4")
     common = dict(checkpoint=str(ladder), data=str(text_file), objectives="kd,lm", train="all",
                   tokens=32 * 2 * 5, seq_len=32, batch_size=2, lr=1e-3, save_every=2)
-    whole = adapt(AdaptConfig(out=str(tmp_path / "whole"), **common))
-    interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **common)
+    whole = adapt(AdaptConfig.from_flat(out=str(tmp_path / "whole"), **common))
+    interrupted = AdaptConfig.from_flat(out=str(tmp_path / "resumed"), **common)
     adapt(interrupted, stop_after_steps=3)  # the last state is step 2
     assert (tmp_path / "resumed.adapt-run" / "state" / "dcp" / ".metadata").is_file()
     resumed = adapt(interrupted, resume=True)
@@ -57,22 +57,22 @@ def test_resume_of_a_tied_model_trained_whole_is_bit_identical(text_file, tmp_pa
 
 def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
     common = dict(checkpoint=str(ladder_dir), out=str(tmp_path / "o"), data=str(text_file), tokens=32 * 2 * 3, seq_len=32, batch_size=2, save_every=1)
-    adapt(AdaptConfig(**common), stop_after_steps=2)
+    adapt(AdaptConfig.from_flat(**common), stop_after_steps=2)
     with pytest.raises(LadderizeError, match="lr"):
-        adapt(AdaptConfig(**{**common, "lr": 1e-2}), resume=True)
+        adapt(AdaptConfig.from_flat(**{**common, "lr": 1e-2}), resume=True)
 
 
 def test_resume_reads_a_state_saved_before_a_setting_was_added(tmp_path):
     """A run started before ``kd_divergence`` existed had its default: resuming it with the default is the same run."""
     from ladderize.adapt.training_state import check_fingerprint
 
-    config = AdaptConfig(checkpoint="c", out="o", objectives="kd")
+    config = AdaptConfig.from_flat(checkpoint="c", out="o", objectives="kd")
     saved = {"fingerprint": {k: v for k, v in config.fingerprint().items() if k != "kd_divergence"}}
     check_fingerprint(saved, config, tmp_path)
     with pytest.raises(LadderizeError, match="started with different kd_divergence$"):
-        check_fingerprint(saved, AdaptConfig(checkpoint="c", out="o", objectives="kd", kd_divergence="reverse"), tmp_path)
+        check_fingerprint(saved, AdaptConfig.from_flat(checkpoint="c", out="o", objectives="kd", kd_divergence="reverse"), tmp_path)
     with pytest.raises(LadderizeError, match="started with different lr, tokens$"):
-        check_fingerprint(saved, AdaptConfig(checkpoint="c", out="o", objectives="kd", lr=1.0, tokens=7), tmp_path)
+        check_fingerprint(saved, AdaptConfig.from_flat(checkpoint="c", out="o", objectives="kd", lr=1.0, tokens=7), tmp_path)
 
 
 @pytest.mark.parametrize("modes", [["dense", "ladder", "ladder", "dense"], ["dense", "spd", "dense", "spd"]])

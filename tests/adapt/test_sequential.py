@@ -31,7 +31,7 @@ def _final_state_error(student_dir, dense_dir, text_ids) -> float:
 def _config(checkpoint, out, text_file, **kw):
     settings = dict(checkpoint=str(checkpoint), out=str(out), data=str(text_file), objectives="local",
                     local_schedule="sequential", tokens=32 * 8, seq_len=32, batch_size=2, epochs=3, lr=3e-4, warmup_steps=1)
-    return AdaptConfig(**{**settings, **kw})
+    return AdaptConfig.from_flat(**{**settings, **kw})
 
 
 def test_sequential_trains_each_layer_in_order_and_lowers_the_output_error(hybrid_dir, dense_dir, text_file, tmp_path):

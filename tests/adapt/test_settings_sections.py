@@ -1,5 +1,5 @@
-"""The settings' typed sections: every ``AdaptConfig`` field in exactly one, each checked on its own, handed out by
-``AdaptConfig``'s properties."""
+"""The settings' typed sections: every setting's flat name in exactly one, each checked on its own, held as
+``AdaptConfig``'s fields."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import FrozenInstanceError, asdict, fields
 
 import pytest
 
-from ladderize.adapt.config import AdaptConfig, check_settings
+from ladderize.adapt.config import FLAT_FIELDS, AdaptConfig, check_settings
 from ladderize.adapt.settings_sections import (SECTIONS, ObjectiveSettings, OptimizerSettings, ParallelismSettings,
                                                SavingSettings, ScopeSettings, SequentialSettings, TrainingSettings)
 from ladderize.errors import LadderizeError
@@ -19,11 +19,12 @@ PROPERTIES = {ObjectiveSettings: "objective", ScopeSettings: "scope", Sequential
 
 
 def _config(**settings) -> AdaptConfig:
-    return AdaptConfig(checkpoint="c", out="o", **settings)
+    return AdaptConfig.from_flat(checkpoint="c", out="o", **settings)
 
 
 def test_every_field_is_in_exactly_one_section_with_its_type():
-    config_fields = {f.name: f.type for f in fields(AdaptConfig)}
+    assert [f.default_factory for f in fields(AdaptConfig)] == list(SECTIONS)  # AdaptConfig holds the sections
+    config_fields = {name: f.type for name, f in FLAT_FIELDS.items()}
     counts = Counter(f.name for kind in SECTIONS for f in fields(kind))
     assert set(counts) == set(config_fields)
     assert [name for name, n in counts.items() if n > 1] == []
@@ -46,7 +47,7 @@ def test_properties_hand_out_the_fields_and_round_trip():
     sections = config.sections()
     assert [type(s) for s in sections] == list(SECTIONS)
     assert sections == tuple(getattr(config, PROPERTIES[kind]) for kind in SECTIONS)
-    assert AdaptConfig(**{k: v for s in sections for k, v in asdict(s).items()}) == config
+    assert AdaptConfig.from_flat(**{k: v for s in sections for k, v in asdict(s).items()}) == config
     with pytest.raises(FrozenInstanceError):
         config.optimizer.lr = 1.0  # type: ignore[misc]
 

@@ -171,7 +171,7 @@ def test_a_batch_that_does_not_divide_over_three_processes_is_refused_before_any
 def _config(ladder: Path, text_file: Path, out: Path, **overrides) -> AdaptConfig:
     settings = dict(checkpoint=str(ladder), out=str(out), data=str(text_file), objectives="kd", tokens=8 * 2 * SEQ,
                     seq_len=SEQ, batch_size=2, lr=1e-2, dtype="float32", device="cpu", compile=False, shard="fsdp")
-    return AdaptConfig(**{**settings, **overrides})
+    return AdaptConfig.from_flat(**{**settings, **overrides})
 
 
 def test_a_sharded_resume_is_bit_identical(sharp_ladder, text_file, tmp_path):
@@ -284,6 +284,23 @@ def test_under_a_launcher_the_main_processs_clock_keeps_a_stages_deadline(shard,
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert sorted((r["rank"], r["steps"]) for r in reports) == [(0, 1), (1, 1)]
     assert "stops here" in done.stdout + done.stderr and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_under_a_launcher_the_main_processs_clock_keeps_the_sequential_stages_deadline(sharp_ladder, text_file, tmp_path):
+    """The sequential stage keeps a wall budget's deadline under a launcher too, by the main process's clock: with the
+    deadline past there and an hour away on the other process, both train each converted layer one step (the same
+    count on both: a step count the processes disagreed on would leave one waiting in a collective) and write OUT."""
+    from ladderize.checkpoint.io import load_config
+
+    converted = len(load_config(sharp_ladder).layout.converted_layers)
+    worker = Path(__file__).with_name("deadline_worker.py")
+    env = {**_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([*_torchrun(2), str(worker), str(sharp_ladder), str(text_file), str(tmp_path / "out"), "seq"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, launch_failure(done.stderr)
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["steps"]) for r in reports) == [(0, converted), (1, converted)]
+    assert "time is up" in done.stdout + done.stderr and (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_a_state_saved_by_one_strategy_resumes_on_the_other(sharp_ladder, text_file, tmp_path):

@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 
 from ladderize.adapt.layer_source import ResidentLayers
-from ladderize.adapt.layer_training import Ranks, StateCache
+from ladderize.adapt.layer_training import StateCache
+from ladderize.checkpoint.placement import LaunchRank
 from ladderize.adapt.recipe import TEACHER_STATES_DIR
 from ladderize.adapt.stages import load_recipe
 from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, part_name, rows_read
@@ -25,15 +26,15 @@ def test_state_bytes_per_rank_fall_as_one_over_the_processes(ladder_dir, dense_d
     teacher, student = load_model(dense_dir), load_model(ladder_dir)
     data = torch.randint(3, 120, (12, 16), generator=torch.Generator().manual_seed(5))
 
-    def run(ranks: Ranks) -> StateCache:
-        cache = StateCache(ResidentLayers(teacher), data, 2, held_out=2, ranks=ranks)
+    def run(launch: LaunchRank) -> StateCache:
+        cache = StateCache(ResidentLayers(teacher), data, 2, held_out=2, launch=launch)
         with cache.teacher.layer(2) as layer:
             out = cache.teacher_output(layer)
         cache.advance(student.model.layers[2], out)
         return cache
 
-    one = run(Ranks())
-    split = [run(Ranks(rank, 3)) for rank in range(3)]
+    one = run(LaunchRank())
+    split = [run(LaunchRank(rank, 3)) for rank in range(3)]
     held = [cache.store.allocated_bytes for cache in split]
     print("state bytes per rank: 1 process", one.store.allocated_bytes, "3 processes", held)
     assert sum(held) == one.store.allocated_bytes

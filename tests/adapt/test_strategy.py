@@ -30,7 +30,7 @@ def test_one_function_chooses_the_strategy_from_the_settings_and_the_launch():
         assert choose_strategy(settings, 1).kind == ONE_PROCESS
         with pytest.raises(LadderizeError, match=f"--shard fsdp trains the converted layers: {flag} needs"):
             choose_strategy({**settings, "shard": "fsdp"}, 8)
-    config = AdaptConfig(checkpoint="c", out="o", ema=0.9)  # a run's settings choose as a plan's stage does
+    config = AdaptConfig.from_flat(checkpoint="c", out="o", ema=0.9)  # a run's settings choose as a plan's stage does
     assert choose_strategy(config, 8) == choose_strategy({"ema": 0.9}, 8)
 
 

@@ -27,7 +27,7 @@ def _config(checkpoint, out, text_file, **kw) -> AdaptConfig:
     # 9 sequences: the state chunks (4, 4, 1) and the batches (2) both have a ragged end
     settings = dict(checkpoint=str(checkpoint), out=str(out), data=str(text_file), objectives="local",
                     local_schedule="sequential", tokens=32 * 9, seq_len=32, batch_size=2, epochs=2, lr=3e-3, warmup_steps=1)
-    return AdaptConfig(**{**settings, **kw})
+    return AdaptConfig.from_flat(**{**settings, **kw})
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:

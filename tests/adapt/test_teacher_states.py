@@ -68,7 +68,7 @@ def test_plan_times_kd_without_the_teacher_when_it_reads_stored_states(ladder_di
     steps = resolve_stages(load_recipe("best"), str(ladder_dir))
     seq, kd = steps
     assert keeps_teacher_states(steps, 0) and not keeps_teacher_states(steps, 1)
-    held_out = seq.get("batch_size", AdaptConfig.batch_size) * seq.get("seq_len", AdaptConfig.seq_len)
+    held_out = seq.get("batch_size", AdaptConfig().training.batch_size) * seq.get("seq_len", AdaptConfig().training.seq_len)
     assert reads_stored_teacher(steps, 1) == (kd["tokens"] <= seq["tokens"] + held_out)
     sized = [{**seq, "tokens": 100_000}, {**kd, "tokens": 300_000}]
     assert not reads_stored_teacher(sized, 1)  # kd reads windows past the calibration set
@@ -112,7 +112,7 @@ def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_di
 
     ladder = convert(dense_dir, tmp_path / "ladder12", ladder="1:3")
     states = tmp_path / "states"
-    adapt(AdaptConfig(checkpoint=str(ladder), out=str(tmp_path / "out"), data=str(text_file), objectives="local",
+    adapt(AdaptConfig.from_flat(checkpoint=str(ladder), out=str(tmp_path / "out"), data=str(text_file), objectives="local",
                       local_schedule="sequential", tokens=32 * 4, seq_len=32, batch_size=2, epochs=1,
                       teacher_states=str(states), dtype="float32"))  # the fp32 teacher run below (bf16 CPUs too)
     ids = pack_tokens(str(text_file), load_tokenizer(str(ladder), "test"), 32, max_tokens=32 * 6)  # 4 + 2 held out

@@ -304,7 +304,7 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
                      dict(objectives="local", local_schedule="sequential", tokens=4 * 32, seq_len=32, batch_size=2, epochs=1)):
         curves = []
         for name, data in (("text", str(text_file)), ("store", store)):
-            result = adapt(AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / f"{name}-{settings['objectives']}"),
+            result = adapt(AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / f"{name}-{settings['objectives']}"),
                                        data=data, lr=1e-3, **settings))
             curves.append([{k: v for k, v in r.items() if k.startswith("loss")} for r in result.curve])
         assert curves[0] == curves[1]
@@ -324,7 +324,7 @@ def test_adapt_refuses_a_store_of_another_tokenizer_before_writing_anything(ladd
     from ladderize.adapt.train import adapt
 
     store = ensure_store(str(jsonl(tmp_path / "d.jsonl", DOCS * 50)), wide_tokenizer(), out=tmp_path / "wide-store")
-    config = AdaptConfig(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",
                          tokens=64, seq_len=16)
     with pytest.raises(LadderizeError, match="another tokenizer"):
         adapt(config)

@@ -22,7 +22,8 @@ from ladderize.adapt.config import AdaptConfig, needs_teacher
 from ladderize.adapt.cost import FlopCount, JointMemory, head_parameters, layer_parameters
 from ladderize.adapt.joint import select_trainable
 from ladderize.adapt.lora import LoraSpec
-from ladderize.adapt.objectives import TEACHER_LAYERS, AdaptLoss, Objective, parse_objectives, register
+from ladderize.adapt.objectives import AdaptLoss
+from ladderize.adapt.objective_registry import TEACHER_LAYERS, Objective, parse_objectives, register
 from ladderize.adapt.stages import Recipe, Stage, parse_stage, resolve_stages
 from ladderize.adapt.sequential_schedule import reads_stored_teacher
 from ladderize.adapt.teacher_states import keeps_teacher_states
@@ -46,7 +47,7 @@ def toy(monkeypatch: pytest.MonkeyPatch):
 
 def test_it_parses_and_needs_a_teacher(toy):
     assert parse_objectives("kd,cos=0.5") == {"kd": 1.0, "cos": 0.5}
-    assert needs_teacher(AdaptConfig("ckpt", "out", objectives="cos"), parse_objectives("cos"))
+    assert needs_teacher(AdaptConfig.from_flat(checkpoint="ckpt", out="out", objectives="cos"), parse_objectives("cos"))
     student = tiny_model(seed=0, layer_modes=["dense", "dense", "ladder", "ladder"])
     with pytest.raises(LadderizeError, match="objective cos needs a teacher model"):
         AdaptLoss(student, None, {"cos": 1.0})

@@ -29,7 +29,7 @@ def test_a_joint_state_holds_the_trained_parameters_and_their_optimizer_state(tm
     replaced whole at each save; loading it into another model gives the trained parameters and the optimizer state
     back, and leaves the frozen ones as they are."""
     state_dir = tmp_path / "run" / "state"
-    config = AdaptConfig(checkpoint="c", out="o")
+    config = AdaptConfig.from_flat(checkpoint="c", out="o")
     model, optimizer = _trained(0)
     for step in (2, 4):  # the second save replaces the first
         save_joint_state(state_dir, config, model, optimizer, {"step": step, "tokens": 64 * step, "train_s": 1.0,
@@ -49,7 +49,7 @@ def test_a_joint_state_holds_the_trained_parameters_and_their_optimizer_state(tm
 
 def test_a_state_in_another_format_is_refused_in_one_line(tmp_path):
     state_dir = tmp_path / "run" / "state"
-    config = AdaptConfig(checkpoint="c", out="o")
+    config = AdaptConfig.from_flat(checkpoint="c", out="o")
     write_trainer_state(state_dir, config, {"step": 2, "tokens": 128, "train_s": 1.0, "curve": []})
     (state_dir / "model.safetensors").write_bytes(b"")  # what Accelerate's save_state wrote
     with pytest.raises(LadderizeError, match="not a torch distributed checkpoint.*--force") as raised:
@@ -68,7 +68,7 @@ def _clock_run(monkeypatch, save_s: float, env: dict[str, str]) -> list[str]:
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     said: list[str] = []
-    clock = SaveClock(AdaptConfig(checkpoint="c", out="o", save_every=1), said.append)
+    clock = SaveClock(AdaptConfig.from_flat(checkpoint="c", out="o", save_every=1), said.append)
     for step in range(1, 4):
         now[0] += 2.0  # the step
         assert clock.due(step, "cpu")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from ladderize.adapt.config import AdaptConfig, validate_config
 from ladderize.adapt.train import adapt
-from ladderize.adapt.weight_ema import EMA_FILE, WeightEMA
+from ladderize.adapt.training_state import DCP_DIR
+from ladderize.adapt.weight_ema import WeightEMA
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 
@@ -28,17 +30,18 @@ def test_the_average_starts_at_the_weights_and_follows_them():
 
 
 def test_the_average_survives_a_save_and_refuses_other_parameters(tmp_path):
+    """The average is a stateful object of the training state's distributed checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
     params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
     ema = WeightEMA(params, decay=0.5)
     ema.average[1].add_(1.0)
-    ema.save(tmp_path)
+    dcp.save({"ema": ema}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
     again = WeightEMA(params, decay=0.5)
-    again.load(tmp_path)
+    dcp.load({"ema": again}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
     assert all(torch.equal(a, b) for a, b in zip(ema.average, again.average))
     with pytest.raises(LadderizeError, match="does not match"):
-        WeightEMA(params[:1], decay=0.5).load(tmp_path)
-    with pytest.raises(LadderizeError, match=f"no {EMA_FILE}"):
-        WeightEMA(params, decay=0.5).load(tmp_path / "elsewhere")
+        WeightEMA(params[:1], decay=0.5).load_state_dict(ema.state_dict())
 
 
 def _common(ladder_dir, text_file, **kw) -> dict:
@@ -50,10 +53,10 @@ def test_a_kd_stage_with_ema_writes_the_average_of_its_steps(ladder_dir, text_fi
     """The written weights equal the average computed here, by hand, from the weights after every step."""
     decay = 0.6
     after_steps = []
-    adapt(AdaptConfig(out=str(tmp_path / "plain"), **_common(ladder_dir, text_file)),
+    adapt(AdaptConfig.from_flat(out=str(tmp_path / "plain"), **_common(ladder_dir, text_file)),
           progress=lambda info, model: after_steps.append({k: v.detach().clone() for k, v in model.state_dict().items()}))
     averaged = tmp_path / "averaged"
-    adapt(AdaptConfig(out=str(averaged), **_common(ladder_dir, text_file, ema=decay)))
+    adapt(AdaptConfig.from_flat(out=str(averaged), **_common(ladder_dir, text_file, ema=decay)))
     start, plain, got = (load_model(p, dtype=torch.float32).state_dict() for p in (ladder_dir, tmp_path / "plain", averaged))
     assert len(after_steps) == 5 and all(torch.equal(after_steps[-1][k], plain[k]) for k in plain)
     moved = [k for k in start if not torch.equal(start[k], plain[k])]
@@ -70,10 +73,11 @@ def test_a_kd_stage_with_ema_writes_the_average_of_its_steps(ladder_dir, text_fi
 
 def test_a_resumed_stage_with_ema_writes_the_same_bytes(ladder_dir, text_file, tmp_path):
     whole = tmp_path / "whole"
-    adapt(AdaptConfig(out=str(whole), **_common(ladder_dir, text_file, ema=0.6)))
-    interrupted = AdaptConfig(out=str(tmp_path / "resumed"), **_common(ladder_dir, text_file, ema=0.6))
+    adapt(AdaptConfig.from_flat(out=str(whole), **_common(ladder_dir, text_file, ema=0.6)))
+    interrupted = AdaptConfig.from_flat(out=str(tmp_path / "resumed"), **_common(ladder_dir, text_file, ema=0.6))
     adapt(interrupted, stop_after_steps=3)  # "killed" during step 4; the last state is step 2, with its average
-    assert (tmp_path / "resumed.adapt-run" / "state" / EMA_FILE).is_file()
+    saved = FileSystemReader(str(tmp_path / "resumed.adapt-run" / "state" / DCP_DIR)).read_metadata()
+    assert "ema.0" in saved.state_dict_metadata  # the average, in the state's one checkpoint
     assert adapt(interrupted, resume=True).resumed_from_step == 2
     a, b = load_model(whole).state_dict(), load_model(tmp_path / "resumed").state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -87,4 +91,4 @@ def test_a_resumed_stage_with_ema_writes_the_same_bytes(ladder_dir, text_file, t
 ])
 def test_ema_refuses_what_it_cannot_honour(settings, message):
     with pytest.raises(LadderizeError, match=message):
-        validate_config(AdaptConfig(checkpoint="c", out="o", **settings))
+        validate_config(AdaptConfig.from_flat(checkpoint="c", out="o", **settings))

