@@ -114,7 +114,8 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     recipe (``"best"``: the stages and learning rates ``ladderize adapt`` runs by default).
     """
     from ladderize.adapt.stages import Recipe, load_recipe
-    from ladderize.adapt.recipe import RunOptions, plan_adapt, run_recipe as run_stages
+    from ladderize.adapt.plan import build_plan
+    from ladderize.adapt.recipe import RunOptions, run_recipe as run_stages
     from ladderize.checkpoint.io import load_model
 
     if isinstance(phases, str):  # a built-in recipe keeps its own stage settings; the benchmark gives the data
@@ -168,7 +169,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
 
     # one folder per benchmark tag: recipes of other tags keep theirs; the stage checkpoints stay in OUT.adapt-run
     out = work / f"{name}-final"
-    planned = plan_adapt(checkpoint, out, shared=base, recipe=recipe, say=print)
+    planned = build_plan(checkpoint, shared=base, recipe=recipe, say=print)
     outcome = run_stages(planned, out, RunOptions(force=True, keep_stages=True, progress=on_step, on_message=print,
                                                   on_plan=on_plan, on_stage_start=on_stage_start,
                                                   on_stage_end=on_stage_end))

@@ -269,7 +269,7 @@ def test_planning_modules_import_no_training_module():
                     seen.add(target)
                     todo.append(path + [target])
     assert not found, "the planning side imports training: " + "; ".join(sorted(set(found)))
-    assert ("ladderize.adapt.recipe", "ladderize.adapt.pace") in edges  # the run hands the plan its timing
+    assert ("ladderize.adapt.entrance", "ladderize.adapt.pace") in edges  # the run hands the plan its timing
     assert ("ladderize.adapt.sequential_run", "ladderize.adapt.sequential_schedule") in edges  # the run reads the count
     assert ("ladderize.adapt.objectives", "ladderize.adapt.objective_registry") in edges  # the losses implement the entries
 

@@ -131,7 +131,7 @@ class AdaptResult:
     state_dir: Path | None = None  # the training state left behind (``keep_state``, or an unfinished run)
     stopped_early: bool = False  # ended by ``stop_after_steps``/``--max-steps`` before its budget; OUT not written
     throughput: dict[str, Any] | None = None  # tokens/s in total and per process, MFU on a known GPU (``throughput.py``)
-    wall_s: float | None = None  # the whole command's wall seconds, measured (``recipe.adapt_checkpoint``)
+    wall_s: float | None = None  # the whole command's wall seconds, measured (``entrance.adapt_checkpoint``)
 
 
 def validate_config(config: AdaptConfig) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """The one process group of an adapt run: started once, on the process's own device, with ladderize's timeout.
 
-Under a launcher, adapt's entrance (``recipe.adapt_checkpoint``) starts the group before anything else, and every part
+Under a launcher, adapt's entrance (``entrance.adapt_checkpoint``) starts the group before anything else, and every part
 that needs it (the run lock's and the budget's agreement on one verdict and one plan, the sequential stage's data
 parallelism, the sharded joint training, and Accelerate, which takes a group that is already there) calls ``start``,
 which returns the running group's device, so that:

@@ -1,7 +1,7 @@
 """Adaptation recipes run: the plan's stages one after another, each resumable, the plan recorded in the output.
 
 What a recipe is (presets, named recipes, a recipe file, ``--stage``) is ``stages.py``; the run's plan, built from it
-once (``plan_adapt``, before ``run_recipe`` runs it), is ``plan.py``.
+once (``entrance.plan_adapt``, before ``run_recipe`` runs it), is ``plan.py``.
 
 Files: stage k of n (k < n) writes its checkpoint to ``RUN/stage<k>-<name>/`` (in float32: the next stage starts
 from the trained weights exactly) and its training state to ``RUN/stage<k>-<name>.run/``; the last stage writes OUT
@@ -12,7 +12,6 @@ and resumes the interrupted one exactly; a finished recipe removes RUN unless ``
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
@@ -23,19 +22,16 @@ from typing import Any
 
 from ..errors import LadderizeError
 from ..checkpoint.atomic import check_apart
-from ..checkpoint.placement import resolve_device, this_launch
-from .budget import Budget, replan
+from ..checkpoint.placement import this_launch
+from .budget import replan
 from .process_group import agreed
 from .config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
-from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, check_resumable, run_folder
+from .inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
 from .output import CURVE_FILE, checkpoint_dtype, stage_points
-from .pace import measure_launch
-from .plan import AdaptPlan, build_plan
-from .run_lock import holding_run
-from .stages import Recipe, describe
+from .plan import AdaptPlan
+from .stages import describe
 from .teacher_states import keeps_teacher_states, rows_read
 from .train import adapt, preflight
-from .training_state import read_trainer_state
 
 TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequential stage keeps for kd (teacher_states.py)
 
@@ -87,44 +83,6 @@ class RunOptions:
     on_stage_start: Callable[[str], None] | None = None
     on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None
     on_phase: PhaseProgress | None = None
-
-
-def plan_adapt(
-    checkpoint: str | Path,
-    out: str | Path,
-    *,
-    shared: dict[str, Any] | None = None,
-    single: dict[str, Any] | None = None,
-    recipe: "str | Recipe | None" = None,
-    stages: list[str] | None = None,
-    budget: "str | Budget | None" = None,
-    run_dir: str | Path | None = None,
-    resume: bool = False,
-    say: Callable[[str], None] = lambda _m: None,
-    began: float | None = None,
-) -> AdaptPlan:
-    """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
-    attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
-    top = run_folder(out, run_dir)
-    saved = None
-    if resume and this_launch().main and (top / PLAN_FILE).is_file():
-        saved = json.loads((top / PLAN_FILE).read_text())
-        _check_resumed_budget(saved, budget, top)
-    return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget, saved=saved,
-                      say=say, began=began, time_pace=measure_launch)
-
-
-def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
-    """A resumed run sizes its stages as the interrupted one did: the same ``--budget`` (or none), or one line naming
-    it, before a budget of another size is timed and sized."""
-    from .budget import parse_budget
-
-    started = (saved.get("budget") or {}).get("text")
-    given = None if budget is None else budget.text if isinstance(budget, Budget) else parse_budget(budget).text
-    if started != given:
-        was = "without --budget" if started is None else f"with --budget {started}"
-        raise LadderizeError(f"cannot resume {top}: the run was planned {was}; run the same command again with --resume, "
-                             "or --force to start over")
 
 
 def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOptions()) -> RecipeResult:
@@ -300,162 +258,6 @@ def _finished_stage(stage_out: Path, curve: list[dict[str, Any]]) -> AdaptResult
     record = next((step for step in reversed(read_provenance(stage_out).get("history", [])) if step.get("step") == "adapt"), {})
     return AdaptResult(stage_out, record.get("steps", 0), record.get("tokens", 0), record.get("train_s", 0.0), curve,
                        throughput=record.get("throughput"))
-
-
-@dataclass
-class AdaptRun:
-    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages
-    (those an earlier attempt finished included), and ``resumed_from_step`` the run's step this attempt went on from."""
-
-    result: AdaptResult
-    stages: list[AdaptResult]  # every stage's, in order: those an earlier attempt finished, then this attempt's
-    finished: bool = True  # False: stopped at --max-steps, OUT not written (resume continues)
-
-
-def _resume_hint(exc: BaseException, where: Path) -> None:
-    exc.hint = (f"training state saved in {where}; run the same command with --resume to continue"
-                if where.exists() else "no training state was saved yet; run the same command again to start over")
-
-
-def adapt_checkpoint(checkpoint: str | Path, out: str | Path, *, run_dir: str | Path | None = None, device: str = "auto",
-                     on_message: Callable[[str], None] | None = None, **settings: Any) -> AdaptRun:
-    """The pipeline behind ``ladderize adapt`` (``_adapt_checkpoint``, which takes ``settings``): under a launcher it
-    starts the launch's process group first (``process_group.start``, on ``device``), then holds the run
-    folder's lock (``run_lock.py``) from before its plan to its end: a run into an OUT that another live run holds is
-    refused in one line naming it, before it reads or writes anything."""
-    if this_launch().several:  # the launch's process group, before anything agrees on a verdict or a plan
-        from .process_group import start
-
-        start(resolve_device(device))
-    top = run_folder(out, run_dir)
-    with holding_run(top, Path(out).expanduser().absolute(), on_message or (lambda _m: None)):
-        return _adapt_checkpoint(checkpoint, out, run_dir=run_dir, device=device, on_message=on_message, **settings)
-
-
-def _adapt_checkpoint(
-    checkpoint: str | Path,
-    out: str | Path,
-    *,
-    shared: dict[str, Any] | None = None,
-    single: dict[str, Any] | None = None,
-    recipe: str | None = None,
-    stages: list[str] | None = None,
-    run_dir: str | Path | None = None,
-    force: bool = False,
-    keep_state: bool = False,
-    resume: bool = False,
-    device: str = "auto",
-    dtype: str | None = None,
-    progress=None,
-    on_message: Callable[[str], None] | None = None,
-    on_plan: Callable[[AdaptPlan], None] | None = None,
-    on_stage_start: Callable[[str], None] | None = None,
-    max_steps: int | None = None,
-    budget: str | None = None,
-    on_phase: PhaseProgress | None = None,
-    began: float | None = None,
-) -> AdaptRun:
-    """The pipeline behind ``ladderize adapt``: one stage (``single`` settings) or a recipe (``recipe``/``stages``).
-
-    The run's plan (``plan_adapt``) is built first, once: a single stage without ``lr`` takes the measured rate
-    of its kind and the converted modes, and ``budget`` (``--budget``: ``30m`` wall time or ``20M`` tokens) sizes a
-    recipe's stages (``budget.py``); ``on_plan(plan)`` shows it. An interrupt gets a hint on how to continue.
-    ``max_steps`` stops after that many optimizer steps (over all stages) with a resumable state, as HF Trainer's
-    ``max_steps`` for a smoke test, but keeps the budget's learning-rate schedule, so that ``resume`` continues it
-    exactly. ``on_phase(what, done, total)`` follows a stage's long phases before its steps (``train.adapt``).
-    ``began``: when the command began (``time.perf_counter()``; default now): a wall budget's clock, and the wall
-    time the result gives (``AdaptResult.wall_s``).
-    """
-    from ..errors import Interrupted
-
-    began = time.perf_counter() if began is None else began
-    from ..checkpoint.placement import check_device, check_dtype
-
-    shared = dict(shared or {})
-    shared["device"] = check_device(device)  # every stage on it (placement.py); the joint stages through Accelerate
-    if (dtype_name := check_dtype(dtype)) is not None:
-        shared["dtype"] = dtype_name
-    checkpoint, out = str(checkpoint), str(out)
-    run_dir = str(run_dir) if run_dir else None
-    if resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
-        check_resumable(checkpoint, out, run_dir, single=bool(single))
-    plan = plan_adapt(checkpoint, out, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
-                      run_dir=run_dir, resume=resume, say=on_message or (lambda _m: None), began=began)
-    if plan.single:
-        config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=force, keep_state=keep_state)
-        preflight(config)  # refused before the plan is shown, as a recipe's stages are
-        if resume:  # the settings the run was started with, before the plan is shown and the models load
-            read_trainer_state(config.resolved_run_dir() / STATE_DIR, config)
-        if on_plan is not None:
-            on_plan(plan)
-        try:
-            result = adapt(config, resume=resume, progress=progress, on_message=on_message, max_steps=max_steps,
-                           on_phase=on_phase, checked=True)
-        except Interrupted as exc:
-            _resume_hint(exc, config.resolved_run_dir() / "state")
-            raise
-        result.wall_s = time.perf_counter() - began
-        return AdaptRun(result, [result], not result.stopped_early)
-    options = RunOptions(run_dir=run_dir, force=force, keep_state=keep_state, resume=resume, max_steps=max_steps,
-                         began=began, progress=progress, on_message=on_message, on_plan=on_plan,
-                         on_stage_start=on_stage_start, on_phase=on_phase)
-    top = run_folder(out, run_dir)
-    try:
-        outcome = run_recipe(plan, out, options)
-    except Interrupted as exc:
-        _resume_hint(exc, top)
-        raise
-    if not outcome.stages:  # --max-steps reached before this run's first stage (resumed past it)
-        raise LadderizeError(f"--max-steps {max_steps}: the run in {top} is already past that step; resume without it")
-    every = outcome.earlier + outcome.stages
-    result = copy.copy(outcome.stages[-1])
-    result.steps, result.tokens = sum(r.steps for r in every), sum(r.tokens for r in every)
-    # the step of the whole run this attempt went on from: the stages earlier attempts finished, and the resumed one's
-    result.resumed_from_step = sum(r.steps for r in outcome.earlier) + sum(r.resumed_from_step for r in outcome.stages)
-    result.train_s = sum(r.train_s for r in every)
-    result.throughput = whole_run_pace(every)
-    if outcome.run_dir is not None:
-        result.state_dir = outcome.run_dir
-    result.wall_s = time.perf_counter() - began
-    return AdaptRun(result, every, outcome.finished)
-
-
-def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:
-    """The pace of every stage together: tokens trained over training seconds, and MFU weighted by each stage's time
-    (each stage's MFU counts its own FLOPs per token, and is given where every stage has one); None before any
-    training second."""
-    paces = [stage.throughput for stage in stages]
-    seconds = sum(stage.train_s for stage in stages)
-    if seconds <= 0:
-        return None
-    total = sum(stage.tokens for stage in stages) / seconds
-    processes = next((pace["processes"] for pace in paces if pace), 1)
-    whole = {"tokens_per_s": round(total, 1), "tokens_per_s_per_process": round(total / processes, 1),
-             "processes": processes}
-    if all(pace and "mfu" in pace for pace in paces):
-        whole["mfu"] = round(sum(pace["mfu"] * stage.train_s for pace, stage in zip(paces, stages)) / seconds, 4)
-    return whole
-
-
-def dry_run(
-    checkpoint: str | Path,
-    launch: str | None,
-    *,
-    shared: dict[str, Any] | None = None,
-    single: dict[str, Any] | None = None,
-    recipe: str | None = None,
-    stages: list[str] | None = None,
-    budget: str | None = None,
-    say: Callable[[str], None] = lambda _line: None,
-) -> AdaptPlan:
-    """``ladderize adapt --dry-run``: the plan of this command priced for ``launch`` (``8xH100``; None: the launch
-    this process runs under), from ``checkpoint``'s ``config.json`` alone: no weights, tokenizer or data read.
-    ``say`` hears how the plan was made (a budget's sizes)."""
-    from .inputs import check_input_checkpoint
-
-    check_input_checkpoint(checkpoint)  # converted layers to price
-    return build_plan(checkpoint, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
-                      launch=launch, priced_only=True, say=say)
 
 
 def _provenance_record(plan: AdaptPlan) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The ``ladderize`` command line: one Typer app, one module per verb group. Only this package prints.
 
 A command parses its options (shared groups: ``options``), validates them, calls its pipeline in the
-package (``convert.pipeline.convert_layout``, ``adapt.recipe.adapt_checkpoint``, ``predict.pipeline.prepare_prediction``,
+package (``convert.pipeline.convert_layout``, ``adapt.entrance.adapt_checkpoint``, ``predict.pipeline.prepare_prediction``,
 ``runtime.text.generate_text``, ...) and renders the result (tables: ``render``).
 
 - ``app``: the Typer app, ``--version``, the consoles

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, dry_run
 from . import options as opts
 from . import render
 from .app import app, console, err_console
@@ -102,24 +103,23 @@ def adapt_cmd(
     output_dtype_name = check_dtype(output_dtype)
     if seq_len is not None and (Path(ckpt) / "config.json").is_file():  # the positions the model encodes, dry run too
         check_seq_len(seq_len, model_positions(opts.check_checkpoint(ckpt)), str(ckpt))
-    shared = {k: v for k, v in dict(
+    request = AdaptRequest(
+        str(ckpt), str(out), recipe=recipe, stages=tuple(stage or ()), budget=budget,
+        objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
+        local_schedule=local_schedule, epochs=epochs,
         data=data, teacher=teacher, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
         lora_rank=lora_rank, lora_alpha=None if lora_rank is None else 2.0 * lora_rank, save_every=save_every,
         save_minutes=save_minutes, shard=shard, activation_checkpointing=activation_checkpointing or None,
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
-        states="disk" if states_on_disk else None, compile=compile, output_dtype=output_dtype_name,
-    ).items() if v is not None}
-    single = {k: v for k, v in dict(
-        objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
-        local_schedule=local_schedule, epochs=epochs,
-    ).items() if v is not None}
+        states="disk" if states_on_disk else None, compile=compile, output_dtype=output_dtype_name, dtype=dtype_name,
+        device=device, run_dir=str(run_dir) if run_dir else None, force=force, keep_state=keep_state, resume=resume,
+        max_steps=max_steps, began=began)
     from ..adapt.accelerate_config import from_accelerate
 
-    from_config, accelerate_note = from_accelerate(shared)  # a user's Accelerate config: mapped or refused, never ignored
-    shared.update(from_config)
+    from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
+    request = request.with_settings(**from_config)
     if dry_run is not None:
-        _print_dry_run(ckpt, None if dry_run == "here" else dry_run, {**shared, "device": device}, single, recipe, stage,
-                       budget, dtype_name)
+        _print_dry_run(request, None if dry_run == "here" else dry_run)
         return
     if budget is not None:  # before the heavy imports, as every check below
         parse_budget(budget)
@@ -132,9 +132,8 @@ def adapt_cmd(
     opts.check_output(run_dir, "--run-dir")
     check_input_checkpoint(ckpt)  # converted layers to adapt
     if resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
-        check_resumable(ckpt, out, run_dir, single=bool(single))
+        check_resumable(ckpt, out, run_dir, single=bool(request.single()))
     check_data(data)
-    from ..adapt.recipe import adapt_checkpoint
     from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, this_launch
@@ -169,14 +168,10 @@ def adapt_cmd(
                             tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s,
                             extra=" ".join(parts + [f"{info.tokens:,}/{info.total_tokens:,} tokens trained"] + pace))
 
-        run = adapt_checkpoint(
-            ckpt, out, shared=shared, single=single, recipe=recipe, stages=stage, run_dir=run_dir, force=force,
-            keep_state=keep_state, resume=resume, device=device, dtype=dtype_name, progress=on_progress,
-            on_message=say, on_plan=on_plan,
-            on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True), max_steps=max_steps,
-            budget=budget, on_phase=lambda what, done, total: main and progress.update(done, total, extra=what),
-            began=began,
-        )
+        run = adapt_checkpoint(request, RunReports(
+            on_message=say, on_plan=on_plan, progress=on_progress,
+            on_stage_start=lambda line: main and console.print(line, highlight=False, soft_wrap=True),
+            on_phase=lambda what, done, total: main and progress.update(done, total, extra=what)))
     result, stages = run.result, run.stages
     if not main:
         return
@@ -190,19 +185,14 @@ def adapt_cmd(
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def _print_dry_run(ckpt: Path, launch: str | None, shared: dict, single: dict, recipe: str | None,
-                   stages: list[str] | None, budget: str | None, dtype_name: str | None) -> None:
+def _print_dry_run(request: AdaptRequest, launch: str | None) -> None:
     """``adapt --dry-run``: the priced plan (and JSON beside it with --json-less stdout), exit 2 where it does not fit."""
-    from ..adapt.recipe import dry_run
     from ..errors import LadderizeError
 
-    if not (ckpt / "config.json").is_file():
-        raise LadderizeError(f"{ckpt} has no config.json: --dry-run reads the converted checkpoint's config")
-    if dtype_name is not None:
-        shared = {**shared, "dtype": dtype_name}
+    if not (Path(request.checkpoint) / "config.json").is_file():
+        raise LadderizeError(f"{request.checkpoint} has no config.json: --dry-run reads the converted checkpoint's config")
     said: list[str] = []  # how the plan was made (a budget's sizes), printed under the plan's first line
-    plan = dry_run(ckpt, launch, shared=shared, single=single, recipe=recipe, stages=stages, budget=budget,
-                   say=said.append)
+    plan = dry_run(request, launch, say=said.append)
     cost = plan.cost
     lines = cost.lines()
     for line in lines[:1] + [f"  {line}" for line in [*plan.notes, *said]] + lines[1:]:

@@ -62,10 +62,11 @@ def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options
     messages go to ``on_message`` and its clock is the run's."""
     import time
 
-    from ladderize.adapt.recipe import RunOptions, plan_adapt, run_recipe
+    from ladderize.adapt.entrance import AdaptRequest, plan_adapt
+    from ladderize.adapt.recipe import RunOptions, run_recipe
 
     began = time.perf_counter()
-    plan = plan_adapt(checkpoint, out, shared=shared, recipe=recipe, budget=budget, run_dir=options.get("run_dir"),
-                      resume=options.get("resume", False), say=options.get("on_message") or (lambda _m: None),
-                      began=began)
+    request = AdaptRequest(str(checkpoint), str(out), recipe=recipe, budget=budget, run_dir=options.get("run_dir"),
+                           resume=options.get("resume", False), began=began, **(shared or {}))
+    plan = plan_adapt(request, say=options.get("on_message") or (lambda _m: None))
     return run_recipe(plan, out, RunOptions(began=began, **options))

@@ -160,21 +160,21 @@ def test_a_resume_is_refused_before_the_plan_with_nothing_to_resume_or_another_b
     not resumed with one (refused before the budget times anything)."""
     import json
 
-    from ladderize.adapt.recipe import adapt_checkpoint, plan_adapt
+    from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint, plan_adapt
     from ladderize.errors import LadderizeError
 
-    common = dict(shared={"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    request = AdaptRequest(str(ladder_dir), str(tmp_path / "o"), data=str(text_file), seq_len=32, batch_size=2, resume=True)
     with pytest.raises(LadderizeError, match="nothing to resume: .*o.adapt-run holds no interrupted run"):
-        adapt_checkpoint(ladder_dir, tmp_path / "o", resume=True, **common)
+        adapt_checkpoint(request)
     assert not (tmp_path / "o.adapt-run").exists()
     (tmp_path / "o.adapt-run").mkdir()
     (tmp_path / "o.adapt-run" / "recipe.json").write_text(json.dumps({"checkpoint": str(ladder_dir), "plan": []}))
     with pytest.raises(LadderizeError, match="the run was planned without --budget"):
-        plan_adapt(ladder_dir, tmp_path / "o", budget="100K", resume=True, **common)
+        plan_adapt(request.with_settings(budget="100K"))
     (tmp_path / "o.adapt-run" / "recipe.json").write_text(json.dumps({"checkpoint": str(ladder_dir), "plan": [],
                                                                        "budget": {"text": "2m"}}))
     with pytest.raises(LadderizeError, match="the run was planned with --budget 2m"):
-        plan_adapt(ladder_dir, tmp_path / "o", budget="3m", resume=True, **common)
+        plan_adapt(request.with_settings(budget="3m"))
 
 
 def test_a_single_stage_resumed_with_other_settings_is_refused_before_its_plan(ladder_dir, text_file, tmp_path, capsys,

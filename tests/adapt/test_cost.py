@@ -52,11 +52,11 @@ def test_activation_checkpointing_prices_a_second_forward_of_every_layer_the_bac
 
 
 def test_a_dry_run_with_checkpointing_says_so_and_prices_the_recompute(tmp_path):
-    from ladderize.adapt.recipe import dry_run
+    from ladderize.adapt.entrance import AdaptRequest, dry_run
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    priced = {checked: dry_run(folder, "8xH100", shared={"batch_size": 64, "activation_checkpointing": checked},
-                               budget="3B").cost for checked in (False, True)}
+    priced = {checked: dry_run(AdaptRequest(folder, "", batch_size=64, activation_checkpointing=checked, budget="3B"),
+                               "8xH100").cost for checked in (False, True)}
     plain, checked = priced[False].stages[-1], priced[True].stages[-1]
     layer = layer_parameters(EIGHT_B)
     assert plain.recomputed_flops_per_token == 0 and checked.recomputed_flops_per_token == 2 * 16 * layer

@@ -24,13 +24,13 @@ def test_convert_layout_equals_the_command(dense_dir, tmp_path, capsys, monkeypa
 
 
 def test_adapt_checkpoint_equals_the_command(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
-    from ladderize.adapt.recipe import adapt_checkpoint
+    from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint
 
     args = ["--data", text_file, "--objective", "local", "--tokens", 128, "--seq-len", 32, "--batch-size", 2]
     code, stdout, stderr = run_cli(["adapt", ladder_dir, tmp_path / "cli", *args], capsys, monkeypatch)
     assert code == 0, stderr
-    run = adapt_checkpoint(ladder_dir, tmp_path / "py", shared={"data": str(text_file), "seq_len": 32, "batch_size": 2},
-                           single={"objectives": "local", "tokens": 128}, device="cpu")
+    run = adapt_checkpoint(AdaptRequest(str(ladder_dir), str(tmp_path / "py"), data=str(text_file), seq_len=32,
+                                        batch_size=2, objectives="local", tokens=128, device="cpu"))
     assert f"adapted {run.result.steps} steps, {run.result.tokens:,} tokens" in stdout
     curve = lambda path: [(r["step"], r["loss_total"]) for r in json.loads((path / "adapt_curve.json").read_text())]  # noqa: E731
     assert curve(tmp_path / "cli") == curve(tmp_path / "py")

@@ -87,7 +87,7 @@ def test_the_last_line_s_rate_is_the_whole_run_s():
     from pathlib import Path
 
     from ladderize.adapt.config import AdaptResult
-    from ladderize.adapt.recipe import whole_run_pace
+    from ladderize.adapt.entrance import whole_run_pace
     from ladderize.cli.render import adapt_summary
 
     sequential = AdaptResult(Path("o"), 8, 3_000, 90.0)  # the sequential stage reports no pace of its own
@@ -106,13 +106,13 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
     import pytest
 
     from ladderize.adapt import cost
-    from ladderize.adapt.recipe import adapt_checkpoint
+    from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint
     from ladderize.errors import LadderizeError
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights: a run that got as far as loading would fail
     monkeypatch.setattr(cost.Launch, "current", classmethod(lambda cls, _device: cls(1, "h100")))  # on one H100
     with pytest.raises(LadderizeError, match=r"^the plan does not fit: stage 2 \(kd\) needs .* per GPU on 1 x H100"):
-        adapt_checkpoint(folder, tmp_path / "out", shared={"seq_len": 2048}, budget="3B", device="cpu")
+        adapt_checkpoint(AdaptRequest(folder, str(tmp_path / "out"), seq_len=2048, budget="3B", device="cpu"))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama-3.1-8b"]  # nothing written
 
 

@@ -78,7 +78,7 @@ def _calls(file, names: set[str]) -> list[str]:
 def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
     """Where a process stands in a launch is read in one place (``placement.this_launch``): no other module of adapt,
     cli or eval reads the launcher's variables or asks torch.distributed for the world's size to decide it; the group
-    is started by the entrance and the training (``recipe``, ``sequential_run``, ``joint``, ``sharded``), never by a
+    is started by the entrance and the training (``entrance``, ``sequential_run``, ``joint``, ``sharded``), never by a
     module that plans or prices a run."""
     from pathlib import Path
 
@@ -99,4 +99,4 @@ def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
     assert not starts, starts
     starters = {file.stem for file in (package / "adapt").glob("*.py")
                 if _calls(file, {"start"}) and "process_group" in file.read_text()}
-    assert starters == {"recipe", "sequential_run", "joint", "sharded"}, starters
+    assert starters == {"entrance", "sequential_run", "joint", "sharded"}, starters

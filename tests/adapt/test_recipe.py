@@ -76,13 +76,14 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
     counts stage 1's steps, tokens and training time in its totals (from stage 1's own record)."""
     import json
 
-    from ladderize.adapt.recipe import adapt_checkpoint
+    from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint
 
-    common = dict(shared={**TINY_SHARED, "data": str(text_file)}, stages=["seq-local:tokens=128,epochs=1", "kd:tokens=192"])
     out = tmp_path / "out"
-    stopped = adapt_checkpoint(ladder_dir, out, max_steps=5, **common)  # stage 1 (4 steps) done, stage 2 saved at its step 1
+    request = AdaptRequest(str(ladder_dir), str(out), stages=("seq-local:tokens=128,epochs=1", "kd:tokens=192"),
+                           **TINY_SHARED, data=str(text_file))
+    stopped = adapt_checkpoint(request.with_settings(max_steps=5))  # stage 1 (4 steps) done, stage 2 saved at its step 1
     assert not stopped.finished
-    run = adapt_checkpoint(ladder_dir, out, resume=True, **common)
+    run = adapt_checkpoint(request.with_settings(resume=True))
     assert run.finished and [r.steps for r in run.stages] == [4, 3]  # stage 1 finished by the first attempt
     assert run.result.resumed_from_step == 5  # the run's step it went on from: stage 1's 4, stage 2's saved 1
     from ladderize.cli.render import adapt_summary
@@ -104,7 +105,7 @@ def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(lad
     stage before wrote it). A single stage, whose plan is shown after its check, is checked once too."""
     import ladderize.adapt.train as train
     import ladderize.corpus.token_store as token_store
-    from ladderize.adapt.recipe import adapt_checkpoint
+    from ladderize.adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint
 
     data, inputs = [], []
     check_data, check_input = token_store.check_data, train.check_input
@@ -116,8 +117,8 @@ def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(lad
     assert run.finished and data == [str(text_file)] * 2  # once per stage
     assert inputs[-1] == str(tmp_path / "two.adapt-run" / "stage1-seq-local")  # stage 2's input, checked as it starts
     data.clear()
-    single = adapt_checkpoint(ladder_dir, tmp_path / "one", shared={**TINY_SHARED, "data": str(text_file)},
-                              single={"objectives": "kd", "tokens": 64}, device="cpu", on_plan=lambda _plan: None)
+    single = adapt_checkpoint(AdaptRequest(str(ladder_dir), str(tmp_path / "one"), **TINY_SHARED, data=str(text_file),
+                                           objectives="kd", tokens=64, device="cpu"), RunReports(on_plan=lambda _plan: None))
     assert single.finished and data == [str(text_file)]
 
 

@@ -1,0 +1,183 @@
+"""The one entrance of an adapt run: ``adapt_checkpoint(request, reports)`` runs what an ``AdaptRequest`` asks for
+(``ladderize adapt CKPT OUT``), and ``dry_run(request, launch)`` prices its plan without reading a weight.
+
+The entrance starts the launch's process group (under a launcher), holds the run folder's lock, builds the plan once
+(``plan_adapt``: ``plan.build_plan``), then trains a single stage (``train.adapt``) or a recipe's stages
+(``recipe.run_recipe``). It imports the training only when it runs one: the command line imports it before anything
+heavy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.placement import resolve_device, this_launch
+from ..errors import LadderizeError
+from .budget import Budget
+from .config import AdaptResult
+from .inputs import PLAN_FILE, STATE_DIR, check_resumable, run_folder
+from .plan import AdaptPlan, build_plan
+from .request import AdaptRequest, RunReports
+
+__all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "dry_run", "plan_adapt", "whole_run_pace"]
+
+
+def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
+    """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
+    attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
+    from .pace import measure_launch
+
+    top = run_folder(request.out, request.run_dir)
+    saved = None
+    if request.resume and this_launch().main and (top / PLAN_FILE).is_file():
+        saved = json.loads((top / PLAN_FILE).read_text())
+        _check_resumed_budget(saved, request.budget, top)
+    return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,
+                      stages=list(request.stages) or None, budget=request.budget, saved=saved, say=say,
+                      began=request.began, time_pace=measure_launch)
+
+
+def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
+    """A resumed run sizes its stages as the interrupted one did: the same ``--budget`` (or none), or one line naming
+    it, before a budget of another size is timed and sized."""
+    from .budget import parse_budget
+
+    started = (saved.get("budget") or {}).get("text")
+    given = None if budget is None else budget.text if isinstance(budget, Budget) else parse_budget(budget).text
+    if started != given:
+        was = "without --budget" if started is None else f"with --budget {started}"
+        raise LadderizeError(f"cannot resume {top}: the run was planned {was}; run the same command again with --resume, "
+                             "or --force to start over")
+
+
+@dataclass
+class AdaptRun:
+    """What ``adapt_checkpoint`` did: ``result`` is the last stage's, with steps, tokens and time summed over stages
+    (those an earlier attempt finished included), and ``resumed_from_step`` the run's step this attempt went on from."""
+
+    result: AdaptResult
+    stages: list[AdaptResult]  # every stage's, in order: those an earlier attempt finished, then this attempt's
+    finished: bool = True  # False: stopped at --max-steps, OUT not written (resume continues)
+
+
+def _resume_hint(exc: BaseException, where: Path) -> None:
+    exc.hint = (f"training state saved in {where}; run the same command with --resume to continue"
+                if where.exists() else "no training state was saved yet; run the same command again to start over")
+
+
+def adapt_checkpoint(request: AdaptRequest, reports: RunReports = RunReports()) -> AdaptRun:
+    """The pipeline behind ``ladderize adapt``: one stage (the request's single-stage settings) or a recipe.
+
+    Under a launcher it starts the launch's process group first (``process_group.start``, on the request's device),
+    then holds the run folder's lock (``run_lock.py``) from before its plan to its end: a run into an OUT that another
+    live run holds is refused in one line naming it, before it reads or writes anything. The run's plan
+    (``plan_adapt``) is built once: a single stage without ``lr`` takes the measured rate of its kind and the converted
+    modes, and ``budget`` (``30m`` wall time or ``20M`` tokens) sizes a recipe's stages (``budget.py``);
+    ``reports.on_plan(plan)`` shows it. An interrupt gets a hint on how to continue. ``max_steps`` stops after that
+    many optimizer steps (over all stages) with a resumable state, as HF Trainer's ``max_steps`` for a smoke test, but
+    keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly. ``began`` (default now): a wall
+    budget's clock, and the wall time the result gives (``AdaptResult.wall_s``)."""
+    from ..checkpoint.placement import check_device, check_dtype
+
+    request = request.with_settings(checkpoint=str(request.checkpoint), out=str(request.out),
+                                    run_dir=str(request.run_dir) if request.run_dir else None,
+                                    device=check_device(request.device), dtype=check_dtype(request.dtype),
+                                    began=time.perf_counter() if request.began is None else request.began)
+    if this_launch().several:  # the launch's process group, before anything agrees on a verdict or a plan
+        from .process_group import start
+
+        start(resolve_device(request.device))
+    from .run_lock import holding_run
+
+    top = run_folder(request.out, request.run_dir)
+    with holding_run(top, Path(request.out).expanduser().absolute(), reports.say):
+        return _adapt_checkpoint(request, reports)
+
+
+def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
+    """``adapt_checkpoint`` under its lock."""
+    from ..errors import Interrupted
+    from .recipe import RunOptions, run_recipe
+    from .train import adapt, preflight
+    from .training_state import read_trainer_state
+
+    checkpoint, out, run_dir, began = request.checkpoint, request.out, request.run_dir, request.began
+    if request.resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
+        check_resumable(checkpoint, out, run_dir, single=bool(request.single()))
+    plan = plan_adapt(request, say=reports.say)
+    if plan.single:
+        config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=request.force, keep_state=request.keep_state)
+        preflight(config)  # refused before the plan is shown, as a recipe's stages are
+        if request.resume:  # the settings the run was started with, before the plan is shown and the models load
+            read_trainer_state(config.resolved_run_dir() / STATE_DIR, config)
+        if reports.on_plan is not None:
+            reports.on_plan(plan)
+        try:
+            result = adapt(config, resume=request.resume, progress=reports.progress, on_message=reports.on_message,
+                           max_steps=request.max_steps, on_phase=reports.on_phase, checked=True)
+        except Interrupted as exc:
+            _resume_hint(exc, config.resolved_run_dir() / "state")
+            raise
+        result.wall_s = time.perf_counter() - began
+        return AdaptRun(result, [result], not result.stopped_early)
+    options = RunOptions(run_dir=run_dir, force=request.force, keep_state=request.keep_state, resume=request.resume,
+                         max_steps=request.max_steps, began=began, progress=reports.progress,
+                         on_message=reports.on_message, on_plan=reports.on_plan, on_stage_start=reports.on_stage_start,
+                         on_phase=reports.on_phase)
+    top = run_folder(out, run_dir)
+    try:
+        outcome = run_recipe(plan, out, options)
+    except Interrupted as exc:
+        _resume_hint(exc, top)
+        raise
+    if not outcome.stages:  # --max-steps reached before this run's first stage (resumed past it)
+        raise LadderizeError(f"--max-steps {request.max_steps}: the run in {top} is already past that step; resume "
+                             "without it")
+    every = outcome.earlier + outcome.stages
+    result = copy.copy(outcome.stages[-1])
+    result.steps, result.tokens = sum(r.steps for r in every), sum(r.tokens for r in every)
+    # the step of the whole run this attempt went on from: the stages earlier attempts finished, and the resumed one's
+    result.resumed_from_step = sum(r.steps for r in outcome.earlier) + sum(r.resumed_from_step for r in outcome.stages)
+    result.train_s = sum(r.train_s for r in every)
+    result.throughput = whole_run_pace(every)
+    if outcome.run_dir is not None:
+        result.state_dir = outcome.run_dir
+    result.wall_s = time.perf_counter() - began
+    return AdaptRun(result, every, outcome.finished)
+
+
+def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:
+    """The pace of every stage together: tokens trained over training seconds, and MFU weighted by each stage's time
+    (each stage's MFU counts its own FLOPs per token, and is given where every stage has one); None before any
+    training second."""
+    paces = [stage.throughput for stage in stages]
+    seconds = sum(stage.train_s for stage in stages)
+    if seconds <= 0:
+        return None
+    total = sum(stage.tokens for stage in stages) / seconds
+    processes = next((pace["processes"] for pace in paces if pace), 1)
+    whole = {"tokens_per_s": round(total, 1), "tokens_per_s_per_process": round(total / processes, 1),
+             "processes": processes}
+    if all(pace and "mfu" in pace for pace in paces):
+        whole["mfu"] = round(sum(pace["mfu"] * stage.train_s for pace, stage in zip(paces, stages)) / seconds, 4)
+    return whole
+
+
+def dry_run(request: AdaptRequest, launch: str | None, say: Callable[[str], None] = lambda _line: None) -> AdaptPlan:
+    """``ladderize adapt --dry-run``: the plan of ``request`` priced for ``launch`` (``8xH100``; None: the launch this
+    process runs under), from the checkpoint's ``config.json`` alone: no weights, tokenizer or data read. ``say``
+    hears how the plan was made (a budget's sizes)."""
+    from .inputs import check_input_checkpoint
+
+    check_input_checkpoint(request.checkpoint)  # converted layers to price
+    return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,
+                      stages=list(request.stages) or None, budget=request.budget, launch=launch, priced_only=True,
+                      say=say)
+
+
