@@ -88,10 +88,7 @@ def adapt_cmd(
     import time
 
     began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here
-    from ..adapt.budget import parse_budget
-    from ..adapt.inputs import adapt_inputs, check_input_checkpoint, check_resumable, check_seq_len, model_positions
-    from ..checkpoint.atomic import check_apart, check_output_free
-    from ..corpus.token_store import check_data
+    from ..adapt.inputs import check_seq_len, model_positions
 
     if dry_run is not None and dry_run != "here":  # a launch spec that does not parse: one line, before the heavy imports
         from ..adapt.cost import Launch
@@ -103,7 +100,7 @@ def adapt_cmd(
     output_dtype_name = check_dtype(output_dtype)
     if seq_len is not None and (Path(ckpt) / "config.json").is_file():  # the positions the model encodes, dry run too
         check_seq_len(seq_len, model_positions(opts.check_checkpoint(ckpt)), str(ckpt))
-    request = AdaptRequest(
+    _adapt(AdaptRequest(
         str(ckpt), str(out), recipe=recipe, stages=tuple(stage or ()), budget=budget,
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
@@ -113,7 +110,17 @@ def adapt_cmd(
         mixed_precision=mixed_precision, seed=seed, head_grouping=head_grouping or None,
         states="disk" if states_on_disk else None, compile=compile, output_dtype=output_dtype_name, dtype=dtype_name,
         device=device, run_dir=str(run_dir) if run_dir else None, force=force, keep_state=keep_state, resume=resume,
-        max_steps=max_steps, began=began)
+        max_steps=max_steps, began=began), dry_run)
+
+
+def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
+    """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, the paths
+    and data checked before the heavy imports, then the entrance, rank 0 printing the plan, the progress and the result."""
+    from ..adapt.budget import parse_budget
+    from ..adapt.inputs import adapt_inputs, check_input_checkpoint, check_resumable
+    from ..checkpoint.atomic import check_apart, check_output_free
+    from ..corpus.token_store import check_data
+
     from ..adapt.accelerate_config import from_accelerate
 
     from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
@@ -121,19 +128,20 @@ def adapt_cmd(
     if dry_run is not None:
         _print_dry_run(request, None if dry_run == "here" else dry_run)
         return
-    if budget is not None:  # before the heavy imports, as every check below
-        parse_budget(budget)
+    if request.budget is not None:  # before the heavy imports, as every check below
+        parse_budget(request.budget)
+    ckpt, out, run_dir = Path(request.checkpoint), Path(request.out), request.run_dir
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)
-    inputs = adapt_inputs(ckpt, data, teacher)
-    check_output_free(Path(out).expanduser().absolute(), force, inputs)  # a resumed run too: OUT is written last
+    inputs = adapt_inputs(ckpt, request.data, request.teacher)
+    check_output_free(out.expanduser().absolute(), request.force, inputs)  # a resumed run too: OUT is written last
     check_apart(run_dir, inputs, "--run-dir")  # --force and a finished run remove it
     opts.check_output(out, "output")
     opts.check_output(run_dir, "--run-dir")
     check_input_checkpoint(ckpt)  # converted layers to adapt
-    if resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
+    if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
         check_resumable(ckpt, out, run_dir, single=bool(request.single()))
-    check_data(data)
+    check_data(request.data)
     from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, this_launch
@@ -176,7 +184,7 @@ def adapt_cmd(
     if not main:
         return
     if not run.finished:
-        console.print(render.stopped_at_max_steps(result, max_steps), highlight=False, soft_wrap=True)
+        console.print(render.stopped_at_max_steps(result, request.max_steps), highlight=False, soft_wrap=True)
         return
     for done in stages:
         if done.curve and "layer" in done.curve[-1]:
