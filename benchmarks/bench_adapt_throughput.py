@@ -6,7 +6,7 @@
 
 For each shape: a random-weight dense checkpoint (the teacher, bf16 on disk), the same weights converted with ladder
 on the upper half of the layers (the student: the teacher's tensors, linked, and a converted config), and the kd stage
-on random text through ``adapt.train.adapt``, sharded with FSDP2 (``adapt/sharded.py``) over the processes it runs
+on random text through ``adapt.train.adapt``, sharded with FSDP2 (``adapt/train/sharded.py``) over the processes it runs
 under (one here; ``torchrun`` launches more), stopped after ``--steps`` steps. The batch per process is, by default,
 the largest that the plan's estimate of the kd stage (``adapt.cost.JointMemory.for_step``, the head's terms included)
 fits in the device's usable memory (times ``--memory-share``) with the plan's margin left free, at most ``--max-batch``,
@@ -91,10 +91,10 @@ def write(stem: Path, rows: list[dict], args) -> None:
 def bench_shape(name: str, args, work: Path) -> dict:
     import torch
 
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.cost import FlopCount, JointMemory, Launch, usable_bytes
-    from ladderize.adapt.plan import FILL_MARGIN
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.plan.cost import FlopCount, JointMemory, Launch, usable_bytes
+    from ladderize.adapt.plan.adapt_plan import FILL_MARGIN
+    from ladderize.adapt.train.train import adapt
     from ladderize.checkpoint.shapes import preset
 
     shape = preset(name)

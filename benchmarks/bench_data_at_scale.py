@@ -164,7 +164,7 @@ SHARES_WORKER = """
 import json, sys
 from accelerate import Accelerator
 from transformers import AutoTokenizer
-from ladderize.adapt.batches import StepSplit
+from ladderize.adapt.plan.batches import StepSplit
 from ladderize.corpus.windows import token_windows
 store, tokenizer, out, steps, accum, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
 batches = [int(b) for b in sys.argv[7].split(",")]
@@ -188,7 +188,7 @@ def check_shares(store: Path, tokenizer: Path, workdir: Path, env: dict, seq_len
     """Two launched processes' parts of each step's global batch (``StepSplit``: 2 processes x 2 micro-batches)
     against one process's step at the same global batch: disjoint, in part order their union, the weights of a step's
     parts summing to the parts (each part's mean loss weighted by its rows), for an even batch and an uneven one."""
-    from ladderize.adapt.batches import StepSplit
+    from ladderize.adapt.plan.batches import StepSplit
     from ladderize.corpus.windows import token_windows
     from transformers import AutoTokenizer
 
@@ -238,7 +238,7 @@ def loader_cost(store: Path, tokenizer: Path, seq_len: int, batch: int, steps: i
     rows: ``StepSplit.rows`` then ``TokenWindows.rows``."""
     from transformers import AutoTokenizer
 
-    from ladderize.adapt.batches import StepSplit
+    from ladderize.adapt.plan.batches import StepSplit
     from ladderize.corpus.windows import token_windows
 
     windows = token_windows(str(store), AutoTokenizer.from_pretrained(tokenizer), seq_len)

@@ -48,14 +48,14 @@ def main() -> None:
     os.sched_setaffinity(0, {args.cpu})
     torch.set_num_threads(1)
 
-    from ladderize.adapt.compilation import adamw, compile_layers
+    from ladderize.adapt.train.compilation import adamw, compile_layers
     from ladderize.corpus.windows import pack_tokens
-    from ladderize.adapt.joint import select_trainable
-    from ladderize.adapt.lora import LoraSpec
-    from ladderize.adapt.objectives import AdaptLoss
+    from ladderize.adapt.train.joint import select_trainable
+    from ladderize.adapt.train.lora import LoraSpec
+    from ladderize.adapt.objectives.losses import AdaptLoss
     from ladderize.convert.residual_states import embed, run_layers
     from ladderize.convert.teacher import load_teacher, resolve_teacher
-    from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
+    from ladderize.adapt.train.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
     from ladderize.checkpoint.io import load_model, load_tokenizer
     from ladderize.checkpoint.placement import training_precision
 

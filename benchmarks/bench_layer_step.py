@@ -85,8 +85,8 @@ def main() -> None:
     os.sched_setaffinity(0, {args.cpu})
     torch.set_num_threads(1)
 
-    from ladderize.adapt.compilation import adamw, compile_layers
-    from ladderize.adapt.layer_source import StreamedLayers
+    from ladderize.adapt.train.compilation import adamw, compile_layers
+    from ladderize.adapt.sequential.layer_source import StreamedLayers
     from ladderize.convert.residual_states import attention_kwargs
     from ladderize.checkpoint.atomic import write_json
     from ladderize.checkpoint.io import load_config

@@ -416,8 +416,8 @@ def _adapt_peak(argv: list[str]) -> None:
     """One depth of ``adapt_streaming`` in its own process (``--adapt-peak CKPT OUT DATA DEVICE``): peak memory as JSON."""
     import torch
 
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train.train import adapt
 
     checkpoint, out, data, device = argv
     cuda = device == "cuda"
@@ -488,8 +488,8 @@ SEQUENTIAL_TOKENS = 16 * LAUNCH_SEQ_LEN  # the sequential stage's calibration se
 def _sequential_mfu(argv: list[str]) -> None:
     """The sequential stage alone (``--sequential-mfu CKPT TEACHER OUT DATA DEVICE SEQ_LEN TOKENS``) in one process:
     its throughput record (tokens/s, MFU on a known GPU) as JSON."""
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train.train import adapt
 
     checkpoint, teacher, out, data, device, seq_len, tokens = argv
     result = adapt(AdaptConfig.from_flat(checkpoint=checkpoint, teacher=teacher, out=out, data=data, objectives="local",

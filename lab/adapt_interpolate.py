@@ -4,7 +4,7 @@
 
 ``START`` and ``END`` are checkpoints of the same converted layout, e.g. the sequential stage's output
 (``OUT.adapt-run/stage1-seq-local`` of a run with ``--keep-state``) and the finished run. Each alpha scores
-``(1 - alpha) * START + alpha * END`` in memory (``ladderize.adapt.interpolation``, what a joint stage's
+``(1 - alpha) * START + alpha * END`` in memory (``ladderize.adapt.train.interpolation``, what a joint stage's
 ``interpolate=ALPHA`` writes) with ``adapt_curve``'s scorer (WikiText-2 window perplexity and
 the gap closed, LAMBADA accuracy with the paired difference to dense, lm-eval's LAMBADA perplexity, KL and
 top-1 agreement with dense), one core and one thread. It asks whether the last stage's gain on the window
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a
 from adapt_common import dense_source  # noqa: E402
 from adapt_curve import ZERO_SHOT, Scorer, compare, read_json, point_file, score
 from ladderize.checkpoint.atomic import write_json
-from ladderize.adapt.interpolation import interpolate_weights
+from ladderize.adapt.train.interpolation import interpolate_weights
 from ladderize.checkpoint.io import load_model
 
 OUT = Path(__file__).resolve().parent / "results" / "adapt_interpolate"

@@ -37,8 +37,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from ladderize.adapt.objectives import head_losses, kd_loss
-    from ladderize.adapt.objective_registry import logit_block_rows
+    from ladderize.adapt.objectives.losses import head_losses, kd_loss
+    from ladderize.adapt.objectives.registry import logit_block_rows
     from ladderize.convert.residual_states import logits_from
     from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
 

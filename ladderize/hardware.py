@@ -2,7 +2,7 @@
 
 ``GPU_PEAKS`` holds what NVIDIA's datasheets give (dense BF16 tensor-core FLOP/s, i.e. without the 2:4-sparsity
 doubling; HBM bandwidth; memory). predict's GPU profiles put their fitted compute models on them
-(``predict/gpus.py``); adapt prices a launch (``adapt/cost.py``) and reports MFU (``adapt/throughput.py``) from
+(``predict/gpus.py``); adapt prices a launch (``adapt/plan/cost.py``) and reports MFU (``adapt/plan/throughput.py``) from
 them. ``cpu_cores`` sizes the runtime's ranks and threads and the tokenizer's worker processes.
 """
 

@@ -37,7 +37,7 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     """``adapt_curve.token_passes`` reads the plan line and, after a stage, the re-plan line ``budget.replan`` writes."""
     import importlib.util
 
-    from ladderize.adapt.budget import Budget, plan_line, replan
+    from ladderize.adapt.plan.budget import Budget, plan_line, replan
     from tests.adapt.test_budget import timed_plan
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling adapt_common

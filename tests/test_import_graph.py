@@ -14,7 +14,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ladderize"
 ROOT = "ladderize"
@@ -200,17 +199,20 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
 
 
 def test_the_planning_side_imports_no_training():
-    """What chooses and prices a run's strategy (``adapt/strategy.py``, ``cost.py``, ``plan.py``) reads settings and
-    shapes: it imports neither training (``joint``, ``sharded``), and the strategy no training module at all."""
+    """What chooses and prices a run's strategy (``adapt/plan/strategy.py``, ``cost.py``, ``adapt_plan.py``) reads
+    settings and shapes: it imports neither training run (``joint``, ``sharded``), and the strategy no training module
+    at all; the run and the pricing read the same choice."""
     edges = file_graph()
-    training = {f"ladderize.adapt.{name}" for name in ("joint", "sharded", "layer_training", "sequential_run", "train")}
-    for planner, barred in (("strategy", training), ("cost", {"ladderize.adapt.joint", "ladderize.adapt.sharded"}),
-                            ("plan", {"ladderize.adapt.joint", "ladderize.adapt.sharded"})):
+    plan, train = f"{ROOT}.adapt.plan", f"{ROOT}.adapt.train"
+    training = {f"{train}.{name}" for name in ("joint", "sharded", "train")} | {f"{ROOT}.adapt.sequential.{name}" for name in
+                                                                               ("layer_training", "sequential_run")}
+    runs = {f"{train}.joint", f"{train}.sharded"}
+    for planner, barred in (("strategy", training), ("cost", runs), ("adapt_plan", runs)):
         found = {target: where for (source, target), where in edges.items()
-                 if source == f"ladderize.adapt.{planner}" and target in barred}
+                 if source == f"{plan}.{planner}" and target in barred}
         assert not found, f"{planner} imports training: {found}"
-    assert ("ladderize.adapt.train", "ladderize.adapt.strategy") in edges  # the run reads the same choice
-    assert ("ladderize.adapt.cost", "ladderize.adapt.strategy") in edges
+    assert (f"{train}.train", f"{plan}.strategy") in edges  # the run reads the same choice
+    assert (f"{plan}.cost", f"{plan}.strategy") in edges
 
 
 def _from_imports(file: Path) -> list[tuple[str, str, int]]:
@@ -228,58 +230,54 @@ def _from_imports(file: Path) -> list[tuple[str, str, int]]:
 
 
 def test_planning_modules_import_no_training_module():
-    """The planning side of adapt (what a run will do and cost, built before any weight loads: ``plan``, ``cost``,
-    ``budget``, ``strategy``, ``stages``, the time model ``stage_clock``, and the counting they share with the run:
-    ``sequential_schedule``, ``batches``, ``throughput``) imports no module that trains, run-side, not even through
-    another module and not even in a function (issue 68). Where plan and run count the same thing (a sequential stage's windows, epochs,
-    steps and state copies), the count lives on the planning side (``sequential_schedule.py``) and the run imports it.
-    The vocabulary both sides read is planning-side too: the objectives' registry (``objective_registry``: names,
-    traits, parsing; the losses are ``objectives.py``'s) and the compile policy (``compile_policy``: when a run
-    compiles; the compiler is ``compilation.py``'s).
+    """The planning side of adapt (``adapt/plan/``: what a run will do and cost, built before any weight loads: the
+    settings, recipes, budget, strategy, cost and time model, and the counting they share with the run; and the
+    objectives' registry, ``adapt/objectives/registry.py``) imports no module of the training side (``adapt/train/``,
+    ``adapt/sequential/``, the losses ``adapt/objectives/losses.py``), not even through another module and not even
+    in a function, and with no exception. Where plan and run count the same thing (a sequential stage's windows,
+    epochs, steps and state copies), the count lives on the planning side (``sequential_schedule.py``) and the run
+    imports it.
 
-    - ``pace`` measures: it times a converted layer's real training step and kd's head on this device, so it is
-      training; the run hands ``pace.measure_launch`` to the plan (``build_plan``'s ``time_pace``), and the plan keeps
-      what it timed in ``kept_paces``.
+    - ``train/pace.py`` measures: it times a converted layer's real training step and kd's head on this device, so it
+      is training; the entrance hands ``pace.measure_launch`` to the plan (``build_plan``'s ``time_pace``), and the
+      plan keeps what it timed in ``plan/kept_paces.py``.
     """
-    adapt = f"{ROOT}.adapt"
-    planning = {"plan", "cost", "budget", "strategy", "stages", "stage_clock", "sequential_schedule", "batches",
-                "throughput", "objective_registry", "compile_policy", "kept_paces"}
-    training = {"trainer", "joint", "sharded", "sequential_run", "layer_training", "least_squares", "state_store", "layer_source",
-                "fsdp", "causal_attention", "train", "recipe", "training_state", "loss_log", "weight_ema",
-                "interpolation", "lora", "output", "teacher_text", "objectives", "compilation", "pace"}
-    files = {_module_name(file): file for file in (PACKAGE / "adapt").glob("*.py")}
-    assert {f"{adapt}.{name}" for name in planning | training} <= set(files)
-    assert not planning & training
+    adapt = PACKAGE / "adapt"
+    planning = {_module_name(file) for file in [*(adapt / "plan").glob("*.py"), adapt / "objectives" / "registry.py"]}
+    training = {_module_name(file) for file in [*(adapt / "train").glob("*.py"), *(adapt / "sequential").glob("*.py"),
+                                                adapt / "objectives" / "losses.py"]}
+    assert len(planning) > 10 and len(training) > 10 and not planning & training
     edges = file_graph()
 
     def imports(module: str) -> list[str]:
-        return sorted(target for source, target in edges if source == module and target.startswith(f"{adapt}."))
+        return sorted(target for source, target in edges if source == module and target.startswith(f"{ROOT}.adapt."))
 
     found = []
     for start in sorted(planning):
-        seen, todo = {f"{adapt}.{start}"}, [[f"{adapt}.{start}"]]
+        seen, todo = {start}, [[start]]
         while todo:
             path = todo.pop()
             for target in imports(path[-1]):
-                name = target.rsplit(".", 1)[1]
-                if name in training:
-                    found.append(" -> ".join(p.rsplit(".", 1)[1] for p in path + [target])
+                if target in training:
+                    found.append(" -> ".join(p.removeprefix(f"{ROOT}.adapt.") for p in path + [target])
                                  + f" ({', '.join(edges[path[-1], target])})")
                 elif target not in seen:
                     seen.add(target)
                     todo.append(path + [target])
     assert not found, "the planning side imports training: " + "; ".join(sorted(set(found)))
-    assert ("ladderize.adapt.entrance", "ladderize.adapt.pace") in edges  # the run hands the plan its timing
-    assert ("ladderize.adapt.sequential_run", "ladderize.adapt.sequential_schedule") in edges  # the run reads the count
-    assert ("ladderize.adapt.objectives", "ladderize.adapt.objective_registry") in edges  # the losses implement the entries
+    assert (f"{ROOT}.adapt.entrance", f"{ROOT}.adapt.train.pace") in edges  # the run hands the plan its timing
+    assert (f"{ROOT}.adapt.sequential.sequential_run", f"{ROOT}.adapt.plan.sequential_schedule") in edges  # the count
+    assert (f"{ROOT}.adapt.objectives.losses", f"{ROOT}.adapt.objectives.registry") in edges  # the losses implement it
 
 
 def test_the_planning_vocabulary_imports_no_torch():
-    """The objectives' registry, the compile policy and the kept paces load without torch: a plan (and a refusal) reads them first."""
+    """The objectives' registry, the compile policy, the kept paces and adapt's entrance load without torch: a plan
+    (and a refusal) reads them first, and the command line imports the entrance before anything heavy."""
     import subprocess
     import sys
 
-    code = ("import sys; import ladderize.adapt.objective_registry, ladderize.adapt.compile_policy, "
-            "ladderize.adapt.kept_paces, ladderize.adapt.settings_sections; assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import sys; import ladderize.adapt.objectives.registry, ladderize.adapt.plan.compile_policy, "
+            "ladderize.adapt.entrance, ladderize.adapt.request, "
+            "ladderize.adapt.plan.kept_paces, ladderize.adapt.plan.settings_sections; assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -12,7 +12,7 @@ ADAPT = Path(__file__).resolve().parents[1] / "ladderize" / "adapt"
 def _calls(name: str) -> dict[str, list[str]]:
     """The functions of ladderize/adapt that call ``name`` (an attribute or a plain name), by file."""
     found: dict[str, list[str]] = {}
-    for file in sorted(ADAPT.glob("*.py")):
+    for file in sorted(ADAPT.rglob("*.py")):
         tree = ast.parse(file.read_text(), str(file))
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -34,21 +34,21 @@ def test_one_joint_training_loop():
 
 def test_one_process_group_start():
     assert _calls("init_process_group") == {"process_group.py": ["start"]}
-    assert "PartialState" not in {call for file in ADAPT.glob("*.py") for call in _names(file)}
+    assert "PartialState" not in {call for file in ADAPT.rglob("*.py") for call in _names(file)}
 
 
 def test_one_strategy_choice():
     """The run (``trainer``) and the pricing (``cost``) read ``choose_strategy``; nothing else asks whether to shard."""
     callers = _calls("choose_strategy")
     assert {"trainer.py", "cost.py"} <= set(callers), callers
-    for file in ADAPT.glob("*.py"):
+    for file in ADAPT.rglob("*.py"):
         assert 'shard != "ddp"' not in file.read_text(), file.name
 
 
 def test_one_joint_state_format():
     """A joint stage's state is saved in one place, as a distributed checkpoint; Accelerate's ``save_state`` and
     ``load_state`` are not used."""
-    saving = {file.name for file in ADAPT.glob("*.py") if "dcp.save(" in file.read_text()}
+    saving = {file.name for file in ADAPT.rglob("*.py") if "dcp.save(" in file.read_text()}
     assert saving == {"training_state.py"}
     assert "save_joint_state" in _calls("save")["training_state.py"]
     assert not _calls("save_state") and not _calls("load_state")

@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ladderize"
-CONFIG = PACKAGE / "adapt" / "config.py"
-SECTIONS = PACKAGE / "adapt" / "settings_sections.py"
+CONFIG = PACKAGE / "adapt" / "plan" / "config.py"
+SECTIONS = PACKAGE / "adapt" / "plan" / "settings_sections.py"
 
 
 def class_fields(source: Path, name: str) -> set[str]:

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..checkpoint.placement import resolve_device, this_launch
 from ..errors import LadderizeError
-from .budget import Budget
-from .config import AdaptResult
-from .inputs import PLAN_FILE, STATE_DIR, check_resumable, run_folder
-from .plan import AdaptPlan, build_plan
+from .plan.budget import Budget
+from .plan.config import AdaptResult
+from .plan.inputs import PLAN_FILE, STATE_DIR, check_resumable, run_folder
+from .plan.adapt_plan import AdaptPlan, build_plan
 from .request import AdaptRequest, RunReports
 
 __all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "dry_run", "plan_adapt", "whole_run_pace"]
@@ -31,7 +31,7 @@ __all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "dry_ru
 def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
     """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
     attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
-    from .pace import measure_launch
+    from .train.pace import measure_launch
 
     top = run_folder(request.out, request.run_dir)
     saved = None
@@ -46,7 +46,7 @@ def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: No
 def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
     """A resumed run sizes its stages as the interrupted one did: the same ``--budget`` (or none), or one line naming
     it, before a budget of another size is timed and sized."""
-    from .budget import parse_budget
+    from .plan.budget import parse_budget
 
     started = (saved.get("budget") or {}).get("text")
     given = None if budget is None else budget.text if isinstance(budget, Budget) else parse_budget(budget).text
@@ -103,9 +103,9 @@ def adapt_checkpoint(request: AdaptRequest, reports: RunReports = RunReports()) 
 def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
     """``adapt_checkpoint`` under its lock."""
     from ..errors import Interrupted
-    from .recipe import RunOptions, run_recipe
-    from .train import adapt, preflight
-    from .training_state import read_trainer_state
+    from .train.recipe import RunOptions, run_recipe
+    from .train.train import adapt, preflight
+    from .train.training_state import read_trainer_state
 
     checkpoint, out, run_dir, began = request.checkpoint, request.out, request.run_dir, request.began
     if request.resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
@@ -173,7 +173,7 @@ def dry_run(request: AdaptRequest, launch: str | None, say: Callable[[str], None
     """``ladderize adapt --dry-run``: the plan of ``request`` priced for ``launch`` (``8xH100``; None: the launch this
     process runs under), from the checkpoint's ``config.json`` alone: no weights, tokenizer or data read. ``say``
     hears how the plan was made (a budget's sizes)."""
-    from .inputs import check_input_checkpoint
+    from .plan.inputs import check_input_checkpoint
 
     check_input_checkpoint(request.checkpoint)  # converted layers to price
     return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,

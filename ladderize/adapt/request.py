@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .budget import Budget
-    from .stages import Recipe
+    from .plan.budget import Budget
+    from .plan.stages import Recipe
 
 SINGLE = "single"  # a single stage's own setting: with a recipe or --stage it is refused (plan._check_choice)
 SHARED = "shared"  # a setting every stage shares

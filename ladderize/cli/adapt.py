@@ -88,10 +88,10 @@ def adapt_cmd(
     import time
 
     began = time.perf_counter()  # the wall budget's clock and the last line's wall time start here
-    from ..adapt.inputs import check_seq_len, model_positions
+    from ..adapt.plan.inputs import check_seq_len, model_positions
 
     if dry_run is not None and dry_run != "here":  # a launch spec that does not parse: one line, before the heavy imports
-        from ..adapt.cost import Launch
+        from ..adapt.plan.cost import Launch
 
         Launch.parse(dry_run)
     device, dtype_name = opts.check_placement(device, dtype)
@@ -116,12 +116,12 @@ def adapt_cmd(
 def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, the paths
     and data checked before the heavy imports, then the entrance, rank 0 printing the plan, the progress and the result."""
-    from ..adapt.budget import parse_budget
-    from ..adapt.inputs import adapt_inputs, check_input_checkpoint, check_resumable
+    from ..adapt.plan.budget import parse_budget
+    from ..adapt.plan.inputs import adapt_inputs, check_input_checkpoint, check_resumable
     from ..checkpoint.atomic import check_apart, check_output_free
     from ..corpus.token_store import check_data
 
-    from ..adapt.accelerate_config import from_accelerate
+    from ..adapt.plan.accelerate_config import from_accelerate
 
     from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
     request = request.with_settings(**from_config)

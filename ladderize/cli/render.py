@@ -153,7 +153,7 @@ def adapt_summary(result: Any) -> list[str]:
     """The last lines of ``ladderize adapt``: steps, tokens, time, final loss, and where any kept state is."""
     last = result.curve[-1] if result.curve else {}
     calibration = "" if result.calibration_tokens is None else f" (calibration set {result.calibration_tokens:,} tokens)"
-    from ..adapt.budget import duration
+    from ..adapt.plan.budget import duration
     from ..progress import counted
 
     pace = getattr(result, "throughput", None) or {}
@@ -189,7 +189,7 @@ def stopped_at_max_steps(result: Any, max_steps: int | None) -> str:
 
 def layer_summary_table(curve: list[dict]) -> Table:
     """The sequential schedule's per-layer table: each layer's local loss on one fixed batch before and after its training."""
-    from ..adapt.layer_training import layer_summary
+    from ..adapt.sequential.layer_training import layer_summary
 
     entries = layer_summary(curve)
     held = {entry["held_out"] for entry in entries}

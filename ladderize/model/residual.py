@@ -112,7 +112,7 @@ def layer_program(program: Sequence[ModuleOp], layer: int) -> tuple[ModuleOp, Mo
 
     The stream only compares module numbers with one another, so a shift computes the same. What it buys: layers of
     one kind read the same numbers, and ``torch.compile``, for which a module's integers are constants of its graph,
-    traces one graph for all of them instead of one per layer (``adapt/compilation.py``). ``ModuleOp.layer`` keeps
+    traces one graph for all of them instead of one per layer (``adapt/train/compilation.py``). ``ModuleOp.layer`` keeps
     the layer's own index.
     """
     base = 2 * layer

@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 
-from ladderize.adapt import objective_registry
-from ladderize.adapt.sharded import _sharded_model
-from ladderize.adapt.objectives import head_losses
+from ladderize.adapt.objectives import registry as objective_registry
+from ladderize.adapt.train.sharded import _sharded_model
+from ladderize.adapt.objectives.losses import head_losses
 from ladderize.convert.residual_states import embed, logits_from, run_layers
 from ladderize.checkpoint.io import load_config, load_model
 

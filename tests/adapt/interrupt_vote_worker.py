@@ -9,9 +9,9 @@ import sys
 
 import torch.distributed as dist
 
-from ladderize.adapt import trainer
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.train import trainer
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.placement import this_launch
 from ladderize.errors import Interrupted, install_interrupt_handlers
 

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from ladderize.adapt.stage_clock import Pace
+from ladderize.adapt.plan.stage_clock import Pace
 
 RATES = {"layer_forward": 0.01 / 32, "layer_train": 0.03 / 32, "head_step": 0.02 / 32}  # seconds per token
 SHARED = {"seq_len": 32, "batch_size": 3, "device": "cpu", "dtype": "float32", "compile": False}
@@ -35,7 +35,7 @@ def h100_pace(checkpoint: str, seq_len: int, batch_size: int) -> Pace:
     a token, its training step 6 x, the kd head 6 x the head's), for ``batch_size`` rows of ``seq_len``."""
     from dataclasses import replace
 
-    from ladderize.adapt.cost import Launch, PricedDevice, head_parameters, layer_parameters
+    from ladderize.adapt.plan.cost import Launch, PricedDevice, head_parameters, layer_parameters
     from ladderize.checkpoint.io import load_config
 
     config = load_config(checkpoint)
@@ -49,8 +49,8 @@ def h100_pace(checkpoint: str, seq_len: int, batch_size: int) -> Pace:
 def main() -> None:
     import torch.distributed as dist
 
-    from ladderize.adapt import pace as pacing
-    from ladderize.adapt.plan import build_plan
+    from ladderize.adapt.train import pace as pacing
+    from ladderize.adapt.plan.adapt_plan import build_plan
     from ladderize.checkpoint.placement import this_launch
 
     ladder, text, home = sys.argv[1:4]

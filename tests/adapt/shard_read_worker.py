@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-import ladderize.adapt.layer_source as layer_source
-import ladderize.adapt.sharded as sharded
+import ladderize.adapt.sequential.layer_source as layer_source
+import ladderize.adapt.train.sharded as sharded
 from ladderize.model import LadderLlamaConfig
 
 dist.init_process_group("gloo")

@@ -1,4 +1,4 @@
-"""A user's Accelerate config (``adapt/accelerate_config.py``): each setting mapped onto adapt's or refused in one
+"""A user's Accelerate config (``adapt/plan/accelerate_config.py``): each setting mapped onto adapt's or refused in one
 line; ``accelerate launch`` with an FSDP config trains what torchrun does with the same settings, bit for bit."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladderize.adapt.accelerate_config import from_accelerate
+from ladderize.adapt.plan.accelerate_config import from_accelerate
 from ladderize.errors import LadderizeError
 from tests.adapt.test_sharded import _env, _torchrun, launch_failure
 
@@ -107,8 +107,8 @@ def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, te
 def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladder_dir, text_file, tmp_path, monkeypatch):
     """The replicated training is Accelerate's DDP only: handed an FSDP config (through the Python API, where the
     command line would have mapped it onto the sharded training) it says so in one line, before any step."""
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train.train import adapt
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",
@@ -119,7 +119,7 @@ def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladde
 
 
 def test_the_launch_arguments_are_found_in_each_form_of_accelerate_launch():
-    from ladderize.adapt.accelerate_config import launch_arguments
+    from ladderize.adapt.plan.accelerate_config import launch_arguments
 
     tail = ["--gradient_accumulation_steps", "2", "-m", "ladderize.cli", "adapt"]
     assert launch_arguments(["/usr/bin/python3", "/venv/bin/accelerate", "launch", *tail]) == tail

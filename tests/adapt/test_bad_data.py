@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ladderize.corpus.windows import pack_tokens
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import char_tokenizer
 

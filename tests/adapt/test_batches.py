@@ -1,4 +1,4 @@
-"""A joint stage's batch is global (``adapt/batches.py``, ``StepSplit``): the same sequences in the same optimizer
+"""A joint stage's batch is global (``adapt/plan/batches.py``, ``StepSplit``): the same sequences in the same optimizer
 step on any process count and accumulation that divides it, split without overlap; one that does not divide is
 refused in one line."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.adapt.batches import StepSplit, batch_rows, dividing_accumulation, divisible_batch
-from ladderize.adapt.cost import Launch
-from ladderize.adapt.plan import build_plan
+from ladderize.adapt.plan.batches import StepSplit, batch_rows, dividing_accumulation, divisible_batch
+from ladderize.adapt.plan.cost import Launch
+from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.errors import LadderizeError
 from tests.adapt.test_cost import _config_only
 
@@ -84,8 +84,8 @@ def test_the_plan_refuses_a_given_batch_that_does_not_divide_and_rounds_a_preset
 
 def test_no_run_trains_an_empty_micro_batch(ladder_dir, text_file, tmp_path, monkeypatch):
     """Every micro-batch a run trains holds rows (counted at the split every training step reads)."""
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train.train import adapt
 
     counted: list[int] = []
     rows = StepSplit.rows

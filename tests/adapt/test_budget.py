@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from ladderize.adapt.budget import Budget, parse_budget, recipe_cost, scale_stages
-from ladderize.adapt.pace import measure_launch
-from ladderize.adapt.stages import load_recipe, resolve_stages
+from ladderize.adapt.plan.budget import Budget, parse_budget, recipe_cost, scale_stages
+from ladderize.adapt.train.pace import measure_launch
+from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import plan_and_run
@@ -108,7 +108,7 @@ def test_wall_budget_is_timed_planned_and_kept_on_resume(ladder_dir, text_file, 
 def timed_plan():
     """A pace of SmolLM2's shape (ladder 15-29) and the default recipe's two stages at 1024-token steps, with the
     seconds the pace gives each stage."""
-    from ladderize.adapt.stage_clock import Pace, stage_seconds
+    from ladderize.adapt.plan.stage_clock import Pace, stage_seconds
 
     pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
                 head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
@@ -121,8 +121,8 @@ def timed_plan():
 def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
     to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
-    from ladderize.adapt.budget import replan
-    from ladderize.adapt.stage_clock import stage_seconds
+    from ladderize.adapt.plan.budget import replan
+    from ladderize.adapt.plan.stage_clock import stage_seconds
 
     pace, steps, planned = timed_plan()
 
@@ -168,7 +168,7 @@ def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, mon
 def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     """Past the data the sequential stage can cache, a budget's rest goes to kd, which then reads the same text again:
     the plan says how many times (on SmolLM2, past one pass, the runs measured gained WikiText and lost LAMBADA)."""
-    from ladderize.adapt.budget import rereads, size_recipe
+    from ladderize.adapt.plan.budget import rereads, size_recipe
 
     shared = {"data": str(text_file), "seq_len": 32, "batch_size": 2}
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
@@ -189,8 +189,8 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
 
 def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatch):
     """``window=3`` holds two more teacher output pairs: 12 state tensors where one layer holds 8."""
-    from ladderize.adapt import budget
-    from ladderize.adapt.sequential_schedule import STATE_COPIES, state_copies
+    from ladderize.adapt.plan import budget
+    from ladderize.adapt.plan.sequential_schedule import STATE_COPIES, state_copies
 
     monkeypatch.setattr(budget, "_available_memory", lambda device: 96 * 2**30)
     assert (state_copies(1), state_copies(3)) == (STATE_COPIES, STATE_COPIES + 4) == (8, 12)
@@ -200,7 +200,9 @@ def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatc
 
 def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_timed_or_read(
         ladder_dir, text_file, tmp_path, capsys, monkeypatch):
-    from ladderize.adapt import budget as budgets, kept_paces, pace as pacing
+    from ladderize.adapt.plan import budget as budgets
+    from ladderize.adapt.plan import kept_paces
+    from ladderize.adapt.train import pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # the same load both times: the kept pace's refusal stands
@@ -228,8 +230,8 @@ def test_the_pace_kept_is_the_fastest_timed_piece_by_piece(tmp_path, monkeypatch
     """A pace timed on a busy machine must not refuse a budget a quiet one fits: the kept one is the fastest seen."""
     from dataclasses import replace
 
-    from ladderize.adapt.kept_paces import cached_pace, store_pace
-    from ladderize.adapt.stage_clock import Pace
+    from ladderize.adapt.plan.kept_paces import cached_pace, store_pace
+    from ladderize.adapt.plan.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     quiet = Pace("cpu", "float32", 64, layer_forward=0.01, layer_train=0.03, head_step=0.02, layer_read=0.001, layers=4,
@@ -247,8 +249,8 @@ def test_paces_are_kept_per_load_band_with_the_load_and_time_they_were_timed_at(
     its own, so a quiet time's pace never sizes a busy run, nor a busy time's a quiet one."""
     from dataclasses import replace
 
-    from ladderize.adapt.kept_paces import cached_pace, load_band, store_pace
-    from ladderize.adapt.stage_clock import Pace
+    from ladderize.adapt.plan.kept_paces import cached_pace, load_band, store_pace
+    from ladderize.adapt.plan.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     assert [load_band(load) for load in (None, 0.2, 0.5, 0.9, 1.0, 3.0, 7.9, 8.0, 40.0)] == [0, 0, 1, 1, 2, 3, 4, 5, 6]
@@ -273,9 +275,11 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     import json
     from dataclasses import replace
 
-    from ladderize.adapt import kept_paces, pace as pacing
-    from ladderize.adapt.budget import size_recipe
-    from ladderize.adapt.stage_clock import Pace
+    from ladderize.adapt.plan import kept_paces
+
+    from ladderize.adapt.train import pace as pacing
+    from ladderize.adapt.plan.budget import size_recipe
+    from ladderize.adapt.plan.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
@@ -321,7 +325,9 @@ def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budge
     here as the floor run's wall time less its training), its last line giving the wall time it measured."""
     import time
 
-    from ladderize.adapt import kept_paces, pace as pacing
+    from ladderize.adapt.plan import kept_paces
+
+    from ladderize.adapt.train import pace as pacing
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # one load band: the second run reads the kept pace

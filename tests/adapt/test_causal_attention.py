@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ladderize.adapt.causal_attention import BLOCK, CausalAttention, applies, attention_backward, training_attention
-from ladderize.adapt.compile_policy import unavailable
+from ladderize.adapt.train.causal_attention import BLOCK, CausalAttention, applies, attention_backward, training_attention
+from ladderize.adapt.plan.compile_policy import unavailable
 
 
 def _inputs(batch: int, heads: int, kv_heads: int, length: int, dim: int, dtype: torch.dtype, seed: int = 0):

@@ -113,7 +113,7 @@ def test_a_refusal_inside_a_stage_removes_the_fresh_run_dir(ladder_dir, text_fil
     def refuse(*_args, **_kwargs):
         raise LadderizeError("refused inside the stage")
 
-    monkeypatch.setattr("ladderize.adapt.recipe.adapt", refuse)
+    monkeypatch.setattr("ladderize.adapt.train.recipe.adapt", refuse)
     code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL,
                                "--stage", "seq-local:tokens=128"], capsys, monkeypatch)
     assert code == 2 and "refused inside the stage" in _one_error(stderr)
@@ -123,7 +123,7 @@ def test_a_refusal_inside_a_stage_removes_the_fresh_run_dir(ladder_dir, text_fil
 def test_a_sequence_past_the_models_positions_is_cut_where_defaulted_and_refused_where_set(tmp_path):
     """The plan (a run's and the dry run's): a default 512 on a model of 64 positions becomes 64, said in a line; a
     length the user set (shared, or a stage's own) is one line naming the limit."""
-    from ladderize.adapt.plan import build_plan
+    from ladderize.adapt.plan.adapt_plan import build_plan
     from ladderize.errors import LadderizeError
     from tests.runtime.runtime_helpers import TINY_TP23, save_tiny
 

@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from ladderize.adapt.compilation import adamw, compile_layers
-from ladderize.adapt.compile_policy import AUTO_MIN_BUDGET_S, ENV, eager_for_budget, inductor_options, resolve_compile, unavailable
-from ladderize.adapt.config import AdaptConfig
+from ladderize.adapt.train.compilation import adamw, compile_layers
+from ladderize.adapt.plan.compile_policy import AUTO_MIN_BUDGET_S, ENV, eager_for_budget, inductor_options, resolve_compile, unavailable
+from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.convert.residual_states import attention_kwargs
-from ladderize.adapt.budget import parse_budget
-from ladderize.adapt.pace import measure_launch
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.budget import parse_budget
+from ladderize.adapt.train.pace import measure_launch
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
@@ -72,8 +72,8 @@ def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
 
 @needs_compiler
 def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_file, monkeypatch):
-    from ladderize.adapt.budget import _eager_if_short, size_recipe
-    from ladderize.adapt.stages import load_recipe, resolve_stages
+    from ladderize.adapt.plan.budget import _eager_if_short, size_recipe
+    from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 
     monkeypatch.delenv(ENV, raising=False)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
@@ -252,7 +252,7 @@ def assert_compiled_trains_as_eager(hybrid_dir, text_file, tmp_path, stage: dict
 
 
 def test_the_pace_of_compiled_layers_counts_their_compile_time():
-    from ladderize.adapt.stage_clock import COMPILES_PER_STAGE, Pace, stage_seconds
+    from ladderize.adapt.plan.stage_clock import COMPILES_PER_STAGE, Pace, stage_seconds
 
     plain = Pace(device="cpu", precision="float32", tokens_per_call=1024, layer_forward=0.01, layer_train=0.03,
                  head_step=0.05, layer_read=0.001, layers=4, first_converted=2, last_converted=3, converted=2, measured_s=1.0)
@@ -279,21 +279,21 @@ def test_the_pace_of_compiled_layers_counts_their_compile_time():
 def test_the_pace_records_every_layers_graph_kind(ladder_dir):
     """The kinds come from the checkpoint's layout: the tiny ladder model's converted layers (2 and 3) share one
     kind, and the teacher's dense layers share the student's dense ones' (the first layer's, and the one after it)."""
-    from ladderize.adapt.pace import measure
+    from ladderize.adapt.train.pace import measure
 
     pace = measure(str(ladder_dir), seq_len=8, batch_size=1, device="cpu", compile=False)
     assert (pace.teacher_kinds, pace.student_kinds, pace.converted_kinds) == ((0, 1, 1, 1), (0, 1, 2, 2), (2, 2))
 
 
 def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
-    from ladderize.adapt.stages import parse_stage
+    from ladderize.adapt.plan.stages import parse_stage
 
     assert parse_stage("kd:compile=false").settings == {"compile": False}
     assert "compile" not in AdaptConfig.from_flat(checkpoint="c", out="o").fingerprint()
 
 
 def test_the_frozen_head_cast_once_gives_autocasts_bits():
-    from ladderize.adapt.objectives import frozen_head
+    from ladderize.adapt.objectives.losses import frozen_head
 
     torch.manual_seed(0)
     head, rows = torch.nn.Linear(16, 40, bias=False).requires_grad_(False), torch.randn(6, 16)
@@ -305,7 +305,7 @@ def test_the_frozen_head_cast_once_gives_autocasts_bits():
 @needs_compiler
 @pytest.mark.parametrize("settings", [dict(), dict(divergence="reverse"), dict(top_k=5)], ids=["forward", "reverse", "top-k"])
 def test_the_compiled_kd_loss_and_its_gradient_are_the_eager_ones(settings):
-    from ladderize.adapt.objectives import blockwise_kd
+    from ladderize.adapt.objectives.losses import blockwise_kd
 
     generator = torch.Generator().manual_seed(0)
     student, teacher = (torch.randn(40, 50, generator=generator) * 3 for _ in range(2))

@@ -1,4 +1,4 @@
-"""What a run costs before it starts (``adapt/cost.py``): the true FLOP count, memory per GPU and ``adapt --dry-run``."""
+"""What a run costs before it starts (``adapt/plan/cost.py``): the true FLOP count, memory per GPU and ``adapt --dry-run``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ladderize.adapt.cost import FlopCount, JointMemory, Launch, head_parameters, layer_parameters, usable_bytes
+from ladderize.adapt.plan.cost import FlopCount, JointMemory, Launch, head_parameters, layer_parameters, usable_bytes
 from ladderize.checkpoint.shapes import preset
 from tests.cli_helpers import run_cli
 from tests.conftest import tiny_config, tiny_model
@@ -185,8 +185,8 @@ def test_the_memory_plan_counts_the_kd_head_and_the_activations_as_autograd_save
     two norms' float32 inputs and inverse norms, 32 heads' float32 log-sum-exp); sharded kd on 8 processes holds the
     gathered bf16 head, the student's bf16 logits and their gradient, 6 float32 blocks of 1,046 rows and the rows
     around the head; the 8B dry run fits at its automatic batch with the margin named."""
-    from ladderize.adapt.cost import activation_bytes_per_token
-    from ladderize.adapt.plan import FILL_MARGIN, build_plan
+    from ladderize.adapt.plan.cost import activation_bytes_per_token
+    from ladderize.adapt.plan.adapt_plan import FILL_MARGIN, build_plan
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     assert activation_bytes_per_token(EIGHT_B) == 200_840
@@ -212,7 +212,7 @@ def test_the_8b_dry_run_prices_each_stages_writes_in_their_dtypes(tmp_path, caps
     with its write time at the stated disk rate; the teacher's states only where the sharded kd reads them all."""
     import json
 
-    from ladderize.adapt.cost import DISK_BYTES_PER_S
+    from ladderize.adapt.plan.cost import DISK_BYTES_PER_S
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     config = json.loads((folder / "config.json").read_text())

@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 from tests.cli_helpers import error_lines, run_cli
 
@@ -56,7 +56,7 @@ def test_sequential_refuses_float16_in_one_line(ladder_dir, text_file, tmp_path,
 
 
 def test_states_go_to_the_device_when_they_fit_else_pinned_host_memory(monkeypatch, tmp_path):
-    from ladderize.adapt import sequential_run
+    from ladderize.adapt.sequential import sequential_run
 
     config = AdaptConfig.from_flat(checkpoint="c", out=str(tmp_path / "o"))
     cuda = torch.device("cuda", 0)

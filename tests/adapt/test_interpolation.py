@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig, validate_config
-from ladderize.adapt.interpolation import interpolate_weights
-from ladderize.adapt.stages import Recipe, parse_stage
+from ladderize.adapt.plan.config import AdaptConfig, validate_config
+from ladderize.adapt.train.interpolation import interpolate_weights
+from ladderize.adapt.plan.stages import Recipe, parse_stage
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import plan_and_run

@@ -11,8 +11,8 @@ import signal
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import Interrupted, install_interrupt_handlers, restore_handlers
 
@@ -101,7 +101,7 @@ def _signal_in_step(step: int, signum: int, trainer_module, monkeypatch):
 def test_a_signal_between_logged_steps_stops_at_that_step_and_the_resume_goes_on_bit_for_bit(
         ladder_dir, text_file, tmp_path, monkeypatch):
     """The joint training hears a held signal at every step's end, not only at the logged steps (every 10 on CUDA)."""
-    from ladderize.adapt import trainer
+    from ladderize.adapt.train import trainer
 
     common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="kd", tokens=32 * 2 * 6, seq_len=32,
                   batch_size=2, lr=1e-3, dtype="float32", device="cpu", compile=False)
@@ -124,7 +124,7 @@ def test_the_shutdown_window_warning_repeats_for_every_slower_save(monkeypatch):
     one warned about; a faster one stays quiet."""
     import time
 
-    from ladderize.adapt.training_state import SaveClock
+    from ladderize.adapt.train.training_state import SaveClock
 
     now = [1000.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
@@ -167,7 +167,7 @@ def test_a_signal_while_the_sequential_stage_moves_its_states_stops_at_once_and_
     """The states' advance past a trained layer (a pass over the calibration set, long at a long sequence length) is
     not held for a save point: the layer is saved before it, so a signal there stops the run at once, and the resume
     recomputes the states and ends as an uninterrupted run does, bit for bit."""
-    from ladderize.adapt.layer_training import StateCache
+    from ladderize.adapt.sequential.layer_training import StateCache
 
     common = dict(checkpoint=str(ladder_dir), data=str(text_file), objectives="local", local_schedule="sequential",
                   tokens=32 * 2 * 4, seq_len=32, batch_size=2, lr=1e-3, epochs=1.0, dtype="float32", device="cpu",

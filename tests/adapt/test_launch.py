@@ -171,9 +171,9 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
     import re
     import subprocess
 
-    from ladderize.adapt import pace as pacing
-    from ladderize.adapt.budget import parse_budget
-    from ladderize.adapt.plan import build_plan
+    from ladderize.adapt.train import pace as pacing
+    from ladderize.adapt.plan.budget import parse_budget
+    from ladderize.adapt.plan.adapt_plan import build_plan
     from tests.adapt.launch_pace import KD, SHARED, TOKEN_BUDGET, stated_pace
     from tests.adapt.test_multiprocess import launch_failure
     from tests.adapt.test_sharded import _env, _torchrun

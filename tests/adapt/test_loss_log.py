@@ -1,5 +1,5 @@
 """The joint training (replicated and sharded) reads their losses on the host only when they log them: a step that
-is not logged leaves them on the device (``adapt/loss_log.py``)."""
+is not logged leaves them on the device (``adapt/train/loss_log.py``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from ladderize.adapt import loss_log
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.train import loss_log
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 
 SEQ, STEPS = 16, 8
 LOOPS = frozenset({"train_joint", "flush"})  # the training loop and its one read

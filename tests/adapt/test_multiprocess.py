@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.progress import counted
 from tests.adapt.conftest import convert

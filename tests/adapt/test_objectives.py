@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt import objective_registry
-from ladderize.adapt.objectives import AdaptLoss, kd_loss
-from ladderize.adapt.objective_registry import logit_block_rows, parse_objectives
-from ladderize.adapt.config import AdaptConfig, validate_config
-from ladderize.adapt.joint import select_trainable
-from ladderize.adapt.train import adapt
-from ladderize.adapt.lora import LoraSpec
+from ladderize.adapt.objectives import registry as objective_registry
+from ladderize.adapt.objectives.losses import AdaptLoss, kd_loss
+from ladderize.adapt.objectives.registry import logit_block_rows, parse_objectives
+from ladderize.adapt.plan.config import AdaptConfig, validate_config
+from ladderize.adapt.train.joint import select_trainable
+from ladderize.adapt.train.train import adapt
+from ladderize.adapt.train.lora import LoraSpec
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from ladderize.model.layout import LayerMode

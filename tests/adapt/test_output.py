@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.architectures import PROVENANCE_FILE, read_provenance
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.architectures import read_provenance
 from ladderize.convert.inspect import inspect_checkpoint
 from tests.adapt.conftest import convert
@@ -77,7 +77,7 @@ def test_a_bf16_checkpoint_adapts_into_a_bf16_out_of_the_cast_masters(bf16_ladde
 
 
 def test_a_recipe_writes_its_earlier_stages_in_fp32_and_out_in_the_sources_dtype(bf16_ladder, text_file, tmp_path):
-    from ladderize.adapt.stages import Recipe, parse_stage
+    from ladderize.adapt.plan.stages import Recipe, parse_stage
     from tests.adapt.conftest import plan_and_run
 
     recipe = Recipe("two", [parse_stage("seq-local:tokens=128,epochs=1"), parse_stage("kd:tokens=128")])

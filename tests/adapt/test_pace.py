@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.adapt.budget import scale_stages
-from ladderize.adapt.pace import measure
-from ladderize.adapt.stage_clock import CLOSED_FORM_TRAINS, FIXED_READS, Pace, recipe_seconds, stage_seconds, tokens_for_seconds
-from ladderize.adapt.stages import load_recipe, resolve_stages
+from ladderize.adapt.plan.budget import scale_stages
+from ladderize.adapt.train.pace import measure
+from ladderize.adapt.plan.stage_clock import CLOSED_FORM_TRAINS, FIXED_READS, Pace, recipe_seconds, stage_seconds, tokens_for_seconds
+from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 
 PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,
@@ -48,8 +48,8 @@ def test_measure_times_the_converted_layer(ladder_dir):
 
 
 def test_the_pace_counts_what_other_processes_ran_meanwhile(ladder_dir, monkeypatch):
-    import ladderize.adapt.kept_paces as pacing
-    import ladderize.adapt.pace as timing
+    import ladderize.adapt.plan.kept_paces as pacing
+    import ladderize.adapt.train.pace as timing
 
     readings = iter([100.0, 100.0 + 1e6])  # the CPUs' busy seconds before and after: far more than this process used
     monkeypatch.setattr(timing, "busy_cpu_seconds", lambda: next(readings))
@@ -66,7 +66,7 @@ def test_the_pace_counts_what_other_processes_ran_meanwhile(ladder_dir, monkeypa
 def test_busy_cpu_seconds_grow_while_this_process_computes():
     import time
 
-    from ladderize.adapt.pace import busy_cpu_seconds
+    from ladderize.adapt.train.pace import busy_cpu_seconds
 
     before, own = busy_cpu_seconds(), time.process_time()
     if before is None:

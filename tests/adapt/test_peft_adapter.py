@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert

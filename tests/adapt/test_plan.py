@@ -1,14 +1,14 @@
-"""The run's plan (``adapt/plan.py``): one typed object built before any weight loads, which the dry run prints, every
+"""The run's plan (``adapt/plan/adapt_plan.py``): one typed object built before any weight loads, which the dry run prints, every
 stage reads and the provenance records; on a known GPU it sizes each joint stage's batch to fill the device."""
 
 from __future__ import annotations
 
 import json
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.cost import JointMemory, Launch, usable_bytes
-from ladderize.adapt.plan import FILL_MARGIN, MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
-from ladderize.adapt.recipe import RunOptions, run_recipe
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.plan.cost import JointMemory, Launch, usable_bytes
+from ladderize.adapt.plan.adapt_plan import FILL_MARGIN, MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
+from ladderize.adapt.train.recipe import RunOptions, run_recipe
 from ladderize.checkpoint.io import load_config, read_provenance
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
@@ -86,7 +86,7 @@ def test_a_run_records_the_plan_it_was_built_from(ladder_dir, text_file, tmp_pat
 def test_the_last_line_s_rate_is_the_whole_run_s():
     from pathlib import Path
 
-    from ladderize.adapt.config import AdaptResult
+    from ladderize.adapt.plan.config import AdaptResult
     from ladderize.adapt.entrance import whole_run_pace
     from ladderize.cli.render import adapt_summary
 
@@ -105,7 +105,7 @@ def test_the_last_line_s_rate_is_the_whole_run_s():
 def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads(tmp_path, monkeypatch):
     import pytest
 
-    from ladderize.adapt import cost
+    from ladderize.adapt.plan import cost
     from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint
     from ladderize.errors import LadderizeError
 
@@ -148,7 +148,7 @@ def test_the_launch_a_run_is_under_follows_its_device(monkeypatch):
 def test_each_stage_is_typed_and_its_settings_checked_before_it_is_sized_or_priced(tmp_path, monkeypatch):
     import pytest
 
-    from ladderize.adapt import budget as budgeting
+    from ladderize.adapt.plan import budget as budgeting
     from ladderize.errors import LadderizeError
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)

@@ -93,10 +93,10 @@ def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
             for number, line in enumerate(file.read_text().splitlines(), 1)
             if "get_world_size() > 1" in line or "get_world_size() <= 1" in line]
     assert not asks, asks
-    planning = ("plan", "cost", "budget", "strategy", "stages", "stage_clock", "sequential_schedule", "batches",
-                "throughput", "pace", "run_lock")
-    starts = [call for name in planning for call in _calls(package / "adapt" / f"{name}.py", {"start", "init_process_group"})]
+    planning = [*(package / "adapt" / "plan").glob("*.py"), package / "adapt" / "train" / "pace.py",
+                package / "adapt" / "run_lock.py"]
+    starts = [call for file in planning for call in _calls(file, {"start", "init_process_group"})]
     assert not starts, starts
-    starters = {file.stem for file in (package / "adapt").glob("*.py")
+    starters = {file.stem for file in (package / "adapt").rglob("*.py")
                 if _calls(file, {"start"}) and "process_group" in file.read_text()}
     assert starters == {"entrance", "sequential_run", "joint", "sharded"}, starters

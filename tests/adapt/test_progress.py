@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ladderize.adapt.layer_training import layer_summary
+from ladderize.adapt.sequential.layer_training import layer_summary
 from ladderize.progress import LOG_WIDTH, ProgressLine, format_duration, make_console, progress_interval
 from tests.cli_helpers import run_cli
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ladderize.adapt.lora import LoraSpec, add_lora, merge_lora
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.train.lora import LoraSpec, add_lora, merge_lora
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.conftest import tiny_model
@@ -64,7 +64,7 @@ def test_resume_refuses_changed_settings(ladder_dir, text_file, tmp_path):
 
 def test_resume_reads_a_state_saved_before_a_setting_was_added(tmp_path):
     """A run started before ``kd_divergence`` existed had its default: resuming it with the default is the same run."""
-    from ladderize.adapt.training_state import check_fingerprint
+    from ladderize.adapt.train.training_state import check_fingerprint
 
     config = AdaptConfig.from_flat(checkpoint="c", out="o", objectives="kd")
     saved = {"fingerprint": {k: v for k, v in config.fingerprint().items() if k != "kd_divergence"}}

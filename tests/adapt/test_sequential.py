@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ladderize.convert.residual_states import embed, run_layers
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
@@ -118,7 +118,7 @@ def test_the_training_time_an_interrupted_attempt_spent_past_its_save_counts_on_
 
 def test_sequential_saves_a_layer_partway_a_minute_in_by_default(hybrid_dir, text_file, tmp_path, monkeypatch):
     """Without --save-every the save clock's first save (a minute in; here at once) comes partway through a layer."""
-    from ladderize.adapt import training_state
+    from ladderize.adapt.train import training_state
 
     monkeypatch.setattr(training_state, "FIRST_SAVE_S", 0.0)
     partial = adapt(_config(hybrid_dir, tmp_path / "out", text_file), stop_after_steps=5)  # inside layer 1 (steps 1-12)
@@ -140,7 +140,7 @@ def test_sequential_refuses_what_it_cannot_do(change, message, hybrid_dir, text_
 
 def test_a_one_step_layer_reports_its_loss_before_and_after_on_the_same_held_out_batch(hybrid_dir, text_file, tmp_path):
     """Issue 26 item 8: with one step per layer, 'before' and 'after' were the same step's loss (+0.0%)."""
-    from ladderize.adapt.layer_training import layer_summary
+    from ladderize.adapt.sequential.layer_training import layer_summary
 
     result = adapt(_config(hybrid_dir, tmp_path / "one", text_file, tokens=32 * 2, epochs=1, lr=1e-3))
     summary = layer_summary(result.curve)
@@ -167,7 +167,7 @@ def test_a_calibration_set_smaller_than_a_batch_counts_true_tokens_and_steps(hyb
 def test_an_epochs_ramp_shares_the_stage_s_steps_by_depth(ramp, steps, hybrid_dir, text_file, tmp_path):
     """``epochs_ramp``: the lowest of n converted layers trains (1 - ramp) x epochs, the highest (1 + ramp) x epochs,
     so the stage's steps (and token passes) stay those of the flat stage; resume stays bit-identical."""
-    from ladderize.adapt.sequential_schedule import layer_epochs
+    from ladderize.adapt.plan.sequential_schedule import layer_epochs
 
     assert [layer_epochs(2.0, 0.5, i, 3) for i in range(3)] == [1.0, 2.0, 3.0]
     assert layer_epochs(2.0, 0.5, 0, 1) == 2.0  # one layer: nothing to share
@@ -200,9 +200,9 @@ def test_an_impossible_epochs_ramp_is_refused(change, message, hybrid_dir, text_
 def test_a_window_s_loss_is_the_mean_of_its_layers_errors_along_the_student_s_own_chain(ladder_dir, dense_dir):
     """``window``: layer 3 is fed layer 2's output of the same step, and the loss is the mean of both layers' errors,
     here against the plain model run of the teacher and the (zero-shot) student."""
-    from ladderize.adapt.layer_source import ResidentLayers
-    from ladderize.adapt.layer_training import StateCache, train_layer
-    from ladderize.adapt.objectives import layer_error
+    from ladderize.adapt.sequential.layer_source import ResidentLayers
+    from ladderize.adapt.sequential.layer_training import StateCache, train_layer
+    from ladderize.adapt.objectives.losses import layer_error
 
     teacher_model, student_model = load_model(dense_dir), load_model(ladder_dir)
     data = torch.randint(3, 120, (6, 16), generator=torch.Generator().manual_seed(4))
@@ -240,14 +240,14 @@ def test_a_window_s_loss_is_the_mean_of_its_layers_errors_along_the_student_s_ow
 def test_windows_train_consecutive_layers_together_and_resume_exactly(ladder_dir, hybrid_dir, text_file, tmp_path):
     """Ladder on layers 2-3: one window of two (half the flat stage's steps, each step trains both layers); on the
     hybrid (converted layers 1 and 3, dense 2 between) windows of one, so ``window=2`` is the flat stage bit for bit."""
-    from ladderize.adapt.sequential_schedule import layer_windows
+    from ladderize.adapt.plan.sequential_schedule import layer_windows
 
     assert layer_windows([6, 7, 8, 9, 12, 18, 20, 21, 22], 2) == [[6, 7], [8, 9], [12], [18], [20, 21], [22]]
     messages: list[str] = []
     result = adapt(_config(ladder_dir, tmp_path / "window", text_file, window=2), on_message=messages.append)
     assert result.steps == 12 and {r["layer"] for r in result.curve} == {2}  # 8 sequences x 3 epochs / batch 2
     assert "12 steps per window of 2 layers (one window at a time from safetensors" in "\n".join(messages)
-    from ladderize.adapt.cost import layer_parameters
+    from ladderize.adapt.plan.cost import layer_parameters
     from ladderize.checkpoint.io import load_config
 
     pace = result.throughput  # a step trains both layers of the window: 6 x their parameters per token

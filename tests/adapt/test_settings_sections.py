@@ -8,8 +8,8 @@ from dataclasses import FrozenInstanceError, asdict, fields
 
 import pytest
 
-from ladderize.adapt.config import FLAT_FIELDS, AdaptConfig, check_settings
-from ladderize.adapt.settings_sections import (SECTIONS, ObjectiveSettings, OptimizerSettings, ParallelismSettings,
+from ladderize.adapt.plan.config import FLAT_FIELDS, AdaptConfig, check_settings
+from ladderize.adapt.plan.settings_sections import (SECTIONS, ObjectiveSettings, OptimizerSettings, ParallelismSettings,
                                                SavingSettings, ScopeSettings, SequentialSettings, TrainingSettings)
 from ladderize.errors import LadderizeError
 

@@ -1,4 +1,4 @@
-"""The joint stages sharded with FSDP2 (``adapt/sharded.py``) under torchrun over gloo: equal to one process, with
+"""The joint stages sharded with FSDP2 (``adapt/train/sharded.py``) under torchrun over gloo: equal to one process, with
 clipping that matters, the default recipe at 3 processes, resume bit for bit and on another process count, the saved
 state's size, and host memory per rank."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from tests.adapt.conftest import convert
 from tests.adapt.test_multiprocess import launch_failure, sharp_dense
 
@@ -339,7 +339,7 @@ def test_a_tied_checkpoint_trains_sharded_as_replicated(text_file, tmp_path):
     from torch.distributed.tensor import DTensor
 
     from ladderize.adapt.process_group import start as _init_process_group
-    from ladderize.adapt.sharded import _sharded_model
+    from ladderize.adapt.train.sharded import _sharded_model
     from ladderize.checkpoint.io import load_config
 
     ladder = _tied_ladder(tmp_path)
@@ -361,7 +361,7 @@ def test_the_student_holds_the_teachers_identical_frozen_parts_once(sharp_ladder
     from safetensors.torch import save_file
 
     from ladderize.adapt.process_group import start as _init_process_group
-    from ladderize.adapt.sharded import _identical_parts, _sharded_model, _teacher_pieces
+    from ladderize.adapt.train.sharded import _identical_parts, _sharded_model, _teacher_pieces
     from ladderize.checkpoint.io import load_config
 
     dense = sharp_ladder.parent / "dense"

@@ -1,14 +1,14 @@
-"""One time model of a stage (``adapt/stage_clock.py``): a pace timed here and a launch priced from afar are two
+"""One time model of a stage (``adapt/plan/stage_clock.py``): a pace timed here and a launch priced from afar are two
 sources of rates for the same function."""
 
 from __future__ import annotations
 
 import pytest
 
-import ladderize.adapt.stage_clock as stage_clock
-from ladderize.adapt.cost import Launch, PricedDevice, head_parameters, layer_parameters
-from ladderize.adapt.plan import AdaptPlan, PlannedStage, build_plan
-from ladderize.adapt.stage_clock import Pace, stage_seconds
+import ladderize.adapt.plan.stage_clock as stage_clock
+from ladderize.adapt.plan.cost import Launch, PricedDevice, head_parameters, layer_parameters
+from ladderize.adapt.plan.adapt_plan import AdaptPlan, PlannedStage, build_plan
+from ladderize.adapt.plan.stage_clock import Pace, stage_seconds
 from ladderize.checkpoint.shapes import preset
 from tests.adapt.test_cost import _config_only
 
@@ -34,7 +34,7 @@ def test_a_pace_at_the_launch_s_assumed_rate_times_a_kd_stage_as_the_launch_pric
 def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp_path, monkeypatch):
     """``cost.plan_run`` (the launch), ``budget.replan`` (the pace) and ``AdaptPlan.expected_s`` (either) all time a
     stage by ``stage_clock.stage_seconds``: a path that bypassed it would not take its answer."""
-    from ladderize.adapt.budget import replan
+    from ladderize.adapt.plan.budget import replan
 
     calls: list[tuple[str, str]] = []
 

@@ -1,14 +1,14 @@
-"""How a joint stage runs (``adapt/strategy.py``): one function chooses one process, replicated (DDP) or sharded
+"""How a joint stage runs (``adapt/plan/strategy.py``): one function chooses one process, replicated (DDP) or sharded
 (FSDP2), and the plan, the pricing, the dry run's advice and the run all read it, so what is priced is what runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.cost import JointMemory, Launch, layer_parameters, usable_bytes
-from ladderize.adapt.plan import build_plan
-from ladderize.adapt.strategy import ONE_PROCESS, REPLICATED, SETTINGS, SHARDED, choose_strategy
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.plan.cost import JointMemory, Launch, layer_parameters, usable_bytes
+from ladderize.adapt.plan.adapt_plan import build_plan
+from ladderize.adapt.plan.strategy import ONE_PROCESS, REPLICATED, SETTINGS, SHARDED, choose_strategy
 from ladderize.checkpoint.io import load_config
 from ladderize.checkpoint.shapes import ModelShape
 from ladderize.errors import LadderizeError
@@ -140,8 +140,9 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
 def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_dir, text_file, tmp_path, monkeypatch):
     """The run (``train.adapt``) and the plan (``cost.plan_run``) read one choice: a launch of ``world`` processes
     runs the training the plan's stage names."""
-    from ladderize.adapt import joint, sharded
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.train import joint
+    from ladderize.adapt.train import sharded
+    from ladderize.adapt.train.train import adapt
 
     ran: list[str] = []
 

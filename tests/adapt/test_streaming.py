@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.sequential_run import layer_file
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.sequential.sequential_run import layer_file
+from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import read_provenance
 from tests.adapt.conftest import convert
 from tests.cli_helpers import run_cli
@@ -89,7 +89,7 @@ def test_states_on_disk_equal_states_in_memory(hybrid_dir, text_file, tmp_path, 
     base = ["adapt", hybrid_dir, None, "--data", text_file, "--objective", "local", "--local-schedule", "sequential",
             "--tokens", 32 * 9, "--seq-len", 32, "--batch-size", 2, "--epochs", 2, "--lr", 3e-3]
     maps = []
-    import ladderize.adapt.layer_training as sequential
+    import ladderize.adapt.sequential.layer_training as sequential
 
     train_layer = sequential.train_layer
 
@@ -97,7 +97,7 @@ def test_states_on_disk_equal_states_in_memory(hybrid_dir, text_file, tmp_path, 
         maps.append(Path("/proc/self/maps").read_text())
         return train_layer(*args, **kwargs)
 
-    monkeypatch.setattr("ladderize.adapt.sequential_run.train_layer", spying)
+    monkeypatch.setattr("ladderize.adapt.sequential.sequential_run.train_layer", spying)
     for name, extra in (("memory", []), ("disk", ["--states-on-disk"])):
         args = [tmp_path / name if a is None else a for a in base]
         code, stdout, stderr = run_cli(args + extra, capsys, monkeypatch)

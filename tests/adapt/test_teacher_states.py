@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ladderize.adapt.recipe as recipe_module
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.objectives import AdaptLoss
-from ladderize.adapt.sequential_schedule import reads_stored_teacher
-from ladderize.adapt.stage_clock import stage_seconds
-from ladderize.adapt.stages import load_recipe, resolve_stages
+import ladderize.adapt.train.recipe as recipe_module
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.objectives.losses import AdaptLoss
+from ladderize.adapt.plan.sequential_schedule import reads_stored_teacher
+from ladderize.adapt.plan.stage_clock import stage_seconds
+from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.convert.residual_states import embed, run_layers
-from ladderize.adapt.teacher_states import ENTRY_FILE, FINAL_FILE, keeps_teacher_states, read, teacher_id, write
+from ladderize.adapt.plan.sequential_schedule import keeps_teacher_states
+from ladderize.adapt.train.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
 from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_pace import PACE
@@ -103,9 +104,9 @@ def test_recipe_kd_reads_the_sequential_stage_states_and_trains_the_same_model(l
 def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_dir, text_file, tmp_path):
     """Ladder on layers 1-2 of 4: the stored final state runs the teacher's layer 3 past the last converted one, and
     the rows are the calibration set and the held-out batch after it."""
-    from ladderize.adapt.config import AdaptConfig
+    from ladderize.adapt.plan.config import AdaptConfig
     from ladderize.corpus.windows import pack_tokens
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.train.train import adapt
     from ladderize.checkpoint.io import load_tokenizer
     from ladderize.checkpoint.tensor_files import open_safetensors
     from tests.adapt.conftest import convert

@@ -1,10 +1,10 @@
-"""A run's pace: model FLOPs per token, MFU, the plan and projection lines (``adapt/throughput.py``)."""
+"""A run's pace: model FLOPs per token, MFU, the plan and projection lines (``adapt/plan/throughput.py``)."""
 
 from __future__ import annotations
 
 import torch
 
-from ladderize.adapt.throughput import MFU_FORMULA, Throughput, peak_flops_per_s, plan_line
+from ladderize.adapt.plan.throughput import MFU_FORMULA, Throughput, peak_flops_per_s, plan_line
 
 
 def test_mfu_is_model_flops_over_the_processes_peak():
@@ -19,7 +19,7 @@ def test_mfu_is_model_flops_over_the_processes_peak():
 
 
 def test_plan_line_names_the_budget_and_its_parts():
-    from ladderize.adapt.batches import StepSplit
+    from ladderize.adapt.plan.batches import StepSplit
 
     line = plan_line(3_000_000_000, 715, StepSplit(1024, 8, 32), 4096)
     assert line == ("plan: 3,000,000,000 tokens = 715 steps x 1,024 sequences "

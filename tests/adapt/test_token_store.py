@@ -1,5 +1,5 @@
 """The token store (``corpus/token_store.py``), the windows read from it (``corpus/windows.py``) and the batches a
-step takes of them (``adapt/batches.py``)."""
+step takes of them (``adapt/plan/batches.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from ladderize.corpus import token_store
 from ladderize.corpus.windows import TokenWindows, pack_tokens, token_windows
-from ladderize.adapt.batches import StepSplit, batch_order, batch_rows
+from ladderize.adapt.plan.batches import StepSplit, batch_order, batch_rows
 from ladderize.corpus.token_store import (
     ensure_store, is_store, open_store, split_document, splittable, store_key, tokenizer_identity,
 )
@@ -291,9 +291,9 @@ def store_of(text_file: Path, tmp_path: Path) -> Path:
 
 def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, dense_dir, text_file, tmp_path):
     """joint (kd), sequential, sensitivity and head grouping give the same results from a store as from its text."""
-    from ladderize.adapt.config import AdaptConfig
+    from ladderize.adapt.plan.config import AdaptConfig
     from ladderize.convert.convert_support import head_group_checkpoint
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.train.train import adapt
     from ladderize.convert.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
     from ladderize.checkpoint.io import read_provenance
@@ -320,8 +320,8 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
 
 
 def test_adapt_refuses_a_store_of_another_tokenizer_before_writing_anything(ladder_dir, tmp_path):
-    from ladderize.adapt.config import AdaptConfig
-    from ladderize.adapt.train import adapt
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train.train import adapt
 
     store = ensure_store(str(jsonl(tmp_path / "d.jsonl", DOCS * 50)), wide_tokenizer(), out=tmp_path / "wide-store")
     config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",

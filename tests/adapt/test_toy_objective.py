@@ -18,15 +18,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ladderize.adapt.config import AdaptConfig, needs_teacher
-from ladderize.adapt.cost import FlopCount, JointMemory, head_parameters, layer_parameters
-from ladderize.adapt.joint import select_trainable
-from ladderize.adapt.lora import LoraSpec
-from ladderize.adapt.objectives import AdaptLoss
-from ladderize.adapt.objective_registry import TEACHER_LAYERS, Objective, parse_objectives, register
-from ladderize.adapt.stages import Recipe, Stage, parse_stage, resolve_stages
-from ladderize.adapt.sequential_schedule import reads_stored_teacher
-from ladderize.adapt.teacher_states import keeps_teacher_states
+from ladderize.adapt.plan.config import AdaptConfig, needs_teacher
+from ladderize.adapt.plan.cost import FlopCount, JointMemory, head_parameters, layer_parameters
+from ladderize.adapt.train.joint import select_trainable
+from ladderize.adapt.train.lora import LoraSpec
+from ladderize.adapt.objectives.losses import AdaptLoss
+from ladderize.adapt.objectives.registry import TEACHER_LAYERS, Objective, parse_objectives, register
+from ladderize.adapt.plan.stages import Recipe, Stage, parse_stage, resolve_stages
+from ladderize.adapt.plan.sequential_schedule import reads_stored_teacher
+from ladderize.adapt.plan.sequential_schedule import keeps_teacher_states
 from ladderize.checkpoint.shapes import ModelShape
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert

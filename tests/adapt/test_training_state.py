@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.training_state import (DCP_DIR, load_joint_state, read_joint_state, save_joint_state,
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.training_state import (DCP_DIR, load_joint_state, read_joint_state, save_joint_state,
                                             write_trainer_state)
 from ladderize.errors import LadderizeError
 
@@ -59,7 +59,7 @@ def test_a_state_in_another_format_is_refused_in_one_line(tmp_path):
 
 def _clock_run(monkeypatch, save_s: float, env: dict[str, str]) -> list[str]:
     """A SaveClock saving after every step of 2 s, each save taking ``save_s``, under ``env``: what it said."""
-    from ladderize.adapt.training_state import SaveClock
+    from ladderize.adapt.train.training_state import SaveClock
 
     for key in ("TORCHELASTIC_RUN_ID", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
         monkeypatch.delenv(key, raising=False)

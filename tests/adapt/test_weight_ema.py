@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from ladderize.adapt.config import AdaptConfig, validate_config
-from ladderize.adapt.train import adapt
-from ladderize.adapt.training_state import DCP_DIR
-from ladderize.adapt.weight_ema import WeightEMA
+from ladderize.adapt.plan.config import AdaptConfig, validate_config
+from ladderize.adapt.train.train import adapt
+from ladderize.adapt.train.training_state import DCP_DIR
+from ladderize.adapt.train.weight_ema import WeightEMA
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 

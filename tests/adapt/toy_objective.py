@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ladderize.adapt.objectives import LossInputs
-from ladderize.adapt.objective_registry import OBJECTIVES, TEACHER_FINAL, Objective, register
-from ladderize.adapt.stages import STAGES
+from ladderize.adapt.objectives.losses import LossInputs
+from ladderize.adapt.objectives.registry import OBJECTIVES, TEACHER_FINAL, Objective, register
+from ladderize.adapt.plan.stages import STAGES
 
 
 def cosine_distance(inputs: LossInputs) -> torch.Tensor:

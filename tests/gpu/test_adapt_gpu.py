@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ladderize.adapt.config import AdaptConfig
-from ladderize.adapt.train import adapt
+from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.train.train import adapt
 from tests.adapt.conftest import convert, dense_dir, ladder_dir, spd_dir, text_file  # noqa: F401  (fixtures)
 from tests.adapt.test_compilation import STAGE_IDS, STAGES, assert_compiled_trains_as_eager, hybrid_dir  # noqa: F401
 from tests.adapt.test_multiprocess import LOSS_RTOL, sharp_dense
@@ -79,7 +79,7 @@ def test_sequential_on_cuda_equals_the_cpu_run(stream, ladder_dir, text_file, tm
 
 
 def test_sequential_on_cuda_with_states_in_pinned_host_memory(ladder_dir, text_file, tmp_path, monkeypatch):
-    from ladderize.adapt import sequential_run
+    from ladderize.adapt.sequential import sequential_run
 
     monkeypatch.setattr(sequential_run, "STATE_FRACTION", 0.0)  # nothing fits: the states go to pinned host memory
     messages: list[str] = []
@@ -115,7 +115,7 @@ def test_sequential_default_precision_on_cuda_is_bf16_autocast_near_fp32(ladder_
 @pytest.mark.parametrize("stage", STAGES, ids=STAGE_IDS)
 def test_a_compiled_stage_on_cuda_trains_as_the_eager_one(stage, hybrid_dir, text_file, tmp_path):
     """``adapt --compile`` on CUDA (auto leaves it off there until this has run): the CPU test's criteria, in fp32."""
-    from ladderize.adapt.compile_policy import unavailable
+    from ladderize.adapt.plan.compile_policy import unavailable
 
     if unavailable("cuda") is not None:
         pytest.skip(f"torch.compile cannot run on CUDA here: {unavailable('cuda')}")

@@ -281,7 +281,7 @@ def test_cli_gives_it_options(toy, capsys, monkeypatch):
 def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     """``convert --lspd`` writes the toy layout (its TP degree from ``--spd-tp``: the mode is TP-dependent, and
     refused without one, in its own name); the recipe finds the row's learning rates, or the first row's without."""
-    from ladderize.adapt.stages import load_recipe, measured_lr, resolve_stages
+    from ladderize.adapt.plan.stages import load_recipe, measured_lr, resolve_stages
     from ladderize.checkpoint.io import read_provenance
 
     out = tmp_path / "toy"

@@ -1,0 +1,1 @@
+"""Planning an adapt run before any weight loads: the settings and their sections, recipes and stages, the budget, the strategy chosen for a launch, the cost and time model. Imports no training module."""

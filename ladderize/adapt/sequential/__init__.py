@@ -1,0 +1,1 @@
+"""The sequential stage: the converted layers trained one (or a window) at a time on cached states."""

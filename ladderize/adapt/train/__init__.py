@@ -1,0 +1,1 @@
+"""Training a stage: the joint loop over a strategy's run (one process, replicated, sharded), its state, deadline, logging and write-out, and the recipe runner that trains a plan's stages in order."""

@@ -1,0 +1,269 @@
+"""The joint training: one loop (set-up, resume, step, log, save, stop, write-out) over a parallelism strategy.
+
+``strategy.choose_strategy`` picks how the stage runs on its launch, and the loop drives that strategy's run:
+
+- one process or replicated over the processes (``joint.ReplicatedRun``: Accelerate, DDP under a launcher; LoRA, EMA,
+  head grouping, interpolation, ``--train all``);
+- sharded over the processes (``sharded.ShardedRun``: FSDP2, each rank reading its rows of each tensor).
+
+A run builds the models, their loss and trained parameters, and owns what differs: the backward and gradient
+synchronisation, the clip, the optimizer step and the write-out of OUT. Everything else is here, once:
+
+- **The batch** is global: ``--batch-size`` sequences per optimizer step on any process count, split over the
+  processes and accumulated over ``--grad-accum`` micro-batches (``batches.StepSplit``); each process reads its rows
+  of a deterministic batch order (a pure function of the seed and the step), so a recipe trains the same sequences
+  on 1 or 8 processes, and a resumed run replays the batches an uninterrupted one would have seen.
+- **The training state** is torch's distributed checkpoint (``training_state.save_joint_state``): the trained
+  parameters and their optimizer state, every process writing its shards, saved by ``SaveClock`` (a minute in, then
+  every ``save_minutes``, or every ``save_every`` steps) and at an interrupt's step: a Ctrl-C or SIGTERM is heard at
+  every step's end (under a launcher one step later, agreed by every process: ``training_state.InterruptVote``). A
+  resume on the same process count continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
+- **Losses** stay on the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU),
+  averaged over the processes; only the main process speaks.
+- **A wall budget's deadline** stops the stage at the first step that ends past it (under a launcher, the first logged
+  one, by the main process's clock).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ...errors import holding_interrupts
+from ...progress import counted
+from ..plan.batches import StepSplit
+from .compilation import adamw
+from .deadline import Deadline
+from ..plan.config import AdaptConfig, AdaptResult, StepInfo
+from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
+from ..plan.lr_curve import warmup_cosine
+from ..objectives.registry import entries
+from ..plan.throughput import Throughput, peak_flops_per_s, plan_line
+from .training_state import STATE_DIR, InterruptVote, SaveClock, load_joint_state, read_joint_state, save_joint_state
+
+
+class JointRun(Protocol):
+    """What a strategy's run gives the loop (``joint.ReplicatedRun``, ``sharded.ShardedRun``). Built on the process's
+    device; after ``build``: the loss module the steps call, the module whose trained parameters the state holds, those
+    parameters, the student (for progress reports), the teacher's path, whether the prefix is shared and the first
+    converted layer (for stored teacher states), and the step's FLOPs."""
+
+    device: torch.device
+    rank: int
+    world: int
+    teacher_gathers: bool  # stored teacher states are used only where every rank's rows have them
+    loss_module: torch.nn.Module
+    state_module: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    student: torch.nn.Module
+    teacher_path: str | None
+    share_prefix: bool
+    first: int
+    flops: Any
+
+    def plan_suffix(self) -> str: ...
+    def build(self, data: Any, say: Callable[[str], None]) -> None: ...
+    def prepare(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def synchronizing(self, last: bool) -> AbstractContextManager: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def clip(self, max_norm: float) -> None: ...
+    def optimizer_step(self) -> None: ...
+    def extra_state(self) -> dict[str, Any]: ...
+    def barrier(self) -> None: ...
+    def write_out(self, result: AdaptResult, out: Path, tokenizer: Any, state_dir: Path) -> None: ...
+
+
+def train_joint(
+    config: AdaptConfig,
+    weights: dict[str, float],
+    checkpoint: str,
+    out: Path,
+    *,
+    resume: bool,
+    progress: Callable[[StepInfo, torch.nn.Module], None] | None,
+    say: Callable[[str], None],
+    stop_after_steps: int | None,
+    save_at_stop: bool = False,
+    deadline: float | None = None,
+) -> AdaptResult:
+    """Run a joint stage on ``checkpoint`` (checked by ``train.adapt``) with the strategy its launch gets, and write
+    ``out``.
+
+    ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state of that
+    step first, so that ``--resume`` continues from it. ``deadline`` (``time.perf_counter()``'s clock; the main
+    process's decides): the stage stops at the first step that ends past it (under a launcher, the first logged one),
+    says so, and writes OUT from there."""
+    from ...checkpoint.io import load_tokenizer
+    from ...checkpoint.placement import this_launch
+    from ...corpus.token_store import build_reporter, is_store
+    from ...corpus.windows import token_windows
+    from ..plan.strategy import choose_strategy
+
+    strategy = choose_strategy(config, this_launch().world)
+    if strategy.sharded:
+        from .sharded import ShardedRun as Run
+    else:
+        from .joint import ReplicatedRun as Run
+    run: JointRun = Run(config, weights, checkpoint)  # the process group and the device, before anything is built
+    device, rank, world = run.device, run.rank, run.world
+    if rank != 0:  # one voice: the main process says the plan, the data and the pace
+        say = _silent
+    run_dir = config.resolved_run_dir()
+    state_dir = run_dir / STATE_DIR
+    tokenizer = load_tokenizer(checkpoint, "adaptation")
+
+    training = config.training  # the text, a step's batch and the tokens in all
+    split = StepSplit(training.batch_size, world, training.grad_accum)
+    split.check()  # the Python API's backstop: the plan refuses it before any weight loads
+    tokens_per_step = training.batch_size * training.seq_len
+    total_steps = max(1, math.ceil(training.tokens / tokens_per_step))
+    if total_steps * tokens_per_step != training.tokens:
+        say(f"--tokens {training.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
+            f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, training.seq_len) + run.plan_suffix())
+    data = token_windows(training.data, tokenizer, training.seq_len, max_tokens=total_steps * tokens_per_step,
+                         progress=build_reporter(say, training.data), say=say)
+    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
+    kept_in = "" if is_store(training.data) else f" (token store {where})"
+    say(f"data: {counted(len(data), 'sequence')} of {training.seq_len} tokens from {training.data}{kept_in}")
+    if len(data) < training.batch_size:
+        say(f"the data holds fewer sequences than a step trains ({training.batch_size}): every step repeats them, "
+            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * training.seq_len, 'distinct token')}")
+
+    run.build(data, say)
+    stored = None
+    if config.objective.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):  # teacher_states.py
+        from .teacher_states import read as read_teacher_states, teacher_id
+
+        stored, found = read_teacher_states(Path(config.objective.teacher_states), len(data), data.head,
+                                            teacher_id(run.teacher_path), run.first)
+        if found:
+            say(found)
+    pace = Throughput(world, run.flops.per_token, peak_flops_per_s(device))
+    optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
+                      betas=(0.9, 0.95))  # fused
+    run.prepare(optimizer)
+
+    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
+    saved = read_joint_state(state_dir, config) if resume and state_dir.is_dir() else None
+    if saved is not None:
+        load_joint_state(state_dir, run.state_module, optimizer, run.extra_state())
+        step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
+                                                    saved.get("cpu_s", 0.0), saved["curve"])
+        resumed_from = step
+        if saved.get("processes", world) != world:  # the same global batch goes on from the tokens trained
+            total_steps = step + max(1, math.ceil((training.tokens - tokens_done) / tokens_per_step))
+            say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
+                f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
+        say(f"resumed from step {step} ({tokens_done:,} tokens)")
+    elif resume:
+        say(f"nothing to resume in {run_dir}; starting a new run")
+    for group in optimizer.param_groups:  # the schedule's base rate is the run's, not one a loaded state carries
+        group["initial_lr"] = config.optimizer.lr
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(total_steps, config.optimizer.warmup_steps, config.optimizer.min_lr_ratio),
+        last_epoch=step - 1)
+
+    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
+    run.loss_module.train()
+    saved_step, clock, vote = step, SaveClock(config, say), InterruptVote()
+    ends = Deadline(deadline, device)  # the main process's clock decides for every process
+    log_every = log_interval(device)
+    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
+                      pace=pace, say=say,
+                      report=(lambda info: progress(info, run.student)) if rank == 0 and progress is not None else None)
+
+    def save() -> None:
+        pending.flush(curve)
+        save_joint_state(state_dir, config, run.state_module, optimizer,
+                         {"step": step, "tokens": tokens_done, "train_s": train_s, "cpu_s": cpu_s, "curve": curve,
+                          "processes": world}, extra=run.extra_state())
+
+    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+        while step < total_steps:
+            if stop_after_steps is not None and step >= stop_after_steps:
+                if save_at_stop and saved_step != step:
+                    save()
+                pending.flush(curve)
+                vote.close()
+                run.barrier()
+                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
+                                   state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
+                                   throughput=pace.record(tokens_done, train_s))
+            started, cpu_started = time.perf_counter(), time.process_time()
+            sums: dict[str, torch.Tensor] = {}
+            for micro in range(training.grad_accum):
+                rows = split.rows(len(data), step, micro, rank, training.seed)
+                batch = data.rows(rows).to(device, non_blocking=True)
+                teacher_rows = None
+                if stored is not None and (not run.teacher_gathers
+                                           or _all_stored(stored.num_rows, len(data), step, micro, split, training.seed)):
+                    teacher_rows = stored.rows(rows, device)  # else the teacher runs
+                last = micro == training.grad_accum - 1
+                with run.synchronizing(last):
+                    losses = run.loss_module(batch, teacher_rows)
+                    run.backward(losses["total"] / training.grad_accum)
+                for name, value in losses.items():
+                    sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
+            if config.optimizer.max_grad_norm > 0:
+                run.clip(config.optimizer.max_grad_norm)
+            run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            tokens_done += tokens_per_step
+            logged = step % log_every == 0 or step == total_steps
+            if logged and device.type == "cuda":
+                torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
+            train_s += time.perf_counter() - started
+            cpu_s += time.process_time() - cpu_started
+            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
+            if step < total_steps and (world == 1 or logged) and ends.past():
+                say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
+                    f"({counted(tokens_done, 'token')} trained) to keep the budget")
+                total_steps = log.total_steps = step
+            final = step == total_steps
+            if logged or clock.by_steps:
+                due = clock.due(step, device)  # time is read where losses are
+            else:
+                due = False
+                clock.stepped()
+            heard = vote.heard(last=final)  # a held signal, at every step (the vote of the processes)
+            if heard is not None:
+                clock.stop, due = heard, True
+            if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
+                save()
+                saved_step = step
+                clock.saved(vote.lag)
+
+    vote.close()
+    pending.flush(curve)
+    if stored is not None:
+        say(f"stored teacher states: {stored.rows_read(device):,} of the {stored.written:,} sequences written were read")
+    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
+    run.write_out(result, out, tokenizer, state_dir)
+    return result
+
+
+def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
+
+
+def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
+    """Whether every rank's rows of this micro-batch have stored teacher states: ranks whose teacher gathers across
+    them run it together or not at all, and each computes the others' rows itself."""
+    return all(max(split.rows(num_sequences, step, micro, r, seed)) < stored_rows for r in range(split.processes))
+
+
+def _silent(_message: str) -> None:
+    """What a process other than the main one says: nothing."""
