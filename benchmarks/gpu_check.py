@@ -600,7 +600,7 @@ def step_adapt_two_ranks(ctx: Context) -> dict[str, Any]:
     two_s = _two_nodes(ctx, ["-m", "ladderize.cli", "adapt", str(ladder), str(root / "two"), *flags], root / "two", limit,
                        env=TWO_RANKS_ENV)
     lines = (root / "two.node0.log").read_text(errors="replace").splitlines()
-    sharded = [line.strip() for line in lines if "sharded over 2 processes (FSDP2)" in line]
+    sharded = [line.strip() for line in lines if "sharded over 2 processes with FSDP2" in line]
     trained = {name: next((line.split(" trained")[0] for line in path.read_text(errors="replace").splitlines()
                            if line.startswith("adapted ")), None) for name, path in (("one", root / "one.log"), ("two", root / "two.node0.log"))}
     worst = _update_difference(root / "one", root / "two", ladder)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, dry_run
+from ..adapt.plan.strategies import shard_choices
 from . import options as opts
 from . import render
 from .app import app, console, err_console
@@ -63,7 +64,7 @@ def adapt_cmd(
     states_on_disk: bool = typer.Option(False, "--states-on-disk", rich_help_panel=opts.DEVICE,
                                         help="Sequential: calibration states in files, not memory."),
     shard: Optional[str] = typer.Option(None, "--shard", rich_help_panel=opts.SCALE,
-                                        help="Joint stages under a launcher: fsdp, ddp or auto (the default)."),
+                                        help=f"Joint stages under a launcher: {', '.join(shard_choices()[1:])} or auto (the default)."),
     activation_checkpointing: bool = typer.Option(
         False, "--activation-checkpointing", rich_help_panel=opts.SCALE,
         help="Joint: recompute activations in the backward; on by itself where one sequence does not fit the GPU."),

@@ -91,7 +91,7 @@ def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, te
         runs[offload] = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert runs["false"].returncode == 0, launch_failure(runs["false"].stderr)
     assert "Accelerate config: FSDP as --shard fsdp" in runs["false"].stderr
-    assert "sharded over 2 processes (FSDP2)" in runs["false"].stdout + runs["false"].stderr
+    assert "sharded over 2 processes with FSDP2" in runs["false"].stdout + runs["false"].stderr
     refused = runs["true"]
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode != 0 and len(errors) == 1 and "fsdp_offload_params" in errors[0]

@@ -95,7 +95,7 @@ def test_two_processes_sharded_write_a_bf16_out_of_the_cast_masters(bf16_ladder,
 
     stage = ["--stage", "kd:tokens=128,batch_size=2,lr=1e-2"]
     two = _launch(2, ["adapt", str(bf16_ladder), str(tmp_path / "auto"), *_common(text_file), *stage], tmp_path)
-    assert "sharded over 2 processes (FSDP2)" in two.stderr
+    assert "sharded over 2 processes with FSDP2" in two.stderr
     _launch(2, ["adapt", str(bf16_ladder), str(tmp_path / "fp32"), *_common(text_file), *stage,
                 "--output-dtype", "float32"], tmp_path)
     _check_cast(tmp_path / "auto", tmp_path / "fp32")

@@ -91,7 +91,7 @@ def test_two_processes_shard_and_equal_one_process_with_a_clip_that_matters(shar
     stage = "kd:tokens=256,max_grad_norm=0.01,lr=1e-2,batch_size={}"
     two = _launch(2, ["adapt", str(sharp_ladder), str(tmp_path / "two"), *_common(text_file), "--stage", stage.format(2)],
                   tmp_path)
-    assert "sharded over 2 processes (FSDP2)" in two.stderr and "batch 2 = 1 per process x 2 processes" in two.stderr
+    assert "sharded over 2 processes with FSDP2" in two.stderr and "batch 2 = 1 per process x 2 processes" in two.stderr
     _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), "--stage", stage.format(2)], tmp_path)
     _single(["adapt", str(sharp_ladder), str(tmp_path / "free"), *_common(text_file), "--stage",
              "kd:tokens=256,max_grad_norm=0,lr=1e-2,batch_size=2"], tmp_path)

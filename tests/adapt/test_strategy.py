@@ -163,7 +163,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
         adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
     chosen = choose_strategy(plan.stages[0].settings, world)
     assert plan.cost.stages[0].strategy == chosen.describe()
-    assert ran == [SHARDED if chosen.sharded else "joint"]
+    assert ran == [SHARDED if chosen.shards else "joint"]
 
 
 

@@ -136,7 +136,7 @@ def test_it_trains_under_the_default_recipe_on_one_and_two_fsdp_processes(sharp_
     one = _run([sys.executable, str(TOY_FILE), *[str(tmp_path / "one") if a is None else a for a in args]],
                tmp_path)
     two = _run([*_torchrun(2), str(TOY_FILE), *[str(tmp_path / "two") if a is None else a for a in args]], tmp_path)
-    assert "sharded over 2 processes (FSDP2)" in two.stderr, two.stderr[-3000:]
+    assert "sharded over 2 processes with FSDP2" in two.stderr, two.stderr[-3000:]
     for done in (one, two):
         assert "come from the sequential stage" in done.stderr, done.stderr[-3000:]
     losses = _losses(tmp_path / "one", "loss_cos")

@@ -334,7 +334,7 @@ class JointMemory:
                  sharded: bool = True, scope: str = "converted", ema: bool = False, accumulating: bool = False,
                  lora_rank: int = 16, head_loss: bool = False, teacher_head: bool = False) -> "JointMemory":
         """The bytes per GPU (module docstring) of a stage training ``scope`` (``--train``) of ``converted``, on
-        ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy.Strategy.sharded``)."""
+        ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy.Strategy.shards``)."""
         shape = _shape_of(config)
         layer = layer_parameters(shape)
         every = shape.num_parameters
@@ -382,7 +382,7 @@ class JointMemory:
                             teacher=any(objective.needs_teacher for objective in entries(weights)),
                             checkpointing=bool(settings.parallelism.activation_checkpointing),
                             compute_bytes=4 if settings.parallelism.dtype == "float32" else 2,
-                            sharded=choose_strategy(settings, processes).sharded, scope=settings.scope.train,
+                            sharded=choose_strategy(settings, processes).shards, scope=settings.scope.train,
                             ema=bool(settings.scope.ema), accumulating=settings.training.grad_accum > 1, lora_rank=settings.scope.lora_rank,
                             head_loss=any(objective.head for objective in entries(weights)),
                             teacher_head=any(objective.teacher_head for objective in entries(weights)))
@@ -676,12 +676,12 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
             fixes.append(f"--batch-size {alone * processes} without --grad-accum (fewer tokens per step: the "
                          "accumulated gradients do not fit beside it)")
     strategy = choose_strategy(step, launch)
-    if not strategy.sharded and launch.processes > 1:
+    if not strategy.shards and launch.processes > 1:
         sharded_step = without_whole_weight_settings(step)
         priced = fits(sharded_step)
-        if priced is not None and choose_strategy(sharded_step, launch).sharded:
+        if priced is not None and choose_strategy(sharded_step, launch).shards:
             dropped = [entry.flag for entry in whole_weight_settings(step)]
-            dropped += ["--shard ddp"] if setting(step, "shard") == "ddp" else []
+            dropped += [f"--shard {setting(step, 'shard')}"] if setting(step, "shard") != "auto" else []
             fixes.append(f"without {' and '.join(dropped)} (then sharded: {gib(priced.total)})")
     advice = "; ".join(fixes) if fixes else "more GPUs or a GPU with more memory"
     return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()} "

@@ -103,7 +103,7 @@ def gathers_teacher(step: dict[str, Any], processes: int) -> bool:
     whose rows are stored on every rank (``trainer._all_stored``)."""
     from .strategy import choose_strategy
 
-    return processes > 1 and choose_strategy(step, processes).sharded
+    return processes > 1 and choose_strategy(step, processes).shards
 
 
 def rows_read(steps: list[dict[str, Any]], index: int, processes: int = 1) -> int:

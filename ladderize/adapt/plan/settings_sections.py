@@ -13,12 +13,12 @@ from typing import Any
 
 from ...errors import LadderizeError
 from .inputs import check_seq_len
+from .strategies import shard_choices
 from ..objectives.registry import DIVERGENCES, LOCAL_INPUTS, check_top_k, parse_objectives
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
 STATES = ("memory", "disk")  # where the sequential training keeps the calibration states
-SHARDING = ("auto", "fsdp", "ddp")  # joint stages under a launcher (strategy.choose_strategy)
 MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
@@ -181,7 +181,7 @@ class ParallelismSettings:
     recomputed activations."""
 
     device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
-    shard: str = "auto"  # joint stages: fsdp (FSDP2, sharded.py), ddp (replicated, joint.py), auto (fsdp under a launcher)
+    shard: str = "auto"  # joint stages: an entry of strategies.STRATEGIES (fsdp, ddp), or auto (fsdp under a launcher)
     dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
     mixed_precision: str = "no"
     compile: bool | None = None  # compiled decoder layers (compilation.py); None: where torch.compile runs
@@ -190,8 +190,8 @@ class ParallelismSettings:
     def check(self) -> None:
         from ...checkpoint.placement import check_device, check_dtype
 
-        if self.shard not in SHARDING:
-            raise LadderizeError(f"unknown --shard {self.shard!r}; choose from {', '.join(SHARDING)}")
+        if self.shard not in shard_choices():
+            raise LadderizeError(f"unknown --shard {self.shard!r}; choose from {', '.join(shard_choices())}")
         check_device(self.device)
         check_dtype(self.dtype)
         if self.mixed_precision not in MIXED_PRECISION:

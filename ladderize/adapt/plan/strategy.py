@@ -1,17 +1,19 @@
-"""How a joint stage runs on its launch: one process, replicated over the processes (DDP) or sharded (FSDP2).
+"""How a joint stage runs on its launch: which entry of ``STRATEGIES`` (``strategies.py``: FSDP2, DDP, or one a user
+registers), over how many processes, and why.
 
-``choose_strategy(settings, launch)`` is the one place the choice is made. The plan (``plan._fill_device``), the
+``choose_strategy(settings, launch)`` is the one place the choice is made. The plan (``adapt_plan._fill_device``), the
 pricing (``cost.plan_run``, ``cost.JointMemory``), ``adapt --dry-run``, the refusal's advice and the run
-(``train.adapt``: ``sharded.py`` or ``joint.py``) all read it, so what a plan prices is what runs.
+(``trainer.train_joint``: the entry's run class) all read it, so what a plan prices is what runs.
 
-- ``--shard ddp``: replicated (one process on a launch of one);
-- ``--shard auto`` (the default): one process on a launch of one; sharded on more, unless a setting the sharded
-  training does not take is on (``SETTINGS``): then replicated, and the strategy's reason names the setting;
-- ``--shard fsdp``: sharded, one process too; a setting the sharded training does not take is refused.
+- ``--shard NAME``: that entry (``ddp``: replicated, one process on a launch of one; ``fsdp``: sharded, one process
+  too); a strategy that shards, asked for with a setting it does not take, is refused;
+- ``--shard auto`` (the default): on a launch of one, the first entry in ``auto``'s order that does not shard (DDP's
+  run on one process); on more, the first that takes the stage's settings (FSDP2, unless a setting of ``SETTINGS`` is
+  on: then DDP, and the strategy's reason names the setting).
 
-Which strategy takes which setting is data (``SETTINGS``): the sharded training trains the converted layers from
-shards, so whatever needs the whole weights on every rank keeps the replicated one. This module reads settings only:
-it imports no training module, so the planning side stays free of them (``tests/test_import_graph.py``).
+Which setting needs the whole weights on every process is data (``SETTINGS``): a strategy that shards trains the
+converted layers from shards, so only one that does not shard takes them. This module reads settings only: it imports
+no training module, so the planning side stays free of them (``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
@@ -21,57 +23,65 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import LadderizeError
+from .strategies import STRATEGIES, StrategyEntry, shard_choices
 
-ONE_PROCESS = "one process"  # joint.py, no process group
-REPLICATED = "replicated"  # joint.py under DDP: every process holds the whole student, its gradients and AdamW
-SHARDED = "sharded"  # sharded.py: FSDP2, every process holds 1/processes of them
+ONE_PROCESS = "one process"  # a strategy that holds the whole weights, on a launch of one
+REPLICATED = "replicated"  # every process holds the whole student, its gradients and AdamW
+SHARDED = "sharded"  # every process holds 1/processes of them
 KINDS = (ONE_PROCESS, REPLICATED, SHARDED)
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A stage setting some strategies do not take: its flag as the user writes it, the ``AdaptConfig`` field, when it
-    is on, the value that turns it off, and the strategies that run it."""
+    """A stage setting that needs the whole weights on every process: its flag as the user writes it, the
+    ``AdaptConfig`` field, when it is on, and the value that turns it off. Only a strategy that does not shard takes
+    it."""
 
     flag: str
     key: str
     on: Callable[[Any], bool]
     off: Any
-    runs_on: frozenset[str]
 
-
-_WHOLE = frozenset({ONE_PROCESS, REPLICATED})  # the whole weights on every rank
 
 # in the order a refusal names them
 SETTINGS: tuple[Setting, ...] = (
-    Setting("--train lora", "train", lambda value: value == "lora", "converted", _WHOLE),
-    Setting("ema", "ema", lambda value: bool(value), 0.0, _WHOLE),
-    Setting("--head-grouping", "head_grouping", lambda value: bool(value), False, _WHOLE),
-    Setting("interpolate", "interpolate", lambda value: float(value) != 1, 1.0, _WHOLE),
-    Setting("--train all", "train", lambda value: value == "all", "converted", _WHOLE),
+    Setting("--train lora", "train", lambda value: value == "lora", "converted"),
+    Setting("ema", "ema", lambda value: bool(value), 0.0),
+    Setting("--head-grouping", "head_grouping", lambda value: bool(value), False),
+    Setting("interpolate", "interpolate", lambda value: float(value) != 1, 1.0),
+    Setting("--train all", "train", lambda value: value == "all", "converted"),
 )
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How a joint stage runs: ``kind`` (``KINDS``) over ``processes``, and why (``reason``: the setting or launch
-    that chose it)."""
+    """How a joint stage runs: the ``entry`` of ``STRATEGIES`` over ``processes``, and why (``reason``: the setting
+    or launch that chose it)."""
 
-    kind: str
+    entry: StrategyEntry
     processes: int
     reason: str
 
     @property
-    def sharded(self) -> bool:
-        return self.kind == SHARDED
+    def shards(self) -> bool:
+        """Each process holds 1/processes of the trained weights, their gradients and AdamW."""
+        return self.entry.shards
+
+    @property
+    def kind(self) -> str:
+        """``KINDS``: what each process holds, from the entry's traits and the process count."""
+        if self.entry.shards:
+            return SHARDED
+        return REPLICATED if self.processes > 1 else ONE_PROCESS
 
     def describe(self) -> str:
         """``sharded over 8 processes with FSDP2``, ``replicated over 8 processes with DDP: --train lora needs ...``,
         ``on one process``."""
-        if self.kind == SHARDED:
-            return f"sharded over {self.processes} process{'es' if self.processes != 1 else ''} with FSDP2"
-        if self.kind == REPLICATED:
-            return f"replicated over {self.processes} processes with DDP: {self.reason}"
+        label, kind = self.entry.label, self.kind
+        if kind == SHARDED:
+            return f"sharded over {self.processes} process{'es' if self.processes != 1 else ''} with {label}"
+        if kind == REPLICATED:
+            return f"replicated over {self.processes} processes with {label}: {self.reason}"
         return "on one process" if self.reason == ONE_PROCESS else f"on one process: {self.reason}"
 
 
@@ -84,39 +94,52 @@ def setting(settings: Any, key: str) -> Any:
 
 
 def whole_weight_settings(settings: Any) -> list[Setting]:
-    """The settings on in ``settings`` that the sharded training does not take."""
+    """The settings on in ``settings`` that only a strategy holding the whole weights takes."""
     from .config import stage_config
 
     flat = stage_config(settings).flat()
-    return [entry for entry in SETTINGS if SHARDED not in entry.runs_on and entry.on(flat[entry.key])]
+    return [entry for entry in SETTINGS if entry.on(flat[entry.key])]
+
+
+def _named(shard: str) -> StrategyEntry:
+    if shard not in STRATEGIES:
+        raise LadderizeError(f"unknown --shard {shard!r}; choose from {', '.join(shard_choices())}")
+    return STRATEGIES[shard]
 
 
 def choose_strategy(settings: Any, launch: Any) -> Strategy:
     """The strategy a joint stage with ``settings`` (``AdaptConfig`` or a plan's stage dict) runs with on ``launch``
-    (a ``cost.Launch``, or a process count). ``--shard fsdp`` with a setting it does not take is refused."""
+    (a ``cost.Launch``, or a process count): the entry ``--shard NAME`` names, or for ``--shard auto`` the first entry
+    in ``auto``'s order that takes the stage's settings, on one process the first that does not shard. A strategy
+    that shards, asked for by name, with a setting it does not take is refused."""
     from .config import stage_config
 
     processes = launch if isinstance(launch, int) else launch.processes
     typed = stage_config(settings)
     shard = typed.parallelism.shard
-    if shard == "ddp":
-        return Strategy(REPLICATED if processes > 1 else ONE_PROCESS, processes, "--shard ddp")
-    if shard == "auto" and processes <= 1:
-        return Strategy(ONE_PROCESS, processes, ONE_PROCESS)
     blockers = whole_weight_settings(typed)
-    if not blockers:
-        return Strategy(SHARDED, processes, f"--shard {shard}")
-    if shard == "fsdp":
-        raise LadderizeError(f"--shard fsdp trains the converted layers: {blockers[0].flag} needs the replicated "
-                             "path (--shard ddp)")
-    return Strategy(REPLICATED, processes, f"{blockers[0].flag} needs the whole weights on every process")
+    if shard != "auto":
+        entry = _named(shard)
+        if entry.shards and blockers:
+            whole = next(name for name in shard_choices()[1:] if not STRATEGIES[name].shards)
+            raise LadderizeError(f"--shard {shard} trains the converted layers: {blockers[0].flag} needs the "
+                                 f"replicated path (--shard {whole})")
+        return Strategy(entry, processes, f"--shard {shard}")
+    candidates = [STRATEGIES[name] for name in shard_choices()[1:] if STRATEGIES[name].auto is not None]
+    if processes <= 1:
+        return Strategy(next(entry for entry in candidates if not entry.shards), processes, ONE_PROCESS)
+    entry = next(entry for entry in candidates if not (entry.shards and blockers))
+    reason = f"--shard {entry.name}" if not blockers else f"{blockers[0].flag} needs the whole weights on every process"
+    return Strategy(entry, processes, reason)
 
 
 def without_whole_weight_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with the settings that keep a stage replicated turned off (``--shard ddp`` becomes auto)."""
+    """``settings`` with the settings that keep a stage replicated turned off (a named strategy that does not shard
+    becomes auto)."""
     changed = dict(settings)
     for entry in whole_weight_settings(settings):
         changed[entry.key] = entry.off
-    if setting(settings, "shard") == "ddp":
+    shard = setting(settings, "shard")
+    if shard != "auto" and not _named(shard).shards:
         changed["shard"] = "auto"
     return changed

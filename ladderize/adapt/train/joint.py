@@ -103,10 +103,6 @@ class ReplicatedRun:
         self.ema: WeightEMA | None = None
         self.peft_model = None
 
-    def plan_suffix(self) -> str:
-        """What the plan line adds: the processes the student is replicated over, where there are several."""
-        return f", replicated over {self.world} processes (DDP)" if self.world > 1 else ""
-
     def build(self, data, say: Callable[[str], None]) -> None:
         """Load the student and (where an objective needs it) the teacher whole, pick the trained parameters, and
         build the loss."""

@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from ...errors import LadderizeError
-from ...progress import counted
 from .. import process_group
 from .compilation import compile_layers, recompute_activations
 from ..plan.compile_policy import COMPILING, resolve_compile
@@ -72,9 +71,6 @@ class ShardedRun:
         precision.apply()
         torch.manual_seed(config.training.seed)
         self.compute = precision.autocast or torch.float32
-
-    def plan_suffix(self) -> str:
-        return f", sharded over {counted(self.world, 'process', 'processes')} (FSDP2)"
 
     def build(self, data, say: Callable[[str], None]) -> None:
         """Build student and teacher without weights, shard each decoder layer, then read this rank's rows; the

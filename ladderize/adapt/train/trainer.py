@@ -1,6 +1,7 @@
 """The joint training: one loop (set-up, resume, step, log, save, stop, write-out) over a parallelism strategy.
 
-``strategy.choose_strategy`` picks how the stage runs on its launch, and the loop drives that strategy's run:
+``strategy.choose_strategy`` picks how the stage runs on its launch (an entry of ``strategies.STRATEGIES``), and the
+loop drives the run its entry names (``run_class``):
 
 - one process or replicated over the processes (``joint.ReplicatedRun``: Accelerate, DDP under a launcher; LoRA, EMA,
   head grouping, interpolation, ``--train all``);
@@ -26,6 +27,7 @@ synchronisation, the clip, the optimizer step and the write-out of OUT. Everythi
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Callable
@@ -38,6 +40,7 @@ import torch
 from ...errors import holding_interrupts
 from ...progress import counted
 from ..plan.batches import StepSplit
+from ..plan.strategies import StrategyEntry
 from .compilation import adamw
 from .deadline import Deadline
 from ..plan.config import AdaptConfig, AdaptResult, StepInfo
@@ -67,7 +70,6 @@ class JointRun(Protocol):
     first: int
     flops: Any
 
-    def plan_suffix(self) -> str: ...
     def build(self, data: Any, say: Callable[[str], None]) -> None: ...
     def prepare(self, optimizer: torch.optim.Optimizer) -> None: ...
     def synchronizing(self, last: bool) -> AbstractContextManager: ...
@@ -77,6 +79,12 @@ class JointRun(Protocol):
     def extra_state(self) -> dict[str, Any]: ...
     def barrier(self) -> None: ...
     def write_out(self, result: AdaptResult, out: Path, tokenizer: Any, state_dir: Path) -> None: ...
+
+
+def run_class(entry: StrategyEntry) -> type[JointRun]:
+    """The run class a strategy's entry names (``module:Class``), imported."""
+    module, _, name = entry.run.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def train_joint(
@@ -106,11 +114,7 @@ def train_joint(
     from ..plan.strategy import choose_strategy
 
     strategy = choose_strategy(config, this_launch().world)
-    if strategy.sharded:
-        from .sharded import ShardedRun as Run
-    else:
-        from .joint import ReplicatedRun as Run
-    run: JointRun = Run(config, weights, checkpoint)  # the process group and the device, before anything is built
+    run: JointRun = run_class(strategy.entry)(config, weights, checkpoint)  # the process group and the device, before anything is built
     device, rank, world = run.device, run.rank, run.world
     if rank != 0:  # one voice: the main process says the plan, the data and the pace
         say = _silent
@@ -126,7 +130,8 @@ def train_joint(
     if total_steps * tokens_per_step != training.tokens:
         say(f"--tokens {training.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
             f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
-    say(plan_line(total_steps * tokens_per_step, total_steps, split, training.seq_len) + run.plan_suffix())
+    on = f", {strategy.describe()}" if strategy.processes > 1 or strategy.shards else ""  # one process: nothing to add
+    say(plan_line(total_steps * tokens_per_step, total_steps, split, training.seq_len) + on)
     data = token_windows(training.data, tokenizer, training.seq_len, max_tokens=total_steps * tokens_per_step,
                          progress=build_reporter(say, training.data), say=say)
     where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
