@@ -10,10 +10,13 @@ ADAPT = Path(__file__).resolve().parents[1] / "ladderize" / "adapt"
 
 
 def _calls(name: str) -> dict[str, list[str]]:
-    """The functions of ladderize/adapt that call ``name`` (an attribute or a plain name), by file."""
+    """The functions of ladderize/adapt that call ``name`` (an attribute or a plain name), by file; a method as
+    ``Class.method``."""
     found: dict[str, list[str]] = {}
     for file in sorted(ADAPT.rglob("*.py")):
         tree = ast.parse(file.read_text(), str(file))
+        owners = {id(item): f"{node.name}." for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  for item in node.body}
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -21,15 +24,16 @@ def _calls(name: str) -> dict[str, list[str]]:
                 if isinstance(node, ast.Call):
                     callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                     if callee == name:
-                        found.setdefault(file.name, []).append(function.name)
+                        found.setdefault(file.name, []).append(owners.get(id(function), "") + function.name)
     return {file: sorted(set(names)) for file, names in found.items()}
 
 
 def test_one_joint_training_loop():
-    """The joint stages' loop (its learning-rate schedule and its held interrupts) is ``trainer.train_joint``; the
-    sequential stage's is its own (one layer at a time)."""
-    assert _calls("LambdaLR") == {"trainer.py": ["train_joint"], "layer_training.py": ["train_layer"]}
-    assert _calls("holding_interrupts") == {"trainer.py": ["train_joint"], "sequential_run.py": ["_train_layers"]}
+    """The joint stages' loop (its learning-rate schedule, its optimizer step and its held interrupts) is
+    ``trainer.Trainer``'s; the sequential stage's is its own (one layer at a time)."""
+    assert _calls("LambdaLR") == {"trainer.py": ["Trainer.__init__"], "layer_training.py": ["train_layer"]}
+    assert _calls("holding_interrupts") == {"trainer.py": ["Trainer.train"], "sequential_run.py": ["_train_layers"]}
+    assert _calls("optimizer_step") == {"trainer.py": ["Trainer.train_step"]}
 
 
 def test_one_process_group_start():

@@ -13,7 +13,7 @@ from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.adapt.train.train import adapt
 
 SEQ, STEPS = 16, 8
-LOOPS = frozenset({"train_joint", "flush"})  # the training loop and its one read
+LOOPS = frozenset({"train", "train_step", "flush"})  # the training loop, its step and its one read
 
 
 def _reads_in_the_loop(monkeypatch) -> list[str]:

@@ -3,7 +3,7 @@ registers), over how many processes, and why.
 
 ``choose_strategy(settings, launch)`` is the one place the choice is made. The plan (``adapt_plan._fill_device``), the
 pricing (``cost.plan_run``, ``cost.JointMemory``), ``adapt --dry-run``, the refusal's advice and the run
-(``trainer.train_joint``: the entry's run class) all read it, so what a plan prices is what runs.
+(``trainer.Trainer``: the entry's run class) all read it, so what a plan prices is what runs.
 
 - ``--shard NAME``: that entry (``ddp``: replicated, one process on a launch of one; ``fsdp``: sharded, one process
   too); a strategy that shards, asked for with a setting it does not take, is refused;

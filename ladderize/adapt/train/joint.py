@@ -1,4 +1,4 @@
-"""The replicated run of a joint stage (``trainer.train_joint``'s loop drives it): one process, or every process
+"""The replicated run of a joint stage (``trainer.Trainer`` drives it): one process, or every process
 holding the whole student under a launcher (DDP), built on Accelerate.
 
 Accelerate gives the device, DDP (gloo on a CPU, NCCL on CUDA), mixed precision (autocast, and a loss scaler under
@@ -64,7 +64,7 @@ def _prefix_shared(student: LadderLlamaForCausalLM, teacher: LadderLlamaForCausa
 
 class ReplicatedRun:
     """A joint stage on one process or replicated over the launched ones: the whole student, teacher, gradients and
-    optimizer state on every process (``trainer.train_joint`` calls it in this order: build, prepare, then each
+    optimizer state on every process (``trainer.Trainer`` calls it in this order: build, prepare, then each
     step's ``synchronizing``/``backward``, ``clip``, ``optimizer_step``, and ``write_out``)."""
 
     teacher_gathers = False  # each process runs its own teacher: a micro-batch takes stored states where it has them

@@ -15,7 +15,7 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
 - **Host memory** is the shards and what a step gathers: glibc maps every block of a MiB or more on its own
   (``layer_source.map_large_allocations``), so that the gathered weights and gradients a step frees leave the
   process.
-- **One step** is ``trainer.train_joint``'s: each rank reads its rows of the global batch, FSDP2 averages the
+- **One step** is ``trainer.Trainer.train_step``: each rank reads its rows of the global batch, FSDP2 averages the
   gradients (reduce-scatter) on the last micro-batch only, and the clip measures the global norm of the sharded
   gradients (``clip_sharded``).
 - **The training state** is the joint stages' one (``training_state.save_joint_state``): every rank writes its own
@@ -51,7 +51,7 @@ from .training_state import finish_state
 
 
 class ShardedRun:
-    """A joint stage sharded over the launched processes with FSDP2 (``trainer.train_joint``'s loop drives it):
+    """A joint stage sharded over the launched processes with FSDP2 (``trainer.Trainer`` drives it):
     each process holds 1/processes of the trained layers, their gradients and AdamW state, and of the frozen teacher."""
 
     teacher_gathers = True  # the teacher's units gather across the ranks: they run it together or not at all

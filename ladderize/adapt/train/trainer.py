@@ -1,4 +1,5 @@
-"""The joint training: one loop (set-up, resume, step, log, save, stop, write-out) over a parallelism strategy.
+"""The joint training: one ``Trainer`` (set-up, resume, ``train_step``, the loop that logs, saves, stops and writes
+out) over a parallelism strategy.
 
 ``strategy.choose_strategy`` picks how the stage runs on its launch (an entry of ``strategies.STRATEGIES``), and the
 loop drives the run its entry names (``run_class``):
@@ -101,159 +102,199 @@ def train_joint(
     deadline: float | None = None,
 ) -> AdaptResult:
     """Run a joint stage on ``checkpoint`` (checked by ``train.adapt``) with the strategy its launch gets, and write
-    ``out``.
+    ``out`` (``Trainer``).
 
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state of that
     step first, so that ``--resume`` continues from it. ``deadline`` (``time.perf_counter()``'s clock; the main
     process's decides): the stage stops at the first step that ends past it (under a launcher, the first logged one),
     says so, and writes OUT from there."""
-    from ...checkpoint.io import load_tokenizer
-    from ...checkpoint.placement import this_launch
-    from ...corpus.token_store import build_reporter, is_store
-    from ...corpus.windows import token_windows
-    from ..plan.strategy import choose_strategy
+    trainer = Trainer(config, weights, checkpoint, out, resume=resume, progress=progress, say=say, deadline=deadline)
+    return trainer.train(stop_after_steps=stop_after_steps, save_at_stop=save_at_stop)
 
-    strategy = choose_strategy(config, this_launch().world)
-    run: JointRun = run_class(strategy.entry)(config, weights, checkpoint)  # the process group and the device, before anything is built
-    device, rank, world = run.device, run.rank, run.world
-    if rank != 0:  # one voice: the main process says the plan, the data and the pace
-        say = _silent
-    run_dir = config.resolved_run_dir()
-    state_dir = run_dir / STATE_DIR
-    tokenizer = load_tokenizer(checkpoint, "adaptation")
 
-    training = config.training  # the text, a step's batch and the tokens in all
-    split = StepSplit(training.batch_size, world, training.grad_accum)
-    split.check()  # the Python API's backstop: the plan refuses it before any weight loads
-    tokens_per_step = training.batch_size * training.seq_len
-    total_steps = max(1, math.ceil(training.tokens / tokens_per_step))
-    if total_steps * tokens_per_step != training.tokens:
-        say(f"--tokens {training.tokens:,} rounds up to {total_steps * tokens_per_step:,}: a step trains "
-            f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
-    on = f", {strategy.describe()}" if strategy.processes > 1 or strategy.shards else ""  # one process: nothing to add
-    say(plan_line(total_steps * tokens_per_step, total_steps, split, training.seq_len) + on)
-    data = token_windows(training.data, tokenizer, training.seq_len, max_tokens=total_steps * tokens_per_step,
-                         progress=build_reporter(say, training.data), say=say)
-    where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
-    kept_in = "" if is_store(training.data) else f" (token store {where})"
-    say(f"data: {counted(len(data), 'sequence')} of {training.seq_len} tokens from {training.data}{kept_in}")
-    if len(data) < training.batch_size:
-        say(f"the data holds fewer sequences than a step trains ({training.batch_size}): every step repeats them, "
-            f"so the {total_steps * tokens_per_step:,} tokens trained count {counted(len(data) * training.seq_len, 'distinct token')}")
+class Trainer:
+    """A joint stage's training on this process: the strategy's run (its model parts and loss), AdamW, the learning-rate
+    schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve; the data's
+    position is the step: the batch order is a function of the seed and the step). ``save`` writes all of it as one
+    distributed checkpoint (``training_state.save_joint_state``), which a resumed trainer loads before its first step;
+    ``train_step`` is one optimizer step, ``train`` the loop around it (the save clock, the interrupt vote, the
+    deadline) and the write-out."""
 
-    run.build(data, say)
-    stored = None
-    if config.objective.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):  # teacher_states.py
-        from .teacher_states import read as read_teacher_states, teacher_id
+    def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str, out: Path, *, resume: bool,
+                 progress: Callable[[StepInfo, torch.nn.Module], None] | None, say: Callable[[str], None],
+                 deadline: float | None = None):
+        from ...checkpoint.io import load_tokenizer
+        from ...checkpoint.placement import this_launch
+        from ...corpus.token_store import build_reporter, is_store
+        from ...corpus.windows import token_windows
+        from ..plan.strategy import choose_strategy
 
-        stored, found = read_teacher_states(Path(config.objective.teacher_states), len(data), data.head,
-                                            teacher_id(run.teacher_path), run.first)
-        if found:
-            say(found)
-    pace = Throughput(world, run.flops.per_token, peak_flops_per_s(device))
-    optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
-                      betas=(0.9, 0.95))  # fused
-    run.prepare(optimizer)
+        self.config, self.out = config, out
+        strategy = choose_strategy(config, this_launch().world)
+        run: JointRun = run_class(strategy.entry)(config, weights, checkpoint)  # the process group and the device first
+        self.run, self.device, self.rank, self.world = run, run.device, run.rank, run.world
+        if self.rank != 0:  # one voice: the main process says the plan, the data and the pace
+            say = _silent
+        self.say = say
+        self.run_dir = config.resolved_run_dir()
+        self.state_dir = self.run_dir / STATE_DIR
+        self.tokenizer = load_tokenizer(checkpoint, "adaptation")
 
-    step, tokens_done, train_s, cpu_s, curve, resumed_from = 0, 0, 0.0, 0.0, [], 0
-    saved = read_joint_state(state_dir, config) if resume and state_dir.is_dir() else None
-    if saved is not None:
-        load_joint_state(state_dir, run.state_module, optimizer, run.extra_state())
-        step, tokens_done, train_s, cpu_s, curve = (saved["step"], saved["tokens"], saved["train_s"],
-                                                    saved.get("cpu_s", 0.0), saved["curve"])
-        resumed_from = step
-        if saved.get("processes", world) != world:  # the same global batch goes on from the tokens trained
-            total_steps = step + max(1, math.ceil((training.tokens - tokens_done) / tokens_per_step))
-            say(f"resumed on {counted(world, 'process', 'processes')} a run saved on {saved['processes']}: "
-                f"{total_steps - step} step(s) of {tokens_per_step:,} tokens left")
-        say(f"resumed from step {step} ({tokens_done:,} tokens)")
-    elif resume:
-        say(f"nothing to resume in {run_dir}; starting a new run")
-    for group in optimizer.param_groups:  # the schedule's base rate is the run's, not one a loaded state carries
-        group["initial_lr"] = config.optimizer.lr
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(total_steps, config.optimizer.warmup_steps, config.optimizer.min_lr_ratio),
-        last_epoch=step - 1)
+        training = self.training = config.training  # the text, a step's batch and the tokens in all
+        self.split = StepSplit(training.batch_size, self.world, training.grad_accum)
+        self.split.check()  # the Python API's backstop: the plan refuses it before any weight loads
+        self.tokens_per_step = training.batch_size * training.seq_len
+        self.total_steps = max(1, math.ceil(training.tokens / self.tokens_per_step))
+        planned_tokens = self.total_steps * self.tokens_per_step
+        if planned_tokens != training.tokens:
+            say(f"--tokens {training.tokens:,} rounds up to {planned_tokens:,}: a step trains "
+                f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
+        on = f", {strategy.describe()}" if strategy.processes > 1 or strategy.shards else ""  # one process: nothing to add
+        say(plan_line(planned_tokens, self.total_steps, self.split, training.seq_len) + on)
+        data = self.data = token_windows(training.data, self.tokenizer, training.seq_len, max_tokens=planned_tokens,
+                                         progress=build_reporter(say, training.data), say=say)
+        where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
+        kept_in = "" if is_store(training.data) else f" (token store {where})"
+        say(f"data: {counted(len(data), 'sequence')} of {training.seq_len} tokens from {training.data}{kept_in}")
+        if len(data) < training.batch_size:
+            say(f"the data holds fewer sequences than a step trains ({training.batch_size}): every step repeats them, "
+                f"so the {planned_tokens:,} tokens trained count {counted(len(data) * training.seq_len, 'distinct token')}")
 
-    pending = PendingLosses(_mean_over_ranks if world > 1 else None)
-    run.loss_module.train()
-    saved_step, clock, vote = step, SaveClock(config, say), InterruptVote()
-    ends = Deadline(deadline, device)  # the main process's clock decides for every process
-    log_every = log_interval(device)
-    log = TrainingLog(pending, curve, train_s=train_s, total_steps=total_steps, tokens_per_step=tokens_per_step,
-                      pace=pace, say=say,
-                      report=(lambda info: progress(info, run.student)) if rank == 0 and progress is not None else None)
+        run.build(data, say)
+        self.stored = None
+        if config.objective.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):
+            from .teacher_states import read as read_teacher_states, teacher_id
 
-    def save() -> None:
-        pending.flush(curve)
-        save_joint_state(state_dir, config, run.state_module, optimizer,
-                         {"step": step, "tokens": tokens_done, "train_s": train_s, "cpu_s": cpu_s, "curve": curve,
-                          "processes": world}, extra=run.extra_state())
+            self.stored, found = read_teacher_states(Path(config.objective.teacher_states), len(data), data.head,
+                                                     teacher_id(run.teacher_path), run.first)
+            if found:
+                say(found)
+        self.pace = Throughput(self.world, run.flops.per_token, peak_flops_per_s(self.device))
+        self.optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
+                               betas=(0.9, 0.95))  # fused
+        run.prepare(self.optimizer)
 
-    with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
-        while step < total_steps:
-            if stop_after_steps is not None and step >= stop_after_steps:
-                if save_at_stop and saved_step != step:
-                    save()
-                pending.flush(curve)
-                vote.close()
-                run.barrier()
-                return AdaptResult(out, step, tokens_done, train_s, curve, resumed_from,
-                                   state_dir=state_dir if state_dir.exists() else None, stopped_early=True,
-                                   throughput=pace.record(tokens_done, train_s))
-            started, cpu_started = time.perf_counter(), time.process_time()
-            sums: dict[str, torch.Tensor] = {}
-            for micro in range(training.grad_accum):
-                rows = split.rows(len(data), step, micro, rank, training.seed)
-                batch = data.rows(rows).to(device, non_blocking=True)
-                teacher_rows = None
-                if stored is not None and (not run.teacher_gathers
-                                           or _all_stored(stored.num_rows, len(data), step, micro, split, training.seed)):
-                    teacher_rows = stored.rows(rows, device)  # else the teacher runs
-                last = micro == training.grad_accum - 1
-                with run.synchronizing(last):
-                    losses = run.loss_module(batch, teacher_rows)
-                    run.backward(losses["total"] / training.grad_accum)
-                for name, value in losses.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
-            if config.optimizer.max_grad_norm > 0:
-                run.clip(config.optimizer.max_grad_norm)
-            run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            step += 1
-            tokens_done += tokens_per_step
-            logged = step % log_every == 0 or step == total_steps
-            if logged and device.type == "cuda":
-                torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
-            train_s += time.perf_counter() - started
-            cpu_s += time.process_time() - cpu_started
-            log.step_ended(step, tokens_done, train_s, cpu_s, lr, sums, logged)
-            if step < total_steps and (world == 1 or logged) and ends.past():
-                say(f"budget: the stage's time is up after step {step:,} of {total_steps:,}: it stops here "
-                    f"({counted(tokens_done, 'token')} trained) to keep the budget")
-                total_steps = log.total_steps = step
-            final = step == total_steps
-            if logged or clock.by_steps:
-                due = clock.due(step, device)  # time is read where losses are
-            else:
-                due = False
-                clock.stepped()
-            heard = vote.heard(last=final)  # a held signal, at every step (the vote of the processes)
-            if heard is not None:
-                clock.stop, due = heard, True
-            if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
-                save()
-                saved_step = step
-                clock.saved(vote.lag)
+        self.step, self.tokens_done, self.train_s, self.cpu_s, self.curve, self.resumed_from = 0, 0, 0.0, 0.0, [], 0
+        if resume:
+            self._restore()
+        for group in self.optimizer.param_groups:  # the schedule's base rate is the run's, not one a loaded state carries
+            group["initial_lr"] = config.optimizer.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, warmup_cosine(self.total_steps, config.optimizer.warmup_steps, config.optimizer.min_lr_ratio),
+            last_epoch=self.step - 1)
+        self.pending = PendingLosses(_mean_over_ranks if self.world > 1 else None)
+        run.loss_module.train()
+        report = (lambda info: progress(info, run.student)) if self.rank == 0 and progress is not None else None
+        self.log = TrainingLog(self.pending, self.curve, train_s=self.train_s, total_steps=self.total_steps,
+                               tokens_per_step=self.tokens_per_step, pace=self.pace, say=say, report=report)
+        self.ends = Deadline(deadline, self.device)  # the main process's clock decides for every process
 
-    vote.close()
-    pending.flush(curve)
-    if stored is not None:
-        say(f"stored teacher states: {stored.rows_read(device):,} of the {stored.written:,} sequences written were read")
-    result = AdaptResult(out, step, tokens_done, train_s, curve, resumed_from, throughput=pace.record(tokens_done, train_s))
-    run.write_out(result, out, tokenizer, state_dir)
-    return result
+    def _restore(self) -> None:
+        """Load the run dir's saved state, where there is one: the trained parameters, AdamW, the run's stateful
+        extras, and where the training stood. On another process count the same global batch goes on from the tokens
+        trained."""
+        saved = read_joint_state(self.state_dir, self.config) if self.state_dir.is_dir() else None
+        if saved is None:
+            self.say(f"nothing to resume in {self.run_dir}; starting a new run")
+            return
+        load_joint_state(self.state_dir, self.run.state_module, self.optimizer, self.run.extra_state())
+        self.step, self.tokens_done, self.train_s, self.cpu_s, self.curve = (
+            saved["step"], saved["tokens"], saved["train_s"], saved.get("cpu_s", 0.0), saved["curve"])
+        self.resumed_from = self.step
+        if saved.get("processes", self.world) != self.world:
+            left = max(1, math.ceil((self.training.tokens - self.tokens_done) / self.tokens_per_step))
+            self.total_steps = self.step + left
+            self.say(f"resumed on {counted(self.world, 'process', 'processes')} a run saved on {saved['processes']}: "
+                     f"{left} step(s) of {self.tokens_per_step:,} tokens left")
+        self.say(f"resumed from step {self.step} ({self.tokens_done:,} tokens)")
+
+    def save(self) -> None:
+        """The training state as it stands, every process writing its shards."""
+        self.pending.flush(self.curve)
+        save_joint_state(self.state_dir, self.config, self.run.state_module, self.optimizer,
+                         {"step": self.step, "tokens": self.tokens_done, "train_s": self.train_s, "cpu_s": self.cpu_s,
+                          "curve": self.curve, "processes": self.world}, extra=self.run.extra_state())
+
+    def train_step(self) -> tuple[dict[str, Any], float]:
+        """One optimizer step: each micro-batch's forward and backward on this process's rows of the global batch
+        (stored teacher states where its rows have them), the clip, AdamW and the schedule. Returns the step's losses
+        (on the device, averaged over the micro-batches) and the learning rate it trained at."""
+        run, training, split, data = self.run, self.training, self.split, self.data
+        sums: dict[str, Any] = {}
+        for micro in range(training.grad_accum):
+            rows = split.rows(len(data), self.step, micro, self.rank, training.seed)
+            batch = data.rows(rows).to(self.device, non_blocking=True)
+            teacher_rows = None
+            if self.stored is not None and (not run.teacher_gathers or _all_stored(
+                    self.stored.num_rows, len(data), self.step, micro, split, training.seed)):
+                teacher_rows = self.stored.rows(rows, self.device)  # else the teacher runs
+            with run.synchronizing(micro == training.grad_accum - 1):
+                losses = run.loss_module(batch, teacher_rows)
+                run.backward(losses["total"] / training.grad_accum)
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
+        if self.config.optimizer.max_grad_norm > 0:
+            run.clip(self.config.optimizer.max_grad_norm)
+        run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step += 1
+        self.tokens_done += self.tokens_per_step
+        return sums, lr
+
+    def train(self, *, stop_after_steps: int | None = None, save_at_stop: bool = False) -> AdaptResult:
+        """Train to the stage's last step (or ``stop_after_steps``, or the deadline), saving by the clock and at an
+        interrupt, then write OUT."""
+        config, run, device, log = self.config, self.run, self.device, self.log
+        saved_step, clock, vote = self.step, SaveClock(config, self.say), InterruptVote()
+        log_every = log_interval(device)
+        with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+            while self.step < self.total_steps:
+                if stop_after_steps is not None and self.step >= stop_after_steps:
+                    if save_at_stop and saved_step != self.step:
+                        self.save()
+                    self.pending.flush(self.curve)
+                    vote.close()
+                    run.barrier()
+                    return AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve,
+                                       self.resumed_from, state_dir=self.state_dir if self.state_dir.exists() else None,
+                                       stopped_early=True, throughput=self.pace.record(self.tokens_done, self.train_s))
+                started, cpu_started = time.perf_counter(), time.process_time()
+                sums, lr = self.train_step()
+                step = self.step
+                logged = step % log_every == 0 or step == self.total_steps
+                if logged and device.type == "cuda":
+                    torch.cuda.synchronize(device)  # the clock counts the device's work where the losses are read
+                self.train_s += time.perf_counter() - started
+                self.cpu_s += time.process_time() - cpu_started
+                log.step_ended(step, self.tokens_done, self.train_s, self.cpu_s, lr, sums, logged)
+                if step < self.total_steps and (self.world == 1 or logged) and self.ends.past():
+                    self.say(f"budget: the stage's time is up after step {step:,} of {self.total_steps:,}: it stops "
+                             f"here ({counted(self.tokens_done, 'token')} trained) to keep the budget")
+                    self.total_steps = log.total_steps = step
+                final = step == self.total_steps
+                if logged or clock.by_steps:
+                    due = clock.due(step, device)  # time is read where losses are
+                else:
+                    due = False
+                    clock.stepped()
+                heard = vote.heard(last=final)  # a held signal, at every step (the vote of the processes)
+                if heard is not None:
+                    clock.stop, due = heard, True
+                if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
+                    self.save()
+                    saved_step = step
+                    clock.saved(vote.lag)
+
+        vote.close()
+        self.pending.flush(self.curve)
+        if self.stored is not None:
+            self.say(f"stored teacher states: {self.stored.rows_read(device):,} of the {self.stored.written:,} "
+                     "sequences written were read")
+        result = AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve, self.resumed_from,
+                             throughput=self.pace.record(self.tokens_done, self.train_s))
+        run.write_out(result, self.out, self.tokenizer, self.state_dir)
+        return result
 
 
 def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
