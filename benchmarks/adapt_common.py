@@ -157,15 +157,15 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
 
     stages_done: list[dict] = []
 
-    def on_stage_end(step, result, out):
+    def on_stage_end(stage, result, out):
         model = load_model(out)
         offsets["tokens"] += result.tokens
         offsets["train_s"] += result.train_s
         offsets["cpu_s"] += result.curve[-1]["cpu_s"]
-        points.append({"phase": step["objectives"], "tokens": offsets["tokens"], "train_s": offsets["train_s"], "cpu_s": offsets["cpu_s"],
+        points.append({"phase": stage.resolved.objective.objectives, "tokens": offsets["tokens"], "train_s": offsets["train_s"], "cpu_s": offsets["cpu_s"],
                        "loss": result.curve[-1]["loss_total"], **evaluate(model, tokenizer, lambada_limit, ppl_ids)})
         print(json.dumps(points[-1]), flush=True)
-        stages_done.append({**{k: v for k, v in step.items() if k not in ("stage", "name")}, "checkpoint": str(out)})
+        stages_done.append({**stage.settings, "checkpoint": str(out)})
 
     # one folder per benchmark tag: recipes of other tags keep theirs; the stage checkpoints stay in OUT.adapt-run
     out = work / f"{name}-final"

@@ -49,8 +49,8 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     record = {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": planned, "calibration_cap": None}
     replanned, _ = replan(steps, 0, record, [1.2 * planned[0]], said.append)
     assert curve.token_passes({"adapt": {"plan": said[:1], "stdout_tail": []}}) == 204_800 + 51_200
-    assert curve.token_passes({"adapt": {"plan": said, "stdout_tail": []}}) == 204_800 + replanned[1]["tokens"] < 256_000
+    assert curve.token_passes({"adapt": {"plan": said, "stdout_tail": []}}) == 204_800 + replanned[1].tokens < 256_000
     # the line before it said its total (one recorded run): the kd stage's change counted
-    old = said[1].replace(f": {204_800 + replanned[1]['tokens']:,} token passes", "")
+    old = said[1].replace(f": {204_800 + replanned[1].tokens:,} token passes", "")
     assert "token passes" not in old.split("; re-planned")[1]
-    assert curve.token_passes({"adapt": {"plan": [said[0], old], "stdout_tail": []}}) == 204_800 + replanned[1]["tokens"]
+    assert curve.token_passes({"adapt": {"plan": [said[0], old], "stdout_tail": []}}) == 204_800 + replanned[1].tokens

@@ -69,3 +69,56 @@ def test_adapt_config_holds_the_sections_only():
     sections = {name for name in class_fields(CONFIG, "AdaptConfig")}
     assert sections == {"objective", "scope", "sequential", "training", "saving", "parallelism", "optimizer"}
     assert not sections & setting_names()
+
+
+STAGE_NAMES = {"step", "steps", "stage", "stages"}
+TYPED_PACKAGES = ("plan", "train", "sequential")
+EDGES = {"from_step"}  # PlannedStage.from_step: the typed stage of a dict (resolve_stages', a recipe.json's record)
+
+
+def _is_settings_dict(annotation: ast.expr | None) -> bool:
+    """Whether ``annotation`` is ``dict[str, Any]`` or ``list[dict[str, Any]]`` (``| None`` and quoted forms too)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return _is_settings_dict(ast.parse(annotation.value, mode="eval").body)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _is_settings_dict(annotation.left) or _is_settings_dict(annotation.right)
+    if not isinstance(annotation, ast.Subscript) or not isinstance(annotation.value, ast.Name):
+        return False
+    if annotation.value.id in ("list", "Sequence", "tuple"):
+        return _is_settings_dict(annotation.slice)
+    return (annotation.value.id in ("dict", "Mapping") and isinstance(annotation.slice, ast.Tuple)
+            and [ast.unparse(e) for e in annotation.slice.elts] == ["str", "Any"])
+
+
+def dict_stage_parameters(source: str, where: str = "<source>") -> list[str]:
+    """The parameters of every function in ``source`` named like a stage (``STAGE_NAMES``) and annotated as a
+    settings dict or a list of them: ``function(parameter):line``."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                if (argument.arg in STAGE_NAMES and _is_settings_dict(argument.annotation)
+                        and getattr(node, "name", None) not in EDGES):
+                    found.append(f"{getattr(node, 'name', 'lambda')}({argument.arg}):{node.lineno}")
+    return found
+
+
+def test_the_stage_scan_finds_each_form():
+    source = ("def a(step: dict[str, Any]) -> None: ...\n"
+              "def b(x, steps: list[dict[str, Any]], *, stage: 'dict[str, Any] | None' = None): ...\n"
+              "def c(stages: Sequence[Mapping[str, Any]]): ...\n"
+              "def d(record: dict[str, Any], stage: PlannedStage, steps: Sequence[PlannedStage]): ...\n"
+              "def e(stage: dict[str, int]): ...\n")
+    assert dict_stage_parameters(source) == ["a(step):1", "b(steps):2", "b(stage):2", "c(stages):3"]
+
+
+def test_no_stage_below_the_recipe_is_a_dict():
+    """Below ``stages.resolve_stages`` a recipe's stages are typed (``PlannedStage``, read through its sections): no
+    function of adapt/plan, train or sequential takes a stage as a dict of settings."""
+    found = [f"{file.relative_to(PACKAGE.parent)}: {where}"
+             for package in TYPED_PACKAGES for file in sorted((PACKAGE / "adapt" / package).rglob("*.py"))
+             for where in dict_stage_parameters(file.read_text(), str(file))]
+    assert not found, f"stages taken as dicts (take PlannedStage, or Sequence[PlannedStage]): {', '.join(found)}"

@@ -70,3 +70,22 @@ def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options
                            resume=options.get("resume", False), began=began, **(shared or {}))
     plan = plan_adapt(request, say=options.get("on_message") or (lambda _m: None))
     return run_recipe(plan, out, RunOptions(began=began, **options))
+
+
+def typed(steps):
+    """Hand-built stage dicts (flat setting names, with ``stage`` and ``name`` where given) as the typed stages the
+    planning takes: a list of them from a list, one from a dict."""
+    from ladderize.adapt.plan.planned_stage import PlannedStage
+
+    def one(step, number):
+        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
+        return PlannedStage.of(int(step.get("stage", number)), str(step.get("name", "stage")), settings)
+
+    if isinstance(steps, dict):
+        return one(steps, 1)
+    return [one(step, number) for number, step in enumerate(steps, 1)]
+
+
+def steps_of(stages):
+    """Typed stages as the dicts ``recipe.json`` records (``PlannedStage.step``)."""
+    return [stage.step for stage in stages]

@@ -12,7 +12,7 @@ from ladderize.adapt.train.pace import measure_launch
 from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
-from tests.adapt.conftest import plan_and_run
+from tests.adapt.conftest import plan_and_run, steps_of, typed
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 from tests.cli_helpers import error_lines, run_cli
 
@@ -32,29 +32,29 @@ def test_bad_budget_is_refused(text):
 
 
 def test_default_budget_is_the_recipe_as_it_is(ladder_dir):
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir)))
     assert recipe_cost(steps) == 65_536 * 2 + 32_768
     assert scale_stages(steps, recipe_cost(steps)) == steps  # the default changes nothing, warm-up included
 
 
 def test_budget_scales_every_stage_in_whole_steps(ladder_dir):
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
-    double = scale_stages(steps, 2 * recipe_cost(steps))
+    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir)))
+    double = steps_of(scale_stages(steps, 2 * recipe_cost(steps)))
     assert [s["tokens"] for s in double] == [131_072, 65_536] and [s["warmup_steps"] for s in double] == [4, 10]
-    small = scale_stages(steps, 10_000)  # 8,000 / 2 epochs -> 4 steps of 1,024; 2,000 -> 2 steps
+    small = steps_of(scale_stages(steps, 10_000))  # 8,000 / 2 epochs -> 4 steps of 1,024; 2,000 -> 2 steps
     assert [s["tokens"] for s in small] == [4_096, 2_048] and [s["warmup_steps"] for s in small] == [1, 1]
     # a weight average's horizon, 1 / (1 - decay) steps, grows with its stage: 10 steps of 32 -> 20 steps of 64
-    averaged = scale_stages([{**steps[0]}, {**steps[1], "ema": 0.9}], 2 * recipe_cost(steps))
+    averaged = steps_of(scale_stages([steps[0], steps[1].with_settings(ema=0.9)], 2 * recipe_cost(steps)))
     assert averaged[1]["ema"] == 0.95 and "ema" not in averaged[0]
-    tiny = scale_stages(steps, 1)  # at least one step per stage
+    tiny = steps_of(scale_stages(steps, 1))  # at least one step per stage
     assert [s["tokens"] for s in tiny] == [1_024, 1_024]
     # the sequential stage's cached states capped: what it cannot take goes to kd
-    capped = scale_stages(steps, 4 * recipe_cost(steps), max_calibration=100_000)
+    capped = steps_of(scale_stages(steps, 4 * recipe_cost(steps), max_calibration=100_000))
     assert capped[0]["tokens"] == 99_328  # 100,000 rounded to whole steps of 1,024
     assert capped[1]["tokens"] == round((4 * 163_840 - 200_000) / 1_024) * 1_024
     # a sequential stage alone keeps its tokens past the cap (nothing to hand them to)
-    alone = resolve_stages(load_recipe("seq-local"), str(ladder_dir))
-    assert scale_stages(alone, 4 * recipe_cost(alone), max_calibration=100_000)[0]["tokens"] == 262_144
+    alone = typed(resolve_stages(load_recipe("seq-local"), str(ladder_dir)))
+    assert scale_stages(alone, 4 * recipe_cost(alone), max_calibration=100_000)[0].step["tokens"] == 262_144
 
 
 def test_token_budget_runs_records_its_plan_and_says_it(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
@@ -112,9 +112,9 @@ def timed_plan():
 
     pace = Pace(device="cpu", precision="bf16", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
                 head_step=0.2, layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=20.0)
-    steps = [{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
-              "seq_len": 512, "batch_size": 2},
-             {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2, "warmup_steps": 5}]
+    steps = typed([{"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 102_400, "epochs": 2.0,
+                    "seq_len": 512, "batch_size": 2},
+                   {"stage": 2, "name": "kd", "tokens": 51_200, "seq_len": 512, "batch_size": 2, "warmup_steps": 5}])
     return pace, steps, [stage_seconds(pace, step) for step in steps]
 
 
@@ -129,29 +129,29 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     def record() -> dict:
         return {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": list(planned), "calibration_cap": None}
 
-    def kd_seconds(plan: list[dict]) -> float:
+    def kd_seconds(plan: list) -> float:
         return stage_seconds(pace, plan[1])
 
     said: list[str] = []
     on_plan = record()
-    on_time = replan(steps, 0, on_plan, [planned[0]], said.append)[0][1]["tokens"]  # the same plan, to a step
+    on_time = replan(steps, 0, on_plan, [planned[0]], said.append)[0][1].step["tokens"]  # the same plan, to a step
     assert 51_200 - 1024 <= on_time <= 51_200
     faster = record()  # stage 1 in half its time: kd gets the rest, timed at the pace (not at the faster one)
     grown, faster_after = replan(steps, 0, faster, [planned[0] / 2], said.append)
-    assert grown[0] == steps[0] and grown[1]["tokens"] > 51_200 and grown[1]["warmup_steps"] > 5
+    assert grown[0] == steps[0] and grown[1].step["tokens"] > 51_200 and grown[1].step["warmup_steps"] > 5
     assert kd_seconds(grown) <= planned[1] + planned[0] / 2 < kd_seconds(replan(steps, 0, record(), [0.0])[0]) + 1
     assert faster_after["replanned"][0]["slower"] == 1.0 and faster_after["planned_s"][1] == kd_seconds(grown)
     assert faster == record() and faster_after["replanned"][0]["before_s"] == planned  # a new record; the old one kept
     slower = record()  # stage 1 at 1.2x its plan: kd gets what is left, timed 1.2x slower too
     shrunk, slower_after = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
     left = planned[1] - 0.2 * planned[0]
-    step_s = 1.2 * (stage_seconds(pace, {**steps[1], "tokens": 2048}) - stage_seconds(pace, {**steps[1], "tokens": 1024}))
+    step_s = 1.2 * (stage_seconds(pace, steps[1].with_settings(tokens=2048)) - stage_seconds(pace, steps[1].with_settings(tokens=1024)))
     assert 0 < left - step_s < 1.2 * kd_seconds(shrunk) <= left  # within a step of the time left
     entry, = slower_after["replanned"]
     assert entry["slower"] == 1.2 and entry["left_s"] == round(left, 3) and entry["expected_s"] == [1.2 * kd_seconds(shrunk)]
     assert said[-1].startswith("budget ") and "re-planned kd 51,200 -> " in said[-1] and "1.20x slower pace" in said[-1]
     spent = record()  # nothing left: kd runs its one step, and says so
-    assert replan(steps, 0, spent, [3 * planned[0]], said.append)[0][1]["tokens"] == 1024
+    assert replan(steps, 0, spent, [3 * planned[0]], said.append)[0][1].step["tokens"] == 1024
     assert "0 s left, less than the smallest stage left: it runs one step" in said[-1]
 
 
@@ -171,12 +171,12 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     from ladderize.adapt.plan.budget import rereads, size_recipe
 
     shared = {"data": str(text_file), "seq_len": 32, "batch_size": 2}
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
+    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir), shared))
     said: list[str] = []
     sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
-    held = sized[0]["tokens"]  # capped by the data: every whole 32-token window of the text
-    assert held < 100_000 // 2 and sized[1]["tokens"] > held
-    passes = sized[1]["tokens"] / held
+    held = sized[0].step["tokens"]  # capped by the data: every whole 32-token window of the text
+    assert held < 100_000 // 2 and sized[1].step["tokens"] > held
+    passes = sized[1].step["tokens"] / held
     assert rereads(sized, sized[0], held) == [("kd", passes)]
     plan_line = next(line for line in said if line.startswith("budget 100,000 tokens: ") and "token passes (" in line)
     assert f"kd reads the data {passes:.1f} times over" in plan_line and "capped at" in plan_line, plan_line
@@ -184,7 +184,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
     small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert "reads the data" not in said[-2] and rereads(small, small[0], held) == []
-    assert rereads([sized[0], {**sized[1], "data": "other.txt"}], sized[0], held) == []
+    assert rereads([sized[0], sized[1].with_settings(data="other.txt")], sized[0], held) == []
 
 
 def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatch):
@@ -283,7 +283,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2}))
     size_recipe(steps, parse_budget("10m"), str(ladder_dir), time_pace=measure_launch)  # times this machine's pace once and keeps it
     file, = (tmp_path / "home" / kept_paces.PACE_CACHE).glob("*.json")
     timed = Pace(**json.loads(file.read_text()))

@@ -19,6 +19,7 @@ from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 from tests.conftest import tiny_model
+from tests.adapt.conftest import typed
 
 CPU = torch.device("cpu")
 needs_compiler = pytest.mark.skipif(unavailable("cpu") is not None, reason=f"torch.compile cannot run here: {unavailable('cpu')}")
@@ -78,11 +79,11 @@ def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_fil
     monkeypatch.delenv(ENV, raising=False)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
     said: list[str] = []
-    sized, record = size_recipe(steps, parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
-    assert [step["compile"] for step in sized] == [False, False] and record["pace"]["compiled"] is False
+    sized, record = size_recipe(typed(steps), parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
+    assert [stage.step["compile"] for stage in sized] == [False, False] and record["pace"]["compiled"] is False
     assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
     # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)
-    asked, before = [{**step, "compile": True} for step in steps], len(said)
+    asked, before = typed([{**step, "compile": True} for step in steps]), len(said)
     assert _eager_if_short(asked, parse_budget("5s"), "cpu", said.append) == asked and len(said) == before
 
 
@@ -258,22 +259,22 @@ def test_the_pace_of_compiled_layers_counts_their_compile_time():
                  head_step=0.05, layer_read=0.001, layers=4, first_converted=2, last_converted=3, converted=2, measured_s=1.0)
     compiled = dataclasses.replace(plain, compiled=True, compile_s=7.0)
     for step in ({"tokens": 4096, "local_schedule": "sequential", "epochs": 2}, {"tokens": 4096}):
-        assert stage_seconds(compiled, step) == pytest.approx(stage_seconds(plain, step) + COMPILES_PER_STAGE * 7.0)
+        assert stage_seconds(compiled, typed(step)) == pytest.approx(stage_seconds(plain, typed(step)) + COMPILES_PER_STAGE * 7.0)
     # each other kind of layer graph is traced once: 4 layers, 2 and 3 converted (kinds: the first layer 0, the dense
     # layer after it 1, the converted ones 2); a kind shared by the teacher and the student is one graph
     traced = dataclasses.replace(compiled, retrace_forward_s=0.5, retrace_train_s=3.0, teacher_kinds=(0, 1, 1, 1),
                                  student_kinds=(0, 1, 2, 2), converted_kinds=(2, 2))
     kd = {"tokens": 4096}
-    assert stage_seconds(traced, kd, stored_teacher=True) == stage_seconds(compiled, kd, stored_teacher=True)
-    assert stage_seconds(traced, kd) == pytest.approx(stage_seconds(compiled, kd) + 2 * 0.5)  # the teacher's 2 kinds
-    assert stage_seconds(traced, {**kd, "train": "all"}) == pytest.approx(
-        stage_seconds(compiled, {**kd, "train": "all"}) + 2 * 0.5 + 2 * 3.0)  # and the student's 2 below
+    assert stage_seconds(traced, typed(kd), stored_teacher=True) == stage_seconds(compiled, typed(kd), stored_teacher=True)
+    assert stage_seconds(traced, typed(kd)) == pytest.approx(stage_seconds(compiled, typed(kd)) + 2 * 0.5)  # the teacher's 2 kinds
+    assert stage_seconds(traced, typed({**kd, "train": "all"})) == pytest.approx(
+        stage_seconds(compiled, typed({**kd, "train": "all"})) + 2 * 0.5 + 2 * 3.0)  # and the student's 2 below
     sequential = {"tokens": 4096, "local_schedule": "sequential", "epochs": 2}
     # without gradient: the teacher's 2 kinds (the student's converted one is the first one's, counted in compile_s)
-    assert stage_seconds(traced, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 2 * 0.5)
+    assert stage_seconds(traced, typed(sequential)) == pytest.approx(stage_seconds(compiled, typed(sequential)) + 2 * 0.5)
     mixed = dataclasses.replace(traced, student_kinds=(0, 1, 2, 3), converted_kinds=(2, 3))  # e.g. SPD, then ladder
-    assert stage_seconds(mixed, sequential) == pytest.approx(stage_seconds(compiled, sequential) + 3 * 0.5 + 3.0)
-    assert stage_seconds(dataclasses.replace(traced, compiled=False), kd) == stage_seconds(plain, kd)
+    assert stage_seconds(mixed, typed(sequential)) == pytest.approx(stage_seconds(compiled, typed(sequential)) + 3 * 0.5 + 3.0)
+    assert stage_seconds(dataclasses.replace(traced, compiled=False), typed(kd)) == stage_seconds(plain, typed(kd))
 
 
 def test_the_pace_records_every_layers_graph_kind(ladder_dir):

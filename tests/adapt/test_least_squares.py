@@ -16,6 +16,7 @@ from ladderize.adapt.train.train import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.test_streaming import _config, assert_same_checkpoint, hybrid_dir  # noqa: F401  (a fixture)
+from ladderize.adapt.plan.planned_stage import PlannedStage
 
 BATCH = 2
 
@@ -153,7 +154,7 @@ def test_closed_form_runs_resume_bit_for_bit_and_differ_from_plain_runs(hybrid_d
 def test_a_stage_sets_it_and_only_the_sequential_stage_takes_it(hybrid_dir, tmp_path):
     stage = parse_stage("seq-local:closed_form=true")
     assert stage.settings == {"closed_form": True}
-    assert "closed_form True" in describe({"stage": 1, "name": "seq-local", "objectives": "local", "local_schedule": "sequential",
-                                          "tokens": 8192, "epochs": 1.0, "lr": 1e-3, "closed_form": True})
+    assert "closed_form True" in describe(PlannedStage.from_step({"stage": 1, "name": "seq-local", "objectives": "local", "local_schedule": "sequential",
+                                          "tokens": 8192, "epochs": 1.0, "lr": 1e-3, "closed_form": True}))
     with pytest.raises(LadderizeError, match="seq-local stage"):
         validate_config(AdaptConfig.from_flat(checkpoint=str(hybrid_dir), out=str(tmp_path / "x"), objectives="local", closed_form=True))

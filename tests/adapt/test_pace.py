@@ -10,6 +10,7 @@ from ladderize.adapt.train.pace import measure
 from ladderize.adapt.plan.stage_clock import CLOSED_FORM_TRAINS, FIXED_READS, Pace, recipe_seconds, stage_seconds, tokens_for_seconds
 from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.checkpoint.placement import cpu_bf16
+from tests.adapt.conftest import typed
 
 PACE = Pace(device="cpu", precision="float32", tokens_per_call=1_000, layer_forward=0.1, layer_train=0.3, head_step=0.5,
             layer_read=0.01, layers=30, first_converted=15, last_converted=29, converted=15, measured_s=1.0)
@@ -19,19 +20,19 @@ def test_stage_seconds_follow_what_each_stage_runs():
     fixed = FIXED_READS * 30 * 0.01
     # sequential: 15 layers below once, then 15 layers x (teacher + student forward), and 15 x 2 epochs of training
     seq = {"local_schedule": "sequential", "tokens": 10_000, "epochs": 2.0}
-    assert stage_seconds(PACE, seq) == pytest.approx(fixed + 10 * ((15 + 2 * 15) * 0.1 + 15 * 2 * 0.3))
-    closed = stage_seconds(PACE, {**seq, "closed_form": True}) - stage_seconds(PACE, seq)
+    assert stage_seconds(PACE, typed(seq)) == pytest.approx(fixed + 10 * ((15 + 2 * 15) * 0.1 + 15 * 2 * 0.3))
+    closed = stage_seconds(PACE, typed({**seq, "closed_form": True})) - stage_seconds(PACE, typed(seq))
     assert closed == pytest.approx(10 * 15 * CLOSED_FORM_TRAINS * 0.3)  # the refit's passes over the calibration set
     # kd: the teacher's forward through 30 layers and the student's from layer 15 up (the frozen prefix is the
     # teacher's, computed once), the backward from layer 15 up, the heads
     kd = {"objectives": "kd", "tokens": 10_000}
-    assert stage_seconds(PACE, kd) == pytest.approx(fixed + 10 * ((30 + 15) * 0.1 + 15 * 0.2 + 0.5))
+    assert stage_seconds(PACE, typed(kd)) == pytest.approx(fixed + 10 * ((30 + 15) * 0.1 + 15 * 0.2 + 0.5))
     # training every layer: the student's own forward and backward through all 30
-    assert stage_seconds(PACE, {**kd, "train": "all"}) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 30 * 0.2 + 0.5))
+    assert stage_seconds(PACE, typed({**kd, "train": "all"})) == pytest.approx(fixed + 10 * (2 * 30 * 0.1 + 30 * 0.2 + 0.5))
 
 
 def test_tokens_for_seconds_is_the_most_that_fits(ladder_dir):
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir)))
     tokens = tokens_for_seconds(PACE, steps, 1_800.0, scale_stages)
     assert recipe_seconds(PACE, scale_stages(steps, tokens)) <= 1_800.0
     assert recipe_seconds(PACE, scale_stages(steps, int(tokens * 1.01) + 4_096)) > 1_800.0

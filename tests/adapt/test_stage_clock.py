@@ -11,6 +11,7 @@ from ladderize.adapt.plan.adapt_plan import AdaptPlan, PlannedStage, build_plan
 from ladderize.adapt.plan.stage_clock import Pace, stage_seconds
 from ladderize.checkpoint.shapes import preset
 from tests.adapt.test_cost import _config_only
+from tests.adapt.conftest import typed
 
 EIGHT_B = preset("llama-3.1-8b")
 KD = {"stage": 2, "name": "kd", "objectives": "kd", "tokens": 64 * 2048 * 4, "seq_len": 2048, "batch_size": 4}
@@ -27,8 +28,8 @@ def test_a_pace_at_the_launch_s_assumed_rate_times_a_kd_stage_as_the_launch_pric
                 layer_train=6 * layer * per_call / rate, head_step=6 * head * per_call / rate, layer_read=0.0, layers=32,
                 first_converted=16, last_converted=31, converted=16, measured_s=1.0)
     for stored in (False, True):
-        assert stage_seconds(pace, KD, stored) == pytest.approx(stage_seconds(priced, KD, stored), rel=1e-9)
-    assert stage_seconds(priced, KD, True) < 0.7 * stage_seconds(priced, KD)  # the teacher's 32 layers not run
+        assert stage_seconds(pace, typed(KD), stored) == pytest.approx(stage_seconds(priced, typed(KD), stored), rel=1e-9)
+    assert stage_seconds(priced, typed(KD), True) < 0.7 * stage_seconds(priced, typed(KD))  # the teacher's 32 layers not run
 
 
 def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp_path, monkeypatch):
@@ -39,7 +40,7 @@ def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp
     calls: list[tuple[str, str]] = []
 
     def timed(clock, step, stored_teacher=False) -> float:
-        calls.append((type(clock).__name__, step["name"]))
+        calls.append((type(clock).__name__, step.name))
         return 100.0
 
     monkeypatch.setattr(stage_clock, "stage_seconds", timed)
@@ -57,7 +58,7 @@ def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp
                            budget=record, cost=plan.cost)
     assert timed_plan.expected_s == 200.0 and calls == [("Pace", "seq-local"), ("Pace", "kd")]
     assert timed_plan.lines()[-1].endswith("(timed on this device)")
-    _steps, replanned = replan(plan.steps, 0, record, [100.0])
+    _steps, replanned = replan(plan.stages, 0, record, [100.0])
     assert replanned["planned_s"] == [1.0, 100.0] and ("Pace", "kd") in calls  # stage 1's own, then kd by the pace
 
 
@@ -78,10 +79,10 @@ def test_a_pace_timed_under_a_launch_splits_each_step_over_its_processes_as_the_
     launch = replace(one, processes=processes)
     kd = {**KD, "tokens": 2048 * batch_size * 64, "batch_size": batch_size, "grad_accum": grad_accum}
     for stored in (False, True):
-        assert stage_seconds(launch, kd, stored) == pytest.approx(stage_seconds(priced, kd, stored), rel=1e-9)
+        assert stage_seconds(launch, typed(kd), stored) == pytest.approx(stage_seconds(priced, typed(kd), stored), rel=1e-9)
     busiest = -(-batch_size // (processes * grad_accum)) * grad_accum  # rows a step of the busiest process
-    assert stage_seconds(launch, kd) == pytest.approx(stage_seconds(one, kd) * busiest / batch_size, rel=1e-9)
+    assert stage_seconds(launch, typed(kd)) == pytest.approx(stage_seconds(one, typed(kd)) * busiest / batch_size, rel=1e-9)
     sequential = {"stage": 1, "name": "seq-local", "local_schedule": "sequential", "tokens": 2048 * 64, "epochs": 2.0,
                   "seq_len": 2048, "batch_size": batch_size}
-    assert stage_seconds(launch, sequential) == pytest.approx(
-        stage_seconds(one, sequential) / min(processes, batch_size), rel=1e-9)
+    assert stage_seconds(launch, typed(sequential)) == pytest.approx(
+        stage_seconds(one, typed(sequential)) / min(processes, batch_size), rel=1e-9)

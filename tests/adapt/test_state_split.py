@@ -19,6 +19,7 @@ from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_recipe import TINY_SHARED
 from tests.adapt.test_sharded import _launch, _common
+from tests.adapt.conftest import typed
 
 
 def test_state_bytes_per_rank_fall_as_one_over_the_processes(ladder_dir, dense_dir):
@@ -72,7 +73,7 @@ def test_the_sequential_stage_writes_the_teacher_states_of_the_sequences_kd_read
     assert not (tmp_path / "none.adapt-run" / TEACHER_STATES_DIR).exists()  # kd runs the teacher at every layer
     steps = [{"local_schedule": "sequential", "tokens": 128, "seq_len": 32}, {"objectives": "kd", "tokens": 200, "seq_len": 32,
                                                                                "batch_size": 1}]
-    assert rows_read(steps, 0) == 7 and rows_read(steps, 1) == 0  # kd's 7 steps of 1 sequence, on any process count
+    assert rows_read(typed(steps), 0) == 7 and rows_read(typed(steps), 1) == 0  # kd's 7 steps of 1 sequence, on any process count
 
 
 def test_each_process_writes_the_teacher_states_of_its_own_sequences(ladder_dir, text_file, tmp_path):

@@ -19,6 +19,7 @@ from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_pace import PACE
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
+from tests.adapt.conftest import typed
 
 
 def _teacher_run(teacher, ids: torch.Tensor, first: int):
@@ -68,16 +69,16 @@ def test_read_uses_only_the_same_sequences_of_the_same_teacher(tmp_path, dense_d
 def test_plan_times_kd_without_the_teacher_when_it_reads_stored_states(ladder_dir):
     steps = resolve_stages(load_recipe("best"), str(ladder_dir))
     seq, kd = steps
-    assert keeps_teacher_states(steps, 0) and not keeps_teacher_states(steps, 1)
+    assert keeps_teacher_states(typed(steps), 0) and not keeps_teacher_states(typed(steps), 1)
     held_out = seq.get("batch_size", AdaptConfig().training.batch_size) * seq.get("seq_len", AdaptConfig().training.seq_len)
-    assert reads_stored_teacher(steps, 1) == (kd["tokens"] <= seq["tokens"] + held_out)
+    assert reads_stored_teacher(typed(steps), 1) == (kd["tokens"] <= seq["tokens"] + held_out)
     sized = [{**seq, "tokens": 100_000}, {**kd, "tokens": 300_000}]
-    assert not reads_stored_teacher(sized, 1)  # kd reads windows past the calibration set
-    assert reads_stored_teacher(sized, 1, data_tokens=100_000)  # ... unless the data holds no more
-    assert not reads_stored_teacher([{**sized[0], "data": "other.txt"}, sized[1]], 1, data_tokens=100_000)
-    assert not reads_stored_teacher([sized[0], {**sized[1], "objectives": "kd,local"}], 1, data_tokens=100_000)
+    assert not reads_stored_teacher(typed(sized), 1)  # kd reads windows past the calibration set
+    assert reads_stored_teacher(typed(sized), 1, data_tokens=100_000)  # ... unless the data holds no more
+    assert not reads_stored_teacher(typed([{**sized[0], "data": "other.txt"}, sized[1]]), 1, data_tokens=100_000)
+    assert not reads_stored_teacher(typed([sized[0], {**sized[1], "objectives": "kd,local"}]), 1, data_tokens=100_000)
     # the teacher's 30 layers are what a stored run does not compute
-    saved = stage_seconds(PACE, sized[1]) - stage_seconds(PACE, sized[1], stored_teacher=True)
+    saved = stage_seconds(PACE, typed(sized[1])) - stage_seconds(PACE, typed(sized[1]), stored_teacher=True)
     assert saved == pytest.approx(300 * 30 * PACE.layer_forward)
 
 

@@ -35,6 +35,7 @@ from tests.adapt.test_sharded import _common, _env, _losses, _torchrun, _updates
 from tests.adapt.test_teacher_states import _teacher_run
 from tests.adapt.toy_objective import register_toy
 from tests.conftest import TINY, tiny_model
+from tests.adapt.conftest import typed
 
 TOY_FILE = Path(__file__).with_name("toy_objective.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -99,16 +100,16 @@ def test_it_is_priced_from_its_traits(toy):
     assert count == FlopCount(trained=2 * layer, backward_through=(layers - 3) * layer, forward_only=layers * layer)
     assert FlopCount.for_stage(shape, [1, 2], {"cos": 1.0, "kd": 1.0}).forward_only == layers * layer + head_parameters(shape)
     step = {"objectives": "cos", "tokens": 1024}
-    assert JointMemory.for_step(shape, [1, 2], step, 1).teacher > 0
+    assert JointMemory.for_step(shape, [1, 2], typed(step), 1).teacher > 0
 
 
 def test_its_stage_reads_the_teacher_states_the_sequential_stage_keeps(toy, ladder_dir):
     steps = resolve_stages(Recipe("toy", [Stage("seq-local"), parse_stage("cos:tokens=4096")]), str(ladder_dir))
     assert steps[1]["objectives"] == "cos" and steps[1]["batch_size"] == 2  # its preset
-    assert keeps_teacher_states(steps, 0) and reads_stored_teacher(steps, 1)
+    assert keeps_teacher_states(typed(steps), 0) and reads_stored_teacher(typed(steps), 1)
     with_local = resolve_stages(Recipe("toy", [Stage("seq-local"), parse_stage("cos:objective=cos+local*0.1")]),
                                 str(ladder_dir))
-    assert not keeps_teacher_states(with_local, 0)  # local needs the teacher's states at every converted layer
+    assert not keeps_teacher_states(typed(with_local), 0)  # local needs the teacher's states at every converted layer
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ time), from the checkpoint's ``config.json``. A run then builds each stage's ``A
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,57 +19,12 @@ from ...errors import LadderizeError
 from .config import AdaptConfig, check_settings
 from .cost import Launch, RunPlan
 from .inputs import check_seq_len, model_positions
+from .planned_stage import PlannedStage
 from .stage_clock import Pace, StageClock, stages_seconds
 
 if TYPE_CHECKING:
     from .budget import Budget
     from .stages import Recipe
-
-
-@dataclass(frozen=True)
-class PlannedStage:
-    """One stage as it will train: its number in the recipe, its preset's name, its settings typed (``resolved``: the
-    preset, the shared settings and its own, with the learning rate filled in, over the sections' defaults), which
-    every read of a setting goes through, and the flat names it sets (``given``: what ``recipe.json`` and the
-    provenance record of it)."""
-
-    number: int
-    name: str
-    resolved: AdaptConfig
-    given: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, number: int, name: str, settings: Mapping[str, Any]) -> "PlannedStage":
-        """The stage that sets ``settings`` (flat names)."""
-        return cls(number, name, AdaptConfig.from_flat(settings), tuple(settings))
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The settings the stage sets, by flat name."""
-        flat = self.resolved.flat()
-        return {name: flat[name] for name in self.given}
-
-    @property
-    def sequential(self) -> bool:
-        return self.resolved.sequential.runs
-
-    @property
-    def tokens(self) -> int:
-        return self.resolved.training.tokens
-
-    @property
-    def step(self) -> dict[str, Any]:
-        """The stage as ``recipe.json`` and the provenance record it."""
-        return {"stage": self.number, "name": self.name, **self.settings}
-
-    @classmethod
-    def from_step(cls, step: Mapping[str, Any]) -> "PlannedStage":
-        return cls.of(int(step["stage"]), str(step["name"]), {k: v for k, v in step.items() if k not in ("stage", "name")})
-
-    def config(self, checkpoint: str, out: str, **run: Any) -> AdaptConfig:
-        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out`` (``run``: the run's own settings by
-        flat name: ``run_dir``, ``force``, ``keep_state``, ``recipe``, ``teacher_states``)."""
-        return self.resolved.with_flat(checkpoint=checkpoint, out=out, **run)
 
 
 @dataclass
@@ -88,11 +43,12 @@ class AdaptPlan:
 
     @property
     def steps(self) -> list[dict[str, Any]]:
+        """The stages as ``recipe.json`` and the provenance record them (``PlannedStage.step``)."""
         return [stage.step for stage in self.stages]
 
-    def with_steps(self, steps: list[dict[str, Any]]) -> "AdaptPlan":
+    def with_stages(self, stages: Sequence[PlannedStage]) -> "AdaptPlan":
         """This plan with its stages re-sized (a wall budget's re-plan after a finished stage), priced again."""
-        plan = replace(self, stages=[PlannedStage.from_step(step) for step in steps])
+        plan = replace(self, stages=list(stages))
         plan.cost = _price(plan) if self.cost is not None else None
         return plan
 
@@ -111,7 +67,7 @@ class AdaptPlan:
         clock = self.clock
         if clock is None:
             return None
-        return float(sum(stages_seconds(clock, self.steps, (self.budget or {}).get("data_tokens"))))
+        return float(sum(stages_seconds(clock, self.stages, (self.budget or {}).get("data_tokens"))))
 
     def record(self) -> dict[str, Any]:
         """``RUN/recipe.json`` and the provenance's ``recipe.plan``: the stages, the budget's sizing, the launch and
@@ -150,7 +106,7 @@ class AdaptPlan:
 
         head = (f"plan (stage {self.stages[0].name}):" if self.single else
                 f"plan (recipe {self.recipe}, {len(self.stages)} stage(s)):")
-        out = [head, *(f"  {describe(stage.step)}" for stage in self.stages), *(f"  {note}" for note in self.notes)]
+        out = [head, *(f"  {describe(stage)}" for stage in self.stages), *(f"  {note}" for note in self.notes)]
         if self.converted and any(stage.sequential for stage in self.stages):
             trained = [self.tokens_trained(stage) for stage in self.stages]
             parts = ", ".join(f"{stage.name} {count:,}" for stage, count in zip(self.stages, trained))
@@ -238,8 +194,8 @@ def build_plan(
         if unfit is not None and unfit.refusal is not None:
             raise LadderizeError(f"the plan does not fit: {unfit.refusal}")
     if sized_by is not None:
-        steps = plan.steps
-        check_budget_steps(steps)
+        stages = plan.stages
+        check_budget_steps(stages)
         if priced_only:
             if sized_by.tokens is None:
                 raise LadderizeError(f"--dry-run prices a token budget (500M, 3B); --budget {sized_by.text} is wall time, "
@@ -249,15 +205,15 @@ def build_plan(
             window = max((stage.resolved.sequential.window for stage in plan.stages if stage.sequential), default=1)
             cap = max_calibration_tokens(load_config(checkpoint).hidden_size, "cpu", window=window,
                                          available=where.memory_bytes)
-            plan = plan.with_steps(scale_stages(steps, sized_by.tokens, max_calibration=cap))
+            plan = plan.with_stages(scale_stages(stages, sized_by.tokens, max_calibration=cap))
             plan.budget = {"text": sized_by.text, "tokens": sized_by.tokens, "calibration_cap": cap}
-            say(plan_line(sized_by, plan.steps))
+            say(plan_line(sized_by, plan.stages))
         elif saved is not None and saved.get("budget", {}).get("text") == sized_by.text:
-            plan = plan.with_steps(saved["plan"])
+            plan = plan.with_stages([PlannedStage.from_step(step) for step in saved["plan"]])  # recipe.json's record
             plan.budget = saved["budget"]
         else:
-            sized, record = size_recipe(steps, sized_by, checkpoint, say, began=began, time_pace=time_pace)
-            plan = plan.with_steps(sized)
+            sized, record = size_recipe(stages, sized_by, checkpoint, say, began=began, time_pace=time_pace)
+            plan = plan.with_stages(sized)
             plan.budget = record
     if readable and where.memory_bytes:
         plan = _fill_device(plan, given, say)
@@ -287,8 +243,8 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
     that do; a preset's is rounded up to the nearest that does, with a line that says so."""
     from .batches import StepSplit, divisible_batch
 
-    steps = plan.steps
-    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+    stages = list(plan.stages)
+    for index, stage in enumerate(stages):
         if stage.sequential:
             continue
         settings = stage.resolved
@@ -300,12 +256,13 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
             try:
                 split.check()
             except LadderizeError as refused:
-                raise LadderizeError(f"stage {step['stage']} ({step['name']}): {refused}") from None
-        step["batch_size"] = divisible_batch(split.batch_size, split.parts)
-        say(f"stage {step['stage']} ({step['name']}): batch {split.batch_size} rounded up to {step['batch_size']}, "
+                raise LadderizeError(f"stage {stage.number} ({stage.name}): {refused}") from None
+        batch = divisible_batch(split.batch_size, split.parts)
+        stages[index] = stage.with_settings(batch_size=batch)
+        say(f"stage {stage.number} ({stage.name}): batch {split.batch_size} rounded up to {batch}, "
             f"to divide into {plan.launch.processes} process(es) x {split.grad_accum} micro-batch(es) of "
-            f"{step['batch_size'] // split.parts} sequence(s); --batch-size sets it")
-    return plan.with_steps(steps) if steps != plan.steps else plan
+            f"{batch // split.parts} sequence(s); --batch-size sets it")
+    return plan.with_stages(stages) if stages != plan.stages else plan
 
 
 def _fit_positions(plan: AdaptPlan, positions: int | None, chosen: list[set[str]]) -> AdaptPlan:
@@ -313,13 +270,13 @@ def _fit_positions(plan: AdaptPlan, positions: int | None, chosen: list[set[str]
     ``positions`` the model encodes, cut to them (a note the plan prints); one the user set is checked, not cut."""
     if positions is None:
         return plan
-    steps, notes = plan.steps, []
-    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+    stages, notes = list(plan.stages), []
+    for index, stage in enumerate(stages):
         if stage.resolved.training.seq_len > positions and "seq_len" not in chosen[min(index, len(chosen) - 1)]:
             notes.append(f"stage {stage.number} ({stage.name}): sequences of {positions:,} tokens, the positions the model "
                          f"encodes (max_position_embeddings), not the default {stage.resolved.training.seq_len:,}")
-            step["seq_len"] = positions
-    return replace(plan.with_steps(steps), notes=plan.notes + tuple(notes)) if notes else plan
+            stages[index] = stage.with_settings(seq_len=positions)
+    return replace(plan.with_stages(stages), notes=plan.notes + tuple(notes)) if notes else plan
 
 
 def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None], *, grow: bool = True) -> AdaptPlan:
@@ -340,8 +297,8 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
     if not converted:
         return plan
     usable, processes = usable_bytes(plan.launch.memory_bytes), plan.launch.processes
-    steps = plan.steps
-    for index, (stage, step) in enumerate(zip(plan.stages, steps)):
+    stages = list(plan.stages)
+    for index, stage in enumerate(stages):
         given = chosen[min(index, len(chosen) - 1)]
         if stage.sequential:
             continue
@@ -354,8 +311,8 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
             """The largest batch up to ``most`` that fits ``room``, priced for the strategy the stage runs with
             (``JointMemory.for_step``), with ``checked`` checkpointing and ``accumulated`` micro-batches a step."""
             return JointMemory.largest_batch(config, converted, processes, seq_len, room, most=most,
-                                             step={**step, "activation_checkpointing": checked,
-                                                   "grad_accum": accumulated})
+                                             stage=stages[index].with_settings(activation_checkpointing=checked,
+                                                                               grad_accum=accumulated))
 
         gpu = plan.launch.describe().split(" x ")[-1]
         if largest(local, checkpointing, accum) < local:  # the stage's own batch does not fit
@@ -363,26 +320,27 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
             if not checkpointing and "activation_checkpointing" not in given and not largest(1, False, split) \
                     and largest(1, True, split):
                 checkpointing = True
-                step["activation_checkpointing"] = True
-                say(f"stage {step['stage']} ({step['name']}): activation checkpointing on, since without it not one "
+                stages[index] = stages[index].with_settings(activation_checkpointing=True)
+                say(f"stage {stage.number} ({stage.name}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
             smaller = largest(local, checkpointing, split)
             divides = dividing_accumulation(start, processes, -(-start // (processes * smaller))) if smaller else None
             if 0 < smaller < local and "grad_accum" not in given and divides:  # the same sequences, accumulated
-                accum = step["grad_accum"] = divides
-                say(f"stage {step['stage']} ({step['name']}): "
+                accum = divides
+                stages[index] = stages[index].with_settings(grad_accum=divides)
+                say(f"stage {stage.number} ({stage.name}): "
                     f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:
             continue
         most = settings.training.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
         batch = max(start, processes * accum * largest(most, checkpointing, accum, usable * (1 - FILL_MARGIN)))
         if batch > start:
-            step["batch_size"] = batch
+            stages[index] = stages[index].with_settings(batch_size=batch)
             split = StepSplit(batch, processes, accum)
-            say(f"stage {step['stage']} ({step['name']}): {split.describe()} "
+            say(f"stage {stage.number} ({stage.name}): {split.describe()} "
                 f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory "
                 f"with {FILL_MARGIN:.0%} of it left free; --batch-size sets it")
-    return plan.with_steps(steps) if steps != plan.steps else plan
+    return plan.with_stages(stages) if stages != plan.stages else plan
 
 
 def _price(plan: AdaptPlan) -> RunPlan | None:
@@ -395,7 +353,7 @@ def _price(plan: AdaptPlan) -> RunPlan | None:
     layout = config.layout
     if not layout.converted_layers:
         return None
-    return plan_run(config, layout.describe(), layout.converted_layers, plan.steps, plan.launch,
+    return plan_run(config, layout.describe(), layout.converted_layers, plan.stages, plan.launch,
                     model_name=Path(plan.checkpoint).name, data_tokens=(plan.budget or {}).get("data_tokens"))
 
 

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import LadderizeError
 from ...progress import counted
+from .planned_stage import PlannedStage
+from .sequential_schedule import counted_epochs
 from .stage_clock import Pace, recipe_seconds, stages_seconds, tokens_for_seconds
 
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -79,60 +81,59 @@ def parse_budget(text: str) -> Budget:
                          "lowercase m is minutes, uppercase M millions)")
 
 
-def step_tokens(step: dict[str, Any]) -> int:
+def step_tokens(stage: PlannedStage) -> int:
     """Tokens of one optimizer step of a resolved stage: its batch is the step's, on any process count."""
-    from .config import stage_config
-
-    config = stage_config(step)
-    return config.training.seq_len * config.training.batch_size
+    training = stage.resolved.training
+    return training.seq_len * training.batch_size
 
 
-def stage_cost(step: dict[str, Any]) -> float:
-    """Token passes of a resolved stage: tokens x epochs for a sequential stage, else tokens."""
-    epochs = float(step.get("epochs", 1.0)) if step.get("local_schedule") == "sequential" else 1.0
-    return step["tokens"] * epochs
+def stage_cost(stage: PlannedStage) -> float:
+    """Token passes of a resolved stage: tokens x epochs (``counted_epochs``) for a sequential stage, else tokens."""
+    epochs = counted_epochs(stage) if stage.sequential else 1.0
+    return stage.tokens * epochs
 
 
-def recipe_cost(steps: list[dict[str, Any]]) -> int:
+def recipe_cost(stages: Sequence[PlannedStage]) -> int:
     """Token passes of a recipe's resolved stages."""
-    return round(sum(stage_cost(step) for step in steps))
+    return round(sum(stage_cost(stage) for stage in stages))
 
 
-def scale_stages(steps: list[dict[str, Any]], tokens: int, *, max_calibration: int | None = None) -> list[dict[str, Any]]:
-    """``steps`` (resolved, with ``seq_len``/``batch_size`` filled in) sized to ``tokens`` token passes (module docstring).
+def scale_stages(stages: Sequence[PlannedStage], tokens: int, *, max_calibration: int | None = None) -> list[PlannedStage]:
+    """``stages`` (resolved) sized to ``tokens`` token passes (module docstring).
 
     ``max_calibration``: the most calibration tokens a sequential stage may cache; the rest moves to the next
     stage that is not sequential (where there is none, the sequential stage keeps them).
     """
-    factor = tokens / max(1, recipe_cost(steps))
-    wanted = [stage_cost(step) * factor for step in steps]
-    capped = [False] * len(steps)
-    for index, step in enumerate(steps):
-        if step.get("local_schedule") != "sequential" or max_calibration is None:
+    factor = tokens / max(1, recipe_cost(stages))
+    wanted = [stage_cost(stage) * factor for stage in stages]
+    capped = [False] * len(stages)
+    for index, stage in enumerate(stages):
+        if not stage.sequential or max_calibration is None:
             continue
-        epochs = float(step.get("epochs", 1.0))
+        epochs = counted_epochs(stage)
         if wanted[index] / epochs <= max_calibration:
             continue
-        later = [k for k in range(index + 1, len(steps)) if steps[k].get("local_schedule") != "sequential"]
+        later = [k for k in range(index + 1, len(stages)) if not stages[k].sequential]
         if later:
             wanted[later[0]] += wanted[index] - max_calibration * epochs
             wanted[index] = max_calibration * epochs
             capped[index] = True
     sized = []
-    for index, (step, cost) in enumerate(zip(steps, wanted)):
-        unit = step_tokens(step)
-        epochs = float(step.get("epochs", 1.0)) if step.get("local_schedule") == "sequential" else 1.0
+    for index, (stage, cost) in enumerate(zip(stages, wanted)):
+        unit = step_tokens(stage)
+        epochs = counted_epochs(stage) if stage.sequential else 1.0
         stage_tokens = max(1, round(cost / epochs / unit)) * unit
         if capped[index] and stage_tokens > max_calibration:
             stage_tokens = max(1, max_calibration // unit) * unit  # rounded down: the cap holds
-        scale = stage_tokens / step["tokens"]
-        warmup = step.get("warmup_steps")
-        new = {**step, "tokens": stage_tokens}
+        scale = stage_tokens / stage.tokens
+        warmup = stage.resolved.optimizer.warmup_steps if stage.sets("warmup_steps") else None  # a preset's, scaled
+        changes: dict[str, Any] = {"tokens": stage_tokens}
         if warmup is not None:
-            new["warmup_steps"] = min(MAX_WARMUP_STEPS, max(1, round(warmup * scale)))
-        if step.get("ema"):  # the average's horizon, 1 / (1 - decay) steps, grows with the stage
-            new["ema"] = round(1 - (1 - step["ema"]) / scale, 6)
-        sized.append(new)
+            changes["warmup_steps"] = min(MAX_WARMUP_STEPS, max(1, round(warmup * scale)))
+        ema = stage.resolved.scope.ema
+        if ema:  # the average's horizon, 1 / (1 - decay) steps, grows with the stage
+            changes["ema"] = round(1 - (1 - ema) / scale, 6)
+        sized.append(stage.with_settings(**changes))
     return sized
 
 
@@ -165,32 +166,33 @@ def _available_memory(device: str) -> int | None:
         return None
 
 
-def plan_line(budget: Budget, steps: list[dict[str, Any]]) -> str:
+def plan_line(budget: Budget, stages: Sequence[PlannedStage]) -> str:
     """One line: the budget and what the stages got."""
     parts = []
-    for step in steps:
-        size = counted(step["tokens"], "token")
-        if step.get("local_schedule") == "sequential":
-            size += f" x {float(step.get('epochs', 1.0)):g}"
-        parts.append(f"{step['name']} {size}")
-    total = recipe_cost(steps)
+    for stage in stages:
+        size = counted(stage.tokens, "token")
+        if stage.sequential:
+            size += f" x {counted_epochs(stage):g}"
+        parts.append(f"{stage.name} {size}")
+    total = recipe_cost(stages)
     how = f" (--budget {budget.text.strip()}: a bare number counts token passes; 30m is wall time)" if budget.bare else ""
     over = (f", more than {budget.tokens:,}: each stage trains whole steps, at least one"
             if budget.tokens is not None and total > budget.tokens else "")
     return f"budget {budget.describe()}{how}: {total:,} token passes ({', '.join(parts)}){over}"
 
 
-def check_budget_steps(steps: list[dict[str, Any]]) -> None:
-    """A recipe a budget can size: every stage has a token count."""
-    for step in steps:
-        if not isinstance(step.get("tokens"), int) or step["tokens"] < 1 or not math.isfinite(stage_cost(step)):
-            raise LadderizeError(f"--budget: stage {step['stage']} ({step['name']}) has no token count to size")
+def check_budget_steps(stages: Sequence[PlannedStage]) -> None:
+    """A recipe a budget can size: every stage sets a token count."""
+    for stage in stages:
+        if (not stage.sets("tokens") or not isinstance(stage.tokens, int) or stage.tokens < 1
+                or not math.isfinite(stage_cost(stage))):
+            raise LadderizeError(f"--budget: stage {stage.number} ({stage.name}) has no token count to size")
 
 
-def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
+def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
                 say=lambda _line: None, began: float | None = None,
-                time_pace: Callable[..., Pace] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``steps`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
+                time_pace: Callable[..., Pace] | None = None) -> tuple[list[PlannedStage], dict[str, Any]]:
+    """``stages`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
 
     The pace is the one kept for this machine's load now (``kept_paces.py``), else timed under the launch by
     ``time_pace`` (``pace.measure_launch``, which the run hands the plan: planning imports no training). A wall
@@ -204,12 +206,12 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     from ...checkpoint.placement import this_launch
     from . import kept_paces as pacing
     from ..process_group import agreed
-    from .config import stage_config
 
+    steps = list(stages)
     check_budget_steps(steps)
     first = steps[0]
-    device = stage_config(first).parallelism.device
-    sequential = [stage_config(s) for s in steps if stage_config(s).sequential.local_schedule == "sequential"]
+    device = first.resolved.parallelism.device
+    sequential = [s.resolved for s in steps if s.sequential]
     window = max((s.sequential.window for s in sequential), default=1)
     resolved = device if device != "auto" else _auto_device()
     # the pace first (a wall budget's smallest run is checked by it before the data is read); a token budget's plan
@@ -217,13 +219,13 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     if budget.seconds is not None:
         steps = _eager_if_short(steps, budget, resolved, say)
         first = steps[0]
-    settings = stage_config(first)
+    settings = first.resolved
     processes = this_launch().world
     timing = dict(seq_len=settings.training.seq_len, batch_size=settings.training.batch_size, device=device, dtype=settings.parallelism.dtype,
                   mixed_precision=settings.parallelism.mixed_precision, compile=settings.parallelism.compile)
     # the kept paces' key holds the precision as the stage sets it (None: not set)
     key = pacing.pace_key(checkpoint, seq_len=settings.training.seq_len, batch_size=settings.training.batch_size, device=resolved,
-                          dtype=settings.parallelism.dtype, mixed_precision=first.get("mixed_precision"), compile=settings.parallelism.compile,
+                          dtype=settings.parallelism.dtype, mixed_precision=(settings.parallelism.mixed_precision if first.sets("mixed_precision") else None), compile=settings.parallelism.compile,
                           processes=processes, grad_accum=settings.training.grad_accum)
     # the main process's load and kept pace decide for every process, which then times (or not) with the others
     now = pacing.machine_load()
@@ -259,7 +261,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     cap = _data_tokens(first, checkpoint, memory_cap) if sequential else memory_cap
     held = cap if sequential and (memory_cap is None or cap < memory_cap) else None  # the whole data, in tokens
 
-    def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+    def size(plan: Sequence[PlannedStage], tokens: int) -> list[PlannedStage]:
         return scale_stages(plan, tokens, max_calibration=cap)
 
     record: dict[str, Any] = {"text": budget.text, "seconds": budget.seconds, "calibration_cap": cap, "data_tokens": held}
@@ -286,8 +288,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     sized = size(steps, tokens)
     record["tokens"] = tokens
     record["timed_s"] = pace.measured_s if when == TIMED else 0.0  # what timing the pace cost this run
-    full = cap is not None and any(step.get("local_schedule") == "sequential" and step["tokens"] + step_tokens(step) > cap
-                                   for step in sized)
+    full = cap is not None and any(stage.sequential and stage.tokens + step_tokens(stage) > cap for stage in sized)
     say(plan_line(budget, sized) + (f"; the sequential calibration set is capped at {cap:,} tokens (the data, or "
                                     f"{STATE_MEMORY_SHARE:.0%} of memory for its states): the rest goes to the next stage" if full else "")
         + "".join(f"; {name} reads the data {passes:.1f} times over: past one pass, the runs measured on SmolLM2 "
@@ -297,7 +298,7 @@ def size_recipe(steps: list[dict[str, Any]], budget: Budget, checkpoint: str,
     record["planned_s"] = planned
     if budget.tokens is not None:
         record["pace"] = pace.record()
-    say("planned wall time: " + ", ".join(f"{step['name']} {duration(s)}" for step, s in zip(sized, planned))
+    say("planned wall time: " + ", ".join(f"{stage.name} {duration(s)}" for stage, s in zip(sized, planned))
         + (f" (of {budget.describe()})" if budget.seconds is not None else f" ({pacing.describe(pace)})"))
     return sized, record
 
@@ -314,23 +315,23 @@ def floor_budget(seconds: float) -> str:
     return f"{math.ceil(least / 60 - 1e-9)}m" if least >= 60 else f"{max(1, math.ceil(least - 1e-9))}s"
 
 
-def _floor_seconds(pace: Pace, steps: list[dict[str, Any]], held: int | None = None) -> float:
+def _floor_seconds(pace: Pace, stages: Sequence[PlannedStage], held: int | None = None) -> float:
     """The seconds of the recipe's smallest sizing (one step per stage) by ``pace``."""
-    return recipe_seconds(pace, scale_stages(steps, 1), held)
+    return recipe_seconds(pace, scale_stages(stages, 1), held)
 
 
-def _check_floor(budget: Budget, pace: Pace, steps: list[dict[str, Any]], when: str, held: int | None = None) -> None:
+def _check_floor(budget: Budget, pace: Pace, stages: Sequence[PlannedStage], when: str, held: int | None = None) -> None:
     """Refuse ``budget`` in one line, naming the smallest wall budget that runs (``floor_budget``), where the recipe's
     smallest sizing (one step per stage) takes longer by ``pace`` than the budget."""
-    floor = _floor_seconds(pace, steps, held)
+    floor = _floor_seconds(pace, stages, held)
     if floor > budget.seconds:
         raise LadderizeError(f"--budget {budget.text}: too short for this recipe on {pace.device}; its smallest run "
                              f"takes about {duration(floor)} (by the pace {when}): give at least "
                              f"--budget {floor_budget(floor)}")
 
 
-def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stage_s: list[float],
-           say=lambda _line: None, spent_s: float | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def replan(stages: Sequence[PlannedStage], index: int, record: dict[str, Any], stage_s: list[float],
+           say=lambda _line: None, spent_s: float | None = None) -> tuple[list[PlannedStage], dict[str, Any]]:
     """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished: the new stages and
     a new budget record, ``record`` left as it was. The new record holds the plan's times as it now stands
     (``planned_s``) and, in ``replanned``, an entry per re-plan with the times it replaced (``before_s``).
@@ -351,12 +352,12 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     if spent_s is not None:
         spent = max(spent, spent_s)
     left = record["seconds"] - spent
-    rest = steps[index + 1:]
+    rest = list(stages[index + 1:])
 
-    def size(plan: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+    def size(plan: Sequence[PlannedStage], tokens: int) -> list[PlannedStage]:
         return scale_stages(plan, tokens, max_calibration=record.get("calibration_cap"))
 
-    held, done = record.get("data_tokens"), steps[: index + 1]
+    held, done = record.get("data_tokens"), list(stages[: index + 1])
     tokens = tokens_for_seconds(pace, rest, max(0.0, left) / slower, size, held, done)
     sized = size(rest, max(1, tokens))
     plan = [*done, *sized]
@@ -365,12 +366,12 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     before = record["planned_s"]
     record["planned_s"] = [*before[: index + 1], *timed]  # the pace's times of the plan as it now stands
     record.setdefault("replanned", []).append({
-        "after_stage": steps[index]["stage"], "ran_s": round(ran, 3), "spent_s": round(spent, 3),
+        "after_stage": stages[index].number, "ran_s": round(ran, 3), "spent_s": round(spent, 3),
         "left_s": round(left, 3), "slower": round(slower, 4), "tokens": recipe_cost(sized), "expected_s": expected,
         "before_s": before})
-    finished = steps[index]["name"]
+    finished = stages[index].name
     pace_note = f", at the {slower:.2f}x slower pace the stages so far ran" if slower > 1 else ""
-    sizes = ", ".join(f"{new['name']} {old['tokens']:,} -> {counted(new['tokens'], 'token')}" for old, new in zip(rest, sized))
+    sizes = ", ".join(f"{new.name} {old.tokens:,} -> {counted(new.tokens, 'token')}" for old, new in zip(rest, sized))
     over = spent + sum(expected) - record["seconds"]
     short = "" if tokens else (
         f", less than the smallest stage left: it runs one step, and the run will end about {duration(max(0.0, over))} "
@@ -382,9 +383,9 @@ def replan(steps: list[dict[str, Any]], index: int, record: dict[str, Any], stag
     return plan, record
 
 
-def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
-                    say) -> list[dict[str, Any]]:
-    """``steps`` on ``device`` (resolved, not ``auto``) with auto's compile turned off where a wall budget is too
+def _eager_if_short(stages: list[PlannedStage], budget: Budget, device: str,
+                    say) -> list[PlannedStage]:
+    """``stages`` on ``device`` (resolved, not ``auto``) with auto's compile turned off where a wall budget is too
     short to earn back the compiler's waits (``compilation.eager_for_budget``); a setting given (``--compile``,
     ``compile=`` in a stage) stays."""
     import torch
@@ -392,32 +393,29 @@ def _eager_if_short(steps: list[dict[str, Any]], budget: Budget, device: str,
     from .compile_policy import AUTO_MIN_BUDGET_S, eager_for_budget
 
     target = torch.device(device)
-    if not any(eager_for_budget(step.get("compile"), budget.seconds, target) for step in steps):
-        return steps
+    if not any(eager_for_budget(stage.resolved.parallelism.compile, budget.seconds, target) for stage in stages):
+        return stages
     say(f"budget {budget.describe()}: eager layers (auto compiles from {duration(AUTO_MIN_BUDGET_S)} on: in a shorter "
         "budget the compiler's waits cost more than its fused ops save; --compile asks for it)")
-    return [{**step, "compile": False} if step.get("compile") is None else step for step in steps]
+    return [stage.with_settings(compile=False) if stage.resolved.parallelism.compile is None else stage
+            for stage in stages]
 
 
-def rereads(sized: list[dict[str, Any]], first: dict[str, Any], held: int | None) -> list[tuple[str, float]]:
+def rereads(sized: Sequence[PlannedStage], first: PlannedStage, held: int | None) -> list[tuple[str, float]]:
     """The joint stages that read the first stage's data, ``held`` tokens in all, more than once: (name, passes)."""
-    from .config import stage_config
-
     if not held:
         return []
-    data = stage_config(first).training.data
-    return [(step["name"], step["tokens"] / held) for step in sized
-            if stage_config(step).sequential.local_schedule != "sequential" and stage_config(step).training.data == data
-            and step["tokens"] > held]
+    data = first.resolved.training.data
+    return [(stage.name, stage.tokens / held) for stage in sized
+            if not stage.sequential and stage.resolved.training.data == data and stage.tokens > held]
 
 
-def _data_tokens(step: dict[str, Any], checkpoint: str, cap: int | None) -> int | None:
+def _data_tokens(stage: PlannedStage, checkpoint: str, cap: int | None) -> int | None:
     """The tokens of whole sequences the data holds, up to ``cap`` (tokenized into the token store that far)."""
     from ...checkpoint.io import load_tokenizer
-    from .config import stage_config
     from ...corpus.windows import token_windows
 
-    settings = stage_config(step)
+    settings = stage.resolved
     seq_len = settings.training.seq_len
     windows = token_windows(settings.training.data, load_tokenizer(checkpoint, "adaptation"), seq_len,
                             max_tokens=cap)

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LadderizeError
 from ...hardware import GPU_PEAKS, gpu_named
+from .planned_stage import PlannedStage
 from .sequential_schedule import rows_read
 
 if TYPE_CHECKING:
@@ -207,50 +209,46 @@ class PricedDevice:
         """One GPU's assumed rate: its peak at ``SEQUENTIAL_ASSUMED_MFU`` or ``ASSUMED_MFU``."""
         return (SEQUENTIAL_ASSUMED_MFU if sequential else ASSUMED_MFU) * self.launch.peak_flops_per_s
 
-    def count(self, step: dict[str, Any], stored_teacher: bool = False) -> FlopCount:
-        """The FLOPs per trained token of joint stage ``step``."""
-        from .config import stage_config
+    def count(self, stage: PlannedStage, stored_teacher: bool = False) -> FlopCount:
+        """The FLOPs per trained token of joint stage ``stage``."""
         from ..objectives.registry import parse_objectives
 
-        settings = stage_config(step)
+        settings = stage.resolved
         return FlopCount.for_stage(self.config, list(self.converted), parse_objectives(settings.objective.objectives),
                                    scope=settings.scope.train, stored_teacher=stored_teacher,
                                    checkpointing=bool(settings.parallelism.activation_checkpointing))
 
-    def tokens_per_s_per_gpu(self, step: dict[str, Any], stored_teacher: bool = False) -> float:
-        return self.flops_per_s(False) / self.count(step, stored_teacher).executed_per_token
+    def tokens_per_s_per_gpu(self, stage: PlannedStage, stored_teacher: bool = False) -> float:
+        return self.flops_per_s(False) / self.count(stage, stored_teacher).executed_per_token
 
-    def fixed_seconds(self, step: dict[str, Any]) -> float:
+    def fixed_seconds(self, stage: PlannedStage) -> float:
         return 0.0
 
-    def sequential_seconds(self, step: dict[str, Any]) -> float:
+    def sequential_seconds(self, stage: PlannedStage) -> float:
         """Each converted layer's ``epochs`` training passes over the calibration tokens and the teacher's forward
         over them, on the processes its step's batch is split over."""
-        from .config import stage_config
-
-        settings = stage_config(step)
+        settings = stage.resolved
         shape = _shape_of(self.config)
         tokens = settings.training.tokens
         work = (6 * layer_parameters(shape) * tokens * settings.sequential.epochs * len(self.converted)
                 + 2 * shape.num_parameters * tokens)
-        return work / (self.flops_per_s(True) * self.gpus(step))
+        return work / (self.flops_per_s(True) * self.gpus(stage))
 
-    def gpus(self, step: dict[str, Any]) -> int:
+    def gpus(self, stage: PlannedStage) -> int:
         """The processes a sequential stage's step is split over (``stage_clock.sequential_processes``)."""
         from .stage_clock import sequential_processes
 
-        return sequential_processes(step, self.launch.processes)
+        return sequential_processes(stage, self.launch.processes)
 
-    def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
+    def joint_seconds(self, stage: PlannedStage, stored_teacher: bool) -> float:
         """Whole steps of the global batch, each process computing its part of every step
         (``stage_clock.process_share``, as a pace timed under the launch counts it)."""
-        from .config import stage_config
         from .stage_clock import process_share
 
-        settings = stage_config(step)
+        settings = stage.resolved
         steps = max(1, math.ceil(settings.training.tokens / (settings.training.seq_len * settings.training.batch_size)))
-        tokens = steps * settings.training.batch_size * settings.training.seq_len * process_share(step, self.launch.processes)
-        return tokens / self.tokens_per_s_per_gpu(step, stored_teacher)
+        tokens = steps * settings.training.batch_size * settings.training.seq_len * process_share(stage, self.launch.processes)
+        return tokens / self.tokens_per_s_per_gpu(stage, stored_teacher)
 
 
 ACTIVATION_VALUES = "6 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer in the compute dtype
@@ -364,18 +362,17 @@ class JointMemory:
                    head=head, logits=logits, rows=rows)
 
     @classmethod
-    def for_step(cls, config: Any, converted: list[int], step: dict[str, Any], processes: int,
+    def for_step(cls, config: Any, converted: list[int], stage: PlannedStage, processes: int,
                  micro_batch_tokens: int | None = None) -> "JointMemory":
-        """The estimate of a plan's joint stage ``step`` (its settings, typed by ``config.stage_config``) on
+        """The estimate of a plan's joint stage ``stage`` (its typed settings) on
         ``processes``, for the strategy it runs with there (``strategy.choose_strategy``); ``micro_batch_tokens``:
         the step's own micro-batch unless given: its global batch's rows on one process in one micro-batch
         (``batches.StepSplit.local``)."""
         from .batches import StepSplit
-        from .config import stage_config
         from ..objectives.registry import entries, parse_objectives
         from .strategy import choose_strategy
 
-        settings = stage_config(step)
+        settings = stage.resolved
         weights = parse_objectives(settings.objective.objectives)
         local = StepSplit(settings.training.batch_size, processes, settings.training.grad_accum).local
         return cls.estimate(config, converted, processes, micro_batch_tokens or settings.training.seq_len * local,
@@ -389,12 +386,12 @@ class JointMemory:
 
     @classmethod
     def largest_batch(cls, config: Any, converted: list[int], processes: int, seq_len: int, usable: float, *,
-                      most: int, step: dict[str, Any] | None = None, **options: Any) -> int:
+                      most: int, stage: PlannedStage | None = None, **options: Any) -> int:
         """The most sequences of ``seq_len`` tokens per micro-batch, up to ``most``, whose estimate fits in ``usable``
-        bytes (0: not one): of the plan's stage ``step`` (``for_step``), else ``estimate`` with ``options``."""
+        bytes (0: not one): of the plan's stage ``stage`` (``for_step``), else ``estimate`` with ``options``."""
         def fits(batch: int) -> bool:
             tokens = seq_len * batch
-            memory = (cls.for_step(config, converted, step, processes, tokens) if step is not None else
+            memory = (cls.for_step(config, converted, stage, processes, tokens) if stage is not None else
                       cls.estimate(config, converted, processes, tokens, **options))
             return memory.total <= usable
 
@@ -526,40 +523,39 @@ class RunPlan:
         return out
 
 
-def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[dict[str, Any]], launch: Launch,
+def plan_run(config: Any, layout_text: str, converted: list[int], stages: Sequence[PlannedStage], launch: Launch,
              model_name: str = "model", data_tokens: int | None = None) -> RunPlan:
-    """Price the resolved (and sized) recipe ``steps`` for ``launch``, each stage timed by the one time model
+    """Price the resolved (and sized) recipe ``stages`` for ``launch``, each stage timed by the one time model
     (``stage_clock.stages_seconds``) on the launch priced from afar (``PricedDevice``); ``data_tokens``: the tokens the
     data holds, where known (a stage reading stored teacher states runs no teacher layer). ``refusal`` names what to
     change where a stage does not fit."""
     from .batches import StepSplit
-    from .config import stage_config
     from ..objectives.registry import parse_objectives
     from .sequential_schedule import reads_stored_teacher
     from .stage_clock import stages_seconds
     from .strategy import choose_strategy
 
-    stages, refusal = [], None
+    priced, refusal = [], None
     usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
     clock = PricedDevice.of(config, converted, launch)
-    times = stages_seconds(clock, steps, data_tokens) if clock is not None else [None] * len(steps)
-    for index, (step, seconds) in enumerate(zip(steps, times)):
-        settings = stage_config(step)
+    times = stages_seconds(clock, stages, data_tokens) if clock is not None else [None] * len(stages)
+    for index, (planned, seconds) in enumerate(zip(stages, times)):
+        settings = planned.resolved
         weights = parse_objectives(settings.objective.objectives)
         seq_len, batch, accum = settings.training.seq_len, settings.training.batch_size, settings.training.grad_accum
         sequential = settings.sequential.local_schedule == "sequential"
         compute_bytes = 4 if settings.parallelism.dtype == "float32" else 2
         if sequential:
-            stage = _sequential_cost(config, converted, step, launch, seq_len, batch, compute_bytes, seconds)
+            stage = _sequential_cost(config, converted, planned, launch, seq_len, batch, compute_bytes, seconds)
         else:
             tokens_per_step = seq_len * batch  # the global batch
             steps_n = max(1, math.ceil(settings.training.tokens / tokens_per_step))
-            stored = reads_stored_teacher(steps, index, data_tokens)
+            stored = reads_stored_teacher(stages, index, data_tokens)
             count = FlopCount.for_stage(config, converted, weights, scope=settings.scope.train, stored_teacher=stored,
                                         checkpointing=bool(settings.parallelism.activation_checkpointing))
             strategy = choose_strategy(settings, launch)
-            memory = JointMemory.for_step(config, converted, step, launch.processes)
-            stage = StageCost(step["stage"], step["name"], "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
+            memory = JointMemory.for_step(config, converted, planned, launch.processes)
+            stage = StageCost(planned.number, planned.name, "joint", steps_n * tokens_per_step, tokens_per_step, steps_n,
                               count.per_token, memory=asdict(memory), memory_bytes=memory.total,
                               recomputed_flops_per_token=count.executed_per_token - count.per_token,
                               save_bytes=12.0 * count.trained,  # fp32 weights and AdamW's two moments
@@ -571,46 +567,43 @@ def plan_run(config: Any, layout_text: str, converted: list[int], steps: list[di
             if every:
                 stage.saves = steps_n // every
             if clock is not None:
-                stage.tokens_per_s_per_gpu = clock.tokens_per_s_per_gpu(step, stored)
+                stage.tokens_per_s_per_gpu = clock.tokens_per_s_per_gpu(planned, stored)
                 stage.seconds = seconds
                 if not every:  # a minute in, then every save_minutes (training_state.SaveClock)
                     minutes = settings.saving.save_minutes
                     stage.saves = max(1, math.ceil(stage.seconds / (60 * minutes)))
             if usable is not None and memory.total > usable and refusal is None:
-                refusal = _joint_advice(config, converted, launch, step, memory, usable)
-        _price_writes(stage, config, steps, index, launch.processes)
-        stages.append(stage)
+                refusal = _joint_advice(config, converted, launch, planned, memory, usable)
+        _price_writes(stage, config, stages, index, launch.processes)
+        priced.append(stage)
         if usable is not None and sequential and stage.memory_bytes and stage.memory_bytes > usable and refusal is None:
             refusal = (f"stage {stage.stage} ({stage.name}) needs {gib(stage.memory_bytes)} per GPU, "
                        f"{gib(usable)} usable: store its states on disk (--states-on-disk) or give it fewer tokens")
-    return RunPlan(model_name, layout_text, launch, stages, refusal, clock)
+    return RunPlan(model_name, layout_text, launch, priced, refusal, clock)
 
 
-def _price_writes(stage: StageCost, config: Any, steps: list[dict[str, Any]], index: int, processes: int) -> None:
+def _price_writes(stage: StageCost, config: Any, stages: Sequence[PlannedStage], index: int, processes: int) -> None:
     """What stage ``index`` writes at its end: OUT in its output dtype (by default the checkpoint's), or a checkpoint
     in float32 before the last stage (``recipe.py``), and a sequential stage's kept teacher states
     (``sequential_schedule.rows_read``: three ``[rows, S, D]`` float32 tensors)."""
-    from .config import stage_config
-
-    settings, shape = stage_config(steps[index]), _shape_of(config)
-    last = index == len(steps) - 1
+    settings, shape = stages[index].resolved, _shape_of(config)
+    last = index == len(stages) - 1
     dtype = (settings.saving.output_dtype or str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")) \
         if last else "float32"
     stage.output = f"{'OUT' if last else 'its checkpoint'} ({dtype})"
     stage.output_bytes = float(shape.num_parameters * DTYPE_BYTES.get(dtype, 4))
     if settings.sequential.local_schedule == "sequential":
-        stage.teacher_state_bytes = 3.0 * rows_read(steps, index, processes) * settings.training.seq_len * shape.hidden_size * 4
+        stage.teacher_state_bytes = 3.0 * rows_read(stages, index, processes) * settings.training.seq_len * shape.hidden_size * 4
 
 
-def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], launch: Launch, seq_len: int,
+def _sequential_cost(config: Any, converted: list[int], planned: PlannedStage, launch: Launch, seq_len: int,
                      batch: int, compute_bytes: int, seconds: float | None) -> StageCost:
     """A sequential stage: the teacher's states cached once, then each layer (or window of layers) trained on them for
     ``epochs``, in the steps the stage runs (``sequential_schedule.window_steps``), taking ``seconds`` (None: not
     priced)."""
-    from .config import stage_config
     from .sequential_schedule import state_copies, window_epochs, window_steps
 
-    settings = stage_config(step)
+    settings = planned.resolved
     shape = _shape_of(config)
     tokens, epochs, window = settings.training.tokens, settings.sequential.epochs, settings.sequential.window
     rows = max(1, tokens // seq_len)  # the calibration set: whole sequences
@@ -623,7 +616,7 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
     flops = 6 * layer  # per token pass through one layer (the states are cached)
     states = 0.0 if settings.sequential.states == "disk" else state_copies(window) * shape.hidden_size * 4 * tokens
     memory = 16 * layer + states + batch * seq_len * activation_bytes_per_token(shape, compute_bytes)
-    stage = StageCost(step["stage"], step["name"], "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
+    stage = StageCost(planned.number, planned.name, "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
                       memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),
                       window=window, uneven=len(shares) * window != len(converted), tokens_trained=trained)
     if seconds is not None:
@@ -636,15 +629,17 @@ def _sequential_cost(config: Any, converted: list[int], step: dict[str, Any], la
     return stage
 
 
-def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[str, Any], memory: JointMemory,
+def _joint_advice(config: Any, converted: list[int], launch: Launch, stage: PlannedStage, memory: JointMemory,
                   usable: float) -> str:
     """One line: what the stage needs, and the changes that would make it fit, each priced for the strategy it would
     run with (``strategy.choose_strategy``: more GPUs shard a stage that one GPU runs whole, not one that a setting
     keeps replicated)."""
-    from .strategy import choose_strategy, setting, whole_weight_settings, without_whole_weight_settings
+    from .strategy import choose_strategy, whole_weight_changes, whole_weight_settings
+
+    settings = stage.resolved
 
     def fits(changes: dict[str, Any], processes: int = launch.processes) -> JointMemory | None:
-        priced = JointMemory.for_step(config, converted, {**step, **changes}, processes)
+        priced = JointMemory.for_step(config, converted, stage.with_settings(**changes), processes)
         return priced if priced.total <= usable else None
 
     def fewest_gpus(changes: dict[str, Any]) -> int | None:
@@ -657,32 +652,32 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, step: dict[
         fixes.append(f"at least {plain} GPUs{extra}")
     elif checked_gpus is not None:
         fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
-    if not setting(step, "activation_checkpointing") and fits({"activation_checkpointing": True}):
+    if not settings.parallelism.activation_checkpointing and fits({"activation_checkpointing": True}):
         fixes.append("--activation-checkpointing")
     from .batches import StepSplit, dividing_accumulation
 
-    batch, seq_len, processes = int(setting(step, "batch_size")), int(setting(step, "seq_len")), launch.processes
-    local = StepSplit(batch, processes, int(setting(step, "grad_accum"))).local
+    batch, seq_len, processes = int(settings.training.batch_size), int(settings.training.seq_len), launch.processes
+    local = StepSplit(batch, processes, int(settings.training.grad_accum)).local
     accumulated = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
-                                            step={**step, "grad_accum": max(2, int(setting(step, "grad_accum")))})
+                                            stage=stage.with_settings(grad_accum=max(2, int(settings.training.grad_accum))))
     divides = dividing_accumulation(batch, processes, -(-batch // (processes * accumulated))) if accumulated else None
     if divides:  # the same global batch in smaller micro-batches
         fixes.append(f"--grad-accum {divides} (the same batch of {batch}, {batch // (processes * divides)} per "
                      "process a micro-batch)")
     else:
         alone = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
-                                          step={**step, "grad_accum": 1})
+                                          stage=stage.with_settings(grad_accum=1))
         if alone:
             fixes.append(f"--batch-size {alone * processes} without --grad-accum (fewer tokens per step: the "
                          "accumulated gradients do not fit beside it)")
-    strategy = choose_strategy(step, launch)
+    strategy = choose_strategy(settings, launch)
     if not strategy.shards and launch.processes > 1:
-        sharded_step = without_whole_weight_settings(step)
-        priced = fits(sharded_step)
-        if priced is not None and choose_strategy(sharded_step, launch).shards:
-            dropped = [entry.flag for entry in whole_weight_settings(step)]
-            dropped += [f"--shard {setting(step, 'shard')}"] if setting(step, "shard") != "auto" else []
+        unblocked = whole_weight_changes(settings)
+        priced = fits(unblocked)
+        if priced is not None and choose_strategy(settings.with_flat(**unblocked), launch).shards:
+            dropped = [entry.flag for entry in whole_weight_settings(settings)]
+            dropped += [f"--shard {settings.parallelism.shard}"] if settings.parallelism.shard != "auto" else []
             fixes.append(f"without {' and '.join(dropped)} (then sharded: {gib(priced.total)})")
     advice = "; ".join(fixes) if fixes else "more GPUs or a GPU with more memory"
-    return (f"stage {step['stage']} ({step['name']}) needs {gib(memory.total)} per GPU on {launch.describe()} "
+    return (f"stage {stage.number} ({stage.name}) needs {gib(memory.total)} per GPU on {launch.describe()} "
             f"({strategy.describe()}), {gib(usable)} usable: {advice}")

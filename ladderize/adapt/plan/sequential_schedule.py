@@ -14,7 +14,10 @@ Plain arithmetic on settings and shapes: no torch, nothing of the training impor
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+from .planned_stage import PlannedStage
 
 STATE_COPIES = 8  # [N, S, D] tensors alive at once: teacher in/out and student in pairs, plus a new student pair
 
@@ -68,45 +71,58 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
     return groups
 
 
-def reads_kept_states(step: dict[str, Any], before: dict[str, Any]) -> bool:
-    """Whether joint stage ``step`` can read the teacher's states sequential stage ``before`` keeps: it trains the
-    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length."""
+def counted_epochs(stage: PlannedStage) -> float:
+    """The epochs a plan counts for sequential stage ``stage`` (the pace's seconds, the budget's token passes): the
+    epochs the stage sets, else 1.0, as the plan has always counted a stage that leaves them to the section's default
+    (which trains 2.0; every preset that trains sequentially sets them: seq-local's 2.0)."""
+    return float(stage.resolved.sequential.epochs) if stage.sets("epochs") else 1.0
+
+
+def _as_set(stage: PlannedStage, name: str, value: Any) -> Any:
+    """``value``, the stage's setting ``name``, where the stage sets it; else None (left to the section's default)."""
+    return value if stage.sets(name) else None
+
+
+def reads_kept_states(stage: PlannedStage, before: PlannedStage) -> bool:
+    """Whether joint stage ``stage`` can read the teacher's states sequential stage ``before`` keeps: it trains the
+    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length (as the stages set them: one
+    set and one left to the default count as different)."""
     from ..objectives.registry import STORED_TEACHER_OBJECTIVES, parse_objectives
 
-    objectives = set(parse_objectives(str(step.get("objectives", "local"))))
-    return (before.get("local_schedule") == "sequential" and step.get("local_schedule") != "sequential"
-            and step.get("train") != "all" and objectives <= STORED_TEACHER_OBJECTIVES
-            and before.get("data") == step.get("data") and before.get("seq_len") == step.get("seq_len"))
+    objectives = set(parse_objectives(str(stage.resolved.objective.objectives)))
+    mine, theirs = stage.resolved.training, before.resolved.training
+    return (before.sequential and not stage.sequential
+            and stage.resolved.scope.train != "all" and objectives <= STORED_TEACHER_OBJECTIVES
+            and _as_set(before, "data", theirs.data) == _as_set(stage, "data", mine.data)
+            and _as_set(before, "seq_len", theirs.seq_len) == _as_set(stage, "seq_len", mine.seq_len))
 
 
-def reads_stored_teacher(steps: list[dict[str, Any]], index: int, data_tokens: int | None = None) -> bool:
+def reads_stored_teacher(stages: Sequence[PlannedStage], index: int, data_tokens: int | None = None) -> bool:
     """Whether stage ``index`` will read the teacher's states a sequential stage before it stores
     (``reads_kept_states``), for windows (its tokens, at most the ``data_tokens`` the data
     holds) within the rows that stage stores: its calibration set and the batch of held-out rows after it. The stage
     itself checks its windows token for token (a batch with a row outside runs the teacher); this is the plan's guess."""
-    from .config import stage_config
-
-    step = steps[index]
-    reads = step["tokens"] if data_tokens is None else min(step["tokens"], data_tokens)
-    return any(reads_kept_states(step, before) and reads <= before["tokens"] + stage_config(before).training.batch_size
-               * stage_config(before).training.seq_len for before in steps[:index])
+    stage = stages[index]
+    reads = stage.tokens if data_tokens is None else min(stage.tokens, data_tokens)
+    return any(reads_kept_states(stage, before) and reads <= before.tokens + before.resolved.training.batch_size
+               * before.resolved.training.seq_len for before in stages[:index])
 
 
-def keeps_teacher_states(steps: list[dict[str, Any]], index: int) -> bool:
+def keeps_teacher_states(stages: Sequence[PlannedStage], index: int) -> bool:
     """Whether stage ``index`` is a sequential stage whose teacher states a later stage can read."""
-    return any(reads_kept_states(step, steps[index]) for step in steps[index + 1:])
+    return any(reads_kept_states(stage, stages[index]) for stage in stages[index + 1:])
 
 
-def gathers_teacher(step: dict[str, Any], processes: int) -> bool:
-    """Whether joint stage ``step`` on ``processes`` runs a teacher whose layers gather across the ranks (sharded over
+def gathers_teacher(stage: PlannedStage, processes: int) -> bool:
+    """Whether joint stage ``stage`` on ``processes`` runs a teacher whose layers gather across the ranks (sharded over
     more than one process): its ranks run it together or not at all, so it reads stored states only for a micro-batch
     whose rows are stored on every rank (``trainer._all_stored``)."""
     from .strategy import choose_strategy
 
-    return processes > 1 and choose_strategy(step, processes).shards
+    return processes > 1 and choose_strategy(stage.resolved, processes).shards
 
 
-def rows_read(steps: list[dict[str, Any]], index: int, processes: int = 1) -> int:
+def rows_read(stages: Sequence[PlannedStage], index: int, processes: int = 1) -> int:
     """How many of its first sequences' teacher states sequential stage ``index`` stores: as many as the later stages
     that read them (``reads_kept_states``) take windows (a joint stage's tokens rounded up to whole steps of its global
     batch, ``batch_size`` sequences on any process count: ``batches.StepSplit``); 0 where none reads them.
@@ -114,18 +130,14 @@ def rows_read(steps: list[dict[str, Any]], index: int, processes: int = 1) -> in
     A later stage whose teacher gathers across ``processes`` (``gathers_teacher``) reads stored states only where all
     of a micro-batch's rows are stored: it counts where the sequential stage's calibration set holds every window it
     takes (then each is read), and not at all otherwise (a few micro-batches would read a few of them)."""
-    import math
-
-    from .config import stage_config
-
     rows = 0
-    before = stage_config(steps[index])
+    before = stages[index].resolved
     calibration = before.training.tokens // before.training.seq_len  # whole sequences
-    for step in steps[index + 1:]:
-        if reads_kept_states(step, steps[index]):
-            config = stage_config(step)
-            windows = math.ceil(step["tokens"] / (config.training.batch_size * config.training.seq_len)) * config.training.batch_size
-            if gathers_teacher(step, processes) and windows > calibration:
+    for stage in stages[index + 1:]:
+        if reads_kept_states(stage, stages[index]):
+            training = stage.resolved.training
+            windows = math.ceil(stage.tokens / (training.batch_size * training.seq_len)) * training.batch_size
+            if gathers_teacher(stage, processes) and windows > calibration:
                 continue
             rows = max(rows, windows)
     return rows

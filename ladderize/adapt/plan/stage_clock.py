@@ -1,6 +1,6 @@
 """How many seconds a stage takes on a device: one time model, its rates from where the device was timed or priced.
 
-``stage_seconds(clock, step, stored_teacher)`` splits a resolved stage into what it runs and asks the clock (a
+``stage_seconds(clock, stage, stored_teacher)`` splits a resolved stage into what it runs and asks the clock (a
 ``StageClock``: the device's rates) for the seconds of each part:
 
 - the fixed costs of any stage (``fixed_seconds``): reading the weights of both models and writing the student's;
@@ -49,11 +49,12 @@ Plain arithmetic on settings and rates: no torch, nothing of the training import
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from .sequential_schedule import reads_stored_teacher
+from .planned_stage import PlannedStage
+from .sequential_schedule import counted_epochs, reads_stored_teacher
 
 FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
 # a converted layer's closed-form start (``least_squares.py``): two passes over the calibration set, forward and the
@@ -67,69 +68,66 @@ class StageClock(Protocol):
     """A device's rates for each part of a stage (module docstring): a ``Pace`` timed here or a
     ``cost.PricedDevice`` priced from afar."""
 
-    def fixed_seconds(self, step: dict[str, Any]) -> float:
+    def fixed_seconds(self, stage: PlannedStage) -> float:
         """Seconds any stage spends besides its steps: reading and writing weights."""
         ...
 
-    def sequential_seconds(self, step: dict[str, Any]) -> float:
+    def sequential_seconds(self, stage: PlannedStage) -> float:
         """Seconds of a sequential stage's passes: the teacher's once, each converted layer's ``epochs`` times."""
         ...
 
-    def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
+    def joint_seconds(self, stage: PlannedStage, stored_teacher: bool) -> float:
         """Seconds of a joint stage's steps, without the teacher's layers where ``stored_teacher``."""
         ...
 
 
-def process_share(step: dict[str, Any], processes: int) -> float:
+def process_share(stage: PlannedStage, processes: int) -> float:
     """The part of a joint stage's tokens one of ``processes`` computes: its rows of each micro-batch times the
     micro-batches, over the global batch (``batches.StepSplit``: ``1 / processes`` for a batch that divides, as the plan
     makes every joint stage's)."""
     from .batches import StepSplit
-    from .config import stage_config
 
-    settings = stage_config(step)
-    split = StepSplit(settings.training.batch_size, processes, settings.training.grad_accum)
-    return split.grad_accum * split.local / settings.training.batch_size
+    training = stage.resolved.training
+    split = StepSplit(training.batch_size, processes, training.grad_accum)
+    return split.grad_accum * split.local / training.batch_size
 
 
-def sequential_processes(step: dict[str, Any], processes: int) -> int:
+def sequential_processes(stage: PlannedStage, processes: int) -> int:
     """The processes a sequential stage's step is split over: at most its batch's sequences (and the calibration set's)."""
-    from .config import stage_config
-
-    settings = stage_config(step)
-    return min(processes, settings.training.batch_size, max(1, settings.training.tokens // settings.training.seq_len))
+    training = stage.resolved.training
+    return min(processes, training.batch_size, max(1, training.tokens // training.seq_len))
 
 
-def stage_seconds(clock: StageClock, step: dict[str, Any], stored_teacher: bool = False) -> float:
+def stage_seconds(clock: StageClock, stage: PlannedStage, stored_teacher: bool = False) -> float:
     """The expected wall seconds of one resolved stage on ``clock`` (module docstring); ``stored_teacher``: it reads
     the teacher's states a sequential stage stored (``reads_stored_teacher``), so neither model's frozen layers run."""
-    if step.get("local_schedule") == "sequential":
-        return clock.fixed_seconds(step) + clock.sequential_seconds(step)
-    return clock.fixed_seconds(step) + clock.joint_seconds(step, stored_teacher)
+    if stage.sequential:
+        return clock.fixed_seconds(stage) + clock.sequential_seconds(stage)
+    return clock.fixed_seconds(stage) + clock.joint_seconds(stage, stored_teacher)
 
 
-def stages_seconds(clock: StageClock, steps: list[dict[str, Any]], data_tokens: int | None = None,
-                   before: list[dict[str, Any]] = ()) -> list[float]:
-    """The expected wall seconds of each of ``steps``, run after the finished stages ``before`` (a stage that will
+def stages_seconds(clock: StageClock, stages: Sequence[PlannedStage], data_tokens: int | None = None,
+                   before: Sequence[PlannedStage] = ()) -> list[float]:
+    """The expected wall seconds of each of ``stages``, run after the finished stages ``before`` (a stage that will
     read the teacher's states a sequential stage stores is timed so: ``reads_stored_teacher``)."""
     done = list(before)
-    return [stage_seconds(clock, step, reads_stored_teacher([*done, *steps], len(done) + index, data_tokens))
-            for index, step in enumerate(steps)]
+    return [stage_seconds(clock, stage, reads_stored_teacher([*done, *stages], len(done) + index, data_tokens))
+            for index, stage in enumerate(stages)]
 
 
-def recipe_seconds(clock: StageClock, steps: list[dict[str, Any]], data_tokens: int | None = None,
-                   before: list[dict[str, Any]] = ()) -> float:
-    """The expected wall seconds of ``steps``, run after the finished stages ``before``."""
-    return sum(stages_seconds(clock, steps, data_tokens, before))
+def recipe_seconds(clock: StageClock, stages: Sequence[PlannedStage], data_tokens: int | None = None,
+                   before: Sequence[PlannedStage] = ()) -> float:
+    """The expected wall seconds of ``stages``, run after the finished stages ``before``."""
+    return sum(stages_seconds(clock, stages, data_tokens, before))
 
 
-def tokens_for_seconds(clock: StageClock, steps: list[dict[str, Any]], seconds: float,
-                       size: Callable[[list[dict[str, Any]], int], list[dict[str, Any]]], data_tokens: int | None = None,
-                       before: list[dict[str, Any]] = ()) -> int:
-    """The most token passes whose stages, sized by ``size(steps, tokens)``, are expected to fit in ``seconds``
+def tokens_for_seconds(clock: StageClock, stages: Sequence[PlannedStage], seconds: float,
+                       size: Callable[[Sequence[PlannedStage], int], list[PlannedStage]], data_tokens: int | None = None,
+                       before: Sequence[PlannedStage] = ()) -> int:
+    """The most token passes whose stages, sized by ``size(stages, tokens)``, are expected to fit in ``seconds``
     (0 when not even the smallest sizing fits)."""
     def fits(tokens: int) -> bool:
-        return recipe_seconds(clock, size(steps, tokens), data_tokens, before) <= seconds
+        return recipe_seconds(clock, size(stages, tokens), data_tokens, before) <= seconds
 
     low, high = 0, 1
     while fits(high) and high < 10**13:
@@ -178,36 +176,36 @@ class Pace:
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
-    def fixed_seconds(self, step: dict[str, Any]) -> float:
+    def fixed_seconds(self, stage: PlannedStage) -> float:
         """``FIXED_READS`` passes over every layer's weights."""
         return FIXED_READS * self.layers * self.layer_read
 
-    def sequential_seconds(self, step: dict[str, Any]) -> float:
+    def sequential_seconds(self, stage: PlannedStage) -> float:
         """The forwards past the first converted layer and each converted layer's training passes, per token, and
         the compiler's waits: without gradient the teacher's layers and the student's past the first converted one
         (its states, and each converted layer's held-out loss), with it the converted layers."""
         span = self.last_converted - self.first_converted + 1
-        epochs = float(step.get("epochs", 1.0))
-        fits = CLOSED_FORM_TRAINS if step.get("closed_form") else 0.0
+        epochs = counted_epochs(stage)
+        fits = CLOSED_FORM_TRAINS if stage.resolved.sequential.closed_form else 0.0
         forwards = self.first_converted + 2 * span
         per = forwards * self.layer_forward + self.converted * (epochs + fits) * self.layer_train
         waits = compile_waits(self, {*self.teacher_kinds, *self.student_kinds[self.first_converted:]},
                               set(self.converted_kinds))
-        return waits + step["tokens"] * per * (1.0 / self.tokens_per_call) / sequential_processes(step, self.processes)
+        return waits + stage.tokens * per * (1.0 / self.tokens_per_call) / sequential_processes(stage, self.processes)
 
-    def joint_seconds(self, step: dict[str, Any], stored_teacher: bool) -> float:
+    def joint_seconds(self, stage: PlannedStage, stored_teacher: bool) -> float:
         """Per token the teacher's layers (none where ``stored_teacher``) and the student's forward, its backward and
         the heads, and the compiler's waits for the kinds of layer the stage runs; of each step, the part the busiest
         process computes (``process_share``)."""
-        trains_all = step.get("train") == "all"
+        trains_all = stage.resolved.scope.train == "all"
         student_layers = self.layers if trains_all else self.layers - self.first_converted
         backward = student_layers * (self.layer_train - self.layer_forward)
         teacher_layers = 0 if stored_teacher else self.layers
         per = (teacher_layers + student_layers) * self.layer_forward + backward + self.head_step
         waits = compile_waits(self, set() if stored_teacher else set(self.teacher_kinds),
                               set(self.student_kinds[0 if trains_all else self.first_converted:]))
-        share = process_share(step, self.processes)
-        return waits + step["tokens"] * share * per * (1.0 / self.tokens_per_call)
+        share = process_share(stage, self.processes)
+        return waits + stage.tokens * share * per * (1.0 / self.tokens_per_call)
 
 
 def fit_steps(planned: dict[int, int], left_s: float, spent_s: float, steps_done: int) -> dict[int, int]:

@@ -34,7 +34,8 @@ from typing import Any
 
 from ...errors import LadderizeError, one_line
 from ...progress import counted
-from .config import FLAT_FIELDS, stage_config
+from .config import FLAT_FIELDS, AdaptConfig
+from .planned_stage import PlannedStage
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -153,7 +154,8 @@ def converted_modes(checkpoint: str) -> set[str]:
 
 
 def stage_kind(settings: dict[str, Any]) -> str:
-    config = stage_config(settings)
+    """The kind of stage flat ``settings`` make (``sequential``, ``kd`` or ``joint``), for its measured rate."""
+    config = AdaptConfig.from_flat({k: v for k, v in settings.items() if k in FLAT_FIELDS})
     if config.sequential.local_schedule == "sequential":
         return "sequential"
     return "kd" if config.objective.objectives == "kd" else "joint"
@@ -183,13 +185,15 @@ def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | Non
     return steps
 
 
-def describe(step: dict[str, Any]) -> str:
-    config = stage_config(step)
+def describe(stage: PlannedStage) -> str:
+    """One line: the stage as a plan prints it (the settings it sets beyond its size, by name)."""
+    config = stage.resolved
     kind = config.sequential.local_schedule
-    tokens = counted(step["tokens"], "token") + (f" x {counted(config.sequential.epochs, 'epoch')}" if kind == "sequential" else "")
+    tokens = counted(stage.tokens, "token") + (f" x {counted(config.sequential.epochs, 'epoch')}" if kind == "sequential" else "")
     keys = ("train", "data", "local_inputs", "kd_divergence", "kd_temperature", "kd_top_k", "interpolate", "ema") + (("states", "stream_layers", "closed_form", "epochs_ramp", "window") if kind == "sequential" else ())
-    extra = "".join(f", {k} {step[k]}" for k in keys if k in step)
-    return (f"{step['stage']}. {step['name']}: {step['objectives']} ({kind}), {tokens}, lr {step['lr']:g}, "
+    flat = config.flat()
+    extra = "".join(f", {k} {flat[k]}" for k in keys if stage.sets(k))
+    return (f"{stage.number}. {stage.name}: {config.objective.objectives} ({kind}), {tokens}, lr {config.optimizer.lr:g}, "
             f"batch {config.training.batch_size}{extra}")
 
 

@@ -18,7 +18,7 @@ no training module, so the planning side stays free of them (``tests/test_import
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,13 +133,12 @@ def choose_strategy(settings: Any, launch: Any) -> Strategy:
     return Strategy(entry, processes, reason)
 
 
-def without_whole_weight_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with the settings that keep a stage replicated turned off (a named strategy that does not shard
-    becomes auto)."""
-    changed = dict(settings)
-    for entry in whole_weight_settings(settings):
-        changed[entry.key] = entry.off
+def whole_weight_changes(settings: Any) -> dict[str, Any]:
+    """The changes (flat names) that turn off the settings of ``settings`` that keep a stage replicated (a named
+    strategy that does not shard becomes auto)."""
+    changed = {entry.key: entry.off for entry in whole_weight_settings(settings)}
     shard = setting(settings, "shard")
     if shard != "auto" and not _named(shard).shards:
         changed["shard"] = "auto"
     return changed
+

@@ -29,6 +29,7 @@ from ..plan.config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
 from ..plan.inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
 from .output import CURVE_FILE, checkpoint_dtype, stage_points
 from ..plan.adapt_plan import AdaptPlan
+from ..plan.planned_stage import PlannedStage
 from ..plan.stages import describe
 from ..plan.sequential_schedule import keeps_teacher_states, rows_read
 from .train import adapt, preflight
@@ -65,7 +66,7 @@ class RunOptions:
     budget, which its re-plans and the stages' deadlines read (``budget.py``, "keeping the time"); pass the time the
     plan was built with (``plan_adapt``'s ``began``).
     ``on_plan(plan)`` shows the plan once every stage passed its preflight; ``on_stage_start(line)`` announces a stage
-    (default ``on_message``); ``on_stage_end(step, result, checkpoint)`` runs after each stage with its output
+    (default ``on_message``); ``on_stage_end(stage, result, checkpoint)`` runs after each stage with its output
     checkpoint; ``progress`` and ``on_phase`` follow a stage's steps and its long phases before them (``train.adapt``).
     """
 
@@ -81,7 +82,7 @@ class RunOptions:
     on_message: Callable[[str], None] | None = None
     on_plan: Callable[[AdaptPlan], None] | None = None
     on_stage_start: Callable[[str], None] | None = None
-    on_stage_end: Callable[[dict[str, Any], AdaptResult, Path], None] | None = None
+    on_stage_end: Callable[[PlannedStage, AdaptResult, Path], None] | None = None
     on_phase: PhaseProgress | None = None
 
 
@@ -159,8 +160,8 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
             return current
         # the main process's times decide, as its pace decided the plan
         spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
-        planned, sizing = agreed(replan(current.steps, index, sizing, stage_s, say, spent_s=spent) if main else None)
-        replanned = replace(current.with_steps(planned), budget=sizing)
+        planned, sizing = agreed(replan(current.stages, index, sizing, stage_s, say, spent_s=spent) if main else None)
+        replanned = replace(current.with_stages(planned), budget=sizing)
         if main:
             plan_file.write_text(json.dumps(replanned.record(), indent=1) + "\n")
         return replanned
@@ -192,14 +193,14 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
     earlier: list[AdaptResult] = []
     current, done_steps, stage_s, reused_s = str(plan.checkpoint), 0, [], 0.0
     for index in range(len(plan.stages)):
-        stage, steps = plan.stages[index], plan.steps
+        stage, stages, steps = plan.stages[index], plan.stages, plan.steps
         budgeted = plan.budget is not None and plan.budget.get("seconds") is not None  # a re-plan may grow what is read
-        last = index == len(steps) - 1
+        last = index == len(stages) - 1
         tag = f"stage{stage.number}-{stage.name}"
         stage_out = final if last else top / tag
         stage_run = top / f"{tag}.run"
-        shares = any(keeps_teacher_states(steps, i) for i in range(index + 1))  # it or a stage before it keeps them
-        kept_rows = rows_read(steps, index, this_launch().world)  # a re-plan may grow what is read: all rows, where any
+        shares = any(keeps_teacher_states(stages, i) for i in range(index + 1))  # it or a stage before it keeps them
+        kept_rows = rows_read(stages, index, this_launch().world)  # a re-plan may grow what is read: all rows, where any
         config = stage.config(current, str(stage_out), run_dir=str(stage_run), force=options.force or not last,
                               keep_state=keep_state, recipe={**_provenance_record(plan), "stage": stage.number},
                               teacher_states=str(top / TEACHER_STATES_DIR) if shares else None,
@@ -220,7 +221,7 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
             continue
         if any(limit is not None and done_steps >= limit for limit in (stop_after_steps, max_steps)):
             return RecipeResult(final, results, steps, False, top, earlier)
-        (options.on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage.step)[len(str(stage.number)) + 2:]}")
+        (options.on_stage_start or say)(f"stage {stage.number}/{len(steps)} {describe(stage)[len(str(stage.number)) + 2:]}")
         if not last:
             shutil.rmtree(stage_out, ignore_errors=True)  # a partial write of an earlier attempt
         result = adapt(config, resume=options.resume and (stage_run / "state").is_dir(), progress=options.progress,
@@ -234,7 +235,7 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
             return RecipeResult(final, results, steps, False, top, earlier)  # stopped early, as a kill would
         done_steps += result.steps
         if options.on_stage_end is not None:
-            options.on_stage_end(stage.step, result, stage_out)
+            options.on_stage_end(stage, result, stage_out)
         current = str(stage_out)
         stage_s.append(written[-1]["train_s"])
         plan = after_stage(index, plan, stage_s, reused_s)  # (after the last stage: nothing left to re-plan)
