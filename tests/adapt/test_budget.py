@@ -358,3 +358,14 @@ def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budge
     assert code == 0, stderr
     assert abs(_last_line_wall_s(stdout) - outer) <= 0.5 + 0.05 * outer
     assert outer <= 1.1 * budget + load, (outer, budget, load, stdout + stderr)
+
+
+def test_a_sequential_stage_is_counted_at_the_epochs_it_trains():
+    """A sequential stage that leaves its epochs to the section's default trains them (2 per layer): the budget counts
+    those passes, as it counts a stage that sets them."""
+    from ladderize.adapt.plan.settings_sections import SequentialSettings
+
+    default = SequentialSettings().epochs
+    left = typed({"objectives": "local", "local_schedule": "sequential", "tokens": 1000})
+    assert left.resolved.sequential.epochs == default != 1
+    assert recipe_cost([left]) == 1000 * default == recipe_cost(typed([{**left.step, "epochs": default}]))

@@ -73,9 +73,8 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
 
 def counted_epochs(stage: PlannedStage) -> float:
     """The epochs a plan counts for sequential stage ``stage`` (the pace's seconds, the budget's token passes): the
-    epochs the stage sets, else 1.0, as the plan has always counted a stage that leaves them to the section's default
-    (which trains 2.0; every preset that trains sequentially sets them: seq-local's 2.0)."""
-    return float(stage.resolved.sequential.epochs) if stage.sets("epochs") else 1.0
+    epochs it trains, its own or the section's default."""
+    return float(stage.resolved.sequential.epochs)
 
 
 def _as_set(stage: PlannedStage, name: str, value: Any) -> Any:
