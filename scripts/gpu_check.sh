@@ -17,8 +17,8 @@
 #    Steps already recorded in $STATE are not run again: call again (within the machine's warm time) to go on.
 #
 # $STATE is $LADDERIZE_GPU_CHECK_HOME, default /tmp/ladderize-gpu-check on the device. --rehearse builds the bundle
-# (scripts/gpu_bundle.sh --rehearse DIR) if DIR has none, the venv .venv-gpucheck (torch 2.13.0+cpu and the image's
-# packages, scripts/gpu/image.txt; once, with the registry), uses a fresh $STATE (.gpu-check-rehearse) and --device cpu.
+# in DIR and the venv .venv-gpucheck where they are missing (scripts/setup_gpucheck.sh: once, with the registry), uses
+# a fresh $STATE (.gpu-check-rehearse) and --device cpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -56,17 +56,8 @@ if [ "$REHEARSE" = 1 ]; then
   exec 9>"$REPO/.gpu-check-rehearse.lock"
   flock 9
   rm -rf "$STATE"  # a fresh install every rehearsal
-  ls "$BUNDLE"/part1/manifest.json >/dev/null 2>&1 || bash scripts/gpu_bundle.sh --rehearse "$BUNDLE"
-  VENV=.venv-gpucheck
-  RECIPE="torch==2.13.0 $(sha256sum scripts/gpu/image.txt | cut -c1-16) recipe=1"
-  if [ ! -f "$VENV/.ladderize-ready" ] || [ "$(cat "$VENV/.ladderize-ready")" != "$RECIPE" ]; then
-    echo "gpu_check: building $VENV (torch 2.13.0+cpu and the GPU image's packages; once)" >&2
-    rm -rf "$VENV"
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet -c constraints-cpu.txt "torch==2.13.0" -r scripts/gpu/image.txt
-    echo "$RECIPE" > "$VENV/.ladderize-ready"
-  fi
-  PY="$REPO/$VENV/bin/python"
+  PYTHON="$PYTHON" bash scripts/setup_gpucheck.sh "$BUNDLE"  # the bundle and .venv-gpucheck, once
+  PY="$REPO/.venv-gpucheck/bin/python"
   DEVICE=cpu
   PASS+=(--rehearse)
 else

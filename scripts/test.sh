@@ -8,6 +8,8 @@ bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 # .venv-tf4: torch and the newest transformers 4.x only, driven by tests/model/test_transformers_versions.py (idempotent; ~1 min once)
 bash scripts/setup_tf4.sh
+# .venv-gpucheck and .gpu-bundle-rehearse: the GPU check's CPU rehearsal, driven by tests/test_gpu_check_script.py (idempotent; a few minutes once)
+bash scripts/setup_gpucheck.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # one worker per core (at most 4: several tests start 2-3 ranks or a vLLM engine each), handed one test at a

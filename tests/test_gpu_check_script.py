@@ -2,9 +2,10 @@
 wheels with ``pip --no-index`` into a fresh folder beside a venv of the GPU image's packages, and runs every step at
 tiny shapes; here each part is under the limit, the install needs no network, and every step reports a status.
 
-The first run builds ``.venv-gpucheck`` (torch 2.13.0+cpu and the image's packages, with the registry) and the bundle in
-``.gpu-bundle-rehearse`` (the wheels and the GGUF, with the registry), both kept; after that the rehearsal takes about
-3-4 minutes on 2 cores."""
+``scripts/setup_gpucheck.sh`` (run by ``scripts/test.sh`` before the tests, or by the rehearsal where they are missing)
+builds ``.venv-gpucheck`` (torch 2.13.0+cpu and the image's packages, with the registry) and the bundle in
+``.gpu-bundle-rehearse`` (the wheels and the GGUF, with the registry), both kept; the rehearsal itself takes about 8
+minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def rehearsal(tmp_path_factory):
 
 
 @pytest.mark.slow  # the real SmolLM2 (reassembled, pulled, evaluated)
-@pytest.mark.first  # builds the rehearsal (about 10 minutes on 2 cores): before every other test
+@pytest.mark.first  # runs the rehearsal (about 8 minutes on 2 cores): before every other test
 def test_each_part_is_under_the_limit_and_matches_its_manifest(rehearsal):
     parts = sorted((p for p in BUNDLE.glob("part*") if p.is_dir()), key=lambda p: int(p.name.removeprefix("part")))
     # wheels + data + a piece of the model, then the rest of it: as many parts as the repository's size leaves room for

@@ -94,10 +94,11 @@ SMOLLM2_LOGPROB_ATOL = 2e-4
 
 @pytest.mark.slow
 def test_smollm2_tp3_equals_hf(vllm_venv, smollm2_dir, tmp_path, capsys, monkeypatch):
-    """The real SmolLM2-135M, converted by ``ladderize convert``, served at TP=3: dense and a hybrid of all three modes."""
+    """The real SmolLM2-135M, converted by ``ladderize convert`` to a hybrid of all three modes, decoded at TP=3
+    (dense, ladder and the hybrid at TP 3 give HFLM's log-likelihoods in ``test_vllm_eval.py``)."""
     from tests.cli_helpers import run_cli
 
-    layouts = {"dense": ["--layout", "dense"], "hybrid": ["--ladder", "15:30", "--spd", "0:3", "--spd-tp", "3"]}
+    layouts = {"hybrid": ["--ladder", "15:30", "--spd", "0:3", "--spd-tp", "3"]}
     paths = {}
     for name, flags in layouts.items():
         paths[name] = tmp_path / name
