@@ -141,4 +141,3 @@ def whole_weight_changes(settings: Any) -> dict[str, Any]:
     if shard != "auto" and not _named(shard).shards:
         changed["shard"] = "auto"
     return changed
-
