@@ -34,7 +34,6 @@ from typing import Any
 from ...errors import LadderizeError
 from ...progress import counted
 from .planned_stage import PlannedStage
-from .sequential_schedule import counted_epochs
 from .stage_clock import Pace, recipe_seconds, stages_seconds, tokens_for_seconds
 
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -88,9 +87,8 @@ def step_tokens(stage: PlannedStage) -> int:
 
 
 def stage_cost(stage: PlannedStage) -> float:
-    """Token passes of a resolved stage: tokens x epochs (``counted_epochs``) for a sequential stage, else tokens."""
-    epochs = counted_epochs(stage) if stage.sequential else 1.0
-    return stage.tokens * epochs
+    """Token passes of a resolved stage: tokens x its passes (a sequential stage's epochs, ``PlannedStage.passes``)."""
+    return stage.tokens * stage.passes
 
 
 def recipe_cost(stages: Sequence[PlannedStage]) -> int:
@@ -110,7 +108,7 @@ def scale_stages(stages: Sequence[PlannedStage], tokens: int, *, max_calibration
     for index, stage in enumerate(stages):
         if not stage.sequential or max_calibration is None:
             continue
-        epochs = counted_epochs(stage)
+        epochs = stage.passes
         if wanted[index] / epochs <= max_calibration:
             continue
         later = [k for k in range(index + 1, len(stages)) if not stages[k].sequential]
@@ -121,7 +119,7 @@ def scale_stages(stages: Sequence[PlannedStage], tokens: int, *, max_calibration
     sized = []
     for index, (stage, cost) in enumerate(zip(stages, wanted)):
         unit = step_tokens(stage)
-        epochs = counted_epochs(stage) if stage.sequential else 1.0
+        epochs = stage.passes
         stage_tokens = max(1, round(cost / epochs / unit)) * unit
         if capped[index] and stage_tokens > max_calibration:
             stage_tokens = max(1, max_calibration // unit) * unit  # rounded down: the cap holds
@@ -172,7 +170,7 @@ def plan_line(budget: Budget, stages: Sequence[PlannedStage]) -> str:
     for stage in stages:
         size = counted(stage.tokens, "token")
         if stage.sequential:
-            size += f" x {counted_epochs(stage):g}"
+            size += f" x {stage.passes:g}"
         parts.append(f"{stage.name} {size}")
     total = recipe_cost(stages)
     how = f" (--budget {budget.text.strip()}: a bare number counts token passes; 30m is wall time)" if budget.bare else ""

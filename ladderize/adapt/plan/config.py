@@ -93,7 +93,7 @@ def _names_of(container_field: Field[Any]) -> tuple[str, ...]:
 
 
 def stage_config(settings: AdaptConfig | Mapping[str, Any]) -> AdaptConfig:
-    """A stage's settings, typed: an ``AdaptConfig`` as it is; a plan's stage dict (flat setting names, besides its
+    """A stage's settings, typed: an ``AdaptConfig`` as it is; flat settings (a stage's by name, besides its
     ``stage`` and ``name``) over the sections' defaults, with no checkpoint or output."""
     if isinstance(settings, AdaptConfig):
         return settings

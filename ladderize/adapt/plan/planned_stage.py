@@ -50,6 +50,11 @@ class PlannedStage:
         return self.resolved.training.tokens
 
     @property
+    def passes(self) -> float:
+        """Training passes over each of its tokens: a sequential stage's epochs per layer, else 1."""
+        return float(self.resolved.sequential.epochs) if self.sequential else 1.0
+
+    @property
     def step(self) -> dict[str, Any]:
         """The stage as ``recipe.json`` and the provenance record it."""
         return {"stage": self.number, "name": self.name, **self.settings}

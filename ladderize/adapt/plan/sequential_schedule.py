@@ -71,12 +71,6 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
     return groups
 
 
-def counted_epochs(stage: PlannedStage) -> float:
-    """The epochs a plan counts for sequential stage ``stage`` (the pace's seconds, the budget's token passes): the
-    epochs it trains, its own or the section's default."""
-    return float(stage.resolved.sequential.epochs)
-
-
 def _as_set(stage: PlannedStage, name: str, value: Any) -> Any:
     """``value``, the stage's setting ``name``, where the stage sets it; else None (left to the section's default)."""
     return value if stage.sets(name) else None

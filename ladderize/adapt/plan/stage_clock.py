@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from .planned_stage import PlannedStage
-from .sequential_schedule import counted_epochs, reads_stored_teacher
+from .sequential_schedule import reads_stored_teacher
 
 FIXED_READS = 3  # weight passes per stage: the student's and the teacher's reads, and the write
 # a converted layer's closed-form start (``least_squares.py``): two passes over the calibration set, forward and the
@@ -185,7 +185,7 @@ class Pace:
         the compiler's waits: without gradient the teacher's layers and the student's past the first converted one
         (its states, and each converted layer's held-out loss), with it the converted layers."""
         span = self.last_converted - self.first_converted + 1
-        epochs = counted_epochs(stage)
+        epochs = stage.passes
         fits = CLOSED_FORM_TRAINS if stage.resolved.sequential.closed_form else 0.0
         forwards = self.first_converted + 2 * span
         per = forwards * self.layer_forward + self.converted * (epochs + fits) * self.layer_train

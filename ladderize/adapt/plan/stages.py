@@ -34,7 +34,7 @@ from typing import Any
 
 from ...errors import LadderizeError, one_line
 from ...progress import counted
-from .config import FLAT_FIELDS, AdaptConfig
+from .config import FLAT_FIELDS, stage_config
 from .planned_stage import PlannedStage
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
@@ -155,7 +155,7 @@ def converted_modes(checkpoint: str) -> set[str]:
 
 def stage_kind(settings: dict[str, Any]) -> str:
     """The kind of stage flat ``settings`` make (``sequential``, ``kd`` or ``joint``), for its measured rate."""
-    config = AdaptConfig.from_flat({k: v for k, v in settings.items() if k in FLAT_FIELDS})
+    config = stage_config(settings)
     if config.sequential.local_schedule == "sequential":
         return "sequential"
     return "kd" if config.objective.objectives == "kd" else "joint"

@@ -86,7 +86,7 @@ class Strategy:
 
 
 def setting(settings: Any, key: str) -> Any:
-    """The setting named ``key`` (its flat name) of a stage's ``settings``: an ``AdaptConfig``, or a plan's stage dict
+    """The setting named ``key`` (its flat name) of a stage's ``settings``: an ``AdaptConfig``, or flat settings
     typed by ``config.stage_config``."""
     from .config import stage_config
 
@@ -108,7 +108,7 @@ def _named(shard: str) -> StrategyEntry:
 
 
 def choose_strategy(settings: Any, launch: Any) -> Strategy:
-    """The strategy a joint stage with ``settings`` (``AdaptConfig`` or a plan's stage dict) runs with on ``launch``
+    """The strategy a joint stage with ``settings`` (``AdaptConfig`` or flat settings) runs with on ``launch``
     (a ``cost.Launch``, or a process count): the entry ``--shard NAME`` names, or for ``--shard auto`` the first entry
     in ``auto``'s order that takes the stage's settings, on one process the first that does not shard. A strategy
     that shards, asked for by name, with a setting it does not take is refused."""
