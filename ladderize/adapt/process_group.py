@@ -2,7 +2,7 @@
 
 Under a launcher, adapt's entrance (``entrance.adapt_checkpoint``) starts the group before anything else, and every part
 that needs it (the run lock's and the budget's agreement on one verdict and one plan, the sequential stage's data
-parallelism, the sharded joint training, and Accelerate, which takes a group that is already there) calls ``start``,
+parallelism, the joint training's runs: DDP and FSDP2) calls ``start``,
 which returns the running group's device, so that:
 
 - the process's CUDA device is set before anything touches CUDA (``cuda:$LOCAL_RANK``): no process creates a context

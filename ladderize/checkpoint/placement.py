@@ -16,7 +16,7 @@ Every command that computes takes ``--device`` and ``--dtype`` and resolves them
   multiply bf16 natively (AVX512-BF16 or AMX: ``cpu_bf16``), and plain fp32 on any other CPU;
   ``float32`` is plain fp32 everywhere (TF32 off: the numbers of the CPU run, within fp32
   rounding); ``bfloat16`` is bf16 autocast on either device; ``float16`` is fp16 autocast with
-  Accelerate's loss scaling (joint and kd stages only).
+  loss scaling (joint and kd stages only: ``adapt/train/optimizer_step.py``).
 
 Names are checked without importing torch (``check_device``), so a typo fails at once.
 """
@@ -102,7 +102,7 @@ def this_launch() -> LaunchRank:
 
 
 def launch_mismatch(world: int | None = None) -> str | None:
-    """One line when the launcher meant more (or other) processes than the run has (``world``: Accelerate's), else None.
+    """One line when the launcher meant more (or other) processes than the run has (``world``: its process group's), else None.
 
     ``accelerate launch --num_processes 2`` without ``--multi_gpu`` (``--cpu``, or no GPU) takes Accelerate's
     simple launcher: one process, which gets ``MASTER_ADDR`` (set only when several were asked for) and no
@@ -111,7 +111,7 @@ def launch_mismatch(world: int | None = None) -> str | None:
     world = this_launch().world if world is None else world
     launched = os.environ.get("WORLD_SIZE")
     if launched and int(launched) != world:
-        return f"warning: the launcher started {launched} processes (WORLD_SIZE) but Accelerate runs {world}"
+        return f"warning: the launcher started {launched} processes (WORLD_SIZE) but the run has {world}"
     if not launched and world == 1 and "ACCELERATE_USE_CPU" in os.environ and "MASTER_ADDR" in os.environ:
         return ("warning: accelerate launch was asked for several processes but started one (its simple launcher: "
                 "--cpu, or no --multi_gpu); this run trains in 1 process. For data parallel on CPU use "
@@ -225,7 +225,7 @@ class TrainingPrecision:
 
     @property
     def mixed_precision(self) -> str:
-        """Accelerate's name for this precision: ``no``, ``bf16`` or ``fp16``."""
+        """This precision as ``--mixed-precision`` (and an Accelerate config) names it: ``no``, ``bf16`` or ``fp16``."""
         import torch
 
         return {None: "no", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.autocast]
@@ -270,9 +270,9 @@ def tf32_restored() -> Iterator[None]:
 def training_precision(
     name: "str | None", device: "str | torch.device", mixed_precision: "str | None" = None
 ) -> TrainingPrecision:
-    """Training precision by the rule in this module's docstring. An explicit Accelerate ``mixed_precision``
-    (``bf16``/``fp16``, ``--mixed-precision``) asks for that autocast too; fp16 needs the loss scaling
-    Accelerate adds, so only the joint/kd stages take it (the sequential stage refuses it)."""
+    """Training precision by the rule in this module's docstring. An explicit ``mixed_precision`` (``bf16``/``fp16``,
+    ``--mixed-precision`` or an Accelerate config's) asks for that autocast too; fp16 needs loss scaling, so only the
+    joint/kd stages take it (the sequential stage refuses it)."""
     import torch
 
     key = check_dtype(name)

@@ -54,7 +54,7 @@ def adapt_cmd(
     grad_accum: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
                                              help="Micro-batches per optimizer step on each process; default 1, more where the batch does not fit the GPU."),
     mixed_precision: Optional[str] = typer.Option(None, rich_help_panel=opts.TRAINING,
-                                                  help="no (the default), bf16 or fp16 (Accelerate; fp16 needs CUDA)."),
+                                                  help="no (the default), bf16 or fp16 (fp16 needs CUDA)."),
     seed: Optional[int] = typer.Option(None, rich_help_panel=opts.TRAINING,
                                        help="Seed of the batch order and initialisation; default 0."),
     device: str = opts.DEVICE_OPTION,

@@ -43,7 +43,7 @@ def test_launch_mismatch(env, expected, monkeypatch):
     found = launch_mismatch()
     assert (found is None) if expected is None else found.startswith(expected) and "\n" not in found
     if env.get("WORLD_SIZE"):
-        assert launch_mismatch(world=1) == "warning: the launcher started 2 processes (WORLD_SIZE) but Accelerate runs 1"
+        assert launch_mismatch(world=1) == "warning: the launcher started 2 processes (WORLD_SIZE) but the run has 1"
 
 
 def test_only_rank_zero_prints_the_plan_and_result(ladder_dir, text_file, tmp_path, capsys, monkeypatch):

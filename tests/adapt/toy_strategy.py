@@ -2,8 +2,8 @@
 all-reduce per parameter after the last micro-batch's backward, then a division by the process count) in place of
 DDP's wrapper. One ``StrategyEntry`` and its run class, nothing else: ``--shard handavg``, the plan's words, its
 pricing (it does not shard: the whole weights on every process) and the run follow from the entry (docs/architecture.md,
-"Adding a strategy"; ``test_toy_strategy.py`` checks them). Its forward runs without Accelerate's autocast: a toy for
-float32.
+"Adding a strategy"; ``test_toy_strategy.py`` checks them). The step around it (precision, loss scaling, clip, AdamW)
+is the loop's, as for every strategy.
 
 Run as a script (``python tests/adapt/toy_strategy.py adapt ...``, under torchrun too), it registers the entry and runs
 ladderize's command line.
@@ -12,6 +12,7 @@ ladderize's command line.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,19 +25,14 @@ class HandAveragedRun(ReplicatedRun):
     """``ReplicatedRun`` with the model left unwrapped: each process's gradients are summed over the processes and
     divided by their count after the last micro-batch of a step, as DDP's all-reduce would."""
 
-    last = True
-
-    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = self.accelerator.prepare(optimizer)
+    def wrap(self) -> None:
+        self.state_module.to(self.device)
         self.loss_module = self.state_module
 
-    def synchronizing(self, last: bool):
-        self.last = last
-        return contextlib.nullcontext()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.accelerator.backward(loss)
-        if self.last and self.world > 1:
+    @contextlib.contextmanager
+    def synchronizing(self, last: bool) -> Iterator[None]:
+        yield  # the micro-batch's forward and backward
+        if last and self.world > 1:
             for param in self.params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)

@@ -8,6 +8,7 @@ side of the same plumbing is ``tests/adapt/test_device.py``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,28 @@ def test_two_nccl_nodes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp
     said = [line for text in logs for line in text.splitlines() if "re-planned kd" in line]  # the main process says it
     assert len(said) == 1, "\n".join(text[-2000:] for text in logs)
     assert (tmp_path / "two" / "config.json").exists()
+
+
+def test_fp16_kd_sharded_over_two_nccl_nodes_scales_its_loss(text_file, tmp_path):
+    """``--mixed-precision fp16`` on the sharded run (FSDP2 over two NCCL ranks): the step stack's loss scaler, a
+    ``ShardedGradScaler``, is in the kept state, and the kd curve stays finite and near the fp32 run's."""
+    import torch.distributed.checkpoint as dcp
+
+    from ladderize.adapt.plan.inputs import run_folder
+    from ladderize.adapt.train.training_state import DCP_DIR, STATE_DIR
+    from tests.gpu.test_nccl_gpu import two_nodes
+
+    ladder = convert(sharp_dense(tmp_path / "dense"), tmp_path / "ladder", ladder="1:4")
+    curves = {}
+    for precision in ("fp16", "no"):
+        out = tmp_path / precision
+        two_nodes(["-m", "ladderize.cli", "adapt", str(ladder), str(out), "--data", str(text_file), "--objective", "kd",
+                   "--tokens", str(4 * 2 * 32), "--seq-len", "32", "--batch-size", "2", "--lr", "1e-3", "--device", "cuda",
+                   "--shard", "fsdp", "--dtype", "float32", "--mixed-precision", precision, "--keep-state"], tmp_path / f"logs-{precision}",
+                  timeout_s=240)
+        curves[precision] = json.loads((out / "adapt_curve.json").read_text())
+        if precision == "fp16":
+            saved = dcp.FileSystemReader(str(run_folder(out) / STATE_DIR / DCP_DIR)).read_metadata()
+            assert any(key.startswith("scaler") for key in saved.state_dict_metadata), sorted(saved.state_dict_metadata)
+    assert all(math.isfinite(point["loss_kd"]) for point in curves["fp16"])
+    _close_curves(curves["no"], curves["fp16"], "loss_kd", rtol=5e-2)

@@ -95,7 +95,7 @@ class TeacherPass:
 class AdaptLoss(nn.Module):
     """Student plus a frozen teacher; ``forward(input_ids)`` returns each objective's loss.
 
-    The student is the only registered submodule, so Accelerate (DDP/FSDP) wraps and
+    The student is the only registered submodule, so DDP or FSDP2 wraps and
     synchronises exactly the trained model; the teacher stays a plain frozen attribute.
     When the layers below the first converted one are frozen and identical in both models,
     the teacher's prefix states are reused for the student (computed once).

@@ -170,8 +170,8 @@ def check_settings(config: AdaptConfig) -> dict[str, float]:
 def _sequential_precision(parallelism: ParallelismSettings) -> None:
     """The sequential training autocasts each layer's training step to bf16 and has no loss scaling: no fp16 there.
 
-    The joint training hands ``--mixed-precision`` to Accelerate (autocast; fp16 with loss scaling, which Accelerate
-    gives on CUDA only and silently drops on the CPU).
+    The joint training autocasts and scales fp16's loss itself (``train/optimizer_step.py``), on CUDA only
+    (``check_fp16_device``).
     """
     if parallelism.mixed_precision == "fp16":
         raise LadderizeError("the sequential training (seq-local) has no fp16 loss scaling; use --mixed-precision bf16 "
@@ -188,8 +188,7 @@ def check_fp16_device(config: AdaptConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise LadderizeError("--mixed-precision fp16 needs a CUDA GPU (on the CPU Accelerate would train in fp32); "
-                                 "use bf16 or no")
+            raise LadderizeError("--mixed-precision fp16 trains on a CUDA GPU; on a CPU use bf16 or no")
 
 
 def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:

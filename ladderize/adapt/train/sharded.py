@@ -16,8 +16,9 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   (``layer_source.map_large_allocations``), so that the gathered weights and gradients a step frees leave the
   process.
 - **One step** is ``trainer.Trainer.train_step``: each rank reads its rows of the global batch, FSDP2 averages the
-  gradients (reduce-scatter) on the last micro-batch only, and the clip measures the global norm of the sharded
-  gradients (``clip_sharded``).
+  gradients (reduce-scatter) on the last micro-batch only; the precision's parameters are FSDP2's policy (the trained
+  layers gathered in the compute dtype, gradients reduced in float32), and the loss scaling, the clip over the sharded
+  gradients and AdamW's step are the stack every run shares (``optimizer_step.OptimizerStep``).
 - **The training state** is the joint stages' one (``training_state.save_joint_state``): every rank writes its own
   shards with torch's distributed checkpoint; on another process count DCP reshards it.
 - **OUT**: each trained layer is gathered whole (one layer at a time) and kept by the process it is given (round
@@ -36,8 +37,6 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from ...errors import LadderizeError
@@ -55,6 +54,7 @@ class ShardedRun:
     each process holds 1/processes of the trained layers, their gradients and AdamW state, and of the frozen teacher."""
 
     teacher_gathers = True  # the teacher's units gather across the ranks: they run it together or not at all
+    casts_parameters = True  # FSDP2's MixedPrecisionPolicy gathers the trained layers in the compute dtype
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
         import torch.distributed as dist
@@ -67,10 +67,9 @@ class ShardedRun:
         parallelism = config.parallelism
         self.device = process_group.start(resolve_device(parallelism.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        precision = training_precision(parallelism.dtype, self.device, parallelism.mixed_precision)
-        precision.apply()
-        torch.manual_seed(config.training.seed)
-        self.compute = precision.autocast or torch.float32
+        self.precision = training_precision(parallelism.dtype, self.device, parallelism.mixed_precision)
+        self.precision.apply()
+        self.compute = self.precision.autocast or torch.float32
 
     def build(self, data, say: Callable[[str], None]) -> None:
         """Build student and teacher without weights, shard each decoder layer, then read this rank's rows; the
@@ -109,48 +108,19 @@ class ShardedRun:
         self.params = [p for p in self.loss_module.parameters() if p.requires_grad]  # the shards, after fully_shard
         self.flops = FlopCount.for_stage(student_config, self.converted, weights, share_prefix=self.share_prefix)
 
-    def prepare(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
+    def wrap(self) -> None:
+        """Nothing: every unit was sharded as it was built."""
 
     def synchronizing(self, last: bool):
         """The context of a micro-batch's forward and backward: FSDP2's reduce-scatter only on the last one."""
         self.loss_module.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def clip(self, max_norm: float) -> None:
-        clip_sharded(self.params, max_norm)
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def extra_state(self) -> dict[str, Any]:
-        """Nothing besides the trained parameters and AdamW."""
-        return {}
-
-    def barrier(self) -> None:
-        process_group.barrier()
-
     def write_out(self, result: AdaptResult, out: Path, tokenizer, state_dir: Path) -> None:
         """OUT from the trained layers gathered one at a time (``_write_out``); the training state removed unless
         kept."""
         _write_out(self.student, self.converted, self.checkpoint, tokenizer, self.teacher_path, self.config,
                    self.weights, result, out, state_dir)
-
-
-def clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip the gradients of ``params`` (DTensor shards or plain tensors) to the global 2-norm ``max_norm``."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, 2.0)
-    if isinstance(total, DTensor):  # each rank's norm of its shards: the full tensor is the global norm
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
 
 
 def _rows(full_rows: int, rank: int, world: int) -> slice:

@@ -3,7 +3,8 @@
 - ``config.py``: the settings (``AdaptConfig``), progress reports and result;
 - ``strategy.py``: how a joint stage runs on the launch (one process, replicated, sharded), as its plan priced it;
 - ``trainer.py``: the joint training's one loop, over the strategy's run:
-  ``joint.py`` (one process or replicated; Accelerate: DDP, mixed precision, LoRA) or ``sharded.py`` (FSDP2);
+  ``joint.py`` (one process or replicated: DDP, LoRA) or ``sharded.py`` (FSDP2), under one step stack
+  (``optimizer_step.py``: precision, loss scaling, clip, AdamW's step);
 - ``sequential_run.py``: the sequential training, one layer at a time;
 - ``training_state.py``: the training state in the run dir (save, resume, removal);
 - ``output.py``: OUT, the adapted checkpoint with its provenance.

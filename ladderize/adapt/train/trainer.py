@@ -4,12 +4,16 @@ out) over a parallelism strategy.
 ``strategy.choose_strategy`` picks how the stage runs on its launch (an entry of ``strategies.STRATEGIES``), and the
 loop drives the run its entry names (``run_class``):
 
-- one process or replicated over the processes (``joint.ReplicatedRun``: Accelerate, DDP under a launcher; LoRA, EMA,
-  head grouping, interpolation, ``--train all``);
+- one process or replicated over the processes (``joint.ReplicatedRun``: DDP under a launcher; LoRA, EMA, head
+  grouping, interpolation, ``--train all``);
 - sharded over the processes (``sharded.ShardedRun``: FSDP2, each rank reading its rows of each tensor).
 
-A run builds the models, their loss and trained parameters, and owns what differs: the backward and gradient
-synchronisation, the clip, the optimizer step and the write-out of OUT. Everything else is here, once:
+A run builds the models, their loss and trained parameters, and owns what differs: how the model is wrapped, when
+the gradients are averaged over the processes, and the write-out of OUT. Everything else is here, once:
+
+- **The step** is one stack for every run (``optimizer_step.OptimizerStep``): the forward's autocast, fp16's loss
+  scaling, the clip over the global gradient norm, AdamW's step, and the EMA of the trained weights where a stage keeps
+  one.
 
 - **The batch** is global: ``--batch-size`` sequences per optimizer step on any process count, split over the
   processes and accumulated over ``--grad-accum`` micro-batches (``batches.StepSplit``); each process reads its rows
@@ -37,13 +41,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from accelerate.utils import set_seed
 
+from ...checkpoint.placement import TrainingPrecision
 from ...errors import holding_interrupts
 from ...progress import counted
+from .. import process_group
 from ..plan.batches import StepSplit
 from ..plan.strategies import StrategyEntry
 from .compilation import adamw
 from .deadline import Deadline
+from .optimizer_step import OptimizerStep
+from .weight_ema import WeightEMA
 from ..plan.config import AdaptConfig, AdaptResult, StepInfo
 from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from ..plan.lr_curve import warmup_cosine
@@ -54,13 +63,18 @@ from .training_state import STATE_DIR, InterruptVote, SaveClock, load_joint_stat
 
 class JointRun(Protocol):
     """What a strategy's run gives the loop (``joint.ReplicatedRun``, ``sharded.ShardedRun``). Built on the process's
-    device; after ``build``: the loss module the steps call, the module whose trained parameters the state holds, those
-    parameters, the student (for progress reports), the teacher's path, whether the prefix is shared and the first
-    converted layer (for stored teacher states), and the step's FLOPs."""
+    device, in its training precision; after ``build``: the loss module the steps call, the module whose trained
+    parameters the state holds, those parameters, the student (for progress reports), the teacher's path, whether the
+    prefix is shared and the first converted layer (for stored teacher states), and the step's FLOPs. ``wrap`` readies
+    the loss module for the launch (DDP, or nothing where every unit was sharded as it was built), ``synchronizing`` is
+    a micro-batch's context (the gradients averaged over the processes on the last one only). The step around them is
+    the loop's (``optimizer_step.OptimizerStep``)."""
 
     device: torch.device
     rank: int
     world: int
+    precision: TrainingPrecision
+    casts_parameters: bool  # the parameters reach the forward in the compute dtype: no autocast
     teacher_gathers: bool  # stored teacher states are used only where every rank's rows have them
     loss_module: torch.nn.Module
     state_module: torch.nn.Module
@@ -72,13 +86,8 @@ class JointRun(Protocol):
     flops: Any
 
     def build(self, data: Any, say: Callable[[str], None]) -> None: ...
-    def prepare(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def wrap(self) -> None: ...
     def synchronizing(self, last: bool) -> AbstractContextManager: ...
-    def backward(self, loss: torch.Tensor) -> None: ...
-    def clip(self, max_norm: float) -> None: ...
-    def optimizer_step(self) -> None: ...
-    def extra_state(self) -> dict[str, Any]: ...
-    def barrier(self) -> None: ...
     def write_out(self, result: AdaptResult, out: Path, tokenizer: Any, state_dir: Path) -> None: ...
 
 
@@ -113,8 +122,9 @@ def train_joint(
 
 
 class Trainer:
-    """A joint stage's training on this process: the strategy's run (its model parts and loss), AdamW, the learning-rate
-    schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve; the data's
+    """A joint stage's training on this process: the strategy's run (its model parts and loss), AdamW and the stack
+    around its step (``OptimizerStep``: precision, fp16's loss scaler, the clip), the EMA where a stage keeps one, the
+    learning-rate schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve; the data's
     position is the step: the batch order is a function of the seed and the step). ``save`` writes all of it as one
     distributed checkpoint (``training_state.save_joint_state``), which a resumed trainer loads before its first step;
     ``train_step`` is one optimizer step, ``train`` the loop around it (the save clock, the interrupt vote, the
@@ -133,6 +143,7 @@ class Trainer:
         strategy = choose_strategy(config, this_launch().world)
         run: JointRun = run_class(strategy.entry)(config, weights, checkpoint)  # the process group and the device first
         self.run, self.device, self.rank, self.world = run, run.device, run.rank, run.world
+        set_seed(config.training.seed)
         if self.rank != 0:  # one voice: the main process says the plan, the data and the pace
             say = _silent
         self.say = say
@@ -170,9 +181,12 @@ class Trainer:
             if found:
                 say(found)
         self.pace = Throughput(self.world, run.flops.per_token, peak_flops_per_s(self.device))
+        run.wrap()
         self.optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
                                betas=(0.9, 0.95))  # fused
-        run.prepare(self.optimizer)
+        self.optimizer_step = OptimizerStep(self.optimizer, run.params, run.precision, self.device,
+                                            casts_parameters=run.casts_parameters, sharded=strategy.shards)
+        self.ema = WeightEMA(run.params, config.scope.ema) if config.scope.ema else None  # from the starting weights
 
         self.step, self.tokens_done, self.train_s, self.cpu_s, self.curve, self.resumed_from = 0, 0, 0.0, 0.0, [], 0
         if resume:
@@ -197,7 +211,7 @@ class Trainer:
         if saved is None:
             self.say(f"nothing to resume in {self.run_dir}; starting a new run")
             return
-        load_joint_state(self.state_dir, self.run.state_module, self.optimizer, self.run.extra_state())
+        load_joint_state(self.state_dir, self.run.state_module, self.optimizer, self.extra_state())
         self.step, self.tokens_done, self.train_s, self.cpu_s, self.curve = (
             saved["step"], saved["tokens"], saved["train_s"], saved.get("cpu_s", 0.0), saved["curve"])
         self.resumed_from = self.step
@@ -213,7 +227,13 @@ class Trainer:
         self.pending.flush(self.curve)
         save_joint_state(self.state_dir, self.config, self.run.state_module, self.optimizer,
                          {"step": self.step, "tokens": self.tokens_done, "train_s": self.train_s, "cpu_s": self.cpu_s,
-                          "curve": self.curve, "processes": self.world}, extra=self.run.extra_state())
+                          "curve": self.curve, "processes": self.world}, extra=self.extra_state())
+
+    def extra_state(self) -> dict[str, Any]:
+        """The stateful objects the state holds besides the trained parameters and AdamW: fp16's loss scaler and the
+        EMA's average, where the run has them."""
+        extra = {"scaler": self.optimizer_step.scaler, "ema": self.ema}
+        return {name: value for name, value in extra.items() if value is not None}
 
     def train_step(self) -> tuple[dict[str, Any], float]:
         """One optimizer step: each micro-batch's forward and backward on this process's rows of the global batch
@@ -229,13 +249,15 @@ class Trainer:
                     self.stored.num_rows, len(data), self.step, micro, split, training.seed)):
                 teacher_rows = self.stored.rows(rows, self.device)  # else the teacher runs
             with run.synchronizing(micro == training.grad_accum - 1):
-                losses = run.loss_module(batch, teacher_rows)
-                run.backward(losses["total"] / training.grad_accum)
+                losses = self.optimizer_step.forward(run.loss_module, batch, teacher_rows)
+                self.optimizer_step.backward(losses["total"] / training.grad_accum)
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float() / training.grad_accum
         if self.config.optimizer.max_grad_norm > 0:
-            run.clip(self.config.optimizer.max_grad_norm)
-        run.optimizer_step()  # the step, the gradients dropped, and what follows it (EMA)
+            self.optimizer_step.clip(self.config.optimizer.max_grad_norm)
+        self.optimizer_step.step()  # AdamW's step, the gradients dropped
+        if self.ema is not None:
+            self.ema.update()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.step += 1
@@ -255,7 +277,7 @@ class Trainer:
                         self.save()
                     self.pending.flush(self.curve)
                     vote.close()
-                    run.barrier()
+                    process_group.barrier()
                     return AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve,
                                        self.resumed_from, state_dir=self.state_dir if self.state_dir.exists() else None,
                                        stopped_early=True, throughput=self.pace.record(self.tokens_done, self.train_s))
@@ -293,6 +315,8 @@ class Trainer:
                      "sequences written were read")
         result = AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve, self.resumed_from,
                              throughput=self.pace.record(self.tokens_done, self.train_s))
+        if self.ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
+            self.ema.write_into()
         run.write_out(result, self.out, self.tokenizer, self.state_dir)
         return result
 
