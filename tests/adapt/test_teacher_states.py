@@ -76,6 +76,10 @@ def test_plan_times_kd_without_the_teacher_when_it_reads_stored_states(ladder_di
     assert not reads_stored_teacher(typed(sized), 1)  # kd reads windows past the calibration set
     assert reads_stored_teacher(typed(sized), 1, data_tokens=100_000)  # ... unless the data holds no more
     assert not reads_stored_teacher(typed([{**sized[0], "data": "other.txt"}, sized[1]]), 1, data_tokens=100_000)
+    default = AdaptConfig().training  # one stage naming the default text and length, the other leaving them to it
+    named = [{**sized[0], "data": default.data, "seq_len": default.seq_len}, {**sized[1]}]
+    named[1].pop("data", None), named[1].pop("seq_len", None)
+    assert reads_stored_teacher(typed(named), 1, data_tokens=100_000)
     assert not reads_stored_teacher(typed([sized[0], {**sized[1], "objectives": "kd,local"}]), 1, data_tokens=100_000)
     # the teacher's 30 layers are what a stored run does not compute
     saved = stage_seconds(PACE, typed(sized[1])) - stage_seconds(PACE, typed(sized[1]), stored_teacher=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from .planned_stage import PlannedStage
 
@@ -71,23 +70,17 @@ def layer_windows(converted: list[int] | set[int], window: int) -> list[list[int
     return groups
 
 
-def _as_set(stage: PlannedStage, name: str, value: Any) -> Any:
-    """``value``, the stage's setting ``name``, where the stage sets it; else None (left to the section's default)."""
-    return value if stage.sets(name) else None
-
-
 def reads_kept_states(stage: PlannedStage, before: PlannedStage) -> bool:
     """Whether joint stage ``stage`` can read the teacher's states sequential stage ``before`` keeps: it trains the
-    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length (as the stages set them: one
-    set and one left to the default count as different)."""
+    converted layers with ``kd`` and/or ``lm`` only, on the same data and sequence length (as each stage resolves them:
+    one that sets the default and one left to it read the same text)."""
     from ..objectives.registry import STORED_TEACHER_OBJECTIVES, parse_objectives
 
     objectives = set(parse_objectives(str(stage.resolved.objective.objectives)))
     mine, theirs = stage.resolved.training, before.resolved.training
     return (before.sequential and not stage.sequential
             and stage.resolved.scope.train != "all" and objectives <= STORED_TEACHER_OBJECTIVES
-            and _as_set(before, "data", theirs.data) == _as_set(stage, "data", mine.data)
-            and _as_set(before, "seq_len", theirs.seq_len) == _as_set(stage, "seq_len", mine.seq_len))
+            and (theirs.data, theirs.seq_len) == (mine.data, mine.seq_len))
 
 
 def reads_stored_teacher(stages: Sequence[PlannedStage], index: int, data_tokens: int | None = None) -> bool:
