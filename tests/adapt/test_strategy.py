@@ -19,19 +19,25 @@ WHOLE_WEIGHTS = [({"train": "lora"}, "--train lora"), ({"ema": 0.999}, "ema"), (
                  ({"interpolate": 0.5}, "interpolate"), ({"train": "all"}, "--train all")]
 
 
+def typed(**settings) -> AdaptConfig:
+    """A stage's settings (flat names) over the sections' defaults."""
+    return AdaptConfig.from_flat(settings)
+
+
 def test_one_function_chooses_the_strategy_from_the_settings_and_the_launch():
-    assert choose_strategy({}, 1).kind == ONE_PROCESS and choose_strategy({}, Launch(8, "h100")).kind == SHARDED
-    assert choose_strategy({"shard": "ddp"}, 8).kind == REPLICATED and choose_strategy({"shard": "ddp"}, 1).kind == ONE_PROCESS
-    assert choose_strategy({"shard": "fsdp"}, 1).kind == SHARDED  # one process sharded, when asked
+    assert choose_strategy(typed(), 1).kind == ONE_PROCESS and choose_strategy(typed(), Launch(8, "h100")).kind == SHARDED
+    assert choose_strategy(typed(shard="ddp"), 8).kind == REPLICATED
+    assert choose_strategy(typed(shard="ddp"), 1).kind == ONE_PROCESS
+    assert choose_strategy(typed(shard="fsdp"), 1).kind == SHARDED  # one process sharded, when asked
     assert [entry.flag for entry in SETTINGS] == [flag for _, flag in WHOLE_WEIGHTS]  # the table, in its order
     for settings, flag in WHOLE_WEIGHTS:
-        chosen = choose_strategy(settings, 8)
+        chosen = choose_strategy(typed(**settings), 8)
         assert chosen.kind == REPLICATED and chosen.reason.startswith(flag), (settings, chosen)
-        assert choose_strategy(settings, 1).kind == ONE_PROCESS
+        assert choose_strategy(typed(**settings), 1).kind == ONE_PROCESS
         with pytest.raises(LadderizeError, match=f"--shard fsdp trains the converted layers: {flag} needs"):
-            choose_strategy({**settings, "shard": "fsdp"}, 8)
+            choose_strategy(typed(**settings, shard="fsdp"), 8)
     config = AdaptConfig.from_flat(checkpoint="c", out="o", ema=0.9)  # a run's settings choose as a plan's stage does
-    assert choose_strategy(config, 8) == choose_strategy({"ema": 0.9}, 8)
+    assert choose_strategy(config, 8) == choose_strategy(typed(ema=0.9), 8)
 
 
 def _kd_plan(folder, **settings):
@@ -50,7 +56,7 @@ def test_a_setting_that_keeps_the_whole_weights_is_priced_replicated_and_advised
     config, converted, usable = load_config(folder), list(range(16, 32)), usable_bytes(Launch(8, "h100").memory_bytes)
     plan, stage = _kd_plan(folder, **settings)
     step = plan.steps[-1]
-    assert choose_strategy(step, plan.launch).kind == REPLICATED
+    assert choose_strategy(plan.stages[-1].resolved, plan.launch).kind == REPLICATED
     assert stage.strategy.startswith("replicated over 8 processes with DDP")
     every = ModelShape.from_config(config, "model").num_parameters
     memory = JointMemory(**stage.memory)
@@ -161,7 +167,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
     plan = build_plan(ladder_dir, single=shared, launch=Launch(world, "h100"), priced_only=True)
     with pytest.raises(_Built):
         adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
-    chosen = choose_strategy(plan.stages[0].settings, world)
+    chosen = choose_strategy(plan.stages[0].resolved, world)
     assert plan.cost.stages[0].strategy == chosen.describe()
     assert ran == [SHARDED if chosen.shards else "joint"]
 

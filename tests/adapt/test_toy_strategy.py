@@ -22,6 +22,7 @@ from ladderize.adapt.plan.strategy import REPLICATED, choose_strategy
 from ladderize.errors import LadderizeError
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_multiprocess import launch_failure
+from tests.adapt.test_strategy import typed
 from tests.adapt.test_sharded import _common, _env, _losses, _torchrun, _updates_agree
 from tests.adapt.toy_strategy import register_toy
 from tests.cli_helpers import run_cli
@@ -37,15 +38,15 @@ def toy(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_it_is_chosen_when_asked_for_and_takes_the_whole_weight_settings(toy):
-    chosen = choose_strategy({"shard": "handavg", "ema": 0.9}, 8)
+    chosen = choose_strategy(typed(shard="handavg", ema=0.9), 8)
     assert chosen.entry is toy and chosen.kind == REPLICATED
     assert chosen.describe() == "replicated over 8 processes with hand-averaged gradients: --shard handavg"
-    assert choose_strategy({}, 8).entry.name == "fsdp" and choose_strategy({"ema": 0.9}, 8).entry.name == "ddp"
+    assert choose_strategy(typed(), 8).entry.name == "fsdp" and choose_strategy(typed(ema=0.9), 8).entry.name == "ddp"
 
 
 def test_it_is_unknown_without_its_file():
     with pytest.raises(LadderizeError, match="unknown --shard 'handavg'; choose from auto, fsdp, ddp$"):
-        choose_strategy({"shard": "handavg"}, 2)
+        choose_strategy(typed(shard="handavg"), 2)
 
 
 def test_it_is_priced_from_its_traits(toy, tmp_path):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import LadderizeError
+from .config import AdaptConfig
 from .strategies import STRATEGIES, StrategyEntry, shard_choices
 
 ONE_PROCESS = "one process"  # a strategy that holds the whole weights, on a launch of one
@@ -85,19 +86,9 @@ class Strategy:
         return "on one process" if self.reason == ONE_PROCESS else f"on one process: {self.reason}"
 
 
-def setting(settings: Any, key: str) -> Any:
-    """The setting named ``key`` (its flat name) of a stage's ``settings``: an ``AdaptConfig``, or flat settings
-    typed by ``config.stage_config``."""
-    from .config import stage_config
-
-    return stage_config(settings).flat()[key]
-
-
-def whole_weight_settings(settings: Any) -> list[Setting]:
-    """The settings on in ``settings`` that only a strategy holding the whole weights takes."""
-    from .config import stage_config
-
-    flat = stage_config(settings).flat()
+def whole_weight_settings(settings: AdaptConfig) -> list[Setting]:
+    """The settings on in a stage's ``settings`` that only a strategy holding the whole weights takes."""
+    flat = settings.flat()
     return [entry for entry in SETTINGS if entry.on(flat[entry.key])]
 
 
@@ -107,17 +98,14 @@ def _named(shard: str) -> StrategyEntry:
     return STRATEGIES[shard]
 
 
-def choose_strategy(settings: Any, launch: Any) -> Strategy:
-    """The strategy a joint stage with ``settings`` (``AdaptConfig`` or flat settings) runs with on ``launch``
+def choose_strategy(settings: AdaptConfig, launch: Any) -> Strategy:
+    """The strategy a joint stage with ``settings`` runs with on ``launch``
     (a ``cost.Launch``, or a process count): the entry ``--shard NAME`` names, or for ``--shard auto`` the first entry
     in ``auto``'s order that takes the stage's settings, on one process the first that does not shard. A strategy
     that shards, asked for by name, with a setting it does not take is refused."""
-    from .config import stage_config
-
     processes = launch if isinstance(launch, int) else launch.processes
-    typed = stage_config(settings)
-    shard = typed.parallelism.shard
-    blockers = whole_weight_settings(typed)
+    shard = settings.parallelism.shard
+    blockers = whole_weight_settings(settings)
     if shard != "auto":
         entry = _named(shard)
         if entry.shards and blockers:
@@ -133,11 +121,11 @@ def choose_strategy(settings: Any, launch: Any) -> Strategy:
     return Strategy(entry, processes, reason)
 
 
-def whole_weight_changes(settings: Any) -> dict[str, Any]:
+def whole_weight_changes(settings: AdaptConfig) -> dict[str, Any]:
     """The changes (flat names) that turn off the settings of ``settings`` that keep a stage replicated (a named
     strategy that does not shard becomes auto)."""
     changed = {entry.key: entry.off for entry in whole_weight_settings(settings)}
-    shard = setting(settings, "shard")
+    shard = settings.parallelism.shard
     if shard != "auto" and not _named(shard).shards:
         changed["shard"] = "auto"
     return changed
