@@ -33,15 +33,19 @@ def test_one_joint_training_loop():
     ``trainer.Trainer``'s; the sequential stage's is its own (one layer at a time)."""
     assert _calls("LambdaLR") == {"trainer.py": ["Trainer.__init__"], "layer_training.py": ["train_layer"]}
     assert _calls("holding_interrupts") == {"trainer.py": ["Trainer.train"], "sequential_run.py": ["_train_layers"]}
-    assert _calls("OptimizerStep") == {"trainer.py": ["Trainer.__init__"]}
+    # the one step stack: the joint loop's, the sequential stage's layers' and the timed step of a wall budget's pace
+    assert _calls("OptimizerStep") == {"trainer.py": ["Trainer.__init__"], "layer_training.py": ["train_layer"],
+                                       "pace.py": ["measure"]}
 
 
 def test_one_step_stack_under_every_strategy():
     """The runs of the strategies wrap their model and average its gradients; the precision, the loss scaling, the
-    clip and the optimizer step are one stack (``optimizer_step.OptimizerStep``) that none of them rewrites."""
+    clip and the optimizer step are one stack (``optimizer_step.OptimizerStep``) that none of them rewrites, and the
+    sequential stage's layers clip and step through it too."""
     runs = {"joint.py", "sharded.py"}
     for name in ("step", "backward", "clip_grads_with_norm_", "GradScaler", "ShardedGradScaler", "autocast"):
         assert not runs & set(_calls(name)), name
+    assert set(_calls("clip_grad_norm_")) | set(_calls("clip_grads_with_norm_")) == {"optimizer_step.py"}
 
 
 def test_one_process_group_start():

@@ -22,8 +22,8 @@ for layer in (sharded[0], sharded[2]):
 fully_shard(sharded)
 reference = torch.optim.AdamW(whole.parameters(), lr=0.05)
 optimizer = torch.optim.AdamW(sharded.parameters(), lr=0.05)
-stack = OptimizerStep(optimizer, list(sharded.parameters()), TrainingPrecision(torch.float16, False),
-                      torch.device("cpu"), casts_parameters=True, sharded=True)
+stack = OptimizerStep(optimizer, list(sharded.parameters()), torch.device("cpu"), TrainingPrecision(torch.float16, False),
+                      casts_parameters=True, sharded=True)
 x = torch.randn(4, 6)
 
 

@@ -28,8 +28,8 @@ def test_fp16_loss_scaling_on_one_process_steps_as_adamw_and_skips_a_step_that_i
     whole, scaled = _pair()
     reference = torch.optim.AdamW(whole.parameters(), lr=0.05)
     optimizer = torch.optim.AdamW(scaled.parameters(), lr=0.05)
-    stack = OptimizerStep(optimizer, list(scaled.parameters()), TrainingPrecision(torch.float16, False),
-                          torch.device("cpu"), casts_parameters=True, sharded=False)
+    stack = OptimizerStep(optimizer, list(scaled.parameters()), torch.device("cpu"), TrainingPrecision(torch.float16, False),
+                          casts_parameters=True, sharded=False)
     x = torch.randn(4, 6)
     whole(x).square().mean().backward()
     torch.nn.utils.clip_grad_norm_(whole.parameters(), 0.05)
@@ -64,11 +64,14 @@ def test_no_loss_scaling_outside_fp16_and_autocast_only_where_the_run_holds_floa
 
     bf16 = TrainingPrecision(torch.bfloat16, False)
     for casts, expected in ((False, torch.bfloat16), (True, None)):
-        stack = OptimizerStep(optimizer, list(model.parameters()), bf16, torch.device("cpu"), casts_parameters=casts,
-                              sharded=False)
+        stack = OptimizerStep(optimizer, list(model.parameters()), torch.device("cpu"), bf16, casts_parameters=casts)
         assert stack.scaler is None
         losses = stack.forward(Probe(), torch.randn(2, 6))
         assert seen[-1] == expected and losses["total"].dtype == torch.float32
+    plain = OptimizerStep(optimizer, list(model.parameters()), torch.device("cpu"))  # the sequential stage's
+    assert plain.scaler is None and plain.autocast is None
+    plain.forward(Probe(), torch.randn(2, 6))
+    assert seen[-1] is None
 
 
 def test_fp16_loss_scaling_over_fsdp2_shards_agrees_on_every_process():

@@ -188,7 +188,7 @@ def check_fp16_device(config: AdaptConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise LadderizeError("--mixed-precision fp16 trains on a CUDA GPU; on a CPU use bf16 or no")
+            raise LadderizeError("--mixed-precision fp16 needs a CUDA GPU; on a CPU use bf16 or no")
 
 
 def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:

@@ -42,6 +42,7 @@ import torch
 from ...checkpoint.placement import LaunchRank
 from ...convert.residual_states import State, attention_kwargs
 from ..train.compilation import adamw
+from ..train.optimizer_step import OptimizerStep
 from ..plan.batches import batch_order
 from ..objectives.losses import layer_error, update_sums
 from ..process_group import sum_over_processes
@@ -331,6 +332,7 @@ def train_layer(
     for param in params:
         param.requires_grad_(True)
     optimizer = adamw(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    stack = OptimizerStep(optimizer, params, params[0].device)  # the forward autocasts itself (cache.autocast)
     total = steps if steps is not None else steps_per_layer(cache.num_train, epochs, batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total, warmup_steps, min_lr_ratio))
     teacher_inputs = [cache.teacher_state, *targets[:-1]]
@@ -399,12 +401,11 @@ def train_layer(
         losses = []
     for step in range(len(losses), total):
         rows = layer_rows(cache.num_train, index, step, batch_size, seed)
-        optimizer.zero_grad(set_to_none=True)
         loss = loss_on(rows) if not launch.several else share_on(rows)
         if loss is None:  # this process holds none of the batch's rows: it adds nothing
             loss = torch.zeros((), device=params[0].device)
         else:
-            loss.backward()
+            stack.backward(loss)
         if launch.several:  # the batch's gradient and loss: the sum of the parts' (every rank sums every tensor)
             for param in params:
                 if param.grad is None:
@@ -413,9 +414,9 @@ def train_layer(
             loss = loss.detach().clone()
             sum_over_processes([loss])
         if max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            stack.clip(max_grad_norm)
         current_lr = scheduler.get_last_lr()[0]
-        optimizer.step()
+        stack.step()  # AdamW's step, the gradients dropped
         scheduler.step()
         losses.append(loss.item())
         if progress is not None:
@@ -431,6 +432,6 @@ def train_layer(
         after = measured(evaluation)
     # torch's optimizer and scheduler hold each other in reference cycles: collect them now, or the
     # layer's AdamW state (twice the layer) waits for the cyclic garbage collector, layer after layer
-    del optimizer, scheduler
+    del optimizer, scheduler, stack
     gc.collect()
     return LayerFit(losses, before, after, cache.held_out)

@@ -1,6 +1,6 @@
 """Precision, loss scaling, clipping and the optimizer step: one stack under every strategy's run (``trainer.Trainer``
-drives it; the run only wraps its model and synchronises its gradients), each piece a plain torch call, torchtitan's
-way:
+drives it; the run only wraps its model and synchronises its gradients) and under the sequential stage's layers
+(``layer_training.train_layer``), each piece a plain torch call, torchtitan's way:
 
 - **The forward's precision** (``placement.training_precision``): a run that holds float32 parameters computes under
   ``torch.autocast`` in the compute dtype; a run whose parameters reach the forward already cast (FSDP2's
@@ -25,14 +25,15 @@ from ...checkpoint.placement import TrainingPrecision
 class OptimizerStep:
     """What every run's step does around its forward and backward: ``forward`` (autocast where the run's parameters are
     float32), ``backward`` (scaled under fp16), ``clip``, ``step``; ``scaler`` is the fp16 loss scaler (None
-    otherwise), a stateful object of the training state."""
+    otherwise), a stateful object of the training state. Without a ``precision`` (the sequential stage, which
+    autocasts each layer's forward itself and takes no fp16) it is the backward, the clip and the step alone."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], precision: TrainingPrecision,
-                 device: torch.device, *, casts_parameters: bool, sharded: bool):
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], device: torch.device,
+                 precision: TrainingPrecision | None = None, *, casts_parameters: bool = False, sharded: bool = False):
         self.optimizer, self.params, self.device = optimizer, params, device
         self.autocast = None if casts_parameters else precision
         self.scaler: Any = None
-        if precision.autocast is torch.float16:
+        if precision is not None and precision.autocast is torch.float16:
             if sharded:
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

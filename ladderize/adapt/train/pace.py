@@ -80,6 +80,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
             mixed_precision: str | None = None, compile: bool | None = None) -> Pace:
     """Time the pieces of an adapt run of ``checkpoint`` on ``device`` (module docstring)."""
     from .compilation import adamw, compile_layers, graph_kinds
+    from .optimizer_step import OptimizerStep
     from ..plan.compile_policy import resolve_compile
     from ...checkpoint.io import load_config
     from ...checkpoint.placement import resolve_device, training_precision
@@ -123,21 +124,20 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
             layer_forward, forward_compile = _timed(forward)
         layer.requires_grad_(True)
         params = list(layer.parameters())
-        optimizer = adamw(params, lr=1e-12)
+        stack = OptimizerStep(adamw(params, lr=1e-12), params, target)  # the training's clip and step
 
         def train() -> None:
             with precision.context(target):
                 out = layer(*states, **kwargs)
                 loss = sum(tensor.float().square().mean() for tensor in out)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            stack.backward(loss)
+            stack.clip(1.0)
+            stack.step()
             sync()
 
         layer_train, train_compile = _timed(train)
         layer.requires_grad_(False)
-        del optimizer
+        del stack
     retrace_forward = retrace_train = 0.0
     other = next((index for index in (first - 1, first + 1, *range(config.num_hidden_layers))
                   if 0 <= index < config.num_hidden_layers and student_kinds[index] != student_kinds[first]), None)
@@ -148,10 +148,10 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
                 retrace_forward = max(0.0, _once(forward) - layer_forward)
             layer.requires_grad_(True)
             params = list(layer.parameters())
-            optimizer = adamw(params, lr=1e-12)
+            stack = OptimizerStep(adamw(params, lr=1e-12), params, target)
             retrace_train = max(0.0, _once(train) - layer_train)
             layer.requires_grad_(False)
-            del optimizer
+            del stack
     head_name = "lm_head.weight" if "lm_head.weight" in source.files else "model.embed_tokens.weight"
     weight = source.read(head_name).to(target, torch.float32)
     head_rows = min(rows, max(HEAD_TIMED_ROWS, rows // HEAD_PART))  # the head's time is linear in its rows: a part timed

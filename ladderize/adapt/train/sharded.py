@@ -37,6 +37,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+
 import torch
 
 from ...errors import LadderizeError

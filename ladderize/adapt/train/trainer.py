@@ -14,7 +14,6 @@ the gradients are averaged over the processes, and the write-out of OUT. Everyth
 - **The step** is one stack for every run (``optimizer_step.OptimizerStep``): the forward's autocast, fp16's loss
   scaling, the clip over the global gradient norm, AdamW's step, and the EMA of the trained weights where a stage keeps
   one.
-
 - **The batch** is global: ``--batch-size`` sequences per optimizer step on any process count, split over the
   processes and accumulated over ``--grad-accum`` micro-batches (``batches.StepSplit``); each process reads its rows
   of a deterministic batch order (a pure function of the seed and the step), so a recipe trains the same sequences
@@ -124,8 +123,8 @@ def train_joint(
 class Trainer:
     """A joint stage's training on this process: the strategy's run (its model parts and loss), AdamW and the stack
     around its step (``OptimizerStep``: precision, fp16's loss scaler, the clip), the EMA where a stage keeps one, the
-    learning-rate schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve; the data's
-    position is the step: the batch order is a function of the seed and the step). ``save`` writes all of it as one
+    learning-rate schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve;
+    the data's position is the step: the batch order is a function of the seed and the step). ``save`` writes all of it as one
     distributed checkpoint (``training_state.save_joint_state``), which a resumed trainer loads before its first step;
     ``train_step`` is one optimizer step, ``train`` the loop around it (the save clock, the interrupt vote, the
     deadline) and the write-out."""
@@ -184,7 +183,7 @@ class Trainer:
         run.wrap()
         self.optimizer = adamw(run.params, lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay,
                                betas=(0.9, 0.95))  # fused
-        self.optimizer_step = OptimizerStep(self.optimizer, run.params, run.precision, self.device,
+        self.optimizer_step = OptimizerStep(self.optimizer, run.params, self.device, run.precision,
                                             casts_parameters=run.casts_parameters, sharded=strategy.shards)
         self.ema = WeightEMA(run.params, config.scope.ema) if config.scope.ema else None  # from the starting weights
 
