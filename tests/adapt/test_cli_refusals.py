@@ -69,9 +69,10 @@ def test_sequential_stage_refuses_fp16_and_fp16_needs_cuda(ladder_dir, text_file
                                "--mixed-precision", "fp16"], capsys, monkeypatch)
     assert code == 2 and "no fp16 loss scaling" in _one_error(stderr)
     if not torch.cuda.is_available():
-        code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--objective", "kd",
-                                   "--tokens", 128, "--mixed-precision", "fp16"], capsys, monkeypatch)
-        assert code == 2 and "needs a CUDA GPU" in _one_error(stderr)
+        for fp16 in (["--mixed-precision", "fp16"], ["--dtype", "float16"]):
+            code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL, "--objective",
+                                       "kd", "--tokens", 128, *fp16], capsys, monkeypatch)
+            assert code == 2 and f"{' '.join(fp16)} needs a CUDA GPU" in _one_error(stderr)
     _nothing_beside(tmp_path, "o")
 
 

@@ -183,12 +183,18 @@ def _sequential_precision(parallelism: ParallelismSettings) -> None:
 
 
 def check_fp16_device(config: AdaptConfig) -> None:
-    """``--mixed-precision fp16`` only where this machine has a CUDA GPU."""
-    if config.parallelism.mixed_precision == "fp16":
-        import torch
+    """fp16 (``--mixed-precision fp16`` or ``--dtype float16``) only where the run trains on a CUDA GPU."""
+    from ...checkpoint.placement import check_dtype, resolve_device
 
-        if not torch.cuda.is_available():
-            raise LadderizeError("--mixed-precision fp16 needs a CUDA GPU; on a CPU use bf16 or no")
+    parallelism = config.parallelism
+    if parallelism.mixed_precision == "fp16":
+        asked, instead = "--mixed-precision fp16", "bf16 or no"
+    elif check_dtype(parallelism.dtype) == "float16":
+        asked, instead = "--dtype float16", "--dtype bfloat16 or float32"
+    else:
+        return
+    if resolve_device(parallelism.device).type != "cuda":
+        raise LadderizeError(f"{asked} needs a CUDA GPU; on a CPU use {instead}")
 
 
 def needs_teacher(config: AdaptConfig, weights: dict[str, float]) -> bool:
