@@ -180,7 +180,7 @@ class ParallelismSettings:
     """How a stage runs on the hardware: the device, a joint stage's sharding, the precision, compiled layers and
     recomputed activations."""
 
-    device: str = "auto"  # placement.resolve_device; under accelerate launch the Accelerator's device
+    device: str = "auto"  # placement.resolve_device; under a launcher cuda:$LOCAL_RANK where torch sees CUDA
     shard: str = "auto"  # joint stages: an entry of strategies.STRATEGIES (fsdp, ddp), or auto (fsdp under a launcher)
     dtype: str | None = None  # training precision (placement.training_precision): auto, float32, bfloat16
     mixed_precision: str = "no"

@@ -103,7 +103,7 @@ class ReplicatedRun:
         with_teacher = needs_teacher(config, weights)
         self.teacher_path = resolve_teacher(checkpoint, objective.teacher) if with_teacher else objective.teacher
         teacher = load_teacher(self.teacher_path, student) if with_teacher else None
-        if scope.head_grouping:  # before ``prepare``, on the Accelerator's device
+        if scope.head_grouping:  # before ``wrap``, on the run's device
             from ...convert.head_grouping import group_heads_for_spd
 
             student.to(self.device)
