@@ -102,7 +102,8 @@ def this_launch() -> LaunchRank:
 
 
 def launch_mismatch(world: int | None = None) -> str | None:
-    """One line when the launcher meant more (or other) processes than the run has (``world``: its process group's), else None.
+    """One line when the launcher meant more (or other) processes than the run has (``world``: its process group's),
+    else None.
 
     ``accelerate launch --num_processes 2`` without ``--multi_gpu`` (``--cpu``, or no GPU) takes Accelerate's
     simple launcher: one process, which gets ``MASTER_ADDR`` (set only when several were asked for) and no

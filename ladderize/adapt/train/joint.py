@@ -5,8 +5,8 @@ The run builds the models and wraps them; the step's precision (autocast), loss 
 the stack every run shares (``optimizer_step.OptimizerStep``), and the loop divides each micro-batch's loss by the
 accumulation itself. This run takes what needs the whole weights on every process (``strategy.SETTINGS``): LoRA
 (peft, merged into OUT, the adapter saved beside it), an EMA of the trained weights, head grouping before training,
-interpolation towards the start, and ``--train all``. OUT is written by the main process from the whole model, while the others wait on the file
-system.
+interpolation towards the start, and ``--train all``. OUT is written by the main process from the whole model,
+while the others wait on the file system.
 """
 
 from __future__ import annotations

@@ -124,10 +124,10 @@ class Trainer:
     """A joint stage's training on this process: the strategy's run (its model parts and loss), AdamW and the stack
     around its step (``OptimizerStep``: precision, fp16's loss scaler, the clip), the EMA where a stage keeps one, the
     learning-rate schedule and where the training stands (``step``, ``tokens_done``, the clocks and the loss curve;
-    the data's position is the step: the batch order is a function of the seed and the step). ``save`` writes all of it as one
-    distributed checkpoint (``training_state.save_joint_state``), which a resumed trainer loads before its first step;
-    ``train_step`` is one optimizer step, ``train`` the loop around it (the save clock, the interrupt vote, the
-    deadline) and the write-out."""
+    the data's position is the step: the batch order is a function of the seed and the step). ``save`` writes all of
+    it as one distributed checkpoint (``training_state.save_joint_state``), which a resumed trainer loads before its
+    first step; ``train_step`` is one optimizer step, ``train`` the loop around it (the save clock, the interrupt vote,
+    the deadline) and the write-out."""
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str, out: Path, *, resume: bool,
                  progress: Callable[[StepInfo, torch.nn.Module], None] | None, say: Callable[[str], None],
@@ -314,7 +314,7 @@ class Trainer:
                      "sequences written were read")
         result = AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve, self.resumed_from,
                              throughput=self.pace.record(self.tokens_done, self.train_s))
-        if self.ema is not None:  # after the last state was saved: a kept state holds the trained weights and their average
+        if self.ema is not None:  # after the last save: a kept state holds the trained weights and their average
             self.ema.write_into()
         run.write_out(result, self.out, self.tokenizer, self.state_dir)
         return result
