@@ -30,14 +30,24 @@ __all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "dry_ru
 
 def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
     """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
-    attempt recorded in ``RUN/recipe.json`` (read by the main process alone; ``run_recipe`` gives the others its plan)."""
+    attempt recorded in ``RUN/recipe.json``, read by the main process alone and agreed by every process of a launch."""
     from .train.pace import measure_launch
 
+    from .process_group import agreed
+
     top = run_folder(request.out, request.run_dir)
-    saved = None
+    saved, refusal = None, None
     if request.resume and this_launch().main and (top / PLAN_FILE).is_file():
         saved = json.loads((top / PLAN_FILE).read_text())
-        _check_resumed_budget(saved, request.budget, top)
+        try:
+            _check_resumed_budget(saved, request.budget, top)
+        except LadderizeError as exc:
+            refusal = str(exc)
+    # every process plans from the main process's record, so that all take the same collectives (a budget sized
+    # anew agrees its pace and its tokens; a saved one agrees nothing more)
+    saved, refusal = agreed((saved, refusal))
+    if refusal is not None:
+        raise LadderizeError(refusal)
     return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,
                       stages=list(request.stages) or None, budget=request.budget, saved=saved, say=say,
                       began=request.began, time_pace=measure_launch)
