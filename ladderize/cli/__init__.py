@@ -113,7 +113,16 @@ SILENT_EXIT_DELAY_S = 3.0
 def _let_the_first_process_speak() -> None:
     """A silent process's refusal waits ``SILENT_EXIT_DELAY_S`` before it exits: the launcher ends every process at the
     first one's failure, and the node's first process, refusing the same at the same check, must have printed its line
-    by then (else torchrun's SIGTERM cuts it off)."""
+    by then (else torchrun's SIGTERM cuts it off). A SIGTERM or SIGINT that reaches it while it waits (the launcher
+    ending the job) ends it at once, in silence, with the refusal's exit code 2."""
+    import signal
     import time
 
+    from ..errors import exit_now
+
+    def quietly(_signum, _frame):
+        exit_now(2)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, quietly)
     time.sleep(SILENT_EXIT_DELAY_S)

@@ -73,8 +73,6 @@ fsdp_config:
 
 
 def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, text_file, tmp_path):
-    from tests.adapt.test_sharded import _free_port
-
     args = ["adapt", str(ladder_dir), None, "--data", str(text_file), "--objective", "kd", "--tokens", "256",
             "--seq-len", "32", "--batch-size", "2", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
 
@@ -87,7 +85,7 @@ def test_accelerate_launch_with_an_fsdp_config_trains_as_torchrun(ladder_dir, te
         config = tmp_path / f"fsdp-{offload}.yaml"
         config.write_text(FSDP_YAML.format(offload=offload))
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
-                  _free_port(), "-m", "ladderize.cli", *with_out(tmp_path / f"accelerate-{offload}")]
+                  "0", "-m", "ladderize.cli", *with_out(tmp_path / f"accelerate-{offload}")]
         runs[offload] = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert runs["false"].returncode == 0, launch_failure(runs["false"].stderr)
     assert "Accelerate config: FSDP as --shard fsdp" in runs["false"].stderr
@@ -133,8 +131,6 @@ def test_accelerate_launch_gradient_accumulation_steps_trains_as_grad_accum(ladd
     """``accelerate launch --gradient_accumulation_steps 2`` (which Accelerate exports only for DeepSpeed) reaches adapt
     from the launch's command line: the same weights, bit for bit, as ``--grad-accum 2`` without a launcher; and a
     ``--grad-accum`` that disagrees with it is refused in one line."""
-    from tests.adapt.test_sharded import _free_port
-
     args = ["adapt", str(ladder_dir), None, "--data", str(text_file), "--objective", "kd", "--tokens", "256",
             "--seq-len", "32", "--batch-size", "2", "--lr", "1e-3", "--dtype", "float32", "--device", "cpu", "--no-compile"]
 
@@ -143,7 +139,7 @@ def test_accelerate_launch_gradient_accumulation_steps_trains_as_grad_accum(ladd
 
     env = _env(tmp_path)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu", "--main_process_port",
-              _free_port(), "--gradient_accumulation_steps", "2", "-m", "ladderize.cli"]
+              "0", "--gradient_accumulation_steps", "2", "-m", "ladderize.cli"]
     launched = subprocess.run([*launch, *with_out(tmp_path / "accelerate")], env=env, capture_output=True, text=True,
                               timeout=300)
     assert launched.returncode == 0, launch_failure(launched.stderr)

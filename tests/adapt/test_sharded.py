@@ -28,18 +28,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml"), "LADDERIZE_PROGRESS_INTERVAL": "0"}
 
 
-def _free_port() -> str:
-    """A free local port for torchrun's rendezvous (``--master_port 0`` leaves its workers waiting)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
-
-
 def _torchrun(processes: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
-            "127.0.0.1", "--master_port", _free_port()]
+    """torchrun on one node, its rendezvous on a port the system picks when it binds it (``--standalone``: two
+    launches at once cannot take the same port)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
 
 
 def _launch(processes: int, args: list[str], tmp_path: Path, timeout: int = 300) -> subprocess.CompletedProcess:
