@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import LadderizeError
 from ..records import (DENSE_SCHEDULE, BenchRecord, BenchRow, EvalRecord, PredictRecord, Record, SpeedupSpread, finite,
@@ -62,6 +63,7 @@ class LayoutRun:
     decode_tokens_per_s: dict[Config, float] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     load_notes: list[str] = field(default_factory=list)  # benches measured under load (``BenchRecord.load_note``)
+    metric_settings: dict[Metric, "Measured"] = field(default_factory=dict)  # how and where each metric was measured
     adapted: bool = False  # the checkpoint's provenance records an adapt step
     speed_shared_from: str | None = None  # speed-ups borrowed from a run of the same layout
 
@@ -169,18 +171,90 @@ def check_one_model(records: list[tuple[Path, Record]]) -> None:
                              "report each model apart (one 'ladderize report' per model)")
 
 
+@dataclass(frozen=True)
+class Measured:
+    """The settings an eval record measured one task with, and the file that holds it."""
+
+    settings: tuple[tuple[str, Any], ...]  # (setting, value) in a fixed order
+    file: str
+
+    def differing(self, other: "Measured") -> tuple[str, Any, Any] | None:
+        """The first setting whose values differ, with both values (None: the same settings)."""
+        return next(((name, mine, theirs) for (name, mine), (_, theirs) in zip(self.settings, other.settings)
+                     if mine != theirs), None)
+
+
+def eval_settings(record: EvalRecord, task: str, file: Path) -> Measured:
+    """What makes two eval figures of ``task`` comparable: the task's limit and n-shot, the model's context (max
+    length), the backend, its parallelism, the dtype and the batch size."""
+    limit = record.limit.get(task) if isinstance(record.limit, dict) else record.limit
+    shots = (record.lm_eval.get("n-shot") or {}).get(task)
+    return Measured((("limit", limit), ("n-shot", shots), ("max length", record.max_length),
+                     ("backend", record.backend), ("tensor parallel size", record.tensor_parallel_size),
+                     ("dtype", record.dtype), ("batch size", record.batch_size)), str(file))
+
+
+def _shown(value: Any, setting: str) -> str:
+    if value is None:
+        return {"max length": "the model's own", "limit": "none (every example)"}.get(setting, "not recorded")
+    return str(value)
+
+
+def _refuse_mixed(task: str, one: Measured, other: Measured) -> None:
+    """Refuse, in one line, two figures of ``task`` measured with different settings (no figure is computed from
+    records that measured another thing); the files are named in path order, as the records are read."""
+    first, second = sorted([one, other], key=lambda measured: measured.file)
+    found = first.differing(second)
+    if found is None:
+        return
+    setting, a, b = found
+    raise LadderizeError(f"report compares figures measured with the same settings, but {task}'s {setting} is "
+                         f"{_shown(a, setting)} in {first.file} and {_shown(b, setting)} in {second.file}; "
+                         "evaluate both with the same settings, or report them apart")
+
+
+def check_comparable(runs: list[LayoutRun]) -> None:
+    """Every figure of a task, in every run, measured with the same settings (``eval_settings``), else one line
+    naming the setting and the two files."""
+    first: dict[str, Measured] = {}
+    for run in runs:
+        for metric, measured in run.metric_settings.items():
+            seen = first.setdefault(metric.task, measured)
+            _refuse_mixed(metric.task, seen, measured)
+
+
+BENCH_SETTINGS = ("device", "dtype")  # a bench's meta that makes its speed-ups comparable with another's
+
+
+def check_benches_comparable(records: list[tuple[Path, Record]]) -> None:
+    """The bench records of one report measured on the same device and dtype, else one line naming the setting and
+    the two files (one table would put speed-ups of different machines side by side)."""
+    benches = sorted(((file, record) for file, record in records if isinstance(record, BenchRecord)),
+                     key=lambda pair: str(pair[0]))
+    for file, record in benches[1:]:
+        base_file, base = benches[0]
+        for name in BENCH_SETTINGS:
+            if base.meta.get(name) != record.meta.get(name):
+                raise LadderizeError(f"report compares benches measured alike, but the {name} is "
+                                     f"{_shown(base.meta.get(name), name)} in {base_file} and "
+                                     f"{_shown(record.meta.get(name), name)} in {file}; report them apart")
+
+
 def collect_runs(paths: list[Path | str]) -> list[LayoutRun]:
     """The runs of every record (of one model: ``check_one_model``), joined per layout, dense first, with their
-    decode speed-ups."""
+    decode speed-ups. Records are read in the order of their paths, whatever the order they were named in, and two
+    figures of one task measured with different settings are refused (``check_comparable``)."""
     runs: dict[str, LayoutRun] = {}
-    records = load_records(paths)
+    records = sorted(load_records(paths), key=lambda pair: str(pair[0]))
     check_one_model(records)
+    check_benches_comparable(records)
     for file, record in records:
         if isinstance(record, EvalRecord):
             _add_eval(runs, file, record)
         elif isinstance(record, BenchRecord):
             _add_bench(runs, file, record)
     _merge_by_layout(runs)
+    check_comparable(list(runs.values()))
     ordered = sorted(runs.values(), key=lambda r: (not r.is_dense, r.layers_converted or 0, r.layout, r.adapted))
     _compute_speedups(ordered, dense_run(ordered))
     _share_speedups(ordered)
@@ -219,6 +293,10 @@ def _add_eval(runs: dict[str, LayoutRun], file: Path, record: EvalRecord) -> Non
                 continue
             better = (higher.get(task) or {}).get(name)
             metric = Metric(task, name, bool(better) if better is not None else name in ACCURACY_METRICS)
+            measured = eval_settings(record, task, file)
+            if metric in run.metric_settings:
+                _refuse_mixed(task, run.metric_settings[metric], measured)
+            run.metric_settings[metric] = measured
             run.metrics[metric] = value
             stderr = finite(values.get(key.replace(name, f"{name}_stderr", 1)))
             if stderr is not None:
@@ -292,6 +370,7 @@ def _absorb(target: LayoutRun, other: LayoutRun, metrics: bool = True) -> None:
             setattr(target, name, getattr(other, name))
     if metrics:
         target.metrics.update({m: v for m, v in other.metrics.items() if m not in target.metrics})
+        target.metric_settings.update({m: v for m, v in other.metric_settings.items() if m not in target.metric_settings})
     target.bench_rows += other.bench_rows
     target.load_notes += [n for n in other.load_notes if n not in target.load_notes]
     target.sources += [s for s in other.sources if s not in target.sources]
@@ -333,5 +412,5 @@ def _compute_speedups(runs: list[LayoutRun], dense: LayoutRun | None) -> None:
                 run.decode_speedup[config] = speed
 
 
-__all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Metric", "ModelOf", "check_one_model", "collect_runs",
-           "dense_run", "load_records", "model_of"]
+__all__ = ["ACCURACY_METRICS", "PERPLEXITY_METRICS", "LayoutRun", "Measured", "Metric", "ModelOf", "check_comparable",
+           "check_one_model", "collect_runs", "dense_run", "eval_settings", "load_records", "model_of"]

@@ -285,3 +285,42 @@ def test_the_demos_bench_line_shows_the_reports_headline(tmp_path: Path):
     (tmp_path / "bench.json").write_text(json.dumps(record.to_json()))
     (tmp_path / "eval.json").write_text(json.dumps(_eval("/m/ladder", "ladder 22:30", 8, 60, 8, 0.4, 20.0, 30.0)))
     assert "| 1.01x (1.01–1.06) |" in write_report([tmp_path], tmp_path / "rep")["markdown"].read_text()
+
+
+def test_report_never_mixes_records_made_with_other_settings(tmp_path: Path):
+    """Two dense records of one checkpoint and task at two max lengths (the model's own and 2048) are refused in one
+    line naming the setting and both files, whichever order they are named in; records made alike give the same
+    figures in either order."""
+    dense_own = _eval("/m/dense", "dense", 0, 60, 0, 0.40, 508.2, 50.0)
+    dense_2048 = {**_eval("/m/dense", "dense", 0, 60, 0, 0.40, 526.0, 50.0), "max_length": 2048}
+    ladder = {**_eval("/m/ladder", "ladder 22:30", 8, 60, 16, 0.30, 593.5, 80.0), "max_length": 2048}
+    for name, record in {"dense.json": dense_own, "demo/dense.json": dense_2048, "demo/ladder.json": ladder}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(record))
+    for order in ([tmp_path / "dense.json", tmp_path / "demo"], [tmp_path / "demo", tmp_path / "dense.json"]):
+        with pytest.raises(LadderizeError) as refused:
+            build_report(order)
+        line = str(refused.value)
+        assert "\n" not in line and "max length" in line and "2048" in line and "the model's own" in line
+        assert "dense.json" in line and "demo" in line
+    # a ladder record measured at the model's own length beside the demo's dense one: refused the same way
+    (tmp_path / "dense.json").unlink()
+    (tmp_path / "ladder-own.json").write_text(json.dumps(_eval("/m/ladder2", "ladder 22:30", 8, 60, 16, 0.3, 1.0, 1.0)))
+    with pytest.raises(LadderizeError, match="max length"):
+        build_report([tmp_path / "demo", tmp_path / "ladder-own.json"])
+    (tmp_path / "ladder-own.json").unlink()
+    one, other = build_report([tmp_path / "demo"]), build_report([tmp_path / "demo" / "ladder.json",
+                                                                 tmp_path / "demo" / "dense.json"])
+    ppl = next(m for m in one.metrics if m.name == "perplexity")
+    assert [(r.label, one.delta(r, ppl)) for r in one.runs] == [(r.label, other.delta(r, ppl)) for r in other.runs]
+    assert one.delta(next(r for r in one.runs if not r.is_dense), ppl) == pytest.approx(593.5 - 526.0)
+
+
+def test_report_refuses_benches_of_different_devices(tmp_path: Path):
+    one = _bench("/m/dense", "dense", {(3, 1): 10.0}, {(3, 1): 10.0})
+    other = _bench("/m/ladder", "ladder 22:30", {(3, 1): 12.0}, {(3, 1): 10.0})
+    other["meta"]["device"] = "cuda"
+    (tmp_path / "a.json").write_text(json.dumps(one))
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    with pytest.raises(LadderizeError, match="the device is cpu in .*a.json and cuda in .*b.json"):
+        build_report([tmp_path])
