@@ -46,6 +46,11 @@ def counted(number: float, noun: str, plural: str | None = None) -> str:
     return f"{text} {noun if number == 1 else plural or noun + 's'}"
 
 
+def gib(value: float) -> str:
+    """Bytes in GiB, as plans and disk lines print them: ``1.2 GiB``."""
+    return f"{value / 2**30:,.1f} GiB"
+
+
 def format_duration(seconds: float) -> str:
     """``42s``, ``4m10s``, ``1h02m``."""
     seconds = max(0, int(round(seconds)))

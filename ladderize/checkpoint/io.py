@@ -28,6 +28,7 @@ from .shapes import ModelShape
 from ..model.configuration_ladder_llama import AUTO_MAP
 from .architectures import LM_HEAD, PROVENANCE_FILE, ladder_config_kwargs, name_tokenizer_class_portably, portable_paths, read_config_json, read_provenance  # noqa: F401 (re-exported)
 from .atomic import atomic_directory
+from .free_space import disk_full_as_one_line
 from .card import CARD_FILE, model_card
 from .tensor_files import ShardWriter, check_finite
 
@@ -97,10 +98,12 @@ def write_checkpoint(
     (``stamp_config``; read after the tensors, so they may set its ``dtype``), the modeling files
     beside a ``LadderLlamaConfig``, the generation config, the tokenizer (its ``model_max_length`` at most
     the config's positions), the provenance (a dict, or a function of the weight file names; its paths
-    relative to OUT), the model card ``README.md`` and ``extra(tmp)``.
+    relative to OUT), the model card ``README.md`` and ``extra(tmp)``. A full disk ends it in one line
+    (``free_space.disk_full_as_one_line``), the temp dir removed and an earlier OUT as it was.
     """
     out = Path(out).expanduser().absolute()
-    with atomic_directory(out, force=force) as tmp:
+    kept = f"nothing of it was kept{', and the earlier ' + out.name + ' is as it was' if out.exists() else ''}"
+    with disk_full_as_one_line("the checkpoint", out, kept), atomic_directory(out, force=force) as tmp:
         writer = ShardWriter(tmp, max_shard_bytes=max_shard_bytes)
         for name, tensor in tensors:
             writer.add(name, tensor)

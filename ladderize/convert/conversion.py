@@ -19,6 +19,8 @@ from ..errors import LadderizeError
 from ..model import Layout
 from ..checkpoint.architectures import LM_HEAD, architecture_for, expected_tensors, is_ignored_tensor, ladder_config_kwargs
 from ..checkpoint.atomic import check_output_free
+from ..checkpoint.free_space import check_free_space
+from ..checkpoint.shapes import ModelShape
 from ..checkpoint.io import DEFAULT_MAX_SHARD_BYTES, ProgressFn, build_config, write_checkpoint
 from ..checkpoint.placement import parse_dtype
 from .sources import Source, resolve_source
@@ -67,6 +69,7 @@ def convert_checkpoint(
     architecture_for(source.config)
     layout = layout or source_layout(source.config, ranges, spd_tp_size)
     config = build_config(source.config, layout, plain=plain)
+    check_free_space({"OUT": (out, output_bytes(source, config, target_dtype))})  # before a tensor is read
     expected = expected_tensors(ladder_config_kwargs(config.to_dict()))
     _check_tensor_names(source, expected, config.tie_word_embeddings)
 
@@ -106,6 +109,14 @@ def convert_checkpoint(
         out, config, converted_tensors(), force=force, max_shard_bytes=max_shard_bytes,
         tokenizer=source.load_tokenizer(), generation_config=source.load_generation_config(), provenance=provenance,
     )
+
+
+def output_bytes(source: Source, config: Any, dtype: torch.dtype | None) -> float:
+    """The bytes of the weights a conversion of ``source`` writes: the source's weight files where it keeps their
+    dtype (``dtype`` None), else every parameter of ``config`` at ``dtype`` (a GGUF source is read as float32)."""
+    if dtype is None and source.kind != "gguf":
+        return float(sum(file.stat().st_size for file in source.weight_files))
+    return float(ModelShape.from_config(config).num_parameters * (dtype or torch.float32).itemsize)
 
 
 def _check_tensor_names(source: Source, expected: list[str], tied: bool) -> None:

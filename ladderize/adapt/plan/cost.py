@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import LadderizeError
 from ...hardware import GPU_PEAKS, gpu_named
+from ...progress import gib
 from .planned_stage import PlannedStage
 from .sequential_schedule import rows_read
 
@@ -407,10 +408,6 @@ class JointMemory:
                  ("activations", self.activations), ("LM head", self.head),
                  ("logits and blocks", self.logits), ("head rows", self.rows)]
         return f"{gib(self.total)} = " + " + ".join(f"{name} {gib(value)}" for name, value in parts if value)
-
-
-def gib(value: float) -> str:
-    return f"{value / 2**30:,.1f} GiB"
 
 
 def usable_bytes(memory_bytes: float) -> float:
