@@ -121,6 +121,7 @@ def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
     if request.resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
         check_resumable(checkpoint, out, run_dir, single=bool(request.single()))
     plan = plan_adapt(request, say=reports.say)
+    _check_disk(plan, Path(out).expanduser().absolute(), run_folder(out, run_dir), resume=request.resume)
     if plan.single:
         config = plan.stages[0].config(checkpoint, out, run_dir=run_dir, force=request.force, keep_state=request.keep_state)
         preflight(config)  # refused before the plan is shown, as a recipe's stages are
@@ -160,6 +161,29 @@ def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
         result.state_dir = outcome.run_dir
     result.wall_s = time.perf_counter() - began
     return AdaptRun(result, every, outcome.finished)
+
+
+def _check_disk(plan: AdaptPlan, out: Path, top: Path, resume: bool) -> None:
+    """Refuse in one line, before the models load, a run whose writes do not fit the free space of their disks
+    (``cost.RunPlan.disk_bytes``: OUT, and the run folder less what a resumed run already holds there); the main
+    process's verdict is every process's."""
+    from ..checkpoint.free_space import check_free_space, folder_bytes
+    from .process_group import agreed
+
+    if plan.cost is None:
+        return
+    refusal = None
+    if this_launch().main:
+        needs = plan.cost.disk_bytes()
+        held = folder_bytes(top) if resume else 0.0
+        try:
+            check_free_space({"OUT": (out, needs["OUT"]),
+                              "the run folder": (top, max(0.0, needs["the run folder"] - held))})
+        except LadderizeError as exc:
+            refusal = str(exc)
+    refusal = agreed(refusal)
+    if refusal is not None:
+        raise LadderizeError(refusal)
 
 
 def whole_run_pace(stages: list[AdaptResult]) -> dict[str, Any] | None:

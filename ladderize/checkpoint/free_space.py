@@ -36,6 +36,14 @@ def free_bytes(path: Path | str) -> int:
     return shutil.disk_usage(nearest_existing(path)).free
 
 
+def folder_bytes(path: Path | str) -> float:
+    """The bytes of the files under ``path`` (0 where it does not exist)."""
+    root = Path(path)
+    if not root.is_dir():
+        return 0.0
+    return float(sum(file.stat().st_size for file in root.rglob("*") if file.is_file() and not file.is_symlink()))
+
+
 def check_free_space(needs: Mapping[str, tuple[Path | str, float]]) -> None:
     """Refuse in one line, before any work, where what the plan writes does not fit: ``needs`` maps what is written
     (``"OUT"``, ``"the run state"``) to (where, bytes); the bytes bound for one filesystem are summed, with
@@ -78,4 +86,4 @@ def disk_full_as_one_line(what: str, path: Path | str, kept: str = "") -> Iterat
                              ) from None
 
 
-__all__ = ["check_free_space", "disk_full_as_one_line", "free_bytes", "is_disk_full", "nearest_existing"]
+__all__ = ["check_free_space", "disk_full_as_one_line", "folder_bytes", "free_bytes", "is_disk_full", "nearest_existing"]

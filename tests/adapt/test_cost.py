@@ -225,3 +225,5 @@ def test_the_8b_dry_run_prices_each_stages_writes_in_their_dtypes(tmp_path, caps
     assert writes[0].startswith("writes: its checkpoint (float32) 29.9 GiB") and "teacher's states" not in writes[0]
     assert writes[1].startswith("writes: OUT (bfloat16) 15.0 GiB: about ") and f"at {DISK_BYTES_PER_S / 1e9:g} GB/s" in writes[1]
     assert "about 16s at" in writes[1]  # 16.06e9 bytes at 1 GB/s
+    # the free space each target needs: OUT, and the run folder (stage 1's checkpoint and one training state)
+    assert "  disk: free space needed, OUT 15.0 GiB, the run folder 68.9 GiB" in stdout, stdout

@@ -483,6 +483,14 @@ class RunPlan:
                 "stages": [asdict(stage) for stage in self.stages], "seconds": self.seconds, "fits": self.refusal is None,
                 "refusal": self.refusal, "assumed_mfu": {"joint": ASSUMED_MFU, "sequential": SEQUENTIAL_ASSUMED_MFU}}
 
+    def disk_bytes(self) -> dict[str, float]:
+        """The bytes the run writes, by target: OUT (the last stage's output), and the run folder (the earlier stages'
+        checkpoints, the teacher states sequential stages keep, and one training state, the largest)."""
+        earlier = sum(stage.output_bytes for stage in self.stages[:-1])
+        kept = sum(stage.teacher_state_bytes for stage in self.stages)
+        save = max((stage.save_bytes for stage in self.stages), default=0.0)
+        return {"OUT": self.stages[-1].output_bytes if self.stages else 0.0, "the run folder": earlier + kept + save}
+
     def lines(self) -> list[str]:
         from ...progress import format_duration
 
@@ -516,6 +524,9 @@ class RunPlan:
         if self.seconds is not None:
             out.append(f"  total: {format_duration(self.seconds)} on {self.launch.describe()} "
                        f"(at {ASSUMED_MFU:.0%} MFU for joint stages, {SEQUENTIAL_ASSUMED_MFU:.0%} for sequential ones)")
+        out.append("  disk: free space needed, " + ", ".join(f"{what} {gib(count)}" for what, count in
+                                                          self.disk_bytes().items())
+                   + " (OUT and the run folder on one disk: their sum; checked before a run starts)")
         out.append("  fits" if self.refusal is None else f"  does not fit: {self.refusal}")
         return out
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...checkpoint.atomic import replace_directory, write_file_atomic
+from ...checkpoint.free_space import disk_full_as_one_line
 from ...checkpoint.placement import this_launch
 from ...errors import LadderizeError
 from .. import process_group
@@ -47,7 +48,9 @@ def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Modu
     """Replace ``state_dir`` with a joint stage's training state: the trained parameters of ``module``, their optimizer
     state and ``extra``'s stateful objects (a loss scaler, the EMA's average: each one's ``state_dict``) in one torch
     distributed checkpoint, every process writing its own shards and a replicated tensor written once, beside
-    ``trainer_state.json`` (``payload``). The main process renames the folder only after every process has written."""
+    ``trainer_state.json`` (``payload``). The main process renames the folder only after every process has written.
+    A save that meets a full disk ends the run in one line (``free_space.disk_full_as_one_line``), its partial
+    folder removed and the previous save as it was."""
     import torch.distributed.checkpoint as dcp
 
     tmp = state_dir.parent / f".{state_dir.name}.tmp"
@@ -55,13 +58,21 @@ def save_joint_state(state_dir: Path, config: AdaptConfig, module: torch.nn.Modu
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     process_group.barrier()
-    with _one_process_quiet():
-        dcp.save({**_trained_state(module, optimizer), **(extra or {})}, checkpoint_id=str(tmp / DCP_DIR),
-                 no_dist=not process_group.running())
-    process_group.barrier()
-    if process_group.is_main():
-        write_trainer_state(tmp, config, payload)
-        replace_directory(tmp, state_dir)
+    kept = ("the previous save is kept, and --resume continues from it" if state_dir.exists() else
+            "no earlier save was kept")
+    try:
+        with disk_full_as_one_line("the training state", state_dir, kept):
+            with _one_process_quiet():
+                dcp.save({**_trained_state(module, optimizer), **(extra or {})}, checkpoint_id=str(tmp / DCP_DIR),
+                         no_dist=not process_group.running())
+            process_group.barrier()
+            if process_group.is_main():
+                write_trainer_state(tmp, config, payload)
+                replace_directory(tmp, state_dir)
+    except BaseException:  # a full disk, or an interrupt mid-write: the partial save goes, the previous one stays
+        if process_group.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     process_group.barrier()
 
 
