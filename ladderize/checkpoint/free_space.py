@@ -23,6 +23,11 @@ MARGIN_BYTES = 64 << 20  # configs, tokenizer, card, index and the filesystem's 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
+def size_text(count: float) -> str:
+    """Bytes on a disk line: GiB (``gib``), MiB below one GiB."""
+    return gib(count) if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
+
+
 def nearest_existing(path: Path | str) -> Path:
     """``path``, or its nearest ancestor that exists (where a folder to be made will land)."""
     anchor = Path(path).expanduser().absolute()
@@ -58,8 +63,8 @@ def check_free_space(needs: Mapping[str, tuple[Path | str, float]]) -> None:
         needed = total + MARGIN_BYTES
         available = free_bytes(anchor)
         if needed > available:
-            raise LadderizeError(f"not enough free space for {' and '.join(names)}: {gib(needed)} needed on the "
-                                 f"filesystem of {anchor}, {gib(available)} available; free space there or "
+            raise LadderizeError(f"not enough free space for {' and '.join(names)}: {size_text(needed)} needed on the "
+                                 f"filesystem of {anchor}, {size_text(available)} available; free space there or "
                                  "write to a larger disk")
 
 
@@ -81,7 +86,7 @@ def disk_full_as_one_line(what: str, path: Path | str, kept: str = "") -> Iterat
     except Exception as exc:
         if not is_disk_full(exc):
             raise
-        raise LadderizeError(f"disk full while writing {what} {path}: {gib(free_bytes(path))} free there"
+        raise LadderizeError(f"disk full while writing {what} {path}: {size_text(free_bytes(path))} free there"
                              + (f"; {kept}" if kept else "") + "; free space, then run the same command again"
                              ) from None
 
