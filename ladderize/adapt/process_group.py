@@ -125,6 +125,17 @@ def agreed(value: Any) -> Any:
     return holder[0]
 
 
+def on_every_process(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """Whether ``flag`` holds on every process of a launch (one all-reduce; ``flag`` itself in one process)."""
+    import torch.distributed as dist
+
+    if not this_launch().several:
+        return flag
+    held = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(held, op=dist.ReduceOp.MIN)
+    return bool(held.item())
+
+
 def sum_over_processes(tensors: list[torch.Tensor]) -> None:
     """Sum each tensor over the launched processes, in place (nothing in one process)."""
     import torch.distributed as dist

@@ -627,6 +627,9 @@ def _sequential_cost(config: Any, converted: list[int], planned: PlannedStage, l
     stage = StageCost(planned.number, planned.name, "sequential", rows * seq_len, tokens_per_step, steps_n, flops,
                       memory_bytes=memory, epochs=sum(shares.values()) / len(shares), groups=len(shares),
                       window=window, uneven=len(shares) * window != len(converted), tokens_trained=trained)
+    # a resume's save: the window's layers with AdamW (fp32), and the states entering the next window, the teacher's
+    # and the student's (two each: the residual and the stale one), every process its own rows (``sequential_run``)
+    stage.save_bytes = 12.0 * layer * window + 4 * shape.hidden_size * 4 * tokens
     if seconds is not None:
         gpus = min(launch.processes, batch)  # a step's batch is split over the processes
         stage.seconds = seconds

@@ -150,6 +150,9 @@ def layer_rows(num_sequences: int, layer: int, step: int, batch_size: int, seed:
     return torch.stack(rows)
 
 
+STATE_PARTS = ("residual", "stale")  # a state: the residual stream, and the one a ladder module reads one module late
+
+
 class StateCache:
     """The (teacher, student) states of the calibration set entering the current layer.
 
@@ -166,7 +169,8 @@ class StateCache:
 
     def __init__(self, teacher: LayerSource, data: torch.Tensor, first: int, store: StateStore | None = None,
                  device: torch.device | str = "cpu", precision: TrainingPrecision | None = None, held_out: int = 0,
-                 progress: Callable[[str, int, int], None] | None = None, launch: LaunchRank = LaunchRank()):
+                 progress: Callable[[str, int, int], None] | None = None, launch: LaunchRank = LaunchRank(),
+                 kept: dict[str, torch.Tensor] | None = None, at: int | None = None):
         self.progress = progress
         self._phase: tuple[str, int] | None = None  # (label, chunks in all) of the phase reported
         self._chunks = 0
@@ -183,6 +187,12 @@ class StateCache:
         self.device = torch.device(device)
         self.precision = precision
         self._kwargs: dict[int, dict] = {}
+        if kept is not None:  # the states a resumed run kept entering layer ``at`` (``kept_states``): nothing runs
+            self.layer = at
+            self.teacher_state = tuple(self._stored(kept[f"teacher_{part}"]) for part in STATE_PARTS)
+            self.student_state = tuple(self._stored(kept[f"student_{part}"]) for part in STATE_PARTS)
+            self.dtype = self.teacher_state[0].dtype
+            return
         self.layer = first
         self.phase(f"caching the teacher's states entering layer {first}", first + 1)  # the embedding, the layers below
         with torch.no_grad():
@@ -195,6 +205,19 @@ class StateCache:
         self.teacher_state = embeds
         self.student_state = embeds  # the layers below ``first`` are shared, frozen and identical
         self.phase(None)
+
+    def kept_states(self) -> dict[str, torch.Tensor]:
+        """Both state sets entering the current layer, and this process's tokens, by name (what a resume reads back
+        in place of computing them again: ``kept``)."""
+        states = {f"{who}_{part}": tensor for who, state in (("teacher", self.teacher_state), ("student", self.student_state))
+                  for part, tensor in zip(STATE_PARTS, state)}
+        return {**states, "input_ids": self.data}
+
+    def _stored(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` copied into the store (memory, pinned memory or a file, as the computed states would be)."""
+        held = self.store.empty(tuple(tensor.shape), tensor.dtype)
+        held.copy_(tensor)
+        return held
 
     def phase(self, label: str | None, passes: int = 0) -> None:
         """Report the chunks of the next ``passes`` passes over the data as ``label`` (``None``: report nothing)."""

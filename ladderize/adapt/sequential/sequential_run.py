@@ -36,8 +36,10 @@ process writes the teacher's states of its own sequences (``teacher_states.write
 later stage reads (``config.objective.teacher_state_rows``).
 
 Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
-(``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). A resumed run
-reads the finished layers from their files, recomputes the states through them, and trains the next
+(``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). After each finished window
+every process keeps its states entering the next one (``states-rankNNNNN.safetensors``). A resumed run reads the
+finished layers from their files and those states (where they are missing or of other sequences it recomputes them
+through the finished layers), and trains the next
 window from its start, or from its saved step with its saved weights and AdamW state: a layer's
 training (and refit) is a pure function of its input states, its weights and (layer, seed), so the
 result equals an uninterrupted run's bit for bit.
@@ -61,7 +63,7 @@ from ..train.compilation import compile_layers
 from ..plan.compile_policy import COMPILING, resolve_compile
 from ..plan.config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from ..train.output import layer_tensors, write_output, write_streamed_output, written_marker
-from ..process_group import barrier, written_by_main
+from ..process_group import barrier, on_every_process, written_by_main
 from ..train.training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
 from ...model.layout import format_layer_ranges
 from ...progress import counted
@@ -106,6 +108,34 @@ def partial_file(state_dir: Path, step: int, index: int | None = None) -> Path:
     """Where the training saved at ``step`` partway through a window keeps layer ``index``'s weights (``None``: the
     window's AdamW state). The step in the name keeps a save from overwriting the files the trainer state names."""
     return state_dir / f"partial-{step:08d}-{'optimizer' if index is None else f'layer-{index:05d}'}.safetensors"
+
+
+def kept_states_file(state_dir: Path, rank: int) -> Path:
+    """Where process ``rank`` keeps the states of its sequences entering the next layer to train, for a resume."""
+    return state_dir / f"states-rank{rank:05d}.safetensors"
+
+
+def _keep_states(state_dir: Path, rank: int, cache: StateCache) -> None:
+    """Write the states ``cache`` holds entering its current layer (``StateCache.kept_states``), atomically, replacing
+    those of the layer before: a resume reads them in place of the teacher's and the student's passes up to here."""
+    with atomic_file(kept_states_file(state_dir, rank)) as tmp:
+        save_safetensors({name: tensor.cpu() for name, tensor in cache.kept_states().items()}, tmp,
+                         metadata={"layer": str(cache.layer)})
+
+
+def _read_kept_states(state_dir: Path, rank: int, layer: int, tokens: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The states kept entering ``layer`` for this process's sequences ``tokens`` (None where none were kept there,
+    or they were of other sequences: the resume computes them again)."""
+    from ...checkpoint.tensor_files import open_safetensors
+
+    file = kept_states_file(state_dir, rank)
+    if not file.is_file():
+        return None
+    with open_safetensors(file) as handle:
+        if (handle.metadata() or {}).get("layer") != str(layer):
+            return None
+    kept = read_tensors(dict.fromkeys(tensor_names(file), file))
+    return kept if torch.equal(kept.pop("input_ids"), tokens) else None
 
 
 def _remove_partial(state_dir: Path, keep_step: int | None = None) -> None:
@@ -375,22 +405,28 @@ def _train_layers(
         if stopping() and info.step_in_layer < info.steps_per_layer:
             raise _Stop  # as a kill would; a layer's last step is saved first (below)
 
+    mine = data[owned_rows(launch, int(data.shape[0]))] if launch.several else data
+    kept = _read_kept_states(state_dir, launch.rank, done + 1, mine) if done >= first else None
+    kept = kept if on_every_process(kept is not None, device) else None  # every process reads, or every process computes
     how = (f"one {'layer' if config.sequential.window == 1 else 'window'} at a time from safetensors" if isinstance(student, StreamedLayers)
            else "student and teacher whole in memory")
     low, high = per_window[first], per_window[max(windows)]
     unit = "layer" if config.sequential.window == 1 else f"window of {counted(config.sequential.window, 'layer')}"
     steps = f"{counted(low, 'step')} per {unit}" if low == high else f"{low:,} steps at layer {first} to {high:,} at layer {max(windows)}"
     say(f"sequential: {counted(len(converted), 'layer')} ({format_layer_ranges(converted)}), {steps} ({how}, states in "
-        f"{store.where}); caching the states entering layer {first}")
+        f"{store.where})" + ("" if kept is not None else f"; caching the states entering layer {first}"))
     phase = on_phase if on_phase is not None and launch.main else None  # the states' chunks, from the first one
-    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase, launch=launch)
-    if done >= first:  # a resumed run moves the states through its finished layers first: two passes each
+    cache = StateCache(teacher, data, first, store, device, precision, held_out=held_out, progress=phase, launch=launch,
+                       kept=kept, at=done + 1)
+    if kept is not None:
+        say(f"the states entering layer {done + 1} are read from {state_dir}: no layer below it runs again")
+    elif done >= first:  # a resumed run moves the states through its finished layers first: two passes each
         cache.phase(f"recomputing the states through the finished layers {format_layer_ranges(list(range(first, done + 1)))}",
                     2 * (done + 1 - first))
-    if keep is not None:
+    if keep is not None and kept is None:  # (a resume that read its states wrote these in its first attempt)
         keep(ENTRY_FILE, {"residual": cache.teacher_state[0], "stale": cache.teacher_state[1]})
     try:
-        index = first
+        index = cache.layer
         while index <= last:
             group = windows[index] if index in windows and index > done else [index]  # a resume ends at a window's end
             with contextlib.ExitStack() as stack:  # the teacher's layers are given back before the student's are read
@@ -443,10 +479,13 @@ def _train_layers(
                 for i, layer, teacher_out in zip(group, layers, teacher_outs):
                     if i < last:
                         cache.advance(layer, teacher_out)
+                if group[-1] < last:
+                    _keep_states(state_dir, launch.rank, cache)
             del teacher_outs
             index = group[-1] + 1
     except _Stop:
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
+    kept_states_file(state_dir, launch.rank).unlink(missing_ok=True)  # the stage is done: no resume reads them
     train_s = time.perf_counter() - started
     pace = _pace(student.model.config, windows, per_window, launch.world, device)
     return AdaptResult(out, step, step * tokens_per_step, train_s, curve, resumed_from,
