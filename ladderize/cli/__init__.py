@@ -31,6 +31,9 @@ def main() -> None:
     SIGINT and SIGTERM raise ``Interrupted`` in every command, so ``finally`` blocks remove
     temp folders; the exit code is 130 (SIGINT) or 143 (SIGTERM), with one line saying so.
 
+    A process started as ``ladderize`` (every launched rank) enables ``faulthandler``: a death by SIGABRT, SIGSEGV or
+    SIGBUS prints every thread's Python stack to its stderr, so a rank's abort says where it was.
+
     Under a launcher (torchrun, accelerate launch) every process refuses alike, and the first process of each node
     (local rank 0: rank 0 on one node) alone prints the refusal (an ``error:`` line, a usage error or the interrupted
     line), so each node's log holds it once; the others exit with the same code in silence.
@@ -41,6 +44,10 @@ def main() -> None:
     from ..errors import Interrupted, LadderizeError, exit_now, ignore_late_signals, install_interrupt_handlers, restore_handlers
 
     entry = sys._getframe(1).f_globals.get("__name__") == "__main__"  # the process's entry point, not a caller in-process
+    if entry:  # a process that dies of SIGABRT, SIGSEGV or SIGBUS prints every thread's Python stack to its stderr
+        import faulthandler
+
+        faulthandler.enable(all_threads=True)
     if entry and "torch" not in sys.modules:  # a process `accelerate launch` started alone computes as one without it
         from ..checkpoint.placement import as_plain_process
 
