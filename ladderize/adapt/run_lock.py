@@ -1,4 +1,4 @@
-"""The run folder's lock: one live adapt run writes an OUT and its run folder at a time.
+"""OUT's lock: one live run (adapt, or convert) writes an OUT and its run folder at a time.
 
 ``OUT.adapt-run.lock`` (beside the run folder, ``RUN.lock`` for ``--run-dir RUN``) is taken before the run writes
 anything and removed when it ends, finished, refused, failed or interrupted. It holds the holder's process id, host
@@ -136,7 +136,7 @@ def holding_run(run_dir: Path, out: Path, say: Callable[[str], None] = lambda _m
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, left = _take(path)
         if fd is None:
-            refusal = (f"{out} is in use: an adapt run holds {path} ({describe_holder(left)}); wait for it to end, "
+            refusal = (f"{out} is in use: a ladderize run holds {path} ({describe_holder(left)}); wait for it to end, "
                        "or stop it")
         else:
             stale = left

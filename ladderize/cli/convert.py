@@ -38,7 +38,7 @@ def convert(
     The layout options name the layers to convert; with none, convert refuses (nothing written) unless --layout dense
     asks for an unconverted copy. A converted SRC keeps its own layout where none is given."""
     from ..convert.pipeline import check_auto_options
-    from ..checkpoint.atomic import check_output_free
+    from ..checkpoint.atomic import check_output_free, check_writable
 
     check_output_free(Path(out).expanduser().absolute(), force, inputs=[src, sensitivity])  # first: never a --force hint for OUT = SRC
     check_auto_options(ranges, budgets, sensitivity)
@@ -46,13 +46,17 @@ def convert(
     device, _ = opts.check_placement(device, dtype)
     if opts.check_source(src) == "local":  # before the heavy imports: a typo is one line at once
         opts.check_weights(src)  # truncated or corrupt weights too (their headers, as inspect reads them)
-    opts.check_output(out, "output")
+    check_writable(out, "output")  # a missing parent folder is made, as save_pretrained and mkdir -p do
     opts.check_layout_of_source(src, ranges, spd_tp, dense=layout is not None)
+    from ..adapt.plan.inputs import run_folder
+    from ..adapt.run_lock import holding_run
     from ..progress import Progress
 
     # a bar on a terminal; in a log, a line per interval, and a heartbeat while the libraries and the source load (no
-    # line before the first interval: a refusal, at load or at a tensor it reads, stays one line)
-    with Progress("convert", err_console, quiet_start=True) as progress:
+    # line before the first interval: a refusal, at load or at a tensor it reads, stays one line); OUT's lock (the
+    # one adapt takes) refuses a second run into it at once
+    absolute = Path(out).expanduser().absolute()
+    with holding_run(run_folder(absolute), absolute), Progress("convert", err_console, quiet_start=True) as progress:
         from ..convert.pipeline import convert_layout
 
         converted = convert_layout(

@@ -52,11 +52,12 @@ def test_argument_errors_come_before_torch(tmp_path: Path) -> None:
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     exists.mkdir()
+    (tmp_path / "file").write_text("a file where OUT's folder would be")
     cases = [  # (command line, a fragment of its one error line)
         (["convert", ckpt, tmp_path / "o", "--ladder", "abc"], "abc"),
         (["convert", ckpt, tmp_path / "o", "--spd", "0:2", "--spd-tp", "5"], "does not divide"),
         (["convert", ckpt, exists], "already exists"),
-        (["convert", ckpt, tmp_path / "missing" / "o"], f"folder {tmp_path / 'missing'} does not exist"),
+        (["convert", ckpt, tmp_path / "file" / "o"], "is not a directory"),
         (["generate", ckpt, "--prompt", "hi", "--schedule", "fast"], "fast"),
         (["generate", ckpt, "--prompt", ""], "the prompt is empty"),
         (["generate", ckpt, "--prompt", "hi", "--tp", "2", "--device", "cpu"], "--oversubscribe"),
