@@ -25,7 +25,8 @@ from .plan.inputs import PLAN_FILE, STATE_DIR, check_resumable, run_folder
 from .plan.adapt_plan import AdaptPlan, build_plan
 from .request import AdaptRequest, RunReports
 
-__all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "dry_run", "plan_adapt", "whole_run_pace"]
+__all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "check_request", "dry_run", "plan_adapt",
+           "whole_run_pace"]
 
 
 def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
@@ -64,6 +65,32 @@ def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", 
         was = "without --budget" if started is None else f"with --budget {started}"
         raise LadderizeError(f"cannot resume {top}: the run was planned {was}; run the same command again with --resume, "
                              "or --force to start over")
+
+
+def check_request(request: AdaptRequest) -> None:
+    """The choices of ``request`` checked from its flags and the checkpoint's config alone, without torch (one line
+    per mistake, in about a second): flags that do not go together, stage names and settings, fp16 where no CUDA GPU
+    can be, and the teacher's folder where a stage reads one. ``build_plan`` checks the same again, with the rest."""
+    from .plan.adapt_plan import _check_choice
+    from .plan.config import check_fp16_device, check_settings, needs_teacher, stage_config
+    from .plan.inputs import resolve_teacher
+    from .plan.planned_stage import PlannedStage
+    from .plan.stages import SINGLE_STAGE_FLAGS, chosen_recipe, resolve_stages
+
+    single, shared = request.single(), request.shared()
+    _check_choice(single, request.recipe, list(request.stages) or None, request.budget, SINGLE_STAGE_FLAGS)
+    if single:
+        configs = [stage_config({**shared, **single})]
+    else:
+        steps = resolve_stages(chosen_recipe(request.recipe, list(request.stages) or None), str(request.checkpoint),
+                               shared)
+        configs = [PlannedStage.from_step(step).resolved for step in steps]
+    teacher = False
+    for config in configs:
+        teacher = needs_teacher(config, check_settings(config)) or teacher
+        check_fp16_device(config, known_without_torch=True)
+    if teacher:  # the dense teacher a stage reads: --teacher, or the source the provenance names, is here
+        resolve_teacher(str(request.checkpoint), request.teacher)
 
 
 @dataclass

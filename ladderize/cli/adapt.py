@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, dry_run
+from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, check_request, dry_run
 from ..adapt.plan.strategies import shard_choices
 from . import options as opts
 from . import render
@@ -142,6 +142,7 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     check_input_checkpoint(ckpt)  # converted layers to adapt
     if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
         check_resumable(ckpt, out, run_dir, single=bool(request.single()))
+    check_request(request)  # stages, settings, flags that go together and the teacher's folder, before torch
     check_data(request.data)
     from ..progress import Progress
 

@@ -13,26 +13,6 @@ from ..model import LadderLlamaConfig, LadderLlamaForCausalLM
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
-def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
-    """The dense teacher: ``--teacher`` or the source recorded in the checkpoint's provenance."""
-    from ..checkpoint.io import read_provenance
-
-    if teacher is None:
-        source = (read_provenance(checkpoint).get("source") or {}).get("path")
-        if not source:
-            raise LadderizeError(f"{checkpoint} records no dense source in its provenance; pass --teacher SRC")
-        teacher = source
-    path = Path(teacher).expanduser()
-    if path.is_file():
-        raise LadderizeError(
-            f"teacher {teacher} is a file, not a checkpoint directory; convert it with 'ladderize convert' "
-            "or pass --teacher with a dense checkpoint directory"
-        )
-    if not path.is_dir():
-        raise LadderizeError(f"teacher checkpoint {teacher} not found; pass --teacher with a dense checkpoint directory")
-    return teacher
-
-
 def check_teacher(path: str, teacher_config: LadderLlamaConfig, student_config: LadderLlamaConfig) -> None:
     """Refuse a teacher that is not dense or whose shape differs from the student's (one line)."""
     if teacher_config.layout.converted_layers:

@@ -61,7 +61,7 @@ def test_the_fingerprint_is_the_flat_fields():
 # one bad value per section: refused by that section's check alone, with check_settings's message
 MISTAKES = [
     (ObjectiveSettings, {"objectives": "bogus"}, "bogus"),
-    (ObjectiveSettings, {"local_inputs": "zz"}, "--local-inputs must be one of"),
+    (ObjectiveSettings, {"local_inputs": "zz"}, "must be one of"),
     (ObjectiveSettings, {"kd_divergence": "x"}, "unknown kd divergence 'x'"),
     (ObjectiveSettings, {"kd_top_k": -1}, "kd_top_k must be 0"),
     (ObjectiveSettings, {"kd_top_k": 5, "kd_divergence": "reverse"}, "does not apply to the reverse divergence"),

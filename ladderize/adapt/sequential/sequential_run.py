@@ -73,7 +73,8 @@ from ..plan.sequential_schedule import layer_windows, state_copies, window_epoch
 from .least_squares import refit_output_projections
 from .state_store import StateStore
 from .layer_source import ResidentLayers, StreamedLayers, same_prefix
-from ...convert.teacher import check_teacher, load_teacher, resolve_teacher
+from ...convert.teacher import check_teacher, load_teacher
+from ..plan.inputs import resolve_teacher
 from ..train.teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)

@@ -22,7 +22,8 @@ import torch
 from ...errors import LadderizeError
 from .. import process_group
 from ...model import LadderLlamaForCausalLM
-from ...convert.teacher import load_teacher, resolve_teacher
+from ...convert.teacher import load_teacher
+from ..plan.inputs import resolve_teacher
 from .compilation import compile_layers, recompute_activations
 from ..plan.compile_policy import COMPILING, resolve_compile
 from ..plan.config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher

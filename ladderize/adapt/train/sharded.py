@@ -76,7 +76,8 @@ class ShardedRun:
         """Build student and teacher without weights, shard each decoder layer, then read this rank's rows; the
         frozen parts both checkpoints hold identical are kept once, the teacher's."""
         from ...checkpoint.io import load_config
-        from ...convert.teacher import check_teacher, resolve_teacher
+        from ...convert.teacher import check_teacher
+        from ..plan.inputs import resolve_teacher
 
         config, weights, checkpoint, device, compute = self.config, self.weights, self.checkpoint, self.device, self.compute
         objective = config.objective

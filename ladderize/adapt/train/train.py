@@ -106,7 +106,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     (``check_input``), and that the teacher the training needs resolves from it. Returns the objective weights.
     """
     from ...corpus.token_store import check_data
-    from ...convert.teacher import resolve_teacher
+    from ..plan.inputs import resolve_teacher
 
     weights = validate_config(config)
     if config.sequential.local_schedule != "sequential":
