@@ -142,8 +142,8 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     check_input_checkpoint(ckpt)  # converted layers to adapt
     if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
         check_resumable(ckpt, out, run_dir, single=bool(request.single()))
-    check_request(request)  # stages, settings, flags that go together and the teacher's folder, before torch
     check_data(request.data)
+    check_request(request)  # stages, settings, flags that go together and the teacher's folder, before torch
     from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, this_launch

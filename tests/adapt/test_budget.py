@@ -369,3 +369,21 @@ def test_a_sequential_stage_is_counted_at_the_epochs_it_trains():
     left = typed({"objectives": "local", "local_schedule": "sequential", "tokens": 1000})
     assert left.resolved.sequential.epochs == default != 1
     assert recipe_cost([left]) == 1000 * default == recipe_cost(typed([{**left.step, "epochs": default}]))
+
+
+def test_a_wall_budget_below_the_runs_fixed_costs_is_refused_before_the_pace_is_timed(ladder_dir, text_file, tmp_path):
+    """``--budget 1s``: the command has spent more than that starting (imports, data) before it would time the
+    device, so it is refused then, in one line naming a budget that holds the fixed costs; no pace is timed."""
+    import subprocess
+    import sys
+
+    from tests.adapt.test_sharded import _env
+
+    done = subprocess.run([sys.executable, "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "out"),
+                           "--data", str(text_file), "--budget", "1s", "--device", "cpu"], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    assert "shorter than what the run spends before it trains" in errors[0] and "give at least --budget" in errors[0]
+    assert "timing this device's pace" not in done.stdout + done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.adapt-run").exists()

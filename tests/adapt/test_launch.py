@@ -92,7 +92,7 @@ def test_torchrun_prints_the_plan_and_the_summary_once(ladder_dir, text_file, tm
     env = _env(tmp_path)
     command = [*_torchrun(2), "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data",
                str(text_file), "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32",
-               "--no-compile", "--budget", "3s", "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
+               "--no-compile", "--budget", "30s", "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, launch_failure(done.stderr)
     lines = [line for line in (done.stdout + done.stderr).splitlines()

@@ -37,9 +37,9 @@ def test_a_token_budget_run_stopped_under_torchrun_resumes_bit_identical(ladder_
 
 
 def test_a_wall_budget_run_stopped_under_torchrun_resumes_from_the_saved_plan(ladder_dir, text_file, tmp_path):
-    """A wall budget (``--budget 20s``) stopped by ``--max-steps`` resumes under the launcher from the saved step and
+    """A wall budget (``--budget 30s``) stopped by ``--max-steps`` resumes under the launcher from the saved step and
     with the plan its first attempt recorded (no pace timed again)."""
-    budget = ["--budget", "20s"]
+    budget = ["--budget", "30s"]
     _adapt(2, ladder_dir, tmp_path / "cut", text_file, tmp_path, *budget, "--max-steps", "1")
     plan = (tmp_path / "cut.adapt-run" / "recipe.json").read_text()
     done = _adapt(2, ladder_dir, tmp_path / "cut", text_file, tmp_path, *budget, "--resume")

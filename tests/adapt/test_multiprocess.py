@@ -105,7 +105,7 @@ def test_two_processes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp_
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
               "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
-              "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--budget", "4s", "--keep-state",
+              "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--budget", "30s", "--keep-state",
               "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"]
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, launch_failure(done.stderr)

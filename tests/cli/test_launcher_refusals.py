@@ -62,8 +62,13 @@ def test_torchrun_refusal_after_the_process_group_started_is_one_line(checkpoint
     """A refusal every rank reaches once the launch's process group runs (a batch of 3 does not divide over 2
     processes): one ``error:`` line, every rank exits 2, and the launcher's SIGTERM to the waiting rank ends it
     quietly."""
+    from ladderize.convert.conversion import convert_checkpoint
+    from tests.runtime.runtime_helpers import save_char_tokenizer
+
+    save_char_tokenizer(checkpoint)
+    ladder = convert_checkpoint(str(checkpoint), tmp_path / "ladder", ladder="2:4")
     (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 400)
-    done = _run([*_torchrun(2), "-m", "ladderize.cli", "adapt", str(checkpoint), str(tmp_path / "out"), "--stage",
+    done = _run([*_torchrun(2), "-m", "ladderize.cli", "adapt", str(ladder), str(tmp_path / "out"), "--stage",
                  "kd:tokens=1024", "--batch-size", "3", "--seq-len", "32", "--data", str(tmp_path / "text.txt"),
                  "--device", "cpu"], tmp_path)
     output = done.stdout + done.stderr
@@ -71,5 +76,5 @@ def test_torchrun_refusal_after_the_process_group_started_is_one_line(checkpoint
     assert done.returncode != 0
     assert len(errors) == 1, output
     assert not _ladderize_frames(output), output
-    assert "Interrupted" not in output and "exitcode  : 1" not in output, output
+    assert "Interrupted" not in output and "exitcode  : 1 " not in output, output  # 2, or 143 where SIGTERM came first
     assert not (tmp_path / "out").exists()

@@ -212,7 +212,7 @@ def test_two_nccl_nodes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp
     from tests.gpu.test_nccl_gpu import two_nodes
 
     logs = two_nodes(["-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), "--data", str(text_file),
-                      "--seq-len", "32", "--batch-size", "2", "--device", "cuda", "--budget", "4s", "--keep-state",
+                      "--seq-len", "32", "--batch-size", "2", "--device", "cuda", "--budget", "30s", "--keep-state",
                       "--stage", "seq-local:tokens=128,epochs=1", "--stage", "kd:tokens=64"], tmp_path / "logs", timeout_s=240)
     record = json.loads((tmp_path / "two.adapt-run" / "recipe.json").read_text())
     entry, = record["budget"]["replanned"]

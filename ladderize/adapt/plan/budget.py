@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...errors import LadderizeError
@@ -225,9 +226,14 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
     key = pacing.pace_key(checkpoint, seq_len=settings.training.seq_len, batch_size=settings.training.batch_size, device=resolved,
                           dtype=settings.parallelism.dtype, mixed_precision=(settings.parallelism.mixed_precision if first.sets("mixed_precision") else None), compile=settings.parallelism.compile,
                           processes=processes, grad_accum=settings.training.grad_accum)
-    # the main process's load and kept pace decide for every process, which then times (or not) with the others
+    # the main process's load, kept pace and fixed costs decide for every process, which then times (or not) with
+    # the others
+    main = this_launch().main
+    fixed = fixed_costs_refusal(budget, checkpoint, began) if main else None
     now = pacing.machine_load()
-    now, kept = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if this_launch().main else None))
+    now, kept, fixed = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if main else None, fixed))
+    if fixed is not None:
+        raise LadderizeError(fixed)
     pace, when = kept, KEPT
 
     def timed_now(line: str) -> Pace:
@@ -311,6 +317,26 @@ def floor_budget(seconds: float) -> str:
     (``_check_floor``: the smallest run no longer than the budget), and by a pace up to ``FLOOR_MARGIN`` slower."""
     least = FLOOR_MARGIN * seconds
     return f"{math.ceil(least / 60 - 1e-9)}m" if least >= 60 else f"{max(1, math.ceil(least - 1e-9))}s"
+
+
+def fixed_costs_refusal(budget: Budget, checkpoint: str, began: float | None) -> str | None:
+    """Why a wall ``budget`` cannot hold the run's fixed costs, known before any timing (None where it can): the
+    seconds the command has spent starting (``began``: imports, the data) and reading the student's and the teacher's
+    weights at ``cost.DISK_BYTES_PER_S``."""
+    import time
+
+    from .cost import DISK_BYTES_PER_S
+
+    if budget.seconds is None:
+        return None
+    spent = 0.0 if began is None else time.perf_counter() - began
+    weights = sum(file.stat().st_size for file in Path(checkpoint).glob("*.safetensors"))
+    fixed = spent + 2 * weights / DISK_BYTES_PER_S
+    if fixed < budget.seconds:
+        return None
+    return (f"--budget {budget.text}: shorter than what the run spends before it trains ({duration(spent)} to start, "
+            f"about {duration(2 * weights / DISK_BYTES_PER_S)} to read the student's and the teacher's weights), before "
+            f"this device's pace is timed; give at least --budget {floor_budget(fixed + 10)}")
 
 
 def _floor_seconds(pace: Pace, stages: Sequence[PlannedStage], held: int | None = None) -> float:
