@@ -106,6 +106,7 @@ class ProgressLine:
         self._last_tokens: int | None = None
         self._first: tuple[float, int] | None = None  # (elapsed, done) at the first line of the current count
         self._last_done = 0
+        self._said_final: float | None = None  # the count whose finished line was printed (not printed twice)
 
     def update(
         self,
@@ -128,10 +129,12 @@ class ProgressLine:
             due = not self.quiet_start or now - self.started >= self.interval
         else:
             due = now - self._last_time >= self.interval
-        if not (due or final or force):
-            return None
         # a count that went down started over (the next stage of a recipe)
         restarted = done < self._last_done or (tokens is not None and self._last_tokens is not None and tokens < self._last_tokens)
+        repeated = final and self._said_final == done and not restarted  # the finished count's line, said already
+        if not (due or final or force) or (repeated and not force):
+            return None
+        self._said_final = done if final else None
         if restarted and tokens is not None and tokens_per_s is None and now > self._last_time:
             tokens_per_s = tokens / (now - self._last_time)  # a new count, begun after the previous line
         elif tokens is not None and self._last_tokens is not None and now > self._last_time and not restarted:

@@ -276,9 +276,9 @@ def architecture_for(config: dict[str, Any]) -> Architecture:
     model_type = config.get("model_type")
     arch = ARCHITECTURES.get(model_type or "")
     if arch is None:
-        names = ", ".join(
-            f"{a.name} ({a.model_type})" for a in ARCHITECTURES.values() if a.model_type != "ladder_llama"
-        )
+        names = ", ".join(f"{a.name} ({a.model_type})" for a in ARCHITECTURES.values()
+                          if a.model_type not in ("ladder_llama", "llamaLadder"))
+        names += ", and the Ladder authors' hybrid checkpoints (model_type 'llamaLadder')"
         declared = ",".join(config.get("architectures") or []) or model_type or "unknown"
         raise LadderizeError(
             f"unsupported architecture {declared!r} (model_type {model_type!r}); ladderize reads {names}"

@@ -151,7 +151,7 @@ def evaluate_lm(
         manager = TaskManager(include_path=str(include) if include else None)
         check_task_names(plan, manager.all_tasks)
         loaded = _load_tasks(manager, plan.names)
-        with bootstrap_in_process(), quiet_git_probe():
+        with bootstrap_in_process(), quiet_git_probe(), quiet_prints():
             output = simple_evaluate(
                 model=lm,
                 tasks=loaded,
@@ -193,6 +193,21 @@ def quiet_git_probe() -> Iterator[None]:
         yield
     finally:
         evaluator.get_git_commit_hash = original
+
+
+@contextmanager
+def quiet_prints() -> Iterator[None]:
+    """lm-eval's own ``print`` lines (``bootstrapping for stddev: ...``) kept off stdout while its loggers are quiet
+    (``cli.options.quiet_libraries``, the default; ``--verbose`` shows them)."""
+    import contextlib
+    import io
+    import logging
+
+    if logging.getLogger("lm_eval").getEffectiveLevel() < logging.ERROR:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 @contextmanager
