@@ -387,3 +387,33 @@ def test_a_wall_budget_below_the_runs_fixed_costs_is_refused_before_the_pace_is_
     assert "shorter than what the run spends before it trains" in errors[0] and "give at least --budget" in errors[0]
     assert "timing this device's pace" not in done.stdout + done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.adapt-run").exists()
+
+
+def test_the_sequential_stage_regrows_its_layers_when_it_runs_faster_again(ladder_dir, text_file, tmp_path, monkeypatch):
+    """A deadline that shortened the layers left (a slow start) gives them back their planned steps, never more,
+    once the pace allows: the fit reads each window's plan, not the steps a slower moment left it."""
+    import time
+
+    from ladderize.adapt.plan import stage_clock
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.train import deadline as deadline_module
+    from ladderize.adapt.train.train import adapt
+
+    asked = []
+
+    def fit(planned, left_s, spent_s, steps_done):  # behind at the first layer, on time after it
+        asked.append(dict(planned))
+        return dict.fromkeys(planned, 1) if len(asked) == 1 else stage_clock.fit_steps(planned, 1e9, 1.0, 1)
+
+    monkeypatch.setattr(deadline_module, "fit_steps", fit)
+    config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file),
+                                   objectives="local", local_schedule="sequential", tokens=32 * 8, seq_len=32,
+                                   batch_size=2, epochs=2.0, dtype="float32", device="cpu", compile=False)
+    messages = []
+    result = adapt(config, deadline=time.perf_counter() + 3600, on_message=messages.append)
+    steps = {}
+    for record in result.curve:
+        steps[record["layer"]] = steps.get(record["layer"], 0) + 1
+    assert asked[1] == {3: 8}  # the second layer's fit reads its plan (8 steps), not the 1 the first fit left it
+    assert steps == {2: 1, 3: 8}, steps
+    assert any("runs faster now" in line and "at most the 8 planned" in line for line in messages), messages

@@ -334,6 +334,7 @@ def _train_layers(
             shutil.rmtree(state_dir, ignore_errors=True)  # layer files of a run that never finished a layer, or of a forced restart
         barrier()
     resumed_from = step
+    planned_windows = dict(per_window)  # this attempt's plan: a window the deadline shortened regrows up to it
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
     clock = SaveClock(config, say)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
@@ -369,9 +370,10 @@ def _train_layers(
         return True
 
     def fit_windows(start: int) -> None:
-        """Shorten the windows from ``start`` on, in proportion, to the time left before ``deadline`` at the pace
-        this attempt's steps so far ran (every second since its first window's training began, the next windows'
-        states and the layer files included)."""
+        """Fit the windows from ``start`` on, in proportion, to the time left before ``deadline`` at the pace this
+        attempt's steps so far ran (every second since its first window's training began, the next windows' states
+        and the layer files included): shortened where the stage runs behind, grown back up to their planned steps
+        (``planned_windows``, never past them) where the later windows run faster than the first did."""
         nonlocal total_steps
         if ends.at is None:
             return
@@ -382,13 +384,17 @@ def _train_layers(
         if attempt["said"]:
             fitted = dict.fromkeys(left, 1)
         else:
-            fitted = ends.fitted({w: per_window[w] for w in left}, time.perf_counter() - attempt["first"],
+            fitted = ends.fitted({w: planned_windows[w] for w in left}, time.perf_counter() - attempt["first"],
                                  step - attempt["steps"])
         if fitted != {w: per_window[w] for w in left}:
-            if not attempt["said"] and sum(fitted.values()) < sum(per_window[w] for w in left):
-                unit = 'window' if config.sequential.window > 1 else 'layer'
+            unit = 'window' if config.sequential.window > 1 else 'layer'
+            now, then = sum(fitted.values()), sum(per_window[w] for w in left)
+            if not attempt["said"] and now < then:
                 say(f"budget: the sequential stage runs behind its plan: the {counted(len(left), unit)} "
-                    f"left train {sum(fitted.values()):,} steps instead of {sum(per_window[w] for w in left):,}, to end by its planned time")
+                    f"left train {now:,} steps instead of {then:,}, to end by its planned time")
+            elif not attempt["said"] and now > then:
+                say(f"budget: the sequential stage runs faster now: the {counted(len(left), unit)} left train {now:,} "
+                    f"steps instead of {then:,} (at most the {sum(planned_windows[w] for w in left):,} planned)")
             per_window.update(fitted)
             total_steps = sum(per_window.values())
 
