@@ -159,7 +159,7 @@ def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, mon
     base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file]
     for extra, message in ((["--budget", "30x"], "--budget '30x': give wall time"),
                            (["--budget", "1M", "--tokens", "64"], "a single stage takes --tokens instead"),
-                           (["--budget", "0.001s", "--seq-len", "32"], "too short for this recipe on cpu")):
+                           (["--budget", "0.001s", "--seq-len", "32"], "shorter than what the run spends before it trains")):
         code, _, stderr = run_cli([*base, *extra], capsys, monkeypatch)
         errors = [line for line in error_lines(stderr) if "timing this device's pace" not in line]  # (what it did)
         assert code == 2 and len(errors) == 1 and errors[0].startswith("error: ") and message in stderr, stderr
@@ -206,6 +206,7 @@ def test_a_pace_timed_before_refuses_a_short_wall_budget_before_anything_is_time
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # the same load both times: the kept pace's refusal stands
+    monkeypatch.setattr(budgets, "fixed_costs_refusal", lambda *_args: None)  # the pace's floor alone (its own test)
     args = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--budget", "0.001s", "--seq-len", "32"]
     code, stdout, stderr = run_cli(args, capsys, monkeypatch)  # the first time: timed, said so, refused, kept
     assert code == 2 and "timing this device's pace" in stdout + stderr
@@ -329,8 +330,11 @@ def test_a_refused_wall_budget_names_a_floor_that_runs_and_a_run_keeps_its_budge
 
     from ladderize.adapt.train import pace as pacing
 
+    from ladderize.adapt.plan import budget as budgets
+
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.0)  # one load band: the second run reads the kept pace
+    monkeypatch.setattr(budgets, "fixed_costs_refusal", lambda *_args: None)  # the pace's floor alone (its own test)
     base = ["adapt", ladder_dir, tmp_path / "o", "--data", text_file, "--seq-len", 32, "--force"]
     code, stdout, stderr = run_cli([*base, "--budget", "0.001s"], capsys, monkeypatch)
     assert code == 2 and "(by the pace timed now)" in stderr, stderr

@@ -14,13 +14,14 @@ import psutil
 from tests.adapt.test_multiprocess import launch_failure
 from tests.adapt.test_sharded import _env, _torchrun
 
-ARGS = ["--objective", "kd", "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32",
+ARGS = ["--stage", "kd", "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32",
         "--no-compile", "--save-every", "1"]
 
 
 def _command(checkpoint: Path, out: Path, text: Path, tokens: int, *extra: str) -> list[str]:
+    """kd under ``torchrun --nproc_per_node 2``, sized by a token budget of ``tokens``."""
     return [*_torchrun(2), "-m", "ladderize.cli", "adapt", str(checkpoint), str(out), "--data", str(text), *ARGS,
-            "--tokens", str(tokens), *extra]
+            "--budget", str(tokens), *extra]
 
 
 def _rank(launcher: subprocess.Popen, rank: int, timeout: float = 120) -> psutil.Process:

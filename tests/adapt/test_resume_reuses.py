@@ -14,6 +14,13 @@ def _args(ladder_dir, text_file, out, *extra):
             *extra]
 
 
+def _stopped_beside_a_whole_run(ladder_dir, text_file, tmp_path, capsys, monkeypatch, max_steps: int) -> None:
+    """An uninterrupted run into ``whole``, and the same stopped at ``max_steps`` into ``cut``."""
+    for out, extra in (("whole", ()), ("cut", ("--max-steps", str(max_steps)))):
+        code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / out, *extra), capsys, monkeypatch)
+        assert code == 0, err
+
+
 def _counting_reads(monkeypatch) -> Counter:
     """Count the teacher's layers and embedding read by the sequential stage (streamed layer sources), by index."""
     reads: Counter = Counter()
@@ -36,10 +43,7 @@ def test_a_resume_in_the_sequential_stage_reads_the_states_it_kept(ladder_dir, d
                                                                      monkeypatch):
     """Stopped in layer 3 (of ladder 2:4) after layer 2 finished: the resume runs no teacher layer below 3 and not
     the embedding (the states entering layer 3 are read), and OUT equals an uninterrupted run's byte for byte."""
-    code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "whole"), capsys, monkeypatch)
-    assert code == 0, err
-    code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "cut", "--max-steps", "6"), capsys, monkeypatch)
-    assert code == 0, err
+    _stopped_beside_a_whole_run(ladder_dir, text_file, tmp_path, capsys, monkeypatch, 6)
     reads = _counting_reads(monkeypatch)
     code, out, err = run_cli(_args(ladder_dir, text_file, tmp_path / "cut", "--resume"), capsys, monkeypatch)
     assert code == 0, err
@@ -54,10 +58,7 @@ def test_a_resume_in_the_second_stage_runs_no_teacher_for_stored_states(ladder_d
                                                                          monkeypatch):
     """Stopped in the kd stage: the resume reuses the finished sequential stage (no layer of it read) and reads the
     teacher's states it stored, and ends byte-identical to an uninterrupted run."""
-    code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "whole"), capsys, monkeypatch)
-    assert code == 0, err
-    code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "cut", "--max-steps", "10"), capsys, monkeypatch)
-    assert code == 0, err
+    _stopped_beside_a_whole_run(ladder_dir, text_file, tmp_path, capsys, monkeypatch, 10)
     reads = _counting_reads(monkeypatch)
     code, out, err = run_cli(_args(ladder_dir, text_file, tmp_path / "cut", "--resume"), capsys, monkeypatch)
     assert code == 0, err

@@ -336,7 +336,7 @@ def fixed_costs_refusal(budget: Budget, checkpoint: str, began: float | None) ->
         return None
     return (f"--budget {budget.text}: shorter than what the run spends before it trains ({duration(spent)} to start, "
             f"about {duration(2 * weights / DISK_BYTES_PER_S)} to read the student's and the teacher's weights), before "
-            f"this device's pace is timed; give at least --budget {floor_budget(fixed + 10)}")
+            f"this device's pace is timed; give at least --budget {floor_budget(fixed)}")
 
 
 def _floor_seconds(pace: Pace, stages: Sequence[PlannedStage], held: int | None = None) -> float:
