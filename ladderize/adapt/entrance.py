@@ -32,9 +32,8 @@ __all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "check_
 def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
     """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
     attempt recorded in ``RUN/recipe.json``, read by the main process alone and agreed by every process of a launch."""
-    from .train.pace import measure_launch
-
     from .process_group import agreed
+    from .train.pace import measure_launch
 
     top = run_folder(request.out, request.run_dir)
     saved, refusal = None, None
