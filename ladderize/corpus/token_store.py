@@ -26,7 +26,6 @@ pieces only, so the ids are the same); a tokenizer that adds a word-start marker
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import itertools
 import json
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint.free_space import is_disk_full
 from ..errors import LadderizeError, one_line
 from ..checkpoint.atomic import write_file_atomic
 from ..paths import cache_path
@@ -396,7 +396,7 @@ def _build(spec: str, tokenizer, path: Path, meta: StoreMeta | None, min_tokens:
     except OSError as exc:
         committed = read_meta(path)
         kept = f"{committed.tokens:,} tokens committed, kept" if committed is not None else "nothing committed"
-        if exc.errno == errno.ENOSPC:
+        if is_disk_full(exc):
             raise LadderizeError(f"disk full while writing the token store {path} ({kept}): free space or set "
                                  f"{ROOT_ENV} to a larger disk, then run again to continue") from None
         raise LadderizeError(f"cannot write the token store {path} ({kept}): {one_line(exc)}") from None
