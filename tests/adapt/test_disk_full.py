@@ -55,3 +55,36 @@ def test_a_save_that_meets_a_full_disk_keeps_the_previous_one_and_the_resume_end
     assert code == 0, err
     assert "resumed from step 2" in out + err
     assert (tmp_path / "cut" / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
+
+
+def test_a_sequential_layer_save_that_meets_a_full_disk_is_one_line_and_the_resume_goes_on(
+        ladder_dir, text_file, tmp_path, capsys, monkeypatch):
+    """The sequential stage's layer files meet the same rule: one line, the layers saved before kept, and
+    ``--resume`` ends byte-identical to an uninterrupted run."""
+    from ladderize.adapt.sequential import sequential_run
+
+    args = ["adapt", ladder_dir, None, "--data", text_file, "--stage", "seq-local:tokens=256,epochs=1", "--seq-len",
+            "32", "--batch-size", "2", "--device", "cpu", "--dtype", "float32", "--no-compile"]
+
+    def run(out, *extra):
+        return run_cli([tmp_path / out if item is None else item for item in args] + list(extra), capsys, monkeypatch)
+
+    code, _, err = run("whole")
+    assert code == 0, err
+    real, calls = sequential_run.save_safetensors, []
+
+    def full_at_the_second(*given, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*given, **kwargs)
+
+    monkeypatch.setattr(sequential_run, "save_safetensors", full_at_the_second)
+    code, _, err = run("cut")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "disk full while writing the training state" in errors[0], err
+    assert "the layers saved before it are kept" in errors[0] and "Traceback" not in err
+    monkeypatch.setattr(sequential_run, "save_safetensors", real)
+    code, _, err = run("cut", "--resume")
+    assert code == 0, err
+    assert (tmp_path / "cut" / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()

@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 
 from ...checkpoint.atomic import atomic_file
+from ...checkpoint.free_space import disk_full_as_one_line
 from ...checkpoint.placement import LaunchRank, TrainingPrecision
 from ...checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
 from ...errors import LadderizeError, holding_interrupts
@@ -77,6 +78,7 @@ from ...convert.teacher import check_teacher, load_teacher
 from ..plan.inputs import resolve_teacher
 from ..train.teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
+SAVED_LAYERS_KEPT = "the layers saved before it are kept, and --resume continues from them"
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
 STATE_FRACTION = 0.5  # of the device's free memory the states may take (the rest: the layer, AdamW, activations)
 
@@ -119,7 +121,8 @@ def kept_states_file(state_dir: Path, rank: int) -> Path:
 def _keep_states(state_dir: Path, rank: int, cache: StateCache) -> None:
     """Write the states ``cache`` holds entering its current layer (``StateCache.kept_states``), atomically, replacing
     those of the layer before: a resume reads them in place of the teacher's and the student's passes up to here."""
-    with atomic_file(kept_states_file(state_dir, rank)) as tmp:
+    file = kept_states_file(state_dir, rank)
+    with disk_full_as_one_line("the training state", file, SAVED_LAYERS_KEPT), atomic_file(file) as tmp:
         save_safetensors({name: tensor.cpu() for name, tensor in cache.kept_states().items()}, tmp,
                          metadata={"layer": str(cache.layer)})
 
@@ -519,7 +522,7 @@ def _save_layer(state_dir: Path, index: int, layer: torch.nn.Module) -> None:
 def _save_tensors(file: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Write ``tensors`` (host copies) to a safetensors ``file``, atomically."""
     file.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(file) as tmp:
+    with disk_full_as_one_line("the training state", file, SAVED_LAYERS_KEPT), atomic_file(file) as tmp:
         save_safetensors({name: tensor.cpu() for name, tensor in tensors.items()}, tmp)
 
 
