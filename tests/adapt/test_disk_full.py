@@ -21,6 +21,19 @@ def _args(ladder_dir, text_file, out, *extra):
             "--batch-size", "2", "--device", "cpu", "--dtype", "float32", "--no-compile", "--save-every", "1", *extra]
 
 
+def _full_at(call: int, write):
+    """``write``, except that its ``call``-th call meets a full disk (ENOSPC), as a disk another process filled."""
+    calls = []
+
+    def writing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(*args, **kwargs)
+
+    return writing
+
+
 def test_a_run_whose_writes_do_not_fit_is_refused_before_it_loads(ladder_dir, text_file, tmp_path, capsys, monkeypatch):
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(real(path).total, real(path).total - 4096, 4096))
@@ -35,15 +48,8 @@ def test_a_save_that_meets_a_full_disk_keeps_the_previous_one_and_the_resume_end
         ladder_dir, text_file, tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "whole"), capsys, monkeypatch)
     assert code == 0, err
-    real_save, calls = dcp.save, []
-
-    def full_at_the_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_save(*args, **kwargs)
-
-    monkeypatch.setattr(dcp, "save", full_at_the_third)
+    real_save = dcp.save
+    monkeypatch.setattr(dcp, "save", _full_at(3, real_save))
     code, _, err = run_cli(_args(ladder_dir, text_file, tmp_path / "cut"), capsys, monkeypatch)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "disk full while writing the training state" in errors[0], err
@@ -71,15 +77,8 @@ def test_a_sequential_layer_save_that_meets_a_full_disk_is_one_line_and_the_resu
 
     code, _, err = run("whole")
     assert code == 0, err
-    real, calls = sequential_run.save_safetensors, []
-
-    def full_at_the_second(*given, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*given, **kwargs)
-
-    monkeypatch.setattr(sequential_run, "save_safetensors", full_at_the_second)
+    real = sequential_run.save_safetensors
+    monkeypatch.setattr(sequential_run, "save_safetensors", _full_at(2, real))
     code, _, err = run("cut")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "disk full while writing the training state" in errors[0], err
