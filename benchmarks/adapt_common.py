@@ -96,7 +96,7 @@ def evaluate(model, tokenizer, lambada_limit: int, ppl_ids: torch.Tensor) -> dic
 
 
 def stage_of(phase: dict):
-    """A benchmark phase (AdaptConfig overrides) as a stage of the product's recipes (``ladderize.adapt.train.recipe``)."""
+    """A benchmark phase (AdaptConfig overrides) as a stage of the product's recipes (``ladderize.adapt.recipe_run``)."""
     from ladderize.adapt.plan.stages import Stage
 
     if phase.get("local_schedule") == "sequential":
@@ -107,7 +107,7 @@ def stage_of(phase: dict):
 
 
 def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_every_tokens: int, lambada_limit: int, tokenizer, base: dict, work: Path = WORK) -> dict:
-    """Run a recipe with the product's staged runner (``ladderize.adapt.train.recipe.run_recipe``), evaluating every
+    """Run a recipe with the product's staged runner (``ladderize.adapt.recipe_run.run_recipe``), evaluating every
     ``eval_every_tokens`` and at the end of each stage.
 
     ``phases``: the stages' settings (AdaptConfig overrides, on top of ``base``), or the name of a built-in
@@ -115,7 +115,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     """
     from ladderize.adapt.plan.stages import Recipe, load_recipe
     from ladderize.adapt.plan.adapt_plan import build_plan
-    from ladderize.adapt.train.recipe import RunOptions, run_recipe as run_stages
+    from ladderize.adapt.recipe_run import RunOptions, run_recipe as run_stages
     from ladderize.checkpoint.io import load_model
 
     if isinstance(phases, str):  # a built-in recipe keeps its own stage settings; the benchmark gives the data

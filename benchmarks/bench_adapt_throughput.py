@@ -95,7 +95,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
     from ladderize.adapt.plan.cost import FlopCount, JointMemory, Launch, usable_bytes
     from ladderize.adapt.plan.adapt_plan import FILL_MARGIN
     from ladderize.adapt.plan.planned_stage import PlannedStage
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
     from ladderize.checkpoint.shapes import preset
 
     shape = preset(name)

@@ -55,7 +55,7 @@ def main() -> None:
     from ladderize.adapt.objectives.losses import AdaptLoss
     from ladderize.convert.residual_states import embed, run_layers
     from ladderize.convert.teacher import load_teacher, resolve_teacher
-    from ladderize.adapt.train.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
+    from ladderize.adapt.layers.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
     from ladderize.checkpoint.io import load_model, load_tokenizer
     from ladderize.checkpoint.placement import training_precision
 

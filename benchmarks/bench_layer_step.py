@@ -86,7 +86,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from ladderize.adapt.train.compilation import adamw, compile_layers
-    from ladderize.adapt.sequential.layer_source import StreamedLayers
+    from ladderize.adapt.layers.layer_source import StreamedLayers
     from ladderize.convert.residual_states import attention_kwargs
     from ladderize.checkpoint.atomic import write_json
     from ladderize.checkpoint.io import load_config

@@ -417,7 +417,7 @@ def _adapt_peak(argv: list[str]) -> None:
     import torch
 
     from ladderize.adapt.plan.config import AdaptConfig
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     checkpoint, out, data, device = argv
     cuda = device == "cuda"
@@ -489,7 +489,7 @@ def _sequential_mfu(argv: list[str]) -> None:
     """The sequential stage alone (``--sequential-mfu CKPT TEACHER OUT DATA DEVICE SEQ_LEN TOKENS``) in one process:
     its throughput record (tokens/s, MFU on a known GPU) as JSON."""
     from ladderize.adapt.plan.config import AdaptConfig
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     checkpoint, teacher, out, data, device, seq_len, tokens = argv
     result = adapt(AdaptConfig.from_flat(checkpoint=checkpoint, teacher=teacher, out=out, data=data, objectives="local",

@@ -1,4 +1,4 @@
-"""Benchmark: the kd loss over whole logits against ``head_losses`` (blockwise), side by side in one process.
+"""Benchmark: the kd loss over whole logits against ``blockwise_head_losses``, side by side in one process.
 
     taskset -c 0 python lab/bench_head_losses.py --threads 1
 
@@ -37,7 +37,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from ladderize.adapt.objectives.losses import head_losses, kd_loss
+    from ladderize.adapt.objectives.losses import blockwise_head_losses, kd_loss, teacher_kd_block_loss
     from ladderize.adapt.objectives.registry import logit_block_rows
     from ladderize.convert.residual_states import logits_from
     from ladderize.model import LadderLlamaConfig, LadderLlamaForCausalLM
@@ -61,7 +61,9 @@ def main() -> None:
         return kd_loss(logits_from(student, hidden), teacher_logits)
 
     def blockwise() -> torch.Tensor:
-        return head_losses(student, hidden, None, teacher, teacher_final)["kd"]
+        heads = {"kd": lambda: (teacher_kd_block_loss(teacher, teacher_final, 1.0, "forward", 0, False, "cpu"),
+                                args.batch * args.seq)}
+        return blockwise_head_losses(student, hidden, heads, (teacher,))["kd"]
 
     paths = {"whole_logits": whole, "blockwise": blockwise}
     seconds: dict[str, list[float]] = {name: [] for name in paths}

@@ -204,14 +204,14 @@ def test_the_planning_side_imports_no_training():
     at all; the run and the pricing read the same choice."""
     edges = file_graph()
     plan, train = f"{ROOT}.adapt.plan", f"{ROOT}.adapt.train"
-    training = {f"{train}.{name}" for name in ("joint", "sharded", "train")} | {f"{ROOT}.adapt.sequential.{name}" for name in
-                                                                               ("layer_training", "sequential_run")}
+    training = ({f"{train}.{name}" for name in ("joint", "sharded")} | {f"{ROOT}.adapt.stage_run"}
+                | {f"{ROOT}.adapt.sequential.{name}" for name in ("layer_training", "sequential_run")})
     runs = {f"{train}.joint", f"{train}.sharded"}
     for planner, barred in (("strategy", training), ("cost", runs), ("adapt_plan", runs)):
         found = {target: where for (source, target), where in edges.items()
                  if source == f"{plan}.{planner}" and target in barred}
         assert not found, f"{planner} imports training: {found}"
-    assert (f"{train}.train", f"{plan}.strategy") in edges  # the run reads the same choice
+    assert (f"{ROOT}.adapt.stage_run", f"{plan}.strategy") in edges  # the run reads the same choice
     assert (f"{plan}.cost", f"{plan}.strategy") in edges
 
 
@@ -268,6 +268,36 @@ def test_planning_modules_import_no_training_module():
     assert (f"{ROOT}.adapt.entrance", f"{ROOT}.adapt.train.pace") in edges  # the run hands the plan its timing
     assert (f"{ROOT}.adapt.sequential.sequential_run", f"{ROOT}.adapt.plan.sequential_schedule") in edges  # the count
     assert (f"{ROOT}.adapt.objectives.losses", f"{ROOT}.adapt.objectives.registry") in edges  # the losses implement it
+
+
+def adapt_rooms() -> dict[tuple[str, str], list[str]]:
+    """Imports between adapt's rooms (its subpackages, and its modules at the top: ``entrance``, ``stage_run``, ...):
+    ``(importer, imported) -> ["file:line", ...]``."""
+    prefix = f"{ROOT}.adapt."
+    rooms: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for (source, target), where in file_graph().items():
+        if source.startswith(prefix) and target.startswith(prefix):
+            pair = (source.removeprefix(prefix).split(".")[0], target.removeprefix(prefix).split(".")[0])
+            if pair[0] != pair[1]:
+                rooms[pair] += where
+    return dict(rooms)
+
+
+def test_adapts_rooms_depend_one_way():
+    """adapt's rooms form floors: no two rooms import each other, not even through a third, nor in a function. What
+    both stage kinds read (a model's layers, the teacher's kept states) is a room of its own (``layers``) below both;
+    a stage run (``stage_run``) and the recipe's (``recipe_run``) stand above both; the objectives' losses import
+    neither the plan nor the training (a strategy that shards the heads hands the loss its gathering)."""
+    rooms = adapt_rooms()
+    cycle = find_cycle(rooms)
+    assert cycle is None, "adapt's rooms import in a circle: " + " -> ".join(cycle) + " (" + "; ".join(
+        ", ".join(rooms[pair]) for pair in zip(cycle, cycle[1:])) + ")"
+    below = {"sequential": {"train", "layers", "plan", "objectives"}, "train": {"layers", "plan", "objectives"},
+             "plan": {"objectives"}}
+    for room, under in below.items():
+        assert not {target for source, target in rooms if source in under and target == room}, room
+    assert ("stage_run", "sequential") in rooms and ("stage_run", "train") in rooms
+    assert ("sequential", "layers") in rooms and ("train", "layers") in rooms
 
 
 def test_the_planning_vocabulary_imports_no_torch():

@@ -139,8 +139,8 @@ def adapt_checkpoint(request: AdaptRequest, reports: RunReports = RunReports()) 
 def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
     """``adapt_checkpoint`` under its lock."""
     from ..errors import Interrupted
-    from .train.recipe import RunOptions, run_recipe
-    from .train.train import adapt, preflight
+    from .recipe_run import RunOptions, run_recipe
+    from .stage_run import adapt, preflight
     from .train.training_state import read_trainer_state
 
     checkpoint, out, run_dir, began = request.checkpoint, request.out, request.run_dir, request.began

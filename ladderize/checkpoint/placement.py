@@ -18,6 +18,9 @@ Every command that computes takes ``--device`` and ``--dtype`` and resolves them
   rounding); ``bfloat16`` is bf16 autocast on either device; ``float16`` is fp16 autocast with
   loss scaling (joint and kd stages only: ``adapt/train/optimizer_step.py``).
 
+- compiled graphs (``inductor_options``): on CUDA Inductor's deterministic mode, whose kernels are chosen by rule, not
+  by timing them on a device something else may load; a CPU's defaults elsewhere.
+
 Names are checked without importing torch (``check_device``), so a typo fails at once.
 """
 
@@ -301,6 +304,15 @@ def dtype_name(dtype: "torch.dtype") -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def inductor_options(device: "torch.device | str") -> dict[str, bool]:
+    """Inductor's settings for graphs compiled for ``device``: on CUDA its deterministic mode, which picks kernels by
+    rule instead of timing them, so a run or its resume gets the same kernels on the same GPU and software
+    (``adapt/plan/compile_policy.py`` refuses CUDA where Inductor has no such mode); elsewhere Inductor's defaults
+    (a CPU's kernels are not timed)."""
+    kind = device if isinstance(device, str) else device.type
+    return {"deterministic": True} if kind.split(":")[0] == "cuda" else {}
+
+
 __all__ = [
     "ALIASES",
     "DEVICE_HELP",
@@ -311,6 +323,7 @@ __all__ = [
     "cpu_bf16",
     "TrainingPrecision",
     "dtype_name",
+    "inductor_options",
     "inference_dtype",
     "eval_dtype",
     "no_cuda_line",
@@ -323,3 +336,4 @@ __all__ = [
     "tf32_restored",
     "training_precision",
 ]
+

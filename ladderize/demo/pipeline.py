@@ -291,7 +291,7 @@ def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
            dtype: str | None = None) -> Path:
-    from ..adapt.train.train import adapt
+    from ..adapt.stage_run import adapt
 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")

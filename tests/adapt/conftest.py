@@ -63,7 +63,7 @@ def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options
     import time
 
     from ladderize.adapt.entrance import AdaptRequest, plan_adapt
-    from ladderize.adapt.train.recipe import RunOptions, run_recipe
+    from ladderize.adapt.recipe_run import RunOptions, run_recipe
 
     began = time.perf_counter()
     request = AdaptRequest(str(checkpoint), str(out), recipe=recipe, budget=budget, run_dir=options.get("run_dir"),

@@ -9,7 +9,7 @@ import time
 import torch.distributed as dist
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.placement import this_launch
 
 ladder, text, out, shard = sys.argv[1:5]

@@ -10,9 +10,18 @@ import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
 
 from ladderize.adapt.objectives import registry as objective_registry
 from ladderize.adapt.train.sharded import _sharded_model
-from ladderize.adapt.objectives.losses import head_losses
+from ladderize.adapt.objectives.losses import blockwise_head_losses, teacher_kd_block_loss
+from ladderize.adapt.train.fsdp import head_gathered
 from ladderize.convert.residual_states import embed, logits_from, run_layers
 from ladderize.checkpoint.io import load_config, load_model
+
+
+def kd_of_heads(student, final, teacher, teacher_final):
+    """The blockwise kd loss of ``student``'s head over ``final`` against ``teacher``'s over ``teacher_final``, the
+    heads kept gathered as the sharded training keeps them."""
+    heads = {"kd": lambda: (teacher_kd_block_loss(teacher, teacher_final, 1.0, "forward", 0, False, "cpu"),
+                            final.shape[0] * final.shape[1])}
+    return blockwise_head_losses(student, final, heads, (teacher,), head_gathered)["kd"]
 
 
 def logits(model, ids):
@@ -40,8 +49,8 @@ param_group.foreach_all_gather = lambda *args, **kwargs: gathers.append(1) or al
 objective_registry.LOGIT_BLOCK_BYTES = 4 * whole.config.vocab_size * 16
 final = torch.randn(2, 24, whole.config.hidden_size, generator=torch.Generator().manual_seed(7))
 student_final = final + 0.1
-kd_sharded = head_losses(whole, student_final, None, sharded, final)["kd"].item()
-kd_whole = head_losses(whole, student_final, None, whole, final)["kd"].item()
+kd_sharded = kd_of_heads(whole, student_final, sharded, final).item()
+kd_whole = kd_of_heads(whole, student_final, whole, final).item()
 if rank == 0:
     print(json.dumps({"world": world, "diff": diff, "full": full_numel, "local": local_numel, "kinds": kinds,
                       "kd_diff": abs(kd_sharded - kd_whole), "kd_gathers": len(gathers)}), flush=True)

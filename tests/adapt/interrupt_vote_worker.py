@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ladderize.adapt.train import trainer
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.placement import this_launch
 from ladderize.errors import Interrupted, install_interrupt_handlers
 

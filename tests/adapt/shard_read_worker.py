@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-import ladderize.adapt.sequential.layer_source as layer_source
+import ladderize.adapt.layers.layer_source as layer_source
 import ladderize.adapt.train.sharded as sharded
 from ladderize.model import LadderLlamaConfig
 

@@ -106,7 +106,7 @@ def test_the_replicated_training_refuses_an_fsdp_config_it_would_not_shard(ladde
     """The replicated training is Accelerate's DDP only: handed an FSDP config (through the Python API, where the
     command line would have mapped it onto the sharded training) it says so in one line, before any step."""
     from ladderize.adapt.plan.config import AdaptConfig
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(text_file), objectives="kd",

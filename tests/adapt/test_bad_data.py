@@ -10,7 +10,7 @@ import torch
 
 from ladderize.corpus.windows import pack_tokens
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import char_tokenizer
 

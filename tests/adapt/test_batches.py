@@ -85,7 +85,7 @@ def test_the_plan_refuses_a_given_batch_that_does_not_divide_and_rounds_a_preset
 def test_no_run_trains_an_empty_micro_batch(ladder_dir, text_file, tmp_path, monkeypatch):
     """Every micro-batch a run trains holds rows (counted at the split every training step reads)."""
     from ladderize.adapt.plan.config import AdaptConfig
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     counted: list[int] = []
     rows = StepSplit.rows

@@ -401,7 +401,7 @@ def test_the_sequential_stage_regrows_its_layers_when_it_runs_faster_again(ladde
     from ladderize.adapt.plan import stage_clock
     from ladderize.adapt.plan.config import AdaptConfig
     from ladderize.adapt.train import deadline as deadline_module
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     asked = []
 

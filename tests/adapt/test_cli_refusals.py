@@ -114,7 +114,7 @@ def test_a_refusal_inside_a_stage_removes_the_fresh_run_dir(ladder_dir, text_fil
     def refuse(*_args, **_kwargs):
         raise LadderizeError("refused inside the stage")
 
-    monkeypatch.setattr("ladderize.adapt.train.recipe.adapt", refuse)
+    monkeypatch.setattr("ladderize.adapt.recipe_run.adapt", refuse)
     code, _, stderr = run_cli(["adapt", ladder_dir, tmp_path / "o", "--data", text_file, *SMALL,
                                "--stage", "seq-local:tokens=128"], capsys, monkeypatch)
     assert code == 2 and "refused inside the stage" in _one_error(stderr)

@@ -14,7 +14,7 @@ from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.convert.residual_states import attention_kwargs
 from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.train.pace import measure_launch
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 from tests.cli_helpers import error_lines, run_cli
 

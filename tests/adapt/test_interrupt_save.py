@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import Interrupted, install_interrupt_handlers, restore_handlers
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig, validate_config
-from ladderize.adapt.sequential.layer_source import ResidentLayers
+from ladderize.adapt.layers.layer_source import ResidentLayers
 from ladderize.adapt.sequential.layer_training import StateCache
 from ladderize.adapt.sequential.least_squares import NormalEquations, _batches, refit_output_projections
 from ladderize.adapt.objectives.losses import layer_error
 from ladderize.adapt.plan.stages import describe, parse_stage
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.test_streaming import _config, assert_same_checkpoint, hybrid_dir  # noqa: F401  (a fixture)

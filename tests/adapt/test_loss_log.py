@@ -10,7 +10,7 @@ import torch
 
 from ladderize.adapt.train import loss_log
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 
 SEQ, STEPS = 16, 8
 LOOPS = frozenset({"train", "train_step", "flush"})  # the training loop, its step and its one read

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.progress import counted
 from tests.adapt.conftest import convert

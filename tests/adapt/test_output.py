@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.architectures import PROVENANCE_FILE, read_provenance
 
 

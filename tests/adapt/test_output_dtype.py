@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.architectures import read_provenance
 from ladderize.convert.inspect import inspect_checkpoint
 from tests.adapt.conftest import convert

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert

@@ -8,7 +8,7 @@ import json
 from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.adapt.plan.cost import JointMemory, Launch, usable_bytes
 from ladderize.adapt.plan.adapt_plan import FILL_MARGIN, MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
-from ladderize.adapt.train.recipe import RunOptions, run_recipe
+from ladderize.adapt.recipe_run import RunOptions, run_recipe
 from ladderize.checkpoint.io import load_config, read_provenance
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best

@@ -103,7 +103,7 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
 def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(ladder_dir, text_file, tmp_path, monkeypatch):
     """A recipe checks every stage's data before the run dir exists; a stage then checks only its input checkpoint (the
     stage before wrote it). A single stage, whose plan is shown after its check, is checked once too."""
-    import ladderize.adapt.train.train as train
+    import ladderize.adapt.stage_run as train
     import ladderize.corpus.token_store as token_store
     from ladderize.adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint
 

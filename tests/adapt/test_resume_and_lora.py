@@ -7,7 +7,7 @@ import torch
 
 from ladderize.adapt.train.lora import LoraSpec, add_lora, merge_lora
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.conftest import tiny_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ladderize.adapt.sequential.layer_source import StreamedLayers
+from ladderize.adapt.layers.layer_source import StreamedLayers
 from tests.cli_helpers import run_cli
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
@@ -209,7 +209,7 @@ def test_an_impossible_epochs_ramp_is_refused(change, message, hybrid_dir, text_
 def test_a_window_s_loss_is_the_mean_of_its_layers_errors_along_the_student_s_own_chain(ladder_dir, dense_dir):
     """``window``: layer 3 is fed layer 2's output of the same step, and the loss is the mean of both layers' errors,
     here against the plain model run of the teacher and the (zero-shot) student."""
-    from ladderize.adapt.sequential.layer_source import ResidentLayers
+    from ladderize.adapt.layers.layer_source import ResidentLayers
     from ladderize.adapt.sequential.layer_training import StateCache, train_layer
     from ladderize.adapt.objectives.losses import layer_error
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from tests.adapt.conftest import convert
 from tests.adapt.test_multiprocess import launch_failure, sharp_dense
 

@@ -8,13 +8,13 @@ import math
 import torch
 from safetensors import safe_open
 
-from ladderize.adapt.sequential.layer_source import ResidentLayers
+from ladderize.adapt.layers.layer_source import ResidentLayers
 from ladderize.adapt.sequential.layer_training import StateCache
 from ladderize.checkpoint.placement import LaunchRank
-from ladderize.adapt.train.recipe import TEACHER_STATES_DIR
+from ladderize.adapt.recipe_run import TEACHER_STATES_DIR
 from ladderize.adapt.plan.stages import load_recipe
 from ladderize.adapt.plan.sequential_schedule import rows_read
-from ladderize.adapt.train.teacher_states import ENTRY_FILE, FINAL_FILE, part_name
+from ladderize.adapt.layers.teacher_states import ENTRY_FILE, FINAL_FILE, part_name
 from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_recipe import TINY_SHARED

@@ -148,7 +148,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
     runs the training the plan's stage names."""
     from ladderize.adapt.train import joint
     from ladderize.adapt.train import sharded
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     ran: list[str] = []
 

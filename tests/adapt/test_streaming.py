@@ -10,8 +10,8 @@ import torch
 from safetensors import safe_open
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.sequential.sequential_run import layer_file
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.layers.layer_source import layer_file
+from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import read_provenance
 from tests.adapt.conftest import convert
 from tests.cli_helpers import run_cli

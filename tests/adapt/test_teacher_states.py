@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ladderize.adapt.train.recipe as recipe_module
+import ladderize.adapt.recipe_run as recipe_module
 from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.adapt.objectives.losses import AdaptLoss
 from ladderize.adapt.plan.sequential_schedule import reads_stored_teacher
@@ -14,7 +14,7 @@ from ladderize.adapt.plan.stage_clock import stage_seconds
 from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.plan.sequential_schedule import keeps_teacher_states
-from ladderize.adapt.train.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
+from ladderize.adapt.layers.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
 from ladderize.checkpoint.io import load_model
 from tests.adapt.conftest import plan_and_run
 from tests.adapt.test_pace import PACE
@@ -111,7 +111,7 @@ def test_a_sequential_stage_stores_the_teacher_s_own_states_of_its_rows(dense_di
     the rows are the calibration set and the held-out batch after it."""
     from ladderize.adapt.plan.config import AdaptConfig
     from ladderize.corpus.windows import pack_tokens
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
     from ladderize.checkpoint.io import load_tokenizer
     from ladderize.checkpoint.tensor_files import open_safetensors
     from tests.adapt.conftest import convert

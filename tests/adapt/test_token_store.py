@@ -293,7 +293,7 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
     """joint (kd), sequential, sensitivity and head grouping give the same results from a store as from its text."""
     from ladderize.adapt.plan.config import AdaptConfig
     from ladderize.convert.convert_support import head_group_checkpoint
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
     from ladderize.convert.sensitivity import checkpoint_sensitivity
     from ladderize.model import LayerMode
     from ladderize.checkpoint.io import read_provenance
@@ -321,7 +321,7 @@ def test_every_stage_reads_a_store_as_it_reads_its_text(ladder_dir, spd_dir, den
 
 def test_adapt_refuses_a_store_of_another_tokenizer_before_writing_anything(ladder_dir, tmp_path):
     from ladderize.adapt.plan.config import AdaptConfig
-    from ladderize.adapt.train.train import adapt
+    from ladderize.adapt.stage_run import adapt
 
     store = ensure_store(str(jsonl(tmp_path / "d.jsonl", DOCS * 50)), wide_tokenizer(), out=tmp_path / "wide-store")
     config = AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "out"), data=str(store.path), objectives="kd",

@@ -7,7 +7,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from ladderize.adapt.plan.config import AdaptConfig, validate_config
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from ladderize.adapt.train.training_state import DCP_DIR
 from ladderize.adapt.train.weight_ema import WeightEMA
 from ladderize.checkpoint.io import load_model, read_provenance

@@ -103,7 +103,7 @@ def test_truncated_safetensors_is_one_line_in_the_runtime_reader(tiny_llama_dir)
 
 
 def test_truncated_safetensors_is_one_line_in_the_streamed_layers(tiny_llama_dir):
-    from ladderize.adapt.sequential.layer_source import read_tensors
+    from ladderize.adapt.layers.layer_source import read_tensors
 
     _truncate(tiny_llama_dir / "model.safetensors")
     with pytest.raises(LadderizeError, match="corrupt safetensors file"):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig
-from ladderize.adapt.train.train import adapt
+from ladderize.adapt.stage_run import adapt
 from tests.adapt.conftest import convert, dense_dir, ladder_dir, spd_dir, text_file  # noqa: F401  (fixtures)
 from tests.adapt.test_compilation import STAGE_IDS, STAGES, assert_compiled_trains_as_eager, hybrid_dir  # noqa: F401
 from tests.adapt.test_multiprocess import LOSS_RTOL, sharp_dense

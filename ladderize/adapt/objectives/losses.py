@@ -31,7 +31,7 @@
   layers below it.
 
 ``lm`` and ``kd`` hold two ``[B, S, V]`` tensors, the student's logits and their gradient:
-``head_losses`` computes each loss and its gradient a block of tokens at a time
+``blockwise_head_losses`` computes each loss and its gradient a block of tokens at a time
 (``LOGIT_BLOCK_BYTES`` of float32 logits per block, ``BlockwiseLoss``), and the teacher's
 logits exist one block at a time. At SmolLM2's 49,152-token vocabulary a 2 x 512 batch has
 200 MB of logits per tensor; computed whole, the kd loss and its backward allocated about a
@@ -57,13 +57,15 @@ from torch import nn
 from ...errors import LadderizeError
 from ...model import LadderLlamaForCausalLM
 from ...model.layout import LayerMode
+from ...checkpoint.placement import inductor_options
 from ...convert.residual_states import State, attention_kwargs, embed, logits_from, run_layers
-from ..plan.compile_policy import inductor_options
 from .registry import (DIVERGENCES, LOCAL_INPUTS, TEACHER_FINAL, TEACHER_LAYERS, check_top_k, entries, implement,
                                  logit_block_rows)
-from ..train.fsdp import head_gathered
 
 BlockLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # one block's summed loss from its float32 logits and rows
+# keeps the heads of the models it is given gathered inside its block, where a strategy shards them (FSDP2's
+# ``train/fsdp.head_gathered``); None where no head is sharded
+GatherHeads = Callable[..., contextlib.AbstractContextManager[None]]
 
 
 @dataclass
@@ -112,8 +114,10 @@ class AdaptLoss(nn.Module):
         kd_divergence: str = "forward",
         kd_top_k: int = 0,
         compiled: bool = False,
+        gather_heads: GatherHeads | None = None,
     ):
         super().__init__()
+        self.gather_heads = gather_heads
         self.compiled = compiled  # the kd loss's blocks through torch.compile (compilation.py; the layers are compiled apart)
         if local_inputs not in LOCAL_INPUTS:
             raise LadderizeError(f"local inputs must be one of {', '.join(LOCAL_INPUTS)}, got {local_inputs!r}")
@@ -171,7 +175,7 @@ class AdaptLoss(nn.Module):
                  for objective in self.entries if objective.head}
         if heads:
             gathered = (self.teacher,) if any(objective.teacher_head for objective in self.entries) else ()
-            losses.update(blockwise_head_losses(self.student, inputs.final, heads, gathered))
+            losses.update(blockwise_head_losses(self.student, inputs.final, heads, gathered, self.gather_heads))
         for objective in self.entries:
             if objective.name not in losses:
                 losses[objective.name] = objective.loss(inputs)
@@ -347,32 +351,6 @@ def _kd_block_loss(teacher_logits: Callable[[slice], torch.Tensor], temperature:
     return kd_block
 
 
-def head_losses(
-    student: LadderLlamaForCausalLM,
-    final: torch.Tensor,
-    input_ids: torch.Tensor | None,
-    teacher: LadderLlamaForCausalLM | None = None,
-    teacher_final: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    divergence: str = "forward",
-    top_k: int = 0,
-    compiled: bool = False,
-) -> dict[str, torch.Tensor]:
-    """``lm`` (given ``input_ids``) and ``kd`` (given a teacher) from the models' last residual streams
-    (``blockwise_head_losses``).
-
-    Equal to ``cross_entropy`` and ``kd_loss`` over the full logits up to summation order.
-    """
-    batch, seq, _ = final.shape
-    heads: dict[str, Callable[[], tuple[BlockLoss, int]]] = {}
-    if input_ids is not None:
-        heads["lm"] = lambda: (lm_block_loss(input_ids), batch * (seq - 1))
-    if teacher is not None:
-        heads["kd"] = lambda: (teacher_kd_block_loss(teacher, teacher_final, temperature, divergence, top_k, compiled,
-                                                     final.device.type), batch * seq)
-    return blockwise_head_losses(student, final, heads, (teacher,) if teacher is not None else ())
-
-
 def lm_block_loss(input_ids: torch.Tensor) -> BlockLoss:
     """One block's summed next-token cross-entropy; the last position of every sequence predicts nothing."""
     targets = F.pad(input_ids[:, 1:], (0, 1), value=-100).reshape(-1)
@@ -391,10 +369,11 @@ def teacher_kd_block_loss(teacher: LadderLlamaForCausalLM, teacher_final: torch.
 
 def blockwise_head_losses(student: LadderLlamaForCausalLM, final: torch.Tensor,
                           heads: dict[str, Callable[[], tuple[BlockLoss, int]]],
-                          gathered: tuple[LadderLlamaForCausalLM, ...] = ()) -> dict[str, torch.Tensor]:
+                          gathered: tuple[LadderLlamaForCausalLM, ...] = (),
+                          gather_heads: GatherHeads | None = None) -> dict[str, torch.Tensor]:
     """Each of ``heads``' losses over the student's logits from its last residual stream ``final``: ``heads[name]()``
-    gives one block's summed loss and the count the sum divides by; ``gathered``: other models whose (sharded) heads
-    the losses run.
+    gives one block's summed loss and the count the sum divides by; ``gathered``: other models whose heads the losses
+    run, kept gathered with the student's by ``gather_heads`` where a strategy shards them.
 
     Each loss runs ``logit_block_rows`` tokens at a time. A plain ``nn.Linear`` student head runs inside the blocks too
     (``BlockwiseHeadLoss``), so the student's ``[B*S, V]`` logits never exist whole; any other head computes them once
@@ -404,7 +383,8 @@ def blockwise_head_losses(student: LadderLlamaForCausalLM, final: torch.Tensor,
     rows = batch * seq
     with contextlib.ExitStack() as stack:
         # a sharded head (the teacher's, or the student's where it is the teacher's): gathered once, not once per block
-        stack.enter_context(head_gathered(*gathered, student))
+        if gather_heads is not None:
+            stack.enter_context(gather_heads(*gathered, student))
         built = {name: build() for name, build in heads.items()}
         block_losses = tuple(block_loss for block_loss, _ in built.values())
         head = student.lm_head

@@ -25,7 +25,7 @@ from ...errors import LadderizeError
 LOCAL_INPUTS = ("teacher", "student", "stack")
 JOINT_ONLY_INPUTS = frozenset({"stack"})  # the student's states with the graph kept: a whole stack, not one layer
 DIVERGENCES = ("forward", "reverse")  # kd: KL(teacher || student), KL(student || teacher)
-LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in head_losses (below glibc's 32 MiB mmap ceiling)
+LOGIT_BLOCK_BYTES = 24 << 20  # float32 logits per block of tokens in blockwise_head_losses (below glibc's 32 MiB mmap ceiling)
 LOGIT_BLOCK_BYTES_CUDA = 1 << 29  # on a GPU: 1,046 tokens a block at Llama 3's 128,256-token vocabulary
 
 
@@ -173,8 +173,9 @@ def check_top_k(top_k: int, divergence: str) -> None:
 
 
 def logit_block_rows(vocab: int, device: str = "cpu") -> int:
-    """Tokens per block in ``head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits (``LOGIT_BLOCK_BYTES_CUDA`` on a
-    GPU, where a block is one matmul of the head and a thin one leaves the tensor cores idle), at least 16."""
+    """Tokens per block in ``blockwise_head_losses``: ``LOGIT_BLOCK_BYTES`` of float32 logits
+    (``LOGIT_BLOCK_BYTES_CUDA`` on a GPU, where a block is one matmul of the head and a thin one leaves the tensor cores
+    idle), at least 16."""
     budget = LOGIT_BLOCK_BYTES_CUDA if device == "cuda" else LOGIT_BLOCK_BYTES
     return max(16, budget // (4 * vocab))
 

@@ -26,6 +26,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
+from ...checkpoint.placement import inductor_options
 from ...errors import LadderizeError
 
 if TYPE_CHECKING:
@@ -103,11 +104,3 @@ def eager_for_budget(setting: bool | None, seconds: float, device: torch.device)
     under ``AUTO_MIN_BUDGET_S`` the compiler's waits cost more than they save. Decided without compiling anything
     (``unavailable``'s probe takes seconds): where the backend does not run, auto is eager anyway."""
     return setting is None and seconds < AUTO_MIN_BUDGET_S and _auto_may_compile(device)
-
-
-def inductor_options(device: torch.device | str) -> dict[str, bool]:
-    """Inductor's settings for graphs compiled for ``device``: on CUDA its deterministic mode, which picks kernels by
-    rule instead of timing them (module docstring; ``unavailable`` refuses CUDA where Inductor has no such mode);
-    elsewhere Inductor's defaults (a CPU's kernels are not timed)."""
-    kind = device if isinstance(device, str) else device.type
-    return {"deterministic": True} if kind.split(":")[0] == "cuda" else {}

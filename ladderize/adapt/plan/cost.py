@@ -592,7 +592,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], stages: Sequen
 
 def _price_writes(stage: StageCost, config: Any, stages: Sequence[PlannedStage], index: int, processes: int) -> None:
     """What stage ``index`` writes at its end: OUT in its output dtype (by default the checkpoint's), or a checkpoint
-    in float32 before the last stage (``recipe.py``), and a sequential stage's kept teacher states
+    in float32 before the last stage (``recipe_run.py``), and a sequential stage's kept teacher states
     (``sequential_schedule.rows_read``: three ``[rows, S, D]`` float32 tensors)."""
     settings, shape = stages[index].resolved, _shape_of(config)
     last = index == len(stages) - 1

@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import LadderizeError
 
-PLAN_FILE = "recipe.json"  # in a recipe's run folder: its plan (``recipe.py``)
+PLAN_FILE = "recipe.json"  # in a recipe's run folder: its plan (``recipe_run.py``)
 STATE_DIR = "state"  # in a stage's run folder: its training state (``training_state.py``)
 TRAINER_STATE = "trainer_state.json"  # in the state: step, times and the settings' fingerprint
 

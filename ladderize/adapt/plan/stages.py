@@ -1,5 +1,5 @@
 """Adaptation recipes as data: stage presets, named recipes, a recipe file or ``--stage`` parsed, and each stage's
-resolved settings (run by ``recipe.py``, through the plan of ``adapt_plan.py``).
+resolved settings (run by ``recipe_run.py``, through the plan of ``adapt_plan.py``).
 
 A recipe is a list of stages plus settings shared by all of them. A stage is a named preset
 (``STAGES``) with optional overrides; the learning rate defaults per stage kind and layer

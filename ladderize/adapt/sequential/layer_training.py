@@ -51,7 +51,7 @@ from .state_store import StateStore
 
 if TYPE_CHECKING:
     from ...checkpoint.placement import TrainingPrecision
-    from .layer_source import ResidentLayers, StreamedLayers
+    from ..layers.layer_source import ResidentLayers, StreamedLayers
 
     LayerSource = ResidentLayers | StreamedLayers
 

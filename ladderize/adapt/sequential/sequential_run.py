@@ -73,10 +73,10 @@ from .layer_training import LayerProgress, StateCache, owned_rows, train_layer
 from ..plan.sequential_schedule import layer_windows, state_copies, window_epochs, window_steps
 from .least_squares import refit_output_projections
 from .state_store import StateStore
-from .layer_source import ResidentLayers, StreamedLayers, same_prefix
+from ..layers.layer_source import ResidentLayers, StreamedLayers, layer_file, same_prefix
 from ...convert.teacher import check_teacher, load_teacher
 from ..plan.inputs import resolve_teacher
-from ..train.teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
+from ..layers.teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 SAVED_LAYERS_KEPT = "the layers saved before it are kept, and --resume continues from them"
 STATES_DIR = "calibration-states"  # under the run dir, for states="disk" (files unlinked once mapped)
@@ -100,11 +100,6 @@ def state_store(config: AdaptConfig, device: torch.device, run_dir: Path, state_
 
 class _Stop(Exception):
     """Raised inside the sequential training when ``stop_after_steps`` is reached."""
-
-
-def layer_file(state_dir: Path, index: int) -> Path:
-    """Where finished layer ``index`` is written."""
-    return state_dir / f"layer-{index:05d}.safetensors"
 
 
 def partial_file(state_dir: Path, step: int, index: int | None = None) -> Path:

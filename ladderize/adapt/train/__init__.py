@@ -1,1 +1,2 @@
-"""Training a stage: the joint loop over a strategy's run (one process, replicated, sharded), its state, deadline, logging and write-out, and the recipe runner that trains a plan's stages in order."""
+"""Training a joint stage: the one loop over a strategy's run (one process, replicated, sharded), its state, deadline,
+logging and write-out."""

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import torch
 
-from ..plan.compile_policy import inductor_options
+from ...checkpoint.placement import inductor_options
 from ...model.layout import LayerMode, module_program
 from ...model.residual import layer_program
 

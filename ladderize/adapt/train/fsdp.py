@@ -5,7 +5,7 @@
 of its own (``teacher_units``): the embedding, each decoder layer, the final norm and the LM head.
 Each unit gathers its parameters in its own forward and frees them after it, so a rank holds
 1/world of the teacher plus one unit at a time.
-``head_gathered`` keeps the final norm and LM head gathered while ``objectives.head_losses``
+``head_gathered`` keeps the final norm and LM head gathered while ``objectives.blockwise_head_losses``
 calls them once per block of tokens: one all-gather per step, not one per block. A tied LM head
 is one unit with the embedding whose weight it is.
 """

@@ -34,7 +34,7 @@ from ..objectives.losses import AdaptLoss
 from ..objectives.registry import entries
 from .output import write_output, written_marker
 from .training_state import finish_state
-from ..sequential.layer_source import ResidentLayers, same_prefix
+from ..layers.layer_source import ResidentLayers, same_prefix
 
 
 def select_trainable(model: LadderLlamaForCausalLM, scope: str, spec: LoraSpec) -> list[torch.nn.Parameter]:

@@ -85,7 +85,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     from ...checkpoint.io import load_config
     from ...checkpoint.placement import resolve_device, training_precision
     from ...model.layout import LayerMode
-    from ..sequential.layer_source import StreamedLayers
+    from ..layers.layer_source import StreamedLayers
     from ..objectives.losses import blockwise_kd, frozen_head
     from ...convert.residual_states import attention_kwargs
 
@@ -160,7 +160,7 @@ def measure(checkpoint: str, *, seq_len: int, batch_size: int, device: str = "au
     head_module = torch.nn.Linear(hidden, weight.shape[0], bias=False, device="meta")
     head_module.weight = torch.nn.Parameter(weight, requires_grad=False)
 
-    def head() -> None:  # objectives.head_losses' kd: the student's logits whole, the teacher's a block at a time
+    def head() -> None:  # objectives.blockwise_head_losses' kd: the student's logits whole, the teacher's a block at a time
         student = final.detach().requires_grad_(True)
         with precision.context(target):
             teacher_head = frozen_head(head_module)

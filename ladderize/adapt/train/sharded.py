@@ -43,6 +43,7 @@ import torch
 from ...errors import LadderizeError
 from .. import process_group
 from .compilation import compile_layers, recompute_activations
+from .fsdp import head_gathered
 from ..plan.compile_policy import COMPILING, resolve_compile
 from ..plan.config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
 from ..plan.cost import FlopCount
@@ -61,7 +62,7 @@ class ShardedRun:
         import torch.distributed as dist
 
         from ...checkpoint.placement import resolve_device, training_precision
-        from ..sequential.layer_source import map_large_allocations
+        from ..layers.layer_source import map_large_allocations
 
         map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
@@ -102,7 +103,8 @@ class ShardedRun:
         if compiled:
             say(COMPILING)
         self.loss_module = AdaptLoss(self.student, teacher, weights, local_inputs_of(config), objective.kd_temperature,
-                                     self.share_prefix, objective.kd_divergence, objective.kd_top_k, compiled)
+                                     self.share_prefix, objective.kd_divergence, objective.kd_top_k, compiled,
+                                     gather_heads=head_gathered)
         if config.parallelism.activation_checkpointing:  # the trained layers' activations recomputed in the backward
             recompute_activations(self.student)
         _shard_root(self.loss_module, mixed)
@@ -170,7 +172,7 @@ def _identical_parts(student_path: str, teacher_path: str, first: int, rank: int
 
     from ...checkpoint.architectures import FINAL_NORM_TENSOR, LM_HEAD
     from ...checkpoint.tensor_files import tensor_shapes
-    from ..sequential.layer_source import EMBEDDING, layer_of, tensor_files
+    from ..layers.layer_source import EMBEDDING, layer_of, tensor_files
 
     mine, theirs = tensor_files(student_path), tensor_files(teacher_path)
     parts = {"prefix": [n for n in theirs if n.startswith(EMBEDDING) or 0 <= layer_of(n) < first],
@@ -230,7 +232,7 @@ def _sharded_model(config, path: str, dtype: torch.dtype, device: torch.device, 
     from ...checkpoint.architectures import FINAL_NORM_TENSOR, LM_HEAD, layer_prefix
     from ...model import LadderLlamaForCausalLM
     from .fsdp import teacher_units
-    from ..sequential.layer_source import EMBEDDING, fill_module, tensor_files
+    from ..layers.layer_source import EMBEDDING, fill_module, tensor_files
 
     with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) computed
         model = LadderLlamaForCausalLM(config)
@@ -299,9 +301,8 @@ def _write_out(student, converted: list[int], checkpoint: str, tokenizer, teache
 
     from ...checkpoint.atomic import atomic_file
     from ...checkpoint.architectures import layer_prefix
-    from ..sequential.layer_source import StreamedLayers
+    from ..layers.layer_source import StreamedLayers, layer_file
     from .output import write_streamed_output, written_marker
-    from ..sequential.sequential_run import layer_file
 
     rank, world = dist.get_rank(), dist.get_world_size()
     layers_dir = state_dir.parent / ".sharded-layers"

@@ -173,7 +173,7 @@ class Trainer:
         run.build(data, say)
         self.stored = None
         if config.objective.teacher_states and run.share_prefix and all(o.reads_stored_teacher for o in entries(weights)):
-            from .teacher_states import read as read_teacher_states, teacher_id
+            from ..layers.teacher_states import read as read_teacher_states, teacher_id
 
             self.stored, found = read_teacher_states(Path(config.objective.teacher_states), len(data), data.head,
                                                      teacher_id(run.teacher_path), run.first)

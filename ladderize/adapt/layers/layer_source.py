@@ -78,6 +78,12 @@ def _libc_function(name: str):
         return None
 
 
+def layer_file(folder: Path, index: int) -> Path:
+    """Where finished layer ``index`` is written in ``folder`` (a sequential stage's state, the sharded write-out's
+    layers)."""
+    return folder / f"layer-{index:05d}.safetensors"
+
+
 def layer_of(name: str) -> int:
     """``model.layers.12.mlp.up_proj.weight`` -> 12 (-1 for tensors outside the layers)."""
     parts = name.split(".")

@@ -20,19 +20,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ...errors import LadderizeError
-from ...checkpoint.atomic import check_apart
-from ...checkpoint.placement import this_launch
-from ..plan.budget import replan
-from ..process_group import agreed
-from ..plan.config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
-from ..plan.inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
-from .output import CURVE_FILE, checkpoint_dtype, stage_points
-from ..plan.adapt_plan import AdaptPlan
-from ..plan.planned_stage import PlannedStage
-from ..plan.stages import describe
-from ..plan.sequential_schedule import keeps_teacher_states, rows_read
-from .train import adapt, preflight
+from ..errors import LadderizeError
+from ..checkpoint.atomic import check_apart
+from ..checkpoint.placement import this_launch
+from .plan.budget import replan
+from .process_group import agreed
+from .plan.config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
+from .plan.inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
+from .train.output import CURVE_FILE, checkpoint_dtype, stage_points
+from .plan.adapt_plan import AdaptPlan
+from .plan.planned_stage import PlannedStage
+from .plan.stages import describe
+from .plan.sequential_schedule import keeps_teacher_states, rows_read
+from .stage_run import adapt, preflight
 
 TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequential stage keeps for kd (teacher_states.py)
 
@@ -254,7 +254,7 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
 def _finished_stage(stage_out: Path, curve: list[dict[str, Any]]) -> AdaptResult:
     """A stage an earlier attempt finished, as its checkpoint records it (the ``adapt`` record its training appended
     to the provenance): its steps, tokens and training time over all its attempts, and its own curve."""
-    from ...checkpoint.io import read_provenance
+    from ..checkpoint.io import read_provenance
 
     record = next((step for step in reversed(read_provenance(stage_out).get("history", [])) if step.get("step") == "adapt"), {})
     return AdaptResult(stage_out, record.get("steps", 0), record.get("tokens", 0), record.get("train_s", 0.0), curve,

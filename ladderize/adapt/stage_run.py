@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import LadderizeError
-from ...model import LadderLlamaForCausalLM
-from ...checkpoint.placement import tf32_restored
-from ..plan.config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, needs_teacher, validate_config
-from .training_state import STATE_DIR, record_unsaved
+from ..errors import LadderizeError
+from ..model import LadderLlamaForCausalLM
+from ..checkpoint.placement import tf32_restored
+from .plan.config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, needs_teacher, validate_config
+from .train.training_state import STATE_DIR, record_unsaved
 
 
 def adapt(
@@ -60,7 +60,7 @@ def adapt(
     """
     say = on_message or (lambda _m: None)
     if checked:
-        from ..objectives.registry import parse_objectives
+        from .objectives.registry import parse_objectives
 
         check_input(config.scope.checkpoint)
         weights = parse_objectives(config.objective.objectives)
@@ -84,10 +84,10 @@ def adapt(
     try:
         with tf32_restored():  # a stage sets the TF32 switches of its training precision; what follows gets them back
             if config.sequential.local_schedule == "sequential":
-                from ..sequential.sequential_run import adapt_sequential
+                from .sequential.sequential_run import adapt_sequential
 
                 return adapt_sequential(config, weights, checkpoint, out, **run, on_phase=on_phase, deadline=deadline)
-            from .trainer import train_joint
+            from .train.trainer import train_joint
 
             return train_joint(config, weights, checkpoint, out, **run, save_at_stop=max_steps is not None,
                                deadline=deadline)
@@ -105,13 +105,13 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     later stages read a checkpoint not written yet): that it exists, has converted layers and a tokenizer
     (``check_input``), and that the teacher the training needs resolves from it. Returns the objective weights.
     """
-    from ...corpus.token_store import check_data
-    from ..plan.inputs import resolve_teacher
+    from ..corpus.token_store import check_data
+    from .plan.inputs import resolve_teacher
 
     weights = validate_config(config)
     if config.sequential.local_schedule != "sequential":
-        from ...checkpoint.placement import this_launch
-        from ..plan.strategy import choose_strategy
+        from ..checkpoint.placement import this_launch
+        from .plan.strategy import choose_strategy
 
         choose_strategy(config, this_launch().world)  # a setting --shard fsdp cannot take, refused here
     out = Path(config.saving.out).expanduser().absolute()
@@ -128,8 +128,8 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
 def check_input(checkpoint: str | Path):
     """The input checkpoint of a run: it exists, has converted layers and a tokenizer (one line otherwise); returns
     the tokenizer."""
-    from ...checkpoint.io import load_tokenizer
-    from ..plan.inputs import check_input_checkpoint
+    from ..checkpoint.io import load_tokenizer
+    from .plan.inputs import check_input_checkpoint
 
     check_input_checkpoint(checkpoint)
     return load_tokenizer(str(Path(checkpoint).expanduser()), "adaptation")
