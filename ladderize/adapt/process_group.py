@@ -87,10 +87,8 @@ def running() -> bool:
 
 
 def is_main() -> bool:
-    """Whether this process is the main one (rank 0, or the only process)."""
-    import torch.distributed as dist
-
-    return not running() or dist.get_rank() == 0
+    """Whether this process is the main one (rank 0, or the only process: ``this_launch().main``)."""
+    return this_launch().main
 
 
 def barrier() -> None:

@@ -78,13 +78,16 @@ def check_device(spec: str | None) -> str:
 @dataclass(frozen=True)
 class LaunchRank:
     """This process's place among those a launcher (torchrun, accelerate launch) started: ``rank`` of ``world``,
-    ``local_rank`` on its node; outside a launcher, rank 0 of 1 (``this_launch``). The one answer to "am I launched?"
-    (``several``) and "do I speak for the run?" (``main``)."""
+    ``local_rank`` of ``local_world`` on its node; outside a launcher, rank 0 of 1 (``this_launch``). The one answer to
+    "which process am I?" (``rank``, ``world``), "am I launched?" (``by_launcher``), "is the run split?" (``several``)
+    and "do I speak for the run?" (``main``). A process group, started from the same environment, numbers its
+    processes as this does."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    by_launcher: bool = False  # a launcher started this process (``LOCAL_RANK`` set): its group starts from the environment
+    by_launcher: bool = False  # a launcher named this process's place (RANK and WORLD_SIZE): a group starts from them
+    local_world: int = 1
 
     @property
     def several(self) -> bool:
@@ -98,10 +101,12 @@ class LaunchRank:
 
 
 def this_launch() -> LaunchRank:
-    """This process's ``LaunchRank``, from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+    """This process's ``LaunchRank``, from the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``; a launcher that names no local place: the local rank is the rank, the node holds them all)."""
     env = os.environ
-    return LaunchRank(int(env.get("RANK", "0") or 0), int(env.get("WORLD_SIZE", "1") or 1),
-                  int(env.get("LOCAL_RANK", "0") or 0), "LOCAL_RANK" in env)
+    rank, world = int(env.get("RANK", "0") or 0), int(env.get("WORLD_SIZE", "1") or 1)
+    return LaunchRank(rank, world, int(env.get("LOCAL_RANK", "") or rank), "RANK" in env and "WORLD_SIZE" in env,
+                      int(env.get("LOCAL_WORLD_SIZE", "") or world))
 
 
 def launch_mismatch(world: int | None = None) -> str | None:
@@ -156,7 +161,7 @@ def as_plain_process(parent: tuple[dict[str, str], list[str]] | None = None) -> 
     launching process had, or ``--num_cpu_threads_per_process`` given, stays. Returns the names removed; call it
     before torch is imported (torch reads OMP_NUM_THREADS once). ``parent``: (environment, command line) of the
     launching process, read from ``/proc`` where not given."""
-    if "ACCELERATE_USE_CPU" not in os.environ or "LOCAL_RANK" in os.environ or "WORLD_SIZE" in os.environ:
+    if "ACCELERATE_USE_CPU" not in os.environ or this_launch().by_launcher or "WORLD_SIZE" in os.environ:
         return []  # not Accelerate's simple launcher: torchrun-style launchers place several processes themselves
     parent = _parent_process() if parent is None else parent
     if parent is None:

@@ -273,10 +273,11 @@ def check_ranks(tps: list[int], device: str, oversubscribe: bool) -> None:
     """More CPU ranks than cores without ``--oversubscribe`` (``runtime.host.check_cores``, the runtime's own rule),
     refused before torch loads where the ranks surely run on the CPU: ``--device cpu``, or ``auto`` on a machine
     without an NVIDIA driver. (Elsewhere the runtime's ``check_machine`` decides, once torch knows the GPUs.)"""
-    from ..runtime.host import check_cores, in_torchrun, no_cuda_here
+    from ..checkpoint.placement import this_launch
+    from ..runtime.host import check_cores, no_cuda_here
 
     on_cpu = device.startswith("cpu") or (device == "auto" and no_cuda_here())
-    if on_cpu and not in_torchrun():
+    if on_cpu and not this_launch().by_launcher:
         for tp in tps:
             check_cores(tp, tp, oversubscribe)
 
@@ -291,7 +292,8 @@ def bench_default_tp(checkpoint: Path | str | None, synthetic: str | None, range
     from ..checkpoint.shapes import ModelShape
     from ..hardware import cpu_cores
     from ..model.layout import Layout
-    from ..runtime.host import in_torchrun, no_cuda_here
+    from ..checkpoint.placement import this_launch
+    from ..runtime.host import no_cuda_here
     from ..runtime.tp_check import DEFAULT_TP, default_tp
 
     if checkpoint is not None:
@@ -305,7 +307,7 @@ def bench_default_tp(checkpoint: Path | str | None, synthetic: str | None, range
     tp, reason = default_tp(dims, layout_for)
     notes = [] if reason is None else [f"the default --tp {DEFAULT_TP} cannot run this model ({reason})"]
     on_cpu = device.startswith("cpu") or (device == "auto" and no_cuda_here())
-    if on_cpu and not in_torchrun() and tp > cpu_cores() and not oversubscribe:
+    if on_cpu and not this_launch().by_launcher and tp > cpu_cores() and not oversubscribe:
         oversubscribe = True
         notes.append(f"{tp} ranks on {cpu_cores()} CPU cores, oversubscribed (timings will not mean much)")
     return tp, oversubscribe, f"--tp {tp}: {'; '.join(notes)}" if notes else None

@@ -50,11 +50,10 @@ from ..checkpoint.architectures import synthetic_config
 from ..checkpoint.shapes import ModelShape
 from .tp_check import validate_tp
 from .engine import RankModel
-from ..checkpoint.placement import dtype_name, runtime_dtype
+from ..checkpoint.placement import dtype_name, runtime_dtype, this_launch
 from .generate import RuntimeOptions, resolve_linear
 from .timing import LoadWatch, load_average
 from ..hardware import cpu_cores
-from .host import in_torchrun
 from .launch import LaunchSpec, RankContext, check_machine, run_ranks
 from .plan import Schedule, build_plan, domino_chunks_for
 from .tp_slicing import SafetensorsSource
@@ -330,7 +329,7 @@ def run_bench(
     linear = resolve_linear(options, device_type)
     rows: list[BenchRow] = []
     # under torchrun the other ranks are not this process's children: their work would count as another's
-    watch = LoadWatch.start(during=not in_torchrun())
+    watch = LoadWatch.start(during=not this_launch().by_launcher)
     for tp in tps:
         tp_launch = dataclasses.replace(launch, tp=tp)
         tp_rows = run_ranks(functools.partial(_bench_job, source=source, spec=spec, options=options), tp_launch)

@@ -1,5 +1,4 @@
-"""The machine the ranks start on, read without torch: whether torchrun started this process, whether CUDA can be
-used, and the rule that more ranks than cores (``hardware.cpu_cores``) needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line
+"""The machine the ranks start on, read without torch: whether CUDA can be used, and the rule that more ranks than cores (``hardware.cpu_cores``) needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line
 checks it before torch loads)."""
 
 from __future__ import annotations
@@ -8,10 +7,6 @@ import os
 
 from ..errors import LadderizeError
 from ..hardware import cpu_cores
-
-
-def in_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def check_cores(tp: int, local: int, oversubscribe: bool) -> None:
@@ -31,4 +26,4 @@ def no_cuda_here() -> bool:
     return not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/nvidia0")
 
 
-__all__ = ["check_cores", "in_torchrun", "no_cuda_here"]
+__all__ = ["check_cores", "no_cuda_here"]

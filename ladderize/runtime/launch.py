@@ -28,10 +28,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..errors import LadderizeError
-from ..checkpoint.placement import resolve_device
+from ..checkpoint.placement import resolve_device, this_launch
 from .allreduce import Communicator
 from ..hardware import cpu_cores
-from .host import check_cores, in_torchrun
+from .host import check_cores
 
 COMMS = ("auto", "shm", "gloo", "nccl")
 
@@ -101,11 +101,11 @@ def check_machine(spec: LaunchSpec) -> None:
         raise LadderizeError("the nccl backend needs --device cuda; use gloo on CPU")
     if spec.comm == "shm" and spec.device_type != "cpu":
         raise LadderizeError("--comm shm reduces CPU tensors; on CUDA use --comm nccl (or auto)")
-    if in_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if world != spec.tp:
-            raise LadderizeError(f"--tp {spec.tp} does not match torchrun's WORLD_SIZE={world}")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    launch = this_launch()
+    if launch.by_launcher:
+        if launch.world != spec.tp:
+            raise LadderizeError(f"--tp {spec.tp} does not match torchrun's WORLD_SIZE={launch.world}")
+        local = launch.local_world
     else:
         local = spec.tp
     if spec.device_type == "cuda":
@@ -218,11 +218,11 @@ def run_ranks(job: Callable[[RankContext], Any], spec: LaunchSpec) -> Any:
     when ladderize spawns the ranks.
     """
     check_machine(spec)
-    if in_torchrun():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    launch = this_launch()
+    if launch.by_launcher:
+        rank = launch.rank
         try:
-            context = _init_rank(spec, rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+            context = _init_rank(spec, rank, launch.world, launch.local_rank, launch.local_world)
         except BaseException:
             _finish_rank()
             raise

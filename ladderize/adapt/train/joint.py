@@ -73,8 +73,6 @@ class ReplicatedRun:
     casts_parameters = False  # float32 parameters: the forward autocasts
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
-        import torch.distributed as dist
-
         from ...checkpoint.placement import resolve_device, this_launch, training_precision
 
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
@@ -88,7 +86,8 @@ class ReplicatedRun:
         elif device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
         self.device = device
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        launch = this_launch()
+        self.rank, self.world = launch.rank, launch.world
         self.precision = training_precision(parallelism.dtype, device, parallelism.mixed_precision)
         self.precision.apply()
         self.peft_model = None

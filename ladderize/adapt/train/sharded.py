@@ -59,16 +59,15 @@ class ShardedRun:
     casts_parameters = True  # FSDP2's MixedPrecisionPolicy gathers the trained layers in the compute dtype
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
-        import torch.distributed as dist
-
-        from ...checkpoint.placement import resolve_device, training_precision
+        from ...checkpoint.placement import resolve_device, this_launch, training_precision
         from ..layers.layer_source import map_large_allocations
 
         map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
         parallelism = config.parallelism
         self.device = process_group.start(resolve_device(parallelism.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        launch = this_launch()
+        self.rank, self.world = launch.rank, launch.world
         self.precision = training_precision(parallelism.dtype, self.device, parallelism.mixed_precision)
         self.precision.apply()
         self.compute = self.precision.autocast or torch.float32
@@ -301,10 +300,12 @@ def _write_out(student, converted: list[int], checkpoint: str, tokenizer, teache
 
     from ...checkpoint.atomic import atomic_file
     from ...checkpoint.architectures import layer_prefix
+    from ...checkpoint.placement import this_launch
     from ..layers.layer_source import StreamedLayers, layer_file
     from .output import write_streamed_output, written_marker
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    launch = this_launch()
+    rank, world = launch.rank, launch.world
     layers_dir = state_dir.parent / ".sharded-layers"
     if rank == 0:
         shutil.rmtree(layers_dir, ignore_errors=True)

@@ -324,8 +324,10 @@ def _mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     """The mean of ``tensor`` over the process group's ranks (an all-reduce every rank joins)."""
     import torch.distributed as dist
 
+    from ...checkpoint.placement import this_launch
+
     dist.all_reduce(tensor)
-    return tensor / dist.get_world_size()
+    return tensor / this_launch().world
 
 
 def _all_stored(stored_rows: int, num_sequences: int, step: int, micro: int, split: StepSplit, seed: int) -> bool:
