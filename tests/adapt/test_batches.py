@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from ladderize.adapt.plan.batches import StepSplit, batch_rows, dividing_accumulation, divisible_batch
+from ladderize.adapt.plan.batches import StepSplit, dividing_accumulation, divisible_batch, rows_at
 from ladderize.adapt.plan.cost import Launch
 from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.errors import LadderizeError
 from tests.adapt.test_cost import _config_only
+
+
+def batch_rows(num_sequences: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """The indices of the ``batch_size`` sequences one process alone trains at micro-step ``step`` (epochs wrap)."""
+    return rows_at(num_sequences, step * batch_size, batch_size, seed)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 6, 12, 24])

@@ -17,12 +17,13 @@ import torch
 
 from ladderize.corpus import token_store
 from ladderize.corpus.windows import TokenWindows, pack_tokens, token_windows
-from ladderize.adapt.plan.batches import StepSplit, batch_order, batch_rows
+from ladderize.adapt.plan.batches import StepSplit, batch_order
 from ladderize.corpus.token_store import (
     ensure_store, is_store, open_store, split_document, splittable, store_key, tokenizer_identity,
 )
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import char_tokenizer
+from tests.adapt.test_batches import batch_rows
 
 DOCS = ["abc def", "   ", "ghij\nklm", "nopq rstuv wxyz " * 5, "A B C"]
 

@@ -26,11 +26,6 @@ def batch_order(num_sequences: int, epoch: int, seed: int) -> torch.Tensor:
     return torch.randperm(num_sequences, generator=generator)
 
 
-def batch_rows(num_sequences: int, step: int, batch_size: int, seed: int) -> list[int]:
-    """The indices of the ``batch_size`` sequences used at global micro-step ``step`` (epochs wrap around)."""
-    return rows_at(num_sequences, step * batch_size, batch_size, seed)
-
-
 @dataclass(frozen=True)
 class StepSplit:
     """How a joint stage's global batch of ``batch_size`` sequences per optimizer step is split over ``processes``

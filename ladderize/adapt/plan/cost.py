@@ -25,8 +25,8 @@ the embedding lookup excluded, the LM head included; the attention's quadratic t
   its buckets), and ``ema``'s fp32 average of them. ``--train all`` trains every parameter, ``--train lora`` the
   adapters (``lora_parameters``).
 
-Both keep the activations the backward needs, per token of a micro-batch: ``ACTIVATION_VALUES`` x the layer widths
-in the compute dtype for every layer from the first trained one up (``activation_checkpointing``: only each layer's
+Both keep the activations the backward needs, per token of a micro-batch: 6 x hidden + 2 x KV width + 4 x intermediate
+values in the compute dtype for every layer from the first trained one up (``activation_checkpointing``: only each layer's
 two input states, plus one layer's activations while it recomputes).
 A run fits where the total is at most ``USABLE_SHARE`` of the GPU's memory less ``RESERVED_BYTES`` (CUDA context,
 NCCL buffers, the allocator's slack).
@@ -252,13 +252,12 @@ class PricedDevice:
         return tokens / self.tokens_per_s_per_gpu(stage, stored_teacher)
 
 
-ACTIVATION_VALUES = "6 x hidden + 2 x KV width + 4 x intermediate"  # per token and layer in the compute dtype
 LOGIT_BLOCKS_ALIVE = 6  # float32 [block rows, vocab] tensors alive at once in one block of the kd loss (head_bytes)
 
 
 def activation_bytes_per_token(config: Any, compute_bytes: int = 2) -> int:
     """Bytes one layer keeps for the backward per token, as autograd saves them (``model/block.py``): in the compute
-    dtype (``ACTIVATION_VALUES``) each RMSNorm's normalised rows and output, q (after the rotary) and the attention's
+    dtype (6 x hidden + 2 x KV width + 4 x intermediate) each RMSNorm's normalised rows and output, q (after the rotary) and the attention's
     output, k and v, the MLP's gate, up, activation and product; in float32 each RMSNorm's input (``x.float()``) and
     its per-token inverse norm, and the attention's log-sum-exp per head."""
     shape = _shape_of(config)

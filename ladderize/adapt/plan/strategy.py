@@ -29,7 +29,6 @@ from .strategies import STRATEGIES, StrategyEntry, shard_choices
 ONE_PROCESS = "one process"  # a strategy that holds the whole weights, on a launch of one
 REPLICATED = "replicated"  # every process holds the whole student, its gradients and AdamW
 SHARDED = "sharded"  # every process holds 1/processes of them
-KINDS = (ONE_PROCESS, REPLICATED, SHARDED)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,8 @@ class Strategy:
 
     @property
     def kind(self) -> str:
-        """``KINDS``: what each process holds, from the entry's traits and the process count."""
+        """What each process holds (``ONE_PROCESS``, ``REPLICATED`` or ``SHARDED``), from the entry's traits and the process
+        count."""
         if self.entry.shards:
             return SHARDED
         return REPLICATED if self.processes > 1 else ONE_PROCESS
