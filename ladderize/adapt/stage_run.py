@@ -1,20 +1,12 @@
-"""``adapt``: check a run's settings and paths, then run its training (joint or sequential).
-
-- ``config.py``: the settings (``AdaptConfig``), progress reports and result;
-- ``strategy.py``: how a joint stage runs on the launch (one process, replicated, sharded), as its plan priced it;
-- ``trainer.py``: the joint training's one loop, over the strategy's run:
-  ``joint.py`` (one process or replicated: DDP, LoRA) or ``sharded.py`` (FSDP2), under one step stack
-  (``optimizer_step.py``: precision, loss scaling, clip, AdamW's step);
-- ``sequential_run.py``: the sequential training, one layer at a time;
-- ``training_state.py``: the training state in the run dir (save, resume, removal);
-- ``output.py``: OUT, the adapted checkpoint with its provenance.
+"""``adapt``: one stage of a run, its settings and paths checked (``preflight``), then trained: a joint stage by
+``train/trainer.py``'s one loop, the sequential stage by ``sequential/sequential_run.py``.
 
 Files written:
 
 - ``RUN_DIR/state/``: the latest training state, ``trainer_state.json`` (step, tokens,
-  curve) plus what the training needs to continue exactly (``training_state.py``);
+  curve) plus what the training needs to continue exactly (``train/training_state.py``);
 - ``RUN_DIR/curve.json`` and, at the end, ``OUT/adapt_curve.json``: the loss curve (a recipe's: every stage's,
-  ``output.run_curve``);
+  ``train/output.run_curve``);
 - ``OUT``: the adapted model in the converted format (LoRA merged), with its provenance
   extended by an ``adapt`` record.
 """

@@ -1,7 +1,9 @@
-"""Where the sequential training's weights come from: a model loaded whole, or one layer at a time from safetensors.
+"""Where a stage's weights come from: a model loaded whole, or one layer at a time from safetensors.
 
-The sequential training (``sequential_run.py``) touches one decoder layer at a time, so it
-asks a *layer source* for the layer it needs, uses it, and gives it back:
+The sequential training (``sequential/sequential_run.py``) touches one decoder layer at a time, so it
+asks a *layer source* for the layer it needs, uses it, and gives it back; the joint stages read the same sources
+(the replicated run's shared prefix, the sharded run's reads of its rows and its write-out, the pace's timed layer),
+and a finished layer's file is named by ``layer_file``:
 
 - ``ResidentLayers`` wraps a model loaded whole (``load_model``); giving a layer back does
   nothing. Head grouping needs this: it permutes heads of both models at once.
