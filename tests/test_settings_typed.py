@@ -122,3 +122,22 @@ def test_no_stage_below_the_recipe_is_a_dict():
              for package in TYPED_PACKAGES for file in sorted((PACKAGE / "adapt" / package).rglob("*.py"))
              for where in dict_stage_parameters(file.read_text(), str(file))]
     assert not found, f"stages taken as dicts (take PlannedStage, or Sequence[PlannedStage]): {', '.join(found)}"
+
+
+def test_the_budget_is_parsed_once_at_the_edge():
+    """``--budget`` text becomes a ``Budget`` in one place, the request (``AdaptRequest``): the CLI, the entrance and
+    the plan read it typed, and a budget that is no budget is refused as the request is made."""
+    import pytest
+
+    from ladderize.adapt.plan.budget import Budget
+    from ladderize.adapt.request import AdaptRequest
+    from ladderize.errors import LadderizeError
+
+    callers = [f"{file.relative_to(PACKAGE)}:{number}" for file in sorted(PACKAGE.rglob("*.py"))
+               for number, line in enumerate(file.read_text().splitlines(), 1)
+               if "parse_budget(" in line and "def parse_budget(" not in line]
+    assert callers == ["adapt/request.py:" + callers[0].split(":")[1]] and len(callers) == 1, callers
+    request = AdaptRequest("ckpt", "out", budget="30m")
+    assert request.budget == Budget("30m", seconds=1800.0) and request.with_settings(budget="3B").budget.tokens == 3 * 10**9
+    with pytest.raises(LadderizeError, match="--budget '30x'"):
+        AdaptRequest("ckpt", "out", budget="30x")

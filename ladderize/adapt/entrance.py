@@ -53,13 +53,11 @@ def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: No
                       began=request.began, time_pace=measure_launch)
 
 
-def _check_resumed_budget(saved: dict[str, Any], budget: "str | Budget | None", top: Path) -> None:
+def _check_resumed_budget(saved: dict[str, Any], budget: Budget | None, top: Path) -> None:
     """A resumed run sizes its stages as the interrupted one did: the same ``--budget`` (or none), or one line naming
     it, before a budget of another size is timed and sized."""
-    from .plan.budget import parse_budget
-
     started = (saved.get("budget") or {}).get("text")
-    given = None if budget is None else budget.text if isinstance(budget, Budget) else parse_budget(budget).text
+    given = None if budget is None else budget.text
     if started != given:
         was = "without --budget" if started is None else f"with --budget {started}"
         raise LadderizeError(f"cannot resume {top}: the run was planned {was}; run the same command again with --resume, "

@@ -39,7 +39,7 @@ class AdaptRequest:
     # what trains and how much
     recipe: str | Recipe | None = None  # a built-in recipe's name, a recipe file or a parsed one (stages.py)
     stages: tuple[str, ...] = ()  # --stage NAME:key=value,... in order
-    budget: str | Budget | None = None  # wall time (30m) or tokens (3B) for a recipe's stages (budget.py)
+    budget: Budget | None = None  # wall time (30m) or tokens (3B) for a recipe's stages; given as text, parsed here
     # a single stage's own settings (none given: a recipe runs)
     objectives: str | None = _given(SINGLE)
     train: str | None = _given(SINGLE)
@@ -76,6 +76,14 @@ class AdaptRequest:
     resume: bool = False
     max_steps: int | None = None
     began: float | None = None
+
+    def __post_init__(self) -> None:
+        """``budget`` given as text (``--budget 30m``) is parsed here, once, into a ``Budget`` (one line if it is not
+        one): every part of the run reads it typed."""
+        if isinstance(self.budget, str):
+            from .plan.budget import parse_budget
+
+            object.__setattr__(self, "budget", parse_budget(self.budget))
 
     def shared(self) -> dict[str, Any]:
         """The settings every stage shares that the request gives, by flat name, with its device."""

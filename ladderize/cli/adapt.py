@@ -117,7 +117,6 @@ def adapt_cmd(
 def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, the paths
     and data checked before the heavy imports, then the entrance, rank 0 printing the plan, the progress and the result."""
-    from ..adapt.plan.budget import parse_budget
     from ..adapt.plan.inputs import adapt_inputs, check_input_checkpoint, check_resumable
     from ..checkpoint.atomic import check_apart, check_output_free
     from ..corpus.token_store import check_data
@@ -129,8 +128,6 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     if dry_run is not None:
         _print_dry_run(request, None if dry_run == "here" else dry_run)
         return
-    if request.budget is not None:  # before the heavy imports, as every check below
-        parse_budget(request.budget)
     ckpt, out, run_dir = Path(request.checkpoint), Path(request.out), request.run_dir
     opts.check_checkpoint(ckpt)
     opts.check_weights(ckpt)

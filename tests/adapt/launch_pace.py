@@ -51,6 +51,7 @@ def main() -> None:
 
     from ladderize.adapt.train import pace as pacing
     from ladderize.adapt.plan.adapt_plan import build_plan
+    from ladderize.adapt.plan.budget import parse_budget
     from ladderize.checkpoint.placement import this_launch
 
     ladder, text, home = sys.argv[1:4]
@@ -75,7 +76,7 @@ def main() -> None:
     for phase, budget in (("wall", "600s"), ("tokens", TOKEN_BUDGET)):
         stated["phase"] = phase
         os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
-        plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=budget, time_pace=pacing.measure_launch)
+        plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=parse_budget(budget), time_pace=pacing.measure_launch)
         out[phase] = {"budget": plan.budget, "expected_s": plan.expected_s, "lines": plan.lines()}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, timings)

@@ -203,7 +203,7 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
     assert wall["tokens"] == pytest.approx(3 * one.budget["tokens"], rel=2e-3), (wall["tokens"], one.budget["tokens"])
 
     launched = result["tokens"]
-    dry = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=TOKEN_BUDGET,
+    dry = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget(TOKEN_BUDGET),
                      launch="3xH100", priced_only=True)
     assert launched["expected_s"] == pytest.approx(dry.expected_s, rel=1e-9) and dry.expected_s > 60
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.adapt.plan.cost import JointMemory, Launch, layer_parameters, usable_bytes
 from ladderize.adapt.plan.adapt_plan import build_plan
@@ -43,7 +44,7 @@ def test_one_function_chooses_the_strategy_from_the_settings_and_the_launch():
 def _kd_plan(folder, **settings):
     """The single kd stage of ``--stage kd:...`` at 3B tokens of 2,048 on 8 x H100, priced from config.json alone."""
     stage = "kd" + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
-    plan = build_plan(folder, shared={"seq_len": 2048}, stages=[stage], budget="3B", launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared={"seq_len": 2048}, stages=[stage], budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     return plan, plan.cost.stages[-1]
 
 
@@ -112,7 +113,7 @@ def test_shard_ddp_is_advised_only_what_fits_replicated(tmp_path):
     """Under --shard ddp, more GPUs and a smaller batch do not bring the whole student and teacher under one H100:
     the advice is to shard, which fits."""
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    plan = build_plan(folder, shared={"seq_len": 2048, "shard": "ddp"}, budget="3B", launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared={"seq_len": 2048, "shard": "ddp"}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     refusal = plan.cost.refusal
     assert refusal is not None and "replicated over 8 processes with DDP: --shard ddp" in refusal
     advice = refusal.split("usable: ", 1)[1]
@@ -127,7 +128,7 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
     layer = layer_parameters(load_config(folder))
 
     def kd(accum: int, **shared):
-        plan = build_plan(folder, shared={"seq_len": 2048, "grad_accum": accum, **shared}, budget="3B", launch="8xH100",
+        plan = build_plan(folder, shared={"seq_len": 2048, "grad_accum": accum, **shared}, budget=parse_budget("3B"), launch="8xH100",
                           priced_only=True)
         return plan.stages[-1], plan.cost.stages[-1]
 

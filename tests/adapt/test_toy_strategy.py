@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.adapt.plan.cost import JointMemory
 from ladderize.adapt.plan.strategy import REPLICATED, choose_strategy
@@ -55,7 +56,7 @@ def test_it_is_priced_from_its_traits(toy, tmp_path):
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
 
     def kd(shard: str):
-        plan = build_plan(folder, shared={"seq_len": 2048, "shard": shard, "batch_size": 8}, budget="3B",
+        plan = build_plan(folder, shared={"seq_len": 2048, "shard": shard, "batch_size": 8}, budget=parse_budget("3B"),
                           launch="8xH100", priced_only=True)
         return plan.cost
 

@@ -130,7 +130,7 @@ def build_plan(
     single: dict[str, Any] | None = None,
     recipe: "str | Recipe | None" = None,
     stages: list[str] | None = None,
-    budget: "str | Budget | None" = None,
+    budget: Budget | None = None,
     launch: str | Launch | None = None,
     priced_only: bool = False,
     saved: dict[str, Any] | None = None,
@@ -151,8 +151,7 @@ def build_plan(
     what times this device's pace for a budget (``pace.measure_launch``, which the run hands in: planning imports no
     training)."""
     from ...checkpoint.architectures import read_config_header
-    from .budget import (Budget, check_budget_steps, max_calibration_tokens, parse_budget, plan_line, scale_stages,
-                         size_recipe)
+    from .budget import check_budget_steps, max_calibration_tokens, plan_line, scale_stages, size_recipe
     from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
     shared, single = dict(shared or {}), dict(single or {})
@@ -161,7 +160,7 @@ def build_plan(
     for key in shared:
         if key in _RESERVED:
             raise LadderizeError(f"{key} is not a stage setting")
-    sized_by = budget if isinstance(budget, Budget) or budget is None else parse_budget(budget)
+    sized_by = budget
     where = (launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else
              Launch.current(AdaptConfig.from_flat(shared).parallelism.device))
     readable = (Path(checkpoint) / "config.json").is_file()
