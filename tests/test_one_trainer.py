@@ -29,13 +29,24 @@ def _calls(name: str) -> dict[str, list[str]]:
 
 
 def test_one_joint_training_loop():
-    """The joint stages' loop (its learning-rate schedule, its optimizer step and its held interrupts) is
-    ``trainer.Trainer``'s; the sequential stage's is its own (one layer at a time)."""
+    """The joint stages' loop (its learning-rate schedule and its optimizer step) is ``trainer.Trainer``'s; the
+    sequential stage's is its own (one layer at a time)."""
     assert _calls("LambdaLR") == {"trainer.py": ["Trainer.__init__"], "layer_training.py": ["train_layer"]}
-    assert _calls("holding_interrupts") == {"trainer.py": ["Trainer.train"], "sequential_run.py": ["_train_layers"]}
     # the one step stack: the joint loop's, the sequential stage's layers' and the timed step of a wall budget's pace
     assert _calls("OptimizerStep") == {"trainer.py": ["Trainer.__init__"], "layer_training.py": ["train_layer"],
                                        "pace.py": ["measure"]}
+
+
+def test_one_watch_over_the_steps_of_both_stage_kinds():
+    """Signals, saves and deadlines: both stage kinds hold their steps' interrupts, vote on them, keep the save clock
+    and read the deadline through one ``step_watch.StepWatch`` (the joint loop's ``Trainer.train``, the sequential
+    stage's ``_train_layers``), and no other module makes any of the four."""
+    assert _calls("holding_interrupts") == {"step_watch.py": ["StepWatch.holding"]}
+    for name in ("InterruptVote", "SaveClock", "Deadline"):
+        assert set(_calls(name)) == {"step_watch.py"}, (name, _calls(name))
+    assert _calls("StepWatch") == {"trainer.py": ["Trainer.train"], "sequential_run.py": ["_train_layers"]}
+    for method in ("holding", "after_step", "saved", "time_up"):
+        assert {"trainer.py", "sequential_run.py"} <= set(_calls(method)), method
 
 
 def test_one_step_stack_under_every_strategy():

@@ -143,9 +143,12 @@ def test_the_shutdown_window_warning_repeats_for_every_slower_save(monkeypatch):
     assert "about 65 s" in said[1] and "about 90 s" in said[2] and "--shutdown_timeout 180" in said[2]
 
 
-def test_under_a_launcher_a_signal_one_process_holds_stops_every_process_at_one_step(ladder_dir, text_file, tmp_path):
-    """Two processes (torchrun, gloo), losses logged every 10 steps, a SIGINT to rank 1 alone inside step 3: the
-    processes' vote (no wait on the device) stops both at step 4's end, the state saved there, far before the end."""
+@pytest.mark.parametrize("stage", ["kd", "sequential"])
+def test_under_a_launcher_a_signal_one_process_holds_stops_every_process_at_one_step(stage, ladder_dir, text_file,
+                                                                                     tmp_path):
+    """Two processes (torchrun, gloo), a SIGINT to rank 1 alone inside step 3, in a kd stage whose losses are logged
+    every 10 steps and in the sequential stage (8 steps a layer): the processes' vote (no wait on the device) stops
+    both at step 4's end, the state saved there, far before the end."""
     import subprocess
     from pathlib import Path
 
@@ -154,7 +157,8 @@ def test_under_a_launcher_a_signal_one_process_holds_stops_every_process_at_one_
 
     worker = Path(__file__).with_name("interrupt_vote_worker.py")
     env = {**_env(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([*_torchrun(2), str(worker), str(ladder_dir), str(text_file), str(tmp_path / "out")],
+    done = subprocess.run([*_torchrun(2), str(worker), str(ladder_dir), str(text_file), str(tmp_path / "out"),
+                           *(["sequential"] if stage == "sequential" else [])],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, launch_failure(done.stderr)
     reports = sorted((r["rank"], r["signum"], r["step"]) for r in map(json.loads, done.stdout.splitlines()[-2:]))

@@ -36,7 +36,8 @@ process writes the teacher's states of its own sequences (``teacher_states.write
 later stage reads (``config.objective.teacher_state_rows``).
 
 Resume: ``trainer_state.json`` names the last finished layer, and the window saved partway if any
-(``SaveClock``: a minute in, then every ``save_minutes``, or every ``save_every`` steps). After each finished window
+(the stage's ``train/step_watch.StepWatch``, as a joint stage's: a minute in, then every ``save_minutes``, or every
+``save_every`` steps, and at a held Ctrl-C or SIGTERM). After each finished window
 every process keeps its states entering the next one (``states-rankNNNNN.safetensors``). A resumed run reads the
 finished layers from their files and those states (where they are missing or of other sequences it recomputes them
 through the finished layers), and trains the next
@@ -59,16 +60,16 @@ from ...checkpoint.atomic import atomic_file
 from ...checkpoint.free_space import disk_full_as_one_line
 from ...checkpoint.placement import LaunchRank, TrainingPrecision
 from ...checkpoint.tensor_files import read_tensors, save_safetensors, tensor_names
-from ...errors import LadderizeError, holding_interrupts
+from ...errors import LadderizeError
 from ..train.compilation import compile_layers
 from ..plan.compile_policy import COMPILING, resolve_compile
 from ..plan.config import AdaptConfig, AdaptResult, PhaseProgress, StepInfo, local_inputs_of
 from ..train.output import layer_tensors, write_output, write_streamed_output, written_marker
 from ..process_group import barrier, on_every_process, written_by_main
-from ..train.training_state import STATE_DIR, SaveClock, finish_state, read_trainer_state, write_trainer_state
+from ..train.step_watch import StepWatch
+from ..train.training_state import STATE_DIR, finish_state, read_trainer_state, write_trainer_state
 from ...model.layout import format_layer_ranges
 from ...progress import counted
-from ..train.deadline import Deadline
 from .layer_training import LayerProgress, StateCache, owned_rows, train_layer
 from ..plan.sequential_schedule import layer_windows, state_copies, window_epochs, window_steps
 from .least_squares import refit_output_projections
@@ -160,7 +161,7 @@ def adapt_sequential(
     """Run the sequential training on ``checkpoint`` (checked by ``train.preflight``) and write ``out``; ``on_phase(what,
     done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``);
     ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock, the main process's deciding): the layers' steps
-    fit in the time up to it (``deadline.Deadline``)."""
+    fit in the time up to it (``StepWatch``'s deadline)."""
     from accelerate.utils import set_seed
 
     from ...checkpoint.io import load_model, load_tokenizer
@@ -335,7 +336,7 @@ def _train_layers(
     planned_windows = dict(per_window)  # this attempt's plan: a window the deadline shortened regrows up to it
     started, cpu_started = time.perf_counter() - train_s, time.process_time() - cpu_s
     inputs = local_inputs_of(config)
-    clock = SaveClock(config, say)  # a window's training is saved partway by it (a minute in, then every --save-minutes)
+    watch = StepWatch(config, say, deadline, device)  # saves partway, signals and the deadline, as a joint stage's
 
     def save_partial(group: list[int], layers: list[torch.nn.Module], progress: LayerProgress) -> None:
         """Save the window's training partway: its layers, AdamW's state, then the trainer state that names them."""
@@ -350,16 +351,15 @@ def _train_layers(
                 "partial": {"layer": group[0], "steps": progress.steps, "losses": progress.losses, "before": progress.before}})
             _remove_partial(state_dir, keep_step=step)
         barrier()
-        clock.saved()
+        watch.saved()
 
     def stopping() -> bool:
         return stop_after_steps is not None and stop_after_steps <= step < total_steps
 
     attempt = {"first": None, "steps": step, "said": False}  # this attempt's clock, for the deadline
-    ends = Deadline(deadline, device)  # the main process's clock decides for every process
 
     def time_up() -> bool:
-        if not ends.past():
+        if not watch.time_up():
             return False
         if not attempt["said"]:
             attempt["said"] = True
@@ -373,7 +373,7 @@ def _train_layers(
         and the layer files included): shortened where the stage runs behind, grown back up to their planned steps
         (``planned_windows``, never past them) where the later windows run faster than the first did."""
         nonlocal total_steps
-        if ends.at is None:
+        if watch.ends.at is None:
             return
         left = [w for w in windows if w >= start and w > done]
         if attempt["first"] is None:  # the pace is counted from the first window's training on (the states cached)
@@ -382,7 +382,7 @@ def _train_layers(
         if attempt["said"]:
             fitted = dict.fromkeys(left, 1)
         else:
-            fitted = ends.fitted({w: planned_windows[w] for w in left}, time.perf_counter() - attempt["first"],
+            fitted = watch.ends.fitted({w: planned_windows[w] for w in left}, time.perf_counter() - attempt["first"],
                                  step - attempt["steps"])
         if fitted != {w: per_window[w] for w in left}:
             unit = 'window' if config.sequential.window > 1 else 'layer'
@@ -452,7 +452,7 @@ def _train_layers(
                     if config.sequential.closed_form and start is None:  # one layer per group (validate_config); refit before training
                         say(refit_output_projections(cache, layers[0], teacher_outs[0], local_inputs=inputs, batch_size=batch_size,
                                                      launch=launch).describe())
-                    stepping.enter_context(holding_interrupts())  # a Ctrl-C saves at the step's end (SaveClock), or after the window
+                    stepping.enter_context(watch.holding())  # a Ctrl-C saves at the step's end, or after the window
                     if start is None:
                         fit_windows(group[0])
                     fit = train_layer(cache, layers, teacher_outs, local_inputs=inputs, epochs=epochs[group[0]], batch_size=batch_size,
@@ -460,7 +460,7 @@ def _train_layers(
                                       warmup_steps=config.optimizer.warmup_steps,
                                       max_grad_norm=config.optimizer.max_grad_norm, seed=config.training.seed, progress=record, launch=launch,
                                       start=start, save=lambda progress, group=group, layers=layers: save_partial(group, layers, progress),
-                                      save_due=lambda: clock.due(step, device), steps=per_window[group[0]],
+                                      save_due=lambda: watch.after_step(step), steps=per_window[group[0]],
                                       time_up=time_up)
                     if len(fit.losses) != per_window[group[0]]:  # stopped by the deadline (time_up)
                         per_window[group[0]] = len(fit.losses)
@@ -475,7 +475,7 @@ def _train_layers(
                             "window_steps": {str(k): v for k, v in per_window.items()}})
                         _remove_partial(state_dir)
                     barrier()  # the layers' files are written before any process reads them
-                    clock.saved()
+                    watch.saved()
                     for i in group:
                         student.use_trained(i, layer_file(state_dir, i))
                     if stopping():

@@ -19,10 +19,11 @@ the gradients are averaged over the processes, and the write-out of OUT. Everyth
   of a deterministic batch order (a pure function of the seed and the step), so a recipe trains the same sequences
   on 1 or 8 processes, and a resumed run replays the batches an uninterrupted one would have seen.
 - **The training state** is torch's distributed checkpoint (``training_state.save_joint_state``): the trained
-  parameters and their optimizer state, every process writing its shards, saved by ``SaveClock`` (a minute in, then
-  every ``save_minutes``, or every ``save_every`` steps) and at an interrupt's step: a Ctrl-C or SIGTERM is heard at
-  every step's end (under a launcher one step later, agreed by every process: ``training_state.InterruptVote``). A
-  resume on the same process count continues bit for bit; on another, from the tokens trained. The learning-rate schedule is a function of the step.
+  parameters and their optimizer state, every process writing its shards, saved when the stage's
+  ``step_watch.StepWatch`` says (a minute in, then every ``save_minutes``, or every ``save_every`` steps) and at an
+  interrupt's step: a Ctrl-C or SIGTERM is heard at every step's end (under a launcher one step later, agreed by every
+  process). A resume on the same process count continues bit for bit; on another, from the tokens trained. The
+  learning-rate schedule is a function of the step.
 - **Losses** stay on the device and are read when logged (``loss_log``: every 10 steps on CUDA, every step on a CPU),
   averaged over the processes; only the main process speaks.
 - **A wall budget's deadline** stops the stage at the first step that ends past it (under a launcher, the first logged
@@ -43,13 +44,11 @@ import torch
 from accelerate.utils import set_seed
 
 from ...checkpoint.placement import TrainingPrecision
-from ...errors import holding_interrupts
 from ...progress import counted
 from .. import process_group
 from ..plan.batches import StepSplit
 from ..plan.strategies import StrategyEntry
 from .compilation import adamw
-from .deadline import Deadline
 from .optimizer_step import OptimizerStep
 from .weight_ema import WeightEMA
 from ..plan.config import AdaptConfig, AdaptResult, StepInfo
@@ -57,7 +56,8 @@ from .loss_log import PendingLosses, TrainingLog, log_every as log_interval
 from ..plan.lr_curve import warmup_cosine
 from ..objectives.registry import entries
 from ..plan.throughput import Throughput, peak_flops_per_s, plan_line
-from .training_state import STATE_DIR, InterruptVote, SaveClock, load_joint_state, read_joint_state, save_joint_state
+from .step_watch import StepWatch
+from .training_state import STATE_DIR, load_joint_state, read_joint_state, save_joint_state
 
 
 class JointRun(Protocol):
@@ -200,7 +200,7 @@ class Trainer:
         report = (lambda info: progress(info, run.student)) if self.rank == 0 and progress is not None else None
         self.log = TrainingLog(self.pending, self.curve, train_s=self.train_s, total_steps=self.total_steps,
                                tokens_per_step=self.tokens_per_step, pace=self.pace, say=say, report=report)
-        self.ends = Deadline(deadline, self.device)  # the main process's clock decides for every process
+        self.deadline = deadline  # the main process's clock decides for every process (StepWatch)
 
     def _restore(self) -> None:
         """Load the run dir's saved state, where there is one: the trained parameters, AdamW, the run's stateful
@@ -267,15 +267,15 @@ class Trainer:
         """Train to the stage's last step (or ``stop_after_steps``, or the deadline), saving by the clock and at an
         interrupt, then write OUT."""
         config, run, device, log = self.config, self.run, self.device, self.log
-        saved_step, clock, vote = self.step, SaveClock(config, self.say), InterruptVote()
+        saved_step, watch = self.step, StepWatch(config, self.say, self.deadline, device)
         log_every = log_interval(device)
-        with holding_interrupts():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops (SaveClock)
+        with watch.holding():  # a Ctrl-C or SIGTERM saves the state at its step's end, then stops
             while self.step < self.total_steps:
                 if stop_after_steps is not None and self.step >= stop_after_steps:
                     if save_at_stop and saved_step != self.step:
                         self.save()
                     self.pending.flush(self.curve)
-                    vote.close()
+                    watch.close()
                     process_group.barrier()
                     return AdaptResult(self.out, self.step, self.tokens_done, self.train_s, self.curve,
                                        self.resumed_from, state_dir=self.state_dir if self.state_dir.exists() else None,
@@ -289,25 +289,17 @@ class Trainer:
                 self.train_s += time.perf_counter() - started
                 self.cpu_s += time.process_time() - cpu_started
                 log.step_ended(step, self.tokens_done, self.train_s, self.cpu_s, lr, sums, logged)
-                if step < self.total_steps and (self.world == 1 or logged) and self.ends.past():
+                if step < self.total_steps and (self.world == 1 or logged) and watch.time_up():
                     self.say(f"budget: the stage's time is up after step {step:,} of {self.total_steps:,}: it stops "
                              f"here ({counted(self.tokens_done, 'token')} trained) to keep the budget")
                     self.total_steps = log.total_steps = step
                 final = step == self.total_steps
-                if logged or clock.by_steps:
-                    due = clock.due(step, device)  # time is read where losses are
-                else:
-                    due = False
-                    clock.stepped()
-                heard = vote.heard(last=final)  # a held signal, at every step (the vote of the processes)
-                if heard is not None:
-                    clock.stop, due = heard, True
-                if (due and not final) or (final and (config.saving.keep_state or (due and clock.stop is not None))):
+                due = watch.after_step(step, last=final, read_clock=logged)  # time is read where losses are
+                if (due and not final) or (final and (config.saving.keep_state or (due and watch.stopping))):
                     self.save()
                     saved_step = step
-                    clock.saved(vote.lag)
+                    watch.saved()
 
-        vote.close()
         self.pending.flush(self.curve)
         if self.stored is not None:
             self.say(f"stored teacher states: {self.stored.rows_read(device):,} of the {self.stored.written:,} "
