@@ -117,3 +117,35 @@ def test_two_processes_run_one_plan_of_a_wall_budget(ladder_dir, text_file, tmp_
     assert len(said) == 1 and len(planned) == 1, done.stdout + done.stderr
     before = int(planned[0].split(", ")[1].removesuffix(" tokens").replace(",", ""))
     assert f"re-planned kd {before:,} -> {counted(record['plan'][1]['tokens'], 'token')}" in said[0], said
+
+
+def test_a_sequential_stage_stopped_on_two_processes_resumes_on_one_from_its_tokens(ladder_dir, text_file, tmp_path):
+    """A sequential stage launched on 2 processes and stopped inside its second layer (``--max-steps 8``: the first
+    layer's 6 steps finished and kept) resumes on 1 process from the finished layer's step and tokens, trains the
+    steps left, and ends as one uninterrupted process does (within the data-parallel sums' rounding)."""
+    sequences, seq_len, batch, epochs = 9, 32, 3, 2
+    common = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
+              str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
+              "--lr", "3e-3", "--device", "cpu", "--dtype", "float32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
+    command = ["-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), *common]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cut = subprocess.run([*torchrun, *command, "--max-steps", "8"], env=env, capture_output=True, text=True, timeout=240)
+    assert cut.returncode == 0, launch_failure(cut.stderr)
+    state = json.loads((tmp_path / "two.adapt-run" / "state" / "trainer_state.json").read_text())
+    assert (state["step"], state["tokens"], state["layer_done"]) == (6, 6 * batch * seq_len, 2)
+    resumed = subprocess.run([sys.executable, *command, "--resume"], env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed after layer 2 (step 6)" in resumed.stdout + resumed.stderr
+
+    one = adapt(AdaptConfig.from_flat(checkpoint=str(ladder_dir), out=str(tmp_path / "one"), data=str(text_file),
+                                      objectives="local", local_schedule="sequential", tokens=sequences * seq_len,
+                                      seq_len=seq_len, batch_size=batch, epochs=epochs, lr=3e-3, device="cpu",
+                                      dtype="float32"))
+    two = json.loads((tmp_path / "two" / "adapt_curve.json").read_text())
+    assert [(r["step"], r["tokens"], r["layer"]) for r in two] == [(r["step"], r["tokens"], r["layer"]) for r in one.curve]
+    for a, b in zip(one.curve, two):
+        assert abs(a["loss_local"] - b["loss_local"]) <= LOSS_RTOL * abs(a["loss_local"]), (a, b)
+    w1, w2 = load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict()
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
