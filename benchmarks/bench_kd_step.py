@@ -2,7 +2,7 @@
 
     python benchmarks/bench_kd_step.py CKPT --cpu 0     # CKPT: a converted checkpoint, e.g. ladder 15-29 of SmolLM2
 
-The step is what a recipe's ``kd`` stage runs (``objectives.AdaptLoss``, as ``joint.ReplicatedRun`` builds it: the
+The step is what a recipe's ``kd`` stage runs (``objectives.AdaptLoss``, as ``replicated.ReplicatedRun`` builds it: the
 converted layers trained, the frozen prefix shared with the teacher): the forward, the kd loss block by block, the
 backward, gradient clipping and the fused AdamW step, on ``--batch x --seq`` tokens of WikiText's held-out text at the
 run's precision (bf16 autocast where the CPU multiplies bf16), on one core with one thread. ``teacher runs``: the
@@ -50,7 +50,7 @@ def main() -> None:
 
     from ladderize.adapt.train.compilation import adamw, compile_layers
     from ladderize.corpus.windows import pack_tokens
-    from ladderize.adapt.train.joint import select_trainable
+    from ladderize.adapt.train.replicated import select_trainable
     from ladderize.adapt.train.lora import LoraSpec
     from ladderize.adapt.objectives.losses import AdaptLoss
     from ladderize.convert.residual_states import embed, run_layers

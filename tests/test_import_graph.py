@@ -199,20 +199,20 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path):
 
 
 def test_the_planning_side_imports_no_training():
-    """What chooses and prices a run's strategy (``adapt/plan/strategy.py``, ``cost.py``, ``adapt_plan.py``) reads
-    settings and shapes: it imports neither training run (``joint``, ``sharded``), and the strategy no training module
+    """What chooses and prices a run's strategy (``adapt/plan/strategy_choice.py``, ``cost.py``, ``adapt_plan.py``) reads
+    settings and shapes: it imports neither training run (``replicated``, ``sharded``), and the strategy no training module
     at all; the run and the pricing read the same choice."""
     edges = file_graph()
     plan, train = f"{ROOT}.adapt.plan", f"{ROOT}.adapt.train"
-    training = ({f"{train}.{name}" for name in ("joint", "sharded")} | {f"{ROOT}.adapt.stage_run"}
+    training = ({f"{train}.{name}" for name in ("replicated", "sharded")} | {f"{ROOT}.adapt.stage_run"}
                 | {f"{ROOT}.adapt.sequential.{name}" for name in ("layer_training", "sequential_run")})
-    runs = {f"{train}.joint", f"{train}.sharded"}
-    for planner, barred in (("strategy", training), ("cost", runs), ("adapt_plan", runs)):
+    runs = {f"{train}.replicated", f"{train}.sharded"}
+    for planner, barred in (("strategy_choice", training), ("cost", runs), ("adapt_plan", runs)):
         found = {target: where for (source, target), where in edges.items()
                  if source == f"{plan}.{planner}" and target in barred}
         assert not found, f"{planner} imports training: {found}"
-    assert (f"{ROOT}.adapt.stage_run", f"{plan}.strategy") in edges  # the run reads the same choice
-    assert (f"{plan}.cost", f"{plan}.strategy") in edges
+    assert (f"{ROOT}.adapt.stage_run", f"{plan}.strategy_choice") in edges  # the run reads the same choice
+    assert (f"{plan}.cost", f"{plan}.strategy_choice") in edges
 
 
 def _from_imports(file: Path) -> list[tuple[str, str, int]]:

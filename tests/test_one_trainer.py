@@ -53,7 +53,7 @@ def test_one_step_stack_under_every_strategy():
     """The runs of the strategies wrap their model and average its gradients; the precision, the loss scaling, the
     clip and the optimizer step are one stack (``optimizer_step.OptimizerStep``) that none of them rewrites, and the
     sequential stage's layers clip and step through it too."""
-    runs = {"joint.py", "sharded.py"}
+    runs = {"replicated.py", "sharded.py"}
     for name in ("step", "backward", "clip_grads_with_norm_", "GradScaler", "ShardedGradScaler", "autocast"):
         assert not runs & set(_calls(name)), name
     assert set(_calls("clip_grad_norm_")) | set(_calls("clip_grads_with_norm_")) == {"optimizer_step.py"}

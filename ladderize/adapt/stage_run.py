@@ -103,7 +103,7 @@ def preflight(config: AdaptConfig, checkpoint: str | None = None) -> dict[str, f
     weights = validate_config(config)
     if config.sequential.local_schedule != "sequential":
         from ..checkpoint.placement import this_launch
-        from .plan.strategy import choose_strategy
+        from .plan.strategy_choice import choose_strategy
 
         choose_strategy(config, this_launch().world)  # a setting --shard fsdp cannot take, refused here
     out = Path(config.saving.out).expanduser().absolute()

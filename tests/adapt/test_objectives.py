@@ -9,7 +9,7 @@ from ladderize.adapt.objectives import registry as objective_registry
 from ladderize.adapt.objectives.losses import AdaptLoss, kd_loss
 from ladderize.adapt.objectives.registry import logit_block_rows, parse_objectives
 from ladderize.adapt.plan.config import AdaptConfig, validate_config
-from ladderize.adapt.train.joint import select_trainable
+from ladderize.adapt.train.replicated import select_trainable
 from ladderize.adapt.stage_run import adapt
 from ladderize.adapt.train.lora import LoraSpec
 from ladderize.checkpoint.io import load_model

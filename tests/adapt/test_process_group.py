@@ -87,7 +87,7 @@ def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
     cli or eval reads the launcher's variables or asks torch.distributed for the world's size to decide it, adapt asks
     torch.distributed for no rank or world size, and the runtime and the command line ask ``this_launch`` whether a
     launcher started them (``by_launcher``: one meaning of launched, ``RANK`` and ``WORLD_SIZE`` given); the group
-    is started by the entrance and the training (``entrance``, ``sequential_run``, ``joint``, ``sharded``), never by a
+    is started by the entrance and the training (``entrance``, ``sequential_run``, ``replicated``, ``sharded``), never by a
     module that plans or prices a run."""
     from pathlib import Path
 
@@ -115,4 +115,4 @@ def test_one_answer_to_am_i_launched_and_no_planning_module_starts_the_group():
     assert not starts, starts
     starters = {file.stem for file in (package / "adapt").rglob("*.py")
                 if _calls(file, {"start"}) and "process_group" in file.read_text()}
-    assert starters == {"entrance", "sequential_run", "joint", "sharded"}, starters
+    assert starters == {"entrance", "sequential_run", "replicated", "sharded"}, starters

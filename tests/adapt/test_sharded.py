@@ -138,7 +138,7 @@ def test_a_batch_replicated_over_three_processes_equals_one_process(sharp_ladder
     stage = ["--stage", "kd:tokens=256,lr=1e-2,batch_size=6,grad_accum=2"]
     three = _launch(3, ["adapt", str(sharp_ladder), str(tmp_path / "three"), *_common(text_file), "--shard", "ddp",
                         *stage], tmp_path)
-    assert "(FSDP2)" not in three.stderr  # replicated: joint.py
+    assert "(FSDP2)" not in three.stderr  # replicated: replicated.py
     assert "batch 6 = 1 per process x 3 processes x 2 accumulated" in three.stderr, three.stderr[-3000:]
     _single(["adapt", str(sharp_ladder), str(tmp_path / "one"), *_common(text_file), *stage], tmp_path)
     for a, b in zip(_losses(tmp_path / "one"), _losses(tmp_path / "three"), strict=True):
@@ -250,7 +250,7 @@ def test_activation_checkpointing_recomputes_the_same_training(sharp_ladder, tex
 
 
 def test_the_replicated_training_recomputes_activations_too(sharp_ladder, text_file, tmp_path):
-    """``--activation-checkpointing`` on the replicated training (``joint.py``): the same training, its layers
+    """``--activation-checkpointing`` on the replicated training (``replicated.py``): the same training, its layers
     checkpointed."""
     checked_layers: list[bool] = []
 

@@ -1,4 +1,4 @@
-"""How a joint stage runs (``adapt/plan/strategy.py``): one function chooses one process, replicated (DDP) or sharded
+"""How a joint stage runs (``adapt/plan/strategy_choice.py``): one function chooses one process, replicated (DDP) or sharded
 (FSDP2), and the plan, the pricing, the dry run's advice and the run all read it, so what is priced is what runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.adapt.plan.cost import JointMemory, Launch, layer_parameters, usable_bytes
 from ladderize.adapt.plan.adapt_plan import build_plan
-from ladderize.adapt.plan.strategy import ONE_PROCESS, REPLICATED, SETTINGS, SHARDED, choose_strategy
+from ladderize.adapt.plan.strategy_choice import ONE_PROCESS, REPLICATED, SETTINGS, SHARDED, choose_strategy
 from ladderize.checkpoint.io import load_config
 from ladderize.checkpoint.shapes import ModelShape
 from ladderize.errors import LadderizeError
@@ -147,7 +147,7 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
 def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_dir, text_file, tmp_path, monkeypatch):
     """The run (``train.adapt``) and the plan (``cost.plan_run``) read one choice: a launch of ``world`` processes
     runs the training the plan's stage names."""
-    from ladderize.adapt.train import joint
+    from ladderize.adapt.train import replicated
     from ladderize.adapt.train import sharded
     from ladderize.adapt.stage_run import adapt
 
@@ -161,7 +161,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
         return run
 
     monkeypatch.setattr(sharded, "ShardedRun", built(SHARDED))
-    monkeypatch.setattr(joint, "ReplicatedRun", built("joint"))
+    monkeypatch.setattr(replicated, "ReplicatedRun", built("replicated"))
     monkeypatch.setenv("WORLD_SIZE", str(world))
     shared = {"data": str(text_file), "objectives": "kd", "seq_len": 32, "batch_size": 2, "tokens": 256, "device": "cpu",
               **settings}
@@ -170,7 +170,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
         adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
     chosen = choose_strategy(plan.stages[0].resolved, world)
     assert plan.cost.stages[0].strategy == chosen.describe()
-    assert ran == [SHARDED if chosen.shards else "joint"]
+    assert ran == [SHARDED if chosen.shards else "replicated"]
 
 
 

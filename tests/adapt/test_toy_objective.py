@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from ladderize.adapt.plan.config import AdaptConfig, needs_teacher
 from ladderize.adapt.plan.cost import FlopCount, JointMemory, head_parameters, layer_parameters
-from ladderize.adapt.train.joint import select_trainable
+from ladderize.adapt.train.replicated import select_trainable
 from ladderize.adapt.train.lora import LoraSpec
 from ladderize.adapt.objectives.losses import AdaptLoss
 from ladderize.adapt.objectives.registry import TEACHER_LAYERS, Objective, parse_objectives, register

@@ -19,7 +19,7 @@ import pytest
 from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.adapt.plan.cost import JointMemory
-from ladderize.adapt.plan.strategy import REPLICATED, choose_strategy
+from ladderize.adapt.plan.strategy_choice import REPLICATED, choose_strategy
 from ladderize.errors import LadderizeError
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_multiprocess import launch_failure

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ladderize.adapt.plan.strategies import STRATEGIES, StrategyEntry, register
-from ladderize.adapt.train.joint import ReplicatedRun
+from ladderize.adapt.train.replicated import ReplicatedRun
 
 
 class HandAveragedRun(ReplicatedRun):

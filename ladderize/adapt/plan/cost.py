@@ -13,14 +13,14 @@ the embedding lookup excluded, the LM head included; the attention's quadratic t
   they are identical, ``share_prefix``), and the teacher's layers and head that the objectives read.
 
 **Memory per GPU** of a joint stage (``JointMemory``), priced for the strategy it runs with
-(``strategy.choose_strategy``: the same call the run makes):
+(``strategy_choice.choose_strategy``: the same call the run makes):
 
 - *sharded* (FSDP2, ``sharded.py``): fp32 student weights (beside a teacher, only its layers from the first converted
   one up: the rest are the teacher's, held once), the teacher in the compute dtype, fp32 gradients and AdamW's two
   fp32 moments of the trained parameters, each divided by the processes; two gathered decoder layers in the compute
   dtype (the one computing and the one prefetched); with ``grad_accum`` > 1, the accumulated gradients, which FSDP2
   keeps unsharded in fp32 between micro-batches (gradient sync waits for the last one);
-- *one process* or *replicated* (``joint.py``, DDP): the whole fp32 student and the whole fp32 teacher on every
+- *one process* or *replicated* (``replicated.py``, DDP): the whole fp32 student and the whole fp32 teacher on every
   process, fp32 gradients and AdamW's moments of the trained parameters (under DDP a second copy of the gradients in
   its buckets), and ``ema``'s fp32 average of them. ``--train all`` trains every parameter, ``--train lora`` the
   adapters (``lora_parameters``).
@@ -332,7 +332,7 @@ class JointMemory:
                  sharded: bool = True, scope: str = "converted", ema: bool = False, accumulating: bool = False,
                  lora_rank: int = 16, head_loss: bool = False, teacher_head: bool = False) -> "JointMemory":
         """The bytes per GPU (module docstring) of a stage training ``scope`` (``--train``) of ``converted``, on
-        ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy.Strategy.shards``)."""
+        ``processes``; ``sharded``: FSDP2, else the whole student on every process (``strategy_choice.Strategy.shards``)."""
         shape = _shape_of(config)
         layer = layer_parameters(shape)
         every = shape.num_parameters
@@ -347,7 +347,7 @@ class JointMemory:
             activations = micro_batch_tokens * kept_layers * per_layer
         head, logits, rows = (head_bytes(shape, micro_batch_tokens, compute_bytes, sharded, processes, teacher_head)
                               if head_loss else (0.0, 0.0, 0.0))
-        if not sharded:  # joint.py: both models whole, in fp32, on every process
+        if not sharded:  # replicated.py: both models whole, in fp32, on every process
             return cls(student=4 * every + (4 * trained if scope == "lora" else 0),
                        teacher=4 * every if teacher else 0.0, gradients=4 * trained, optimizer=8 * trained,
                        gathered=0.0, activations=float(activations), buckets=4 * trained if processes > 1 else 0.0,
@@ -365,12 +365,12 @@ class JointMemory:
     def for_step(cls, config: Any, converted: list[int], stage: PlannedStage, processes: int,
                  micro_batch_tokens: int | None = None) -> "JointMemory":
         """The estimate of a plan's joint stage ``stage`` (its typed settings) on
-        ``processes``, for the strategy it runs with there (``strategy.choose_strategy``); ``micro_batch_tokens``:
+        ``processes``, for the strategy it runs with there (``strategy_choice.choose_strategy``); ``micro_batch_tokens``:
         the step's own micro-batch unless given: its global batch's rows on one process in one micro-batch
         (``batches.StepSplit.local``)."""
         from .batches import StepSplit
         from ..objectives.registry import entries, parse_objectives
-        from .strategy import choose_strategy
+        from .strategy_choice import choose_strategy
 
         settings = stage.resolved
         weights = parse_objectives(settings.objective.objectives)
@@ -428,7 +428,7 @@ class StageCost:
     memory: dict[str, float] | None = None
     recomputed_flops_per_token: int = 0  # activation checkpointing's second forward, priced beside ``flops_per_token``
     memory_bytes: float | None = None
-    strategy: str | None = None  # a joint stage's: how it runs on the launch (``strategy.Strategy.describe``)
+    strategy: str | None = None  # a joint stage's: how it runs on the launch (``strategy_choice.Strategy.describe``)
     split: str | None = None  # a joint stage's: its global batch over the processes (``batches.StepSplit.describe``)
     tokens_per_s_per_gpu: float | None = None
     seconds: float | None = None
@@ -540,7 +540,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], stages: Sequen
     from ..objectives.registry import parse_objectives
     from .sequential_schedule import reads_stored_teacher
     from .stage_clock import stages_seconds
-    from .strategy import choose_strategy
+    from .strategy_choice import choose_strategy
 
     priced, refusal = [], None
     usable = usable_bytes(launch.memory_bytes) if launch.memory_bytes else None
@@ -642,9 +642,9 @@ def _sequential_cost(config: Any, converted: list[int], planned: PlannedStage, l
 def _joint_advice(config: Any, converted: list[int], launch: Launch, stage: PlannedStage, memory: JointMemory,
                   usable: float) -> str:
     """One line: what the stage needs, and the changes that would make it fit, each priced for the strategy it would
-    run with (``strategy.choose_strategy``: more GPUs shard a stage that one GPU runs whole, not one that a setting
+    run with (``strategy_choice.choose_strategy``: more GPUs shard a stage that one GPU runs whole, not one that a setting
     keeps replicated)."""
-    from .strategy import choose_strategy, whole_weight_changes, whole_weight_settings
+    from .strategy_choice import choose_strategy, whole_weight_changes, whole_weight_settings
 
     settings = stage.resolved
 

@@ -103,7 +103,7 @@ def gathers_teacher(stage: PlannedStage, processes: int) -> bool:
     """Whether joint stage ``stage`` on ``processes`` runs a teacher whose layers gather across the ranks (sharded over
     more than one process): its ranks run it together or not at all, so it reads stored states only for a micro-batch
     whose rows are stored on every rank (``trainer._all_stored``)."""
-    from .strategy import choose_strategy
+    from .strategy_choice import choose_strategy
 
     return processes > 1 and choose_strategy(stage.resolved, processes).shards
 

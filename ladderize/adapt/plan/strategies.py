@@ -1,5 +1,5 @@
 """The strategies a joint stage can run with, as entries (``STRATEGIES``): each names its run and declares the traits
-the plan, the pricing and the run read (``strategy.choose_strategy`` picks one). A new strategy is one entry, added with
+the plan, the pricing and the run read (``strategy_choice.choose_strategy`` picks one). A new strategy is one entry, added with
 ``register``, and its run class (``trainer.JointRun``); nothing reads a strategy's name but ``--shard``. Imports
 nothing: the planning side and the settings' check read the table before any training module loads."""
 
@@ -38,7 +38,7 @@ def register(entry: StrategyEntry) -> StrategyEntry:
 
 
 register(StrategyEntry("fsdp", "ladderize.adapt.train.sharded:ShardedRun", shards=True, label="FSDP2", auto=0))
-register(StrategyEntry("ddp", "ladderize.adapt.train.joint:ReplicatedRun", shards=False, label="DDP", auto=1))
+register(StrategyEntry("ddp", "ladderize.adapt.train.replicated:ReplicatedRun", shards=False, label="DDP", auto=1))
 
 
 def shard_choices() -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 The ``local`` objective can be run two ways:
 
-- ``joint`` (``joint.py``): every converted layer trains at every step, each on the
+- ``joint`` (``replicated.py``): every converted layer trains at every step, each on the
   states of the current batch.
 - ``sequential`` (this module's pieces, run by ``sequential_run.py``): the layers are
   trained in order, bottom to top, each for ``epochs`` passes over a fixed calibration set,

@@ -58,7 +58,7 @@ class TrainingLog:
     """A joint training's record as its steps end: each step's losses kept pending (``PendingLosses``) and, at a
     logged step, read into ``curve``, with that window's rate, the projected time once ``PROJECT_AFTER_STEPS`` steps
     past the first window (its one-time costs) have run, and the progress report (``report``, the main process's).
-    Both joint trainings (``joint.py``, ``sharded.py``) keep their record through it."""
+    Both joint trainings (``replicated.py``, ``sharded.py``) keep their record through it."""
 
     def __init__(self, pending: PendingLosses, curve: list[dict], *, train_s: float, total_steps: int,
                  tokens_per_step: int, pace: Any, say: Callable[[str], None],

@@ -26,8 +26,8 @@ about 106 GB) trains here, torchtitan's way, each piece a plain torch call:
   those layers (``output.write_streamed_output``) while the others wait on the file system, not in a collective
   (``process_group.written_by_main``).
 
-LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``joint.py``, DDP):
-``strategy.choose_strategy`` decides, for the plan and the run alike. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
+LoRA, EMA, head grouping, interpolation and ``--train all`` keep the replicated path (``replicated.py``, DDP):
+``strategy_choice.choose_strategy`` decides, for the plan and the run alike. Compiled decoder layers (``--compile``) are compiled before they are sharded, torchtitan's way.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The joint training: one ``Trainer`` (set-up, resume, ``train_step``, the loop that logs, saves, stops and writes
 out) over a parallelism strategy.
 
-``strategy.choose_strategy`` picks how the stage runs on its launch (an entry of ``strategies.STRATEGIES``), and the
+``strategy_choice.choose_strategy`` picks how the stage runs on its launch (an entry of ``strategies.STRATEGIES``), and the
 loop drives the run its entry names (``run_class``):
 
-- one process or replicated over the processes (``joint.ReplicatedRun``: DDP under a launcher; LoRA, EMA, head
+- one process or replicated over the processes (``replicated.ReplicatedRun``: DDP under a launcher; LoRA, EMA, head
   grouping, interpolation, ``--train all``);
 - sharded over the processes (``sharded.ShardedRun``: FSDP2, each rank reading its rows of each tensor).
 
@@ -61,7 +61,7 @@ from .training_state import STATE_DIR, load_joint_state, read_joint_state, save_
 
 
 class JointRun(Protocol):
-    """What a strategy's run gives the loop (``joint.ReplicatedRun``, ``sharded.ShardedRun``). Built on the process's
+    """What a strategy's run gives the loop (``replicated.ReplicatedRun``, ``sharded.ShardedRun``). Built on the process's
     device, in its training precision; after ``build``: the loss module the steps call, the module whose trained
     parameters the state holds, those parameters, the student (for progress reports), the teacher's path, whether the
     prefix is shared and the first converted layer (for stored teacher states), and the step's FLOPs. ``wrap`` readies
@@ -136,7 +136,7 @@ class Trainer:
         from ...checkpoint.placement import this_launch
         from ...corpus.token_store import build_reporter, is_store
         from ...corpus.windows import token_windows
-        from ..plan.strategy import choose_strategy
+        from ..plan.strategy_choice import choose_strategy
 
         self.config, self.out = config, out
         strategy = choose_strategy(config, this_launch().world)

@@ -3,7 +3,7 @@ holding the whole student under a launcher (torch's DDP over the launch's proces
 
 The run builds the models and wraps them; the step's precision (autocast), loss scaling, clip and optimizer step are
 the stack every run shares (``optimizer_step.OptimizerStep``), and the loop divides each micro-batch's loss by the
-accumulation itself. This run takes what needs the whole weights on every process (``strategy.SETTINGS``): LoRA
+accumulation itself. This run takes what needs the whole weights on every process (``strategy_choice.SETTINGS``): LoRA
 (peft, merged into OUT, the adapter saved beside it), an EMA of the trained weights, head grouping before training,
 interpolation towards the start, and ``--train all``. OUT is written by the main process from the whole model,
 while the others wait on the file system.
