@@ -127,3 +127,23 @@ def test_rules_between_sections_are_check_settings_own(settings, message):
         section.check()
     with pytest.raises(LadderizeError, match=message):
         check_settings(config)
+
+
+def test_a_steps_tokens_and_count_are_the_training_sections_own():
+    """Tokens per step, a joint stage's steps and the whole sequences are derived once, by the training section, for
+    the trainer, the plan, its price and the sequential schedule alike; no module derives them by hand."""
+    import re
+    from pathlib import Path
+
+    from ladderize.adapt.plan.settings_sections import TrainingSettings
+
+    training = TrainingSettings(tokens=1000, seq_len=32, batch_size=3)
+    assert (training.tokens_per_step, training.steps, training.sequences) == (96, 11, 31)
+    assert TrainingSettings(tokens=1, seq_len=32, batch_size=3).steps == 1
+    adapt = Path(__file__).resolve().parents[2] / "ladderize" / "adapt"
+    by_hand = [f"{file.name}:{number}" for file in sorted(adapt.rglob("*.py"))
+               for number, line in enumerate(file.read_text().splitlines(), 1)
+               if file.name != "settings_sections.py" and (
+                   re.search(r"training\.(batch_size \* [a-z_.]*training\.seq_len|seq_len \* [a-z_.]*training\.batch_size)", line)
+                   or re.search(r"training\.tokens / ", line) or re.search(r"training\.tokens // [a-z_.]*seq_len", line))]
+    assert not by_hand, by_hand

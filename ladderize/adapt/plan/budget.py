@@ -83,8 +83,7 @@ def parse_budget(text: str) -> Budget:
 
 def step_tokens(stage: PlannedStage) -> int:
     """Tokens of one optimizer step of a resolved stage: its batch is the step's, on any process count."""
-    training = stage.resolved.training
-    return training.seq_len * training.batch_size
+    return stage.resolved.training.tokens_per_step
 
 
 def stage_cost(stage: PlannedStage) -> float:

@@ -246,9 +246,8 @@ class PricedDevice:
         (``stage_clock.process_share``, as a pace timed under the launch counts it)."""
         from .stage_clock import process_share
 
-        settings = stage.resolved
-        steps = max(1, math.ceil(settings.training.tokens / (settings.training.seq_len * settings.training.batch_size)))
-        tokens = steps * settings.training.batch_size * settings.training.seq_len * process_share(stage, self.launch.processes)
+        training = stage.resolved.training
+        tokens = training.steps * training.tokens_per_step * process_share(stage, self.launch.processes)
         return tokens / self.tokens_per_s_per_gpu(stage, stored_teacher)
 
 
@@ -555,8 +554,7 @@ def plan_run(config: Any, layout_text: str, converted: list[int], stages: Sequen
         if sequential:
             stage = _sequential_cost(config, converted, planned, launch, seq_len, batch, compute_bytes, seconds)
         else:
-            tokens_per_step = seq_len * batch  # the global batch
-            steps_n = max(1, math.ceil(settings.training.tokens / tokens_per_step))
+            tokens_per_step, steps_n = settings.training.tokens_per_step, settings.training.steps  # the global batch
             stored = reads_stored_teacher(stages, index, data_tokens)
             count = FlopCount.for_stage(config, converted, weights, scope=settings.scope.train, stored_teacher=stored,
                                         checkpointing=bool(settings.parallelism.activation_checkpointing))

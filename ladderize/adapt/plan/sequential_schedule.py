@@ -90,8 +90,8 @@ def reads_stored_teacher(stages: Sequence[PlannedStage], index: int, data_tokens
     itself checks its windows token for token (a batch with a row outside runs the teacher); this is the plan's guess."""
     stage = stages[index]
     reads = stage.tokens if data_tokens is None else min(stage.tokens, data_tokens)
-    return any(reads_kept_states(stage, before) and reads <= before.tokens + before.resolved.training.batch_size
-               * before.resolved.training.seq_len for before in stages[:index])
+    return any(reads_kept_states(stage, before) and reads <= before.tokens + before.resolved.training.tokens_per_step
+               for before in stages[:index])
 
 
 def keeps_teacher_states(stages: Sequence[PlannedStage], index: int) -> bool:
@@ -118,11 +118,11 @@ def rows_read(stages: Sequence[PlannedStage], index: int, processes: int = 1) ->
     takes (then each is read), and not at all otherwise (a few micro-batches would read a few of them)."""
     rows = 0
     before = stages[index].resolved
-    calibration = before.training.tokens // before.training.seq_len  # whole sequences
+    calibration = before.training.sequences
     for stage in stages[index + 1:]:
         if reads_kept_states(stage, stages[index]):
             training = stage.resolved.training
-            windows = math.ceil(stage.tokens / (training.batch_size * training.seq_len)) * training.batch_size
+            windows = training.steps * training.batch_size
             if gathers_teacher(stage, processes) and windows > calibration:
                 continue
             rows = max(rows, windows)

@@ -146,6 +146,21 @@ class TrainingSettings:
     grad_accum: int = 1  # micro-batches per optimizer step on each process
     seed: int = 0
 
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step: its global batch, on any process count."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def sequences(self) -> int:
+        """The whole sequences ``tokens`` holds (a sequential stage's calibration rows)."""
+        return self.tokens // self.seq_len
+
+    @property
+    def steps(self) -> int:
+        """A joint stage's optimizer steps: ``tokens`` in whole steps, rounded up (at least one)."""
+        return max(1, -(-self.tokens // self.tokens_per_step))
+
     def check(self) -> None:
         _at_least_one(self, ("tokens", "batch_size", "grad_accum"))
         check_seq_len(self.seq_len)

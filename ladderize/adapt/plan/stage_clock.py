@@ -95,7 +95,7 @@ def process_share(stage: PlannedStage, processes: int) -> float:
 def sequential_processes(stage: PlannedStage, processes: int) -> int:
     """The processes a sequential stage's step is split over: at most its batch's sequences (and the calibration set's)."""
     training = stage.resolved.training
-    return min(processes, training.batch_size, max(1, training.tokens // training.seq_len))
+    return min(processes, training.batch_size, max(1, training.sequences))
 
 
 def stage_seconds(clock: StageClock, stage: PlannedStage, stored_teacher: bool = False) -> float:

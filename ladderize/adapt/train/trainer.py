@@ -153,8 +153,8 @@ class Trainer:
         training = self.training = config.training  # the text, a step's batch and the tokens in all
         self.split = StepSplit(training.batch_size, self.world, training.grad_accum)
         self.split.check()  # the Python API's backstop: the plan refuses it before any weight loads
-        self.tokens_per_step = training.batch_size * training.seq_len
-        self.total_steps = max(1, math.ceil(training.tokens / self.tokens_per_step))
+        self.tokens_per_step = training.tokens_per_step
+        self.total_steps = training.steps
         planned_tokens = self.total_steps * self.tokens_per_step
         if planned_tokens != training.tokens:
             say(f"--tokens {training.tokens:,} rounds up to {planned_tokens:,}: a step trains "
