@@ -37,7 +37,7 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     """``adapt_curve.token_passes`` reads the plan line and, after a stage, the re-plan line ``budget.replan`` writes."""
     import importlib.util
 
-    from ladderize.adapt.plan.budget import Budget, plan_line, replan
+    from ladderize.adapt.plan.budget import Budget, Sizing, plan_line, replan
     from tests.adapt.test_budget import timed_plan
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling adapt_common
@@ -46,7 +46,7 @@ def test_the_curve_counts_a_re_planned_budget_s_token_passes(monkeypatch):
     spec.loader.exec_module(curve)
     pace, steps, planned = timed_plan()
     said = [plan_line(Budget("15m", seconds=20.0 + sum(planned)), steps)]
-    record = {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": planned, "calibration_cap": None}
+    record = Sizing("15m", seconds=20.0 + sum(planned), pace=pace, planned_s=tuple(planned))
     replanned, _ = replan(steps, 0, record, [1.2 * planned[0]], said.append)
     assert curve.token_passes({"adapt": {"plan": said[:1], "stdout_tail": []}}) == 204_800 + 51_200
     assert curve.token_passes({"adapt": {"plan": said, "stdout_tail": []}}) == 204_800 + replanned[1].tokens < 256_000

@@ -137,26 +137,17 @@ def run_recipe(plan: AdaptPlan, out: str | Path, options: RunOptions = RunOption
         plan_file.write_text(json.dumps(plan.record(), indent=1) + "\n")
 
     def deadline(index: int, current: AdaptPlan, reused_s: float) -> float | None:
-        """When stage ``index`` of a wall budget should end (``time.perf_counter()``'s clock): its planned time from
-        now (as re-planned), and the last stage the budget's end (the time this attempt reused from earlier ones
-        counted as spent). Under a launcher the main process's clock decides for every process (``deadline.Deadline``),
-        in the joint and the sequential stage alike."""
-        sizing = current.budget
-        if sizing is None or sizing.get("seconds") is None:
-            return None
-        if index + 1 >= len(current.stages):
-            return began + sizing["seconds"] - reused_s
-        expected = next((entry["expected_s"] for entry in reversed(sizing.get("replanned", []))
-                         if entry["after_stage"] < current.stages[index].number), None)
-        planned = expected[index - len(current.stages) + len(expected)] if expected else sizing["planned_s"][index]
-        return time.perf_counter() + planned
+        """When stage ``index`` of a wall budget should end (``budget.Sizing.deadline``, as re-planned). Under a
+        launcher the main process's clock decides for every process (``train/step_watch.StepWatch``), in the joint and
+        the sequential stage alike."""
+        return None if current.budget is None else current.budget.deadline(index, current.stages, began, reused_s)
 
     def after_stage(index: int, current: AdaptPlan, stage_s: list[float], reused_s: float = 0.0) -> AdaptPlan:
         """A wall budget re-plans the stages left once for each finished stage (``budget.replan``): a new plan, whose
         budget record keeps the times of the one it replaces; ``current`` is left as it was."""
         sizing = current.budget
-        if sizing is None or sizing.get("seconds") is None or index + 1 >= len(current.stages) \
-                or any(entry["after_stage"] == current.stages[index].number for entry in sizing.get("replanned", [])):
+        if sizing is None or not sizing.wall or index + 1 >= len(current.stages) \
+                or sizing.replanned_after(current.stages[index].number):
             return current
         # the main process's times decide, as its pace decided the plan
         spent = time.perf_counter() - began + reused_s  # this attempt's clock, and what earlier attempts trained
@@ -194,7 +185,7 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
     current, done_steps, stage_s, reused_s = str(plan.checkpoint), 0, [], 0.0
     for index in range(len(plan.stages)):
         stage, stages, steps = plan.stages[index], plan.stages, plan.steps
-        budgeted = plan.budget is not None and plan.budget.get("seconds") is not None  # a re-plan may grow what is read
+        budgeted = plan.budget is not None and plan.budget.wall  # a re-plan may grow what is read
         last = index == len(stages) - 1
         tag = f"stage{stage.number}-{stage.name}"
         stage_out = final if last else top / tag

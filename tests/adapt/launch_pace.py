@@ -77,7 +77,7 @@ def main() -> None:
         stated["phase"] = phase
         os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
         plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=parse_budget(budget), time_pace=pacing.measure_launch)
-        out[phase] = {"budget": plan.budget, "expected_s": plan.expected_s, "lines": plan.lines()}
+        out[phase] = {"budget": plan.budget.record(), "expected_s": plan.expected_s, "lines": plan.lines()}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, timings)
     if rank == 0:

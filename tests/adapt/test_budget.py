@@ -121,13 +121,13 @@ def timed_plan():
 def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     """``replan``: the time spent is the pace's measurement and the finished stages' seconds; the stages left are sized
     to the rest at the pace, slowed by as much as the finished stages ran over their plan, never sped up."""
-    from ladderize.adapt.plan.budget import replan
+    from ladderize.adapt.plan.budget import Sizing, replan
     from ladderize.adapt.plan.stage_clock import stage_seconds
 
     pace, steps, planned = timed_plan()
 
-    def record() -> dict:
-        return {"seconds": 20.0 + sum(planned), "pace": pace.record(), "planned_s": list(planned), "calibration_cap": None}
+    def record() -> Sizing:
+        return Sizing("20s", seconds=20.0 + sum(planned), pace=pace, planned_s=tuple(planned))
 
     def kd_seconds(plan: list) -> float:
         return stage_seconds(pace, plan[1])
@@ -140,14 +140,14 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     grown, faster_after = replan(steps, 0, faster, [planned[0] / 2], said.append)
     assert grown[0] == steps[0] and grown[1].step["tokens"] > 51_200 and grown[1].step["warmup_steps"] > 5
     assert kd_seconds(grown) <= planned[1] + planned[0] / 2 < kd_seconds(replan(steps, 0, record(), [0.0])[0]) + 1
-    assert faster_after["replanned"][0]["slower"] == 1.0 and faster_after["planned_s"][1] == kd_seconds(grown)
-    assert faster == record() and faster_after["replanned"][0]["before_s"] == planned  # a new record; the old one kept
+    assert faster_after.replanned[0]["slower"] == 1.0 and faster_after.planned_s[1] == kd_seconds(grown)
+    assert faster == record() and faster_after.replanned[0]["before_s"] == list(planned)  # a new sizing; the old one kept
     slower = record()  # stage 1 at 1.2x its plan: kd gets what is left, timed 1.2x slower too
     shrunk, slower_after = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
     left = planned[1] - 0.2 * planned[0]
     step_s = 1.2 * (stage_seconds(pace, steps[1].with_settings(tokens=2048)) - stage_seconds(pace, steps[1].with_settings(tokens=1024)))
     assert 0 < left - step_s < 1.2 * kd_seconds(shrunk) <= left  # within a step of the time left
-    entry, = slower_after["replanned"]
+    entry, = slower_after.replanned
     assert entry["slower"] == 1.2 and entry["left_s"] == round(left, 3) and entry["expected_s"] == [1.2 * kd_seconds(shrunk)]
     assert said[-1].startswith("budget ") and "re-planned kd 51,200 -> " in said[-1] and "1.20x slower pace" in said[-1]
     spent = record()  # nothing left: kd runs its one step, and says so
@@ -300,10 +300,10 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     monkeypatch.setattr(pacing, "measure", measure)
     said: list[str] = []
     sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append, time_pace=measure_launch)
-    assert len(calls) == 1 and record["tokens"] > 0 and record["pace"]["layer_train"] < 1800.0, said
+    assert len(calls) == 1 and record.tokens > 0 and record.pace.layer_train < 1800.0, said
     assert any("timing this device's pace again: the one kept here, timed at load 1.9 per CPU, refuses it; the load 1.1 per CPU now"
                in line for line in said), said
-    assert Pace(**json.loads(file.read_text())).layer_train == record["pace"]["layer_train"]  # the fastest, kept
+    assert Pace(**json.loads(file.read_text())).layer_train == record.pace.layer_train  # the fastest, kept
 
     file.write_text(json.dumps(replace(slow, load=1.1).record()))  # kept at the load of now: its refusal stands
     del calls[:]
@@ -421,3 +421,28 @@ def test_the_sequential_stage_regrows_its_layers_when_it_runs_faster_again(ladde
     assert asked[1] == {3: 8}  # the second layer's fit reads its plan (8 steps), not the 1 the first fit left it
     assert steps == {2: 1, 3: 8}, steps
     assert any("runs faster now" in line and "at most the 8 planned" in line for line in messages), messages
+
+
+def test_the_sizing_is_typed_and_records_as_before():
+    """``AdaptPlan.budget`` is a ``Sizing``; its record is ``RUN/recipe.json``'s ``budget`` key for key (a run folder
+    written before resumes), read back equal, and the deadlines it implies are its own."""
+    from ladderize.adapt.plan.budget import Sizing
+
+    pace, steps, planned = timed_plan()
+    written = {"text": "15m", "seconds": 900.0, "calibration_cap": None, "data_tokens": 4096, "spent_s": 3.5,
+               "pace": pace.record(), "tokens": 256_000, "timed_s": 1.25, "planned_s": list(planned),
+               "replanned": [{"after_stage": 1, "ran_s": 1.0, "spent_s": 2.0, "left_s": 3.0, "slower": 1.0,
+                              "tokens": 1024, "expected_s": [40.0], "before_s": list(planned)}]}
+    written = json.loads(json.dumps(written))  # as recipe.json holds it
+    sizing = Sizing.from_record(written)
+    assert json.loads(json.dumps(sizing.record())) == written and sizing.pace.layer_train == pace.layer_train
+    assert sizing.wall and sizing.replanned_after(1) and not sizing.replanned_after(2)
+    assert Sizing("3B", 3_000_000_000, None).record() == {"text": "3B", "tokens": 3_000_000_000, "calibration_cap": None}
+    began = 100.0
+    assert sizing.deadline(1, steps, began, reused_s=10.0) == began + 900.0 - 10.0  # the last stage: the budget's end
+    import time
+
+    before = time.perf_counter()
+    first = Sizing.from_record({**written, "replanned": []}).deadline(0, steps, began, 0.0)
+    assert before + planned[0] <= first <= time.perf_counter() + planned[0]  # from now, its planned time
+    assert Sizing("3B", 3_000_000_000, None).deadline(0, steps, began, 0.0) is None  # tokens: no deadline

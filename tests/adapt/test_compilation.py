@@ -80,7 +80,7 @@ def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_fil
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
     said: list[str] = []
     sized, record = size_recipe(typed(steps), parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
-    assert [stage.step["compile"] for stage in sized] == [False, False] and record["pace"]["compiled"] is False
+    assert [stage.step["compile"] for stage in sized] == [False, False] and record.pace.compiled is False
     assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
     # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)
     asked, before = typed([{**step, "compile": True} for step in steps]), len(said)

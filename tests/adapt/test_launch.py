@@ -199,8 +199,8 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
         checkpoint, seq_len, batch_size, slower=1.2))
     one = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget("600s"),
                      time_pace=pacing.measure_launch)
-    assert one.budget["pace"]["processes"] == 1
-    assert wall["tokens"] == pytest.approx(3 * one.budget["tokens"], rel=2e-3), (wall["tokens"], one.budget["tokens"])
+    assert one.budget.pace.processes == 1
+    assert wall["tokens"] == pytest.approx(3 * one.budget.tokens, rel=2e-3), (wall["tokens"], one.budget.tokens)
 
     launched = result["tokens"]
     dry = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget(TOKEN_BUDGET),

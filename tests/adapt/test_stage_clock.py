@@ -36,7 +36,7 @@ def test_a_pace_at_the_launch_s_assumed_rate_times_a_kd_stage_as_the_launch_pric
 def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp_path, monkeypatch):
     """``cost.plan_run`` (the launch), ``budget.replan`` (the pace) and ``AdaptPlan.expected_s`` (either) all time a
     stage by ``stage_clock.stage_seconds``: a path that bypassed it would not take its answer."""
-    from ladderize.adapt.plan.budget import replan
+    from ladderize.adapt.plan.budget import Sizing, replan
 
     calls: list[tuple[str, str]] = []
 
@@ -54,13 +54,13 @@ def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp
     pace = Pace(device="cpu", precision="float32", tokens_per_call=1024, layer_forward=0.05, layer_train=0.15,
                 head_step=0.2, layer_read=0.01, layers=32, first_converted=16, last_converted=31, converted=16,
                 measured_s=1.0)
-    record = {"seconds": 1_000.0, "pace": pace.record(), "planned_s": [1.0, 2.0], "calibration_cap": None}
+    record = Sizing("1000s", seconds=1_000.0, pace=pace, planned_s=(1.0, 2.0))
     timed_plan = AdaptPlan("best", str(folder), [PlannedStage.from_step(step) for step in plan.steps], Launch(8, "h100"),
                            budget=record, cost=plan.cost)
     assert timed_plan.expected_s == 200.0 and calls == [("Pace", "seq-local"), ("Pace", "kd")]
     assert timed_plan.lines()[-1].endswith("(timed on this device)")
     _steps, replanned = replan(plan.stages, 0, record, [100.0])
-    assert replanned["planned_s"] == [1.0, 100.0] and ("Pace", "kd") in calls  # stage 1's own, then kd by the pace
+    assert replanned.planned_s == (1.0, 100.0) and ("Pace", "kd") in calls  # stage 1's own, then kd by the pace
 
 
 @pytest.mark.parametrize("processes,batch_size,grad_accum", [(3, 6, 1), (8, 32, 2), (3, 4, 1), (3, 2, 1)])

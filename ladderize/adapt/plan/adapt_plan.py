@@ -23,7 +23,7 @@ from .planned_stage import PlannedStage
 from .stage_clock import Pace, StageClock, stages_seconds
 
 if TYPE_CHECKING:
-    from .budget import Budget
+    from .budget import Budget, Sizing
     from .stages import Recipe
 
 
@@ -36,7 +36,7 @@ class AdaptPlan:
     stages: list[PlannedStage]
     launch: Launch
     single: bool = False  # one stage from the single-stage flags: it trains into OUT directly, without a recipe's run dir
-    budget: dict[str, Any] | None = None  # how --budget sized the stages (budget.size_recipe's record)
+    budget: Sizing | None = None  # how --budget sized the stages (budget.size_recipe)
     cost: RunPlan | None = None  # the stages priced for ``launch`` (None without a config.json or converted layers)
     converted: tuple[int, ...] = ()  # the checkpoint's converted layers (from its config.json)
     notes: tuple[str, ...] = ()  # how a default was fitted to the model (``_fit_positions``), printed with the plan
@@ -57,8 +57,8 @@ class AdaptPlan:
         """What times the stages (``stage_clock.py``): the pace the budget timed on this device (under a launcher, on
         every process of it), else the launch priced at the assumed MFU (None: neither, as on a CPU without a
         budget)."""
-        if self.budget and self.budget.get("pace"):
-            return Pace(**self.budget["pace"])
+        if self.budget is not None and self.budget.pace is not None:
+            return self.budget.pace
         return self.cost.clock if self.cost is not None else None
 
     @property
@@ -67,7 +67,7 @@ class AdaptPlan:
         clock = self.clock
         if clock is None:
             return None
-        return float(sum(stages_seconds(clock, self.stages, (self.budget or {}).get("data_tokens"))))
+        return float(sum(stages_seconds(clock, self.stages, self.budget and self.budget.data_tokens)))
 
     def record(self) -> dict[str, Any]:
         """``RUN/recipe.json`` and the provenance's ``recipe.plan``: the stages, the budget's sizing, the launch and
@@ -75,7 +75,7 @@ class AdaptPlan:
         record: dict[str, Any] = {"recipe": self.recipe, "checkpoint": str(Path(self.checkpoint).expanduser().absolute()),
                                   "plan": self.steps}
         if self.budget is not None:
-            record["budget"] = self.budget
+            record["budget"] = self.budget.record()
         record["launch"] = {"processes": self.launch.processes, "gpu": self.launch.gpu}
         if self.cost is not None:
             record["expected_s"] = self.expected_s
@@ -151,7 +151,7 @@ def build_plan(
     what times this device's pace for a budget (``pace.measure_launch``, which the run hands in: planning imports no
     training)."""
     from ...checkpoint.architectures import read_config_header
-    from .budget import check_budget_steps, max_calibration_tokens, plan_line, scale_stages, size_recipe
+    from .budget import Sizing, check_budget_steps, max_calibration_tokens, plan_line, scale_stages, size_recipe
     from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
     shared, single = dict(shared or {}), dict(single or {})
@@ -205,11 +205,11 @@ def build_plan(
             cap = max_calibration_tokens(load_config(checkpoint).hidden_size, "cpu", window=window,
                                          available=where.memory_bytes)
             plan = plan.with_stages(scale_stages(stages, sized_by.tokens, max_calibration=cap))
-            plan.budget = {"text": sized_by.text, "tokens": sized_by.tokens, "calibration_cap": cap}
+            plan.budget = Sizing(sized_by.text, sized_by.tokens, cap)
             say(plan_line(sized_by, plan.stages))
         elif saved is not None and saved.get("budget", {}).get("text") == sized_by.text:
             plan = plan.with_stages([PlannedStage.from_step(step) for step in saved["plan"]])  # recipe.json's record
-            plan.budget = saved["budget"]
+            plan.budget = Sizing.from_record(saved["budget"])
         else:
             sized, record = size_recipe(stages, sized_by, checkpoint, say, began=began, time_pace=time_pace)
             plan = plan.with_stages(sized)
@@ -353,7 +353,7 @@ def _price(plan: AdaptPlan) -> RunPlan | None:
     if not layout.converted_layers:
         return None
     return plan_run(config, layout.describe(), layout.converted_layers, plan.stages, plan.launch,
-                    model_name=Path(plan.checkpoint).name, data_tokens=(plan.budget or {}).get("data_tokens"))
+                    model_name=Path(plan.checkpoint).name, data_tokens=plan.budget and plan.budget.data_tokens)
 
 
 def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None,

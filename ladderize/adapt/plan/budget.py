@@ -60,6 +60,79 @@ class Budget:
         return re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", self.text) is not None
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """How ``--budget`` sized a plan's stages, and the times it implies: the plan keeps it (``AdaptPlan.budget``),
+    ``RUN/recipe.json`` records it (``record``, read back by ``from_record``, so that a resume keeps the sizes).
+
+    ``text``: the budget as written; ``tokens``: the token passes sized; ``calibration_cap``: the most tokens a
+    sequential stage's calibration set holds (its states' memory). A run's sizing (``size_recipe``) adds the pace it
+    sized by, the planned seconds of each stage (``planned_s``) and what timing the pace cost (``timed_s``); a wall
+    budget its seconds, the seconds spent starting (``spent_s``) and each re-plan after a finished stage
+    (``replanned``: JSON records, ``replan``). A dry run's sizing has the first three only."""
+
+    text: str
+    tokens: int | None = None
+    calibration_cap: int | None = None
+    seconds: float | None = None
+    data_tokens: int | None = None  # the whole data in tokens, where a sequential stage reads all of it
+    pace: Pace | None = None
+    timed_s: float | None = None
+    planned_s: tuple[float, ...] | None = None
+    spent_s: float | None = None
+    replanned: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def sized_by_run(self) -> bool:
+        """Whether a run sized it (by a pace), not a dry run."""
+        return self.planned_s is not None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON record (``RUN/recipe.json``'s ``budget``)."""
+        record: dict[str, Any] = {"text": self.text, "tokens": self.tokens, "calibration_cap": self.calibration_cap}
+        if self.sized_by_run:
+            record.update(seconds=self.seconds, data_tokens=self.data_tokens, timed_s=self.timed_s,
+                          planned_s=list(self.planned_s), pace=self.pace.record() if self.pace is not None else None)
+            if self.spent_s is not None:
+                record["spent_s"] = self.spent_s
+            if self.replanned:
+                record["replanned"] = [dict(entry) for entry in self.replanned]
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Sizing:
+        """The sizing ``record`` holds."""
+        planned = record.get("planned_s")
+        return cls(record["text"], record.get("tokens"), record.get("calibration_cap"), record.get("seconds"),
+                   record.get("data_tokens"), Pace(**record["pace"]) if record.get("pace") else None,
+                   record.get("timed_s"), None if planned is None else tuple(planned), record.get("spent_s"),
+                   tuple(record.get("replanned", ())))
+
+    @property
+    def wall(self) -> bool:
+        """Whether the budget is wall time: its stages have deadlines."""
+        return self.seconds is not None
+
+    def replanned_after(self, number: int) -> bool:
+        """Whether the stages were re-planned after stage ``number`` finished."""
+        return any(entry["after_stage"] == number for entry in self.replanned)
+
+    def deadline(self, index: int, stages: Sequence[PlannedStage], began: float, reused_s: float) -> float | None:
+        """When stage ``index`` of ``stages`` should end (``time.perf_counter()``'s clock; None: not a wall budget):
+        its planned time from now, the latest re-plan's where one was made before it; the last stage the budget's end
+        (``began``: when the command began; ``reused_s``: the seconds an earlier attempt trained, spent already)."""
+        import time
+
+        if not self.wall:
+            return None
+        if index + 1 >= len(stages):
+            return began + self.seconds - reused_s
+        expected = next((entry["expected_s"] for entry in reversed(self.replanned)
+                         if entry["after_stage"] < stages[index].number), None)
+        planned = expected[index - len(stages) + len(expected)] if expected else self.planned_s[index]
+        return time.perf_counter() + planned
+
+
 def duration(seconds: float) -> str:
     """``45 s`` under two minutes, else ``12.5 min``."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
@@ -189,8 +262,8 @@ def check_budget_steps(stages: Sequence[PlannedStage]) -> None:
 
 def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
                 say=lambda _line: None, began: float | None = None,
-                time_pace: Callable[..., Pace] | None = None) -> tuple[list[PlannedStage], dict[str, Any]]:
-    """``stages`` sized to ``budget`` (a wall budget timed on this device first), and the record the plan keeps.
+                time_pace: Callable[..., Pace] | None = None) -> tuple[list[PlannedStage], Sizing]:
+    """``stages`` sized to ``budget`` (a wall budget timed on this device first), and the sizing the plan keeps.
 
     The pace is the one kept for this machine's load now (``kept_paces.py``), else timed under the launch by
     ``time_pace`` (``pace.measure_launch``, which the run hands the plan: planning imports no training). A wall
@@ -303,7 +376,7 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
         record["pace"] = pace.record()
     say("planned wall time: " + ", ".join(f"{stage.name} {duration(s)}" for stage, s in zip(sized, planned))
         + (f" (of {budget.describe()})" if budget.seconds is not None else f" ({pacing.describe(pace)})"))
-    return sized, record
+    return sized, Sizing.from_record(record)
 
 
 KEPT, TIMED = "timed here before, its fastest", "timed now"  # where the pace came from, as a refusal names it
@@ -353,11 +426,11 @@ def _check_floor(budget: Budget, pace: Pace, stages: Sequence[PlannedStage], whe
                              f"--budget {floor_budget(floor)}")
 
 
-def replan(stages: Sequence[PlannedStage], index: int, record: dict[str, Any], stage_s: list[float],
-           say=lambda _line: None, spent_s: float | None = None) -> tuple[list[PlannedStage], dict[str, Any]]:
+def replan(stages: Sequence[PlannedStage], index: int, sizing: Sizing, stage_s: list[float],
+           say=lambda _line: None, spent_s: float | None = None) -> tuple[list[PlannedStage], Sizing]:
     """A wall budget's stages after stage ``index`` re-sized to the time left once it has finished: the new stages and
-    a new budget record, ``record`` left as it was. The new record holds the plan's times as it now stands
-    (``planned_s``) and, in ``replanned``, an entry per re-plan with the times it replaced (``before_s``).
+    a new sizing. It holds the plan's times as it now stands (``planned_s``) and, in ``replanned``, an entry per
+    re-plan with the times it replaced (``before_s``).
 
     The time spent is the run's clock (``spent_s``: the wall seconds since the command began, loading, writing and the
     pace included), and never less than the pace's timing here and the finished stages' own training seconds
@@ -365,13 +438,11 @@ def replan(stages: Sequence[PlannedStage], index: int, record: dict[str, Any], s
     stopped). The stages left are timed by the pace, slowed by as much as the finished ones ran over their plan (never
     sped up: a budget is a ceiling), and sized by ``scale_stages``. Where even their smallest sizing does not fit, the
     line says so at once, and by how much the run will end past its budget."""
-    import copy
-
-    record = copy.deepcopy(record)
-    pace = Pace(**record["pace"])
+    record = sizing.record()
+    pace = sizing.pace
     ran, planned = sum(stage_s[: index + 1]), sum(record["planned_s"][: index + 1])
     slower = max(1.0, ran / planned) if planned > 0 else 1.0
-    spent = record.get("timed_s", pace.measured_s) + ran
+    spent = (pace.measured_s if sizing.timed_s is None else sizing.timed_s) + ran
     if spent_s is not None:
         spent = max(spent, spent_s)
     left = record["seconds"] - spent
@@ -403,7 +474,7 @@ def replan(stages: Sequence[PlannedStage], index: int, record: dict[str, Any], s
         f"{duration(spent)} spent in all, {duration(max(0.0, left))} left" + short +
         f"; re-planned {sizes}: {recipe_cost(plan):,} token passes "
         f"(expected {', '.join(duration(s) for s in expected)}{pace_note})")
-    return plan, record
+    return plan, Sizing.from_record(record)
 
 
 def _eager_if_short(stages: list[PlannedStage], budget: Budget, device: str,
