@@ -2,7 +2,7 @@
 (``ladderize adapt CKPT OUT``), and ``dry_run(request, launch)`` prices its plan without reading a weight.
 
 The entrance starts the launch's process group (under a launcher), holds the run folder's lock, builds the plan once
-(``plan_adapt``: ``plan.build_plan``), then trains a single stage (``train.adapt``) or a recipe's stages
+(``plan_adapt``: ``plan.build_plan``), then trains a single stage (``stage_run.adapt``) or a recipe's stages
 (``recipe.run_recipe``). It imports the training only when it runs one: the command line imports it before anything
 heavy.
 """

@@ -61,13 +61,13 @@ class RunOptions:
 
     ``run_dir``: RUN (default ``OUT.adapt-run``). ``keep_stages`` keeps the stage checkpoints in RUN (``keep_state``
     keeps them and the training state). ``stop_after_steps`` counts optimizer steps over all stages and ends the run
-    there as a kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``train.adapt``).
+    there as a kill would (tests of resume); ``max_steps`` likewise, with the state saved there (``stage_run.adapt``).
     ``began``: when the run began (``time.perf_counter()``; default when ``run_recipe`` starts), the clock of a wall
     budget, which its re-plans and the stages' deadlines read (``budget.py``, "keeping the time"); pass the time the
     plan was built with (``plan_adapt``'s ``began``).
     ``on_plan(plan)`` shows the plan once every stage passed its preflight; ``on_stage_start(line)`` announces a stage
     (default ``on_message``); ``on_stage_end(stage, result, checkpoint)`` runs after each stage with its output
-    checkpoint; ``progress`` and ``on_phase`` follow a stage's steps and its long phases before them (``train.adapt``).
+    checkpoint; ``progress`` and ``on_phase`` follow a stage's steps and its long phases before them (``stage_run.adapt``).
     """
 
     run_dir: str | None = None

@@ -107,7 +107,7 @@ class AdaptRequest:
 class RunReports:
     """What a run tells its caller: ``on_message(line)`` its lines, ``on_plan(plan)`` the plan once every stage passed
     its preflight, ``on_stage_start(line)`` each stage (default ``on_message``), ``progress(info, model)`` after each
-    optimizer step, ``on_phase(what, done, total)`` a stage's long phases before its steps (``train.adapt``)."""
+    optimizer step, ``on_phase(what, done, total)`` a stage's long phases before its steps (``stage_run.adapt``)."""
 
     on_message: Callable[[str], None] | None = None
     on_plan: Callable[[Any], None] | None = None

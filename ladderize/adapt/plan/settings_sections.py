@@ -41,9 +41,9 @@ class ObjectiveSettings:
     kd_temperature: float = 1.0
     kd_divergence: str = "forward"  # kd: KL(teacher || student) ("forward") or KL(student || teacher) ("reverse")
     kd_top_k: int = 0  # kd: the teacher's k likeliest tokens per position as the target, renormalized (0: all)
-    teacher_states: str | None = None  # set by recipe.run_recipe: where a sequential stage stores the teacher's
+    teacher_states: str | None = None  # set by recipe_run.run_recipe: where a sequential stage stores the teacher's
     # states and a later kd or lm stage reads them (teacher_states.py)
-    teacher_state_rows: int | None = None  # set by recipe.run_recipe: how many of its first sequences' teacher states
+    teacher_state_rows: int | None = None  # set by recipe_run.run_recipe: how many of its first sequences' teacher states
     # a sequential stage stores (sequential_schedule.rows_read); None: all it computes
 
     @property
@@ -178,7 +178,7 @@ class SavingSettings:
     save_every: int | None = None  # save the training state every N optimizer steps (None: by time, save_minutes)
     save_minutes: float = 30.0  # without save_every: a state a minute into the run, then every save_minutes
     keep_state: bool = False  # keep RUN_DIR's training state after a finished run (removed by default)
-    recipe: dict[str, Any] | None = None  # set by recipe.run_recipe: the plan and this stage, for the provenance
+    recipe: dict[str, Any] | None = None  # set by recipe_run.run_recipe: the plan and this stage, for the provenance
     output_dtype: str | None = None  # OUT's tensors: float32, bfloat16, float16; None (auto): the checkpoint's (output.py)
 
     def check(self) -> None:

@@ -1,6 +1,6 @@
 """A wall budget's deadline for one stage, kept by the main process's clock so that every process stops together.
 
-The recipe gives each stage of a wall budget the time its plan expects (``recipe.run_recipe``), on
+The recipe gives each stage of a wall budget the time its plan expects (``recipe_run.run_recipe``), on
 ``time.perf_counter()``'s clock. Both trainings read it here: the joint training stops at the first step that ends past
 it (``past``); the sequential training also shortens the windows it has not trained yet to the time left, at the pace
 its steps ran so far (``fitted``, the time model's ``stage_clock.fit_steps``). Under a launcher the main process's

@@ -109,7 +109,7 @@ def train_joint(
     save_at_stop: bool = False,
     deadline: float | None = None,
 ) -> AdaptResult:
-    """Run a joint stage on ``checkpoint`` (checked by ``train.adapt``) with the strategy its launch gets, and write
+    """Run a joint stage on ``checkpoint`` (checked by ``stage_run.adapt``) with the strategy its launch gets, and write
     ``out`` (``Trainer``).
 
     ``stop_after_steps`` ends the run there as a kill would; ``save_at_stop`` (``--max-steps``) saves the state of that
