@@ -67,14 +67,24 @@ def test_two_process_accelerate_launch_matches_one_process(text_file, tmp_path):
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5 < max((w1[k] - base[k]).abs().max().item() for k in w1)
 
 
+SEQUENTIAL = (9, 32, 3, 2)  # a sequential stage's sequences, sequence length, batch and epochs on the tiny ladder
+
+
+def _sequential_command(text_file, tmp_path) -> tuple[list[str], dict[str, str]]:
+    """The flags of the ``SEQUENTIAL`` stage, in fp32 on the CPU, and the environment its launches run in."""
+    sequences, seq_len, batch, epochs = SEQUENTIAL
+    flags = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
+             str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
+             "--lr", "3e-3", "--device", "cpu", "--dtype", "float32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}  # never read a user's accelerate config
+    return flags, env
+
+
 def test_two_process_sequential_stage_is_data_parallel_and_matches_one_process(ladder_dir, text_file, tmp_path):
     """Each process trains the layer on its part of every batch (3 rows: 2 and 1, a ragged split), gradients summed."""
-    sequences, seq_len, batch, epochs = 9, 32, 3, 2
-    common = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
-              str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
-              "--lr", "3e-3", "--device", "cpu", "--dtype", "float32"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
+    sequences, seq_len, batch, epochs = SEQUENTIAL
+    common, env = _sequential_command(text_file, tmp_path)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
               "-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), *common]
@@ -123,12 +133,8 @@ def test_a_sequential_stage_stopped_on_two_processes_resumes_on_one_from_its_tok
     """A sequential stage launched on 2 processes and stopped inside its second layer (``--max-steps 8``: the first
     layer's 6 steps finished and kept) resumes on 1 process from the finished layer's step and tokens, trains the
     steps left, and ends as one uninterrupted process does (within the data-parallel sums' rounding)."""
-    sequences, seq_len, batch, epochs = 9, 32, 3, 2
-    common = ["--data", str(text_file), "--objective", "local", "--local-schedule", "sequential", "--tokens",
-              str(sequences * seq_len), "--seq-len", str(seq_len), "--batch-size", str(batch), "--epochs", str(epochs),
-              "--lr", "3e-3", "--device", "cpu", "--dtype", "float32"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "ACCELERATE_CONFIG_FILE": str(tmp_path / "no-config.yaml")}
+    sequences, seq_len, batch, epochs = SEQUENTIAL
+    common, env = _sequential_command(text_file, tmp_path)
     command = ["-m", "ladderize.cli", "adapt", str(ladder_dir), str(tmp_path / "two"), *common]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cut = subprocess.run([*torchrun, *command, "--max-steps", "8"], env=env, capture_output=True, text=True, timeout=240)
