@@ -3,7 +3,8 @@
 
 The entrance starts the launch's process group (under a launcher), holds the run folder's lock, builds the plan once
 (``plan_adapt``: ``plan.build_plan``), then trains a single stage (``stage_run.adapt``) or a recipe's stages
-(``recipe.run_recipe``). It imports the training only when it runs one: the command line imports it before anything
+(``recipe_run.run_recipe``), each refusal it can make without torch made first (``check_request``). It imports the
+training only when it runs one: the command line imports it before anything
 heavy.
 """
 
@@ -65,9 +66,32 @@ def _check_resumed_budget(saved: dict[str, Any], budget: Budget | None, top: Pat
 
 
 def check_request(request: AdaptRequest) -> None:
-    """The choices of ``request`` checked from its flags and the checkpoint's config alone, without torch (one line
-    per mistake, in about a second): flags that do not go together, stage names and settings, fp16 where no CUDA GPU
-    can be, and the teacher's folder where a stage reads one. ``build_plan`` checks the same again, with the rest."""
+    """Everything ``request`` can be refused for that its flags, its paths and the checkpoint's config tell, checked
+    without torch (one line per mistake, in about a second), by ``adapt_checkpoint`` before anything else: the
+    checkpoint (its config, its weights' headers, converted layers to adapt), OUT and the run folder (free, apart from
+    the inputs, in folders that exist), an interrupted run to resume, the data; then flags that do not go together,
+    stage names and settings, fp16 where no CUDA GPU can be, and the teacher's folder where a stage reads one.
+    ``build_plan`` checks the choices again, with the rest."""
+    from ..checkpoint.architectures import read_config_header
+    from ..checkpoint.atomic import check_apart, check_file_target, check_output_free
+    from ..convert.inspect import count_parameters
+    from ..corpus.token_store import check_data
+    from .plan.inputs import adapt_inputs, check_input_checkpoint
+
+    checkpoint, out, run_dir = Path(request.checkpoint), Path(request.out), request.run_dir
+    read_config_header(checkpoint)
+    count_parameters(checkpoint.expanduser())  # missing, truncated or corrupt weights: one line, before torch
+    inputs = adapt_inputs(checkpoint, request.data, request.teacher)
+    check_output_free(out.expanduser().absolute(), request.force, inputs)  # a resumed run too: OUT is written last
+    check_apart(run_dir, inputs, "--run-dir")  # --force and a finished run remove it
+    check_file_target(out, "output")
+    if run_dir is not None:
+        check_file_target(run_dir, "--run-dir")
+    check_input_checkpoint(checkpoint)  # converted layers to adapt
+    if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once planned)
+        check_resumable(checkpoint, out, run_dir, single=bool(request.single()))
+    if request.data is not None:  # (the recipe's own data, where none is given: each stage's preflight reads it)
+        check_data(request.data)
     from .plan.adapt_plan import _check_choice
     from .plan.config import check_fp16_device, check_settings, needs_teacher, stage_config
     from .plan.inputs import resolve_teacher
@@ -123,6 +147,7 @@ def adapt_checkpoint(request: AdaptRequest, reports: RunReports = RunReports()) 
                                     run_dir=str(request.run_dir) if request.run_dir else None,
                                     device=check_device(request.device), dtype=check_dtype(request.dtype),
                                     began=time.perf_counter() if request.began is None else request.began)
+    check_request(request)
     if this_launch().several:  # the launch's process group, before anything agrees on a verdict or a plan
         from .process_group import start
 
@@ -142,8 +167,6 @@ def _adapt_checkpoint(request: AdaptRequest, reports: RunReports) -> AdaptRun:
     from .train.training_state import read_trainer_state
 
     checkpoint, out, run_dir, began = request.checkpoint, request.out, request.run_dir, request.began
-    if request.resume:  # before the plan: nothing to resume, or another checkpoint's run, is one line
-        check_resumable(checkpoint, out, run_dir, single=bool(request.single()))
     plan = plan_adapt(request, say=reports.say)
     _check_disk(plan, Path(out).expanduser().absolute(), run_folder(out, run_dir), resume=request.resume)
     if plan.single:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, check_request, dry_run
+from ..adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint, dry_run
 from ..adapt.plan.strategies import shard_choices
 from . import options as opts
 from . import render
@@ -117,10 +117,6 @@ def adapt_cmd(
 def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, the paths
     and data checked before the heavy imports, then the entrance, rank 0 printing the plan, the progress and the result."""
-    from ..adapt.plan.inputs import adapt_inputs, check_input_checkpoint, check_resumable
-    from ..checkpoint.atomic import check_apart, check_output_free
-    from ..corpus.token_store import check_data
-
     from ..adapt.plan.accelerate_config import from_accelerate
 
     from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
@@ -128,19 +124,6 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     if dry_run is not None:
         _print_dry_run(request, None if dry_run == "here" else dry_run)
         return
-    ckpt, out, run_dir = Path(request.checkpoint), Path(request.out), request.run_dir
-    opts.check_checkpoint(ckpt)
-    opts.check_weights(ckpt)
-    inputs = adapt_inputs(ckpt, request.data, request.teacher)
-    check_output_free(out.expanduser().absolute(), request.force, inputs)  # a resumed run too: OUT is written last
-    check_apart(run_dir, inputs, "--run-dir")  # --force and a finished run remove it
-    opts.check_output(out, "output")
-    opts.check_output(run_dir, "--run-dir")
-    check_input_checkpoint(ckpt)  # converted layers to adapt
-    if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once the plan is built)
-        check_resumable(ckpt, out, run_dir, single=bool(request.single()))
-    check_data(request.data)
-    check_request(request)  # stages, settings, flags that go together and the teacher's folder, before torch
     from ..progress import Progress
 
     from ..checkpoint.placement import launch_mismatch, this_launch

@@ -101,15 +101,17 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
 
 
 def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(ladder_dir, text_file, tmp_path, monkeypatch):
-    """A recipe checks every stage's data before the run dir exists; a stage then checks only its input checkpoint (the
-    stage before wrote it). A single stage, whose plan is shown after its check, is checked once too."""
+    """A recipe checks every stage's data against its tokenizer before the run dir exists; a stage then checks only its
+    input checkpoint (the stage before wrote it). A single stage, whose plan is shown after its check, is checked once
+    too (the entrance's check of the request, before torch, reads the data's spec without a tokenizer)."""
     import ladderize.adapt.stage_run as train
     import ladderize.corpus.token_store as token_store
     from ladderize.adapt.entrance import AdaptRequest, RunReports, adapt_checkpoint
 
     data, inputs = [], []
     check_data, check_input = token_store.check_data, train.check_input
-    monkeypatch.setattr(token_store, "check_data", lambda spec, tokenizer=None: (data.append(spec), check_data(spec, tokenizer))[1])
+    monkeypatch.setattr(token_store, "check_data", lambda spec, tokenizer=None: (
+        tokenizer is not None and data.append(spec), check_data(spec, tokenizer))[1])
     monkeypatch.setattr(train, "check_input", lambda checkpoint: (inputs.append(str(checkpoint)), check_input(checkpoint))[1])
     two = Recipe("two", [parse_stage("seq-local:tokens=64,epochs=1"), parse_stage("kd:tokens=64")])
     out = tmp_path / "two"

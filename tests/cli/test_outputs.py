@@ -52,7 +52,7 @@ COMMANDS = {
     "sensitivity": ("ladderize.convert.sensitivity", "checkpoint_sensitivity",
                     lambda src, d: ["sensitivity", src, "--spd-tp", "3", "--json", d / "s.json"]),
     "sample": ("ladderize.adapt.teacher_text", "sample_text", lambda src, d: ["sample", src, d / "s.jsonl"]),
-    "adapt": ("ladderize.cli.adapt", "adapt_checkpoint", lambda src, d: ["adapt", src, d / "adapted"]),
+    "adapt": ("ladderize.adapt.entrance", "_adapt_checkpoint", lambda src, d: ["adapt", src, d / "adapted"]),
     "demo": ("ladderize.demo.pipeline", "run_demo", lambda src, d: ["demo", "--out", d / "demo"]),
 }
 
