@@ -4,8 +4,7 @@
 The entrance starts the launch's process group (under a launcher), holds the run folder's lock, builds the plan once
 (``plan_adapt``: ``plan.build_plan``), then trains a single stage (``stage_run.adapt``) or a recipe's stages
 (``recipe_run.run_recipe``), each refusal it can make without torch made first (``check_request``). It imports the
-training only when it runs one: the command line imports it before anything
-heavy.
+training only when it runs one: the command line imports it before anything heavy.
 """
 
 from __future__ import annotations

@@ -115,8 +115,9 @@ def adapt_cmd(
 
 
 def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
-    """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, the paths
-    and data checked before the heavy imports, then the entrance, rank 0 printing the plan, the progress and the result."""
+    """Run (or, with ``dry_run``, price) ``request``: the Accelerate config that launched it mapped onto it, then the
+    entrance (which checks the request's paths, data and choices first, before the heavy imports), rank 0 printing the
+    plan, the progress and the result."""
     from ..adapt.plan.accelerate_config import from_accelerate
 
     from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
