@@ -128,30 +128,12 @@ def score(model, tokenizer, ids, lambada_dir: Path, lambada_count: int) -> dict:
 
 
 def run_pinned(args: list[str], cpu: int | None, log: Path) -> dict:
-    """``ladderize ARGS`` as a child on core ``cpu``, one thread; wall and CPU seconds (user + system of the child tree)."""
-    import resource
-    import subprocess
+    """``ladderize ARGS`` as a child on core ``cpu``, one thread: ``adapt_curve.run_pinned`` (wall and CPU seconds, user
+    + system of the child tree, and its output's last lines)."""
+    from adapt_curve import run_pinned as pinned
 
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))}
-    command = [*(["taskset", "-c", str(cpu)] if cpu is not None else []), sys.executable, "-m", "ladderize.cli", *args]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    tail: list[str] = []
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
-        for line in child.stdout:
-            out.write(line)
-            out.flush()
-            tail = (tail + [line.rstrip("\n")])[-30:]
-            print("  |", line, end="", flush=True)
-    wall_s = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if child.returncode:
-        raise SystemExit(f"ladderize {shlex.join(args)} failed with exit code {child.returncode} (log: {log})")
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"command": shlex.join(["ladderize", *args]), "cpu_core": cpu, "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
-            "stdout_tail": tail}
+    return pinned(args, cpu, log)
 
 
 # ---------------------------------------------------------------- the plain alternatives
