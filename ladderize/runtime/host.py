@@ -1,5 +1,6 @@
-"""The machine the ranks start on, read without torch: whether CUDA can be used, and the rule that more ranks than cores (``hardware.cpu_cores``) needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line
-checks it before torch loads)."""
+"""The machine the ranks start on, read without torch: whether CUDA can be used, and the rule that more ranks than
+cores (``hardware.cpu_cores``) needs ``--oversubscribe`` (``launch.check_machine`` applies it; the command line checks
+it before torch loads). Whether a launcher started this process is ``checkpoint.placement.this_launch``'s."""
 
 from __future__ import annotations
 
