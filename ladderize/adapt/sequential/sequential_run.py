@@ -158,7 +158,7 @@ def adapt_sequential(
     on_phase: PhaseProgress | None = None,
     deadline: float | None = None,
 ) -> AdaptResult:
-    """Run the sequential training on ``checkpoint`` (checked by ``train.preflight``) and write ``out``; ``on_phase(what,
+    """Run the sequential training on ``checkpoint`` (checked by ``stage_run.preflight``) and write ``out``; ``on_phase(what,
     done, total)`` follows the chunks of the states computed before a layer's steps (``StateCache.phase``);
     ``deadline`` (a wall budget's, ``time.perf_counter()``'s clock, the main process's deciding): the layers' steps
     fit in the time up to it (``StepWatch``'s deadline)."""
@@ -489,6 +489,7 @@ def _train_layers(
             del teacher_outs
             index = group[-1] + 1
     except _Stop:
+        watch.close()  # every process stops at this step: the vote in flight is finished, as the joint loop's
         return AdaptResult(out, step, step * tokens_per_step, time.perf_counter() - started, curve, resumed_from), False
     kept_states_file(state_dir, launch.rank).unlink(missing_ok=True)  # the stage is done: no resume reads them
     train_s = time.perf_counter() - started
