@@ -154,11 +154,6 @@ def parse_budget(text: str) -> Budget:
                          "lowercase m is minutes, uppercase M millions)")
 
 
-def step_tokens(stage: PlannedStage) -> int:
-    """Tokens of one optimizer step of a resolved stage: its batch is the step's, on any process count."""
-    return stage.resolved.training.tokens_per_step
-
-
 def stage_cost(stage: PlannedStage) -> float:
     """Token passes of a resolved stage: tokens x its passes (a sequential stage's epochs, ``PlannedStage.passes``)."""
     return stage.tokens * stage.passes
@@ -191,7 +186,7 @@ def scale_stages(stages: Sequence[PlannedStage], tokens: int, *, max_calibration
             capped[index] = True
     sized = []
     for index, (stage, cost) in enumerate(zip(stages, wanted)):
-        unit = step_tokens(stage)
+        unit = stage.resolved.training.tokens_per_step
         epochs = stage.passes
         stage_tokens = max(1, round(cost / epochs / unit)) * unit
         if capped[index] and stage_tokens > max_calibration:
@@ -364,7 +359,7 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
     sized = size(steps, tokens)
     record["tokens"] = tokens
     record["timed_s"] = pace.measured_s if when == TIMED else 0.0  # what timing the pace cost this run
-    full = cap is not None and any(stage.sequential and stage.tokens + step_tokens(stage) > cap for stage in sized)
+    full = cap is not None and any(stage.sequential and stage.tokens + stage.resolved.training.tokens_per_step > cap for stage in sized)
     say(plan_line(budget, sized) + (f"; the sequential calibration set is capped at {cap:,} tokens (the data, or "
                                     f"{STATE_MEMORY_SHARE:.0%} of memory for its states): the rest goes to the next stage" if full else "")
         + "".join(f"; {name} reads the data {passes:.1f} times over: past one pass, the runs measured on SmolLM2 "
