@@ -115,6 +115,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
     """
     from ladderize.adapt.plan.stages import Recipe, load_recipe
     from ladderize.adapt.plan.adapt_plan import build_plan
+    from ladderize.adapt.plan.config import GivenSettings
     from ladderize.adapt.recipe_run import RunOptions, run_recipe as run_stages
     from ladderize.checkpoint.io import load_model
 
@@ -169,7 +170,7 @@ def run_recipe(name: str, checkpoint: Path, phases: "list[dict] | str", eval_eve
 
     # one folder per benchmark tag: recipes of other tags keep theirs; the stage checkpoints stay in OUT.adapt-run
     out = work / f"{name}-final"
-    planned = build_plan(checkpoint, shared=base, recipe=recipe, say=print)
+    planned = build_plan(checkpoint, shared=GivenSettings.of(base), recipe=recipe, say=print)
     outcome = run_stages(planned, out, RunOptions(force=True, keep_stages=True, progress=on_step, on_message=print,
                                                   on_plan=on_plan, on_stage_start=on_stage_start,
                                                   on_stage_end=on_stage_end))

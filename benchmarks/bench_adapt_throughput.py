@@ -91,7 +91,7 @@ def write(stem: Path, rows: list[dict], args) -> None:
 def bench_shape(name: str, args, work: Path) -> dict:
     import torch
 
-    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.plan.config import AdaptConfig, GivenSettings
     from ladderize.adapt.plan.cost import FlopCount, JointMemory, Launch, usable_bytes
     from ladderize.adapt.plan.adapt_plan import FILL_MARGIN
     from ladderize.adapt.plan.planned_stage import PlannedStage
@@ -114,7 +114,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
             "activation_checkpointing": args.activation_checkpointing, "dtype": None if cuda else "float32"}
 
     def estimate(batch: int) -> JointMemory:
-        return JointMemory.for_step(shape, converted, PlannedStage.of(1, "kd", {**step, "batch_size": batch * world}), world,
+        return JointMemory.for_step(shape, converted, PlannedStage.of(1, "kd", GivenSettings.of({**step, "batch_size": batch * world})), world,
                                     batch * args.seq_len)
 
     if args.batch_size != "auto":
@@ -123,7 +123,7 @@ def bench_shape(name: str, args, work: Path) -> dict:
         batch = 2
     else:  # the largest that the estimate fits with the plan's margin left free (0: none), as the plan grows it
         batch = JointMemory.largest_batch(shape, converted, world, args.seq_len, usable * (1 - FILL_MARGIN),
-                                          most=args.max_batch, stage=PlannedStage.of(1, "kd", step))
+                                          most=args.max_batch, stage=PlannedStage.of(1, "kd", GivenSettings.of(step)))
     if batch == 0:
         row.update(status="does not fit", estimate_gib=round(estimate(1).total / 2**30, 1),
                    usable_gib=round(usable / 2**30, 1))

@@ -141,3 +141,23 @@ def test_the_budget_is_parsed_once_at_the_edge():
     assert request.budget == Budget("30m", seconds=1800.0) and request.with_settings(budget="3B").budget.tokens == 3 * 10**9
     with pytest.raises(LadderizeError, match="--budget '30x'"):
         AdaptRequest("ckpt", "out", budget="30x")
+
+
+def test_a_stage_changes_through_a_typed_section():
+    """The plan changes a stage one section at a time (``with_fields``): a field the section has not is a TypeError,
+    a section AdaptConfig has not too, and what changed is what the stage now sets (its ``recipe.json`` record)."""
+    import pytest
+
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.plan.planned_stage import PlannedStage
+    from ladderize.adapt.plan.settings_sections import OptimizerSettings, TrainingSettings
+
+    stage = PlannedStage(1, "kd", AdaptConfig().with_fields(OptimizerSettings, lr=2e-4), ("lr",))
+    grown = stage.with_fields(TrainingSettings, batch_size=8, seq_len=512)  # 512: the default, unchanged
+    assert grown.resolved.training.batch_size == 8 and grown.resolved.optimizer.lr == 2e-4
+    assert grown.given == ("lr", "batch_size") and grown.step == {"stage": 1, "name": "kd", "lr": 2e-4, "batch_size": 8}
+    assert stage.resolved.training.batch_size == 4  # the stage it came from is as it was
+    with pytest.raises(TypeError):
+        stage.with_fields(TrainingSettings, batch=8)
+    with pytest.raises(TypeError, match="not a section"):
+        stage.resolved.with_fields(dict, x=1)

@@ -88,23 +88,16 @@ def check_request(request: AdaptRequest) -> None:
         check_file_target(run_dir, "--run-dir")
     check_input_checkpoint(checkpoint)  # converted layers to adapt
     if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once planned)
-        check_resumable(checkpoint, out, run_dir, single=bool(request.single()))
+        check_resumable(checkpoint, out, run_dir, single=bool(request.single().names))
     if request.data is not None:  # (the recipe's own data, where none is given: each stage's preflight reads it)
         check_data(request.data)
-    from .plan.adapt_plan import _check_choice
-    from .plan.config import check_fp16_device, check_settings, needs_teacher, stage_config
+    from .plan.adapt_plan import planned_stages
+    from .plan.config import check_fp16_device, check_settings, needs_teacher
     from .plan.inputs import resolve_teacher
-    from .plan.planned_stage import PlannedStage
-    from .plan.stages import SINGLE_STAGE_FLAGS, chosen_recipe, resolve_stages
 
-    single, shared = request.single(), request.shared()
-    _check_choice(single, request.recipe, list(request.stages) or None, request.budget, SINGLE_STAGE_FLAGS)
-    if single:
-        configs = [stage_config({**shared, **single})]
-    else:
-        steps = resolve_stages(chosen_recipe(request.recipe, list(request.stages) or None), str(request.checkpoint),
-                               shared)
-        configs = [PlannedStage.from_step(step).resolved for step in steps]
+    _name, stages, _recipe = planned_stages(str(request.checkpoint), request.shared(), request.single(), request.recipe,
+                                            request.stages, request.budget)
+    configs = [stage.resolved for stage in stages]
     teacher = False
     for config in configs:
         teacher = needs_teacher(config, check_settings(config)) or teacher

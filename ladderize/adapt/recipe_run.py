@@ -30,6 +30,7 @@ from .plan.inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
 from .train.output import CURVE_FILE, checkpoint_dtype, stage_points
 from .plan.adapt_plan import AdaptPlan
 from .plan.planned_stage import PlannedStage
+from .plan.settings_sections import SavingSettings
 from .plan.stages import describe
 from .plan.sequential_schedule import keeps_teacher_states, rows_read
 from .stage_run import adapt, preflight
@@ -198,8 +199,8 @@ def _run_stages(plan: AdaptPlan, final: Path, top: Path, options: RunOptions, *,
                               teacher_state_rows=None if budgeted and kept_rows else kept_rows)
         # a stage before the last writes fp32 (the next one starts from the trained weights as they are), OUT the
         # dtype asked for, by default the recipe's input checkpoint's
-        config = config.with_flat(output_dtype=(config.saving.output_dtype or checkpoint_dtype(plan.checkpoint)) if last
-                         else "float32")
+        config = config.with_fields(SavingSettings, output_dtype=(config.saving.output_dtype or
+                                                                  checkpoint_dtype(plan.checkpoint)) if last else "float32")
         if not last and (stage_out / CURVE_FILE).is_file():  # written last: the stage finished
             curve = stage_points(json.loads((stage_out / CURVE_FILE).read_text()))
             earlier.append(_finished_stage(stage_out, curve))

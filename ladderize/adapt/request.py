@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from .plan.config import GivenSettings
+
 if TYPE_CHECKING:
     from .plan.budget import Budget
     from .plan.stages import Recipe
@@ -85,13 +87,13 @@ class AdaptRequest:
 
             object.__setattr__(self, "budget", parse_budget(self.budget))
 
-    def shared(self) -> dict[str, Any]:
-        """The settings every stage shares that the request gives, by flat name, with its device."""
-        return {**self._group(SHARED), "device": self.device}
+    def shared(self) -> GivenSettings:
+        """The settings every stage shares that the request gives, with its device."""
+        return GivenSettings.of({**self._group(SHARED), "device": self.device})
 
-    def single(self) -> dict[str, Any]:
-        """A single stage's own settings the request gives, by flat name (empty: a recipe runs)."""
-        return self._group(SINGLE)
+    def single(self) -> GivenSettings:
+        """A single stage's own settings the request gives (none: a recipe runs)."""
+        return GivenSettings.of(self._group(SINGLE))
 
     def with_settings(self, **settings: Any) -> AdaptRequest:
         """This request with ``settings`` (field names) given."""

@@ -120,7 +120,7 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     plan, the progress and the result."""
     from ..adapt.plan.accelerate_config import from_accelerate
 
-    from_config, accelerate_note = from_accelerate(request.shared())  # a user's Accelerate config: mapped or refused
+    from_config, accelerate_note = from_accelerate(request.shared().record())  # a user's Accelerate config: mapped or refused
     request = request.with_settings(**from_config)
     if dry_run is not None:
         _print_dry_run(request, None if dry_run == "here" else dry_run)

@@ -279,14 +279,24 @@ def check_steps(settings: DemoSettings, out: Path, device: str, dtype: str | Non
 
 
 def _adapt_config(checkpoint: Path, out: Path, data: str, settings: DemoSettings, device: str, dtype: str | None,
-                  lr: float) -> "AdaptConfig":
+                  lr: float | None = None) -> "AdaptConfig":
+    """The demo's sequential adapt of ``checkpoint`` into ``out``, at ``lr`` (None: the measured rate of its layers'
+    modes, ``stages.measured_lr``)."""
     from ..adapt.plan.config import AdaptConfig
+    from ..adapt.plan.settings_sections import (OptimizerSettings, ParallelismSettings, SavingSettings, ScopeSettings,
+                                                SequentialSettings, TrainingSettings)
 
-    return AdaptConfig.from_flat(
-        checkpoint=str(checkpoint), out=str(out), data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
-        batch_size=settings.adapt_batch_size, local_schedule="sequential", epochs=settings.adapt_epochs, lr=lr,
-        device=device, dtype=dtype,
-    )  # fmt: skip
+    config = AdaptConfig(
+        scope=ScopeSettings(checkpoint=str(checkpoint)), saving=SavingSettings(out=str(out)),
+        training=TrainingSettings(data=data, tokens=settings.adapt_tokens, seq_len=settings.adapt_seq_len,
+                                  batch_size=settings.adapt_batch_size),
+        sequential=SequentialSettings(local_schedule="sequential", epochs=settings.adapt_epochs),
+        parallelism=ParallelismSettings(device=device, dtype=dtype))
+    if lr is None:
+        from ..adapt.plan.stages import converted_modes, measured_lr
+
+        lr = measured_lr(config, converted_modes(str(checkpoint)))  # the recipe's measured rate
+    return config.with_fields(OptimizerSettings, lr=lr)
 
 
 def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: EventFn, device: str = "cpu",
@@ -296,10 +306,7 @@ def _adapt(checkpoint: Path, out: Path, data: str, settings: DemoSettings, say: 
     if _complete_checkpoint(out):
         say("skip", f"adapt {out.name} (exists)")
         return out
-    from ..adapt.plan.stages import converted_modes, measured_lr
-
-    lr = measured_lr({"local_schedule": "sequential"}, converted_modes(str(checkpoint)))  # the recipe's measured rate
-    config = _adapt_config(checkpoint, out, data, settings, device, dtype, lr)
+    config = _adapt_config(checkpoint, out, data, settings, device, dtype)
     from ..checkpoint.placement import resolve_device, training_precision
 
     precision = training_precision(dtype, resolve_device(device))

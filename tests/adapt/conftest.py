@@ -74,11 +74,14 @@ def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options
 
 def typed(steps):
     """Hand-built stage dicts (flat setting names, with ``stage`` and ``name`` where given) as the typed stages the
-    planning takes: a list of them from a list, one from a dict."""
+    planning takes: a list of them from a list, one from a dict (a typed stage stays as it is)."""
+    from ladderize.adapt.plan.config import GivenSettings
     from ladderize.adapt.plan.planned_stage import PlannedStage
 
     def one(step, number):
-        settings = {k: v for k, v in step.items() if k not in ("stage", "name")}
+        if isinstance(step, PlannedStage):
+            return step
+        settings = GivenSettings.of({k: v for k, v in step.items() if k not in ("stage", "name")})
         return PlannedStage.of(int(step.get("stage", number)), str(step.get("name", "stage")), settings)
 
     if isinstance(steps, dict):

@@ -11,6 +11,7 @@ import sys
 import time
 
 from ladderize.adapt.plan.stage_clock import Pace
+from ladderize.adapt.plan.config import GivenSettings
 
 RATES = {"layer_forward": 0.01 / 32, "layer_train": 0.03 / 32, "head_step": 0.02 / 32}  # seconds per token
 SHARED = {"seq_len": 32, "batch_size": 3, "device": "cpu", "dtype": "float32", "compile": False}
@@ -76,7 +77,7 @@ def main() -> None:
     for phase, budget in (("wall", "600s"), ("tokens", TOKEN_BUDGET)):
         stated["phase"] = phase
         os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
-        plan = build_plan(ladder, shared={**SHARED, "data": text}, stages=KD, budget=parse_budget(budget), time_pace=pacing.measure_launch)
+        plan = build_plan(ladder, shared=GivenSettings.of({**SHARED, "data": text}), stages=KD, budget=parse_budget(budget), time_pace=pacing.measure_launch)
         out[phase] = {"budget": plan.budget.record(), "expected_s": plan.expected_s, "lines": plan.lines()}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, timings)

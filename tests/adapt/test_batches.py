@@ -10,6 +10,7 @@ from ladderize.adapt.plan.batches import StepSplit, dividing_accumulation, divis
 from ladderize.adapt.plan.cost import Launch
 from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.errors import LadderizeError
+from ladderize.adapt.plan.config import GivenSettings
 from tests.adapt.test_cost import _config_only
 
 
@@ -77,9 +78,9 @@ def test_the_plan_refuses_a_given_batch_that_does_not_divide_and_rounds_a_preset
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     with pytest.raises(LadderizeError, match=r"--batch-size 2 does not divide into 1 process x 4 micro-batches .*"
                                              r"give --batch-size 4, or --grad-accum 1 or 2"):
-        build_plan(folder, single={"objectives": "kd", "batch_size": 2, "grad_accum": 4}, launch=Launch(1))
+        build_plan(folder, single=GivenSettings.of({"objectives": "kd", "batch_size": 2, "grad_accum": 4}), launch=Launch(1))
     with pytest.raises(LadderizeError, match=r"--batch-size 8 does not divide into 3 processes x 4 micro-batches"):
-        build_plan(folder, shared={"batch_size": 8, "grad_accum": 4}, launch=Launch(3))
+        build_plan(folder, shared=GivenSettings.of({"batch_size": 8, "grad_accum": 4}), launch=Launch(3))
     said: list[str] = []
     plan = build_plan(folder, launch=Launch(3), say=said.append)  # the default recipe: kd's preset batch of 2
     kd = plan.stages[-1]

@@ -10,6 +10,8 @@ import pytest
 from ladderize.adapt.plan.budget import Budget, parse_budget, recipe_cost, scale_stages
 from ladderize.adapt.train.pace import measure_launch
 from ladderize.adapt.plan.stages import load_recipe, resolve_stages
+from ladderize.adapt.plan.config import GivenSettings
+from ladderize.adapt.plan.settings_sections import ScopeSettings, TrainingSettings
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import plan_and_run, steps_of, typed
@@ -44,7 +46,7 @@ def test_budget_scales_every_stage_in_whole_steps(ladder_dir):
     small = steps_of(scale_stages(steps, 10_000))  # 8,000 / 2 epochs -> 4 steps of 1,024; 2,000 -> 2 steps
     assert [s["tokens"] for s in small] == [4_096, 2_048] and [s["warmup_steps"] for s in small] == [1, 1]
     # a weight average's horizon, 1 / (1 - decay) steps, grows with its stage: 10 steps of 32 -> 20 steps of 64
-    averaged = steps_of(scale_stages([steps[0], steps[1].with_settings(ema=0.9)], 2 * recipe_cost(steps)))
+    averaged = steps_of(scale_stages([steps[0], steps[1].with_fields(ScopeSettings, ema=0.9)], 2 * recipe_cost(steps)))
     assert averaged[1]["ema"] == 0.95 and "ema" not in averaged[0]
     tiny = steps_of(scale_stages(steps, 1))  # at least one step per stage
     assert [s["tokens"] for s in tiny] == [1_024, 1_024]
@@ -145,7 +147,7 @@ def test_a_wall_budget_replans_the_stages_left_to_the_time_left():
     slower = record()  # stage 1 at 1.2x its plan: kd gets what is left, timed 1.2x slower too
     shrunk, slower_after = replan(steps, 0, slower, [1.2 * planned[0]], said.append)
     left = planned[1] - 0.2 * planned[0]
-    step_s = 1.2 * (stage_seconds(pace, steps[1].with_settings(tokens=2048)) - stage_seconds(pace, steps[1].with_settings(tokens=1024)))
+    step_s = 1.2 * (stage_seconds(pace, steps[1].with_fields(TrainingSettings, tokens=2048)) - stage_seconds(pace, steps[1].with_fields(TrainingSettings, tokens=1024)))
     assert 0 < left - step_s < 1.2 * kd_seconds(shrunk) <= left  # within a step of the time left
     entry, = slower_after.replanned
     assert entry["slower"] == 1.2 and entry["left_s"] == round(left, 3) and entry["expected_s"] == [1.2 * kd_seconds(shrunk)]
@@ -170,8 +172,8 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     the plan says how many times (on SmolLM2, past one pass, the runs measured gained WikiText and lost LAMBADA)."""
     from ladderize.adapt.plan.budget import rereads, size_recipe
 
-    shared = {"data": str(text_file), "seq_len": 32, "batch_size": 2}
-    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir), shared))
+    shared = GivenSettings.of({"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
     said: list[str] = []
     sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     held = sized[0].step["tokens"]  # capped by the data: every whole 32-token window of the text
@@ -184,7 +186,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
     small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert "reads the data" not in said[-2] and rereads(small, small[0], held) == []
-    assert rereads([sized[0], sized[1].with_settings(data="other.txt")], sized[0], held) == []
+    assert rereads([sized[0], sized[1].with_fields(TrainingSettings, data="other.txt")], sized[0], held) == []
 
 
 def test_the_memory_cap_on_calibration_counts_a_window_s_extra_states(monkeypatch):
@@ -284,7 +286,8 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
-    steps = typed(resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2}))
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), GivenSettings.of({"data": str(text_file), "seq_len": 32,
+                                                                                 "batch_size": 2}))
     size_recipe(steps, parse_budget("10m"), str(ladder_dir), time_pace=measure_launch)  # times this machine's pace once and keeps it
     file, = (tmp_path / "home" / kept_paces.PACE_CACHE).glob("*.json")
     timed = Pace(**json.loads(file.read_text()))

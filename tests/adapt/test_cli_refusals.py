@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from ladderize.adapt.plan.config import GivenSettings
 
 from tests.adapt.conftest import convert
 from tests.cli_helpers import error_lines, run_cli
@@ -134,11 +135,11 @@ def test_a_sequence_past_the_models_positions_is_cut_where_defaulted_and_refused
     assert [stage.resolved.training.seq_len for stage in plan.stages] == [64, 64]
     assert [f"  stage {n} ({name}): sequences of 64 tokens, the positions the model encodes (max_position_embeddings), "
             "not the default 512" for n, name in ((1, "seq-local"), (2, "kd"))] == plan.lines()[3:5], plan.lines()
-    for given in (dict(shared={"seq_len": 65}), dict(stages=["seq-local", "kd:seq_len=100"]),
-                  dict(single={"objectives": "kd"}, shared={"seq_len": 65})):
+    for given in (dict(shared=GivenSettings.of({"seq_len": 65})), dict(stages=["seq-local", "kd:seq_len=100"]),
+                  dict(single=GivenSettings.of({"objectives": "kd"}), shared=GivenSettings.of({"seq_len": 65}))):
         with pytest.raises(LadderizeError, match=r"is more than the 64 positions .*give --seq-len 64 or less"):
             build_plan(short, launch="8xH100", priced_only=True, **given)
-    assert build_plan(short, launch="8xH100", priced_only=True, shared={"seq_len": 64}).stages[0].resolved.training.seq_len == 64
+    assert build_plan(short, launch="8xH100", priced_only=True, shared=GivenSettings.of({"seq_len": 64})).stages[0].resolved.training.seq_len == 64
 
 
 def test_a_dry_run_says_how_a_bare_budget_number_is_read(ladder_dir, tmp_path, capsys, monkeypatch):

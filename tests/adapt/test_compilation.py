@@ -74,16 +74,18 @@ def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
 @needs_compiler
 def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_file, monkeypatch):
     from ladderize.adapt.plan.budget import _eager_if_short, size_recipe
+    from ladderize.adapt.plan.config import GivenSettings
     from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 
     monkeypatch.delenv(ENV, raising=False)
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir), {"data": str(text_file), "seq_len": 32, "batch_size": 2})
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir),
+                           GivenSettings.of({"data": str(text_file), "seq_len": 32, "batch_size": 2}))
     said: list[str] = []
     sized, record = size_recipe(typed(steps), parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
     assert [stage.step["compile"] for stage in sized] == [False, False] and record.pace.compiled is False
     assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
     # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)
-    asked, before = typed([{**step, "compile": True} for step in steps]), len(said)
+    asked, before = typed([{**step.step, "compile": True} for step in steps]), len(said)
     assert _eager_if_short(asked, parse_budget("5s"), "cpu", said.append) == asked and len(said) == before
 
 
@@ -289,7 +291,7 @@ def test_the_pace_records_every_layers_graph_kind(ladder_dir):
 def test_compile_is_a_setting_of_the_command_line_and_of_recipes():
     from ladderize.adapt.plan.stages import parse_stage
 
-    assert parse_stage("kd:compile=false").settings == {"compile": False}
+    assert parse_stage("kd:compile=false").settings.record() == {"compile": False}
     assert "compile" not in AdaptConfig.from_flat(checkpoint="c", out="o").fingerprint()
 
 

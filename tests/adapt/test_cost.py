@@ -10,6 +10,7 @@ import pytest
 from ladderize.adapt.plan.budget import parse_budget
 from ladderize.adapt.plan.cost import FlopCount, JointMemory, Launch, head_parameters, layer_parameters, usable_bytes
 from ladderize.checkpoint.shapes import preset
+from ladderize.adapt.plan.config import GivenSettings
 from tests.cli_helpers import run_cli
 from tests.conftest import tiny_config, tiny_model
 
@@ -200,7 +201,7 @@ def test_the_memory_plan_counts_the_kd_head_and_the_activations_as_autograd_save
     without = JointMemory.estimate(EIGHT_B, list(range(16, 32)), 8, tokens)
     assert memory.total == without.total + memory.head + memory.logits + memory.rows
     said: list[str] = []
-    plan = build_plan(folder, shared={"seq_len": 2048}, budget=parse_budget("3B"), launch="8xH100", priced_only=True, say=said.append)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), budget=parse_budget("3B"), launch="8xH100", priced_only=True, say=said.append)
     kd = plan.cost.stages[-1]
     assert plan.cost.refusal is None and kd.memory_bytes <= (1 - FILL_MARGIN) * usable_bytes(Launch(8, "h100").memory_bytes)
     line = next(line for line in plan.cost.lines() if "memory per GPU" in line and "LM head" in line)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ladderize.adapt.plan.config import AdaptConfig
+from ladderize.adapt.plan.settings_sections import SequentialSettings
 from ladderize.adapt.stage_run import adapt
 from tests.adapt.test_streaming import _config, assert_same_checkpoint
 from tests.cli_helpers import error_lines, run_cli
@@ -66,7 +67,7 @@ def test_states_go_to_the_device_when_they_fit_else_pinned_host_memory(monkeypat
     spills = sequential_run.state_store(config, cuda, tmp_path, 2**21)  # 8 x 2 MiB > 8 MiB
     assert spills.device.type == "cpu" and not spills.on_disk
     assert spills.pin == torch.cuda.is_available()  # pinned where a CUDA runtime can pin
-    config = config.with_flat(states="disk")
+    config = config.with_fields(SequentialSettings, states="disk")
     assert sequential_run.state_store(config, cuda, tmp_path, 1).on_disk  # asked for: disk, whatever fits
     assert sequential_run.state_store(AdaptConfig.from_flat(checkpoint="c", out="o"), torch.device("cpu"), tmp_path, 2**40).where == "memory"
 

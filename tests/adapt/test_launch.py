@@ -7,6 +7,7 @@ import os
 import pytest
 
 from ladderize.checkpoint.placement import launch_mismatch
+from ladderize.adapt.plan.config import GivenSettings
 from tests.cli_helpers import run_cli
 
 WARNING = "warning: accelerate launch was asked for several processes but started one"
@@ -197,13 +198,13 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "one"))
     monkeypatch.setattr(pacing, "measure", lambda checkpoint, *, seq_len, batch_size, **_: stated_pace(
         checkpoint, seq_len, batch_size, slower=1.2))
-    one = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget("600s"),
+    one = build_plan(ladder_dir, shared=GivenSettings.of({**SHARED, "data": str(text_file)}), stages=KD, budget=parse_budget("600s"),
                      time_pace=pacing.measure_launch)
     assert one.budget.pace.processes == 1
     assert wall["tokens"] == pytest.approx(3 * one.budget.tokens, rel=2e-3), (wall["tokens"], one.budget.tokens)
 
     launched = result["tokens"]
-    dry = build_plan(ladder_dir, shared={**SHARED, "data": str(text_file)}, stages=KD, budget=parse_budget(TOKEN_BUDGET),
+    dry = build_plan(ladder_dir, shared=GivenSettings.of({**SHARED, "data": str(text_file)}), stages=KD, budget=parse_budget(TOKEN_BUDGET),
                      launch="3xH100", priced_only=True)
     assert launched["expected_s"] == pytest.approx(dry.expected_s, rel=1e-9) and dry.expected_s > 60
 

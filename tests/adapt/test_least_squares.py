@@ -153,7 +153,7 @@ def test_closed_form_runs_resume_bit_for_bit_and_differ_from_plain_runs(hybrid_d
 
 def test_a_stage_sets_it_and_only_the_sequential_stage_takes_it(hybrid_dir, tmp_path):
     stage = parse_stage("seq-local:closed_form=true")
-    assert stage.settings == {"closed_form": True}
+    assert stage.settings.record() == {"closed_form": True}
     assert "closed_form True" in describe(PlannedStage.from_step({"stage": 1, "name": "seq-local", "objectives": "local", "local_schedule": "sequential",
                                           "tokens": 8192, "epochs": 1.0, "lr": 1e-3, "closed_form": True}))
     with pytest.raises(LadderizeError, match="seq-local stage"):

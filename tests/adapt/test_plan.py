@@ -11,6 +11,7 @@ from ladderize.adapt.plan.cost import JointMemory, Launch, usable_bytes
 from ladderize.adapt.plan.adapt_plan import FILL_MARGIN, MIN_FILLED_STEPS, AdaptPlan, PlannedStage, build_plan
 from ladderize.adapt.recipe_run import RunOptions, run_recipe
 from ladderize.checkpoint.io import load_config, read_provenance
+from ladderize.adapt.plan.config import GivenSettings
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 
@@ -18,7 +19,7 @@ from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)  # no weights, no tokenizer: nothing else could be read
     # the global batch: 4 sequences per process on 8
-    plan = build_plan(folder, shared={"seq_len": 2048, "batch_size": 32}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "batch_size": 32}), budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     assert isinstance(plan, AdaptPlan) and all(isinstance(stage, PlannedStage) for stage in plan.stages)
     assert [(stage.number, stage.name, stage.sequential) for stage in plan.stages] == [(1, "seq-local", True),
                                                                                       (2, "kd", False)]
@@ -36,7 +37,7 @@ def test_the_plan_is_typed_priced_and_built_from_config_json_alone(tmp_path):
 def test_a_known_gpu_fills_each_joint_stage_s_batch_unless_the_user_set_it(tmp_path):
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
     said: list[str] = []
-    filled = build_plan(folder, shared={"seq_len": 2048}, budget=parse_budget("3B"), launch="8xH100", priced_only=True, say=said.append)
+    filled = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), budget=parse_budget("3B"), launch="8xH100", priced_only=True, say=said.append)
     kd = filled.stages[1]
     config, converted = load_config(folder), list(range(16, 32))
     usable = usable_bytes(Launch(8, "h100").memory_bytes)
@@ -53,20 +54,20 @@ def test_a_known_gpu_fills_each_joint_stage_s_batch_unless_the_user_set_it(tmp_p
     assert any("the largest that fits the GPU's memory" in line for line in said)
     assert filled.stages[0].settings["batch_size"] == 2  # the sequential stage's batch is its own
     assert filled.cost.refusal is None
-    given = build_plan(folder, shared={"seq_len": 2048, "batch_size": 16}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+    given = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "batch_size": 16}), budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     assert given.stages[1].settings["batch_size"] == 16  # --batch-size is kept
-    short = build_plan(folder, shared={"seq_len": 2048}, budget=parse_budget("10M"), launch="8xH100", priced_only=True)
+    short = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), budget=parse_budget("10M"), launch="8xH100", priced_only=True)
     assert short.stages[1].settings["batch_size"] == 8  # the preset's 2, rounded up to divide over the 8 processes,
     # and no further: too few tokens to fill the device and keep 1,000 steps
-    one_each = build_plan(folder, shared={"seq_len": 2048}, budget=parse_budget("20M"), launch="8xH100", priced_only=True)
+    one_each = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), budget=parse_budget("20M"), launch="8xH100", priced_only=True)
     assert one_each.stages[1].settings["batch_size"] == 8  # one sequence per process keeps 1,000 steps; two would not
-    here = build_plan(folder, shared={"seq_len": 2048}, budget=parse_budget("3B"), launch="1xH100", priced_only=True)
+    here = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), budget=parse_budget("3B"), launch="1xH100", priced_only=True)
     assert here.stages[1].settings["batch_size"] == 2 and here.cost.refusal is not None  # nothing larger fits one GPU
 
 
 def test_a_run_records_the_plan_it_was_built_from(ladder_dir, text_file, tmp_path):
     shared = {**TINY_SHARED, "data": str(text_file), "device": "cpu"}
-    plan = build_plan(ladder_dir, shared=shared, recipe=tiny_best())
+    plan = build_plan(ladder_dir, shared=GivenSettings.of(shared), recipe=tiny_best())
     assert plan.launch == Launch(1, None) and plan.expected_s is None  # a CPU: no GPU to price the time with
     out = tmp_path / "o"
     done = run_recipe(plan, str(out), RunOptions(keep_state=True))
@@ -125,17 +126,17 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
 def test_a_stage_s_batch_that_does_not_fit_is_accumulated_and_checkpointed_where_it_must(tmp_path):
     folder = _config_only(tmp_path, "llama-3b", 14, max_position_embeddings=131_072)  # Llama 3.2 3B's positions
     said: list[str] = []
-    split = build_plan(folder, shared={"seq_len": 8192}, budget=parse_budget("3B"), launch="1xH100", priced_only=True, say=said.append)
+    split = build_plan(folder, shared=GivenSettings.of({"seq_len": 8192}), budget=parse_budget("3B"), launch="1xH100", priced_only=True, say=said.append)
     kd = split.stages[1].settings  # the preset's 2 sequences do not fit one H100; 1 does, twice per step
     assert (kd["batch_size"], kd["grad_accum"], kd.get("activation_checkpointing")) == (2, 2, None)
     assert split.cost.refusal is None and any("batch 2 = 1 per process x 2 accumulated" in line for line in said)
-    checked = build_plan(folder, shared={"seq_len": 32_768}, budget=parse_budget("3B"), launch="1xH100", priced_only=True)
+    checked = build_plan(folder, shared=GivenSettings.of({"seq_len": 32_768}), budget=parse_budget("3B"), launch="1xH100", priced_only=True)
     assert checked.stages[1].settings["activation_checkpointing"] is True and checked.cost.refusal is None
     assert checked.stages[1].settings["batch_size"] == 2  # not one sequence fits without it: with it, the preset's
-    mine = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2}, budget=parse_budget("3B"), launch="1xH100", priced_only=True)
+    mine = build_plan(folder, shared=GivenSettings.of({"seq_len": 8192, "batch_size": 2}), budget=parse_budget("3B"), launch="1xH100", priced_only=True)
     assert (mine.stages[1].settings["batch_size"], mine.stages[1].settings["grad_accum"]) == (2, 2)  # the user's batch,
     assert mine.cost.refusal is None  # accumulated as the memory requires
-    theirs = build_plan(folder, shared={"seq_len": 8192, "batch_size": 2, "grad_accum": 1}, budget=parse_budget("3B"), launch="1xH100",
+    theirs = build_plan(folder, shared=GivenSettings.of({"seq_len": 8192, "batch_size": 2, "grad_accum": 1}), budget=parse_budget("3B"), launch="1xH100",
                         priced_only=True)
     assert theirs.cost.refusal is not None and "--grad-accum 2" in theirs.cost.refusal  # the user's accumulation too
 
@@ -158,7 +159,7 @@ def test_each_stage_is_typed_and_its_settings_checked_before_it_is_sized_or_pric
     from ladderize.errors import LadderizeError
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    plan = build_plan(folder, shared={"seq_len": 2048}, launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), launch="8xH100", priced_only=True)
     seq, kd = (stage.resolved for stage in plan.stages)
     assert isinstance(seq, AdaptConfig) and (seq.sequential.local_schedule, seq.training.seq_len, seq.sequential.window) == ("sequential", 2048, 1)
     defaults = AdaptConfig.from_flat(checkpoint="", out="")
@@ -170,4 +171,4 @@ def test_each_stage_is_typed_and_its_settings_checked_before_it_is_sized_or_pric
 
     monkeypatch.setattr(budgeting, "scale_stages", never)
     with pytest.raises(LadderizeError, match="window groups the sequential stage's layers"):  # kd gets window too
-        build_plan(folder, shared={"window": 2}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+        build_plan(folder, shared=GivenSettings.of({"window": 2}), budget=parse_budget("3B"), launch="8xH100", priced_only=True)

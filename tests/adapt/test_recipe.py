@@ -10,7 +10,7 @@ from ladderize.adapt.plan.stages import Recipe, load_recipe, parse_stage, resolv
 from ladderize.checkpoint.io import load_model, read_provenance
 from ladderize.model.layout import MODE_TRAITS
 from ladderize.errors import LadderizeError
-from tests.adapt.conftest import convert, plan_and_run
+from tests.adapt.conftest import convert, plan_and_run, steps_of
 from tests.cli_helpers import error_lines, run_cli
 
 # the default recipe ("best": seq-local then kd) at tiny budgets: 4 sequences x 1 epoch, batch 2 -> 2 steps per
@@ -19,27 +19,25 @@ TINY_SHARED = dict(seq_len=32, batch_size=2, save_every=1)
 
 
 def tiny_best() -> Recipe:
-    recipe = load_recipe("best")
-    recipe.stages[0].settings.update(tokens=128, epochs=1.0)
-    recipe.stages[1].settings.update(tokens=192)
-    return recipe
+    return load_recipe("best").with_stage(0, tokens=128, epochs=1.0).with_stage(1, tokens=192)
 
 
 def test_default_recipe_plan_uses_the_measured_learning_rates(ladder_dir, spd_dir, dense_dir, tmp_path):
     # the one table of rates, the mode table's rows (docs/adapt-measurements.md has the runs); the values the recipe measured
     seq, kd = ({mode: MODE_TRAITS[mode].learning_rates[kind] for mode in ("ladder", "spd")} for kind in ("sequential", "kd"))
     assert (seq, kd) == ({"ladder": 1e-3, "spd": 2e-3}, {"ladder": 2e-4, "spd": 1e-4})
-    ladder = resolve_stages(load_recipe("best"), str(ladder_dir))
+    ladder = steps_of(resolve_stages(load_recipe("best"), str(ladder_dir)))
     assert [(s["name"], s["local_schedule"] if "local_schedule" in s else "joint", s["tokens"], s["lr"]) for s in ladder] == [
         ("seq-local", "sequential", 65_536, seq["ladder"]), ("kd", "joint", 32_768, kd["ladder"])]
-    assert [s["lr"] for s in resolve_stages(load_recipe("best"), str(spd_dir))] == [seq["spd"], kd["spd"]]
+    assert [s.resolved.optimizer.lr for s in resolve_stages(load_recipe("best"), str(spd_dir))] == [seq["spd"], kd["spd"]]
     hybrid = convert(dense_dir, tmp_path / "hybrid", ladder="3:4", spd="1:3", spd_tp_size=3)
     both = [min(seq["ladder"], seq["spd"]), min(kd["ladder"], kd["spd"])]
-    assert [s["lr"] for s in resolve_stages(load_recipe("best"), str(hybrid))] == both  # the smaller rate of each stage
+    assert [s.resolved.optimizer.lr for s in resolve_stages(load_recipe("best"), str(hybrid))] == both  # the smaller rate of each stage
     # an explicit stage setting wins over the shared settings, which win over the preset
-    steps = resolve_stages(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}), str(ladder_dir))
+    steps = steps_of(resolve_stages(Recipe("x", [parse_stage("kd:lr=1e-3,batch-size=3")], {"batch_size": 5, "tokens": 99}),
+                                    str(ladder_dir)))
     assert steps[0]["lr"] == 1e-3 and steps[0]["batch_size"] == 3 and steps[0]["tokens"] == 99
-    assert parse_stage("local:objective=kd+local*0.5").settings == {"objectives": "kd,local=0.5"}
+    assert parse_stage("local:objective=kd+local*0.5").settings.record() == {"objectives": "kd,local=0.5"}
 
 
 def test_default_recipe_runs_and_resumes_between_and_within_stages(ladder_dir, text_file, tmp_path):
@@ -127,8 +125,7 @@ def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(lad
 def test_resume_refuses_a_changed_recipe(ladder_dir, text_file, tmp_path):
     common = dict(shared={**TINY_SHARED, "data": str(text_file)})
     plan_and_run(tiny_best(), str(ladder_dir), str(tmp_path / "o"), stop_after_steps=1, **common)
-    changed = tiny_best()
-    changed.stages[1].settings["lr"] = 1e-2
+    changed = tiny_best().with_stage(1, lr=1e-2)
     with pytest.raises(LadderizeError, match="stage 2"):
         plan_and_run(changed, str(ladder_dir), str(tmp_path / "o"), resume=True, **common)
 

@@ -11,6 +11,7 @@ from ladderize.adapt.plan.cost import Launch, PricedDevice, head_parameters, lay
 from ladderize.adapt.plan.adapt_plan import AdaptPlan, PlannedStage, build_plan
 from ladderize.adapt.plan.stage_clock import Pace, stage_seconds
 from ladderize.checkpoint.shapes import preset
+from ladderize.adapt.plan.config import GivenSettings
 from tests.adapt.test_cost import _config_only
 from tests.adapt.conftest import typed
 
@@ -46,7 +47,7 @@ def test_the_pricing_the_budget_and_the_plan_time_stages_by_the_one_function(tmp
 
     monkeypatch.setattr(stage_clock, "stage_seconds", timed)
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    plan = build_plan(folder, shared={"seq_len": 2048, "batch_size": 32}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "batch_size": 32}), budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     assert [stage.seconds for stage in plan.cost.stages] == [100.0, 100.0] and plan.expected_s == 200.0
     assert ("PricedDevice", "seq-local") in calls and ("PricedDevice", "kd") in calls
 

@@ -48,10 +48,7 @@ def test_state_bytes_per_rank_fall_as_one_over_the_processes(ladder_dir, dense_d
 
 
 def _recipe(kd: dict):
-    recipe = load_recipe("best")
-    recipe.stages[0].settings.update(tokens=128, epochs=1.0)  # 4 sequences and 2 held out: 6 rows of states
-    recipe.stages[1].settings.update(kd)
-    return recipe
+    return load_recipe("best").with_stage(0, tokens=128, epochs=1.0).with_stage(1, **kd)  # 4 sequences, 2 held out: 6 rows
 
 
 def _rows(directory, name: str, parts: int = 1) -> list[int]:

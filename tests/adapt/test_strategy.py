@@ -13,6 +13,7 @@ from ladderize.adapt.plan.strategy_choice import ONE_PROCESS, REPLICATED, SETTIN
 from ladderize.checkpoint.io import load_config
 from ladderize.checkpoint.shapes import ModelShape
 from ladderize.errors import LadderizeError
+from ladderize.adapt.plan.config import GivenSettings
 from tests.adapt.test_cost import _config_only
 from tests.cli_helpers import run_cli
 
@@ -44,7 +45,7 @@ def test_one_function_chooses_the_strategy_from_the_settings_and_the_launch():
 def _kd_plan(folder, **settings):
     """The single kd stage of ``--stage kd:...`` at 3B tokens of 2,048 on 8 x H100, priced from config.json alone."""
     stage = "kd" + (":" + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
-    plan = build_plan(folder, shared={"seq_len": 2048}, stages=[stage], budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048}), stages=[stage], budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     return plan, plan.cost.stages[-1]
 
 
@@ -113,7 +114,7 @@ def test_shard_ddp_is_advised_only_what_fits_replicated(tmp_path):
     """Under --shard ddp, more GPUs and a smaller batch do not bring the whole student and teacher under one H100:
     the advice is to shard, which fits."""
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    plan = build_plan(folder, shared={"seq_len": 2048, "shard": "ddp"}, budget=parse_budget("3B"), launch="8xH100", priced_only=True)
+    plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "shard": "ddp"}), budget=parse_budget("3B"), launch="8xH100", priced_only=True)
     refusal = plan.cost.refusal
     assert refusal is not None and "replicated over 8 processes with DDP: --shard ddp" in refusal
     advice = refusal.split("usable: ", 1)[1]
@@ -128,7 +129,7 @@ def test_gradient_accumulation_prices_the_unsharded_gradients_fsdp2_keeps(tmp_pa
     layer = layer_parameters(load_config(folder))
 
     def kd(accum: int, **shared):
-        plan = build_plan(folder, shared={"seq_len": 2048, "grad_accum": accum, **shared}, budget=parse_budget("3B"), launch="8xH100",
+        plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "grad_accum": accum, **shared}), budget=parse_budget("3B"), launch="8xH100",
                           priced_only=True)
         return plan.stages[-1], plan.cost.stages[-1]
 
@@ -165,7 +166,7 @@ def test_the_run_trains_by_the_strategy_its_plan_priced(settings, world, ladder_
     monkeypatch.setenv("WORLD_SIZE", str(world))
     shared = {"data": str(text_file), "objectives": "kd", "seq_len": 32, "batch_size": 2, "tokens": 256, "device": "cpu",
               **settings}
-    plan = build_plan(ladder_dir, single=shared, launch=Launch(world, "h100"), priced_only=True)
+    plan = build_plan(ladder_dir, single=GivenSettings.of(shared), launch=Launch(world, "h100"), priced_only=True)
     with pytest.raises(_Built):
         adapt(plan.stages[0].config(str(ladder_dir), str(tmp_path / "out")))
     chosen = choose_strategy(plan.stages[0].resolved, world)

@@ -16,7 +16,7 @@ from ladderize.convert.residual_states import embed, run_layers
 from ladderize.adapt.plan.sequential_schedule import keeps_teacher_states
 from ladderize.adapt.layers.teacher_states import ENTRY_FILE, FINAL_FILE, read, teacher_id, write
 from ladderize.checkpoint.io import load_model
-from tests.adapt.conftest import plan_and_run
+from tests.adapt.conftest import plan_and_run, steps_of
 from tests.adapt.test_pace import PACE
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 from tests.adapt.conftest import typed
@@ -67,7 +67,7 @@ def test_read_uses_only_the_same_sequences_of_the_same_teacher(tmp_path, dense_d
 
 
 def test_plan_times_kd_without_the_teacher_when_it_reads_stored_states(ladder_dir):
-    steps = resolve_stages(load_recipe("best"), str(ladder_dir))
+    steps = steps_of(resolve_stages(load_recipe("best"), str(ladder_dir)))
     seq, kd = steps
     assert keeps_teacher_states(typed(steps), 0) and not keeps_teacher_states(typed(steps), 1)
     held_out = seq.get("batch_size", AdaptConfig().training.batch_size) * seq.get("seq_len", AdaptConfig().training.seq_len)

@@ -105,7 +105,7 @@ def test_it_is_priced_from_its_traits(toy):
 
 def test_its_stage_reads_the_teacher_states_the_sequential_stage_keeps(toy, ladder_dir):
     steps = resolve_stages(Recipe("toy", [Stage("seq-local"), parse_stage("cos:tokens=4096")]), str(ladder_dir))
-    assert steps[1]["objectives"] == "cos" and steps[1]["batch_size"] == 2  # its preset
+    assert steps[1].resolved.objective.objectives == "cos" and steps[1].resolved.training.batch_size == 2  # its preset
     assert keeps_teacher_states(typed(steps), 0) and reads_stored_teacher(typed(steps), 1)
     with_local = resolve_stages(Recipe("toy", [Stage("seq-local"), parse_stage("cos:objective=cos+local*0.1")]),
                                 str(ladder_dir))

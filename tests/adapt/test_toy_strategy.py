@@ -21,6 +21,7 @@ from ladderize.adapt.plan.adapt_plan import build_plan
 from ladderize.adapt.plan.cost import JointMemory
 from ladderize.adapt.plan.strategy_choice import REPLICATED, choose_strategy
 from ladderize.errors import LadderizeError
+from ladderize.adapt.plan.config import GivenSettings
 from tests.adapt.test_cost import _config_only
 from tests.adapt.test_multiprocess import launch_failure
 from tests.adapt.test_strategy import typed
@@ -56,7 +57,7 @@ def test_it_is_priced_from_its_traits(toy, tmp_path):
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
 
     def kd(shard: str):
-        plan = build_plan(folder, shared={"seq_len": 2048, "shard": shard, "batch_size": 8}, budget=parse_budget("3B"),
+        plan = build_plan(folder, shared=GivenSettings.of({"seq_len": 2048, "shard": shard, "batch_size": 8}), budget=parse_budget("3B"),
                           launch="8xH100", priced_only=True)
         return plan.cost
 

@@ -281,6 +281,8 @@ def test_cli_gives_it_options(toy, capsys, monkeypatch):
 def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     """``convert --lspd`` writes the toy layout (its TP degree from ``--spd-tp``: the mode is TP-dependent, and
     refused without one, in its own name); the recipe finds the row's learning rates, or the first row's without."""
+    from ladderize.adapt.plan.config import AdaptConfig
+    from ladderize.adapt.plan.settings_sections import ObjectiveSettings, SequentialSettings
     from ladderize.adapt.plan.stages import load_recipe, measured_lr, resolve_stages
     from ladderize.checkpoint.io import read_provenance
 
@@ -297,12 +299,13 @@ def test_cli_converts_with_it_and_the_recipe_has_its_rate(toy, tiny_llama_dir, t
     assert code == 2 and "--lspd-budget chooses the layers of --lspd auto" in err
     # its row's rates (the toy copies SPD's), the smallest of a layout's modes
     rates = TOY_TRAITS.learning_rates
-    assert [step["lr"] for step in resolve_stages(load_recipe("best"), str(out))] == [
+    assert [stage.resolved.optimizer.lr for stage in resolve_stages(load_recipe("best"), str(out))] == [
         min(rates["sequential"], MODE_TRAITS["ladder"].learning_rates["sequential"]),
         min(rates["kd"], MODE_TRAITS["ladder"].learning_rates["kd"])]
     monkeypatch.setitem(MODE_TRAITS, TOY, replace(TOY_TRAITS, learning_rates={}))  # a row without measured rates
-    assert measured_lr({"local_schedule": "sequential"}, {TOY}) == MODE_TRAITS["ladder"].learning_rates["sequential"]
-    assert measured_lr({"objectives": "kd"}, {TOY, "spd"}) == MODE_TRAITS["spd"].learning_rates["kd"]
+    sequential = AdaptConfig(sequential=SequentialSettings(local_schedule="sequential"))
+    assert measured_lr(sequential, {TOY}) == MODE_TRAITS["ladder"].learning_rates["sequential"]
+    assert measured_lr(AdaptConfig(objective=ObjectiveSettings(objectives="kd")), {TOY, "spd"}) == MODE_TRAITS["spd"].learning_rates["kd"]
 
 
 def test_cli_bench_and_predict_take_it(toy, tmp_path, capsys, monkeypatch):

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LadderizeError
-from .config import AdaptConfig, check_settings
+from .config import GivenSettings, check_settings
 from .cost import Launch, RunPlan
 from .inputs import check_seq_len, model_positions
 from .planned_stage import PlannedStage
+from .settings_sections import ParallelismSettings, TrainingSettings
 from .stage_clock import Pace, StageClock, stages_seconds
 
 if TYPE_CHECKING:
@@ -126,8 +127,8 @@ class AdaptPlan:
 def build_plan(
     checkpoint: str | Path,
     *,
-    shared: dict[str, Any] | None = None,
-    single: dict[str, Any] | None = None,
+    shared: GivenSettings | None = None,
+    single: GivenSettings | None = None,
     recipe: "str | Recipe | None" = None,
     stages: list[str] | None = None,
     budget: Budget | None = None,
@@ -152,33 +153,15 @@ def build_plan(
     training)."""
     from ...checkpoint.architectures import read_config_header
     from .budget import Sizing, check_budget_steps, max_calibration_tokens, plan_line, scale_stages, size_recipe
-    from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, measured_lr, resolve_stages
 
-    shared, single = dict(shared or {}), dict(single or {})
     checkpoint = str(checkpoint)
-    _check_choice(single, recipe, stages, budget, SINGLE_STAGE_FLAGS)
-    for key in shared:
-        if key in _RESERVED:
-            raise LadderizeError(f"{key} is not a stage setting")
+    shared, single = shared or GivenSettings(), single or GivenSettings()
     sized_by = budget
     where = (launch if isinstance(launch, Launch) else Launch.parse(launch) if launch else
-             Launch.current(AdaptConfig.from_flat(shared).parallelism.device))
+             Launch.current(shared.config.parallelism.device))
     readable = (Path(checkpoint) / "config.json").is_file()
-    if single:
-        settings = {**shared, **single}
-        if "lr" not in settings and readable:
-            settings["lr"] = measured_lr(settings, converted_modes(checkpoint))
-        defaults = AdaptConfig()
-        for key, value in (("objectives", defaults.objective.objectives), ("tokens", defaults.training.tokens),
-                           ("lr", defaults.optimizer.lr)):
-            settings.setdefault(key, value)  # the defaults it trains with, spelt out as a recipe's stages are
-        name = settings["objectives"]
-        plan = AdaptPlan(name, checkpoint, [PlannedStage.of(1, name, settings)], where, single=True)
-        chosen = None
-    else:
-        chosen = chosen_recipe(recipe, stages)
-        steps = resolve_stages(chosen, checkpoint, shared)
-        plan = AdaptPlan(chosen.name, checkpoint, [PlannedStage.from_step(s) for s in steps], where)
+    name, stages_planned, chosen = planned_stages(checkpoint, shared, single, recipe, stages, budget)
+    plan = AdaptPlan(name, checkpoint, stages_planned, where, single=chosen is None)
     given = _user_set(chosen, shared, single)
     positions = model_positions(read_config_header(checkpoint)) if readable else None
     plan = _fit_positions(plan, positions, given)
@@ -228,12 +211,35 @@ MIN_FILLED_STEPS = 1_000  # a batch grown to fill the device leaves a stage at l
 FILL_MARGIN = 0.05  # a batch grown to fill the device leaves this share of the usable memory free (the estimate's error)
 
 
-def _user_set(recipe: "Recipe | None", shared: dict[str, Any], single: dict[str, Any]) -> list[set[str]]:
+def planned_stages(checkpoint: str, shared: GivenSettings, single: GivenSettings, recipe: "str | Recipe | None",
+                   stages: Sequence[str] | None, budget: Budget | None) -> tuple[str, list[PlannedStage], "Recipe | None"]:
+    """The stages a request makes, typed, before anything is fitted or sized: the single stage its own settings give
+    (over the shared ones, with the defaults it trains with spelt out), else the recipe's (``stages.resolve_stages``);
+    the plan's name and the recipe (None: a single stage). A command line that mixes the two, or names a setting that
+    no stage takes, is refused in one line."""
+    from .stages import SINGLE_STAGE_FLAGS, _RESERVED, chosen_recipe, converted_modes, resolve_stages, with_measured_lr
+
+    _check_choice(single, recipe, list(stages) if stages else None, budget, SINGLE_STAGE_FLAGS)
+    for key in shared.names:
+        if key in _RESERVED:
+            raise LadderizeError(f"{key} is not a stage setting")
+    if single.names:
+        settings = single.over(shared)
+        if (Path(checkpoint) / "config.json").is_file():
+            settings = with_measured_lr(settings, converted_modes(checkpoint))
+        settings = settings.including("objectives", "tokens", "lr")  # the defaults it trains with, as a recipe's stages
+        name = settings.config.objective.objectives
+        return name, [PlannedStage.of(1, name, settings)], None
+    chosen = chosen_recipe(recipe, list(stages) if stages else None)
+    return chosen.name, resolve_stages(chosen, checkpoint, shared), chosen
+
+
+def _user_set(recipe: "Recipe | None", shared: GivenSettings, single: GivenSettings) -> list[set[str]]:
     """The settings the user chose for each stage (command line, recipe file, ``--stage``), not a preset's."""
-    given = set(shared) | set(single)
+    given = set(shared.names) | set(single.names)
     if recipe is None:
         return [given]
-    return [given | set(recipe.shared) | set(stage.settings) for stage in recipe.stages]
+    return [given | set(recipe.shared.names) | set(stage.settings.names) for stage in recipe.stages]
 
 
 def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], None]) -> AdaptPlan:
@@ -257,7 +263,7 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
             except LadderizeError as refused:
                 raise LadderizeError(f"stage {stage.number} ({stage.name}): {refused}") from None
         batch = divisible_batch(split.batch_size, split.parts)
-        stages[index] = stage.with_settings(batch_size=batch)
+        stages[index] = stage.with_fields(TrainingSettings, batch_size=batch)
         say(f"stage {stage.number} ({stage.name}): batch {split.batch_size} rounded up to {batch}, "
             f"to divide into {plan.launch.processes} process(es) x {split.grad_accum} micro-batch(es) of "
             f"{batch // split.parts} sequence(s); --batch-size sets it")
@@ -274,7 +280,7 @@ def _fit_positions(plan: AdaptPlan, positions: int | None, chosen: list[set[str]
         if stage.resolved.training.seq_len > positions and "seq_len" not in chosen[min(index, len(chosen) - 1)]:
             notes.append(f"stage {stage.number} ({stage.name}): sequences of {positions:,} tokens, the positions the model "
                          f"encodes (max_position_embeddings), not the default {stage.resolved.training.seq_len:,}")
-            stages[index] = stage.with_settings(seq_len=positions)
+            stages[index] = stage.with_fields(TrainingSettings, seq_len=positions)
     return replace(plan.with_stages(stages), notes=plan.notes + tuple(notes)) if notes else plan
 
 
@@ -310,8 +316,8 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
             """The largest batch up to ``most`` that fits ``room``, priced for the strategy the stage runs with
             (``JointMemory.for_step``), with ``checked`` checkpointing and ``accumulated`` micro-batches a step."""
             return JointMemory.largest_batch(config, converted, processes, seq_len, room, most=most,
-                                             stage=stages[index].with_settings(activation_checkpointing=checked,
-                                                                               grad_accum=accumulated))
+                                             stage=stages[index].with_fields(ParallelismSettings, activation_checkpointing=checked)
+                                             .with_fields(TrainingSettings, grad_accum=accumulated))
 
         gpu = plan.launch.describe().split(" x ")[-1]
         if largest(local, checkpointing, accum) < local:  # the stage's own batch does not fit
@@ -319,14 +325,14 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
             if not checkpointing and "activation_checkpointing" not in given and not largest(1, False, split) \
                     and largest(1, True, split):
                 checkpointing = True
-                stages[index] = stages[index].with_settings(activation_checkpointing=True)
+                stages[index] = stages[index].with_fields(ParallelismSettings, activation_checkpointing=True)
                 say(f"stage {stage.number} ({stage.name}): activation checkpointing on, since without it not one "
                     f"sequence of {seq_len:,} tokens fits a {gpu}")
             smaller = largest(local, checkpointing, split)
             divides = dividing_accumulation(start, processes, -(-start // (processes * smaller))) if smaller else None
             if 0 < smaller < local and "grad_accum" not in given and divides:  # the same sequences, accumulated
                 accum = divides
-                stages[index] = stages[index].with_settings(grad_accum=divides)
+                stages[index] = stages[index].with_fields(TrainingSettings, grad_accum=divides)
                 say(f"stage {stage.number} ({stage.name}): "
                     f"{StepSplit(start, processes, accum).describe()}, in the memory of a {gpu}")
         if not grow or "batch_size" in given:
@@ -334,7 +340,7 @@ def _fill_device(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str], N
         most = settings.training.tokens // (MIN_FILLED_STEPS * seq_len * accum * processes)
         batch = max(start, processes * accum * largest(most, checkpointing, accum, usable * (1 - FILL_MARGIN)))
         if batch > start:
-            stages[index] = stages[index].with_settings(batch_size=batch)
+            stages[index] = stages[index].with_fields(TrainingSettings, batch_size=batch)
             split = StepSplit(batch, processes, accum)
             say(f"stage {stage.number} ({stage.name}): {split.describe()} "
                 f"({split.local * seq_len:,} tokens per process a micro-batch), the largest that fits the GPU's memory "
@@ -356,14 +362,14 @@ def _price(plan: AdaptPlan) -> RunPlan | None:
                     model_name=Path(plan.checkpoint).name, data_tokens=plan.budget and plan.budget.data_tokens)
 
 
-def _check_choice(single: dict[str, Any], recipe: str | None, stages: list[str] | None, budget: str | None,
+def _check_choice(single: GivenSettings, recipe: str | None, stages: list[str] | None, budget: Budget | None,
                   flags: dict[str, str]) -> None:
     """Refuse a command line that names a single stage and a recipe, both --recipe and --stage, or a budget for a
     single stage."""
-    if single and (recipe or stages):
-        names = ", ".join(flags.get(k, "--" + k.replace("_", "-")) for k in single)
+    if single.names and (recipe or stages):
+        names = ", ".join(flags.get(k, "--" + k.replace("_", "-")) for k in single.names)
         raise LadderizeError(f"{names} set a single stage; with --recipe/--stage put them in a stage instead, e.g. --stage kd:tokens=32768,lr=2e-4")
     if recipe and stages:
         raise LadderizeError("give --recipe or --stage, not both")
-    if budget is not None and single:
+    if budget is not None and single.names:
         raise LadderizeError("--budget sizes a recipe's stages; a single stage takes --tokens instead")

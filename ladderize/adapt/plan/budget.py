@@ -35,6 +35,7 @@ from typing import Any
 from ...errors import LadderizeError
 from ...progress import counted
 from .planned_stage import PlannedStage
+from .settings_sections import OptimizerSettings, ParallelismSettings, ScopeSettings, TrainingSettings
 from .stage_clock import Pace, recipe_seconds, stages_seconds, tokens_for_seconds
 
 _TIME_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -193,13 +194,13 @@ def scale_stages(stages: Sequence[PlannedStage], tokens: int, *, max_calibration
             stage_tokens = max(1, max_calibration // unit) * unit  # rounded down: the cap holds
         scale = stage_tokens / stage.tokens
         warmup = stage.resolved.optimizer.warmup_steps if stage.sets("warmup_steps") else None  # a preset's, scaled
-        changes: dict[str, Any] = {"tokens": stage_tokens}
+        stage = stage.with_fields(TrainingSettings, tokens=stage_tokens)
         if warmup is not None:
-            changes["warmup_steps"] = min(MAX_WARMUP_STEPS, max(1, round(warmup * scale)))
+            stage = stage.with_fields(OptimizerSettings, warmup_steps=min(MAX_WARMUP_STEPS, max(1, round(warmup * scale))))
         ema = stage.resolved.scope.ema
         if ema:  # the average's horizon, 1 / (1 - decay) steps, grows with the stage
-            changes["ema"] = round(1 - (1 - ema) / scale, 6)
-        sized.append(stage.with_settings(**changes))
+            stage = stage.with_fields(ScopeSettings, ema=round(1 - (1 - ema) / scale, 6))
+        sized.append(stage)
     return sized
 
 
@@ -486,7 +487,7 @@ def _eager_if_short(stages: list[PlannedStage], budget: Budget, device: str,
         return stages
     say(f"budget {budget.describe()}: eager layers (auto compiles from {duration(AUTO_MIN_BUDGET_S)} on: in a shorter "
         "budget the compiler's waits cost more than its fused ops save; --compile asks for it)")
-    return [stage.with_settings(compile=False) if stage.resolved.parallelism.compile is None else stage
+    return [stage.with_fields(ParallelismSettings, compile=False) if stage.resolved.parallelism.compile is None else stage
             for stage in stages]
 
 

@@ -9,7 +9,7 @@ and the resume ``fingerprint``, which a resumed run must share with the run it c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import Field, asdict, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,26 @@ class AdaptConfig:
         """Every setting by its flat name (the provenance, ``recipe.json``, the resume fingerprint)."""
         return {name: value for section in self.sections() for name, value in asdict(section).items()}
 
-    def with_flat(self, **names: Any) -> AdaptConfig:
-        """This config with the settings ``names`` (flat names) changed."""
-        return AdaptConfig.from_flat(self.flat(), **names)
+    def with_fields(self, section: type, **values: Any) -> AdaptConfig:
+        """This config with ``values`` set in its section of type ``section`` (``dataclasses.replace``: a field the
+        section has not is a ``TypeError``)."""
+        name = self._field_of(section)
+        return replace(self, **{name: replace(getattr(self, name), **values)})
+
+    def section(self, section: type) -> Any:
+        """This config's section of type ``section``."""
+        return getattr(self, self._field_of(section))
+
+    def _field_of(self, section: type) -> str:
+        name = next((f.name for f in fields(self) if _section_of(f) is section), None)
+        if name is None:
+            raise TypeError(f"{section.__name__} is not a section of AdaptConfig")
+        return name
+
+    def changed_from(self, other: AdaptConfig) -> tuple[str, ...]:
+        """The settings (field names) whose values differ from ``other``'s."""
+        mine, theirs = self.flat(), other.flat()
+        return tuple(name for name, value in mine.items() if theirs[name] != value)
 
     def resolved_run_dir(self) -> Path:
         """The run folder (``inputs.run_folder``): ``run_dir``, or ``OUT.adapt-run``."""
@@ -92,12 +109,40 @@ def _names_of(container_field: Field[Any]) -> tuple[str, ...]:
     return tuple(f.name for f in fields(_section_of(container_field)))
 
 
-def stage_config(settings: AdaptConfig | Mapping[str, Any]) -> AdaptConfig:
-    """A stage's settings, typed: an ``AdaptConfig`` as it is; flat settings (a stage's by name, besides its
-    ``stage`` and ``name``) over the sections' defaults, with no checkpoint or output."""
-    if isinstance(settings, AdaptConfig):
-        return settings
-    return AdaptConfig.from_flat({k: v for k, v in settings.items() if k in FLAT_FIELDS})
+@dataclass(frozen=True)
+class GivenSettings:
+    """Settings one source gives (a stage preset, a recipe's shared settings, a stage's own, the command line),
+    typed: ``config`` holds them over the sections' defaults, ``names`` says which fields were given, in order."""
+
+    config: AdaptConfig = field(default_factory=AdaptConfig)
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> GivenSettings:
+        """The settings ``settings`` gives by flat name (the edge's parsers; an unknown name is refused in one line)."""
+        return cls(AdaptConfig.from_flat(settings), tuple(settings))
+
+    def over(self, below: GivenSettings) -> GivenSettings:
+        """These settings over ``below``'s: each field given here takes its value here, the others ``below``'s."""
+        record = {**below.record(), **self.record()}
+        return GivenSettings(AdaptConfig.from_flat(record), tuple(record))
+
+    def including(self, *names: str) -> GivenSettings:
+        """These settings, ``names`` counted as given with the values they have (a default spelt out)."""
+        return replace(self, names=self.names + tuple(n for n in names if n not in self.names))
+
+    def without(self, *names: str) -> GivenSettings:
+        """These settings without ``names`` (their sections' defaults again)."""
+        return GivenSettings.of({k: v for k, v in self.record().items() if k not in names})
+
+    def sets(self, name: str) -> bool:
+        """Whether the field ``name`` is given."""
+        return name in self.names
+
+    def record(self) -> dict[str, Any]:
+        """The given settings by flat name (``recipe.json``'s record of a stage)."""
+        flat = self.config.flat()
+        return {name: flat[name] for name in self.names}
 
 
 PhaseProgress = Callable[[str, int, int], None]  # (what, done, total): a long phase before the steps (caching states)

@@ -40,13 +40,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LadderizeError
 from ...hardware import GPU_PEAKS, gpu_named
 from ...progress import gib
 from .planned_stage import PlannedStage
+from .settings_sections import ParallelismSettings, TrainingSettings
 from .sequential_schedule import rows_read
 
 if TYPE_CHECKING:
@@ -646,43 +647,44 @@ def _joint_advice(config: Any, converted: list[int], launch: Launch, stage: Plan
 
     settings = stage.resolved
 
-    def fits(changes: dict[str, Any], processes: int = launch.processes) -> JointMemory | None:
-        priced = JointMemory.for_step(config, converted, stage.with_settings(**changes), processes)
+    def fits(changed: PlannedStage, processes: int = launch.processes) -> JointMemory | None:
+        priced = JointMemory.for_step(config, converted, changed, processes)
         return priced if priced.total <= usable else None
 
-    def fewest_gpus(changes: dict[str, Any]) -> int | None:
-        return next((n for n in (2, 4, 8, 16, 32, 64, 128) if n > launch.processes and fits(changes, n)), None)
+    def fewest_gpus(changed: PlannedStage) -> int | None:
+        return next((n for n in (2, 4, 8, 16, 32, 64, 128) if n > launch.processes and fits(changed, n)), None)
 
+    checked = stage.with_fields(ParallelismSettings, activation_checkpointing=True)
     fixes = []
-    plain, checked_gpus = fewest_gpus({}), fewest_gpus({"activation_checkpointing": True})
+    plain, checked_gpus = fewest_gpus(stage), fewest_gpus(checked)
     if plain is not None:
         extra = f" ({checked_gpus} with --activation-checkpointing)" if checked_gpus and checked_gpus < plain else ""
         fixes.append(f"at least {plain} GPUs{extra}")
     elif checked_gpus is not None:
         fixes.append(f"at least {checked_gpus} GPUs with --activation-checkpointing")
-    if not settings.parallelism.activation_checkpointing and fits({"activation_checkpointing": True}):
+    if not settings.parallelism.activation_checkpointing and fits(checked):
         fixes.append("--activation-checkpointing")
     from .batches import StepSplit, dividing_accumulation
 
     batch, seq_len, processes = int(settings.training.batch_size), int(settings.training.seq_len), launch.processes
     local = StepSplit(batch, processes, int(settings.training.grad_accum)).local
     accumulated = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
-                                            stage=stage.with_settings(grad_accum=max(2, int(settings.training.grad_accum))))
+                                            stage=stage.with_fields(TrainingSettings, grad_accum=max(2, int(settings.training.grad_accum))))
     divides = dividing_accumulation(batch, processes, -(-batch // (processes * accumulated))) if accumulated else None
     if divides:  # the same global batch in smaller micro-batches
         fixes.append(f"--grad-accum {divides} (the same batch of {batch}, {batch // (processes * divides)} per "
                      "process a micro-batch)")
     else:
         alone = JointMemory.largest_batch(config, converted, processes, seq_len, usable, most=local - 1,
-                                          stage=stage.with_settings(grad_accum=1))
+                                          stage=stage.with_fields(TrainingSettings, grad_accum=1))
         if alone:
             fixes.append(f"--batch-size {alone * processes} without --grad-accum (fewer tokens per step: the "
                          "accumulated gradients do not fit beside it)")
     strategy = choose_strategy(settings, launch)
     if not strategy.shards and launch.processes > 1:
         unblocked = whole_weight_changes(settings)
-        priced = fits(unblocked)
-        if priced is not None and choose_strategy(settings.with_flat(**unblocked), launch).shards:
+        priced = fits(replace(stage, resolved=unblocked))
+        if priced is not None and choose_strategy(unblocked, launch).shards:
             dropped = [entry.flag for entry in whole_weight_settings(settings)]
             dropped += [f"--shard {settings.parallelism.shard}"] if settings.parallelism.shard != "auto" else []
             fixes.append(f"without {' and '.join(dropped)} (then sharded: {gib(priced.total)})")

@@ -1,8 +1,8 @@
 """One stage of a recipe as it will train, typed: what every planning and training function takes below
-``stages.resolve_stages`` (which builds the flat dicts from presets, ``--stage`` and recipe files: the edges).
+``stages.resolve_stages`` (which lays a stage's given settings over its preset and the shared ones).
 
 Its settings are read through the typed sections (``stage.resolved.training.tokens``); a change makes a new stage
-(``with_settings``); ``step`` is the dict ``recipe.json`` and the provenance record of it.
+(``with_fields``, one section at a time); ``step`` is the dict ``recipe.json`` and the provenance record of it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import AdaptConfig
+from .config import AdaptConfig, GivenSettings
+from .settings_sections import ObjectiveSettings, SavingSettings, ScopeSettings
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ class PlannedStage:
     given: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, number: int, name: str, settings: Mapping[str, Any]) -> "PlannedStage":
-        """The stage that sets ``settings`` (flat names)."""
-        return cls(number, name, AdaptConfig.from_flat(settings), tuple(settings))
+    def of(cls, number: int, name: str, settings: GivenSettings) -> "PlannedStage":
+        """The stage that sets ``settings``."""
+        return cls(number, name, settings.config, settings.names)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -61,16 +62,22 @@ class PlannedStage:
 
     @classmethod
     def from_step(cls, step: Mapping[str, Any]) -> "PlannedStage":
-        """The stage of a ``step`` dict (``stages.resolve_stages``, a ``recipe.json``'s plan)."""
-        return cls.of(int(step["stage"]), str(step["name"]), {k: v for k, v in step.items() if k not in ("stage", "name")})
+        """The stage of a ``step`` dict (a ``recipe.json``'s record of it)."""
+        settings = GivenSettings.of({k: v for k, v in step.items() if k not in ("stage", "name")})
+        return cls.of(int(step["stage"]), str(step["name"]), settings)
 
-    def with_settings(self, **names: Any) -> "PlannedStage":
-        """This stage with the settings ``names`` (flat names) set: a new stage, which sets them (a name it set keeps
-        its place in ``step``)."""
-        given = self.given + tuple(name for name in names if name not in self.given)
-        return PlannedStage(self.number, self.name, self.resolved.with_flat(**names), given)
+    def with_fields(self, section: type, **values: Any) -> "PlannedStage":
+        """This stage with ``values`` set in its section of type ``section`` (``AdaptConfig.with_fields``): a new
+        stage, which sets those it changes (a name it set keeps its place in ``step``)."""
+        resolved = self.resolved.with_fields(section, **values)
+        changed = resolved.changed_from(self.resolved)
+        return PlannedStage(self.number, self.name, resolved, self.given + tuple(n for n in changed if n not in self.given))
 
-    def config(self, checkpoint: str, out: str, **run: Any) -> AdaptConfig:
-        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out`` (``run``: the run's own settings by
-        flat name: ``run_dir``, ``force``, ``keep_state``, ``recipe``, ``teacher_states``)."""
-        return self.resolved.with_flat(checkpoint=checkpoint, out=out, **run)
+    def config(self, checkpoint: str, out: str, *, run_dir: str | None = None, force: bool = False,
+               keep_state: bool = False, recipe: dict[str, Any] | None = None, teacher_states: str | None = None,
+               teacher_state_rows: int | None = None) -> AdaptConfig:
+        """The stage's ``AdaptConfig`` for input ``checkpoint`` and output ``out``, with the run's own settings: its
+        run folder, ``force``, ``keep_state``, the provenance ``recipe``, and where the teacher's states are kept."""
+        return (self.resolved.with_fields(ScopeSettings, checkpoint=checkpoint)
+                .with_fields(SavingSettings, out=out, run_dir=run_dir, force=force, keep_state=keep_state, recipe=recipe)
+                .with_fields(ObjectiveSettings, teacher_states=teacher_states, teacher_state_rows=teacher_state_rows))

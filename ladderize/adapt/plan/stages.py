@@ -28,14 +28,15 @@ Recipe file (YAML, torchtune / axolotl style)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import LadderizeError, one_line
 from ...progress import counted
-from .config import FLAT_FIELDS, stage_config
+from .config import FLAT_FIELDS, AdaptConfig, GivenSettings
 from .planned_stage import PlannedStage
+from .settings_sections import OptimizerSettings
 
 # Stage presets (AdaptConfig overrides): the settings of the measured best recipe (benchmarks/adapt_ladder.py:
 # 512-token sequences, 2 per step; 2 warm-up steps for seq-local, 5 for kd, as in the measured kd pass).
@@ -58,17 +59,42 @@ ALIASES = {"objective": "objectives", "schedule": "local_schedule", "inputs": "l
 _RESERVED = {"checkpoint", "out", "run_dir", "force", "keep_state", "recipe"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stage:
+    """A recipe's stage as written: its preset's name and its own settings (given by flat name, a ``dict``, they are
+    read as a recipe file's are)."""
+
     name: str
-    settings: dict[str, Any] = field(default_factory=dict)  # the stage's own overrides
+    settings: GivenSettings = field(default_factory=GivenSettings)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, GivenSettings):
+            object.__setattr__(self, "settings", _given(self.settings, f"stage {self.name}"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recipe:
+    """A recipe as written: its name, its stages, and the settings they share (a ``dict`` of flat names is read as a
+    recipe file's top level is)."""
+
     name: str
     stages: list[Stage]
-    shared: dict[str, Any] = field(default_factory=dict)
+    shared: GivenSettings = field(default_factory=GivenSettings)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shared, GivenSettings):
+            object.__setattr__(self, "shared", _given(self.shared, f"recipe {self.name}"))
+
+    def with_stage(self, index: int, **settings: Any) -> "Recipe":
+        """This recipe with stage ``index``'s own settings ``settings`` (flat names) given over its own."""
+        stages = list(self.stages)
+        stage = stages[index]
+        stages[index] = replace(stage, settings=_given(settings, f"stage {stage.name}").over(stage.settings))
+        return replace(self, stages=stages)
+
+
+def _given(settings: dict[str, Any], where: str) -> GivenSettings:
+    return GivenSettings.of(dict(_coerce(k, v, where) for k, v in settings.items()))
 
 
 def _coerce(key: str, value: Any, where: str) -> tuple[str, Any]:
@@ -100,7 +126,7 @@ def _coerce(key: str, value: Any, where: str) -> tuple[str, Any]:
 def _stage(name: str, settings: dict[str, Any], where: str) -> Stage:
     if name not in STAGES:
         raise LadderizeError(f"{where}: unknown stage {name!r}; stages are {', '.join(STAGES)}")
-    return Stage(name, dict(_coerce(k, v, f"{where} stage {name}") for k, v in settings.items()))
+    return Stage(name, _given(settings, f"{where} stage {name}"))
 
 
 def parse_stage(spec: str) -> Stage:
@@ -141,8 +167,7 @@ def load_recipe(spec: str) -> Recipe:
             stages.append(_stage(item["name"], {k: v for k, v in item.items() if k != "name"}, f"recipe {path}"))
         else:
             raise LadderizeError(f"recipe {path}: stage {number} must be a stage name or a mapping with 'name'")
-    shared = dict(_coerce(k, v, f"recipe {path}") for k, v in data.items() if k != "stages")
-    return Recipe(str(path), stages, shared)
+    return Recipe(str(path), stages, _given({k: v for k, v in data.items() if k != "stages"}, f"recipe {path}"))
 
 
 def converted_modes(checkpoint: str) -> set[str]:
@@ -153,36 +178,42 @@ def converted_modes(checkpoint: str) -> set[str]:
     return {layout.modes[i].value for i in layout.converted_layers}
 
 
-def stage_kind(settings: dict[str, Any]) -> str:
-    """The kind of stage flat ``settings`` make (``sequential``, ``kd`` or ``joint``), for its measured rate."""
-    config = stage_config(settings)
-    if config.sequential.local_schedule == "sequential":
+def stage_kind(config: AdaptConfig) -> str:
+    """The kind of stage ``config`` makes (``sequential``, ``kd`` or ``joint``), for its measured rate."""
+    if config.sequential.runs:
         return "sequential"
     return "kd" if config.objective.objectives == "kd" else "joint"
 
 
-def measured_lr(settings: dict[str, Any], modes: set[str]) -> float:
+def measured_lr(config: AdaptConfig, modes: set[str]) -> float:
     """The measured peak learning rate for this stage kind and these converted-layer modes: the smallest of the
     modes' own rates (``ModeTraits.learning_rates``, the mode table's), else ``learning_rates_fallback``'s."""
     from ...model.layout import LayerMode, learning_rates_fallback
 
-    kind = stage_kind(settings)
+    kind = stage_kind(config)
     own = [rates[kind] for rates in (LayerMode(mode).traits.learning_rates for mode in modes) if kind in rates]
     return min(own, default=learning_rates_fallback()[kind])
 
 
-def resolve_stages(recipe: Recipe, checkpoint: str, shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every stage's resolved settings (the AdaptConfig overrides), ``lr`` filled in per layer mode."""
+def with_measured_lr(settings: GivenSettings, modes: set[str]) -> GivenSettings:
+    """``settings`` with the measured learning rate (``measured_lr``) where they give none."""
+    if settings.sets("lr") and settings.config.optimizer.lr is not None:
+        return settings
+    lr = measured_lr(settings.config, modes)
+    return GivenSettings(settings.config.with_fields(OptimizerSettings, lr=lr), settings.names).including("lr")
+
+
+def resolve_stages(recipe: Recipe, checkpoint: str, shared: GivenSettings = GivenSettings()) -> list[PlannedStage]:
+    """Every stage as it will train: its preset, the recipe's shared settings, ``shared`` (the command line's) and its
+    own, in that order, with ``lr`` filled in per layer mode."""
     modes = converted_modes(checkpoint) if Path(checkpoint).is_dir() else set()
-    steps = []
+    stages = []
     for number, stage in enumerate(recipe.stages, 1):
-        settings = {**STAGES[stage.name], **recipe.shared, **(shared or {}), **stage.settings}
+        settings = stage.settings.over(shared.over(recipe.shared.over(GivenSettings.of(STAGES[stage.name]))))
         if number > 1:
-            settings.pop("head_grouping", None)  # once, before the first stage
-        if settings.get("lr") is None:
-            settings["lr"] = measured_lr(settings, modes)
-        steps.append({"stage": number, "name": stage.name, **settings})
-    return steps
+            settings = settings.without("head_grouping")  # once, before the first stage
+        stages.append(PlannedStage.of(number, stage.name, with_measured_lr(settings, modes)))
+    return stages
 
 
 def describe(stage: PlannedStage) -> str:

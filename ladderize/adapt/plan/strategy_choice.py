@@ -24,6 +24,7 @@ from typing import Any
 
 from ...errors import LadderizeError
 from .config import AdaptConfig
+from .settings_sections import ParallelismSettings, ScopeSettings
 from .strategies import STRATEGIES, StrategyEntry, shard_choices
 
 ONE_PROCESS = "one process"  # a strategy that holds the whole weights, on a launch of one
@@ -33,23 +34,28 @@ SHARDED = "sharded"  # every process holds 1/processes of them
 
 @dataclass(frozen=True)
 class Setting:
-    """A stage setting that needs the whole weights on every process: its flag as the user writes it, the
-    ``AdaptConfig`` field, when it is on, and the value that turns it off. Only a strategy that does not shard takes
-    it."""
+    """A stage setting that needs the whole weights on every process: its flag as the user writes it, its section and
+    field in ``AdaptConfig``, when it is on, and the value that turns it off. Only a strategy that does not shard
+    takes it."""
 
     flag: str
-    key: str
+    section: type
+    field: str
     on: Callable[[Any], bool]
     off: Any
+
+    def value(self, settings: AdaptConfig) -> Any:
+        """The setting's value in ``settings``."""
+        return getattr(settings.section(self.section), self.field)
 
 
 # in the order a refusal names them
 SETTINGS: tuple[Setting, ...] = (
-    Setting("--train lora", "train", lambda value: value == "lora", "converted"),
-    Setting("ema", "ema", lambda value: bool(value), 0.0),
-    Setting("--head-grouping", "head_grouping", lambda value: bool(value), False),
-    Setting("interpolate", "interpolate", lambda value: float(value) != 1, 1.0),
-    Setting("--train all", "train", lambda value: value == "all", "converted"),
+    Setting("--train lora", ScopeSettings, "train", lambda value: value == "lora", "converted"),
+    Setting("ema", ScopeSettings, "ema", lambda value: bool(value), 0.0),
+    Setting("--head-grouping", ScopeSettings, "head_grouping", lambda value: bool(value), False),
+    Setting("interpolate", ScopeSettings, "interpolate", lambda value: float(value) != 1, 1.0),
+    Setting("--train all", ScopeSettings, "train", lambda value: value == "all", "converted"),
 )
 
 
@@ -88,8 +94,7 @@ class Strategy:
 
 def whole_weight_settings(settings: AdaptConfig) -> list[Setting]:
     """The settings on in a stage's ``settings`` that only a strategy holding the whole weights takes."""
-    flat = settings.flat()
-    return [entry for entry in SETTINGS if entry.on(flat[entry.key])]
+    return [entry for entry in SETTINGS if entry.on(entry.value(settings))]
 
 
 def _named(shard: str) -> StrategyEntry:
@@ -121,11 +126,12 @@ def choose_strategy(settings: AdaptConfig, launch: Any) -> Strategy:
     return Strategy(entry, processes, reason)
 
 
-def whole_weight_changes(settings: AdaptConfig) -> dict[str, Any]:
-    """The changes (flat names) that turn off the settings of ``settings`` that keep a stage replicated (a named
-    strategy that does not shard becomes auto)."""
-    changed = {entry.key: entry.off for entry in whole_weight_settings(settings)}
+def whole_weight_changes(settings: AdaptConfig) -> AdaptConfig:
+    """``settings`` with the settings that keep a stage replicated turned off (a named strategy that does not shard
+    becomes auto)."""
+    for entry in whole_weight_settings(settings):
+        settings = settings.with_fields(entry.section, **{entry.field: entry.off})
     shard = settings.parallelism.shard
     if shard != "auto" and not _named(shard).shards:
-        changed["shard"] = "auto"
-    return changed
+        settings = settings.with_fields(ParallelismSettings, shard="auto")
+    return settings
