@@ -1,4 +1,4 @@
-"""A setting is read from a typed ``AdaptConfig`` (``config.stage_config``, ``PlannedStage.resolved``), never as a
+"""A setting is read from a typed ``AdaptConfig`` (``PlannedStage.resolved``, ``GivenSettings.config``), never as a
 class's default beside a dict: no ``settings.get("x", TrainingSettings.x)``, ``settings.get("x") or AdaptConfig.x`` nor
 ``getattr(AdaptConfig, key)`` anywhere in ladderize. ``AdaptConfig`` holds the typed sections and nothing else."""
 
@@ -61,7 +61,7 @@ def test_no_setting_is_read_as_a_class_default():
     assert {"batch_size", "seq_len", "device", "objectives"} <= names
     found = [f"{file.relative_to(PACKAGE.parent)}:{line}" for file in sorted(PACKAGE.rglob("*.py"))
              for line in default_reads(file.read_text(), names, str(file))]
-    assert not found, ("settings read as AdaptConfig's class default (read them from config.stage_config(settings) or "
+    assert not found, ("settings read as AdaptConfig's class default (read them from GivenSettings.config or "
                        f"PlannedStage.resolved): {', '.join(found)}")
 
 
@@ -137,10 +137,10 @@ def test_the_budget_is_parsed_once_at_the_edge():
                for number, line in enumerate(file.read_text().splitlines(), 1)
                if "parse_budget(" in line and "def parse_budget(" not in line]
     assert callers == ["adapt/request.py:" + callers[0].split(":")[1]] and len(callers) == 1, callers
-    request = AdaptRequest("ckpt", "out", budget="30m")
+    request = AdaptRequest.of("ckpt", "out", budget="30m")
     assert request.budget == Budget("30m", seconds=1800.0) and request.with_settings(budget="3B").budget.tokens == 3 * 10**9
     with pytest.raises(LadderizeError, match="--budget '30x'"):
-        AdaptRequest("ckpt", "out", budget="30x")
+        AdaptRequest.of("ckpt", "out", budget="30x")
 
 
 def test_a_stage_changes_through_a_typed_section():
@@ -161,3 +161,27 @@ def test_a_stage_changes_through_a_typed_section():
         stage.with_fields(TrainingSettings, batch=8)
     with pytest.raises(TypeError, match="not a section"):
         stage.resolved.with_fields(dict, x=1)
+
+
+FLAT_MARKS = ("from_flat", "with_flat", "FLAT_FIELDS", "ALIASES", "stage_config")
+FLAT_HOMES = {"adapt/plan/config.py", "adapt/plan/stages.py"}  # the names' map to the sections, and the recipe parser
+
+
+def flat_name_files(package: Path = PACKAGE) -> set[str]:
+    """The modules of adapt, the command line and the demo that name a setting's flat-name machinery
+    (``FLAT_MARKS``)."""
+    found = set()
+    for file in [*(package / "adapt").rglob("*.py"), *(package / "cli").rglob("*.py"), *(package / "demo").rglob("*.py")]:
+        if any(mark in file.read_text() for mark in FLAT_MARKS):
+            found.add(str(file.relative_to(package)))
+    return found
+
+
+def test_flat_setting_names_live_at_the_edge_only(tmp_path):
+    """A setting's flat name is the edge's: the recipe parser (presets, recipe files, ``--stage``, the command line's
+    names) and the map of names to sections (with the records a run keeps). Below, settings are typed sections, given
+    ones as ``GivenSettings``, changed one section at a time."""
+    (tmp_path / "adapt").mkdir()
+    (tmp_path / "adapt" / "x.py").write_text("config = AdaptConfig.from_flat(lr=1)\n")
+    assert flat_name_files(tmp_path) == {"adapt/x.py"}  # the scan finds a use
+    assert flat_name_files() <= FLAT_HOMES, f"flat setting names below the edge: {sorted(flat_name_files() - FLAT_HOMES)}"

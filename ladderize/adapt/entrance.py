@@ -48,7 +48,7 @@ def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: No
     saved, refusal = agreed((saved, refusal))
     if refusal is not None:
         raise LadderizeError(refusal)
-    return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,
+    return build_plan(request.checkpoint, shared=request.shared, single=request.single, recipe=request.recipe,
                       stages=list(request.stages) or None, budget=request.budget, saved=saved, say=say,
                       began=request.began, time_pace=measure_launch)
 
@@ -88,14 +88,14 @@ def check_request(request: AdaptRequest) -> None:
         check_file_target(run_dir, "--run-dir")
     check_input_checkpoint(checkpoint)  # converted layers to adapt
     if request.resume:  # an interrupted run of this checkpoint to continue, or one line (its recipe: once planned)
-        check_resumable(checkpoint, out, run_dir, single=bool(request.single().names))
+        check_resumable(checkpoint, out, run_dir, single=bool(request.single.names))
     if request.data is not None:  # (the recipe's own data, where none is given: each stage's preflight reads it)
         check_data(request.data)
     from .plan.adapt_plan import planned_stages
     from .plan.config import check_fp16_device, check_settings, needs_teacher
     from .plan.inputs import resolve_teacher
 
-    _name, stages, _recipe = planned_stages(str(request.checkpoint), request.shared(), request.single(), request.recipe,
+    _name, stages, _recipe = planned_stages(str(request.checkpoint), request.shared, request.single, request.recipe,
                                             request.stages, request.budget)
     configs = [stage.resolved for stage in stages]
     teacher = False
@@ -134,10 +134,12 @@ def adapt_checkpoint(request: AdaptRequest, reports: RunReports = RunReports()) 
     keeps the budget's learning-rate schedule, so that ``resume`` continues it exactly. ``began`` (default now): a wall
     budget's clock, and the wall time the result gives (``AdaptResult.wall_s``)."""
     from ..checkpoint.placement import check_device, check_dtype
+    from .plan.settings_sections import ParallelismSettings
 
     request = request.with_settings(checkpoint=str(request.checkpoint), out=str(request.out),
                                     run_dir=str(request.run_dir) if request.run_dir else None,
-                                    device=check_device(request.device), dtype=check_dtype(request.dtype),
+                                    shared=request.shared.with_given(ParallelismSettings, device=check_device(request.device),
+                                                                     dtype=check_dtype(request.shared.config.parallelism.dtype)),
                                     began=time.perf_counter() if request.began is None else request.began)
     check_request(request)
     if this_launch().several:  # the launch's process group, before anything agrees on a verdict or a plan
@@ -249,7 +251,7 @@ def dry_run(request: AdaptRequest, launch: str | None, say: Callable[[str], None
     from .plan.inputs import check_input_checkpoint
 
     check_input_checkpoint(request.checkpoint)  # converted layers to price
-    return build_plan(request.checkpoint, shared=request.shared(), single=request.single(), recipe=request.recipe,
+    return build_plan(request.checkpoint, shared=request.shared, single=request.single, recipe=request.recipe,
                       stages=list(request.stages) or None, budget=request.budget, launch=launch, priced_only=True,
                       say=say)
 

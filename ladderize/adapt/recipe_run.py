@@ -25,7 +25,7 @@ from ..checkpoint.atomic import check_apart
 from ..checkpoint.placement import this_launch
 from .plan.budget import replan
 from .process_group import agreed
-from .plan.config import FLAT_FIELDS, AdaptConfig, AdaptResult, PhaseProgress
+from .plan.config import FINGERPRINT_SKIPS, AdaptResult, PhaseProgress
 from .plan.inputs import PLAN_FILE, STATE_DIR, adapt_inputs, run_folder
 from .train.output import CURVE_FILE, checkpoint_dtype, stage_points
 from .plan.adapt_plan import AdaptPlan
@@ -41,7 +41,7 @@ TEACHER_STATES_DIR = "teacher-states"  # in the recipe's run dir: what a sequent
 def _comparable(record: dict[str, Any]) -> dict[str, Any]:
     """A plan record without the settings that place data but leave the result alone (a resume may change them), and
     without the launch and its pricing (a sharded run may resume on another process count)."""
-    placement = set(AdaptConfig.from_flat(checkpoint="", out="").fingerprint()) ^ set(FLAT_FIELDS)
+    placement = FINGERPRINT_SKIPS
     kept = {key: value for key, value in record.items() if key not in ("launch", "cost", "expected_s")}
     return {**kept, "plan": [{k: v for k, v in step.items() if k not in placement} for step in record.get("plan", [])]}
 

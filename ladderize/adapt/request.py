@@ -4,9 +4,8 @@ run tells its caller as it goes.
 
 A request names the checkpoint and OUT, what trains (a recipe, ``--stage``s, or a single stage's own settings), what
 sizes it (``budget``), the settings every stage shares, and how the run is kept (run folder, ``force``, ``resume``).
-A setting left ``None`` is not given: the recipe's presets and the sections' defaults decide it. The plan
-(``plan.build_plan``) turns the request into typed stages once; flat setting names exist here only as the field
-names, which are the sections' own (``settings_sections.py``).
+Its settings are typed as given (``config.GivenSettings``): what is not given, the recipe's presets and the sections'
+defaults decide. ``AdaptRequest.of`` takes them by name, as the command line has them.
 
 This module imports no torch: the command line builds a request before any heavy import.
 """
@@ -23,13 +22,6 @@ if TYPE_CHECKING:
     from .plan.budget import Budget
     from .plan.stages import Recipe
 
-SINGLE = "single"  # a single stage's own setting: with a recipe or --stage it is refused (plan._check_choice)
-SHARED = "shared"  # a setting every stage shares
-
-
-def _given(group: str) -> Any:
-    return field(default=None, metadata={"group": group})
-
 
 @dataclass(frozen=True)
 class AdaptRequest:
@@ -42,35 +34,8 @@ class AdaptRequest:
     recipe: str | Recipe | None = None  # a built-in recipe's name, a recipe file or a parsed one (stages.py)
     stages: tuple[str, ...] = ()  # --stage NAME:key=value,... in order
     budget: Budget | None = None  # wall time (30m) or tokens (3B) for a recipe's stages; given as text, parsed here
-    # a single stage's own settings (none given: a recipe runs)
-    objectives: str | None = _given(SINGLE)
-    train: str | None = _given(SINGLE)
-    tokens: int | None = _given(SINGLE)
-    lr: float | None = _given(SINGLE)
-    local_inputs: str | None = _given(SINGLE)
-    local_schedule: str | None = _given(SINGLE)
-    epochs: float | None = _given(SINGLE)
-    # settings every stage shares
-    data: str | None = _given(SHARED)
-    teacher: str | None = _given(SHARED)
-    seq_len: int | None = _given(SHARED)
-    batch_size: int | None = _given(SHARED)
-    grad_accum: int | None = _given(SHARED)
-    lora_rank: int | None = _given(SHARED)
-    lora_alpha: float | None = _given(SHARED)
-    save_every: int | None = _given(SHARED)
-    save_minutes: float | None = _given(SHARED)
-    shard: str | None = _given(SHARED)
-    activation_checkpointing: bool | None = _given(SHARED)
-    mixed_precision: str | None = _given(SHARED)
-    max_grad_norm: float | None = _given(SHARED)  # an Accelerate config's gradient_clipping (accelerate_config.py)
-    seed: int | None = _given(SHARED)
-    head_grouping: bool | None = _given(SHARED)
-    states: str | None = _given(SHARED)
-    compile: bool | None = _given(SHARED)
-    output_dtype: str | None = _given(SHARED)
-    dtype: str | None = _given(SHARED)
-    device: str = "auto"
+    shared: GivenSettings = field(default_factory=GivenSettings)  # the settings every stage shares, as given
+    single: GivenSettings = field(default_factory=GivenSettings)  # a single stage's own (none given: a recipe runs)
     # how the run is kept
     run_dir: str | None = None
     force: bool = False
@@ -87,22 +52,35 @@ class AdaptRequest:
 
             object.__setattr__(self, "budget", parse_budget(self.budget))
 
-    def shared(self) -> GivenSettings:
-        """The settings every stage shares that the request gives, with its device."""
-        return GivenSettings.of({**self._group(SHARED), "device": self.device})
+    @classmethod
+    def of(cls, checkpoint: str, out: str, **options: Any) -> AdaptRequest:
+        """The request of the command line's names: the request's own fields by name, each stage setting (its
+        section's field name; ``None``: not given) into ``single`` or ``shared`` as the recipe parser sorts them
+        (``stages.given_settings``)."""
+        from .plan.stages import given_settings
 
-    def single(self) -> GivenSettings:
-        """A single stage's own settings the request gives (none: a recipe runs)."""
-        return GivenSettings.of(self._group(SINGLE))
+        own = {f.name for f in fields(cls)} - {"shared", "single"}
+        shared, single = given_settings({k: v for k, v in options.items() if k not in own})
+        return cls(checkpoint, out, shared=shared, single=single, **{k: v for k, v in options.items() if k in own})
+
+    @property
+    def data(self) -> str | None:
+        """``--data`` as given (None: each stage's own text)."""
+        return self.shared.config.training.data if self.shared.sets("data") else None
+
+    @property
+    def teacher(self) -> str | None:
+        """``--teacher`` as given (None: the source the checkpoint's provenance names)."""
+        return self.shared.config.objective.teacher
+
+    @property
+    def device(self) -> str:
+        """The device every stage trains on (``auto`` unless given)."""
+        return self.shared.config.parallelism.device
 
     def with_settings(self, **settings: Any) -> AdaptRequest:
-        """This request with ``settings`` (field names) given."""
+        """This request with its own fields ``settings`` replaced."""
         return replace(self, **settings)
-
-    def _group(self, group: str) -> dict[str, Any]:
-        return {f.name: value for f in fields(self)
-                if f.metadata.get("group") == group and (value := getattr(self, f.name)) is not None}
-
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def adapt_cmd(
     output_dtype_name = check_dtype(output_dtype)
     if seq_len is not None and (Path(ckpt) / "config.json").is_file():  # the positions the model encodes, dry run too
         check_seq_len(seq_len, model_positions(opts.check_checkpoint(ckpt)), str(ckpt))
-    _adapt(AdaptRequest(
+    _adapt(AdaptRequest.of(
         str(ckpt), str(out), recipe=recipe, stages=tuple(stage or ()), budget=budget,
         objectives=objective, train=train, tokens=tokens, lr=lr, local_inputs=local_inputs,
         local_schedule=local_schedule, epochs=epochs,
@@ -120,8 +120,8 @@ def _adapt(request: AdaptRequest, dry_run: str | None) -> None:
     plan, the progress and the result."""
     from ..adapt.plan.accelerate_config import from_accelerate
 
-    from_config, accelerate_note = from_accelerate(request.shared().record())  # a user's Accelerate config: mapped or refused
-    request = request.with_settings(**from_config)
+    from_config, accelerate_note = from_accelerate(request.shared)  # a user's Accelerate config: mapped or refused
+    request = request.with_settings(shared=from_config.over(request.shared))
     if dry_run is not None:
         _print_dry_run(request, None if dry_run == "here" else dry_run)
         return

@@ -66,7 +66,7 @@ def plan_and_run(recipe, checkpoint, out, *, shared=None, budget=None, **options
     from ladderize.adapt.recipe_run import RunOptions, run_recipe
 
     began = time.perf_counter()
-    request = AdaptRequest(str(checkpoint), str(out), recipe=recipe, budget=budget, run_dir=options.get("run_dir"),
+    request = AdaptRequest.of(str(checkpoint), str(out), recipe=recipe, budget=budget, run_dir=options.get("run_dir"),
                            resume=options.get("resume", False), began=began, **(shared or {}))
     plan = plan_adapt(request, say=options.get("on_message") or (lambda _m: None))
     return run_recipe(plan, out, RunOptions(began=began, **options))

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from ladderize.adapt.plan.accelerate_config import from_accelerate
+from ladderize.adapt.plan.config import GivenSettings
 from ladderize.errors import LadderizeError
 from tests.adapt.test_sharded import _env, _torchrun, launch_failure
 
@@ -23,14 +24,16 @@ FSDP_ENV = {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO
 
 
 def test_an_fsdp_config_maps_onto_the_sharded_training_and_says_so():
-    mapped, note = from_accelerate({}, FSDP_ENV)
-    assert mapped == {"shard": "fsdp", "activation_checkpointing": True}
+    mapped, note = from_accelerate(GivenSettings(), FSDP_ENV)
+    assert mapped.record() == {"shard": "fsdp", "activation_checkpointing": True}
+    assert mapped.config.parallelism.shard == "fsdp" and mapped.config.parallelism.activation_checkpointing is True
     assert note.startswith("Accelerate config: FSDP as --shard fsdp") and "state_dict_type" in note and "version" in note
-    mapped, note = from_accelerate({}, {**FSDP_ENV, "ACCELERATE_MIXED_PRECISION": "bf16",
+    mapped, note = from_accelerate(GivenSettings(), {**FSDP_ENV, "ACCELERATE_MIXED_PRECISION": "bf16",
                                         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"})
-    assert mapped == {"shard": "fsdp", "activation_checkpointing": True, "mixed_precision": "bf16", "grad_accum": 4,
-                      "compile": True}
-    assert from_accelerate({}, {}) == ({}, None)  # not launched by Accelerate: nothing taken, nothing said
+    assert mapped.record() == {"shard": "fsdp", "activation_checkpointing": True, "mixed_precision": "bf16",
+                               "grad_accum": 4, "compile": True}
+    assert mapped.config.training.grad_accum == 4
+    assert from_accelerate(GivenSettings(), {}) == (GivenSettings(), None)  # not launched by Accelerate: nothing taken, nothing said
 
 
 @pytest.mark.parametrize("change,words", [
@@ -45,14 +48,15 @@ def test_an_fsdp_config_maps_onto_the_sharded_training_and_says_so():
 ])
 def test_what_adapt_does_not_do_is_refused_in_one_line(change, words):
     with pytest.raises(LadderizeError, match=words) as refused:
-        from_accelerate({}, {**FSDP_ENV, **change})
+        from_accelerate(GivenSettings(), {**FSDP_ENV, **change})
     assert "\n" not in str(refused.value)
 
 
 def test_the_command_line_and_the_config_must_agree():
     with pytest.raises(LadderizeError, match="sets shard to 'fsdp', the command line to 'ddp'"):
-        from_accelerate({"shard": "ddp"}, FSDP_ENV)
-    assert from_accelerate({"shard": "fsdp", "activation_checkpointing": True}, FSDP_ENV)[0]["shard"] == "fsdp"
+        from_accelerate(GivenSettings.of({"shard": "ddp"}), FSDP_ENV)
+    agreeing = GivenSettings.of({"shard": "fsdp", "activation_checkpointing": True})
+    assert from_accelerate(agreeing, FSDP_ENV)[0].config.parallelism.shard == "fsdp"
 
 
 FSDP_YAML = """compute_environment: LOCAL_MACHINE

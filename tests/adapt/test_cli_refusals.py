@@ -165,7 +165,7 @@ def test_a_resume_is_refused_before_the_plan_with_nothing_to_resume_or_another_b
     from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint, plan_adapt
     from ladderize.errors import LadderizeError
 
-    request = AdaptRequest(str(ladder_dir), str(tmp_path / "o"), data=str(text_file), seq_len=32, batch_size=2, resume=True)
+    request = AdaptRequest.of(str(ladder_dir), str(tmp_path / "o"), data=str(text_file), seq_len=32, batch_size=2, resume=True)
     with pytest.raises(LadderizeError, match="nothing to resume: .*o.adapt-run holds no interrupted run"):
         adapt_checkpoint(request)
     assert not (tmp_path / "o.adapt-run").exists()

@@ -57,7 +57,7 @@ def test_a_dry_run_with_checkpointing_says_so_and_prices_the_recompute(tmp_path)
     from ladderize.adapt.entrance import AdaptRequest, dry_run
 
     folder = _config_only(tmp_path, "llama-3.1-8b", 16)
-    priced = {checked: dry_run(AdaptRequest(folder, "", batch_size=64, activation_checkpointing=checked, budget="3B"),
+    priced = {checked: dry_run(AdaptRequest.of(folder, "", batch_size=64, activation_checkpointing=checked, budget="3B"),
                                "8xH100").cost for checked in (False, True)}
     plain, checked = priced[False].stages[-1], priced[True].stages[-1]
     layer = layer_parameters(EIGHT_B)

@@ -29,7 +29,7 @@ def test_adapt_checkpoint_equals_the_command(ladder_dir, text_file, tmp_path, ca
     args = ["--data", text_file, "--objective", "local", "--tokens", 128, "--seq-len", 32, "--batch-size", 2]
     code, stdout, stderr = run_cli(["adapt", ladder_dir, tmp_path / "cli", *args], capsys, monkeypatch)
     assert code == 0, stderr
-    run = adapt_checkpoint(AdaptRequest(str(ladder_dir), str(tmp_path / "py"), data=str(text_file), seq_len=32,
+    run = adapt_checkpoint(AdaptRequest.of(str(ladder_dir), str(tmp_path / "py"), data=str(text_file), seq_len=32,
                                         batch_size=2, objectives="local", tokens=128, device="cpu"))
     assert f"adapted {run.result.steps} steps, {run.result.tokens:,} tokens" in stdout
     curve = lambda path: [(r["step"], r["loss_total"]) for r in json.loads((path / "adapt_curve.json").read_text())]  # noqa: E731

@@ -118,7 +118,7 @@ def test_a_run_whose_plan_does_not_fit_its_gpus_is_refused_before_anything_loads
     monkeypatch.setattr(inspect, "count_parameters", lambda _folder: 8_000_000_000)
     monkeypatch.setattr(cost.Launch, "current", classmethod(lambda cls, _device: cls(1, "h100")))  # on one H100
     with pytest.raises(LadderizeError, match=r"^the plan does not fit: stage 2 \(kd\) needs .* per GPU on 1 x H100"):
-        adapt_checkpoint(AdaptRequest(folder, str(tmp_path / "out"), seq_len=2048, budget="3B", device="cpu",
+        adapt_checkpoint(AdaptRequest.of(folder, str(tmp_path / "out"), seq_len=2048, budget="3B", device="cpu",
                                       teacher=folder))  # (a teacher that is there: the plan is what refuses)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["llama-3.1-8b"]  # nothing written
 

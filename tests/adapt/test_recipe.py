@@ -77,7 +77,7 @@ def test_a_recipe_records_every_stage_s_curve_and_sums_the_run_over_its_attempts
     from ladderize.adapt.entrance import AdaptRequest, adapt_checkpoint
 
     out = tmp_path / "out"
-    request = AdaptRequest(str(ladder_dir), str(out), stages=("seq-local:tokens=128,epochs=1", "kd:tokens=192"),
+    request = AdaptRequest.of(str(ladder_dir), str(out), stages=("seq-local:tokens=128,epochs=1", "kd:tokens=192"),
                            **TINY_SHARED, data=str(text_file))
     stopped = adapt_checkpoint(request.with_settings(max_steps=5))  # stage 1 (4 steps) done, stage 2 saved at its step 1
     assert not stopped.finished
@@ -117,7 +117,7 @@ def test_each_stage_is_checked_once_and_a_later_stage_s_input_when_it_starts(lad
     assert run.finished and data == [str(text_file)] * 2  # once per stage
     assert inputs[-1] == str(tmp_path / "two.adapt-run" / "stage1-seq-local")  # stage 2's input, checked as it starts
     data.clear()
-    single = adapt_checkpoint(AdaptRequest(str(ladder_dir), str(tmp_path / "one"), **TINY_SHARED, data=str(text_file),
+    single = adapt_checkpoint(AdaptRequest.of(str(ladder_dir), str(tmp_path / "one"), **TINY_SHARED, data=str(text_file),
                                            objectives="kd", tokens=64, device="cpu"), RunReports(on_plan=lambda _plan: None))
     assert single.finished and data == [str(text_file)]
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ...errors import LadderizeError
+from .config import GivenSettings
+from .settings_sections import OptimizerSettings, ParallelismSettings, TrainingSettings
 
 # Accelerate's FSDP settings that ladderize decides itself (module docstring): the note names them
 OWN_FSDP = ("FSDP_AUTO_WRAP_POLICY", "FSDP_TRANSFORMER_CLS_TO_WRAP", "FSDP_MIN_NUM_PARAMS", "FSDP_BACKWARD_PREFETCH",
@@ -75,7 +76,7 @@ def launch_accumulation(pid: int | None = None) -> int | None:
     return parsed.gradient_accumulation_steps
 
 
-def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str | None]:
+def from_accelerate(given: GivenSettings, env: Mapping[str, str] | None = None) -> tuple[GivenSettings, str | None]:
     """The settings the launching Accelerate config maps onto (``given``: those set on the command line, which must
     agree), and one note saying what was taken (``None`` outside ``accelerate launch``). Refusals raise
     ``LadderizeError`` before any work. Read from this process (``env`` None), the launch's own
@@ -90,7 +91,7 @@ def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = No
         raise _refuse("DeepSpeed", "ladderize adapt shards with FSDP2: use an FSDP or multi-GPU config, or torchrun")
     if _on(env, "ACCELERATE_USE_MEGATRON_LM"):
         raise _refuse("Megatron-LM", "ladderize adapt shards with FSDP2: use an FSDP or multi-GPU config, or torchrun")
-    mapped: dict[str, Any] = {}
+    mapped = GivenSettings()
     taken: list[str] = []
     if _on(env, "ACCELERATE_USE_FSDP"):
         strategy = env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD").strip().upper()
@@ -107,10 +108,10 @@ def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = No
         if _on(env, "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"):
             raise _refuse("fsdp_activation_checkpointing_offload",
                           "ladderize recomputes activations on the device (--activation-checkpointing), without offload")
-        mapped["shard"] = "fsdp"
+        mapped = mapped.with_given(ParallelismSettings, shard="fsdp")
         taken.append("FSDP as --shard fsdp (FSDP2, full sharding)")
         if _on(env, "FSDP_ACTIVATION_CHECKPOINTING"):
-            mapped["activation_checkpointing"] = True
+            mapped = mapped.with_given(ParallelismSettings, activation_checkpointing=True)
             taken.append("activation checkpointing")
         own = [key.removeprefix("FSDP_").lower() for key in OWN_FSDP if key in env]
         if own:
@@ -120,29 +121,30 @@ def from_accelerate(given: Mapping[str, Any], env: Mapping[str, str] | None = No
     if precision == "fp8":
         raise _refuse("mixed_precision fp8", "ladderize trains in bf16 or fp32 (--mixed-precision bf16 or no)")
     if precision in {"bf16", "fp16"}:
-        mapped["mixed_precision"] = precision
+        mapped = mapped.with_given(ParallelismSettings, mixed_precision=precision)
         taken.append(f"mixed precision {precision}")
-    numbers = (("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "grad_accum", int, "gradient_accumulation_steps", {"", "1"}),
-               ("ACCELERATE_GRADIENT_CLIPPING", "max_grad_norm", float, "gradient_clipping", {"", "none", "false"}))
-    for key, setting, kind, name, unset in numbers:
+    numbers = (("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", TrainingSettings, "grad_accum", int, "gradient_accumulation_steps",
+                {"", "1"}),
+               ("ACCELERATE_GRADIENT_CLIPPING", OptimizerSettings, "max_grad_norm", float, "gradient_clipping",
+                {"", "none", "false"}))
+    for key, section, setting, kind, name, unset in numbers:
         text = env.get(key, "").strip().lower()
         if text in unset:
             continue
         try:
-            mapped[setting] = kind(text)
+            mapped = mapped.with_given(section, **{setting: kind(text)})
         except ValueError:
             raise _refuse(f"{name} {text!r}", f"give a {'whole ' if kind is int else ''}number") from None
         taken.append(f"{name.replace('_', ' ')} {text}")
     backend = env.get("ACCELERATE_DYNAMO_BACKEND", "NO").strip().upper()
     if backend == "INDUCTOR":
-        mapped["compile"] = True
+        mapped = mapped.with_given(ParallelismSettings, compile=True)
         taken.append("dynamo_backend INDUCTOR as --compile (each decoder layer compiled)")
     elif backend not in {"", "NO"}:
         raise _refuse(f"dynamo_backend {backend}", "ladderize compiles its layers with inductor (--compile), or not at all")
-    for key, value in mapped.items():
-        if key in given and given[key] != value:
-            raise LadderizeError(f"the Accelerate config sets {key} to {value!r}, the command line to {given[key]!r}; "
-                                 "give one of them")
+    for key, value, asked in mapped.disagreements(given):
+        raise LadderizeError(f"the Accelerate config sets {key} to {value!r}, the command line to {asked!r}; "
+                             "give one of them")
     launched = "ACCELERATE_MIXED_PRECISION" in env or "ACCELERATE_USE_FSDP" in env
     if not launched:
         return mapped, None

@@ -127,6 +127,13 @@ class GivenSettings:
         record = {**below.record(), **self.record()}
         return GivenSettings(AdaptConfig.from_flat(record), tuple(record))
 
+    def with_given(self, section: type, **values: Any) -> GivenSettings:
+        """These settings with ``values`` given in the section of type ``section`` (a value ``None``: not given)."""
+        given = {name: value for name, value in values.items() if value is not None}
+        if not given:
+            return self
+        return GivenSettings(self.config.with_fields(section, **given), self.names).including(*given)
+
     def including(self, *names: str) -> GivenSettings:
         """These settings, ``names`` counted as given with the values they have (a default spelt out)."""
         return replace(self, names=self.names + tuple(n for n in names if n not in self.names))
@@ -134,6 +141,11 @@ class GivenSettings:
     def without(self, *names: str) -> GivenSettings:
         """These settings without ``names`` (their sections' defaults again)."""
         return GivenSettings.of({k: v for k, v in self.record().items() if k not in names})
+
+    def disagreements(self, other: GivenSettings) -> list[tuple[str, Any, Any]]:
+        """The settings both give with different values: (name, this value, ``other``'s)."""
+        mine, theirs = self.record(), other.record()
+        return [(name, value, theirs[name]) for name, value in mine.items() if name in theirs and theirs[name] != value]
 
     def sets(self, name: str) -> bool:
         """Whether the field ``name`` is given."""

@@ -35,8 +35,7 @@ class PlannedStage:
     @property
     def settings(self) -> dict[str, Any]:
         """The settings the stage sets, by flat name."""
-        flat = self.resolved.flat()
-        return {name: flat[name] for name in self.given}
+        return GivenSettings(self.resolved, self.given).record()
 
     def sets(self, name: str) -> bool:
         """Whether the stage sets the setting ``name`` (flat name) itself, rather than taking its section's default."""

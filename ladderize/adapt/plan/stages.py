@@ -229,6 +229,16 @@ def describe(stage: PlannedStage) -> str:
 
 
 SINGLE_STAGE_FLAGS = {"objectives": "--objective", "local_schedule": "--local-schedule", "local_inputs": "--local-inputs"}
+SINGLE_STAGE_SETTINGS = ("objectives", "train", "tokens", "lr", "local_inputs", "local_schedule", "epochs")
+
+
+def given_settings(options: dict[str, Any]) -> tuple[GivenSettings, GivenSettings]:
+    """The settings a request's names give (``None``: not given): those every stage shares, with the device (``auto``
+    unless given), and a single stage's own (``SINGLE_STAGE_SETTINGS``). An unknown name is refused in one line."""
+    given = {name: value for name, value in options.items() if value is not None}
+    shared = {name: value for name, value in given.items() if name not in SINGLE_STAGE_SETTINGS}
+    single = {name: value for name, value in given.items() if name in SINGLE_STAGE_SETTINGS}
+    return GivenSettings.of({**shared, "device": shared.get("device", "auto")}), GivenSettings.of(single)
 
 
 def chosen_recipe(recipe: str | Recipe | None, stages: list[str] | None) -> Recipe:

@@ -330,7 +330,7 @@ def check_fingerprint(saved: dict[str, Any], config: AdaptConfig, run_dir: Path)
     the run had that setting's default.
     """
     current = json.loads(json.dumps(config.fingerprint()))
-    defaults = json.loads(json.dumps(AdaptConfig.from_flat(checkpoint="", out="").fingerprint()))
+    defaults = json.loads(json.dumps(AdaptConfig().fingerprint()))
     started = {**{k: defaults[k] for k in current if k not in saved["fingerprint"]}, **saved["fingerprint"]}
     if started != current:
         changed = sorted(k for k in current.keys() | started.keys() if started.get(k) != current.get(k))
