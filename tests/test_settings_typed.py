@@ -185,3 +185,35 @@ def test_flat_setting_names_live_at_the_edge_only(tmp_path):
     (tmp_path / "adapt" / "x.py").write_text("config = AdaptConfig.from_flat(lr=1)\n")
     assert flat_name_files(tmp_path) == {"adapt/x.py"}  # the scan finds a use
     assert flat_name_files() <= FLAT_HOMES, f"flat setting names below the edge: {sorted(flat_name_files() - FLAT_HOMES)}"
+
+
+MOST_READERS = 6  # the files of adapt that may read one setting (``SECTION.FIELD``)
+
+
+def field_readers(package: Path = PACKAGE) -> dict[str, list[str]]:
+    """For every setting, the modules under ``adapt`` that read it as ``section.field`` (``config.training.seq_len``,
+    ``training.seq_len``)."""
+    import re
+    from dataclasses import fields
+
+    from ladderize.adapt.plan.config import AdaptConfig
+
+    texts = {str(file.relative_to(package)): file.read_text() for file in (package / "adapt").rglob("*.py")}
+    readers = {}
+    for section in fields(AdaptConfig):
+        for setting in fields(section.default_factory):
+            pattern = re.compile(rf"\b{section.name}\.{setting.name}\b")
+            readers[f"{section.name}.{setting.name}"] = sorted(name for name, text in texts.items() if pattern.search(text))
+    return readers
+
+
+def test_each_setting_is_read_in_few_places(tmp_path):
+    """A setting's derived values are the section's own (``TrainingSettings.tokens_per_step``, ``.split``,
+    ``.step_rows``, ``ParallelismSettings.placement``, ``ObjectiveSettings.teacher_for``), so each setting is read by
+    at most ``MOST_READERS`` modules of adapt."""
+    (tmp_path / "adapt").mkdir()
+    for number in range(3):
+        (tmp_path / "adapt" / f"m{number}.py").write_text("x = config.training.batch_size\n")
+    assert field_readers(tmp_path)["training.batch_size"] == ["adapt/m0.py", "adapt/m1.py", "adapt/m2.py"]
+    crowded = {name: files for name, files in field_readers().items() if len(files) > MOST_READERS}
+    assert not crowded, f"settings read in more than {MOST_READERS} modules: {crowded}"

@@ -66,12 +66,12 @@ class AdaptRequest:
     @property
     def data(self) -> str | None:
         """``--data`` as given (None: each stage's own text)."""
-        return self.shared.config.training.data if self.shared.sets("data") else None
+        return self.shared.value("data")
 
     @property
     def teacher(self) -> str | None:
         """``--teacher`` as given (None: the source the checkpoint's provenance names)."""
-        return self.shared.config.objective.teacher
+        return self.shared.value("teacher")
 
     @property
     def device(self) -> str:

@@ -90,14 +90,13 @@ class AdaptPlan:
         from .sequential_schedule import window_epochs, window_steps
 
         settings = stage.resolved
-        seq_len, batch = settings.training.seq_len, settings.training.batch_size
+        training = settings.training
         if not stage.sequential:
-            step = seq_len * batch  # the global batch: the same on any launch
-            return -(-stage.tokens // step) * step
-        rows = max(1, stage.tokens // seq_len)
-        batch = min(batch, rows)
+            return training.steps * training.tokens_per_step  # the global batch: the same on any launch
+        rows = max(1, training.sequences)
+        batch = training.step_rows(rows)
         epochs = window_epochs(self.converted, settings.sequential.epochs, settings.sequential.epochs_ramp, settings.sequential.window)
-        return sum(window_steps(epochs, rows, batch).values()) * batch * seq_len
+        return sum(window_steps(epochs, rows, batch).values()) * batch * training.seq_len
 
     def lines(self) -> list[str]:
         """The plan as a run prints it before it starts: each stage, the tokens it trains where a sequential stage
@@ -246,14 +245,14 @@ def _divide_batches(plan: AdaptPlan, chosen: list[set[str]], say: Callable[[str]
     """``plan`` with each joint stage's global batch divisible into the launch's processes x its accumulation
     (``batches.StepSplit.check``): a batch the user gave that does not divide is refused in one line naming the sizes
     that do; a preset's is rounded up to the nearest that does, with a line that says so."""
-    from .batches import StepSplit, divisible_batch
+    from .batches import divisible_batch
 
     stages = list(plan.stages)
     for index, stage in enumerate(stages):
         if stage.sequential:
             continue
         settings = stage.resolved
-        split = StepSplit(settings.training.batch_size, plan.launch.processes, settings.training.grad_accum)
+        split = settings.training.split(plan.launch.processes)
         if split.even:
             continue
         given = chosen[min(index, len(chosen) - 1)]

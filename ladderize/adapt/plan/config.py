@@ -147,6 +147,10 @@ class GivenSettings:
         mine, theirs = self.record(), other.record()
         return [(name, value, theirs[name]) for name, value in mine.items() if name in theirs and theirs[name] != value]
 
+    def value(self, name: str) -> Any:
+        """The value given for the setting ``name`` (None: not given)."""
+        return self.record().get(name)
+
     def sets(self, name: str) -> bool:
         """Whether the field ``name`` is given."""
         return name in self.names

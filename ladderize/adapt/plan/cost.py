@@ -368,13 +368,12 @@ class JointMemory:
         ``processes``, for the strategy it runs with there (``strategy_choice.choose_strategy``); ``micro_batch_tokens``:
         the step's own micro-batch unless given: its global batch's rows on one process in one micro-batch
         (``batches.StepSplit.local``)."""
-        from .batches import StepSplit
         from ..objectives.registry import entries, parse_objectives
         from .strategy_choice import choose_strategy
 
         settings = stage.resolved
         weights = parse_objectives(settings.objective.objectives)
-        local = StepSplit(settings.training.batch_size, processes, settings.training.grad_accum).local
+        local = settings.training.split(processes).local
         return cls.estimate(config, converted, processes, micro_batch_tokens or settings.training.seq_len * local,
                             teacher=any(objective.needs_teacher for objective in entries(weights)),
                             checkpointing=bool(settings.parallelism.activation_checkpointing),
@@ -613,7 +612,7 @@ def _sequential_cost(config: Any, converted: list[int], planned: PlannedStage, l
     shape = _shape_of(config)
     tokens, epochs, window = settings.training.tokens, settings.sequential.epochs, settings.sequential.window
     rows = max(1, tokens // seq_len)  # the calibration set: whole sequences
-    batch = min(batch, rows)
+    batch = settings.training.step_rows(rows)
     tokens_per_step = seq_len * batch
     shares = window_epochs(converted, epochs, settings.sequential.epochs_ramp, window)
     steps_n = sum(window_steps(shares, rows, batch).values())

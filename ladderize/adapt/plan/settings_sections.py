@@ -9,12 +9,18 @@ sections (the sequential stage's objective, scope and precision) are ``config.ch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import LadderizeError
 from .inputs import check_seq_len
 from .strategies import shard_choices
 from ..objectives.registry import DIVERGENCES, LOCAL_INPUTS, check_top_k, parse_objectives
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...checkpoint.placement import TrainingPrecision
+    from .batches import StepSplit
 
 SCOPES = ("converted", "all", "lora")
 TRAINING_ORDERS = ("joint", "sequential")
@@ -50,6 +56,15 @@ class ObjectiveSettings:
     def weights(self) -> dict[str, float]:
         """The objective weights (``registry.parse_objectives``)."""
         return parse_objectives(self.objectives)
+
+    def teacher_for(self, checkpoint: str, needed: bool = True) -> str | None:
+        """The dense teacher a run of ``checkpoint`` reads: ``teacher``, else the source its provenance names
+        (``inputs.resolve_teacher``, one line where there is none); not ``needed``, ``teacher`` as given."""
+        if not needed:
+            return self.teacher
+        from .inputs import resolve_teacher
+
+        return resolve_teacher(checkpoint, self.teacher)
 
     def check(self) -> None:
         parse_objectives(self.objectives)
@@ -161,6 +176,16 @@ class TrainingSettings:
         """A joint stage's optimizer steps: ``tokens`` in whole steps, rounded up (at least one)."""
         return max(1, -(-self.tokens // self.tokens_per_step))
 
+    def split(self, processes: int) -> StepSplit:
+        """A joint step's global batch over ``processes`` and ``grad_accum`` micro-batches (``batches.StepSplit``)."""
+        from .batches import StepSplit
+
+        return StepSplit(self.batch_size, processes, self.grad_accum)
+
+    def step_rows(self, rows: int) -> int:
+        """A sequential step's sequences: the batch, or all ``rows`` of a calibration set that holds fewer."""
+        return min(self.batch_size, rows)
+
     def check(self) -> None:
         _at_least_one(self, ("tokens", "batch_size", "grad_accum"))
         check_seq_len(self.seq_len)
@@ -201,6 +226,14 @@ class ParallelismSettings:
     mixed_precision: str = "no"
     compile: bool | None = None  # compiled decoder layers (compilation.py); None: where torch.compile runs
     activation_checkpointing: bool = False  # joint stages: recompute each layer's activations in the backward
+
+    def placement(self) -> tuple[torch.device, TrainingPrecision]:
+        """The device this process trains on (``placement.resolve_device``: auto is cuda:$LOCAL_RANK under a launcher
+        where torch sees CUDA, else the CPU) and the precision it trains in there (``placement.training_precision``)."""
+        from ...checkpoint.placement import resolve_device, training_precision
+
+        device = resolve_device(self.device)
+        return device, training_precision(self.dtype, device, self.mixed_precision)
 
     def check(self) -> None:
         from ...checkpoint.placement import check_device, check_dtype

@@ -85,17 +85,14 @@ def process_share(stage: PlannedStage, processes: int) -> float:
     """The part of a joint stage's tokens one of ``processes`` computes: its rows of each micro-batch times the
     micro-batches, over the global batch (``batches.StepSplit``: ``1 / processes`` for a batch that divides, as the plan
     makes every joint stage's)."""
-    from .batches import StepSplit
-
-    training = stage.resolved.training
-    split = StepSplit(training.batch_size, processes, training.grad_accum)
-    return split.grad_accum * split.local / training.batch_size
+    split = stage.resolved.training.split(processes)
+    return split.grad_accum * split.local / split.batch_size
 
 
 def sequential_processes(stage: PlannedStage, processes: int) -> int:
     """The processes a sequential stage's step is split over: at most its batch's sequences (and the calibration set's)."""
     training = stage.resolved.training
-    return min(processes, training.batch_size, max(1, training.sequences))
+    return min(processes, training.step_rows(max(1, training.sequences)))
 
 
 def stage_seconds(clock: StageClock, stage: PlannedStage, stored_teacher: bool = False) -> float:

@@ -76,7 +76,6 @@ from .least_squares import refit_output_projections
 from .state_store import StateStore
 from ..layers.layer_source import ResidentLayers, StreamedLayers, layer_file, same_prefix
 from ...convert.teacher import check_teacher, load_teacher
-from ..plan.inputs import resolve_teacher
 from ..layers.teacher_states import ENTRY_FILE, FINAL_FILE, teacher_id, write as write_teacher_states
 
 SAVED_LAYERS_KEPT = "the layers saved before it are kept, and --resume continues from them"
@@ -165,12 +164,12 @@ def adapt_sequential(
     from accelerate.utils import set_seed
 
     from ...checkpoint.io import load_model, load_tokenizer
-    from ...checkpoint.placement import resolve_device, this_launch, training_precision
+    from ...checkpoint.placement import this_launch
     from ...corpus.windows import pack_tokens
 
     run_dir = config.resolved_run_dir()
     state_dir = run_dir / STATE_DIR
-    device = resolve_device(config.parallelism.device)  # auto: cuda:$LOCAL_RANK when torch sees CUDA, else the CPU
+    device, precision = config.parallelism.placement()
     launch = this_launch()
     if launch.several:  # data parallel over the launcher's processes, each on its own device
         from .. import process_group
@@ -178,17 +177,17 @@ def adapt_sequential(
         device = process_group.start(device)
         if not launch.main:  # one voice: the main process says the plan, the data and the pace
             say = _silent
-        if config.training.batch_size < launch.world:
-            say(f"the sequential step's batch ({config.training.batch_size}) is split over {launch.world} processes (each its own "
-                f"sequences): at least {launch.world - config.training.batch_size} wait each step (a larger batch_size uses them)")
-    precision = training_precision(config.parallelism.dtype, device, config.parallelism.mixed_precision)
+        batch = config.training.step_rows(launch.world)  # the batch, where it is smaller than the processes
+        if batch < launch.world:
+            say(f"the sequential step's batch ({batch}) is split over {launch.world} processes (each its own "
+                f"sequences): at least {launch.world - batch} wait each step (a larger batch_size uses them)")
     if precision.autocast is torch.float16:
         raise LadderizeError("the sequential stage trains in float32 or bfloat16 (float16 needs loss scaling); use --dtype bfloat16")
     precision.apply()
     set_seed(config.training.seed)
     stream = config.sequential.stream_layers and not config.scope.head_grouping
     tokenizer = load_tokenizer(checkpoint, "adaptation")
-    teacher_path = resolve_teacher(checkpoint, config.objective.teacher)
+    teacher_path = config.objective.teacher_for(checkpoint)
     if stream:
         student, teacher = StreamedLayers(checkpoint, device=device), StreamedLayers(teacher_path, device=device)
         check_teacher(teacher_path, teacher.model.config, student.model.config)
@@ -269,7 +268,7 @@ def _held_out_rows(config: AdaptConfig, tokenizer, calibration: torch.Tensor) ->
 
     rows = calibration.shape[0]
     training = config.training
-    more = pack_tokens(training.data, tokenizer, training.seq_len, max_tokens=(rows + training.batch_size) * training.seq_len)
+    more = pack_tokens(training.data, tokenizer, training.seq_len, max_tokens=rows * training.seq_len + training.tokens_per_step)
     if more.shape[0] <= rows or not torch.equal(more[:rows], calibration):
         return None
     return more[rows:]
@@ -294,7 +293,7 @@ def _train_layers(
     converted = student.model.layout.converted_layers
     first, last = min(converted), max(converted)
     num_train = data.shape[0] - held_out
-    batch_size = min(config.training.batch_size, num_train)
+    batch_size = config.training.step_rows(num_train)
     if batch_size < config.training.batch_size:
         say(f"the calibration set ({counted(num_train, 'sequence')}) is smaller than --batch-size {config.training.batch_size}: "
             f"a step trains {counted(batch_size, 'sequence')}")

@@ -83,10 +83,9 @@ def adapt_provenance(
     """The checkpoint's provenance with this run's ``adapt`` record appended, its layout and ``dtype`` (OUT's tensors')
     updated."""
     from ...checkpoint.io import read_provenance
-    from ...checkpoint.placement import resolve_device, training_precision
 
     layout = model_config.layout
-    device = resolve_device(config.parallelism.device)
+    device, precision = config.parallelism.placement()
     provenance = read_provenance(checkpoint)
     if not provenance.get("source") and teacher_path:
         provenance["source"] = {"path": _absolute(teacher_path)}
@@ -111,7 +110,7 @@ def adapt_provenance(
             "final_loss": result.curve[-1] if result.curve else None,
             "head_grouping": config.scope.head_grouping,
             "device": device.type,
-            "precision": training_precision(config.parallelism.dtype, device, config.parallelism.mixed_precision).name,
+            "precision": precision.name,
             "layout": layout.describe(),
             "dtype": dtype_name(dtype),
             **({"adapter": ADAPTER_DIR, "lora_rank": config.scope.lora_rank, "lora_alpha": config.scope.lora_alpha} if lora else {}),

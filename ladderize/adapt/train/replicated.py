@@ -23,7 +23,6 @@ from ...errors import LadderizeError
 from .. import process_group
 from ...model import LadderLlamaForCausalLM
 from ...convert.teacher import load_teacher
-from ..plan.inputs import resolve_teacher
 from .compilation import compile_layers, recompute_activations
 from ..plan.compile_policy import COMPILING, resolve_compile
 from ..plan.config import AdaptConfig, AdaptResult, local_inputs_of, needs_teacher
@@ -73,14 +72,14 @@ class ReplicatedRun:
     casts_parameters = False  # float32 parameters: the forward autocasts
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
-        from ...checkpoint.placement import resolve_device, this_launch, training_precision
+        from ...checkpoint.placement import this_launch
 
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
         parallelism = config.parallelism
         if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in {"true", "1", "yes"}:
             raise LadderizeError("an Accelerate FSDP config runs the sharded training (--shard fsdp; "
                                  "adapt/plan/accelerate_config.py), not this replicated one: launch it without the FSDP config")
-        device = resolve_device(parallelism.device)  # auto: cuda:$LOCAL_RANK under a launcher where torch sees CUDA
+        device, self.precision = parallelism.placement()
         if this_launch().by_launcher:  # the one process group (gloo on a CPU, NCCL on CUDA), on this process's device
             device = process_group.start(device)
         elif device.type == "cuda" and device.index is not None:
@@ -88,7 +87,6 @@ class ReplicatedRun:
         self.device = device
         launch = this_launch()
         self.rank, self.world = launch.rank, launch.world
-        self.precision = training_precision(parallelism.dtype, device, parallelism.mixed_precision)
         self.precision.apply()
         self.peft_model = None
 
@@ -101,7 +99,7 @@ class ReplicatedRun:
         scope, objective = config.scope, config.objective
         student = load_model(checkpoint, dtype=torch.float32)
         with_teacher = needs_teacher(config, weights)
-        self.teacher_path = resolve_teacher(checkpoint, objective.teacher) if with_teacher else objective.teacher
+        self.teacher_path = objective.teacher_for(checkpoint, needed=with_teacher)
         teacher = load_teacher(self.teacher_path, student) if with_teacher else None
         if scope.head_grouping:  # before ``wrap``, on the run's device
             from ...convert.head_grouping import group_heads_for_spd

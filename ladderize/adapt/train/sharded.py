@@ -59,16 +59,16 @@ class ShardedRun:
     casts_parameters = True  # FSDP2's MixedPrecisionPolicy gathers the trained layers in the compute dtype
 
     def __init__(self, config: AdaptConfig, weights: dict[str, float], checkpoint: str):
-        from ...checkpoint.placement import resolve_device, this_launch, training_precision
+        from ...checkpoint.placement import this_launch
         from ..layers.layer_source import map_large_allocations
 
         map_large_allocations()  # a step's gathered weights and gradients go back to the OS when freed
         self.config, self.weights, self.checkpoint = config, weights, checkpoint
         parallelism = config.parallelism
-        self.device = process_group.start(resolve_device(parallelism.device))  # auto: cuda:$LOCAL_RANK where torch sees CUDA
+        device, self.precision = parallelism.placement()
+        self.device = process_group.start(device)
         launch = this_launch()
         self.rank, self.world = launch.rank, launch.world
-        self.precision = training_precision(parallelism.dtype, self.device, parallelism.mixed_precision)
         self.precision.apply()
         self.compute = self.precision.autocast or torch.float32
 
@@ -77,13 +77,12 @@ class ShardedRun:
         frozen parts both checkpoints hold identical are kept once, the teacher's."""
         from ...checkpoint.io import load_config
         from ...convert.teacher import check_teacher
-        from ..plan.inputs import resolve_teacher
 
         config, weights, checkpoint, device, compute = self.config, self.weights, self.checkpoint, self.device, self.compute
         objective = config.objective
         student_config = load_config(checkpoint)
         with_teacher = needs_teacher(config, weights)
-        self.teacher_path = resolve_teacher(checkpoint, objective.teacher) if with_teacher else None
+        self.teacher_path = objective.teacher_for(checkpoint) if with_teacher else None
         teacher_config = load_config(self.teacher_path) if self.teacher_path else None
         if teacher_config is not None:
             check_teacher(self.teacher_path, teacher_config, student_config)

@@ -151,14 +151,14 @@ class Trainer:
         self.tokenizer = load_tokenizer(checkpoint, "adaptation")
 
         training = self.training = config.training  # the text, a step's batch and the tokens in all
-        self.split = StepSplit(training.batch_size, self.world, training.grad_accum)
+        self.split = training.split(self.world)
         self.split.check()  # the Python API's backstop: the plan refuses it before any weight loads
         self.tokens_per_step = training.tokens_per_step
         self.total_steps = training.steps
         planned_tokens = self.total_steps * self.tokens_per_step
         if planned_tokens != training.tokens:
             say(f"--tokens {training.tokens:,} rounds up to {planned_tokens:,}: a step trains "
-                f"{training.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
+                f"{self.split.batch_size} sequence(s) x {training.seq_len} tokens (--batch-size x --seq-len)")
         on = f", {strategy.describe()}" if strategy.processes > 1 or strategy.shards else ""  # one process: nothing to add
         say(plan_line(planned_tokens, self.total_steps, self.split, training.seq_len) + on)
         data = self.data = token_windows(training.data, self.tokenizer, training.seq_len, max_tokens=planned_tokens,
@@ -166,8 +166,8 @@ class Trainer:
         where = data.stores[0].path.parent if len(data.stores) > 1 else data.stores[0].path
         kept_in = "" if is_store(training.data) else f" (token store {where})"
         say(f"data: {counted(len(data), 'sequence')} of {training.seq_len} tokens from {training.data}{kept_in}")
-        if len(data) < training.batch_size:
-            say(f"the data holds fewer sequences than a step trains ({training.batch_size}): every step repeats them, "
+        if len(data) < self.split.batch_size:
+            say(f"the data holds fewer sequences than a step trains ({self.split.batch_size}): every step repeats them, "
                 f"so the {planned_tokens:,} tokens trained count {counted(len(data) * training.seq_len, 'distinct token')}")
 
         run.build(data, say)
