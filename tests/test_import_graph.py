@@ -239,8 +239,9 @@ def test_planning_modules_import_no_training_module():
     imports it.
 
     - ``train/pace.py`` measures: it times a converted layer's real training step and kd's head on this device, so it
-      is training; the entrance hands ``pace.measure_launch`` to the plan (``build_plan``'s ``time_pace``), and the
-      plan keeps what it timed in ``plan/kept_paces.py``.
+      is training; a plan that needs this device's pace says so (``budget.PaceNeeded``), the entrance times it
+      (``entrance.with_timed_pace``) and hands the pace to the plan as data (``build_plan``'s ``pace``), and the plan
+      keeps it in ``plan/kept_paces.py``.
     """
     adapt = PACKAGE / "adapt"
     planning = {_module_name(file) for file in [*(adapt / "plan").glob("*.py"), adapt / "objectives" / "registry.py"]}

@@ -15,25 +15,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..checkpoint.placement import resolve_device, this_launch
 from ..errors import LadderizeError
 from .plan.budget import Budget
+from .plan.stage_clock import Pace
 from .plan.config import AdaptResult
 from .plan.inputs import PLAN_FILE, STATE_DIR, check_resumable, run_folder
 from .plan.adapt_plan import AdaptPlan, build_plan
 from .request import AdaptRequest, RunReports
 
 __all__ = ["AdaptRequest", "AdaptRun", "RunReports", "adapt_checkpoint", "check_request", "dry_run", "plan_adapt",
-           "whole_run_pace"]
+           "whole_run_pace", "with_timed_pace"]
 
 
 def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: None) -> AdaptPlan:
     """The plan of a run (``plan.build_plan``): a resumed run with a budget keeps the sizes of the plan its earlier
     attempt recorded in ``RUN/recipe.json``, read by the main process alone and agreed by every process of a launch."""
     from .process_group import agreed
-    from .train.pace import measure_launch
 
     top = run_folder(request.out, request.run_dir)
     saved, refusal = None, None
@@ -48,9 +48,34 @@ def plan_adapt(request: AdaptRequest, say: Callable[[str], None] = lambda _m: No
     saved, refusal = agreed((saved, refusal))
     if refusal is not None:
         raise LadderizeError(refusal)
-    return build_plan(request.checkpoint, shared=request.shared, single=request.single, recipe=request.recipe,
-                      stages=list(request.stages) or None, budget=request.budget, saved=saved, say=say,
-                      began=request.began, time_pace=measure_launch)
+    return with_timed_pace(lambda pace, heard: build_plan(
+        request.checkpoint, shared=request.shared, single=request.single, recipe=request.recipe,
+        stages=list(request.stages) or None, budget=request.budget, saved=saved, say=heard, began=request.began,
+        pace=pace), say)
+
+
+Planned = TypeVar("Planned")
+
+
+def with_timed_pace(plan: Callable[[Pace | None, Callable[[str], None]], Planned],
+                    say: Callable[[str], None] = lambda _m: None) -> Planned:
+    """``plan(None, say)``; where it asks for this device's pace (``budget.PaceNeeded``), the pace timed under the
+    launch (``pace.measure_launch``, on every process of it) and ``plan(pace, say)`` again, the pace handed in as data
+    (a plan given a pace timed just now asks for none). What the plan that asked said is dropped, since the second says
+    it again; the line that asks is said before the timing."""
+    from .plan.budget import PaceNeeded
+
+    heard: list[str] = []
+    try:
+        planned = plan(None, heard.append)
+    except PaceNeeded as needed:
+        from .train.pace import measure_launch
+
+        say(needed.line)
+        return plan(measure_launch(needed.checkpoint, **needed.timing), say)
+    for line in heard:
+        say(line)
+    return planned
 
 
 def _check_resumed_budget(saved: dict[str, Any], budget: Budget | None, top: Path) -> None:

@@ -89,6 +89,15 @@ def typed(steps):
     return [one(step, number) for number, step in enumerate(steps, 1)]
 
 
+def timed(stages, budget, checkpoint, say=lambda _line: None):
+    """``budget.size_recipe`` as a run sizes: this device's pace timed where the sizing asks for it
+    (``entrance.with_timed_pace``)."""
+    from ladderize.adapt.entrance import with_timed_pace
+    from ladderize.adapt.plan.budget import size_recipe
+
+    return with_timed_pace(lambda pace, heard: size_recipe(stages, budget, checkpoint, say=heard, pace=pace), say)
+
+
 def steps_of(stages):
     """Typed stages as the dicts ``recipe.json`` records (``PlannedStage.step``)."""
     return [stage.step for stage in stages]

@@ -51,6 +51,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from ladderize.adapt.train import pace as pacing
+    from ladderize.adapt.entrance import with_timed_pace
     from ladderize.adapt.plan.adapt_plan import build_plan
     from ladderize.adapt.plan.budget import parse_budget
     from ladderize.checkpoint.placement import this_launch
@@ -77,7 +78,8 @@ def main() -> None:
     for phase, budget in (("wall", "600s"), ("tokens", TOKEN_BUDGET)):
         stated["phase"] = phase
         os.environ["LADDERIZE_HOME"] = os.path.join(home, phase)  # a cache of its own: each phase times its pace
-        plan = build_plan(ladder, shared=GivenSettings.of({**SHARED, "data": text}), stages=KD, budget=parse_budget(budget), time_pace=pacing.measure_launch)
+        plan = with_timed_pace(lambda pace, heard: build_plan(ladder, shared=GivenSettings.of({**SHARED, "data": text}), stages=KD,
+                                                              budget=parse_budget(budget), say=heard, pace=pace))
         out[phase] = {"budget": plan.budget.record(), "expected_s": plan.expected_s, "lines": plan.lines()}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, timings)

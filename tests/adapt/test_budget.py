@@ -8,13 +8,12 @@ import re
 import pytest
 
 from ladderize.adapt.plan.budget import Budget, parse_budget, recipe_cost, scale_stages
-from ladderize.adapt.train.pace import measure_launch
 from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 from ladderize.adapt.plan.config import GivenSettings
 from ladderize.adapt.plan.settings_sections import ScopeSettings, TrainingSettings
 from ladderize.checkpoint.placement import cpu_bf16
 from ladderize.errors import LadderizeError
-from tests.adapt.conftest import plan_and_run, steps_of, typed
+from tests.adapt.conftest import plan_and_run, steps_of, timed, typed
 from tests.adapt.test_recipe import TINY_SHARED, tiny_best
 from tests.cli_helpers import error_lines, run_cli
 
@@ -170,12 +169,12 @@ def test_budget_errors_are_one_line(ladder_dir, text_file, tmp_path, capsys, mon
 def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     """Past the data the sequential stage can cache, a budget's rest goes to kd, which then reads the same text again:
     the plan says how many times (on SmolLM2, past one pass, the runs measured gained WikiText and lost LAMBADA)."""
-    from ladderize.adapt.plan.budget import rereads, size_recipe
+    from ladderize.adapt.plan.budget import rereads
 
     shared = GivenSettings.of({"data": str(text_file), "seq_len": 32, "batch_size": 2})
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), shared)
     said: list[str] = []
-    sized, _ = size_recipe(steps, parse_budget("100K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
+    sized, _ = timed(steps, parse_budget("100K"), str(ladder_dir), said.append)
     held = sized[0].step["tokens"]  # capped by the data: every whole 32-token window of the text
     assert held < 100_000 // 2 and sized[1].step["tokens"] > held
     passes = sized[1].step["tokens"] / held
@@ -184,7 +183,7 @@ def test_a_joint_stage_that_rereads_the_data_says_so(ladder_dir, text_file):
     assert f"kd reads the data {passes:.1f} times over" in plan_line and "capped at" in plan_line, plan_line
     assert said[-1].startswith("planned wall time: seq-local ")  # a token budget's plan says its time too
     # a small budget reads the data less than once: nothing to say; another kd data: its size is not known here
-    small, _ = size_recipe(steps, parse_budget("2K"), str(ladder_dir), say=said.append, time_pace=measure_launch)
+    small, _ = timed(steps, parse_budget("2K"), str(ladder_dir), said.append)
     assert "reads the data" not in said[-2] and rereads(small, small[0], held) == []
     assert rereads([sized[0], sized[1].with_fields(TrainingSettings, data="other.txt")], sized[0], held) == []
 
@@ -281,17 +280,16 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     from ladderize.adapt.plan import kept_paces
 
     from ladderize.adapt.train import pace as pacing
-    from ladderize.adapt.plan.budget import size_recipe
     from ladderize.adapt.plan.stage_clock import Pace
 
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
     steps = resolve_stages(load_recipe("best"), str(ladder_dir), GivenSettings.of({"data": str(text_file), "seq_len": 32,
                                                                                  "batch_size": 2}))
-    size_recipe(steps, parse_budget("10m"), str(ladder_dir), time_pace=measure_launch)  # times this machine's pace once and keeps it
+    timed(steps, parse_budget("10m"), str(ladder_dir))  # times this machine's pace once and keeps it
     file, = (tmp_path / "home" / kept_paces.PACE_CACHE).glob("*.json")
-    timed = Pace(**json.loads(file.read_text()))
-    slow = replace(timed, layer_forward=600.0, layer_train=1800.0, head_step=600.0, load=1.9)  # minutes a layer
+    kept = Pace(**json.loads(file.read_text()))
+    slow = replace(kept, layer_forward=600.0, layer_train=1800.0, head_step=600.0, load=1.9)  # minutes a layer
     file.write_text(json.dumps(slow.record()))
 
     real, calls = pacing.measure, []
@@ -302,7 +300,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
 
     monkeypatch.setattr(pacing, "measure", measure)
     said: list[str] = []
-    sized, record = size_recipe(steps, parse_budget("2m"), str(ladder_dir), say=said.append, time_pace=measure_launch)
+    sized, record = timed(steps, parse_budget("2m"), str(ladder_dir), said.append)
     assert len(calls) == 1 and record.tokens > 0 and record.pace.layer_train < 1800.0, said
     assert any("timing this device's pace again: the one kept here, timed at load 1.9 per CPU, refuses it; the load 1.1 per CPU now"
                in line for line in said), said
@@ -311,7 +309,7 @@ def test_a_pace_kept_at_a_busier_time_does_not_refuse_a_budget_a_timing_now_fits
     file.write_text(json.dumps(replace(slow, load=1.1).record()))  # kept at the load of now: its refusal stands
     del calls[:]
     with pytest.raises(LadderizeError, match=r"too short for this recipe on cpu; .*\(by the pace timed here before"):
-        size_recipe(steps, parse_budget("2m"), str(ladder_dir), time_pace=measure_launch)
+        timed(steps, parse_budget("2m"), str(ladder_dir))
     assert not calls
 
 
@@ -449,3 +447,26 @@ def test_the_sizing_is_typed_and_records_as_before():
     first = Sizing.from_record({**written, "replanned": []}).deadline(0, steps, began, 0.0)
     assert before + planned[0] <= first <= time.perf_counter() + planned[0]  # from now, its planned time
     assert Sizing("3B", 3_000_000_000, None).deadline(0, steps, began, 0.0) is None  # tokens: no deadline
+
+
+def test_the_plan_asks_for_the_pace_and_takes_it_as_data(ladder_dir, text_file, tmp_path, monkeypatch):
+    """Planning times nothing: a budget with no pace kept for this machine asks for one (``PaceNeeded``: what to
+    time), the caller times it (``pace.measure_launch``) and hands it back; the plan sizes by it and keeps it, so the
+    next plan asks for none."""
+    from ladderize.adapt.plan import kept_paces
+    from ladderize.adapt.plan.budget import PaceNeeded, size_recipe
+    from ladderize.adapt.train.pace import measure_launch
+
+    monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "home"))  # no pace kept
+    monkeypatch.setattr(kept_paces, "machine_load", lambda: 1.1)
+    steps = resolve_stages(load_recipe("best"), str(ladder_dir), GivenSettings.of({"data": str(text_file), "seq_len": 32,
+                                                                                 "batch_size": 2}))
+    with pytest.raises(PaceNeeded) as asked:
+        size_recipe(steps, parse_budget("10m"), str(ladder_dir))
+    needed = asked.value
+    assert "timing this device's pace" in needed.line and (needed.timing["seq_len"], needed.timing["batch_size"]) == (32, 2)
+    pace = measure_launch(needed.checkpoint, **needed.timing)
+    sized, record = size_recipe(steps, parse_budget("10m"), str(ladder_dir), pace=pace)
+    assert record.pace == pace and record.timed_s == pace.measured_s and record.tokens > 0
+    again, kept = size_recipe(steps, parse_budget("10m"), str(ladder_dir))  # the pace kept here: nothing to time
+    assert kept.timed_s == 0.0 and kept.pace.layer_train == pace.layer_train

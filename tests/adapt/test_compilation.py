@@ -13,13 +13,12 @@ from ladderize.adapt.plan.compile_policy import AUTO_MIN_BUDGET_S, ENV, eager_fo
 from ladderize.adapt.plan.config import AdaptConfig
 from ladderize.convert.residual_states import attention_kwargs
 from ladderize.adapt.plan.budget import parse_budget
-from ladderize.adapt.train.pace import measure_launch
 from ladderize.adapt.stage_run import adapt
 from ladderize.checkpoint.io import load_model
 from ladderize.errors import LadderizeError
 from tests.adapt.conftest import convert
 from tests.conftest import tiny_model
-from tests.adapt.conftest import typed
+from tests.adapt.conftest import timed, typed
 
 CPU = torch.device("cpu")
 needs_compiler = pytest.mark.skipif(unavailable("cpu") is not None, reason=f"torch.compile cannot run here: {unavailable('cpu')}")
@@ -73,7 +72,7 @@ def test_auto_runs_a_short_wall_budget_eager(monkeypatch):
 
 @needs_compiler
 def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_file, monkeypatch):
-    from ladderize.adapt.plan.budget import _eager_if_short, size_recipe
+    from ladderize.adapt.plan.budget import _eager_if_short
     from ladderize.adapt.plan.config import GivenSettings
     from ladderize.adapt.plan.stages import load_recipe, resolve_stages
 
@@ -81,7 +80,7 @@ def test_a_short_wall_budget_plans_eager_stages_and_says_so(ladder_dir, text_fil
     steps = resolve_stages(load_recipe("best"), str(ladder_dir),
                            GivenSettings.of({"data": str(text_file), "seq_len": 32, "batch_size": 2}))
     said: list[str] = []
-    sized, record = size_recipe(typed(steps), parse_budget("60s"), str(ladder_dir), say=said.append, time_pace=measure_launch)
+    sized, record = timed(typed(steps), parse_budget("60s"), str(ladder_dir), said.append)
     assert [stage.step["compile"] for stage in sized] == [False, False] and record.pace.compiled is False
     assert said[0].startswith("budget 60 s: eager layers (auto compiles from 30.0 min on"), said
     # stages that ask for compile keep it, and nothing is said (the rule alone: compiling the pace would take a minute)

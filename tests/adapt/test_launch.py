@@ -174,6 +174,7 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
 
     from ladderize.adapt.train import pace as pacing
     from ladderize.adapt.plan.budget import parse_budget
+    from ladderize.adapt.entrance import with_timed_pace
     from ladderize.adapt.plan.adapt_plan import build_plan
     from tests.adapt.launch_pace import KD, SHARED, TOKEN_BUDGET, stated_pace
     from tests.adapt.test_multiprocess import launch_failure
@@ -198,8 +199,9 @@ def test_a_launch_times_its_pace_on_every_process_and_prices_its_plan_as_the_dry
     monkeypatch.setenv("LADDERIZE_HOME", str(tmp_path / "one"))
     monkeypatch.setattr(pacing, "measure", lambda checkpoint, *, seq_len, batch_size, **_: stated_pace(
         checkpoint, seq_len, batch_size, slower=1.2))
-    one = build_plan(ladder_dir, shared=GivenSettings.of({**SHARED, "data": str(text_file)}), stages=KD, budget=parse_budget("600s"),
-                     time_pace=pacing.measure_launch)
+    one = with_timed_pace(lambda pace, heard: build_plan(
+        ladder_dir, shared=GivenSettings.of({**SHARED, "data": str(text_file)}), stages=KD, budget=parse_budget("600s"),
+        say=heard, pace=pace))
     assert one.budget.pace.processes == 1
     assert wall["tokens"] == pytest.approx(3 * one.budget.tokens, rel=2e-3), (wall["tokens"], one.budget.tokens)
 

@@ -136,7 +136,7 @@ def build_plan(
     saved: dict[str, Any] | None = None,
     say: Callable[[str], None] = lambda _line: None,
     began: float | None = None,
-    time_pace: Callable[..., Any] | None = None,
+    pace: Pace | None = None,
 ) -> AdaptPlan:
     """The plan of ``ladderize adapt CKPT ...`` (module docstring). Each stage's settings are checked
     (``config.check_settings``) as soon as it is resolved, before anything is sized, priced or timed.
@@ -147,9 +147,9 @@ def build_plan(
     memory is refused in one line before the budget reads or times anything (its batch only grows after that).
     ``saved``: the record of an interrupted run's plan,
     whose sizes a resume with the same budget keeps (they were timed when the run began). ``began``: when the command
-    began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made. ``time_pace``:
-    what times this device's pace for a budget (``pace.measure_launch``, which the run hands in: planning imports no
-    training)."""
+    began (``time.perf_counter()``), so that a wall budget's stages get the time left once the plan is made. ``pace``:
+    this device's pace, timed just now for a budget that asked for it (``budget.PaceNeeded``: the caller times it and
+    plans again, ``entrance.with_timed_pace``; planning imports no training)."""
     from ...checkpoint.architectures import read_config_header
     from .budget import Sizing, check_budget_steps, max_calibration_tokens, plan_line, scale_stages, size_recipe
 
@@ -193,7 +193,7 @@ def build_plan(
             plan = plan.with_stages([PlannedStage.from_step(step) for step in saved["plan"]])  # recipe.json's record
             plan.budget = Sizing.from_record(saved["budget"])
         else:
-            sized, record = size_recipe(stages, sized_by, checkpoint, say, began=began, time_pace=time_pace)
+            sized, record = size_recipe(stages, sized_by, checkpoint, say, began=began, pace=pace)
             plan = plan.with_stages(sized)
             plan.budget = record
     if readable and where.memory_bytes:

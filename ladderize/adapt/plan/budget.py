@@ -19,15 +19,16 @@ about the load of now), and a wall budget shorter than the recipe's smallest run
 timed or read, unless it was timed at a higher load than now: then a timing now decides. After each stage but the
 last, the stages left are re-planned to the time left (``replan``): a pace timed on a quieter or busier machine than
 the run then met still ends near the budget. Under a launcher the pace is timed on every process at once and agreed
-(``pace.measure_launch``, handed to the plan by the run), its steps split over the processes (``stage_clock.py``), and every process runs the main
-process's plan (``process_group.agreed``).
+(``pace.measure_launch``, run by the entrance where the plan asks for it, ``PaceNeeded``, and handed back as data),
+its steps split over the processes (``stage_clock.py``), and every process runs the main process's plan
+(``process_group.agreed``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,17 +257,27 @@ def check_budget_steps(stages: Sequence[PlannedStage]) -> None:
             raise LadderizeError(f"--budget: stage {stage.number} ({stage.name}) has no token count to size")
 
 
+class PaceNeeded(Exception):
+    """The plan needs this device's pace timed before it can size a budget: ``line`` says so, and ``timing`` is what
+    to time (``checkpoint`` and the settings ``pace.measure_launch`` takes). The caller times it under the launch and
+    plans again with the pace as data (``entrance.with_timed_pace``): planning imports no training."""
+
+    def __init__(self, line: str, checkpoint: str, timing: dict[str, Any]):
+        super().__init__(line)
+        self.line, self.checkpoint, self.timing = line, checkpoint, timing
+
+
 def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
                 say=lambda _line: None, began: float | None = None,
-                time_pace: Callable[..., Pace] | None = None) -> tuple[list[PlannedStage], Sizing]:
+                pace: Pace | None = None) -> tuple[list[PlannedStage], Sizing]:
     """``stages`` sized to ``budget`` (a wall budget timed on this device first), and the sizing the plan keeps.
 
-    The pace is the one kept for this machine's load now (``kept_paces.py``), else timed under the launch by
-    ``time_pace`` (``pace.measure_launch``, which the run hands the plan: planning imports no training). A wall
-    budget's smallest run (one step a stage) must fit the budget by the pace (``_check_floor``; a kept pace timed at a
-    higher load than now that refuses it is timed again first); the stages are then sized to the time left on the clock
-    (``began``: when the command began, ``time.perf_counter()``), and where that is less than the smallest run, they
-    run it. Under a launcher every process takes the main process's decisions (``process_group.agreed``)."""
+    The pace is ``pace`` where given (timed on this device just now; kept for the next run), else the one kept for
+    this machine's load now (``kept_paces.py``), else ``PaceNeeded`` is raised, saying what to time. A wall budget's
+    smallest run (one step a stage) must fit the budget by the pace (``_check_floor``; a kept pace timed at a higher
+    load than now that refuses it asks to be timed again first); the stages are then sized to the time left on the
+    clock (``began``: when the command began, ``time.perf_counter()``), and where that is less than the smallest run,
+    they run it. Under a launcher every process takes the main process's decisions (``process_group.agreed``)."""
     import time
 
     from ...checkpoint.io import load_config
@@ -299,20 +310,19 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
     main = this_launch().main
     fixed = fixed_costs_refusal(budget, checkpoint, began) if main else None
     now = pacing.machine_load()
-    now, kept, fixed = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if main else None, fixed))
+    now, kept, fixed = agreed((now, pacing.cached_pace(key, pacing.load_band(now)) if main and pace is None else None,
+                               fixed))
     if fixed is not None:
         raise LadderizeError(fixed)
-    pace, when = kept, KEPT
+    if pace is not None:  # timed just now: kept for the next run
+        when = TIMED
+        if main:
+            pacing.store_pace(key, pace)
+    else:
+        pace, when = kept, KEPT
 
-    def timed_now(line: str) -> Pace:
-        say(line)
-        if time_pace is None:
-            raise LadderizeError("sizing a budget times this device's pace, and no timing was given (time_pace: "
-                                 "pace.measure_launch)")
-        fresh = time_pace(checkpoint, grad_accum=settings.training.grad_accum, **timing)
-        if this_launch().main:
-            pacing.store_pace(key, fresh)
-        return fresh
+    def timing_needed(line: str) -> PaceNeeded:
+        return PaceNeeded(line, checkpoint, {**timing, "grad_accum": settings.training.grad_accum})
 
     def retime(refused: bool) -> bool:
         """Whether to time again: the kept pace refuses, and it was timed at a higher load than the machine's now
@@ -320,13 +330,13 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
         return agreed(refused and when == KEPT and (kept.load is None or now is None or kept.load > now))
 
     if pace is None:  # (a pace kept here answers at once: the floor it names is the one the next run checks by it)
-        pace, when = timed_now(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and "
-                               "backward and the kd head, a few calls each: seconds; kept for the next run)"), TIMED
+        raise timing_needed(f"budget {budget.describe()}: timing this device's pace (a converted layer's forward and "
+                            "backward and the kd head, a few calls each: seconds; kept for the next run)")
     refit = (f"budget {budget.describe()}: timing this device's pace again: the one kept here, timed at "
              f"{pacing.describe_load(kept and kept.load)}, refuses it; the {pacing.describe_load(now)} now")
     if budget.seconds is not None:
         if retime(_floor_seconds(pace, steps) > budget.seconds):
-            pace, when = timed_now(refit), TIMED
+            raise timing_needed(refit)
         _check_floor(budget, pace, steps, when)
     memory_cap = max_calibration_tokens(load_config(checkpoint).hidden_size, resolved,
                                         window=window)
@@ -345,8 +355,7 @@ def size_recipe(stages: Sequence[PlannedStage], budget: Budget, checkpoint: str,
 
         spent, tokens = fit()
         if tokens < 1 and retime(_floor_seconds(pace, size(steps, 1), held) > budget.seconds):
-            pace, when = timed_now(refit), TIMED
-            spent, tokens = fit()
+            raise timing_needed(refit)
         record["spent_s"] = round(spent, 3)
         if tokens < 1:
             _check_floor(budget, pace, size(steps, 1), when, held)  # refused where the smallest run is over the budget

@@ -5,8 +5,8 @@ double, ``LOAD_BANDS``), with the load and the time it was timed at: a run at an
 pace that would refuse a budget is timed again where it was timed at a higher load than the machine's now
 (``budget.size_recipe``), so a pace from a busier time never refuses what a timing now fits.
 
-No torch at import and nothing of the training: the plan (``budget.size_recipe``) reads and keeps paces here, and is
-handed the function that times one (``pace.measure_launch``).
+No torch at import and nothing of the training: the plan (``budget.size_recipe``) reads and keeps paces here; one timed
+just now (``pace.measure_launch``, by the entrance, where the plan asked for it) is handed to it as data.
 """
 
 from __future__ import annotations
