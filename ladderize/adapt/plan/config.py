@@ -1,9 +1,11 @@
 """What an adaptation run is: its settings (``AdaptConfig``), its progress reports and its result.
 
-``AdaptConfig`` is the single description of a run: the typed sections of ``settings_sections.py``, built once from
-flat setting names at the edges (``AdaptConfig.from_flat``: the command line, recipe presets and stages, the
-benchmarks) and read through its sections (``config.optimizer.lr``). ``flat`` gives the names back for the provenance
-and the resume ``fingerprint``, which a resumed run must share with the run it continues.
+``AdaptConfig`` is the single description of a run: the typed sections of ``settings_sections.py``, read through
+them (``config.optimizer.lr``) and changed one section at a time (``with_fields``). ``GivenSettings`` is what one
+source gives (a stage preset, a recipe file, ``--stage``, the command line, an Accelerate config): a config and the
+names given, laid over one another (``over``). A setting's flat name (its field's) is read here once, from the edge's
+parsers (``GivenSettings.of``, ``AdaptConfig.from_flat``), and given back for the records: ``flat`` for the
+provenance and the resume ``fingerprint``, which a resumed run must share with the run it continues.
 """
 
 from __future__ import annotations
