@@ -61,8 +61,8 @@ def with_timed_pace(plan: Callable[[Pace | None, Callable[[str], None]], Planned
                     say: Callable[[str], None] = lambda _m: None) -> Planned:
     """``plan(None, say)``; where it asks for this device's pace (``budget.PaceNeeded``), the pace timed under the
     launch (``pace.measure_launch``, on every process of it) and ``plan(pace, say)`` again, the pace handed in as data
-    (a plan given a pace timed just now asks for none). What the plan that asked said is dropped, since the second says
-    it again; the line that asks is said before the timing."""
+    (a plan given a pace timed just now asks for none). The lines are said once, in order: what the first plan said
+    before it asked, the line that asks, then the second plan's lines past those it repeats."""
     from .plan.budget import PaceNeeded
 
     heard: list[str] = []
@@ -71,8 +71,19 @@ def with_timed_pace(plan: Callable[[Pace | None, Callable[[str], None]], Planned
     except PaceNeeded as needed:
         from .train.pace import measure_launch
 
-        say(needed.line)
-        return plan(measure_launch(needed.checkpoint, **needed.timing), say)
+        for line in [*heard, needed.line]:
+            say(line)
+        pace = measure_launch(needed.checkpoint, **needed.timing)
+        repeated = list(reversed(heard))  # the second plan says these first, again
+
+        def once(line: str) -> None:
+            if repeated and repeated[-1] == line:
+                repeated.pop()
+                return
+            repeated.clear()
+            say(line)
+
+        return plan(pace, once)
     for line in heard:
         say(line)
     return planned

@@ -470,3 +470,30 @@ def test_the_plan_asks_for_the_pace_and_takes_it_as_data(ladder_dir, text_file, 
     assert record.pace == pace and record.timed_s == pace.measured_s and record.tokens > 0
     again, kept = size_recipe(steps, parse_budget("10m"), str(ladder_dir))  # the pace kept here: nothing to time
     assert kept.timed_s == 0.0 and kept.pace.layer_train == pace.layer_train
+
+
+def test_the_lines_of_a_plan_that_asks_for_its_pace_are_said_once_in_order(monkeypatch):
+    """``with_timed_pace``: what the first plan said before it asked, the line that asks, then the second plan's
+    lines past the ones it repeats; the second plan gets the pace timed."""
+    from ladderize.adapt import entrance
+    from ladderize.adapt.plan.budget import PaceNeeded
+    from ladderize.adapt.train import pace as pacing
+
+    timed: list[dict] = []
+
+    def plan(pace, say):
+        say("batch rounded up")
+        say("eager layers")
+        if pace is None:
+            raise PaceNeeded("timing this device's pace", "ckpt", {"seq_len": 32})
+        say(f"sized by {pace}")
+        return pace
+
+    said: list[str] = []
+    monkeypatch.setattr(pacing, "measure_launch",
+                        lambda checkpoint, **timing: timed.append({"checkpoint": checkpoint, **timing}) or "pace")
+    assert entrance.with_timed_pace(plan, said.append) == "pace"
+    assert said == ["batch rounded up", "eager layers", "timing this device's pace", "sized by pace"]
+    assert timed == [{"checkpoint": "ckpt", "seq_len": 32}]
+    said.clear()
+    assert entrance.with_timed_pace(lambda pace, say: (say("kept"), pace)[1], said.append) is None and said == ["kept"]
