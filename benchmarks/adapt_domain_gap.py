@@ -112,7 +112,7 @@ def main() -> None:
     args = parse_args(parser)
     from transformers import AutoTokenizer
 
-    from adapt_recovery import FINAL_LAMBADA, training_sequences, wikitext_eval_ids
+    from adapt_recovery import FINAL_LAMBADA, save_report, training_sequences, wikitext_eval_ids
     from ladderize.checkpoint.io import load_model
 
     dense = args.dense or dense_source()
@@ -127,9 +127,8 @@ def main() -> None:
     for name, path in named_checkpoints(args.checkpoints):
         print(f"measuring {name}", flush=True)
         report["rows"][name] = {"checkpoint": path, **measure(load_model(path).eval(), teacher, texts, passages)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.json"
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, out)
     print(table(report))
     print(f"-> {out}")
 
