@@ -110,6 +110,11 @@ def main() -> None:
     from adapt_common import dense_source, named_checkpoints, parse_args
 
     args = parse_args(parser)
+    checkpoints = named_checkpoints(args.checkpoints)  # refused before any model loads
+    if missing := [path for _, path in checkpoints if not (Path(path) / "config.json").is_file()]:
+        raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
+    if args.seqs < 1 or args.passages < 1:
+        raise SystemExit(f"--seqs and --passages must be at least 1, got {args.seqs} and {args.passages}")
     from transformers import AutoTokenizer
 
     from adapt_recovery import FINAL_LAMBADA, save_report, training_sequences, wikitext_eval_ids
@@ -124,7 +129,7 @@ def main() -> None:
     report = {"texts": {"trained": f"wikitext2-heldout sequences 0..{args.seqs} x 512", "unseen": unseen_label,
                         "lambada": f"LAMBADA (OpenAI) passages {FINAL_LAMBADA}..{FINAL_LAMBADA + len(passages)}"},
               "rows": {}}
-    for name, path in named_checkpoints(args.checkpoints):
+    for name, path in checkpoints:
         print(f"measuring {name}", flush=True)
         report["rows"][name] = {"checkpoint": path, **measure(load_model(path).eval(), teacher, texts, passages)}
     out = RESULTS / f"{args.name}.json"

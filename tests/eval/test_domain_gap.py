@@ -43,3 +43,21 @@ def test_the_last_word_matches_the_reference(word_tokens: int):
     assert kl > 1e-3  # the two models differ, so the check can fail
     assert got_kl == pytest.approx(kl, rel=1e-5)
     assert got_gap == pytest.approx(nll_gap, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("extra", [["x=/nonexistent/ckpt"], ["x=.", "--passages", "0"]])
+def test_bad_input_is_one_line_before_any_model_loads(extra: list[str], tmp_path):
+    import subprocess
+    import sys
+
+    from tests.script_modules import ROOT
+
+    if extra[0] == "x=.":
+        (tmp_path / "config.json").write_text("{}")
+        extra = [f"x={tmp_path}", *extra[1:]]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "adapt_domain_gap.py"), *extra, "--name", "refused"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("no config.json" in lines[0] or "at least 1" in lines[0]), done.stderr
+    assert not (ROOT / "benchmarks" / "results" / "adapt_domain_gap" / "refused.json").exists()
