@@ -1,0 +1,126 @@
+"""Where an adapted checkpoint's loss gap to its dense teacher sits: on words copied from the context, near or far.
+
+Each predicted token of unseen WikiText-2 (``adapt_recovery``'s tune window) and of LAMBADA passages 1,000.. falls in
+one group: ``near`` (a word of four letters or more, not a function word, whose previous occurrence in the window is
+under ``--distance`` tokens back), ``far`` (the same, further back) or ``other``. Per group: the mean KL(teacher ||
+student) and the student's NLL minus the teacher's. LAMBADA's last word is mostly a word copied from far back in
+its passage.
+
+    taskset -c 1 python lab/copied_word_gap.py bare=OUT seqonly=OUT2 --threads 1
+
+writes ``lab/results/copied_word_gap.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parent))
+
+FUNCTION_WORDS = set(
+    "that this with from have were they their there what when which would been said into more some them then than also "
+    "only other about after could before these those where while will your such each over very just most like upon "
+    "many much even here should being does made make under because through".split())
+GROUPS = ("near", "far", "other")
+
+
+def copied_words(tokenizer) -> list[bool]:
+    """Per token id: whether it starts a word of four letters or more that is not a function word."""
+    marks = []
+    for index in range(len(tokenizer)):
+        piece = tokenizer.convert_ids_to_tokens(index) or ""
+        word = piece[1:].lower()
+        marks.append(piece[:1] in ("\u0120", "\u2581") and word.isalpha() and len(word) >= 4 and word not in FUNCTION_WORDS)
+    return marks
+
+
+def groups(ids: list[int], is_word: list[bool], distance: int) -> list[str]:
+    """The group of each predicted position ``t`` (predicting ``ids[t + 1]``)."""
+    last, out = {}, []
+    for t in range(len(ids) - 1):
+        last[ids[t]] = t
+        target = ids[t + 1]
+        if target in last and is_word[target]:
+            out.append("near" if t - last[target] < distance else "far")
+        else:
+            out.append("other")
+    return out
+
+
+def window_gaps(student, teacher, ids) -> tuple[list[float], list[float]]:
+    """Per predicted position of the ``[1, S]`` window: KL(teacher || student) and the student's NLL minus the teacher's."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        log_q = F.log_softmax(student(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
+        log_p = F.log_softmax(teacher(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
+    targets = ids[0, 1:, None]
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    gap = (log_p.gather(-1, targets) - log_q.gather(-1, targets))[:, 0]
+    return kl.tolist(), gap.tolist()
+
+
+def measure(student, teacher, texts: dict, is_word: list[bool], distance: int) -> dict:
+    row = {}
+    for name, windows in texts.items():
+        sums = {group: [0.0, 0.0, 0] for group in GROUPS}
+        for ids in windows:
+            kl, gap = window_gaps(student, teacher, ids)
+            for group, k, g in zip(groups(ids[0].tolist(), is_word, distance), kl, gap):
+                sums[group][0] += k
+                sums[group][1] += g
+                sums[group][2] += 1
+        row[name] = {group: {"kl": s[0] / max(s[2], 1), "nll_gap": s[1] / max(s[2], 1), "tokens": s[2]}
+                     for group, s in sums.items()}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", help="NAME=CKPT")
+    parser.add_argument("--seqs", type=int, default=4, help="512-token sequences of unseen WikiText-2")
+    parser.add_argument("--passages", type=int, default=100, help="LAMBADA passages from 1,000 on")
+    parser.add_argument("--distance", type=int, default=24, help="tokens back from which a copied word is far")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "copied_word_gap.json")
+    from adapt_common import dense_source, named_checkpoints, parse_args
+
+    args = parse_args(parser)
+    checkpoints = named_checkpoints(args.checkpoints)
+    if missing := [path for _, path in checkpoints if not (Path(path) / "config.json").is_file()]:
+        raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
+    from transformers import AutoTokenizer
+
+    from adapt_domain_gap import lambada_windows
+    from adapt_recovery import FINAL_LAMBADA, save_report, wikitext_eval_ids
+    from ladderize.checkpoint.io import load_model
+
+    dense = dense_source()
+    tokenizer = AutoTokenizer.from_pretrained(dense)
+    unseen, unseen_label = wikitext_eval_ids(tokenizer, "tune", args.seqs, None)
+    texts = {"wikitext": [unseen[i: i + 1] for i in range(unseen.shape[0])],
+             "lambada": [ids for ids, _ in lambada_windows(tokenizer, FINAL_LAMBADA, args.passages)]}
+    is_word = copied_words(tokenizer)
+    teacher = load_model(dense).eval()
+    report = {"texts": {"wikitext": unseen_label, "lambada": f"LAMBADA passages {FINAL_LAMBADA}..{FINAL_LAMBADA + args.passages}"},
+              "distance": args.distance, "rows": {}}
+    for name, path in checkpoints:
+        print(f"measuring {name}", flush=True)
+        report["rows"][name] = {"checkpoint": path, **measure(load_model(path).eval(), teacher, texts, is_word, args.distance)}
+        save_report(report, args.out)
+    print("| checkpoint | text | NLL gap: near / far / other | KL: near / far / other | far tokens |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, row in report["rows"].items():
+        for text in texts:
+            cells = row[text]
+            print(f"| {name} | {text} | " + " / ".join(f"{cells[g]['nll_gap']:+.3f}" for g in GROUPS) + " | "
+                  + " / ".join(f"{cells[g]['kl']:.3f}" for g in GROUPS) + f" | {cells['far']['tokens']} |")
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
