@@ -2,9 +2,9 @@
 
 Each predicted token of unseen WikiText-2 (``adapt_recovery``'s tune window) and of LAMBADA passages 1,000.. falls in
 one group: ``near`` (a word of four letters or more, not a function word, whose previous occurrence in the window is
-under ``--distance`` tokens back), ``far`` (the same, further back) or ``other``. Per group: the mean KL(teacher ||
-student) and the student's NLL minus the teacher's. LAMBADA's last word is mostly a word copied from far back in
-its passage.
+under ``--distance`` tokens before the position that predicts it), ``far`` (the same, ``--distance`` or more) or
+``other``. Per group: the mean KL(teacher || student) and the student's NLL minus the teacher's. LAMBADA's last word
+is mostly a word copied from far back in its passage.
 
     taskset -c 1 python lab/copied_word_gap.py bare=OUT seqonly=OUT2 --threads 1
 
@@ -75,8 +75,8 @@ def measure(student, teacher, texts: dict, is_word: list[bool], distance: int) -
                 sums[group][0] += k
                 sums[group][1] += g
                 sums[group][2] += 1
-        row[name] = {group: {"kl": s[0] / max(s[2], 1), "nll_gap": s[1] / max(s[2], 1), "tokens": s[2]}
-                     for group, s in sums.items()}
+        row[name] = {group: {"kl": s[0] / s[2] if s[2] else None, "nll_gap": s[1] / s[2] if s[2] else None,
+                             "tokens": s[2]} for group, s in sums.items()}  # None: no token of that group
     return row
 
 
@@ -93,6 +93,8 @@ def main() -> None:
     checkpoints = named_checkpoints(args.checkpoints)
     if missing := [path for _, path in checkpoints if not (Path(path) / "config.json").is_file()]:
         raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
+    if min(args.seqs, args.passages, args.distance) < 1:
+        raise SystemExit(f"--seqs, --passages and --distance must be at least 1, got {args.seqs}, {args.passages}, {args.distance}")
     from transformers import AutoTokenizer
 
     from adapt_domain_gap import lambada_windows
@@ -117,8 +119,9 @@ def main() -> None:
     for name, row in report["rows"].items():
         for text in texts:
             cells = row[text]
-            print(f"| {name} | {text} | " + " / ".join(f"{cells[g]['nll_gap']:+.3f}" for g in GROUPS) + " | "
-                  + " / ".join(f"{cells[g]['kl']:.3f}" for g in GROUPS) + f" | {cells['far']['tokens']} |")
+            gaps = " / ".join("-" if cells[g]["tokens"] == 0 else f"{cells[g]['nll_gap']:+.3f}" for g in GROUPS)
+            kls = " / ".join("-" if cells[g]["tokens"] == 0 else f"{cells[g]['kl']:.3f}" for g in GROUPS)
+            print(f"| {name} | {text} | {gaps} | {kls} | {cells['far']['tokens']} |")
     print(f"-> {args.out}")
 
 
