@@ -4,7 +4,7 @@ Each predicted token of unseen WikiText-2 (``adapt_recovery``'s tune window) and
 one group: ``near`` (a word of four letters or more, not a function word, whose previous occurrence in the window is
 under ``--distance`` tokens before the position that predicts it), ``far`` (the same, ``--distance`` or more) or
 ``other``. Per group: the mean KL(teacher || student) and the student's NLL minus the teacher's. LAMBADA's last word
-is mostly a word copied from far back in its passage.
+appears earlier in its passage, as the same string, in 49% of the 5,153 passages, 18 words back or more in 42%.
 
     taskset -c 1 python lab/copied_word_gap.py bare=OUT seqonly=OUT2 --threads 1
 
