@@ -32,10 +32,14 @@ def parse_args(parser) -> "argparse.Namespace":
 
 
 def named_checkpoints(items: list[str]) -> list[tuple[str, str]]:
-    """``NAME=CKPT`` command-line items as (name, path) pairs; a one-line exit on any other form."""
+    """``NAME=CKPT`` command-line items as (name, path) pairs; a one-line exit on any other form, or where a CKPT is
+    not a checkpoint folder (no ``config.json``)."""
     if any("=" not in item for item in items):
         raise SystemExit("checkpoints are given as NAME=CKPT")
-    return [tuple(item.split("=", 1)) for item in items]
+    named = [tuple(item.split("=", 1)) for item in items]
+    if missing := [path for _, path in named if not (Path(path) / "config.json").is_file()]:
+        raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
+    return named
 
 
 def dense_source() -> Path:

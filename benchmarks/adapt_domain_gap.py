@@ -52,18 +52,24 @@ def lambada_windows(tokenizer, first: int, count: int) -> list[tuple["torch.Tens
     return windows
 
 
-def last_word(student, teacher, ids, word_tokens: int) -> tuple[float, float]:
-    """KL(teacher || student) summed over the last word's predicted tokens, and the student's NLL minus the teacher's."""
+def token_gaps(student, teacher, ids) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Per predicted position of the ``[1, S]`` window (``S - 1`` of them): KL(teacher || student) and the student's
+    NLL of the next token minus the teacher's."""
     import torch
     import torch.nn.functional as F
 
     with torch.no_grad():
-        log_q = F.log_softmax(student(input_ids=ids, use_cache=False).logits[0, -word_tokens - 1:-1].float(), -1)
-        log_p = F.log_softmax(teacher(input_ids=ids, use_cache=False).logits[0, -word_tokens - 1:-1].float(), -1)
-    targets = ids[0, -word_tokens:].unsqueeze(-1)
-    kl = F.kl_div(log_q, log_p, log_target=True, reduction="sum").item()
-    gap = (log_p.gather(-1, targets) - log_q.gather(-1, targets)).sum().item()
-    return kl, gap
+        log_q = F.log_softmax(student(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
+        log_p = F.log_softmax(teacher(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
+    targets = ids[0, 1:, None]
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    return kl, (log_p.gather(-1, targets) - log_q.gather(-1, targets))[:, 0]
+
+
+def last_word(student, teacher, ids, word_tokens: int) -> tuple[float, float]:
+    """KL(teacher || student) summed over the last word's predicted tokens, and the student's NLL minus the teacher's."""
+    kl, gap = token_gaps(student, teacher, ids)
+    return kl[-word_tokens:].sum().item(), gap[-word_tokens:].sum().item()
 
 
 def measure(student, teacher, texts: dict, passages: list) -> dict:
@@ -111,8 +117,6 @@ def main() -> None:
 
     args = parse_args(parser)
     checkpoints = named_checkpoints(args.checkpoints)  # refused before any model loads
-    if missing := [path for _, path in checkpoints if not (Path(path) / "config.json").is_file()]:
-        raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
     if args.seqs < 1 or args.passages < 1:
         raise SystemExit(f"--seqs and --passages must be at least 1, got {args.seqs} and {args.passages}")
     from transformers import AutoTokenizer

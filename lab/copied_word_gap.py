@@ -51,26 +51,14 @@ def groups(ids: list[int], is_word: list[bool], distance: int) -> list[str]:
     return out
 
 
-def window_gaps(student, teacher, ids) -> tuple[list[float], list[float]]:
-    """Per predicted position of the ``[1, S]`` window: KL(teacher || student) and the student's NLL minus the teacher's."""
-    import torch
-    import torch.nn.functional as F
-
-    with torch.no_grad():
-        log_q = F.log_softmax(student(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
-        log_p = F.log_softmax(teacher(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
-    targets = ids[0, 1:, None]
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-    gap = (log_p.gather(-1, targets) - log_q.gather(-1, targets))[:, 0]
-    return kl.tolist(), gap.tolist()
-
-
 def measure(student, teacher, texts: dict, is_word: list[bool], distance: int) -> dict:
+    from adapt_domain_gap import token_gaps
+
     row = {}
     for name, windows in texts.items():
         sums = {group: [0.0, 0.0, 0] for group in GROUPS}
         for ids in windows:
-            kl, gap = window_gaps(student, teacher, ids)
+            kl, gap = (values.tolist() for values in token_gaps(student, teacher, ids))
             for group, k, g in zip(groups(ids[0].tolist(), is_word, distance), kl, gap):
                 sums[group][0] += k
                 sums[group][1] += g
@@ -90,9 +78,7 @@ def main() -> None:
     from adapt_common import dense_source, named_checkpoints, parse_args
 
     args = parse_args(parser)
-    checkpoints = named_checkpoints(args.checkpoints)
-    if missing := [path for _, path in checkpoints if not (Path(path) / "config.json").is_file()]:
-        raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
+    checkpoints = named_checkpoints(args.checkpoints)  # refused before any model loads
     if min(args.seqs, args.passages, args.distance) < 1:
         raise SystemExit(f"--seqs, --passages and --distance must be at least 1, got {args.seqs}, {args.passages}, {args.distance}")
     from transformers import AutoTokenizer
